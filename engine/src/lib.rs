@@ -1,0 +1,1 @@
+pub use kiln_functionalize as functionalize;

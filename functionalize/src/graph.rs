@@ -1,0 +1,149 @@
+//! The graph: SSA values defined by parameters or by nodes, nodes in an
+//! arena, kept in program order. Every node is bound against its op's
+//! schema and carries the inferred metadata of its results, so a graph in
+//! memory is always well-typed.
+
+use crate::meta::Meta;
+use crate::ops::{self, OpId};
+use crate::schema::Arg;
+use slotmap::{new_key_type, SlotMap};
+
+new_key_type! {
+    pub struct ValueId;
+    pub struct NodeId;
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Def {
+    Input(usize),
+    Node(NodeId, usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct Value {
+    /// The name as written (without `%`); printing invents one if absent.
+    pub name: Option<String>,
+    pub meta: Meta,
+    pub def: Def,
+}
+
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub op: OpId,
+    /// Which of the op's schemas bound the arguments.
+    pub overload: usize,
+    /// Bound arguments, defaults filled in.
+    pub args: Vec<Arg<ValueId>>,
+    pub results: Vec<ValueId>,
+    /// Source line, when parsed from text.
+    pub line: Option<usize>,
+}
+
+impl Node {
+    pub fn inputs(&self) -> Vec<ValueId> {
+        self.args.iter().flat_map(|a| a.tensors().into_iter().copied()).collect()
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub name: String,
+    pub values: SlotMap<ValueId, Value>,
+    pub nodes: SlotMap<NodeId, Node>,
+    /// Nodes in program order.
+    pub order: Vec<NodeId>,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+}
+
+impl Graph {
+    pub fn new(name: &str) -> Graph {
+        Graph { name: name.to_string(), ..Default::default() }
+    }
+
+    /// Adds a parameter (a distinct, contiguous tensor).
+    pub fn add_input(&mut self, name: Option<String>, meta: Meta) -> ValueId {
+        let i = self.inputs.len();
+        let v = self.values.insert(Value { name, meta, def: Def::Input(i) });
+        self.inputs.push(v);
+        v
+    }
+
+    /// Appends `op(args)`: picks the overload, fills defaults, infers the
+    /// results' metadata. Errors say what is wrong with the call.
+    pub fn call(&mut self, op: OpId, args: &[Arg<ValueId>]) -> Result<Vec<ValueId>, String> {
+        let (overload, bound) = ops::bind(op, args)?;
+        let metas: Vec<Arg<&Meta>> = bound.iter().map(|a| a.map(&mut |v| &self.values[*v].meta)).collect();
+        let outs = ops::infer(op, &metas)?;
+        let node = self.nodes.insert(Node { op, overload, args: bound, results: vec![], line: None });
+        let results: Vec<ValueId> = outs
+            .into_iter()
+            .enumerate()
+            .map(|(i, meta)| self.values.insert(Value { name: None, meta, def: Def::Node(node, i) }))
+            .collect();
+        self.nodes[node].results = results.clone();
+        self.order.push(node);
+        Ok(results)
+    }
+
+    pub fn meta(&self, v: ValueId) -> &Meta {
+        &self.values[v].meta
+    }
+
+    pub fn node_of(&self, v: ValueId) -> Option<NodeId> {
+        match self.values[v].def {
+            Def::Node(n, _) => Some(n),
+            Def::Input(_) => None,
+        }
+    }
+
+    /// Structural equality: same parameters, same ops with the same
+    /// arguments and result types in the same order, same outputs. Value
+    /// names do not matter.
+    pub fn same_as(&self, other: &Graph) -> bool {
+        let mut map = std::collections::HashMap::new();
+        if self.inputs.len() != other.inputs.len() || self.order.len() != other.order.len() {
+            return false;
+        }
+        for (&a, &b) in self.inputs.iter().zip(&other.inputs) {
+            if self.values[a].meta != other.values[b].meta {
+                return false;
+            }
+            map.insert(a, b);
+        }
+        for (&na, &nb) in self.order.iter().zip(&other.order) {
+            let (x, y) = (&self.nodes[na], &other.nodes[nb]);
+            if x.op != y.op || x.overload != y.overload || x.results.len() != y.results.len() {
+                return false;
+            }
+            let xa: Vec<Arg<Option<ValueId>>> = x.args.iter().map(|a| a.map(&mut |v| map.get(v).copied())).collect();
+            let ya: Vec<Arg<Option<ValueId>>> = y.args.iter().map(|a| a.map(&mut |v| Some(*v))).collect();
+            if xa != ya {
+                return false;
+            }
+            for (&ra, &rb) in x.results.iter().zip(&y.results) {
+                if self.values[ra].meta != other.values[rb].meta {
+                    return false;
+                }
+                map.insert(ra, rb);
+            }
+        }
+        self.outputs.len() == other.outputs.len()
+            && self.outputs.iter().zip(&other.outputs).all(|(a, b)| map.get(a) == Some(b))
+    }
+
+    /// For each value, the position in `order` of its last use (outputs
+    /// count as used at the end).
+    pub fn last_uses(&self) -> slotmap::SecondaryMap<ValueId, usize> {
+        let mut last = slotmap::SecondaryMap::new();
+        for (i, &n) in self.order.iter().enumerate() {
+            for v in self.nodes[n].inputs() {
+                last.insert(v, i);
+            }
+        }
+        for &v in &self.outputs {
+            last.insert(v, usize::MAX);
+        }
+        last
+    }
+}

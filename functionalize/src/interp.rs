@@ -1,0 +1,206 @@
+//! The eager reference interpreter: runs a graph on the CPU with real
+//! storage sharing, the meaning every other backend is checked against.
+//!
+//! Views share storage; in-place ops compute their functional form and write
+//! it through the mutated view, so every alias sees the change. Writes whose
+//! result would depend on the order elements are visited in (a view whose
+//! elements overlap, an input that overlaps the written tensor at other
+//! positions) are refused, as eager PyTorch refuses most of them.
+
+use crate::error::{Error, Result};
+use crate::graph::{Graph, NodeId, ValueId};
+use crate::meta::Meta;
+use crate::ops::{self, args::metas, OpKind, Rule};
+use crate::schema::Arg;
+use crate::tensor::{RTensor, Storage};
+use crate::text::{fmt_node, Names};
+use std::collections::{HashMap, HashSet};
+use std::rc::{Rc, Weak};
+
+/// What a run returns.
+pub struct RunResult {
+    pub outputs: Vec<RTensor>,
+    /// Every parameter's final value (mutations included).
+    pub inputs: Vec<RTensor>,
+    /// The most bytes of storage alive at once, as eager execution holds
+    /// them: a storage is freed when no live value refers to it.
+    pub peak_bytes: usize,
+}
+
+/// Runs `g` on `inputs` (one per parameter, matching its dtype and shape).
+pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
+    if inputs.len() != g.inputs.len() {
+        return Err(Error::Input {
+            name: g.name.clone(),
+            msg: format!("the graph takes {} inputs, {} were given", g.inputs.len(), inputs.len()),
+        });
+    }
+    let names = Names::of(g);
+    let mut env: HashMap<ValueId, RTensor> = HashMap::new();
+    let mut live = Tracker::default();
+    for (&v, t) in g.inputs.iter().zip(&inputs) {
+        let want = &g.values[v].meta;
+        if t.meta.dtype != want.dtype || t.meta.sizes != want.sizes {
+            return Err(Error::Input {
+                name: names.get(v),
+                msg: format!("expected {}, got {}", want.type_string(), t.meta.type_string()),
+            });
+        }
+        live.add(&t.storage);
+        env.insert(v, t.clone());
+    }
+    let last = g.last_uses();
+    let keep: HashSet<ValueId> = g.inputs.iter().chain(&g.outputs).copied().collect();
+    let mut peak = live.bytes();
+    for (pos, &n) in g.order.iter().enumerate() {
+        let node = &g.nodes[n];
+        let args: Vec<Arg<RTensor>> = node.args.iter().map(|a| a.map(&mut |v| env[v].clone())).collect();
+        let outs = eval_node(g, n, &args).map_err(|msg| Error::Runtime {
+            line: node.line,
+            stmt: fmt_node(g, n, &names),
+            msg,
+        })?;
+        drop(args);
+        for (&r, t) in node.results.iter().zip(outs) {
+            live.add(&t.storage);
+            env.insert(r, t);
+        }
+        peak = peak.max(live.bytes());
+        // Drop values nobody reads any more.
+        for v in node.inputs().into_iter().chain(node.results.iter().copied()) {
+            if !keep.contains(&v) && last.get(v).is_none_or(|&l| l <= pos) {
+                env.remove(&v);
+            }
+        }
+    }
+    let outputs = g.outputs.iter().map(|v| env[v].clone()).collect();
+    let inputs = g.inputs.iter().map(|v| env[v].clone()).collect();
+    Ok(RunResult { outputs, inputs, peak_bytes: peak })
+}
+
+/// Storages still referenced by some value.
+#[derive(Default)]
+struct Tracker(Vec<Weak<Storage>>);
+
+impl Tracker {
+    fn add(&mut self, s: &Rc<Storage>) {
+        if !self.0.iter().any(|w| w.as_ptr() == Rc::as_ptr(s)) {
+            self.0.push(Rc::downgrade(s));
+        }
+    }
+    fn bytes(&mut self) -> usize {
+        self.0.retain(|w| w.strong_count() > 0);
+        self.0.iter().filter_map(|w| w.upgrade()).map(|s| s.bytes()).sum()
+    }
+}
+
+/// Evaluates one node on runtime tensors.
+pub fn eval_node(g: &Graph, n: NodeId, args: &[Arg<RTensor>]) -> std::result::Result<Vec<RTensor>, String> {
+    let node = &g.nodes[n];
+    let outs: Vec<Meta> = node.results.iter().map(|&r| g.values[r].meta.clone()).collect();
+    eval(node.op, args, &outs)
+}
+
+/// Evaluates `op` on bound arguments whose results have metas `outs`.
+pub fn eval(op: ops::OpId, args: &[Arg<RTensor>], outs: &[Meta]) -> std::result::Result<Vec<RTensor>, String> {
+    let def = op.def();
+    let this = || match args.first() {
+        Some(Arg::Tensor(t)) => Ok(t.clone()),
+        _ => Err("internal error: op without a tensor self".to_string()),
+    };
+    match &def.rule {
+        Rule::View(_) => {
+            let t = this()?;
+            Ok(outs.iter().map(|m| t.view(m.clone())).collect())
+        }
+        Rule::ViewOrCopy(f) => {
+            let t = this()?;
+            let (m, aliases) = f(&metas(args))?;
+            Ok(vec![if aliases { t.view(m) } else { RTensor::from_values(m, &t.values()) }])
+        }
+        Rule::Pointwise(plan) => {
+            let am = metas(args);
+            let p = plan(&am)?;
+            let vals = run_pointwise(&p, args, &outs[0].sizes)?;
+            Ok(vec![RTensor::from_values(outs[0].clone(), &vals)])
+        }
+        Rule::ViewCopy(v) => {
+            let am = metas(args);
+            let views = ops::infer(*v, &am)?;
+            let t = this()?;
+            Ok(views.into_iter().zip(outs).map(|(vm, om)| RTensor::from_values(om.clone(), &t.view(vm).values())).collect())
+        }
+        Rule::Scatter(view) => ops::kernels::scatter_eval(args, outs, *view),
+        Rule::InPlace(f) => {
+            let t = this()?;
+            check_hazards(&t, args, *f)?;
+            let am = metas(args);
+            let fouts = ops::infer(*f, &am)?;
+            let r = eval(*f, args, &fouts)?;
+            t.write(&r[0].values());
+            Ok(vec![t])
+        }
+        Rule::Kernel { eval, .. } => {
+            debug_assert!(def.kind != OpKind::View);
+            eval(args, outs)
+        }
+    }
+}
+
+/// Reads every operand broadcast to `shape` and applies the plan.
+pub fn run_pointwise(p: &ops::pointwise::PwPlan, args: &[Arg<RTensor>], shape: &[usize]) -> std::result::Result<Vec<f64>, String> {
+    use crate::ops::pointwise::Src;
+    let n = crate::meta::numel(shape);
+    let cols: Vec<Vec<f64>> = p
+        .operands
+        .iter()
+        .map(|o| match o.src {
+            Src::Arg(i) => match &args[i] {
+                Arg::Tensor(t) => Ok(t.values_broadcast(shape).into_iter().map(|v| o.cast.cast(v)).collect()),
+                _ => Err("internal error: pointwise operand is not a tensor".to_string()),
+            },
+            Src::Const { value, .. } => Ok(vec![value; n]),
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let mut xs = vec![0.0; cols.len()];
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        for (x, c) in xs.iter_mut().zip(&cols) {
+            *x = c[i];
+        }
+        out.push(p.out_dtype.cast((p.f)(&xs)?));
+    }
+    Ok(out)
+}
+
+/// Refuses an in-place write whose result would depend on the order
+/// elements are visited: an operand that reads, at some position, a memory
+/// location the write changes at another position. Positional operands are
+/// broadcast against `self`; gathered ones (`index_put_`'s indices and
+/// values) may not overlap `self` at all.
+fn check_hazards(this: &RTensor, args: &[Arg<RTensor>], functional: ops::OpId) -> std::result::Result<(), String> {
+    let gathered = functional.name() == "index_put";
+    let mut written: Option<HashMap<usize, usize>> = None;
+    for a in args.iter().skip(1) {
+        for t in a.tensors() {
+            if !t.shares_storage(this) {
+                continue;
+            }
+            let w = written.get_or_insert_with(|| this.meta.offsets().enumerate().map(|(i, o)| (o, i)).collect());
+            let hazard = if gathered {
+                t.meta.offsets().any(|o| w.contains_key(&o))
+            } else {
+                let st = crate::meta::broadcast_strides(&t.meta, &this.meta.sizes);
+                crate::meta::OffsetIter::new(&this.meta.sizes, &st, t.meta.offset)
+                    .enumerate()
+                    .any(|(i, o)| w.get(&o).is_some_and(|&j| j != i))
+            };
+            if hazard {
+                return Err("unsupported operation: some elements of the input tensor and the written-to tensor \
+                            refer to a single memory location. Please clone() the tensor before performing the operation."
+                    .into());
+            }
+        }
+    }
+    Ok(())
+}

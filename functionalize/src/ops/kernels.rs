@@ -1,0 +1,881 @@
+//! Shape rules and reference kernels of the ops that are neither views nor
+//! elementwise: factories, copies and fills, scatters, indexing, reductions
+//! and linear algebra. `infer` works on metadata alone; `eval` gets the
+//! inferred result metas and fills them.
+
+use super::args::{ArgsExt, Scalar};
+use super::layout::like;
+use super::views;
+use crate::dtype::DType;
+use crate::meta::{broadcast_shapes, wrap_dim, Meta, ShapeFmt};
+use crate::schema::Arg;
+use crate::tensor::RTensor;
+
+pub type A<'a> = [Arg<&'a Meta>];
+pub type R = [Arg<RTensor>];
+type Res<T> = Result<T, String>;
+
+fn sizes_of(l: &[i64]) -> Res<Vec<usize>> {
+    l.iter()
+        .map(|&s| usize::try_from(s).map_err(|_| format!("Trying to create tensor with negative dimension {s}: {l:?}")))
+        .collect()
+}
+
+fn one(meta: Meta, vals: &[f64]) -> Res<Vec<RTensor>> {
+    Ok(vec![RTensor::from_values(meta, vals)])
+}
+
+// ------------------------------------------------------------ factories
+
+pub fn zeros_infer(a: &A) -> Res<Vec<Meta>> {
+    Ok(vec![Meta::contiguous(a.opt_dtype(1)?.unwrap_or(DType::F32), sizes_of(&a.int_list(0)?)?)])
+}
+
+pub fn zeros_eval(_: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    one(o[0].clone(), &vec![0.0; o[0].numel()])
+}
+
+pub fn ones_eval(_: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    one(o[0].clone(), &vec![1.0; o[0].numel()])
+}
+
+pub fn full_infer(a: &A) -> Res<Vec<Meta>> {
+    let v = a.scalar(1)?;
+    Ok(vec![Meta::contiguous(a.opt_dtype(2)?.unwrap_or(v.default_dtype()), sizes_of(&a.int_list(0)?)?)])
+}
+
+pub fn full_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    one(o[0].clone(), &vec![a.scalar(1)?.to_f64(); o[0].numel()])
+}
+
+/// `arange(end)`, `arange(start, end)`, `arange(start, end, step)`, each
+/// with an optional dtype after the numbers.
+fn arange_params<T>(a: &[Arg<T>]) -> Res<(Vec<Scalar>, Option<DType>)> {
+    let mut nums = vec![];
+    let mut dtype = None;
+    for i in 0..a.len() {
+        match a.get(i) {
+            Some(Arg::Dtype(d)) => dtype = Some(*d),
+            Some(Arg::None) => {}
+            _ => nums.push(a.scalar(i)?),
+        }
+    }
+    Ok((nums, dtype))
+}
+
+fn arange_range<T>(a: &[Arg<T>]) -> Res<(f64, f64, f64, usize, DType)> {
+    let (nums, dtype) = arange_params(a)?;
+    let (start, end, step) = match nums[..] {
+        [e] => (Scalar::Int(0), e, Scalar::Int(1)),
+        [s, e] => (s, e, Scalar::Int(1)),
+        [s, e, st] => (s, e, st),
+        _ => return Err("arange takes one to three numbers".into()),
+    };
+    let any_float = [start, end, step].iter().any(|s| matches!(s, Scalar::Float(_)));
+    let dt = dtype.unwrap_or(if any_float { DType::F32 } else { DType::I32 });
+    let (s, e, st) = (start.to_f64(), end.to_f64(), step.to_f64());
+    if st == 0.0 {
+        return Err("step must be nonzero".into());
+    }
+    if !s.is_finite() || !e.is_finite() {
+        return Err(format!("unsupported range: {s} -> {e}"));
+    }
+    if (st > 0.0 && e < s) || (st < 0.0 && e > s) {
+        return Err("upper bound and larger bound inconsistent with step sign".into());
+    }
+    let n = ((e - s) / st).ceil().max(0.0) as usize;
+    Ok((s, e, st, n, dt))
+}
+
+pub fn arange_infer(a: &A) -> Res<Vec<Meta>> {
+    let (_, _, _, n, dt) = arange_range(a)?;
+    Ok(vec![Meta::contiguous(dt, vec![n])])
+}
+
+pub fn arange_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let (s, _, st, n, _) = arange_range(a)?;
+    let vals: Vec<f64> = (0..n).map(|i| s + st * i as f64).collect();
+    one(o[0].clone(), &vals)
+}
+
+pub fn like_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    Ok(vec![like(m, a.opt_dtype(1)?.unwrap_or(m.dtype))])
+}
+
+pub fn full_like_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    Ok(vec![like(m, a.opt_dtype(2)?.unwrap_or(m.dtype))])
+}
+
+pub fn full_like_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    one(o[0].clone(), &vec![a.scalar(1)?.to_f64(); o[0].numel()])
+}
+
+// --------------------------------------------------- copies and fills
+
+/// Same shape and dtype as argument 0, laid out like it (`clone`,
+/// `copy`, `fill`, `zero`, `index_put`).
+pub fn like_self_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    Ok(vec![like(m, m.dtype)])
+}
+
+pub fn clone_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    one(o[0].clone(), &a.tensor(0)?.values())
+}
+
+fn expandable(src: &[usize], dst: &[usize]) -> Res<()> {
+    match broadcast_shapes(dst, src) {
+        Ok(s) if s == dst => Ok(()),
+        _ => Err(format!(
+            "the source of shape {} cannot be broadcast to the destination's shape {}",
+            ShapeFmt(src),
+            ShapeFmt(dst)
+        )),
+    }
+}
+
+pub fn copy_infer(a: &A) -> Res<Vec<Meta>> {
+    let (m, src) = (a.tensor(0)?, a.tensor(1)?);
+    expandable(&src.sizes, &m.sizes)?;
+    like_self_infer(a)
+}
+
+pub fn copy_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    one(o[0].clone(), &a.tensor(1)?.values_broadcast(&o[0].sizes))
+}
+
+fn zero_dim_value(t: &Meta, op: &str) -> Res<()> {
+    if t.dim() != 0 {
+        return Err(format!("{op} only supports 0-dimension value tensor but got tensor with {} dimensions.", t.dim()));
+    }
+    Ok(())
+}
+
+pub fn fill_infer(a: &A) -> Res<Vec<Meta>> {
+    if let Some(v) = a.opt_tensor(1)? {
+        zero_dim_value(v, "fill_")?;
+    }
+    like_self_infer(a)
+}
+
+fn scalar_or_0d(a: &R, i: usize) -> Res<f64> {
+    if a.is_tensor(i) {
+        Ok(a.tensor(i)?.values()[0])
+    } else {
+        Ok(a.scalar(i)?.to_f64())
+    }
+}
+
+pub fn fill_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    one(o[0].clone(), &vec![scalar_or_0d(a, 1)?; o[0].numel()])
+}
+
+pub fn masked_fill_infer(a: &A) -> Res<Vec<Meta>> {
+    let (m, mask) = (a.tensor(0)?, a.tensor(1)?);
+    if mask.dtype != DType::Bool {
+        return Err(format!("masked_fill_ only supports boolean masks, but got mask with dtype {}", mask.dtype));
+    }
+    if let Some(v) = a.opt_tensor(2)? {
+        zero_dim_value(v, "masked_fill_")?;
+    }
+    Ok(vec![Meta::contiguous(m.dtype, broadcast_shapes(&m.sizes, &mask.sizes)?)])
+}
+
+pub fn masked_fill_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let shape = &o[0].sizes;
+    let mut vals = a.tensor(0)?.values_broadcast(shape);
+    let mask = a.tensor(1)?.values_broadcast(shape);
+    let v = scalar_or_0d(a, 2)?;
+    for (x, m) in vals.iter_mut().zip(mask) {
+        if m != 0.0 {
+            *x = v;
+        }
+    }
+    one(o[0].clone(), &vals)
+}
+
+fn check_index_dtype(m: &Meta, what: &str) -> Res<()> {
+    if !m.dtype.is_integral() {
+        return Err(format!("{what} must be an integer tensor (i32 or u32), got {}", m.dtype));
+    }
+    Ok(())
+}
+
+pub fn index_put_infer(a: &A) -> Res<Vec<Meta>> {
+    let (m, values) = (a.tensor(0)?, a.tensor(2)?);
+    let idx = a.tensor_list(1)?;
+    if idx.len() > m.dim() {
+        return Err(format!("too many indices for tensor of dimension {} (got {})", m.dim(), idx.len()));
+    }
+    let mut bshape: Vec<usize> = vec![];
+    for t in idx.iter().flatten() {
+        if t.dtype != DType::Bool {
+            check_index_dtype(t, "tensors used as indices")?;
+            bshape = broadcast_shapes(&bshape, &t.sizes)?;
+        }
+    }
+    if values.dtype != m.dtype {
+        return Err(format!(
+            "Index put requires the source and destination dtypes match, got {} for the destination and {} for the source.",
+            m.dtype, values.dtype
+        ));
+    }
+    like_self_infer(a)
+}
+
+fn wrap_index(i: f64, size: usize, dim: usize) -> Res<usize> {
+    let s = size as i64;
+    let i = i as i64;
+    if i < -s || i >= s {
+        return Err(format!("index {i} is out of bounds for dimension {dim} with size {size}"));
+    }
+    Ok(if i < 0 { i + s } else { i } as usize)
+}
+
+/// Advanced indexing `self[indices] = values` (or `+=` when accumulating)
+/// on a row-major logical copy of `self`.
+pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let this = a.tensor(0)?;
+    let sizes = this.sizes().to_vec();
+    let mut vals = this.values();
+    let values = a.tensor(2)?;
+    let accumulate = a.bool(3)?;
+    // Expand bool masks into one integer index per masked dimension.
+    let mut idx: Vec<Option<(Vec<usize>, Vec<f64>)>> = vec![];
+    for t in a.tensor_list(1)? {
+        match t {
+            None => idx.push(None),
+            Some(t) if t.dtype() == DType::Bool => {
+                let k = t.meta.dim();
+                let start = idx.len();
+                if start + k > sizes.len() || t.sizes() != &sizes[start..start + k] {
+                    return Err(format!(
+                        "The shape of the mask {} at index {start} does not match the shape of the indexed tensor {}",
+                        ShapeFmt(t.sizes()),
+                        ShapeFmt(&sizes)
+                    ));
+                }
+                let mv = t.values();
+                let hits: Vec<usize> = (0..mv.len()).filter(|&i| mv[i] != 0.0).collect();
+                let cstrides = crate::meta::contiguous_strides(t.sizes());
+                for j in 0..k {
+                    let col = hits.iter().map(|&h| ((h / cstrides[j]) % t.sizes()[j]) as f64).collect();
+                    idx.push(Some((vec![hits.len()], col)));
+                }
+            }
+            Some(t) => idx.push(Some((t.sizes().to_vec(), t.values()))),
+        }
+    }
+    if idx.len() > sizes.len() {
+        return Err(format!("too many indices for tensor of dimension {}", sizes.len()));
+    }
+    idx.resize(sizes.len(), None);
+    let mut bshape: Vec<usize> = vec![];
+    for (s, _) in idx.iter().flatten() {
+        bshape = broadcast_shapes(&bshape, s)?;
+    }
+    let adv: Vec<usize> = (0..sizes.len()).filter(|&d| idx[d].is_some()).collect();
+    let adjacent = adv.windows(2).all(|w| w[1] == w[0] + 1);
+    let rest: Vec<usize> = (0..sizes.len()).filter(|&d| idx[d].is_none()).collect();
+    // Shape of `self[indices]`.
+    let (before, after): (Vec<usize>, Vec<usize>) = if adjacent && !adv.is_empty() {
+        (rest.iter().copied().filter(|&d| d < adv[0]).collect(), rest.iter().copied().filter(|&d| d > adv[0]).collect())
+    } else {
+        (vec![], rest.clone())
+    };
+    let mut rshape: Vec<usize> = before.iter().map(|&d| sizes[d]).collect();
+    rshape.extend(&bshape);
+    rshape.extend(after.iter().map(|&d| sizes[d]));
+    expandable(values.sizes(), &rshape).map_err(|_| {
+        format!("shape mismatch: value tensor of shape {} cannot be broadcast to indexing result of shape {}", ShapeFmt(values.sizes()), ShapeFmt(&rshape))
+    })?;
+    let vv = values.values_broadcast(&rshape);
+    let idx_b: Vec<Option<Vec<f64>>> = idx
+        .iter()
+        .map(|x| {
+            x.as_ref().map(|(s, v)| {
+                let m = Meta::contiguous(DType::F32, s.clone());
+                let st = crate::meta::broadcast_strides(&m, &bshape);
+                crate::meta::OffsetIter::new(&bshape, &st, 0).map(|o| v[o]).collect()
+            })
+        })
+        .collect();
+    let cstr = crate::meta::contiguous_strides(&sizes);
+    let rstr = crate::meta::contiguous_strides(&rshape);
+    let bstr = crate::meta::contiguous_strides(&bshape);
+    let nb = before.len();
+    for (r, &value) in vv.iter().enumerate() {
+        let ridx: Vec<usize> = (0..rshape.len()).map(|j| (r / rstr[j]) % rshape[j].max(1)).collect();
+        let bpos: usize = (0..bshape.len()).map(|j| ridx[nb + j] * bstr[j]).sum();
+        let mut off = 0;
+        for (j, &d) in before.iter().enumerate() {
+            off += ridx[j] * cstr[d];
+        }
+        for (j, &d) in after.iter().enumerate() {
+            off += ridx[nb + bshape.len() + j] * cstr[d];
+        }
+        for &d in &adv {
+            let i = idx_b[d].as_ref().map(|v| v[bpos]).unwrap_or(0.0);
+            off += wrap_index(i, sizes[d], d)? * cstr[d];
+        }
+        if accumulate {
+            vals[off] = this.dtype().cast(vals[off] + value);
+        } else {
+            vals[off] = value;
+        }
+    }
+    one(o[0].clone(), &vals)
+}
+
+// ------------------------------------------------------------ scatters
+
+pub type ViewFn = fn(&A) -> Res<Vec<Meta>>;
+
+/// The view a scatter writes through, taken on its own output: the
+/// scatter's arguments are the view's, with `src` removed.
+fn scatter_view(a: &A, out: &Meta, view: ViewFn) -> Res<Meta> {
+    let mut va: Vec<Arg<&Meta>> = vec![Arg::Tensor(out)];
+    va.extend(a[2..].iter().cloned());
+    Ok(view(&va)?.remove(0))
+}
+
+pub fn scatter_infer(a: &A, view: ViewFn) -> Res<Vec<Meta>> {
+    let (m, src) = (a.tensor(0)?, a.tensor(1)?);
+    let out = like(m, m.dtype);
+    let v = scatter_view(a, &out, view)?;
+    if v.sizes != src.sizes {
+        return Err(format!(
+            "expected src to have a size equal to the slice of self. src size = {}, slice size = {}",
+            ShapeFmt(&src.sizes),
+            ShapeFmt(&v.sizes)
+        ));
+    }
+    Ok(vec![out])
+}
+
+pub fn scatter_eval(a: &R, o: &[Meta], view: ViewFn) -> Res<Vec<RTensor>> {
+    let out = RTensor::from_values(o[0].clone(), &a.tensor(0)?.values());
+    let am = super::args::metas(a);
+    let v = scatter_view(&am, &out.meta, view)?;
+    out.view(v).write(&a.tensor(1)?.values());
+    Ok(vec![out])
+}
+
+// ---------------------------------------------------------- reductions
+
+/// Groups the row-major `vals` of a `sizes` tensor by the output index of
+/// a reduction over `reduced` dims (one group per output element).
+fn groups(vals: &[f64], sizes: &[usize], reduced: &[bool]) -> Vec<Vec<f64>> {
+    let out_sizes: Vec<usize> = sizes.iter().zip(reduced).map(|(&s, &r)| if r { 1 } else { s }).collect();
+    let ostr = crate::meta::contiguous_strides(&out_sizes);
+    let istr = crate::meta::contiguous_strides(sizes);
+    let mut g = vec![vec![]; crate::meta::numel(&out_sizes)];
+    for (i, &v) in vals.iter().enumerate() {
+        let mut o = 0;
+        for d in 0..sizes.len() {
+            if !reduced[d] {
+                o += ((i / istr[d]) % sizes[d]) * ostr[d];
+            }
+        }
+        g[o].push(v);
+    }
+    g
+}
+
+fn reduced_dims(m: &Meta, dims: Option<Vec<i64>>) -> Res<Vec<bool>> {
+    let mut r = vec![false; m.dim()];
+    match dims {
+        None => r.iter_mut().for_each(|x| *x = true),
+        Some(l) if l.is_empty() => r.iter_mut().for_each(|x| *x = true),
+        Some(l) => {
+            for d in l {
+                let d = wrap_dim(d, m.dim())?;
+                if m.dim() > 0 {
+                    if r[d] {
+                        return Err(format!("dim {d} appears multiple times in the list of dims"));
+                    }
+                    r[d] = true;
+                }
+            }
+        }
+    }
+    Ok(r)
+}
+
+fn reduced_shape(m: &Meta, r: &[bool], keepdim: bool) -> Vec<usize> {
+    m.sizes.iter().zip(r).filter_map(|(&s, &x)| if !x { Some(s) } else if keepdim { Some(1) } else { None }).collect()
+}
+
+/// (dims, keepdim, dtype) of `sum`/`mean` overloads: `(self, dtype?)` or
+/// `(self, dim?, keepdim, dtype?)`.
+fn reduce_args<T>(a: &[Arg<T>]) -> Res<(Option<Vec<i64>>, bool, Option<DType>)> {
+    if a.len() <= 2 {
+        Ok((None, false, a.opt_dtype(1)?))
+    } else {
+        Ok((a.opt_int_list(1)?, a.bool(2)?, a.opt_dtype(3)?))
+    }
+}
+
+fn sum_dtype(m: &Meta, dtype: Option<DType>) -> DType {
+    dtype.unwrap_or(if m.dtype.is_float() { m.dtype } else { DType::I32 })
+}
+
+pub fn sum_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    let (dims, keep, dt) = reduce_args(a)?;
+    let r = reduced_dims(m, dims)?;
+    Ok(vec![Meta::contiguous(sum_dtype(m, dt), reduced_shape(m, &r, keep))])
+}
+
+pub fn mean_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    let (_, _, dt) = reduce_args(a)?;
+    let out = dt.unwrap_or(m.dtype);
+    if !out.is_float() {
+        return Err(format!(
+            "mean(): could not infer output dtype. Input dtype must be either a floating point or complex dtype. Got: {}",
+            out
+        ));
+    }
+    let mut r = sum_infer(a)?;
+    r[0].dtype = out;
+    Ok(r)
+}
+
+fn reduce_eval(a: &R, o: &[Meta], dims: Option<Vec<i64>>, f: impl Fn(&[f64]) -> Res<f64>) -> Res<Vec<RTensor>> {
+    let t = a.tensor(0)?;
+    let r = reduced_dims(&t.meta, dims)?;
+    let vals: Vec<f64> = t.values().iter().map(|&v| o[0].dtype.cast(v)).collect();
+    let out = groups(&vals, t.sizes(), &r).iter().map(|g| f(g)).collect::<Res<Vec<_>>>()?;
+    one(o[0].clone(), &out)
+}
+
+pub fn sum_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let dims = reduce_args(a)?.0;
+    reduce_eval(a, o, dims, |g| Ok(g.iter().sum()))
+}
+
+pub fn mean_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let dims = reduce_args(a)?.0;
+    reduce_eval(a, o, dims, |g| Ok(g.iter().sum::<f64>() / g.len() as f64))
+}
+
+pub fn amax_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    let r = reduced_dims(m, Some(a.int_list(1)?))?;
+    if m.sizes.iter().zip(&r).any(|(&s, &x)| x && s == 0) {
+        return Err("amax(): Expected reduction dim to have non-zero size.".into());
+    }
+    Ok(vec![Meta::contiguous(m.dtype, reduced_shape(m, &r, a.bool(2)?))])
+}
+
+fn extreme(g: &[f64], max: bool) -> Res<f64> {
+    let mut best = g[0];
+    for &x in g {
+        if x.is_nan() {
+            return Ok(x);
+        }
+        if (max && x > best) || (!max && x < best) {
+            best = x;
+        }
+    }
+    Ok(best)
+}
+
+pub fn amax_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    reduce_eval(a, o, Some(a.int_list(1)?), |g| extreme(g, true))
+}
+
+pub fn amin_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    reduce_eval(a, o, Some(a.int_list(1)?), |g| extreme(g, false))
+}
+
+/// `softmax(self, dim, dtype?)` and `_softmax(self, dim, half_to_float)`.
+fn softmax_dtype<T: super::args::HasMeta>(a: &[Arg<T>]) -> Res<DType> {
+    let m = a.tensor(0)?.meta();
+    let dt = match a.get(2) {
+        Some(Arg::Bool(true)) => return Err("softmax with half to float conversion is not supported on CPU".into()),
+        Some(Arg::Dtype(d)) => *d,
+        _ => m.dtype,
+    };
+    if !dt.is_float() {
+        return Err(format!("softmax is not implemented for {dt} tensors; pass a float dtype"));
+    }
+    Ok(dt)
+}
+
+pub fn softmax_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    wrap_dim(a.int(1)?, m.dim())?;
+    Ok(vec![Meta::contiguous(softmax_dtype(a)?, m.sizes.clone())])
+}
+
+fn along_dim(t: &RTensor, dim: i64, f: impl Fn(&mut [f64])) -> Res<Vec<f64>> {
+    let d = wrap_dim(dim, t.meta.dim())?;
+    let sizes = t.sizes().to_vec();
+    if sizes.is_empty() {
+        let mut v = t.values();
+        f(&mut v);
+        return Ok(v);
+    }
+    let vals = t.values();
+    let str_ = crate::meta::contiguous_strides(&sizes);
+    let mut out = vals.clone();
+    let n = sizes[d];
+    for start in 0..vals.len() {
+        if (start / str_[d]) % n != 0 || n == 0 {
+            continue;
+        }
+        let mut line: Vec<f64> = (0..n).map(|k| vals[start + k * str_[d]]).collect();
+        f(&mut line);
+        for k in 0..n {
+            out[start + k * str_[d]] = line[k];
+        }
+    }
+    Ok(out)
+}
+
+fn softmax_line(v: &mut [f64], log: bool) {
+    let mx = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let s: f64 = v.iter().map(|x| (x - mx).exp()).sum();
+    for x in v.iter_mut() {
+        *x = if log { *x - mx - s.ln() } else { (*x - mx).exp() / s };
+    }
+}
+
+pub fn softmax_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let t = a.tensor(0)?;
+    let dt = o[0].dtype;
+    let cast: Vec<f64> = t.values().iter().map(|&v| dt.cast(v)).collect();
+    let tc = RTensor::new(dt, t.sizes().to_vec(), &cast);
+    one(o[0].clone(), &along_dim(&tc, a.int(1)?, |l| softmax_line(l, false))?)
+}
+
+pub fn log_softmax_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let t = a.tensor(0)?;
+    let dt = o[0].dtype;
+    let cast: Vec<f64> = t.values().iter().map(|&v| dt.cast(v)).collect();
+    let tc = RTensor::new(dt, t.sizes().to_vec(), &cast);
+    one(o[0].clone(), &along_dim(&tc, a.int(1)?, |l| softmax_line(l, true))?)
+}
+
+// ------------------------------------------------------ linear algebra
+
+fn same_dtype(x: &Meta, y: &Meta, op: &str) -> Res<()> {
+    if x.dtype != y.dtype {
+        return Err(format!("{op}: expected both operands to have the same dtype, but got: {} != {}", x.dtype, y.dtype));
+    }
+    if x.dtype == DType::Bool {
+        return Err(format!("{op} is not implemented for bool tensors"));
+    }
+    Ok(())
+}
+
+/// Row-major `[b, n, k] x [b, k, m]` product.
+fn batched_mm(x: &[f64], y: &[f64], b: usize, n: usize, k: usize, m: usize) -> Vec<f64> {
+    let mut out = vec![0.0; b * n * m];
+    for bi in 0..b {
+        for i in 0..n {
+            for p in 0..k {
+                let xv = x[bi * n * k + i * k + p];
+                if xv == 0.0 {
+                    continue;
+                }
+                let yrow = &y[bi * k * m + p * m..bi * k * m + p * m + m];
+                let orow = &mut out[bi * n * m + i * m..bi * n * m + i * m + m];
+                for (o, &yv) in orow.iter_mut().zip(yrow) {
+                    *o += xv * yv;
+                }
+            }
+        }
+    }
+    // 0 * inf / nan must still poison the result, as a real product would.
+    if x.iter().any(|v| *v == 0.0) && y.iter().any(|v| !v.is_finite()) {
+        for bi in 0..b {
+            for i in 0..n {
+                for j in 0..m {
+                    out[bi * n * m + i * m + j] =
+                        (0..k).map(|p| x[bi * n * k + i * k + p] * y[bi * k * m + p * m + j]).sum();
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn mm_infer(a: &A) -> Res<Vec<Meta>> {
+    let (x, y) = (a.tensor(0)?, a.tensor(1)?);
+    if x.dim() != 2 || y.dim() != 2 {
+        return Err(format!("mm: expected 2-D tensors, got {}-D and {}-D", x.dim(), y.dim()));
+    }
+    same_dtype(x, y, "mm")?;
+    if x.sizes[1] != y.sizes[0] {
+        return Err(format!(
+            "mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})",
+            x.sizes[0], x.sizes[1], y.sizes[0], y.sizes[1]
+        ));
+    }
+    Ok(vec![Meta::contiguous(x.dtype, vec![x.sizes[0], y.sizes[1]])])
+}
+
+pub fn mm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let (x, y) = (a.tensor(0)?, a.tensor(1)?);
+    let (n, k, m) = (x.sizes()[0], x.sizes()[1], y.sizes()[1]);
+    one(o[0].clone(), &batched_mm(&x.values(), &y.values(), 1, n, k, m))
+}
+
+pub fn bmm_infer(a: &A) -> Res<Vec<Meta>> {
+    let (x, y) = (a.tensor(0)?, a.tensor(1)?);
+    if x.dim() != 3 || y.dim() != 3 {
+        return Err(format!("bmm: expected 3-D tensors, got {}-D and {}-D", x.dim(), y.dim()));
+    }
+    same_dtype(x, y, "bmm")?;
+    if x.sizes[0] != y.sizes[0] {
+        return Err("batch1 and batch2 must have same number of batches".into());
+    }
+    if x.sizes[2] != y.sizes[1] {
+        return Err(format!(
+            "Expected size for first two dimensions of batch2 tensor to be: [{}, {}] but got: [{}, {}].",
+            x.sizes[0], x.sizes[2], y.sizes[0], y.sizes[1]
+        ));
+    }
+    Ok(vec![Meta::contiguous(x.dtype, vec![x.sizes[0], x.sizes[1], y.sizes[2]])])
+}
+
+pub fn bmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let (x, y) = (a.tensor(0)?, a.tensor(1)?);
+    let (b, n, k, m) = (x.sizes()[0], x.sizes()[1], x.sizes()[2], y.sizes()[2]);
+    one(o[0].clone(), &batched_mm(&x.values(), &y.values(), b, n, k, m))
+}
+
+/// `matmul`'s shapes: (batch shape, n, k, m, result shape).
+fn matmul_shapes(x: &Meta, y: &Meta) -> Res<(Vec<usize>, usize, usize, usize, Vec<usize>)> {
+    if x.dim() == 0 || y.dim() == 0 {
+        return Err(format!("both arguments to matmul need to be at least 1D, but they are {}D and {}D", x.dim(), y.dim()));
+    }
+    same_dtype(x, y, "matmul")?;
+    let (xb, n, k1) = if x.dim() == 1 {
+        (vec![], 1, x.sizes[0])
+    } else {
+        (x.sizes[..x.dim() - 2].to_vec(), x.sizes[x.dim() - 2], x.sizes[x.dim() - 1])
+    };
+    let (yb, k2, m) = if y.dim() == 1 {
+        (vec![], y.sizes[0], 1)
+    } else {
+        (y.sizes[..y.dim() - 2].to_vec(), y.sizes[y.dim() - 2], y.sizes[y.dim() - 1])
+    };
+    if k1 != k2 {
+        return Err(format!(
+            "matmul: shapes {} and {} cannot be multiplied ({k1} != {k2})",
+            ShapeFmt(&x.sizes),
+            ShapeFmt(&y.sizes)
+        ));
+    }
+    let batch = broadcast_shapes(&xb, &yb)?;
+    let mut shape = batch.clone();
+    if x.dim() > 1 {
+        shape.push(n);
+    }
+    if y.dim() > 1 {
+        shape.push(m);
+    }
+    Ok((batch, n, k1, m, shape))
+}
+
+pub fn matmul_infer(a: &A) -> Res<Vec<Meta>> {
+    let (x, y) = (a.tensor(0)?, a.tensor(1)?);
+    let (_, _, _, _, shape) = matmul_shapes(x, y)?;
+    Ok(vec![Meta::contiguous(x.dtype, shape)])
+}
+
+pub fn matmul_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let (x, y) = (a.tensor(0)?, a.tensor(1)?);
+    let (batch, n, k, m, _) = matmul_shapes(&x.meta, &y.meta)?;
+    let mut xs = batch.clone();
+    xs.extend([n, k]);
+    let mut ys = batch.clone();
+    ys.extend([k, m]);
+    let xm = if x.meta.dim() == 1 { x.view(x.meta.restrided(vec![1, k], vec![0, x.meta.strides[0]], x.meta.offset)) } else { x.clone() };
+    let ym = if y.meta.dim() == 1 { y.view(y.meta.restrided(vec![k, 1], vec![y.meta.strides[0], 0], y.meta.offset)) } else { y.clone() };
+    let b = crate::meta::numel(&batch);
+    one(o[0].clone(), &batched_mm(&xm.values_broadcast(&xs), &ym.values_broadcast(&ys), b, n, k, m))
+}
+
+pub fn addmm_infer(a: &A) -> Res<Vec<Meta>> {
+    let s = a.tensor(0)?;
+    let out = mm_infer(&a[1..])?;
+    same_dtype(s, &out[0], "addmm")?;
+    expandable(&s.sizes, &out[0].sizes)?;
+    Ok(out)
+}
+
+pub fn addmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let (beta, alpha) = (a.scalar(3)?.to_f64(), a.scalar(4)?.to_f64());
+    let prod = mm_eval(&a[1..], o)?.remove(0).values();
+    let s = a.tensor(0)?.values_broadcast(&o[0].sizes);
+    let vals: Vec<f64> = prod.iter().zip(s).map(|(p, s)| alpha * p + if beta == 0.0 { 0.0 } else { beta * s }).collect();
+    one(o[0].clone(), &vals)
+}
+
+pub fn linear_infer(a: &A) -> Res<Vec<Meta>> {
+    let (x, w) = (a.tensor(0)?, a.tensor(1)?);
+    if w.dim() != 2 && w.dim() != 1 {
+        return Err(format!("linear: weight must be 1-D or 2-D, got {}-D", w.dim()));
+    }
+    same_dtype(x, w, "linear")?;
+    let inner = *w.sizes.last().unwrap();
+    if x.dim() == 0 || *x.sizes.last().unwrap() != inner {
+        return Err(format!(
+            "mat1 and mat2 shapes cannot be multiplied (input {} and weight {})",
+            ShapeFmt(&x.sizes),
+            ShapeFmt(&w.sizes)
+        ));
+    }
+    let mut shape = x.sizes[..x.dim() - 1].to_vec();
+    if w.dim() == 2 {
+        shape.push(w.sizes[0]);
+    }
+    if let Some(b) = a.opt_tensor(2)? {
+        same_dtype(x, b, "linear")?;
+        expandable(&b.sizes, &shape)?;
+    }
+    Ok(vec![Meta::contiguous(x.dtype, shape)])
+}
+
+pub fn linear_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let (x, w) = (a.tensor(0)?, a.tensor(1)?);
+    let k = *w.sizes().last().unwrap();
+    let out_f = if w.meta.dim() == 2 { w.sizes()[0] } else { 1 };
+    let rows = x.meta.numel() / k.max(1);
+    // x [rows, k] times w^T [k, out_f].
+    let wt = w.values();
+    let mut wt_t = vec![0.0; k * out_f];
+    for j in 0..out_f {
+        for p in 0..k {
+            wt_t[p * out_f + j] = wt[j * k + p];
+        }
+    }
+    let mut vals = batched_mm(&x.values(), &wt_t, 1, rows, k, out_f);
+    if let Some(b) = a.opt_tensor(2)? {
+        for (v, bv) in vals.iter_mut().zip(b.values_broadcast(&o[0].sizes)) {
+            *v += bv;
+        }
+    }
+    one(o[0].clone(), &vals)
+}
+
+pub fn layer_norm_infer(a: &A) -> Res<Vec<Meta>> {
+    let x = a.tensor(0)?;
+    let ns = sizes_of(&a.int_list(1)?)?;
+    if !x.dtype.is_float() {
+        return Err(format!("layer_norm is not implemented for {} tensors", x.dtype));
+    }
+    if ns.is_empty() || ns.len() > x.dim() || x.sizes[x.dim() - ns.len()..] != ns[..] {
+        return Err(format!(
+            "Given normalized_shape={}, expected input with shape [*, {}], but got input of size{}",
+            ShapeFmt(&ns),
+            ns.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
+            ShapeFmt(&x.sizes)
+        ));
+    }
+    for i in [2, 3] {
+        if let Some(w) = a.opt_tensor(i)? {
+            if w.sizes != ns {
+                return Err(format!(
+                    "Expected weight and bias to be of the same shape as normalized_shape {}, but got {}",
+                    ShapeFmt(&ns),
+                    ShapeFmt(&w.sizes)
+                ));
+            }
+        }
+    }
+    Ok(vec![Meta::contiguous(x.dtype, x.sizes.clone())])
+}
+
+pub fn layer_norm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let x = a.tensor(0)?;
+    let n: usize = a.int_list(1)?.iter().product::<i64>() as usize;
+    let eps = a.float(4)?;
+    let w = a.opt_tensor(2)?.map(|t| t.values());
+    let b = a.opt_tensor(3)?.map(|t| t.values());
+    let mut vals = x.values();
+    for row in vals.chunks_mut(n.max(1)) {
+        let mean = row.iter().sum::<f64>() / n as f64;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+        let r = 1.0 / (var + eps).sqrt();
+        for (j, v) in row.iter_mut().enumerate() {
+            *v = (*v - mean) * r * w.as_ref().map_or(1.0, |w| w[j]) + b.as_ref().map_or(0.0, |b| b[j]);
+        }
+    }
+    one(o[0].clone(), &vals)
+}
+
+pub fn embedding_infer(a: &A) -> Res<Vec<Meta>> {
+    let (w, idx) = (a.tensor(0)?, a.tensor(1)?);
+    check_index_dtype(idx, "embedding indices")?;
+    if w.dim() != 2 {
+        return Err(format!("'weight' must be 2-D, got {}-D", w.dim()));
+    }
+    let mut shape = idx.sizes.clone();
+    shape.push(w.sizes[1]);
+    Ok(vec![Meta::contiguous(w.dtype, shape)])
+}
+
+fn gather_rows(src: &RTensor, dim: usize, index: &[f64]) -> Res<Vec<f64>> {
+    let sizes = src.sizes();
+    let vals = src.values();
+    let outer: usize = sizes[..dim].iter().product();
+    let inner: usize = sizes[dim + 1..].iter().product();
+    let n = sizes[dim];
+    let mut out = Vec::with_capacity(outer * index.len() * inner);
+    for o in 0..outer {
+        for &i in index {
+            let i = i as i64;
+            if i < 0 || i as usize >= n {
+                return Err(format!("index out of range in self (index {i}, size {n})"));
+            }
+            let base = (o * n + i as usize) * inner;
+            out.extend_from_slice(&vals[base..base + inner]);
+        }
+    }
+    Ok(out)
+}
+
+pub fn embedding_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    one(o[0].clone(), &gather_rows(a.tensor(0)?, 0, &a.tensor(1)?.values())?)
+}
+
+pub fn index_select_infer(a: &A) -> Res<Vec<Meta>> {
+    let (m, idx) = (a.tensor(0)?, a.tensor(2)?);
+    check_index_dtype(idx, "index_select(): index")?;
+    if idx.dim() > 1 {
+        return Err("index_select(): Index is supposed to be a vector".into());
+    }
+    let d = wrap_dim(a.int(1)?, m.dim())?;
+    let mut shape = m.sizes.clone();
+    if m.dim() > 0 {
+        shape[d] = idx.numel();
+    }
+    Ok(vec![Meta::contiguous(m.dtype, shape)])
+}
+
+pub fn index_select_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let t = a.tensor(0)?;
+    let idx = a.tensor(2)?.values();
+    if t.meta.dim() == 0 {
+        let v = t.values();
+        for &i in &idx {
+            if i != 0.0 && i != -1.0 {
+                return Err("index_select(): index out of range in self".into());
+            }
+        }
+        return one(o[0].clone(), &v);
+    }
+    let d = wrap_dim(a.int(1)?, t.meta.dim())?;
+    one(o[0].clone(), &gather_rows(t, d, &idx)?)
+}
+
+/// Re-exported for the view-copy and scatter entries of the table.
+pub use views::A as ViewArgs;

@@ -1,0 +1,576 @@
+//! The op table: every op Kiln knows, with its ATen schemas, its kind, its
+//! shape/dtype rule and its reference kernel. In-place forms (`add_`) and
+//! view copies (`slice_copy`) are derived from their base entries, so adding
+//! an op means adding one entry here.
+
+pub mod args;
+pub mod kernels;
+pub mod layout;
+pub mod pointwise;
+pub mod views;
+
+use crate::meta::Meta;
+use crate::schema::{Arg, Schema};
+use crate::tensor::RTensor;
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OpId(pub u16);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// Returns a tensor aliasing its first argument's storage.
+    View,
+    /// Returns several views (`split`, `chunk`, `unbind`).
+    MultiView,
+    /// An alias when the layout allows one, a copy otherwise (`reshape`,
+    /// `contiguous`): decided statically from strides.
+    ViewOrCopy,
+    /// Mutates its first argument and returns it.
+    InPlace,
+    /// A pure function of its arguments returning fresh tensors.
+    Functional,
+    /// Makes a tensor from literals alone.
+    Factory,
+}
+
+pub type InferFn = fn(&[Arg<&Meta>]) -> Result<Vec<Meta>, String>;
+pub type EvalFn = fn(&[Arg<RTensor>], &[Meta]) -> Result<Vec<RTensor>, String>;
+pub type ViewOrCopyFn = fn(&[Arg<&Meta>]) -> Result<(Meta, bool), String>;
+
+pub enum Rule {
+    /// Result metas over the input's storage.
+    View(InferFn),
+    ViewOrCopy(ViewOrCopyFn),
+    /// Elementwise: the plan gives shape, dtype and scalar function.
+    Pointwise(pointwise::PlanFn),
+    /// A contiguous copy of the results of the view op (`<view>_copy`).
+    ViewCopy(OpId),
+    /// A scatter: `self` with `src` written through the view (the view's
+    /// arguments follow `src`).
+    Scatter(InferFn),
+    /// Computes the functional op, then writes the result into `self`.
+    InPlace(OpId),
+    Kernel { infer: InferFn, eval: EvalFn },
+}
+
+pub struct OpDef {
+    pub name: String,
+    pub kind: OpKind,
+    pub schemas: Vec<Schema>,
+    pub rule: Rule,
+    /// View op: its `_copy` form. In-place op: its functional form.
+    /// Functional op with an in-place form: that form.
+    pub counterpart: Option<OpId>,
+    /// In-place ops that may write through a self-overlapping view because
+    /// every element gets the same value (`fill_`, `zero_`).
+    pub overlap_ok: bool,
+}
+
+impl OpDef {
+    pub fn id(&self) -> OpId {
+        TABLE.by_name[&self.name]
+    }
+}
+
+pub struct Table {
+    pub ops: Vec<OpDef>,
+    by_name: HashMap<String, OpId>,
+}
+
+pub static TABLE: LazyLock<Table> = LazyLock::new(build);
+
+pub fn lookup(name: &str) -> Option<OpId> {
+    TABLE.by_name.get(name).copied()
+}
+
+pub fn op(id: OpId) -> &'static OpDef {
+    &TABLE.ops[id.0 as usize]
+}
+
+impl OpId {
+    pub fn def(self) -> &'static OpDef {
+        op(self)
+    }
+    pub fn name(self) -> &'static str {
+        &op(self).name
+    }
+}
+
+struct Builder {
+    ops: Vec<OpDef>,
+}
+
+impl Builder {
+    fn add(&mut self, name: &str, kind: OpKind, schemas: &[&str], rule: Rule) -> OpId {
+        let id = OpId(self.ops.len() as u16);
+        let schemas = schemas.iter().map(|s| Schema::parse(s)).collect::<Vec<_>>();
+        for s in &schemas {
+            assert_eq!(s.name, name, "schema {} listed under {name}", s.text);
+        }
+        self.ops.push(OpDef { name: name.into(), kind, schemas, rule, counterpart: None, overlap_ok: false });
+        id
+    }
+
+    /// A view and its `_copy` form.
+    fn view(&mut self, name: &str, multi: bool, schemas: &[&str], rule: InferFn) -> OpId {
+        let kind = if multi { OpKind::MultiView } else { OpKind::View };
+        let id = self.add(name, kind, schemas, Rule::View(rule));
+        self.copy_of(id);
+        id
+    }
+
+    /// `<name>_copy` with the view's schemas and a contiguous result.
+    fn copy_of(&mut self, view: OpId) -> OpId {
+        let v = &self.ops[view.0 as usize];
+        let name = format!("{}_copy", v.name);
+        let texts: Vec<String> = v
+            .schemas
+            .iter()
+            .map(|s| {
+                let t = s.text.replace("Tensor(a)", "Tensor").replace("Tensor(a -> *)", "Tensor");
+                format!("{name}{}", &t[s.name.len()..])
+            })
+            .collect();
+        let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
+        let id = self.add(&name, OpKind::Functional, &refs, Rule::ViewCopy(view));
+        self.ops[view.0 as usize].counterpart = Some(id);
+        id
+    }
+
+    /// A functional op and its in-place form `<name>_` (same schemas minus
+    /// those whose first argument is not a tensor).
+    fn with_inplace(&mut self, name: &str, kind: OpKind, schemas: &[&str], rule: Rule) -> OpId {
+        let id = self.add(name, kind, schemas, rule);
+        let iname = format!("{name}_");
+        let texts: Vec<String> = schemas
+            .iter()
+            .filter(|s| s[s.find('(').unwrap() + 1..].starts_with("Tensor self"))
+            .map(|s| format!("{iname}{}", &s[name.len()..]))
+            .collect();
+        let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
+        let ip = self.add(&iname, OpKind::InPlace, &refs, Rule::InPlace(id));
+        self.ops[id.0 as usize].counterpart = Some(ip);
+        self.ops[ip.0 as usize].counterpart = Some(id);
+        ip
+    }
+
+    fn pointwise(&mut self, name: &str, schemas: &[&str], plan: pointwise::PlanFn, inplace: bool) {
+        if inplace {
+            self.with_inplace(name, OpKind::Functional, schemas, Rule::Pointwise(plan));
+        } else {
+            self.add(name, OpKind::Functional, schemas, Rule::Pointwise(plan));
+        }
+    }
+
+    fn kernel(&mut self, name: &str, kind: OpKind, schemas: &[&str], infer: InferFn, eval: EvalFn) -> OpId {
+        self.add(name, kind, schemas, Rule::Kernel { infer, eval })
+    }
+}
+
+fn build() -> Table {
+    use kernels as k;
+    use pointwise as p;
+    use OpKind::*;
+    let mut b = Builder { ops: vec![] };
+
+    // Views (each gets a `<name>_copy`).
+    b.view("view", false, &["view(Tensor(a) self, SymInt[] size) -> Tensor(a)"], views::view);
+    let reshape = b.add(
+        "reshape",
+        ViewOrCopy,
+        &["reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)"],
+        Rule::ViewOrCopy(views::reshape),
+    );
+    b.copy_of(reshape);
+    b.view(
+        "slice",
+        false,
+        &["slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)"],
+        views::slice,
+    );
+    b.view("select", false, &["select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)"], views::select);
+    b.view("transpose", false, &["transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)"], views::transpose);
+    b.view("t", false, &["t(Tensor(a) self) -> Tensor(a)"], views::t);
+    b.view("permute", false, &["permute(Tensor(a) self, int[] dims) -> Tensor(a)"], views::permute);
+    b.view("expand", false, &["expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)"], views::expand);
+    b.view(
+        "diagonal",
+        false,
+        &["diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)"],
+        views::diagonal,
+    );
+    b.view(
+        "as_strided",
+        false,
+        &["as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)"],
+        views::as_strided,
+    );
+    b.view("unsqueeze", false, &["unsqueeze(Tensor(a) self, int dim) -> Tensor(a)"], views::unsqueeze);
+    b.view(
+        "squeeze",
+        false,
+        &[
+            "squeeze(Tensor(a) self) -> Tensor(a)",
+            "squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)",
+            "squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a)",
+        ],
+        views::squeeze,
+    );
+    b.view("alias", false, &["alias(Tensor(a) self) -> Tensor(a)"], views::alias);
+    b.view("narrow", false, &["narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)"], views::narrow);
+    b.view("unfold", false, &["unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)"], views::unfold);
+    b.view(
+        "split",
+        true,
+        &[
+            "split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]",
+            "split.sizes(Tensor(a -> *) self, SymInt[] split_size, int dim=0) -> Tensor(a)[]",
+        ],
+        views::split,
+    );
+    b.view("chunk", true, &["chunk(Tensor(a -> *) self, int chunks, int dim=0) -> Tensor(a)[]"], views::chunk);
+    b.view("unbind", true, &["unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]"], views::unbind);
+    b.add(
+        "contiguous",
+        ViewOrCopy,
+        &["contiguous(Tensor(a) self) -> Tensor(a)"],
+        Rule::ViewOrCopy(views::contiguous),
+    );
+
+    // Scatters: the inverse of a view, writing `src` through it.
+    let sc = |b: &mut Builder, name: &str, schema: &str, view: InferFn| {
+        b.add(name, Functional, &[schema], Rule::Scatter(view));
+    };
+    sc(
+        &mut b,
+        "slice_scatter",
+        "slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor",
+        views::slice,
+    );
+    sc(&mut b, "select_scatter", "select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor", views::select);
+    sc(
+        &mut b,
+        "diagonal_scatter",
+        "diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor",
+        views::diagonal,
+    );
+    sc(
+        &mut b,
+        "as_strided_scatter",
+        "as_strided_scatter(Tensor self, Tensor src, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor",
+        views::as_strided,
+    );
+
+    // Elementwise ops, each with its in-place form.
+    let bin = |n: &str| {
+        [format!("{n}.Tensor(Tensor self, Tensor other) -> Tensor"), format!("{n}.Scalar(Tensor self, Scalar other) -> Tensor")]
+    };
+    let unary = |n: &str| format!("{n}(Tensor self) -> Tensor");
+    b.pointwise(
+        "add",
+        &[
+            "add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+            "add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
+        ],
+        p::add,
+        true,
+    );
+    b.pointwise(
+        "sub",
+        &[
+            "sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+            "sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
+        ],
+        p::sub,
+        true,
+    );
+    let [m0, m1] = bin("mul");
+    b.pointwise("mul", &[&m0, &m1], p::mul, true);
+    b.pointwise(
+        "div",
+        &[
+            "div.Tensor(Tensor self, Tensor other) -> Tensor",
+            "div.Scalar(Tensor self, Scalar other) -> Tensor",
+            "div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor",
+            "div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor",
+        ],
+        p::div,
+        true,
+    );
+    let unaries: [(&str, pointwise::PlanFn); 14] = [
+        ("neg", p::neg),
+        ("exp", p::exp),
+        ("log", p::log),
+        ("sqrt", p::sqrt),
+        ("rsqrt", p::rsqrt),
+        ("abs", p::abs),
+        ("relu", p::relu),
+        ("sigmoid", p::sigmoid),
+        ("tanh", p::tanh),
+        ("logical_not", p::logical_not),
+        ("sin", p::sin),
+        ("cos", p::cos),
+        ("reciprocal", p::reciprocal),
+        ("erf", p::erf),
+    ];
+    for (n, plan) in unaries {
+        b.pointwise(n, &[&unary(n)], plan, true);
+    }
+    b.pointwise("gelu", &["gelu(Tensor self, *, str approximate='none') -> Tensor"], p::gelu, true);
+    b.pointwise(
+        "pow",
+        &[
+            "pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor",
+            "pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor",
+            "pow.Scalar(Scalar self, Tensor exponent) -> Tensor",
+        ],
+        p::pow,
+        true,
+    );
+    b.pointwise("maximum", &["maximum(Tensor self, Tensor other) -> Tensor"], p::maximum, true);
+    b.pointwise("minimum", &["minimum(Tensor self, Tensor other) -> Tensor"], p::minimum, true);
+    b.pointwise(
+        "where",
+        &[
+            "where.self(Tensor condition, Tensor self, Tensor other) -> Tensor",
+            "where.ScalarSelf(Tensor condition, Scalar self, Tensor other) -> Tensor",
+            "where.ScalarOther(Tensor condition, Tensor self, Scalar other) -> Tensor",
+            "where.Scalar(Tensor condition, Scalar self, Scalar other) -> Tensor",
+        ],
+        p::where_,
+        false,
+    );
+    b.pointwise(
+        "clamp",
+        &[
+            "clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor",
+            "clamp.Tensor(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor",
+        ],
+        p::clamp,
+        true,
+    );
+    let cmps: [(&str, pointwise::PlanFn); 6] =
+        [("eq", p::eq), ("ne", p::ne), ("lt", p::lt), ("le", p::le), ("gt", p::gt), ("ge", p::ge)];
+    for (n, plan) in cmps {
+        let [s0, s1] = bin(n);
+        b.pointwise(n, &[&s0, &s1], plan, true);
+    }
+
+    // Copies and fills, each with its in-place form.
+    b.with_inplace(
+        "copy",
+        Functional,
+        &["copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor"],
+        Rule::Kernel { infer: k::copy_infer, eval: k::copy_eval },
+    );
+    let fill = b.with_inplace(
+        "fill",
+        Functional,
+        &["fill.Scalar(Tensor self, Scalar value) -> Tensor", "fill.Tensor(Tensor self, Tensor value) -> Tensor"],
+        Rule::Kernel { infer: k::fill_infer, eval: k::fill_eval },
+    );
+    b.ops[fill.0 as usize].overlap_ok = true;
+    let zero = b.with_inplace(
+        "zero",
+        Functional,
+        &["zero(Tensor self) -> Tensor"],
+        Rule::Kernel { infer: k::like_self_infer, eval: k::zeros_eval },
+    );
+    b.ops[zero.0 as usize].overlap_ok = true;
+    b.with_inplace(
+        "masked_fill",
+        Functional,
+        &[
+            "masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor",
+            "masked_fill.Tensor(Tensor self, Tensor mask, Tensor value) -> Tensor",
+        ],
+        Rule::Kernel { infer: k::masked_fill_infer, eval: k::masked_fill_eval },
+    );
+    b.with_inplace(
+        "index_put",
+        Functional,
+        &["index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor"],
+        Rule::Kernel { infer: k::index_put_infer, eval: k::index_put_eval },
+    );
+
+    // Factories and copies.
+    b.kernel("zeros", Factory, &["zeros(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"], k::zeros_infer, k::zeros_eval);
+    b.kernel("ones", Factory, &["ones(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"], k::zeros_infer, k::ones_eval);
+    b.kernel(
+        "full",
+        Factory,
+        &["full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None) -> Tensor"],
+        k::full_infer,
+        k::full_eval,
+    );
+    b.kernel(
+        "arange",
+        Factory,
+        &[
+            "arange(Scalar end, *, ScalarType? dtype=None) -> Tensor",
+            "arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None) -> Tensor",
+            "arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None) -> Tensor",
+        ],
+        k::arange_infer,
+        k::arange_eval,
+    );
+    b.kernel("zeros_like", Functional, &["zeros_like(Tensor self, *, ScalarType? dtype=None) -> Tensor"], k::like_infer, k::zeros_eval);
+    b.kernel("ones_like", Functional, &["ones_like(Tensor self, *, ScalarType? dtype=None) -> Tensor"], k::like_infer, k::ones_eval);
+    b.kernel(
+        "full_like",
+        Functional,
+        &["full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None) -> Tensor"],
+        k::full_like_infer,
+        k::full_like_eval,
+    );
+    b.kernel("clone", Functional, &["clone(Tensor self) -> Tensor"], k::like_self_infer, k::clone_eval);
+
+    // Reductions.
+    b.kernel(
+        "sum",
+        Functional,
+        &[
+            "sum(Tensor self, *, ScalarType? dtype=None) -> Tensor",
+            "sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+        ],
+        k::sum_infer,
+        k::sum_eval,
+    );
+    b.kernel(
+        "mean",
+        Functional,
+        &[
+            "mean(Tensor self, *, ScalarType? dtype=None) -> Tensor",
+            "mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+        ],
+        k::mean_infer,
+        k::mean_eval,
+    );
+    b.kernel("amax", Functional, &["amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"], k::amax_infer, k::amax_eval);
+    b.kernel("amin", Functional, &["amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"], k::amax_infer, k::amin_eval);
+    b.kernel(
+        "softmax",
+        Functional,
+        &["softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor"],
+        k::softmax_infer,
+        k::softmax_eval,
+    );
+    b.kernel(
+        "log_softmax",
+        Functional,
+        &["log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor"],
+        k::softmax_infer,
+        k::log_softmax_eval,
+    );
+    b.kernel(
+        "_softmax",
+        Functional,
+        &["_softmax(Tensor self, int dim, bool half_to_float) -> Tensor"],
+        k::softmax_infer,
+        k::softmax_eval,
+    );
+    b.kernel(
+        "_log_softmax",
+        Functional,
+        &["_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor"],
+        k::softmax_infer,
+        k::log_softmax_eval,
+    );
+
+    // Linear algebra and layers.
+    b.kernel("mm", Functional, &["mm(Tensor self, Tensor mat2) -> Tensor"], k::mm_infer, k::mm_eval);
+    b.kernel("bmm", Functional, &["bmm(Tensor self, Tensor mat2) -> Tensor"], k::bmm_infer, k::bmm_eval);
+    b.kernel("matmul", Functional, &["matmul(Tensor self, Tensor other) -> Tensor"], k::matmul_infer, k::matmul_eval);
+    b.kernel(
+        "addmm",
+        Functional,
+        &["addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"],
+        k::addmm_infer,
+        k::addmm_eval,
+    );
+    b.kernel(
+        "linear",
+        Functional,
+        &["linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor"],
+        k::linear_infer,
+        k::linear_eval,
+    );
+    b.kernel(
+        "layer_norm",
+        Functional,
+        &["layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool cudnn_enable=True) -> Tensor"],
+        k::layer_norm_infer,
+        k::layer_norm_eval,
+    );
+    b.kernel(
+        "embedding",
+        Functional,
+        &["embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor"],
+        k::embedding_infer,
+        k::embedding_eval,
+    );
+    b.kernel(
+        "index_select",
+        Functional,
+        &["index_select(Tensor self, int dim, Tensor index) -> Tensor"],
+        k::index_select_infer,
+        k::index_select_eval,
+    );
+
+    let by_name = b.ops.iter().enumerate().map(|(i, o)| (o.name.clone(), OpId(i as u16))).collect();
+    Table { ops: b.ops, by_name }
+}
+
+/// Picks the first overload whose schema binds `args`.
+pub fn bind<V: Clone>(id: OpId, args: &[Arg<V>]) -> Result<(usize, Vec<Arg<V>>), String> {
+    let def = op(id);
+    let mut errors = vec![];
+    for (i, s) in def.schemas.iter().enumerate() {
+        match s.bind(args) {
+            Ok(b) => return Ok((i, b)),
+            Err(e) => errors.push(format!("  {}: {e}", s.text)),
+        }
+    }
+    Err(format!("no overload of {} accepts these arguments:\n{}", def.name, errors.join("\n")))
+}
+
+/// Result metas of a bound call.
+pub fn infer(id: OpId, args: &[Arg<&Meta>]) -> Result<Vec<Meta>, String> {
+    let def = op(id);
+    match &def.rule {
+        Rule::View(f) => f(args),
+        Rule::ViewOrCopy(f) => Ok(vec![f(args)?.0]),
+        Rule::Pointwise(plan) => Ok(vec![plan(args)?.out_meta(args)?]),
+        Rule::ViewCopy(v) => {
+            Ok(infer(*v, args)?.into_iter().map(|m| Meta::contiguous(m.dtype, m.sizes)).collect())
+        }
+        Rule::Scatter(view) => kernels::scatter_infer(args, *view),
+        Rule::InPlace(f) => {
+            let this = args.first().and_then(|a| if let Arg::Tensor(t) = a { Some(*t) } else { None });
+            let this = this.ok_or("internal error: in-place op without a tensor self")?;
+            let r = infer(*f, args)?;
+            let r = &r[0];
+            if r.sizes != this.sizes {
+                return Err(format!(
+                    "output with shape {} doesn't match the broadcast shape {}",
+                    crate::meta::ShapeFmt(&this.sizes),
+                    crate::meta::ShapeFmt(&r.sizes)
+                ));
+            }
+            if !r.dtype.can_cast_to(this.dtype) {
+                return Err(format!("result type {} can't be cast to the desired output type {}", r.dtype, this.dtype));
+            }
+            if !def.overlap_ok && this.has_internal_overlap() {
+                return Err(
+                    "unsupported operation: more than one element of the written-to tensor refers to a single memory \
+                     location. Please clone() the tensor before performing the operation."
+                        .into(),
+                );
+            }
+            Ok(vec![this.clone()])
+        }
+        Rule::Kernel { infer, .. } => infer(args),
+    }
+}

@@ -1,0 +1,411 @@
+//! Elementwise ops. Each op's `plan` decides, from argument metadata alone,
+//! its operands (tensors or constants, each with the dtype it is read as),
+//! the result dtype and the scalar function; the interpreter, and later the
+//! GPU code generator, run the plan.
+
+use super::args::{ArgsExt, Scalar};
+use crate::dtype::{result_type, Category, DType, PromoOperand};
+use crate::meta::{broadcast_shapes, Meta};
+use crate::schema::Arg;
+
+pub type A<'a> = [Arg<&'a Meta>];
+pub type ScalarFn = Box<dyn Fn(&[f64]) -> Result<f64, String> + Send + Sync>;
+
+#[derive(Clone, Copy, Debug)]
+pub enum Src {
+    /// The tensor in argument `i`.
+    Arg(usize),
+    /// A literal; `wrapped` when ATen turns it into a 0-d tensor operand.
+    Const { value: f64, wrapped: bool },
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Operand {
+    pub src: Src,
+    /// The dtype the operand is converted to before `f` sees it.
+    pub cast: DType,
+}
+
+pub struct PwPlan {
+    pub operands: Vec<Operand>,
+    pub out_dtype: DType,
+    pub f: ScalarFn,
+}
+
+impl PwPlan {
+    /// Result shape: the operands' shapes broadcast together.
+    pub fn out_shape(&self, a: &A) -> Result<Vec<usize>, String> {
+        let mut shape = vec![];
+        for op in &self.operands {
+            if let Src::Arg(i) = op.src {
+                shape = broadcast_shapes(&shape, &a.tensor(i)?.sizes)?;
+            }
+        }
+        Ok(shape)
+    }
+
+    /// The layout ATen's TensorIterator gives the result.
+    pub fn out_meta(&self, a: &A) -> Result<Meta, String> {
+        let shape = self.out_shape(a)?;
+        let scalar = Meta::contiguous(DType::F32, vec![]);
+        let mut ins: Vec<&Meta> = Vec::new();
+        for op in &self.operands {
+            match op.src {
+                Src::Arg(i) => ins.push(a.tensor(i)?),
+                Src::Const { wrapped: true, .. } => ins.push(&scalar),
+                Src::Const { .. } => {}
+            }
+        }
+        Ok(super::layout::iterator_output(&shape, &ins, self.out_dtype))
+    }
+}
+
+pub type PlanFn = fn(&A) -> Result<PwPlan, String>;
+
+fn promo(m: &Meta) -> PromoOperand {
+    if m.dim() == 0 {
+        PromoOperand::ZeroDim(m.dtype)
+    } else {
+        PromoOperand::Dim(m.dtype)
+    }
+}
+
+/// An operand that is either a tensor argument or a scalar literal.
+enum TOrS<'a> {
+    T(usize, &'a Meta),
+    S(Scalar),
+}
+
+fn t_or_s<'a>(a: &A<'a>, i: usize) -> Result<TOrS<'a>, String> {
+    if a.is_tensor(i) {
+        Ok(TOrS::T(i, a.tensor(i)?))
+    } else {
+        Ok(TOrS::S(a.scalar(i)?))
+    }
+}
+
+fn promo_of(x: &TOrS) -> PromoOperand {
+    match x {
+        TOrS::T(_, m) => promo(m),
+        TOrS::S(s) => PromoOperand::Scalar(s.category()),
+    }
+}
+
+fn operand(x: &TOrS, cast: DType) -> Operand {
+    match x {
+        TOrS::T(i, _) => Operand { src: Src::Arg(*i), cast },
+        TOrS::S(s) => Operand { src: Src::Const { value: cast.cast(s.to_f64()), wrapped: true }, cast },
+    }
+}
+
+fn float_of(d: DType) -> DType {
+    if d.is_float() {
+        d
+    } else {
+        DType::F32
+    }
+}
+
+// ---------------------------------------------------------------- unary
+
+fn unary(a: &A, name: &str, to_float: bool, no_bool: bool, f: fn(f64) -> f64) -> Result<PwPlan, String> {
+    let m = a.tensor(0)?;
+    if no_bool && m.dtype == DType::Bool {
+        return Err(format!("{name} is not supported for bool tensors"));
+    }
+    let dt = if to_float { float_of(m.dtype) } else { m.dtype };
+    Ok(PwPlan { operands: vec![Operand { src: Src::Arg(0), cast: dt }], out_dtype: dt, f: Box::new(move |x| Ok(f(x[0]))) })
+}
+
+macro_rules! float_unary {
+    ($($name:ident => $f:expr;)*) => {$(
+        pub fn $name(a: &A) -> Result<PwPlan, String> { unary(a, stringify!($name), true, false, $f) }
+    )*};
+}
+
+float_unary! {
+    exp => f64::exp;
+    log => f64::ln;
+    sqrt => f64::sqrt;
+    rsqrt => |x| 1.0 / x.sqrt();
+    sigmoid => |x| 1.0 / (1.0 + (-x).exp());
+    tanh => f64::tanh;
+    sin => f64::sin;
+    cos => f64::cos;
+    reciprocal => |x| 1.0 / x;
+    erf => libm::erf;
+}
+
+pub fn neg(a: &A) -> Result<PwPlan, String> {
+    if a.tensor(0)?.dtype == DType::Bool {
+        return Err("Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.".into());
+    }
+    unary(a, "neg", false, true, |x| -x)
+}
+
+pub fn abs(a: &A) -> Result<PwPlan, String> {
+    unary(a, "abs", false, true, f64::abs)
+}
+
+pub fn relu(a: &A) -> Result<PwPlan, String> {
+    unary(a, "relu", false, true, |x| if x > 0.0 || x.is_nan() { x } else { 0.0 })
+}
+
+pub fn logical_not(a: &A) -> Result<PwPlan, String> {
+    let m = a.tensor(0)?;
+    Ok(PwPlan {
+        operands: vec![Operand { src: Src::Arg(0), cast: m.dtype }],
+        out_dtype: DType::Bool,
+        f: Box::new(|x| Ok(if x[0] == 0.0 { 1.0 } else { 0.0 })),
+    })
+}
+
+pub fn gelu(a: &A) -> Result<PwPlan, String> {
+    let m = a.tensor(0)?;
+    if !m.dtype.is_float() {
+        return Err(format!("gelu is not implemented for {} tensors", m.dtype));
+    }
+    let f: fn(f64) -> f64 = match a.opt_str(1)?.unwrap_or("none") {
+        "none" => |x| 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
+        "tanh" => |x| {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+        },
+        other => return Err(format!("approximate argument must be either none or tanh, got \"{other}\"")),
+    };
+    Ok(PwPlan { operands: vec![Operand { src: Src::Arg(0), cast: m.dtype }], out_dtype: m.dtype, f: Box::new(move |x| Ok(f(x[0]))) })
+}
+
+// --------------------------------------------------------------- binary
+
+/// A binary op whose second operand (argument 1) is a tensor or a scalar.
+fn binary(
+    a: &A,
+    out_of: impl Fn(DType) -> Result<(DType, DType), String>,
+    f: impl Fn(DType, f64, f64) -> Result<f64, String> + Send + Sync + 'static,
+) -> Result<PwPlan, String> {
+    let x = t_or_s(a, 0)?;
+    let y = t_or_s(a, 1)?;
+    let common = result_type(&[promo_of(&x), promo_of(&y)])?;
+    let (compute, out) = out_of(common)?;
+    Ok(PwPlan {
+        operands: vec![operand(&x, compute), operand(&y, compute)],
+        out_dtype: out,
+        f: Box::new(move |v| f(compute, v[0], v[1])),
+    })
+}
+
+fn same(d: DType) -> Result<(DType, DType), String> {
+    Ok((d, d))
+}
+
+fn alpha_of(a: &A, common: DType) -> Result<f64, String> {
+    let alpha = a.opt_scalar(2)?.unwrap_or(Scalar::Int(1));
+    if common.is_integral() && alpha.category() == Category::Float {
+        return Err("For integral input tensors, argument alpha must not be a floating point number.".into());
+    }
+    if common != DType::Bool && alpha.category() == Category::Bool && alpha != Scalar::Bool(true) {
+        return Err("Boolean alpha only supported for Boolean results.".into());
+    }
+    Ok(alpha.to_f64())
+}
+
+fn common_of(a: &A) -> Result<DType, String> {
+    result_type(&[promo_of(&t_or_s(a, 0)?), promo_of(&t_or_s(a, 1)?)])
+}
+
+pub fn add(a: &A) -> Result<PwPlan, String> {
+    let alpha = alpha_of(a, common_of(a)?)?;
+    binary(a, same, move |_, x, y| Ok(x + alpha * y))
+}
+
+pub fn sub(a: &A) -> Result<PwPlan, String> {
+    let common = common_of(a)?;
+    if common == DType::Bool {
+        return Err("Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.".into());
+    }
+    let alpha = alpha_of(a, common)?;
+    binary(a, same, move |_, x, y| Ok(x - alpha * y))
+}
+
+pub fn mul(a: &A) -> Result<PwPlan, String> {
+    binary(a, same, |dt, x, y| Ok(if dt.is_integral() { (x as i64).wrapping_mul(y as i64) as f64 } else { x * y }))
+}
+
+pub fn div(a: &A) -> Result<PwPlan, String> {
+    let mode = a.opt_str(2)?.map(str::to_string);
+    match mode.as_deref() {
+        None => binary(a, |d| Ok((float_of(d), float_of(d))), |_, x, y| Ok(x / y)),
+        Some(m @ ("trunc" | "floor")) => {
+            let floor = m == "floor";
+            binary(a, same, move |dt, x, y| {
+                if dt.is_integral() || dt == DType::Bool {
+                    if y == 0.0 {
+                        return Err("ZeroDivisionError".into());
+                    }
+                    let (x, y) = (x as i64, y as i64);
+                    let q = x / y;
+                    Ok(if floor && (x % y != 0) && ((x < 0) != (y < 0)) { q - 1 } else { q } as f64)
+                } else {
+                    let q = x / y;
+                    Ok(if floor { q.floor() } else { q.trunc() })
+                }
+            })
+        }
+        Some(other) => Err(format!(
+            "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{other}'"
+        )),
+    }
+}
+
+fn int_pow(b: i64, e: i64) -> Result<f64, String> {
+    if e < 0 {
+        if b == 1 {
+            return Ok(1.0);
+        }
+        if b == -1 {
+            return Ok(if e % 2 == 0 { 1.0 } else { -1.0 });
+        }
+        return Err("Integers to negative integer powers are not allowed.".into());
+    }
+    let mut r: i64 = 1;
+    for _ in 0..e.min(64) {
+        r = r.wrapping_mul(b);
+    }
+    Ok(r as f64)
+}
+
+/// `pow(Tensor, Tensor)`, `pow(Tensor, Scalar)` and `pow(Scalar, Tensor)`.
+pub fn pow(a: &A) -> Result<PwPlan, String> {
+    let f = |dt: DType, x: f64, y: f64| {
+        if dt.is_integral() {
+            int_pow(x as i64, y as i64)
+        } else {
+            Ok(x.powf(y))
+        }
+    };
+    if a.is_tensor(0) && !a.is_tensor(1) {
+        // pow(Tensor, Scalar) is a unary kernel in ATen: the scalar is no operand.
+        let m = a.tensor(0)?;
+        let e = a.scalar(1)?;
+        let dt = result_type(&[promo(m), PromoOperand::Scalar(e.category())])?;
+        let ev = dt.cast(e.to_f64());
+        if dt.is_integral() && e.to_f64() < 0.0 {
+            return Err("Integers to negative integer powers are not allowed.".into());
+        }
+        return Ok(PwPlan {
+            operands: vec![Operand { src: Src::Arg(0), cast: dt }],
+            out_dtype: dt,
+            f: Box::new(move |v| f(dt, v[0], ev)),
+        });
+    }
+    binary(a, same, f)
+}
+
+fn tensors_only(a: &A, name: &str) -> Result<(), String> {
+    if !a.is_tensor(1) {
+        return Err(format!("{name} expects a tensor as its second argument"));
+    }
+    Ok(())
+}
+
+pub fn maximum(a: &A) -> Result<PwPlan, String> {
+    tensors_only(a, "maximum")?;
+    binary(a, same, |_, x, y| Ok(if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }))
+}
+
+pub fn minimum(a: &A) -> Result<PwPlan, String> {
+    tensors_only(a, "minimum")?;
+    binary(a, same, |_, x, y| Ok(if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }))
+}
+
+fn compare(a: &A, f: fn(f64, f64) -> bool) -> Result<PwPlan, String> {
+    binary(a, |d| Ok((d, DType::Bool)), move |_, x, y| Ok(f(x, y) as i32 as f64))
+}
+
+pub fn eq(a: &A) -> Result<PwPlan, String> {
+    compare(a, |x, y| x == y)
+}
+pub fn ne(a: &A) -> Result<PwPlan, String> {
+    compare(a, |x, y| x != y)
+}
+pub fn lt(a: &A) -> Result<PwPlan, String> {
+    compare(a, |x, y| x < y)
+}
+pub fn le(a: &A) -> Result<PwPlan, String> {
+    compare(a, |x, y| x <= y)
+}
+pub fn gt(a: &A) -> Result<PwPlan, String> {
+    compare(a, |x, y| x > y)
+}
+pub fn ge(a: &A) -> Result<PwPlan, String> {
+    compare(a, |x, y| x >= y)
+}
+
+// ---------------------------------------------------------------- others
+
+/// `where(condition, self, other)` with tensor or scalar `self` / `other`.
+pub fn where_(a: &A) -> Result<PwPlan, String> {
+    let c = a.tensor(0)?;
+    if c.dtype != DType::Bool {
+        return Err(format!("where expected condition to be a boolean tensor, but got a tensor with dtype {}", c.dtype));
+    }
+    let x = t_or_s(a, 1)?;
+    let y = t_or_s(a, 2)?;
+    let dt = result_type(&[promo_of(&x), promo_of(&y)])?;
+    Ok(PwPlan {
+        operands: vec![Operand { src: Src::Arg(0), cast: DType::Bool }, operand(&x, dt), operand(&y, dt)],
+        out_dtype: dt,
+        f: Box::new(|v| Ok(if v[0] != 0.0 { v[1] } else { v[2] })),
+    })
+}
+
+/// `clamp(self, min?, max?)` with scalar or tensor bounds.
+pub fn clamp(a: &A) -> Result<PwPlan, String> {
+    let m = a.tensor(0)?;
+    let bounds = [1, 2].map(|i| if matches!(a.get(i), Some(Arg::None) | None) { None } else { Some(i) });
+    if bounds.iter().all(Option::is_none) {
+        return Err("clamp: At least one of 'min' or 'max' must not be None".into());
+    }
+    let mut promos = vec![promo(m)];
+    let mut parts = vec![];
+    for i in bounds.into_iter().flatten() {
+        let x = t_or_s(a, i)?;
+        promos.push(promo_of(&x));
+        parts.push((i, x));
+    }
+    let dt = result_type(&promos)?;
+    if dt == DType::Bool {
+        return Err("clamp is not supported for bool tensors".into());
+    }
+    let has = [bounds[0].is_some(), bounds[1].is_some()];
+    let mut operands = vec![Operand { src: Src::Arg(0), cast: dt }];
+    for (_, x) in &parts {
+        let mut o = operand(x, dt);
+        if let Src::Const { wrapped, .. } = &mut o.src {
+            *wrapped = false;
+        }
+        operands.push(o);
+    }
+    Ok(PwPlan {
+        operands,
+        out_dtype: dt,
+        f: Box::new(move |v| {
+            let mut x = v[0];
+            let mut k = 1;
+            if x.is_nan() {
+                return Ok(x);
+            }
+            if has[0] {
+                let lo = v[k];
+                k += 1;
+                x = if lo.is_nan() { lo } else { x.max(lo) };
+            }
+            if has[1] {
+                let hi = v[k];
+                x = if hi.is_nan() { hi } else { x.min(hi) };
+            }
+            Ok(x)
+        }),
+    })
+}

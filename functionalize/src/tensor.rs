@@ -1,0 +1,93 @@
+//! Runtime tensors of the eager reference interpreter: a shared storage and
+//! a strided view of it. Views share the `Rc<Storage>`, so an in-place write
+//! through any alias is seen by all of them, as in PyTorch.
+//!
+//! Elements are held as `f64` and rounded to the storage's dtype on every
+//! store (`DType::cast`), which represents every f32, f16, i32, u32 and bool
+//! value exactly.
+
+use crate::dtype::DType;
+use crate::meta::Meta;
+use crate::ops::args::HasMeta;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+#[derive(Debug)]
+pub struct Storage {
+    pub dtype: DType,
+    pub data: RefCell<Vec<f64>>,
+}
+
+impl Storage {
+    pub fn bytes(&self) -> usize {
+        self.data.borrow().len() * self.dtype.size_bytes()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RTensor {
+    pub storage: Rc<Storage>,
+    pub meta: Meta,
+}
+
+impl HasMeta for RTensor {
+    fn meta(&self) -> &Meta {
+        &self.meta
+    }
+}
+
+impl RTensor {
+    /// A fresh tensor laid out as `meta`, holding `values` in row-major
+    /// logical order (rounded to the dtype).
+    pub fn from_values(meta: Meta, values: &[f64]) -> RTensor {
+        debug_assert_eq!(values.len(), meta.numel());
+        let mut data = vec![0.0; meta.storage_numel];
+        for (off, &v) in meta.offsets().zip(values) {
+            data[off] = meta.dtype.cast(v);
+        }
+        RTensor { storage: Rc::new(Storage { dtype: meta.dtype, data: RefCell::new(data) }), meta }
+    }
+
+    /// A contiguous tensor of the given dtype and shape.
+    pub fn new(dtype: DType, sizes: Vec<usize>, values: &[f64]) -> RTensor {
+        RTensor::from_values(Meta::contiguous(dtype, sizes), values)
+    }
+
+    /// The elements in row-major logical order.
+    pub fn values(&self) -> Vec<f64> {
+        let data = self.storage.data.borrow();
+        self.meta.offsets().map(|o| data[o]).collect()
+    }
+
+    /// The elements read as if broadcast to `shape`.
+    pub fn values_broadcast(&self, shape: &[usize]) -> Vec<f64> {
+        let strides = crate::meta::broadcast_strides(&self.meta, shape);
+        let data = self.storage.data.borrow();
+        crate::meta::OffsetIter::new(shape, &strides, self.meta.offset).map(|o| data[o]).collect()
+    }
+
+    /// Writes `values` (row-major over this view) into the storage.
+    pub fn write(&self, values: &[f64]) {
+        let mut data = self.storage.data.borrow_mut();
+        for (off, &v) in self.meta.offsets().zip(values) {
+            data[off] = self.meta.dtype.cast(v);
+        }
+    }
+
+    /// The same storage seen through another geometry.
+    pub fn view(&self, meta: Meta) -> RTensor {
+        RTensor { storage: self.storage.clone(), meta }
+    }
+
+    pub fn shares_storage(&self, other: &RTensor) -> bool {
+        Rc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    pub fn sizes(&self) -> &[usize] {
+        &self.meta.sizes
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.meta.dtype
+    }
+}
