@@ -1,1 +1,89 @@
-fn main(){}
+//! The `kiln` command line (see `../shared/spec/program-format.md`).
+
+use clap::{Parser, Subcommand, ValueEnum};
+use kiln::functionalize::{interp, parse, print, Graph};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Functionalize tensor programs with views and mutations, and run them"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Backend {
+    /// The eager reference interpreter on the CPU (real strides and aliasing).
+    Reference,
+    /// The wgpu engine.
+    Gpu,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a program on inputs from a safetensors file.
+    Run {
+        prog: PathBuf,
+        /// Safetensors file with one tensor per parameter, by name.
+        #[arg(long)]
+        inputs: PathBuf,
+        /// Where to write `output.N` and the final value of every parameter.
+        #[arg(long)]
+        output: PathBuf,
+        #[arg(long, value_enum, default_value = "reference")]
+        backend: Backend,
+    },
+    /// Parse a program and print it back in canonical form.
+    Print { prog: PathBuf },
+}
+
+fn read_program(path: &Path) -> Result<Graph, String> {
+    let src = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    parse(&src).map_err(|e| format!("{}:{e}", path.display()))
+}
+
+fn main_result(cli: Cli) -> Result<(), String> {
+    match cli.cmd {
+        Cmd::Print { prog } => {
+            print!("{}", print(&read_program(&prog)?));
+            Ok(())
+        }
+        Cmd::Run {
+            prog,
+            inputs,
+            output,
+            backend,
+        } => {
+            let g = read_program(&prog)?;
+            let ins = kiln::io::load_inputs(&g, &inputs).map_err(|e| e.to_string())?;
+            let r = match backend {
+                Backend::Reference => {
+                    interp::run(&g, ins).map_err(|e| format!("{}:{e}", prog.display()))?
+                }
+                Backend::Gpu => {
+                    return Err(
+                        "the gpu backend is not built yet (issue 4); use --backend reference"
+                            .into(),
+                    )
+                }
+            };
+            kiln::io::save_results(&g, &r, &output).map_err(|e| e.to_string())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match main_result(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

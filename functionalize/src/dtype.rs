@@ -107,9 +107,11 @@ pub fn promote_types(a: DType, b: DType) -> Result<DType, String> {
     Ok(match (a.min(b), a.max(b)) {
         (Bool, x) => x,
         (U32, I32) => {
-            return Err("promoting u32 with i32 needs int64, which Kiln does not have; \
+            return Err(
+                "promoting u32 with i32 needs int64, which Kiln does not have; \
                  convert one operand first"
-                .into())
+                    .into(),
+            )
         }
         (U32 | I32, F16) => F16,
         (_, F32) => F32,

@@ -41,7 +41,10 @@ pub struct Node {
 
 impl Node {
     pub fn inputs(&self) -> Vec<ValueId> {
-        self.args.iter().flat_map(|a| a.tensors().into_iter().copied()).collect()
+        self.args
+            .iter()
+            .flat_map(|a| a.tensors().into_iter().copied())
+            .collect()
     }
 }
 
@@ -58,13 +61,20 @@ pub struct Graph {
 
 impl Graph {
     pub fn new(name: &str) -> Graph {
-        Graph { name: name.to_string(), ..Default::default() }
+        Graph {
+            name: name.to_string(),
+            ..Default::default()
+        }
     }
 
     /// Adds a parameter (a distinct, contiguous tensor).
     pub fn add_input(&mut self, name: Option<String>, meta: Meta) -> ValueId {
         let i = self.inputs.len();
-        let v = self.values.insert(Value { name, meta, def: Def::Input(i) });
+        let v = self.values.insert(Value {
+            name,
+            meta,
+            def: Def::Input(i),
+        });
         self.inputs.push(v);
         v
     }
@@ -73,13 +83,28 @@ impl Graph {
     /// results' metadata. Errors say what is wrong with the call.
     pub fn call(&mut self, op: OpId, args: &[Arg<ValueId>]) -> Result<Vec<ValueId>, String> {
         let (overload, bound) = ops::bind(op, args)?;
-        let metas: Vec<Arg<&Meta>> = bound.iter().map(|a| a.map(&mut |v| &self.values[*v].meta)).collect();
+        let metas: Vec<Arg<&Meta>> = bound
+            .iter()
+            .map(|a| a.map(&mut |v| &self.values[*v].meta))
+            .collect();
         let outs = ops::infer(op, &metas)?;
-        let node = self.nodes.insert(Node { op, overload, args: bound, results: vec![], line: None });
+        let node = self.nodes.insert(Node {
+            op,
+            overload,
+            args: bound,
+            results: vec![],
+            line: None,
+        });
         let results: Vec<ValueId> = outs
             .into_iter()
             .enumerate()
-            .map(|(i, meta)| self.values.insert(Value { name: None, meta, def: Def::Node(node, i) }))
+            .map(|(i, meta)| {
+                self.values.insert(Value {
+                    name: None,
+                    meta,
+                    def: Def::Node(node, i),
+                })
+            })
             .collect();
         self.nodes[node].results = results.clone();
         self.order.push(node);
@@ -116,8 +141,13 @@ impl Graph {
             if x.op != y.op || x.overload != y.overload || x.results.len() != y.results.len() {
                 return false;
             }
-            let xa: Vec<Arg<Option<ValueId>>> = x.args.iter().map(|a| a.map(&mut |v| map.get(v).copied())).collect();
-            let ya: Vec<Arg<Option<ValueId>>> = y.args.iter().map(|a| a.map(&mut |v| Some(*v))).collect();
+            let xa: Vec<Arg<Option<ValueId>>> = x
+                .args
+                .iter()
+                .map(|a| a.map(&mut |v| map.get(v).copied()))
+                .collect();
+            let ya: Vec<Arg<Option<ValueId>>> =
+                y.args.iter().map(|a| a.map(&mut |v| Some(*v))).collect();
             if xa != ya {
                 return false;
             }
@@ -129,7 +159,11 @@ impl Graph {
             }
         }
         self.outputs.len() == other.outputs.len()
-            && self.outputs.iter().zip(&other.outputs).all(|(a, b)| map.get(a) == Some(b))
+            && self
+                .outputs
+                .iter()
+                .zip(&other.outputs)
+                .all(|(a, b)| map.get(a) == Some(b))
     }
 
     /// For each value, the position in `order` of its last use (outputs

@@ -32,7 +32,11 @@ pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
     if inputs.len() != g.inputs.len() {
         return Err(Error::Input {
             name: g.name.clone(),
-            msg: format!("the graph takes {} inputs, {} were given", g.inputs.len(), inputs.len()),
+            msg: format!(
+                "the graph takes {} inputs, {} were given",
+                g.inputs.len(),
+                inputs.len()
+            ),
         });
     }
     let names = Names::of(g);
@@ -43,7 +47,11 @@ pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
         if t.meta.dtype != want.dtype || t.meta.sizes != want.sizes {
             return Err(Error::Input {
                 name: names.get(v),
-                msg: format!("expected {}, got {}", want.type_string(), t.meta.type_string()),
+                msg: format!(
+                    "expected {}, got {}",
+                    want.type_string(),
+                    t.meta.type_string()
+                ),
             });
         }
         live.add(&t.storage);
@@ -54,7 +62,11 @@ pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
     let mut peak = live.bytes();
     for (pos, &n) in g.order.iter().enumerate() {
         let node = &g.nodes[n];
-        let args: Vec<Arg<RTensor>> = node.args.iter().map(|a| a.map(&mut |v| env[v].clone())).collect();
+        let args: Vec<Arg<RTensor>> = node
+            .args
+            .iter()
+            .map(|a| a.map(&mut |v| env[v].clone()))
+            .collect();
         let outs = eval_node(g, n, &args).map_err(|msg| Error::Runtime {
             line: node.line,
             stmt: fmt_node(g, n, &names),
@@ -67,7 +79,11 @@ pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
         }
         peak = peak.max(live.bytes());
         // Drop values nobody reads any more.
-        for v in node.inputs().into_iter().chain(node.results.iter().copied()) {
+        for v in node
+            .inputs()
+            .into_iter()
+            .chain(node.results.iter().copied())
+        {
             if !keep.contains(&v) && last.get(v).is_none_or(|&l| l <= pos) {
                 env.remove(&v);
             }
@@ -75,7 +91,11 @@ pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
     }
     let outputs = g.outputs.iter().map(|v| env[v].clone()).collect();
     let inputs = g.inputs.iter().map(|v| env[v].clone()).collect();
-    Ok(RunResult { outputs, inputs, peak_bytes: peak })
+    Ok(RunResult {
+        outputs,
+        inputs,
+        peak_bytes: peak,
+    })
 }
 
 /// Storages still referenced by some value.
@@ -90,19 +110,35 @@ impl Tracker {
     }
     fn bytes(&mut self) -> usize {
         self.0.retain(|w| w.strong_count() > 0);
-        self.0.iter().filter_map(|w| w.upgrade()).map(|s| s.bytes()).sum()
+        self.0
+            .iter()
+            .filter_map(|w| w.upgrade())
+            .map(|s| s.bytes())
+            .sum()
     }
 }
 
 /// Evaluates one node on runtime tensors.
-pub fn eval_node(g: &Graph, n: NodeId, args: &[Arg<RTensor>]) -> std::result::Result<Vec<RTensor>, String> {
+pub fn eval_node(
+    g: &Graph,
+    n: NodeId,
+    args: &[Arg<RTensor>],
+) -> std::result::Result<Vec<RTensor>, String> {
     let node = &g.nodes[n];
-    let outs: Vec<Meta> = node.results.iter().map(|&r| g.values[r].meta.clone()).collect();
+    let outs: Vec<Meta> = node
+        .results
+        .iter()
+        .map(|&r| g.values[r].meta.clone())
+        .collect();
     eval(node.op, args, &outs)
 }
 
 /// Evaluates `op` on bound arguments whose results have metas `outs`.
-pub fn eval(op: ops::OpId, args: &[Arg<RTensor>], outs: &[Meta]) -> std::result::Result<Vec<RTensor>, String> {
+pub fn eval(
+    op: ops::OpId,
+    args: &[Arg<RTensor>],
+    outs: &[Meta],
+) -> std::result::Result<Vec<RTensor>, String> {
     let def = op.def();
     let this = || match args.first() {
         Some(Arg::Tensor(t)) => Ok(t.clone()),
@@ -116,7 +152,11 @@ pub fn eval(op: ops::OpId, args: &[Arg<RTensor>], outs: &[Meta]) -> std::result:
         Rule::ViewOrCopy(f) => {
             let t = this()?;
             let (m, aliases) = f(&metas(args))?;
-            Ok(vec![if aliases { t.view(m) } else { RTensor::from_values(m, &t.values()) }])
+            Ok(vec![if aliases {
+                t.view(m)
+            } else {
+                RTensor::from_values(m, &t.values())
+            }])
         }
         Rule::Pointwise(plan) => {
             let am = metas(args);
@@ -126,9 +166,12 @@ pub fn eval(op: ops::OpId, args: &[Arg<RTensor>], outs: &[Meta]) -> std::result:
         }
         Rule::ViewCopy(v) => {
             let am = metas(args);
-            let views = ops::infer(*v, &am)?;
-            let t = this()?;
-            Ok(views.into_iter().zip(outs).map(|(vm, om)| RTensor::from_values(om.clone(), &t.view(vm).values())).collect())
+            let views = eval(*v, args, &ops::infer(*v, &am)?)?;
+            Ok(views
+                .into_iter()
+                .zip(outs)
+                .map(|(t, om)| RTensor::from_values(om.clone(), &t.values()))
+                .collect())
         }
         Rule::Scatter(view) => ops::kernels::scatter_eval(args, outs, *view),
         Rule::InPlace(f) => {
@@ -148,7 +191,11 @@ pub fn eval(op: ops::OpId, args: &[Arg<RTensor>], outs: &[Meta]) -> std::result:
 }
 
 /// Reads every operand broadcast to `shape` and applies the plan.
-pub fn run_pointwise(p: &ops::pointwise::PwPlan, args: &[Arg<RTensor>], shape: &[usize]) -> std::result::Result<Vec<f64>, String> {
+pub fn run_pointwise(
+    p: &ops::pointwise::PwPlan,
+    args: &[Arg<RTensor>],
+    shape: &[usize],
+) -> std::result::Result<Vec<f64>, String> {
     use crate::ops::pointwise::Src;
     let n = crate::meta::numel(shape);
     let cols: Vec<Vec<f64>> = p
@@ -156,7 +203,11 @@ pub fn run_pointwise(p: &ops::pointwise::PwPlan, args: &[Arg<RTensor>], shape: &
         .iter()
         .map(|o| match o.src {
             Src::Arg(i) => match &args[i] {
-                Arg::Tensor(t) => Ok(t.values_broadcast(shape).into_iter().map(|v| o.cast.cast(v)).collect()),
+                Arg::Tensor(t) => Ok(t
+                    .values_broadcast(shape)
+                    .into_iter()
+                    .map(|v| o.cast.cast(v))
+                    .collect()),
                 _ => Err("internal error: pointwise operand is not a tensor".to_string()),
             },
             Src::Const { value, .. } => Ok(vec![value; n]),
@@ -178,7 +229,11 @@ pub fn run_pointwise(p: &ops::pointwise::PwPlan, args: &[Arg<RTensor>], shape: &
 /// location the write changes at another position. Positional operands are
 /// broadcast against `self`; gathered ones (`index_put_`'s indices and
 /// values) may not overlap `self` at all.
-fn check_hazards(this: &RTensor, args: &[Arg<RTensor>], functional: ops::OpId) -> std::result::Result<(), String> {
+fn check_hazards(
+    this: &RTensor,
+    args: &[Arg<RTensor>],
+    functional: ops::OpId,
+) -> std::result::Result<(), String> {
     let gathered = functional.name() == "index_put";
     let mut written: Option<HashMap<usize, usize>> = None;
     for a in args.iter().skip(1) {
@@ -186,7 +241,13 @@ fn check_hazards(this: &RTensor, args: &[Arg<RTensor>], functional: ops::OpId) -
             if !t.shares_storage(this) {
                 continue;
             }
-            let w = written.get_or_insert_with(|| this.meta.offsets().enumerate().map(|(i, o)| (o, i)).collect());
+            let w = written.get_or_insert_with(|| {
+                this.meta
+                    .offsets()
+                    .enumerate()
+                    .map(|(i, o)| (o, i))
+                    .collect()
+            });
             let hazard = if gathered {
                 t.meta.offsets().any(|o| w.contains_key(&o))
             } else {

@@ -21,7 +21,13 @@ impl Meta {
     pub fn contiguous(dtype: DType, sizes: Vec<usize>) -> Meta {
         let strides = contiguous_strides(&sizes);
         let n = numel(&sizes);
-        Meta { dtype, sizes, strides, offset: 0, storage_numel: n }
+        Meta {
+            dtype,
+            sizes,
+            strides,
+            offset: 0,
+            storage_numel: n,
+        }
     }
 
     pub fn dim(&self) -> usize {
@@ -48,7 +54,13 @@ impl Meta {
 
     /// A view of the same storage with new geometry.
     pub fn restrided(&self, sizes: Vec<usize>, strides: Vec<usize>, offset: usize) -> Meta {
-        Meta { dtype: self.dtype, sizes, strides, offset, storage_numel: self.storage_numel }
+        Meta {
+            dtype: self.dtype,
+            sizes,
+            strides,
+            offset,
+            storage_numel: self.storage_numel,
+        }
     }
 
     /// The storage offsets of every element, in row-major order.
@@ -61,14 +73,24 @@ impl Meta {
         if self.numel() <= 1 {
             return false;
         }
-        if self.sizes.iter().zip(&self.strides).any(|(&s, &st)| s > 1 && st == 0) {
+        if self
+            .sizes
+            .iter()
+            .zip(&self.strides)
+            .any(|(&s, &st)| s > 1 && st == 0)
+        {
             return true;
         }
         // Sort dims by stride: non-overlapping iff each stride covers the
         // extent of all smaller ones (exact for the common cases) or, failing
         // that, an explicit check.
-        let mut dims: Vec<(usize, usize)> =
-            self.sizes.iter().copied().zip(self.strides.iter().copied()).filter(|d| d.0 > 1).collect();
+        let mut dims: Vec<(usize, usize)> = self
+            .sizes
+            .iter()
+            .copied()
+            .zip(self.strides.iter().copied())
+            .filter(|d| d.0 > 1)
+            .collect();
         dims.sort_by_key(|d| d.1);
         let mut extent = 1;
         let mut simple = true;
@@ -133,7 +155,11 @@ pub fn wrap_dim(dim: i64, ndim: usize) -> Result<usize, String> {
             n - 1
         ));
     }
-    Ok(if dim < 0 { (dim + n) as usize } else { dim as usize })
+    Ok(if dim < 0 {
+        (dim + n) as usize
+    } else {
+        dim as usize
+    })
 }
 
 /// Broadcasts two shapes, right-aligned (NumPy / PyTorch rules).
@@ -141,8 +167,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> 
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = if da == db || db == 1 {
             da
         } else if da == 1 {
@@ -241,11 +275,19 @@ mod tests {
     #[test]
     fn overlap_is_exact() {
         let m = Meta::contiguous(DType::F32, vec![5]);
-        assert!(m.restrided(vec![3, 3], vec![1, 1], 0).has_internal_overlap());
-        assert!(!m.restrided(vec![2, 2], vec![2, 1], 0).has_internal_overlap());
-        assert!(m.restrided(vec![2, 3], vec![0, 1], 0).has_internal_overlap());
+        assert!(m
+            .restrided(vec![3, 3], vec![1, 1], 0)
+            .has_internal_overlap());
+        assert!(!m
+            .restrided(vec![2, 2], vec![2, 1], 0)
+            .has_internal_overlap());
+        assert!(m
+            .restrided(vec![2, 3], vec![0, 1], 0)
+            .has_internal_overlap());
         // Interleaved but disjoint: strides 1 and 3 over sizes 2 and 2 is fine.
-        assert!(!m.restrided(vec![2, 2], vec![1, 3], 0).has_internal_overlap());
+        assert!(!m
+            .restrided(vec![2, 2], vec![1, 3], 0)
+            .has_internal_overlap());
     }
 
     #[test]

@@ -28,7 +28,9 @@ impl<V> Arg<V> {
     pub fn map<'a, W>(&'a self, f: &mut impl FnMut(&'a V) -> W) -> Arg<W> {
         match self {
             Arg::Tensor(v) => Arg::Tensor(f(v)),
-            Arg::TensorList(l) => Arg::TensorList(l.iter().map(|x| x.as_ref().map(&mut *f)).collect()),
+            Arg::TensorList(l) => {
+                Arg::TensorList(l.iter().map(|x| x.as_ref().map(&mut *f)).collect())
+            }
             Arg::Int(i) => Arg::Int(*i),
             Arg::Float(x) => Arg::Float(*x),
             Arg::Bool(b) => Arg::Bool(*b),
@@ -161,22 +163,43 @@ impl Schema {
                 other => panic!("unsupported schema type {other} in {text}"),
             };
             let default = default.map(|d| parse_default(d, ty));
-            params.push(Param { name: pname.to_string(), ty, optional, default, kwarg_only });
+            params.push(Param {
+                name: pname.to_string(),
+                ty,
+                optional,
+                default,
+                kwarg_only,
+            });
         }
-        Schema { name, overload, params, returns_list, text: text.to_string() }
+        Schema {
+            name,
+            overload,
+            params,
+            returns_list,
+            text: text.to_string(),
+        }
     }
 
     /// Binds positional arguments to this overload, filling defaults.
     pub fn bind<V: Clone>(&self, args: &[Arg<V>]) -> Result<Vec<Arg<V>>, String> {
         if args.len() > self.params.len() {
-            return Err(format!("takes at most {} arguments, got {}", self.params.len(), args.len()));
+            return Err(format!(
+                "takes at most {} arguments, got {}",
+                self.params.len(),
+                args.len()
+            ));
         }
         let mut out = Vec::with_capacity(self.params.len());
         for (i, p) in self.params.iter().enumerate() {
             match args.get(i) {
-                Some(a) => out.push(
-                    bind_one(p, a).ok_or_else(|| format!("argument {} ({}) cannot be {}", i + 1, p.name, a.kind_name()))?,
-                ),
+                Some(a) => out.push(bind_one(p, a).ok_or_else(|| {
+                    format!(
+                        "argument {} ({}) cannot be {}",
+                        i + 1,
+                        p.name,
+                        a.kind_name()
+                    )
+                })?),
                 None => match &p.default {
                     Some(d) => out.push(d.map(&mut |_| unreachable!("defaults hold no tensors"))),
                     None => return Err(format!("missing argument {} ({})", i + 1, p.name)),
@@ -297,7 +320,11 @@ fn parse_default(d: &str, ty: ParamType) -> Arg<()> {
         "False" => Arg::Bool(false),
         _ if d.starts_with('"') || d.starts_with('\'') => Arg::Str(d[1..d.len() - 1].to_string()),
         _ if d.starts_with('[') => Arg::IntList(
-            d[1..d.len() - 1].split(',').filter(|x| !x.trim().is_empty()).map(|x| x.trim().parse().unwrap()).collect(),
+            d[1..d.len() - 1]
+                .split(',')
+                .filter(|x| !x.trim().is_empty())
+                .map(|x| x.trim().parse().unwrap())
+                .collect(),
         ),
         _ if ty == ParamType::Float => Arg::Float(d.parse().unwrap()),
         _ => match d.parse::<i64>() {
@@ -315,11 +342,23 @@ mod tests {
     fn binds_and_fills_defaults() {
         let s = Schema::parse("slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)");
         let bound = s.bind(&[Arg::Tensor(7), Arg::Int(1)]).unwrap();
-        assert_eq!(bound, vec![Arg::Tensor(7), Arg::Int(1), Arg::None, Arg::None, Arg::Int(1)]);
+        assert_eq!(
+            bound,
+            vec![
+                Arg::Tensor(7),
+                Arg::Int(1),
+                Arg::None,
+                Arg::None,
+                Arg::Int(1)
+            ]
+        );
         assert_eq!(s.needed_args(&bound), 2);
         assert!(s.bind(&[Arg::<u8>::Int(1)]).is_err());
         let g = Schema::parse("gelu(Tensor self, *, str approximate='none') -> Tensor");
         assert!(g.params[1].kwarg_only);
-        assert_eq!(g.bind(&[Arg::Tensor(0), Arg::Str("tanh".into())]).unwrap()[1], Arg::Str("tanh".into()));
+        assert_eq!(
+            g.bind(&[Arg::Tensor(0), Arg::Str("tanh".into())]).unwrap()[1],
+            Arg::Str("tanh".into())
+        );
     }
 }

@@ -45,7 +45,13 @@ impl RTensor {
         for (off, &v) in meta.offsets().zip(values) {
             data[off] = meta.dtype.cast(v);
         }
-        RTensor { storage: Rc::new(Storage { dtype: meta.dtype, data: RefCell::new(data) }), meta }
+        RTensor {
+            storage: Rc::new(Storage {
+                dtype: meta.dtype,
+                data: RefCell::new(data),
+            }),
+            meta,
+        }
     }
 
     /// A contiguous tensor of the given dtype and shape.
@@ -63,7 +69,9 @@ impl RTensor {
     pub fn values_broadcast(&self, shape: &[usize]) -> Vec<f64> {
         let strides = crate::meta::broadcast_strides(&self.meta, shape);
         let data = self.storage.data.borrow();
-        crate::meta::OffsetIter::new(shape, &strides, self.meta.offset).map(|o| data[o]).collect()
+        crate::meta::OffsetIter::new(shape, &strides, self.meta.offset)
+            .map(|o| data[o])
+            .collect()
     }
 
     /// Writes `values` (row-major over this view) into the storage.
@@ -76,7 +84,10 @@ impl RTensor {
 
     /// The same storage seen through another geometry.
     pub fn view(&self, meta: Meta) -> RTensor {
-        RTensor { storage: self.storage.clone(), meta }
+        RTensor {
+            storage: self.storage.clone(),
+            meta,
+        }
     }
 
     pub fn shares_storage(&self, other: &RTensor) -> bool {

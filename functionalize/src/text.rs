@@ -81,7 +81,11 @@ fn lex(src: &str) -> Result<Vec<Token>> {
             if j == i + 1 {
                 return Err(err(tl, tc, "expected a value name after `%`".into()));
             }
-            out.push(Token { tok: Tok::Value(chars[i + 1..j].iter().collect()), line: tl, col: tc });
+            out.push(Token {
+                tok: Tok::Value(chars[i + 1..j].iter().collect()),
+                line: tl,
+                col: tc,
+            });
             advance(j - i, &mut i, &mut col);
             continue;
         }
@@ -93,17 +97,29 @@ fn lex(src: &str) -> Result<Vec<Token>> {
                 "nan" => Tok::Float(f64::NAN),
                 _ => Tok::Ident(w),
             };
-            out.push(Token { tok, line: tl, col: tc });
+            out.push(Token {
+                tok,
+                line: tl,
+                col: tc,
+            });
             advance(j - i, &mut i, &mut col);
             continue;
         }
-        if c.is_ascii_digit() || (c == '-' || c == '.') && i + 1 < chars.len() && (chars[i + 1].is_ascii_digit() || chars[i + 1] == 'i' || chars[i + 1] == '.') {
+        if c.is_ascii_digit()
+            || (c == '-' || c == '.')
+                && i + 1 < chars.len()
+                && (chars[i + 1].is_ascii_digit() || chars[i + 1] == 'i' || chars[i + 1] == '.')
+        {
             let mut j = i;
             if chars[j] == '-' {
                 j += 1;
             }
             if chars[j..].starts_with(&['i', 'n', 'f']) {
-                out.push(Token { tok: Tok::Float(f64::NEG_INFINITY), line: tl, col: tc });
+                out.push(Token {
+                    tok: Tok::Float(f64::NEG_INFINITY),
+                    line: tl,
+                    col: tc,
+                });
                 advance(j + 3 - i, &mut i, &mut col);
                 continue;
             }
@@ -127,11 +143,20 @@ fn lex(src: &str) -> Result<Vec<Token>> {
             }
             let text: String = chars[i..j].iter().collect();
             let tok = if is_float {
-                Tok::Float(text.parse().map_err(|_| err(tl, tc, format!("bad number `{text}`")))?)
+                Tok::Float(
+                    text.parse()
+                        .map_err(|_| err(tl, tc, format!("bad number `{text}`")))?,
+                )
             } else {
-                Tok::Int(text.parse().map_err(|_| err(tl, tc, format!("integer `{text}` does not fit in 64 bits")))?)
+                Tok::Int(text.parse().map_err(|_| {
+                    err(tl, tc, format!("integer `{text}` does not fit in 64 bits"))
+                })?)
             };
-            out.push(Token { tok, line: tl, col: tc });
+            out.push(Token {
+                tok,
+                line: tl,
+                col: tc,
+            });
             advance(j - i, &mut i, &mut col);
             continue;
         }
@@ -143,18 +168,30 @@ fn lex(src: &str) -> Result<Vec<Token>> {
             if j >= chars.len() || chars[j] != '"' {
                 return Err(err(tl, tc, "unterminated string".into()));
             }
-            out.push(Token { tok: Tok::Str(chars[i + 1..j].iter().collect()), line: tl, col: tc });
+            out.push(Token {
+                tok: Tok::Str(chars[i + 1..j].iter().collect()),
+                line: tl,
+                col: tc,
+            });
             advance(j + 1 - i, &mut i, &mut col);
             continue;
         }
         if "()[]{},:=".contains(c) {
-            out.push(Token { tok: Tok::Punct(c), line: tl, col: tc });
+            out.push(Token {
+                tok: Tok::Punct(c),
+                line: tl,
+                col: tc,
+            });
             advance(1, &mut i, &mut col);
             continue;
         }
         return Err(err(tl, tc, format!("unexpected character `{c}`")));
     }
-    out.push(Token { tok: Tok::Eof, line, col });
+    out.push(Token {
+        tok: Tok::Eof,
+        line,
+        col,
+    });
     Ok(out)
 }
 
@@ -177,7 +214,11 @@ impl Parser {
         t
     }
     fn fail<T>(&self, t: &Token, msg: impl Into<String>) -> Result<T> {
-        Err(Error::Parse { line: t.line, col: t.col, msg: msg.into() })
+        Err(Error::Parse {
+            line: t.line,
+            col: t.col,
+            msg: msg.into(),
+        })
     }
     fn expect(&mut self, c: char) -> Result<Token> {
         let t = self.next();
@@ -205,7 +246,10 @@ impl Parser {
         let t = self.next();
         match &t.tok {
             Tok::Value(s) => Ok((s.clone(), t.clone())),
-            other => self.fail(&t, format!("expected a value like `%x`, found {}", describe(other))),
+            other => self.fail(
+                &t,
+                format!("expected a value like `%x`, found {}", describe(other)),
+            ),
         }
     }
     fn lookup(&self, name: &str, t: &Token) -> Result<ValueId> {
@@ -229,7 +273,12 @@ impl Parser {
         let (dt, dt_tok) = self.ident("a dtype")?;
         let dtype = match DType::parse(&dt) {
             Some(d) => d,
-            None => return self.fail(&dt_tok, format!("unknown dtype `{dt}` (expected f32, f16, i32, u32 or bool)")),
+            None => {
+                return self.fail(
+                    &dt_tok,
+                    format!("unknown dtype `{dt}` (expected f32, f16, i32, u32 or bool)"),
+                )
+            }
         };
         self.expect('[')?;
         let mut sizes = vec![];
@@ -238,7 +287,15 @@ impl Parser {
                 let t = self.next();
                 match t.tok {
                     Tok::Int(i) if i >= 0 => sizes.push(i as usize),
-                    ref other => return self.fail(&t, format!("expected a size (a non-negative integer), found {}", describe(other))),
+                    ref other => {
+                        return self.fail(
+                            &t,
+                            format!(
+                                "expected a size (a non-negative integer), found {}",
+                                describe(other)
+                            ),
+                        )
+                    }
                 }
                 if self.eat(']') {
                     break;
@@ -333,12 +390,17 @@ impl Parser {
             stmt: source_stmt(p, &lhs, &op_name, &args),
             msg,
         };
-        let op = ops::lookup(&op_name).ok_or_else(|| stmt_err(unknown_op_message(&op_name), self))?;
+        let op =
+            ops::lookup(&op_name).ok_or_else(|| stmt_err(unknown_op_message(&op_name), self))?;
         let results = self.graph.call(op, &args).map_err(|m| stmt_err(m, self))?;
         let node = *self.graph.order.last().unwrap();
         self.graph.nodes[node].line = Some(op_tok.line);
         if !lhs.is_empty() && lhs.len() != results.len() {
-            let msg = format!("{op_name} returns {} tensor(s) here but {} name(s) are given", results.len(), lhs.len());
+            let msg = format!(
+                "{op_name} returns {} tensor(s) here but {} name(s) are given",
+                results.len(),
+                lhs.len()
+            );
             return Err(stmt_err(msg, self));
         }
         for ((name, t), v) in lhs.into_iter().zip(results) {
@@ -372,7 +434,10 @@ fn source_stmt(p: &Parser, lhs: &[(String, Token)], op: &str, args: &[Arg<ValueI
         s.push_str(&l.join(", "));
         s.push_str(" = ");
     }
-    let a: Vec<String> = args.iter().map(|a| fmt_arg(a, &|v| names.get(&v).cloned().unwrap_or_else(|| "?".into()))).collect();
+    let a: Vec<String> = args
+        .iter()
+        .map(|a| fmt_arg(a, &|v| names.get(&v).cloned().unwrap_or_else(|| "?".into())))
+        .collect();
     let _ = write!(s, "{op}({})", a.join(", "));
     s
 }
@@ -380,7 +445,12 @@ fn source_stmt(p: &Parser, lhs: &[(String, Token)], op: &str, args: &[Arg<ValueI
 /// Parses a program. Errors carry line and column, or name the statement.
 pub fn parse(src: &str) -> Result<Graph> {
     let toks = lex(src)?;
-    let mut p = Parser { toks, pos: 0, graph: Graph::default(), names: HashMap::new() };
+    let mut p = Parser {
+        toks,
+        pos: 0,
+        graph: Graph::default(),
+        names: HashMap::new(),
+    };
     let (kw, t) = p.ident("`graph`")?;
     if kw != "graph" {
         return p.fail(&t, format!("expected `graph`, found `{kw}`"));
@@ -414,7 +484,13 @@ pub fn parse(src: &str) -> Result<Graph> {
     p.expect('}')?;
     let t = p.next();
     if t.tok != Tok::Eof {
-        return p.fail(&t, format!("unexpected {} after the graph's closing `}}`", describe(&t.tok)));
+        return p.fail(
+            &t,
+            format!(
+                "unexpected {} after the graph's closing `}}`",
+                describe(&t.tok)
+            ),
+        );
     }
     Ok(p.graph)
 }
@@ -433,7 +509,10 @@ fn fmt_arg(a: &Arg<ValueId>, name: &dyn Fn(ValueId) -> String) -> String {
     match a {
         Arg::Tensor(v) => format!("%{}", name(*v)),
         Arg::TensorList(l) => {
-            let items: Vec<String> = l.iter().map(|x| x.map_or("none".to_string(), |v| format!("%{}", name(v)))).collect();
+            let items: Vec<String> = l
+                .iter()
+                .map(|x| x.map_or("none".to_string(), |v| format!("%{}", name(v))))
+                .collect();
             format!("[{}]", items.join(", "))
         }
         Arg::Int(i) => i.to_string(),
@@ -441,9 +520,21 @@ fn fmt_arg(a: &Arg<ValueId>, name: &dyn Fn(ValueId) -> String) -> String {
         Arg::Bool(b) => b.to_string(),
         Arg::Str(s) => format!("\"{s}\""),
         Arg::Dtype(d) => d.to_string(),
-        Arg::IntList(l) => format!("[{}]", l.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")),
+        Arg::IntList(l) => format!(
+            "[{}]",
+            l.iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         Arg::None => "none".into(),
-        Arg::List(l) => format!("[{}]", l.iter().map(|x| fmt_arg(x, name)).collect::<Vec<_>>().join(", ")),
+        Arg::List(l) => format!(
+            "[{}]",
+            l.iter()
+                .map(|x| fmt_arg(x, name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 
@@ -452,7 +543,11 @@ pub struct Names(HashMap<ValueId, String>);
 
 impl Names {
     pub fn of(g: &Graph) -> Names {
-        let used: HashSet<&str> = g.values.values().filter_map(|v| v.name.as_deref()).collect();
+        let used: HashSet<&str> = g
+            .values
+            .values()
+            .filter_map(|v| v.name.as_deref())
+            .collect();
         let mut map = HashMap::new();
         let mut taken: HashSet<String> = HashSet::new();
         let mut next = 0;
@@ -488,8 +583,15 @@ pub fn fmt_node(g: &Graph, n: NodeId, names: &Names) -> String {
     let def = node.op.def();
     let schema = &def.schemas[node.overload];
     let k = schema.needed_args(&node.args);
-    let args: Vec<String> = node.args[..k].iter().map(|a| fmt_arg(a, &|v| names.get(v))).collect();
-    let lhs: Vec<String> = node.results.iter().map(|&r| format!("%{}", names.get(r))).collect();
+    let args: Vec<String> = node.args[..k]
+        .iter()
+        .map(|a| fmt_arg(a, &|v| names.get(v)))
+        .collect();
+    let lhs: Vec<String> = node
+        .results
+        .iter()
+        .map(|&r| format!("%{}", names.get(r)))
+        .collect();
     let call = format!("{}({})", def.name, args.join(", "));
     if lhs.is_empty() {
         call
@@ -501,12 +603,24 @@ pub fn fmt_node(g: &Graph, n: NodeId, names: &Names) -> String {
 /// Prints a graph in the text format.
 pub fn print(g: &Graph) -> String {
     let names = Names::of(g);
-    let params: Vec<String> = g.inputs.iter().map(|&v| format!("%{}: {}", names.get(v), g.values[v].meta.type_string())).collect();
-    let mut s = format!("graph {}({}) {{\n", if g.name.is_empty() { "f" } else { &g.name }, params.join(", "));
+    let params: Vec<String> = g
+        .inputs
+        .iter()
+        .map(|&v| format!("%{}: {}", names.get(v), g.values[v].meta.type_string()))
+        .collect();
+    let mut s = format!(
+        "graph {}({}) {{\n",
+        if g.name.is_empty() { "f" } else { &g.name },
+        params.join(", ")
+    );
     for &n in &g.order {
         let _ = writeln!(s, "  {}", fmt_node(g, n, &names));
     }
-    let outs: Vec<String> = g.outputs.iter().map(|&v| format!("%{}", names.get(v))).collect();
+    let outs: Vec<String> = g
+        .outputs
+        .iter()
+        .map(|&v| format!("%{}", names.get(v)))
+        .collect();
     if outs.len() == 1 {
         let _ = writeln!(s, "  return {}", outs[0]);
     } else {

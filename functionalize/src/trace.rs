@@ -36,7 +36,11 @@ pub struct TensorSpec {
 
 impl TensorSpec {
     pub fn new(name: &str, dtype: DType, sizes: &[usize]) -> TensorSpec {
-        TensorSpec { name: name.to_string(), dtype, sizes: sizes.to_vec() }
+        TensorSpec {
+            name: name.to_string(),
+            dtype,
+            sizes: sizes.to_vec(),
+        }
     }
 }
 
@@ -58,13 +62,26 @@ thread_local! {
 }
 
 /// Traces `f` over parameters `specs` into a graph named `name`.
-pub fn trace(name: &str, specs: &[TensorSpec], f: impl FnOnce(&[Tensor]) -> Vec<Tensor>) -> Result<Graph> {
-    let state = Rc::new(RefCell::new(State { graph: Graph::new(name), error: None }));
+pub fn trace(
+    name: &str,
+    specs: &[TensorSpec],
+    f: impl FnOnce(&[Tensor]) -> Vec<Tensor>,
+) -> Result<Graph> {
+    let state = Rc::new(RefCell::new(State {
+        graph: Graph::new(name),
+        error: None,
+    }));
     let inputs: Vec<Tensor> = specs
         .iter()
         .map(|s| {
-            let v = state.borrow_mut().graph.add_input(Some(s.name.clone()), Meta::contiguous(s.dtype, s.sizes.clone()));
-            Tensor { state: state.clone(), id: Some(v) }
+            let v = state.borrow_mut().graph.add_input(
+                Some(s.name.clone()),
+                Meta::contiguous(s.dtype, s.sizes.clone()),
+            );
+            Tensor {
+                state: state.clone(),
+                id: Some(v),
+            }
         })
         .collect();
     let prev = CURRENT.with(|c| c.replace(Some(state.clone())));
@@ -98,14 +115,31 @@ pub fn call(op: &str, args: Vec<Arg<Tensor>>) -> Vec<Tensor> {
         Some(s) => record(&s, op, args),
         None => {
             let msg = format!("`{op}` was called outside of `trace`");
-            let s = State { graph: Graph::default(), error: Some(Error::Statement { line: None, stmt: op.into(), msg }) };
-            vec![Tensor { state: Rc::new(RefCell::new(s)), id: None }]
+            let s = State {
+                graph: Graph::default(),
+                error: Some(Error::Statement {
+                    line: None,
+                    stmt: op.into(),
+                    msg,
+                }),
+            };
+            vec![Tensor {
+                state: Rc::new(RefCell::new(s)),
+                id: None,
+            }]
         }
     }
 }
 
 fn record(state: &Rc<RefCell<State>>, op: &str, args: Vec<Arg<Tensor>>) -> Vec<Tensor> {
-    let poisoned = |n: usize| (0..n.max(1)).map(|_| Tensor { state: state.clone(), id: None }).collect();
+    let poisoned = |n: usize| {
+        (0..n.max(1))
+            .map(|_| Tensor {
+                state: state.clone(),
+                id: None,
+            })
+            .collect()
+    };
     let mut st = state.borrow_mut();
     if st.error.is_some() {
         return poisoned(1);
@@ -129,11 +163,21 @@ fn record(state: &Rc<RefCell<State>>, op: &str, args: Vec<Arg<Tensor>>) -> Vec<T
         return poisoned(1);
     }
     let Some(id) = ops::lookup(op) else {
-        st.error = Some(Error::Statement { line: None, stmt: op.to_string(), msg: format!("unknown op `{op}`") });
+        st.error = Some(Error::Statement {
+            line: None,
+            stmt: op.to_string(),
+            msg: format!("unknown op `{op}`"),
+        });
         return poisoned(1);
     };
     match st.graph.call(id, &ids) {
-        Ok(res) => res.into_iter().map(|v| Tensor { state: state.clone(), id: Some(v) }).collect(),
+        Ok(res) => res
+            .into_iter()
+            .map(|v| Tensor {
+                state: state.clone(),
+                id: Some(v),
+            })
+            .collect(),
         Err(msg) => {
             let names = crate::text::Names::of(&st.graph);
             let args: Vec<String> = ids
@@ -143,7 +187,11 @@ fn record(state: &Rc<RefCell<State>>, op: &str, args: Vec<Arg<Tensor>>) -> Vec<T
                     other => format!("{other:?}"),
                 })
                 .collect();
-            st.error = Some(Error::Statement { line: None, stmt: format!("{op}({})", args.join(", ")), msg });
+            st.error = Some(Error::Statement {
+                line: None,
+                stmt: format!("{op}({})", args.join(", ")),
+                msg,
+            });
             poisoned(1)
         }
     }
@@ -241,16 +289,27 @@ impl Tensor {
         let mut r = self.call(op, args);
         if r.len() != 1 {
             let mut st = self.state.borrow_mut();
-            let msg = format!("returns {} tensors; use `call` for ops with several results", r.len());
-            st.error.get_or_insert(Error::Statement { line: None, stmt: op.into(), msg });
-            return Tensor { state: self.state.clone(), id: None };
+            let msg = format!(
+                "returns {} tensors; use `call` for ops with several results",
+                r.len()
+            );
+            st.error.get_or_insert(Error::Statement {
+                line: None,
+                stmt: op.into(),
+                msg,
+            });
+            return Tensor {
+                state: self.state.clone(),
+                id: None,
+            };
         }
         r.remove(0)
     }
 
     /// The value's metadata (`None` after an error).
     pub fn meta(&self) -> Option<Meta> {
-        self.id.map(|v| self.state.borrow().graph.values[v].meta.clone())
+        self.id
+            .map(|v| self.state.borrow().graph.values[v].meta.clone())
     }
 
     pub fn sizes(&self) -> Vec<usize> {
@@ -331,9 +390,45 @@ impl Tensor {
     }
 
     binary_methods!(add, sub, mul, div, pow, maximum, minimum, eq, ne, lt, le, gt, ge);
-    binary_methods!(add_, sub_, mul_, div_, pow_, maximum_, minimum_, eq_, ne_, lt_, le_, gt_, ge_, copy_, fill_);
-    unary_methods!(neg, exp, log, sqrt, rsqrt, abs, relu, sigmoid, tanh, gelu, logical_not, sin, cos, reciprocal, erf, zero_);
-    unary_methods!(neg_, exp_, log_, sqrt_, rsqrt_, abs_, relu_, sigmoid_, tanh_, gelu_, logical_not_, sin_, cos_, reciprocal_, erf_);
+    binary_methods!(
+        add_, sub_, mul_, div_, pow_, maximum_, minimum_, eq_, ne_, lt_, le_, gt_, ge_, copy_,
+        fill_
+    );
+    unary_methods!(
+        neg,
+        exp,
+        log,
+        sqrt,
+        rsqrt,
+        abs,
+        relu,
+        sigmoid,
+        tanh,
+        gelu,
+        logical_not,
+        sin,
+        cos,
+        reciprocal,
+        erf,
+        zero_
+    );
+    unary_methods!(
+        neg_,
+        exp_,
+        log_,
+        sqrt_,
+        rsqrt_,
+        abs_,
+        relu_,
+        sigmoid_,
+        tanh_,
+        gelu_,
+        logical_not_,
+        sin_,
+        cos_,
+        reciprocal_,
+        erf_
+    );
 
     pub fn masked_fill_(&self, mask: &Tensor, value: impl Into<Arg<Tensor>>) -> Tensor {
         self.op("masked_fill_", args![self, mask, value.into()])
@@ -341,7 +436,12 @@ impl Tensor {
     pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Arg<Tensor>>) -> Tensor {
         self.op("masked_fill", args![self, mask, value.into()])
     }
-    pub fn index_put_(&self, indices: Vec<Option<&Tensor>>, values: &Tensor, accumulate: bool) -> Tensor {
+    pub fn index_put_(
+        &self,
+        indices: Vec<Option<&Tensor>>,
+        values: &Tensor,
+        accumulate: bool,
+    ) -> Tensor {
         self.op("index_put_", args![self, indices, values, accumulate])
     }
     pub fn clamp(&self, min: Option<f64>, max: Option<f64>) -> Tensor {
@@ -367,7 +467,13 @@ impl Tensor {
     pub fn linear(&self, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
         self.op("linear", args![self, weight, bias])
     }
-    pub fn layer_norm(&self, shape: &[i64], weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Tensor {
+    pub fn layer_norm(
+        &self,
+        shape: &[i64],
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        eps: f64,
+    ) -> Tensor {
         self.op("layer_norm", args![self, shape, weight, bias, eps])
     }
 }

@@ -520,13 +520,14 @@ def run_program(prog: Program, inputs: dict[str, torch.Tensor]):
             raise KilnError(f"line {st.line}: {st.op}: torch refused: {type(e).__name__}: {msg}") from None
         if len(st.results) == 0:
             continue
-        if len(st.results) == 1:
-            env[st.results[0]] = list(res) if isinstance(res, tuple) else res
-            continue
-        if not isinstance(res, (list, tuple)) or len(res) != len(st.results):
-            got = len(res) if isinstance(res, (list, tuple)) else 1
-            raise KilnError(f"line {st.line}: {st.op} gives {got} result(s), the statement names {len(st.results)}")
-        for n, r in zip(st.results, res):
+        # An op returning Tensor[] (split, chunk, unbind, ...) is always
+        # unpacked: the statement names exactly one value per piece.
+        vals = list(res) if isinstance(res, (list, tuple)) else [res]
+        if len(vals) != len(st.results):
+            raise KilnError(
+                f"line {st.line}: {st.op} gives {len(vals)} result(s), the statement names {len(st.results)}"
+            )
+        for n, r in zip(st.results, vals):
             env[n] = r
     outs = []
     for r in prog.returns:

@@ -17,7 +17,10 @@ type Res<T> = Result<T, String>;
 
 fn sizes_of(l: &[i64]) -> Res<Vec<usize>> {
     l.iter()
-        .map(|&s| usize::try_from(s).map_err(|_| format!("Trying to create tensor with negative dimension {s}: {l:?}")))
+        .map(|&s| {
+            usize::try_from(s)
+                .map_err(|_| format!("Trying to create tensor with negative dimension {s}: {l:?}"))
+        })
         .collect()
 }
 
@@ -28,7 +31,10 @@ fn one(meta: Meta, vals: &[f64]) -> Res<Vec<RTensor>> {
 // ------------------------------------------------------------ factories
 
 pub fn zeros_infer(a: &A) -> Res<Vec<Meta>> {
-    Ok(vec![Meta::contiguous(a.opt_dtype(1)?.unwrap_or(DType::F32), sizes_of(&a.int_list(0)?)?)])
+    Ok(vec![Meta::contiguous(
+        a.opt_dtype(1)?.unwrap_or(DType::F32),
+        sizes_of(&a.int_list(0)?)?,
+    )])
 }
 
 pub fn zeros_eval(_: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -41,7 +47,10 @@ pub fn ones_eval(_: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 pub fn full_infer(a: &A) -> Res<Vec<Meta>> {
     let v = a.scalar(1)?;
-    Ok(vec![Meta::contiguous(a.opt_dtype(2)?.unwrap_or(v.default_dtype()), sizes_of(&a.int_list(0)?)?)])
+    Ok(vec![Meta::contiguous(
+        a.opt_dtype(2)?.unwrap_or(v.default_dtype()),
+        sizes_of(&a.int_list(0)?)?,
+    )])
 }
 
 pub fn full_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -71,7 +80,9 @@ fn arange_range<T>(a: &[Arg<T>]) -> Res<(f64, f64, f64, usize, DType)> {
         [s, e, st] => (s, e, st),
         _ => return Err("arange takes one to three numbers".into()),
     };
-    let any_float = [start, end, step].iter().any(|s| matches!(s, Scalar::Float(_)));
+    let any_float = [start, end, step]
+        .iter()
+        .any(|s| matches!(s, Scalar::Float(_)));
     let dt = dtype.unwrap_or(if any_float { DType::F32 } else { DType::I32 });
     let (s, e, st) = (start.to_f64(), end.to_f64(), step.to_f64());
     if st == 0.0 {
@@ -114,6 +125,37 @@ pub fn full_like_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 // --------------------------------------------------- copies and fills
 
+/// ATen's `clone_preserve_strides`, used by `copy` and the scatters: a copy
+/// of the whole storage viewed with the same geometry (so offsets of a
+/// later `as_strided` keep meaning the same), or a plain clone when the
+/// input has zero-stride overlap.
+fn preserve_strides_meta(m: &Meta) -> Meta {
+    if m.sizes
+        .iter()
+        .zip(&m.strides)
+        .any(|(&s, &st)| s > 1 && st == 0)
+    {
+        like(m, m.dtype)
+    } else {
+        m.clone()
+    }
+}
+
+fn clone_preserve_strides(t: &RTensor, out: &Meta) -> RTensor {
+    if *out == t.meta {
+        let data = t.storage.data.borrow().clone();
+        RTensor {
+            storage: std::rc::Rc::new(crate::tensor::Storage {
+                dtype: t.dtype(),
+                data: data.into(),
+            }),
+            meta: out.clone(),
+        }
+    } else {
+        RTensor::from_values(out.clone(), &t.values())
+    }
+}
+
 /// Same shape and dtype as argument 0, laid out like it (`clone`,
 /// `copy`, `fill`, `zero`, `index_put`).
 pub fn like_self_infer(a: &A) -> Res<Vec<Meta>> {
@@ -139,23 +181,28 @@ fn expandable(src: &[usize], dst: &[usize]) -> Res<()> {
 pub fn copy_infer(a: &A) -> Res<Vec<Meta>> {
     let (m, src) = (a.tensor(0)?, a.tensor(1)?);
     expandable(&src.sizes, &m.sizes)?;
-    like_self_infer(a)
+    Ok(vec![preserve_strides_meta(m)])
 }
 
 pub fn copy_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
-    one(o[0].clone(), &a.tensor(1)?.values_broadcast(&o[0].sizes))
+    let out = clone_preserve_strides(a.tensor(0)?, &o[0]);
+    out.write(&a.tensor(1)?.values_broadcast(&o[0].sizes));
+    Ok(vec![out])
 }
 
 fn zero_dim_value(t: &Meta, op: &str) -> Res<()> {
     if t.dim() != 0 {
-        return Err(format!("{op} only supports 0-dimension value tensor but got tensor with {} dimensions.", t.dim()));
+        return Err(format!(
+            "{op} only supports 0-dimension value tensor but got tensor with {} dimensions.",
+            t.dim()
+        ));
     }
     Ok(())
 }
 
 pub fn fill_infer(a: &A) -> Res<Vec<Meta>> {
-    if let Some(v) = a.opt_tensor(1)? {
-        zero_dim_value(v, "fill_")?;
+    if a.is_tensor(1) {
+        zero_dim_value(a.tensor(1)?, "fill_")?;
     }
     like_self_infer(a)
 }
@@ -175,12 +222,18 @@ pub fn fill_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 pub fn masked_fill_infer(a: &A) -> Res<Vec<Meta>> {
     let (m, mask) = (a.tensor(0)?, a.tensor(1)?);
     if mask.dtype != DType::Bool {
-        return Err(format!("masked_fill_ only supports boolean masks, but got mask with dtype {}", mask.dtype));
+        return Err(format!(
+            "masked_fill_ only supports boolean masks, but got mask with dtype {}",
+            mask.dtype
+        ));
     }
-    if let Some(v) = a.opt_tensor(2)? {
-        zero_dim_value(v, "masked_fill_")?;
+    if a.is_tensor(2) {
+        zero_dim_value(a.tensor(2)?, "masked_fill_")?;
     }
-    Ok(vec![Meta::contiguous(m.dtype, broadcast_shapes(&m.sizes, &mask.sizes)?)])
+    Ok(vec![Meta::contiguous(
+        m.dtype,
+        broadcast_shapes(&m.sizes, &mask.sizes)?,
+    )])
 }
 
 pub fn masked_fill_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -198,7 +251,10 @@ pub fn masked_fill_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 fn check_index_dtype(m: &Meta, what: &str) -> Res<()> {
     if !m.dtype.is_integral() {
-        return Err(format!("{what} must be an integer tensor (i32 or u32), got {}", m.dtype));
+        return Err(format!(
+            "{what} must be an integer tensor (i32 or u32), got {}",
+            m.dtype
+        ));
     }
     Ok(())
 }
@@ -207,7 +263,11 @@ pub fn index_put_infer(a: &A) -> Res<Vec<Meta>> {
     let (m, values) = (a.tensor(0)?, a.tensor(2)?);
     let idx = a.tensor_list(1)?;
     if idx.len() > m.dim() {
-        return Err(format!("too many indices for tensor of dimension {} (got {})", m.dim(), idx.len()));
+        return Err(format!(
+            "too many indices for tensor of dimension {} (got {})",
+            m.dim(),
+            idx.len()
+        ));
     }
     let mut bshape: Vec<usize> = vec![];
     for t in idx.iter().flatten() {
@@ -229,7 +289,9 @@ fn wrap_index(i: f64, size: usize, dim: usize) -> Res<usize> {
     let s = size as i64;
     let i = i as i64;
     if i < -s || i >= s {
-        return Err(format!("index {i} is out of bounds for dimension {dim} with size {size}"));
+        return Err(format!(
+            "index {i} is out of bounds for dimension {dim} with size {size}"
+        ));
     }
     Ok(if i < 0 { i + s } else { i } as usize)
 }
@@ -261,7 +323,10 @@ pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
                 let hits: Vec<usize> = (0..mv.len()).filter(|&i| mv[i] != 0.0).collect();
                 let cstrides = crate::meta::contiguous_strides(t.sizes());
                 for j in 0..k {
-                    let col = hits.iter().map(|&h| ((h / cstrides[j]) % t.sizes()[j]) as f64).collect();
+                    let col = hits
+                        .iter()
+                        .map(|&h| ((h / cstrides[j]) % t.sizes()[j]) as f64)
+                        .collect();
                     idx.push(Some((vec![hits.len()], col)));
                 }
             }
@@ -269,7 +334,10 @@ pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
         }
     }
     if idx.len() > sizes.len() {
-        return Err(format!("too many indices for tensor of dimension {}", sizes.len()));
+        return Err(format!(
+            "too many indices for tensor of dimension {}",
+            sizes.len()
+        ));
     }
     idx.resize(sizes.len(), None);
     let mut bshape: Vec<usize> = vec![];
@@ -281,7 +349,10 @@ pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let rest: Vec<usize> = (0..sizes.len()).filter(|&d| idx[d].is_none()).collect();
     // Shape of `self[indices]`.
     let (before, after): (Vec<usize>, Vec<usize>) = if adjacent && !adv.is_empty() {
-        (rest.iter().copied().filter(|&d| d < adv[0]).collect(), rest.iter().copied().filter(|&d| d > adv[0]).collect())
+        (
+            rest.iter().copied().filter(|&d| d < adv[0]).collect(),
+            rest.iter().copied().filter(|&d| d > adv[0]).collect(),
+        )
     } else {
         (vec![], rest.clone())
     };
@@ -298,7 +369,9 @@ pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
             x.as_ref().map(|(s, v)| {
                 let m = Meta::contiguous(DType::F32, s.clone());
                 let st = crate::meta::broadcast_strides(&m, &bshape);
-                crate::meta::OffsetIter::new(&bshape, &st, 0).map(|o| v[o]).collect()
+                crate::meta::OffsetIter::new(&bshape, &st, 0)
+                    .map(|o| v[o])
+                    .collect()
             })
         })
         .collect();
@@ -307,7 +380,9 @@ pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let bstr = crate::meta::contiguous_strides(&bshape);
     let nb = before.len();
     for (r, &value) in vv.iter().enumerate() {
-        let ridx: Vec<usize> = (0..rshape.len()).map(|j| (r / rstr[j]) % rshape[j].max(1)).collect();
+        let ridx: Vec<usize> = (0..rshape.len())
+            .map(|j| (r / rstr[j]) % rshape[j].max(1))
+            .collect();
         let bpos: usize = (0..bshape.len()).map(|j| ridx[nb + j] * bstr[j]).sum();
         let mut off = 0;
         for (j, &d) in before.iter().enumerate() {
@@ -343,7 +418,7 @@ fn scatter_view(a: &A, out: &Meta, view: ViewFn) -> Res<Meta> {
 
 pub fn scatter_infer(a: &A, view: ViewFn) -> Res<Vec<Meta>> {
     let (m, src) = (a.tensor(0)?, a.tensor(1)?);
-    let out = like(m, m.dtype);
+    let out = preserve_strides_meta(m);
     let v = scatter_view(a, &out, view)?;
     if v.sizes != src.sizes {
         return Err(format!(
@@ -356,7 +431,7 @@ pub fn scatter_infer(a: &A, view: ViewFn) -> Res<Vec<Meta>> {
 }
 
 pub fn scatter_eval(a: &R, o: &[Meta], view: ViewFn) -> Res<Vec<RTensor>> {
-    let out = RTensor::from_values(o[0].clone(), &a.tensor(0)?.values());
+    let out = clone_preserve_strides(a.tensor(0)?, &o[0]);
     let am = super::args::metas(a);
     let v = scatter_view(&am, &out.meta, view)?;
     out.view(v).write(&a.tensor(1)?.values());
@@ -368,7 +443,11 @@ pub fn scatter_eval(a: &R, o: &[Meta], view: ViewFn) -> Res<Vec<RTensor>> {
 /// Groups the row-major `vals` of a `sizes` tensor by the output index of
 /// a reduction over `reduced` dims (one group per output element).
 fn groups(vals: &[f64], sizes: &[usize], reduced: &[bool]) -> Vec<Vec<f64>> {
-    let out_sizes: Vec<usize> = sizes.iter().zip(reduced).map(|(&s, &r)| if r { 1 } else { s }).collect();
+    let out_sizes: Vec<usize> = sizes
+        .iter()
+        .zip(reduced)
+        .map(|(&s, &r)| if r { 1 } else { s })
+        .collect();
     let ostr = crate::meta::contiguous_strides(&out_sizes);
     let istr = crate::meta::contiguous_strides(sizes);
     let mut g = vec![vec![]; crate::meta::numel(&out_sizes)];
@@ -394,7 +473,9 @@ fn reduced_dims(m: &Meta, dims: Option<Vec<i64>>) -> Res<Vec<bool>> {
                 let d = wrap_dim(d, m.dim())?;
                 if m.dim() > 0 {
                     if r[d] {
-                        return Err(format!("dim {d} appears multiple times in the list of dims"));
+                        return Err(format!(
+                            "dim {d} appears multiple times in the list of dims"
+                        ));
                     }
                     r[d] = true;
                 }
@@ -405,7 +486,19 @@ fn reduced_dims(m: &Meta, dims: Option<Vec<i64>>) -> Res<Vec<bool>> {
 }
 
 fn reduced_shape(m: &Meta, r: &[bool], keepdim: bool) -> Vec<usize> {
-    m.sizes.iter().zip(r).filter_map(|(&s, &x)| if !x { Some(s) } else if keepdim { Some(1) } else { None }).collect()
+    m.sizes
+        .iter()
+        .zip(r)
+        .filter_map(|(&s, &x)| {
+            if !x {
+                Some(s)
+            } else if keepdim {
+                Some(1)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 /// (dims, keepdim, dtype) of `sum`/`mean` overloads: `(self, dtype?)` or
@@ -419,14 +512,21 @@ fn reduce_args<T>(a: &[Arg<T>]) -> Res<(Option<Vec<i64>>, bool, Option<DType>)> 
 }
 
 fn sum_dtype(m: &Meta, dtype: Option<DType>) -> DType {
-    dtype.unwrap_or(if m.dtype.is_float() { m.dtype } else { DType::I32 })
+    dtype.unwrap_or(if m.dtype.is_float() {
+        m.dtype
+    } else {
+        DType::I32
+    })
 }
 
 pub fn sum_infer(a: &A) -> Res<Vec<Meta>> {
     let m = a.tensor(0)?;
     let (dims, keep, dt) = reduce_args(a)?;
     let r = reduced_dims(m, dims)?;
-    Ok(vec![Meta::contiguous(sum_dtype(m, dt), reduced_shape(m, &r, keep))])
+    Ok(vec![Meta::contiguous(
+        sum_dtype(m, dt),
+        reduced_shape(m, &r, keep),
+    )])
 }
 
 pub fn mean_infer(a: &A) -> Res<Vec<Meta>> {
@@ -444,11 +544,19 @@ pub fn mean_infer(a: &A) -> Res<Vec<Meta>> {
     Ok(r)
 }
 
-fn reduce_eval(a: &R, o: &[Meta], dims: Option<Vec<i64>>, f: impl Fn(&[f64]) -> Res<f64>) -> Res<Vec<RTensor>> {
+fn reduce_eval(
+    a: &R,
+    o: &[Meta],
+    dims: Option<Vec<i64>>,
+    f: impl Fn(&[f64]) -> Res<f64>,
+) -> Res<Vec<RTensor>> {
     let t = a.tensor(0)?;
     let r = reduced_dims(&t.meta, dims)?;
     let vals: Vec<f64> = t.values().iter().map(|&v| o[0].dtype.cast(v)).collect();
-    let out = groups(&vals, t.sizes(), &r).iter().map(|g| f(g)).collect::<Res<Vec<_>>>()?;
+    let out = groups(&vals, t.sizes(), &r)
+        .iter()
+        .map(|g| f(g))
+        .collect::<Res<Vec<_>>>()?;
     one(o[0].clone(), &out)
 }
 
@@ -468,7 +576,10 @@ pub fn amax_infer(a: &A) -> Res<Vec<Meta>> {
     if m.sizes.iter().zip(&r).any(|(&s, &x)| x && s == 0) {
         return Err("amax(): Expected reduction dim to have non-zero size.".into());
     }
-    Ok(vec![Meta::contiguous(m.dtype, reduced_shape(m, &r, a.bool(2)?))])
+    Ok(vec![Meta::contiguous(
+        m.dtype,
+        reduced_shape(m, &r, a.bool(2)?),
+    )])
 }
 
 fn extreme(g: &[f64], max: bool) -> Res<f64> {
@@ -496,12 +607,16 @@ pub fn amin_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 fn softmax_dtype<T: super::args::HasMeta>(a: &[Arg<T>]) -> Res<DType> {
     let m = a.tensor(0)?.meta();
     let dt = match a.get(2) {
-        Some(Arg::Bool(true)) => return Err("softmax with half to float conversion is not supported on CPU".into()),
+        Some(Arg::Bool(true)) => {
+            return Err("softmax with half to float conversion is not supported on CPU".into())
+        }
         Some(Arg::Dtype(d)) => *d,
         _ => m.dtype,
     };
     if !dt.is_float() {
-        return Err(format!("softmax is not implemented for {dt} tensors; pass a float dtype"));
+        return Err(format!(
+            "softmax is not implemented for {dt} tensors; pass a float dtype"
+        ));
     }
     Ok(dt)
 }
@@ -541,7 +656,11 @@ fn softmax_line(v: &mut [f64], log: bool) {
     let mx = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let s: f64 = v.iter().map(|x| (x - mx).exp()).sum();
     for x in v.iter_mut() {
-        *x = if log { *x - mx - s.ln() } else { (*x - mx).exp() / s };
+        *x = if log {
+            *x - mx - s.ln()
+        } else {
+            (*x - mx).exp() / s
+        };
     }
 }
 
@@ -550,7 +669,10 @@ pub fn softmax_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let dt = o[0].dtype;
     let cast: Vec<f64> = t.values().iter().map(|&v| dt.cast(v)).collect();
     let tc = RTensor::new(dt, t.sizes().to_vec(), &cast);
-    one(o[0].clone(), &along_dim(&tc, a.int(1)?, |l| softmax_line(l, false))?)
+    one(
+        o[0].clone(),
+        &along_dim(&tc, a.int(1)?, |l| softmax_line(l, false))?,
+    )
 }
 
 pub fn log_softmax_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -558,14 +680,20 @@ pub fn log_softmax_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let dt = o[0].dtype;
     let cast: Vec<f64> = t.values().iter().map(|&v| dt.cast(v)).collect();
     let tc = RTensor::new(dt, t.sizes().to_vec(), &cast);
-    one(o[0].clone(), &along_dim(&tc, a.int(1)?, |l| softmax_line(l, true))?)
+    one(
+        o[0].clone(),
+        &along_dim(&tc, a.int(1)?, |l| softmax_line(l, true))?,
+    )
 }
 
 // ------------------------------------------------------ linear algebra
 
 fn same_dtype(x: &Meta, y: &Meta, op: &str) -> Res<()> {
     if x.dtype != y.dtype {
-        return Err(format!("{op}: expected both operands to have the same dtype, but got: {} != {}", x.dtype, y.dtype));
+        return Err(format!(
+            "{op}: expected both operands to have the same dtype, but got: {} != {}",
+            x.dtype, y.dtype
+        ));
     }
     if x.dtype == DType::Bool {
         return Err(format!("{op} is not implemented for bool tensors"));
@@ -596,8 +724,9 @@ fn batched_mm(x: &[f64], y: &[f64], b: usize, n: usize, k: usize, m: usize) -> V
         for bi in 0..b {
             for i in 0..n {
                 for j in 0..m {
-                    out[bi * n * m + i * m + j] =
-                        (0..k).map(|p| x[bi * n * k + i * k + p] * y[bi * k * m + p * m + j]).sum();
+                    out[bi * n * m + i * m + j] = (0..k)
+                        .map(|p| x[bi * n * k + i * k + p] * y[bi * k * m + p * m + j])
+                        .sum();
                 }
             }
         }
@@ -608,7 +737,11 @@ fn batched_mm(x: &[f64], y: &[f64], b: usize, n: usize, k: usize, m: usize) -> V
 pub fn mm_infer(a: &A) -> Res<Vec<Meta>> {
     let (x, y) = (a.tensor(0)?, a.tensor(1)?);
     if x.dim() != 2 || y.dim() != 2 {
-        return Err(format!("mm: expected 2-D tensors, got {}-D and {}-D", x.dim(), y.dim()));
+        return Err(format!(
+            "mm: expected 2-D tensors, got {}-D and {}-D",
+            x.dim(),
+            y.dim()
+        ));
     }
     same_dtype(x, y, "mm")?;
     if x.sizes[1] != y.sizes[0] {
@@ -617,19 +750,29 @@ pub fn mm_infer(a: &A) -> Res<Vec<Meta>> {
             x.sizes[0], x.sizes[1], y.sizes[0], y.sizes[1]
         ));
     }
-    Ok(vec![Meta::contiguous(x.dtype, vec![x.sizes[0], y.sizes[1]])])
+    Ok(vec![Meta::contiguous(
+        x.dtype,
+        vec![x.sizes[0], y.sizes[1]],
+    )])
 }
 
 pub fn mm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let (x, y) = (a.tensor(0)?, a.tensor(1)?);
     let (n, k, m) = (x.sizes()[0], x.sizes()[1], y.sizes()[1]);
-    one(o[0].clone(), &batched_mm(&x.values(), &y.values(), 1, n, k, m))
+    one(
+        o[0].clone(),
+        &batched_mm(&x.values(), &y.values(), 1, n, k, m),
+    )
 }
 
 pub fn bmm_infer(a: &A) -> Res<Vec<Meta>> {
     let (x, y) = (a.tensor(0)?, a.tensor(1)?);
     if x.dim() != 3 || y.dim() != 3 {
-        return Err(format!("bmm: expected 3-D tensors, got {}-D and {}-D", x.dim(), y.dim()));
+        return Err(format!(
+            "bmm: expected 3-D tensors, got {}-D and {}-D",
+            x.dim(),
+            y.dim()
+        ));
     }
     same_dtype(x, y, "bmm")?;
     if x.sizes[0] != y.sizes[0] {
@@ -641,30 +784,48 @@ pub fn bmm_infer(a: &A) -> Res<Vec<Meta>> {
             x.sizes[0], x.sizes[2], y.sizes[0], y.sizes[1]
         ));
     }
-    Ok(vec![Meta::contiguous(x.dtype, vec![x.sizes[0], x.sizes[1], y.sizes[2]])])
+    Ok(vec![Meta::contiguous(
+        x.dtype,
+        vec![x.sizes[0], x.sizes[1], y.sizes[2]],
+    )])
 }
 
 pub fn bmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let (x, y) = (a.tensor(0)?, a.tensor(1)?);
     let (b, n, k, m) = (x.sizes()[0], x.sizes()[1], x.sizes()[2], y.sizes()[2]);
-    one(o[0].clone(), &batched_mm(&x.values(), &y.values(), b, n, k, m))
+    one(
+        o[0].clone(),
+        &batched_mm(&x.values(), &y.values(), b, n, k, m),
+    )
 }
 
 /// `matmul`'s shapes: (batch shape, n, k, m, result shape).
 fn matmul_shapes(x: &Meta, y: &Meta) -> Res<(Vec<usize>, usize, usize, usize, Vec<usize>)> {
     if x.dim() == 0 || y.dim() == 0 {
-        return Err(format!("both arguments to matmul need to be at least 1D, but they are {}D and {}D", x.dim(), y.dim()));
+        return Err(format!(
+            "both arguments to matmul need to be at least 1D, but they are {}D and {}D",
+            x.dim(),
+            y.dim()
+        ));
     }
     same_dtype(x, y, "matmul")?;
     let (xb, n, k1) = if x.dim() == 1 {
         (vec![], 1, x.sizes[0])
     } else {
-        (x.sizes[..x.dim() - 2].to_vec(), x.sizes[x.dim() - 2], x.sizes[x.dim() - 1])
+        (
+            x.sizes[..x.dim() - 2].to_vec(),
+            x.sizes[x.dim() - 2],
+            x.sizes[x.dim() - 1],
+        )
     };
     let (yb, k2, m) = if y.dim() == 1 {
         (vec![], y.sizes[0], 1)
     } else {
-        (y.sizes[..y.dim() - 2].to_vec(), y.sizes[y.dim() - 2], y.sizes[y.dim() - 1])
+        (
+            y.sizes[..y.dim() - 2].to_vec(),
+            y.sizes[y.dim() - 2],
+            y.sizes[y.dim() - 1],
+        )
     };
     if k1 != k2 {
         return Err(format!(
@@ -697,10 +858,34 @@ pub fn matmul_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     xs.extend([n, k]);
     let mut ys = batch.clone();
     ys.extend([k, m]);
-    let xm = if x.meta.dim() == 1 { x.view(x.meta.restrided(vec![1, k], vec![0, x.meta.strides[0]], x.meta.offset)) } else { x.clone() };
-    let ym = if y.meta.dim() == 1 { y.view(y.meta.restrided(vec![k, 1], vec![y.meta.strides[0], 0], y.meta.offset)) } else { y.clone() };
+    let xm = if x.meta.dim() == 1 {
+        x.view(
+            x.meta
+                .restrided(vec![1, k], vec![0, x.meta.strides[0]], x.meta.offset),
+        )
+    } else {
+        x.clone()
+    };
+    let ym = if y.meta.dim() == 1 {
+        y.view(
+            y.meta
+                .restrided(vec![k, 1], vec![y.meta.strides[0], 0], y.meta.offset),
+        )
+    } else {
+        y.clone()
+    };
     let b = crate::meta::numel(&batch);
-    one(o[0].clone(), &batched_mm(&xm.values_broadcast(&xs), &ym.values_broadcast(&ys), b, n, k, m))
+    one(
+        o[0].clone(),
+        &batched_mm(
+            &xm.values_broadcast(&xs),
+            &ym.values_broadcast(&ys),
+            b,
+            n,
+            k,
+            m,
+        ),
+    )
 }
 
 pub fn addmm_infer(a: &A) -> Res<Vec<Meta>> {
@@ -715,14 +900,21 @@ pub fn addmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let (beta, alpha) = (a.scalar(3)?.to_f64(), a.scalar(4)?.to_f64());
     let prod = mm_eval(&a[1..], o)?.remove(0).values();
     let s = a.tensor(0)?.values_broadcast(&o[0].sizes);
-    let vals: Vec<f64> = prod.iter().zip(s).map(|(p, s)| alpha * p + if beta == 0.0 { 0.0 } else { beta * s }).collect();
+    let vals: Vec<f64> = prod
+        .iter()
+        .zip(s)
+        .map(|(p, s)| alpha * p + if beta == 0.0 { 0.0 } else { beta * s })
+        .collect();
     one(o[0].clone(), &vals)
 }
 
 pub fn linear_infer(a: &A) -> Res<Vec<Meta>> {
     let (x, w) = (a.tensor(0)?, a.tensor(1)?);
     if w.dim() != 2 && w.dim() != 1 {
-        return Err(format!("linear: weight must be 1-D or 2-D, got {}-D", w.dim()));
+        return Err(format!(
+            "linear: weight must be 1-D or 2-D, got {}-D",
+            w.dim()
+        ));
     }
     same_dtype(x, w, "linear")?;
     let inner = *w.sizes.last().unwrap();
@@ -770,13 +962,19 @@ pub fn layer_norm_infer(a: &A) -> Res<Vec<Meta>> {
     let x = a.tensor(0)?;
     let ns = sizes_of(&a.int_list(1)?)?;
     if !x.dtype.is_float() {
-        return Err(format!("layer_norm is not implemented for {} tensors", x.dtype));
+        return Err(format!(
+            "layer_norm is not implemented for {} tensors",
+            x.dtype
+        ));
     }
     if ns.is_empty() || ns.len() > x.dim() || x.sizes[x.dim() - ns.len()..] != ns[..] {
         return Err(format!(
             "Given normalized_shape={}, expected input with shape [*, {}], but got input of size{}",
             ShapeFmt(&ns),
-            ns.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
+            ns.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
             ShapeFmt(&x.sizes)
         ));
     }
@@ -806,7 +1004,8 @@ pub fn layer_norm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
         let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
         let r = 1.0 / (var + eps).sqrt();
         for (j, v) in row.iter_mut().enumerate() {
-            *v = (*v - mean) * r * w.as_ref().map_or(1.0, |w| w[j]) + b.as_ref().map_or(0.0, |b| b[j]);
+            *v = (*v - mean) * r * w.as_ref().map_or(1.0, |w| w[j])
+                + b.as_ref().map_or(0.0, |b| b[j]);
         }
     }
     one(o[0].clone(), &vals)
@@ -844,7 +1043,10 @@ fn gather_rows(src: &RTensor, dim: usize, index: &[f64]) -> Res<Vec<f64>> {
 }
 
 pub fn embedding_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
-    one(o[0].clone(), &gather_rows(a.tensor(0)?, 0, &a.tensor(1)?.values())?)
+    one(
+        o[0].clone(),
+        &gather_rows(a.tensor(0)?, 0, &a.tensor(1)?.values())?,
+    )
 }
 
 pub fn index_select_infer(a: &A) -> Res<Vec<Meta>> {

@@ -55,13 +55,21 @@ pub fn like(t: &Meta, dtype: crate::dtype::DType) -> Meta {
 /// the inputs' strides (`TensorIteratorBase::reorder_dimensions`).
 pub fn iterator_output(shape: &[usize], inputs: &[&Meta], dtype: crate::dtype::DType) -> Meta {
     let n = shape.len();
-    let fresh = |strides: Vec<usize>| Meta { dtype, sizes: shape.to_vec(), strides, offset: 0, storage_numel: numel(shape) };
+    let fresh = |strides: Vec<usize>| Meta {
+        dtype,
+        sizes: shape.to_vec(),
+        strides,
+        offset: 0,
+        storage_numel: numel(shape),
+    };
     let same_shape = inputs.iter().all(|m| m.sizes == shape);
     if same_shape && !inputs.is_empty() {
         if inputs.iter().all(|m| m.is_contiguous()) {
             return Meta::contiguous(dtype, shape.to_vec());
         }
-        if inputs.iter().all(|m| is_non_overlapping_and_dense(&m.sizes, &m.strides))
+        if inputs
+            .iter()
+            .all(|m| is_non_overlapping_and_dense(&m.sizes, &m.strides))
             && inputs.windows(2).all(|w| w[0].strides == w[1].strides)
         {
             return fresh(inputs[0].strides.clone());
@@ -145,6 +153,9 @@ mod tests {
         let out = iterator_output(&[3, 2], &[&t, &b], F32);
         assert_eq!(out.strides, vec![1, 3]);
         let sliced = Meta::contiguous(F32, vec![6]).restrided(vec![3], vec![2], 0);
-        assert_eq!(iterator_output(&[3], &[&sliced], F32).strides, contiguous_strides(&[3]));
+        assert_eq!(
+            iterator_output(&[3], &[&sliced], F32).strides,
+            contiguous_strides(&[3])
+        );
     }
 }

@@ -52,7 +52,10 @@ pub enum Rule {
     Scatter(InferFn),
     /// Computes the functional op, then writes the result into `self`.
     InPlace(OpId),
-    Kernel { infer: InferFn, eval: EvalFn },
+    Kernel {
+        infer: InferFn,
+        eval: EvalFn,
+    },
 }
 
 pub struct OpDef {
@@ -109,13 +112,24 @@ impl Builder {
         for s in &schemas {
             assert_eq!(s.name, name, "schema {} listed under {name}", s.text);
         }
-        self.ops.push(OpDef { name: name.into(), kind, schemas, rule, counterpart: None, overlap_ok: false });
+        self.ops.push(OpDef {
+            name: name.into(),
+            kind,
+            schemas,
+            rule,
+            counterpart: None,
+            overlap_ok: false,
+        });
         id
     }
 
     /// A view and its `_copy` form.
     fn view(&mut self, name: &str, multi: bool, schemas: &[&str], rule: InferFn) -> OpId {
-        let kind = if multi { OpKind::MultiView } else { OpKind::View };
+        let kind = if multi {
+            OpKind::MultiView
+        } else {
+            OpKind::View
+        };
         let id = self.add(name, kind, schemas, Rule::View(rule));
         self.copy_of(id);
         id
@@ -129,7 +143,10 @@ impl Builder {
             .schemas
             .iter()
             .map(|s| {
-                let t = s.text.replace("Tensor(a)", "Tensor").replace("Tensor(a -> *)", "Tensor");
+                let t = s
+                    .text
+                    .replace("Tensor(a)", "Tensor")
+                    .replace("Tensor(a -> *)", "Tensor");
                 format!("{name}{}", &t[s.name.len()..])
             })
             .collect();
@@ -164,7 +181,14 @@ impl Builder {
         }
     }
 
-    fn kernel(&mut self, name: &str, kind: OpKind, schemas: &[&str], infer: InferFn, eval: EvalFn) -> OpId {
+    fn kernel(
+        &mut self,
+        name: &str,
+        kind: OpKind,
+        schemas: &[&str],
+        infer: InferFn,
+        eval: EvalFn,
+    ) -> OpId {
         self.add(name, kind, schemas, Rule::Kernel { infer, eval })
     }
 }
@@ -176,7 +200,12 @@ fn build() -> Table {
     let mut b = Builder { ops: vec![] };
 
     // Views (each gets a `<name>_copy`).
-    b.view("view", false, &["view(Tensor(a) self, SymInt[] size) -> Tensor(a)"], views::view);
+    b.view(
+        "view",
+        false,
+        &["view(Tensor(a) self, SymInt[] size) -> Tensor(a)"],
+        views::view,
+    );
     let reshape = b.add(
         "reshape",
         ViewOrCopy,
@@ -190,11 +219,31 @@ fn build() -> Table {
         &["slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)"],
         views::slice,
     );
-    b.view("select", false, &["select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)"], views::select);
-    b.view("transpose", false, &["transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)"], views::transpose);
+    b.view(
+        "select",
+        false,
+        &["select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)"],
+        views::select,
+    );
+    b.view(
+        "transpose",
+        false,
+        &["transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)"],
+        views::transpose,
+    );
     b.view("t", false, &["t(Tensor(a) self) -> Tensor(a)"], views::t);
-    b.view("permute", false, &["permute(Tensor(a) self, int[] dims) -> Tensor(a)"], views::permute);
-    b.view("expand", false, &["expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)"], views::expand);
+    b.view(
+        "permute",
+        false,
+        &["permute(Tensor(a) self, int[] dims) -> Tensor(a)"],
+        views::permute,
+    );
+    b.view(
+        "expand",
+        false,
+        &["expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)"],
+        views::expand,
+    );
     b.view(
         "diagonal",
         false,
@@ -207,7 +256,12 @@ fn build() -> Table {
         &["as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)"],
         views::as_strided,
     );
-    b.view("unsqueeze", false, &["unsqueeze(Tensor(a) self, int dim) -> Tensor(a)"], views::unsqueeze);
+    b.view(
+        "unsqueeze",
+        false,
+        &["unsqueeze(Tensor(a) self, int dim) -> Tensor(a)"],
+        views::unsqueeze,
+    );
     b.view(
         "squeeze",
         false,
@@ -218,9 +272,24 @@ fn build() -> Table {
         ],
         views::squeeze,
     );
-    b.view("alias", false, &["alias(Tensor(a) self) -> Tensor(a)"], views::alias);
-    b.view("narrow", false, &["narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)"], views::narrow);
-    b.view("unfold", false, &["unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)"], views::unfold);
+    b.view(
+        "alias",
+        false,
+        &["alias(Tensor(a) self) -> Tensor(a)"],
+        views::alias,
+    );
+    b.view(
+        "narrow",
+        false,
+        &["narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)"],
+        views::narrow,
+    );
+    b.view(
+        "unfold",
+        false,
+        &["unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)"],
+        views::unfold,
+    );
     b.view(
         "split",
         true,
@@ -230,8 +299,18 @@ fn build() -> Table {
         ],
         views::split,
     );
-    b.view("chunk", true, &["chunk(Tensor(a -> *) self, int chunks, int dim=0) -> Tensor(a)[]"], views::chunk);
-    b.view("unbind", true, &["unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]"], views::unbind);
+    b.view(
+        "chunk",
+        true,
+        &["chunk(Tensor(a -> *) self, int chunks, int dim=0) -> Tensor(a)[]"],
+        views::chunk,
+    );
+    b.view(
+        "unbind",
+        true,
+        &["unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]"],
+        views::unbind,
+    );
     b.add(
         "contiguous",
         ViewOrCopy,
@@ -249,7 +328,12 @@ fn build() -> Table {
         "slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor",
         views::slice,
     );
-    sc(&mut b, "select_scatter", "select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor", views::select);
+    sc(
+        &mut b,
+        "select_scatter",
+        "select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor",
+        views::select,
+    );
     sc(
         &mut b,
         "diagonal_scatter",
@@ -265,7 +349,10 @@ fn build() -> Table {
 
     // Elementwise ops, each with its in-place form.
     let bin = |n: &str| {
-        [format!("{n}.Tensor(Tensor self, Tensor other) -> Tensor"), format!("{n}.Scalar(Tensor self, Scalar other) -> Tensor")]
+        [
+            format!("{n}.Tensor(Tensor self, Tensor other) -> Tensor"),
+            format!("{n}.Scalar(Tensor self, Scalar other) -> Tensor"),
+        ]
     };
     let unary = |n: &str| format!("{n}(Tensor self) -> Tensor");
     b.pointwise(
@@ -318,7 +405,12 @@ fn build() -> Table {
     for (n, plan) in unaries {
         b.pointwise(n, &[&unary(n)], plan, true);
     }
-    b.pointwise("gelu", &["gelu(Tensor self, *, str approximate='none') -> Tensor"], p::gelu, true);
+    b.pointwise(
+        "gelu",
+        &["gelu(Tensor self, *, str approximate='none') -> Tensor"],
+        p::gelu,
+        true,
+    );
     b.pointwise(
         "pow",
         &[
@@ -329,8 +421,18 @@ fn build() -> Table {
         p::pow,
         true,
     );
-    b.pointwise("maximum", &["maximum(Tensor self, Tensor other) -> Tensor"], p::maximum, true);
-    b.pointwise("minimum", &["minimum(Tensor self, Tensor other) -> Tensor"], p::minimum, true);
+    b.pointwise(
+        "maximum",
+        &["maximum(Tensor self, Tensor other) -> Tensor"],
+        p::maximum,
+        true,
+    );
+    b.pointwise(
+        "minimum",
+        &["minimum(Tensor self, Tensor other) -> Tensor"],
+        p::minimum,
+        true,
+    );
     b.pointwise(
         "where",
         &[
@@ -351,8 +453,14 @@ fn build() -> Table {
         p::clamp,
         true,
     );
-    let cmps: [(&str, pointwise::PlanFn); 6] =
-        [("eq", p::eq), ("ne", p::ne), ("lt", p::lt), ("le", p::le), ("gt", p::gt), ("ge", p::ge)];
+    let cmps: [(&str, pointwise::PlanFn); 6] = [
+        ("eq", p::eq),
+        ("ne", p::ne),
+        ("lt", p::lt),
+        ("le", p::le),
+        ("gt", p::gt),
+        ("ge", p::ge),
+    ];
     for (n, plan) in cmps {
         let [s0, s1] = bin(n);
         b.pointwise(n, &[&s0, &s1], plan, true);
@@ -363,20 +471,32 @@ fn build() -> Table {
         "copy",
         Functional,
         &["copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor"],
-        Rule::Kernel { infer: k::copy_infer, eval: k::copy_eval },
+        Rule::Kernel {
+            infer: k::copy_infer,
+            eval: k::copy_eval,
+        },
     );
     let fill = b.with_inplace(
         "fill",
         Functional,
-        &["fill.Scalar(Tensor self, Scalar value) -> Tensor", "fill.Tensor(Tensor self, Tensor value) -> Tensor"],
-        Rule::Kernel { infer: k::fill_infer, eval: k::fill_eval },
+        &[
+            "fill.Scalar(Tensor self, Scalar value) -> Tensor",
+            "fill.Tensor(Tensor self, Tensor value) -> Tensor",
+        ],
+        Rule::Kernel {
+            infer: k::fill_infer,
+            eval: k::fill_eval,
+        },
     );
     b.ops[fill.0 as usize].overlap_ok = true;
     let zero = b.with_inplace(
         "zero",
         Functional,
         &["zero(Tensor self) -> Tensor"],
-        Rule::Kernel { infer: k::like_self_infer, eval: k::zeros_eval },
+        Rule::Kernel {
+            infer: k::like_self_infer,
+            eval: k::zeros_eval,
+        },
     );
     b.ops[zero.0 as usize].overlap_ok = true;
     b.with_inplace(
@@ -386,7 +506,10 @@ fn build() -> Table {
             "masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor",
             "masked_fill.Tensor(Tensor self, Tensor mask, Tensor value) -> Tensor",
         ],
-        Rule::Kernel { infer: k::masked_fill_infer, eval: k::masked_fill_eval },
+        Rule::Kernel {
+            infer: k::masked_fill_infer,
+            eval: k::masked_fill_eval,
+        },
     );
     b.with_inplace(
         "index_put",
@@ -396,8 +519,20 @@ fn build() -> Table {
     );
 
     // Factories and copies.
-    b.kernel("zeros", Factory, &["zeros(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"], k::zeros_infer, k::zeros_eval);
-    b.kernel("ones", Factory, &["ones(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"], k::zeros_infer, k::ones_eval);
+    b.kernel(
+        "zeros",
+        Factory,
+        &["zeros(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"],
+        k::zeros_infer,
+        k::zeros_eval,
+    );
+    b.kernel(
+        "ones",
+        Factory,
+        &["ones(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"],
+        k::zeros_infer,
+        k::ones_eval,
+    );
     b.kernel(
         "full",
         Factory,
@@ -416,8 +551,20 @@ fn build() -> Table {
         k::arange_infer,
         k::arange_eval,
     );
-    b.kernel("zeros_like", Functional, &["zeros_like(Tensor self, *, ScalarType? dtype=None) -> Tensor"], k::like_infer, k::zeros_eval);
-    b.kernel("ones_like", Functional, &["ones_like(Tensor self, *, ScalarType? dtype=None) -> Tensor"], k::like_infer, k::ones_eval);
+    b.kernel(
+        "zeros_like",
+        Functional,
+        &["zeros_like(Tensor self, *, ScalarType? dtype=None) -> Tensor"],
+        k::like_infer,
+        k::zeros_eval,
+    );
+    b.kernel(
+        "ones_like",
+        Functional,
+        &["ones_like(Tensor self, *, ScalarType? dtype=None) -> Tensor"],
+        k::like_infer,
+        k::ones_eval,
+    );
     b.kernel(
         "full_like",
         Functional,
@@ -425,7 +572,13 @@ fn build() -> Table {
         k::full_like_infer,
         k::full_like_eval,
     );
-    b.kernel("clone", Functional, &["clone(Tensor self) -> Tensor"], k::like_self_infer, k::clone_eval);
+    b.kernel(
+        "clone",
+        Functional,
+        &["clone(Tensor self) -> Tensor"],
+        k::like_self_infer,
+        k::clone_eval,
+    );
 
     // Reductions.
     b.kernel(
@@ -448,8 +601,20 @@ fn build() -> Table {
         k::mean_infer,
         k::mean_eval,
     );
-    b.kernel("amax", Functional, &["amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"], k::amax_infer, k::amax_eval);
-    b.kernel("amin", Functional, &["amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"], k::amax_infer, k::amin_eval);
+    b.kernel(
+        "amax",
+        Functional,
+        &["amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"],
+        k::amax_infer,
+        k::amax_eval,
+    );
+    b.kernel(
+        "amin",
+        Functional,
+        &["amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"],
+        k::amax_infer,
+        k::amin_eval,
+    );
     b.kernel(
         "softmax",
         Functional,
@@ -480,9 +645,27 @@ fn build() -> Table {
     );
 
     // Linear algebra and layers.
-    b.kernel("mm", Functional, &["mm(Tensor self, Tensor mat2) -> Tensor"], k::mm_infer, k::mm_eval);
-    b.kernel("bmm", Functional, &["bmm(Tensor self, Tensor mat2) -> Tensor"], k::bmm_infer, k::bmm_eval);
-    b.kernel("matmul", Functional, &["matmul(Tensor self, Tensor other) -> Tensor"], k::matmul_infer, k::matmul_eval);
+    b.kernel(
+        "mm",
+        Functional,
+        &["mm(Tensor self, Tensor mat2) -> Tensor"],
+        k::mm_infer,
+        k::mm_eval,
+    );
+    b.kernel(
+        "bmm",
+        Functional,
+        &["bmm(Tensor self, Tensor mat2) -> Tensor"],
+        k::bmm_infer,
+        k::bmm_eval,
+    );
+    b.kernel(
+        "matmul",
+        Functional,
+        &["matmul(Tensor self, Tensor other) -> Tensor"],
+        k::matmul_infer,
+        k::matmul_eval,
+    );
     b.kernel(
         "addmm",
         Functional,
@@ -519,8 +702,16 @@ fn build() -> Table {
         k::index_select_eval,
     );
 
-    let by_name = b.ops.iter().enumerate().map(|(i, o)| (o.name.clone(), OpId(i as u16))).collect();
-    Table { ops: b.ops, by_name }
+    let by_name = b
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, o)| (o.name.clone(), OpId(i as u16)))
+        .collect();
+    Table {
+        ops: b.ops,
+        by_name,
+    }
 }
 
 /// Picks the first overload whose schema binds `args`.
@@ -533,7 +724,11 @@ pub fn bind<V: Clone>(id: OpId, args: &[Arg<V>]) -> Result<(usize, Vec<Arg<V>>),
             Err(e) => errors.push(format!("  {}: {e}", s.text)),
         }
     }
-    Err(format!("no overload of {} accepts these arguments:\n{}", def.name, errors.join("\n")))
+    Err(format!(
+        "no overload of {} accepts these arguments:\n{}",
+        def.name,
+        errors.join("\n")
+    ))
 }
 
 /// Result metas of a bound call.
@@ -543,12 +738,19 @@ pub fn infer(id: OpId, args: &[Arg<&Meta>]) -> Result<Vec<Meta>, String> {
         Rule::View(f) => f(args),
         Rule::ViewOrCopy(f) => Ok(vec![f(args)?.0]),
         Rule::Pointwise(plan) => Ok(vec![plan(args)?.out_meta(args)?]),
-        Rule::ViewCopy(v) => {
-            Ok(infer(*v, args)?.into_iter().map(|m| Meta::contiguous(m.dtype, m.sizes)).collect())
-        }
+        Rule::ViewCopy(v) => Ok(infer(*v, args)?
+            .into_iter()
+            .map(|m| Meta::contiguous(m.dtype, m.sizes))
+            .collect()),
         Rule::Scatter(view) => kernels::scatter_infer(args, *view),
         Rule::InPlace(f) => {
-            let this = args.first().and_then(|a| if let Arg::Tensor(t) = a { Some(*t) } else { None });
+            let this = args.first().and_then(|a| {
+                if let Arg::Tensor(t) = a {
+                    Some(*t)
+                } else {
+                    None
+                }
+            });
             let this = this.ok_or("internal error: in-place op without a tensor self")?;
             let r = infer(*f, args)?;
             let r = &r[0];
@@ -560,7 +762,10 @@ pub fn infer(id: OpId, args: &[Arg<&Meta>]) -> Result<Vec<Meta>, String> {
                 ));
             }
             if !r.dtype.can_cast_to(this.dtype) {
-                return Err(format!("result type {} can't be cast to the desired output type {}", r.dtype, this.dtype));
+                return Err(format!(
+                    "result type {} can't be cast to the desired output type {}",
+                    r.dtype, this.dtype
+                ));
             }
             if !def.overlap_ok && this.has_internal_overlap() {
                 return Err(

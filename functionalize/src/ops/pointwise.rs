@@ -93,8 +93,17 @@ fn promo_of(x: &TOrS) -> PromoOperand {
 
 fn operand(x: &TOrS, cast: DType) -> Operand {
     match x {
-        TOrS::T(i, _) => Operand { src: Src::Arg(*i), cast },
-        TOrS::S(s) => Operand { src: Src::Const { value: cast.cast(s.to_f64()), wrapped: true }, cast },
+        TOrS::T(i, _) => Operand {
+            src: Src::Arg(*i),
+            cast,
+        },
+        TOrS::S(s) => Operand {
+            src: Src::Const {
+                value: cast.cast(s.to_f64()),
+                wrapped: true,
+            },
+            cast,
+        },
     }
 }
 
@@ -108,13 +117,26 @@ fn float_of(d: DType) -> DType {
 
 // ---------------------------------------------------------------- unary
 
-fn unary(a: &A, name: &str, to_float: bool, no_bool: bool, f: fn(f64) -> f64) -> Result<PwPlan, String> {
+fn unary(
+    a: &A,
+    name: &str,
+    to_float: bool,
+    no_bool: bool,
+    f: fn(f64) -> f64,
+) -> Result<PwPlan, String> {
     let m = a.tensor(0)?;
     if no_bool && m.dtype == DType::Bool {
         return Err(format!("{name} is not supported for bool tensors"));
     }
     let dt = if to_float { float_of(m.dtype) } else { m.dtype };
-    Ok(PwPlan { operands: vec![Operand { src: Src::Arg(0), cast: dt }], out_dtype: dt, f: Box::new(move |x| Ok(f(x[0]))) })
+    Ok(PwPlan {
+        operands: vec![Operand {
+            src: Src::Arg(0),
+            cast: dt,
+        }],
+        out_dtype: dt,
+        f: Box::new(move |x| Ok(f(x[0]))),
+    })
 }
 
 macro_rules! float_unary {
@@ -148,13 +170,22 @@ pub fn abs(a: &A) -> Result<PwPlan, String> {
 }
 
 pub fn relu(a: &A) -> Result<PwPlan, String> {
-    unary(a, "relu", false, true, |x| if x > 0.0 || x.is_nan() { x } else { 0.0 })
+    unary(a, "relu", false, true, |x| {
+        if x > 0.0 || x.is_nan() {
+            x
+        } else {
+            0.0
+        }
+    })
 }
 
 pub fn logical_not(a: &A) -> Result<PwPlan, String> {
     let m = a.tensor(0)?;
     Ok(PwPlan {
-        operands: vec![Operand { src: Src::Arg(0), cast: m.dtype }],
+        operands: vec![Operand {
+            src: Src::Arg(0),
+            cast: m.dtype,
+        }],
         out_dtype: DType::Bool,
         f: Box::new(|x| Ok(if x[0] == 0.0 { 1.0 } else { 0.0 })),
     })
@@ -171,9 +202,20 @@ pub fn gelu(a: &A) -> Result<PwPlan, String> {
             let k = (2.0 / std::f64::consts::PI).sqrt();
             0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
         },
-        other => return Err(format!("approximate argument must be either none or tanh, got \"{other}\"")),
+        other => {
+            return Err(format!(
+                "approximate argument must be either none or tanh, got \"{other}\""
+            ))
+        }
     };
-    Ok(PwPlan { operands: vec![Operand { src: Src::Arg(0), cast: m.dtype }], out_dtype: m.dtype, f: Box::new(move |x| Ok(f(x[0]))) })
+    Ok(PwPlan {
+        operands: vec![Operand {
+            src: Src::Arg(0),
+            cast: m.dtype,
+        }],
+        out_dtype: m.dtype,
+        f: Box::new(move |x| Ok(f(x[0]))),
+    })
 }
 
 // --------------------------------------------------------------- binary
@@ -202,7 +244,10 @@ fn same(d: DType) -> Result<(DType, DType), String> {
 fn alpha_of(a: &A, common: DType) -> Result<f64, String> {
     let alpha = a.opt_scalar(2)?.unwrap_or(Scalar::Int(1));
     if common.is_integral() && alpha.category() == Category::Float {
-        return Err("For integral input tensors, argument alpha must not be a floating point number.".into());
+        return Err(
+            "For integral input tensors, argument alpha must not be a floating point number."
+                .into(),
+        );
     }
     if common != DType::Bool && alpha.category() == Category::Bool && alpha != Scalar::Bool(true) {
         return Err("Boolean alpha only supported for Boolean results.".into());
@@ -229,7 +274,13 @@ pub fn sub(a: &A) -> Result<PwPlan, String> {
 }
 
 pub fn mul(a: &A) -> Result<PwPlan, String> {
-    binary(a, same, |dt, x, y| Ok(if dt.is_integral() { (x as i64).wrapping_mul(y as i64) as f64 } else { x * y }))
+    binary(a, same, |dt, x, y| {
+        Ok(if dt.is_integral() {
+            (x as i64).wrapping_mul(y as i64) as f64
+        } else {
+            x * y
+        })
+    })
 }
 
 pub fn div(a: &A) -> Result<PwPlan, String> {
@@ -245,7 +296,11 @@ pub fn div(a: &A) -> Result<PwPlan, String> {
                     }
                     let (x, y) = (x as i64, y as i64);
                     let q = x / y;
-                    Ok(if floor && (x % y != 0) && ((x < 0) != (y < 0)) { q - 1 } else { q } as f64)
+                    Ok(if floor && (x % y != 0) && ((x < 0) != (y < 0)) {
+                        q - 1
+                    } else {
+                        q
+                    } as f64)
                 } else {
                     let q = x / y;
                     Ok(if floor { q.floor() } else { q.trunc() })
@@ -294,7 +349,10 @@ pub fn pow(a: &A) -> Result<PwPlan, String> {
             return Err("Integers to negative integer powers are not allowed.".into());
         }
         return Ok(PwPlan {
-            operands: vec![Operand { src: Src::Arg(0), cast: dt }],
+            operands: vec![Operand {
+                src: Src::Arg(0),
+                cast: dt,
+            }],
             out_dtype: dt,
             f: Box::new(move |v| f(dt, v[0], ev)),
         });
@@ -311,16 +369,32 @@ fn tensors_only(a: &A, name: &str) -> Result<(), String> {
 
 pub fn maximum(a: &A) -> Result<PwPlan, String> {
     tensors_only(a, "maximum")?;
-    binary(a, same, |_, x, y| Ok(if x.is_nan() || y.is_nan() { f64::NAN } else { x.max(y) }))
+    binary(a, same, |_, x, y| {
+        Ok(if x.is_nan() || y.is_nan() {
+            f64::NAN
+        } else {
+            x.max(y)
+        })
+    })
 }
 
 pub fn minimum(a: &A) -> Result<PwPlan, String> {
     tensors_only(a, "minimum")?;
-    binary(a, same, |_, x, y| Ok(if x.is_nan() || y.is_nan() { f64::NAN } else { x.min(y) }))
+    binary(a, same, |_, x, y| {
+        Ok(if x.is_nan() || y.is_nan() {
+            f64::NAN
+        } else {
+            x.min(y)
+        })
+    })
 }
 
 fn compare(a: &A, f: fn(f64, f64) -> bool) -> Result<PwPlan, String> {
-    binary(a, |d| Ok((d, DType::Bool)), move |_, x, y| Ok(f(x, y) as i32 as f64))
+    binary(
+        a,
+        |d| Ok((d, DType::Bool)),
+        move |_, x, y| Ok(f(x, y) as i32 as f64),
+    )
 }
 
 pub fn eq(a: &A) -> Result<PwPlan, String> {
@@ -348,13 +422,23 @@ pub fn ge(a: &A) -> Result<PwPlan, String> {
 pub fn where_(a: &A) -> Result<PwPlan, String> {
     let c = a.tensor(0)?;
     if c.dtype != DType::Bool {
-        return Err(format!("where expected condition to be a boolean tensor, but got a tensor with dtype {}", c.dtype));
+        return Err(format!(
+            "where expected condition to be a boolean tensor, but got a tensor with dtype {}",
+            c.dtype
+        ));
     }
     let x = t_or_s(a, 1)?;
     let y = t_or_s(a, 2)?;
     let dt = result_type(&[promo_of(&x), promo_of(&y)])?;
     Ok(PwPlan {
-        operands: vec![Operand { src: Src::Arg(0), cast: DType::Bool }, operand(&x, dt), operand(&y, dt)],
+        operands: vec![
+            Operand {
+                src: Src::Arg(0),
+                cast: DType::Bool,
+            },
+            operand(&x, dt),
+            operand(&y, dt),
+        ],
         out_dtype: dt,
         f: Box::new(|v| Ok(if v[0] != 0.0 { v[1] } else { v[2] })),
     })
@@ -363,7 +447,13 @@ pub fn where_(a: &A) -> Result<PwPlan, String> {
 /// `clamp(self, min?, max?)` with scalar or tensor bounds.
 pub fn clamp(a: &A) -> Result<PwPlan, String> {
     let m = a.tensor(0)?;
-    let bounds = [1, 2].map(|i| if matches!(a.get(i), Some(Arg::None) | None) { None } else { Some(i) });
+    let bounds = [1, 2].map(|i| {
+        if matches!(a.get(i), Some(Arg::None) | None) {
+            None
+        } else {
+            Some(i)
+        }
+    });
     if bounds.iter().all(Option::is_none) {
         return Err("clamp: At least one of 'min' or 'max' must not be None".into());
     }
@@ -379,7 +469,10 @@ pub fn clamp(a: &A) -> Result<PwPlan, String> {
         return Err("clamp is not supported for bool tensors".into());
     }
     let has = [bounds[0].is_some(), bounds[1].is_some()];
-    let mut operands = vec![Operand { src: Src::Arg(0), cast: dt }];
+    let mut operands = vec![Operand {
+        src: Src::Arg(0),
+        cast: dt,
+    }];
     for (_, x) in &parts {
         let mut o = operand(x, dt);
         if let Src::Const { wrapped, .. } = &mut o.src {

@@ -38,7 +38,11 @@ pub fn infer_size(shape: &[i64], numel: usize) -> Result<Vec<usize>, String> {
         _ => {
             return Err(format!(
                 "shape '[{}]' is invalid for input of size {numel}",
-                shape.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+                shape
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ))
         }
     }
@@ -47,7 +51,11 @@ pub fn infer_size(shape: &[i64], numel: usize) -> Result<Vec<usize>, String> {
 
 /// Strides for viewing (`old_sizes`, `old_strides`) as `new_sizes` without a
 /// copy, or `None` when impossible (ATen's `computeStride`).
-pub fn compute_stride(old_sizes: &[usize], old_strides: &[usize], new_sizes: &[usize]) -> Option<Vec<usize>> {
+pub fn compute_stride(
+    old_sizes: &[usize],
+    old_strides: &[usize],
+    new_sizes: &[usize],
+) -> Option<Vec<usize>> {
     if old_sizes.is_empty() {
         return Some(vec![1; new_sizes.len()]);
     }
@@ -65,7 +73,10 @@ pub fn compute_stride(old_sizes: &[usize], old_strides: &[usize], new_sizes: &[u
     let mut view_numel = 1;
     for tensor_d in (0..old_sizes.len()).rev() {
         tensor_numel *= old_sizes[tensor_d];
-        if tensor_d == 0 || (old_sizes[tensor_d - 1] != 1 && old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride) {
+        if tensor_d == 0
+            || (old_sizes[tensor_d - 1] != 1
+                && old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)
+        {
             while view_d >= 0 && (view_numel < tensor_numel || new_sizes[view_d as usize] == 1) {
                 new_strides[view_d as usize] = view_numel * chunk_base_stride;
                 view_numel *= new_sizes[view_d as usize];
@@ -112,7 +123,11 @@ pub fn reshape(a: &A) -> Result<(Meta, bool), String> {
 /// `contiguous`: the input itself when already contiguous, else a copy.
 pub fn contiguous(a: &A) -> Result<(Meta, bool), String> {
     let m = me(a)?;
-    Ok(if m.is_contiguous() { (m.clone(), true) } else { (Meta::contiguous(m.dtype, m.sizes.clone()), false) })
+    Ok(if m.is_contiguous() {
+        (m.clone(), true)
+    } else {
+        (Meta::contiguous(m.dtype, m.sizes.clone()), false)
+    })
 }
 
 /// Clamps a Python-style slice bound into `0..=size`.
@@ -122,7 +137,13 @@ fn clamp_bound(v: i64, size: usize) -> usize {
     v.clamp(0, s) as usize
 }
 
-pub fn slice_meta(m: &Meta, dim: i64, start: Option<i64>, end: Option<i64>, step: i64) -> Result<Meta, String> {
+pub fn slice_meta(
+    m: &Meta,
+    dim: i64,
+    start: Option<i64>,
+    end: Option<i64>,
+    step: i64,
+) -> Result<Meta, String> {
     if m.dim() == 0 {
         return Err("slice() cannot be applied to a 0-dim tensor.".into());
     }
@@ -142,7 +163,13 @@ pub fn slice_meta(m: &Meta, dim: i64, start: Option<i64>, end: Option<i64>, step
 }
 
 pub fn slice(a: &A) -> Result<Vec<Meta>, String> {
-    Ok(vec![slice_meta(me(a)?, a.int(1)?, a.opt_int(2)?, a.opt_int(3)?, a.int(4)?)?])
+    Ok(vec![slice_meta(
+        me(a)?,
+        a.int(1)?,
+        a.opt_int(2)?,
+        a.opt_int(3)?,
+        a.int(4)?,
+    )?])
 }
 
 pub fn narrow(a: &A) -> Result<Vec<Meta>, String> {
@@ -155,15 +182,26 @@ pub fn narrow(a: &A) -> Result<Vec<Meta>, String> {
     let mut start = a.int(2)?;
     let length = a.int(3)?;
     if start < -size || start > size {
-        return Err(format!("start out of range (expected to be in range of [{}, {size}], but got {start})", -size));
+        return Err(format!(
+            "start out of range (expected to be in range of [{}, {size}], but got {start})",
+            -size
+        ));
     }
     if start < 0 {
         start += size;
     }
     if length < 0 || start + length > size {
-        return Err(format!("start ({start}) + length ({length}) exceeds dimension size ({size})."));
+        return Err(format!(
+            "start ({start}) + length ({length}) exceeds dimension size ({size})."
+        ));
     }
-    Ok(vec![slice_meta(m, d as i64, Some(start), Some(start + length), 1)?])
+    Ok(vec![slice_meta(
+        m,
+        d as i64,
+        Some(start),
+        Some(start + length),
+        1,
+    )?])
 }
 
 pub fn select_meta(m: &Meta, dim: i64, index: i64) -> Result<Meta, String> {
@@ -173,7 +211,10 @@ pub fn select_meta(m: &Meta, dim: i64, index: i64) -> Result<Meta, String> {
     let d = wrap_dim(dim, m.dim())?;
     let size = m.sizes[d] as i64;
     if index < -size || index >= size {
-        return Err(format!("select(): index {index} out of range for tensor of size {} at dimension {d}", ShapeFmt(&m.sizes)));
+        return Err(format!(
+            "select(): index {index} out of range for tensor of size {} at dimension {d}",
+            ShapeFmt(&m.sizes)
+        ));
     }
     let i = if index < 0 { index + size } else { index } as usize;
     let mut sizes = m.sizes.clone();
@@ -204,9 +245,16 @@ pub fn transpose(a: &A) -> Result<Vec<Meta>, String> {
 pub fn t(a: &A) -> Result<Vec<Meta>, String> {
     let m = me(a)?;
     if m.dim() > 2 {
-        return Err(format!("t() expects a tensor with <= 2 dimensions, but self is {}D", m.dim()));
+        return Err(format!(
+            "t() expects a tensor with <= 2 dimensions, but self is {}D",
+            m.dim()
+        ));
     }
-    Ok(vec![if m.dim() < 2 { m.clone() } else { transpose_meta(m, 0, 1)? }])
+    Ok(vec![if m.dim() < 2 {
+        m.clone()
+    } else {
+        transpose_meta(m, 0, 1)?
+    }])
 }
 
 pub fn permute(a: &A) -> Result<Vec<Meta>, String> {
@@ -248,7 +296,9 @@ pub fn expand_meta(m: &Meta, size: &[i64]) -> Result<Meta, String> {
     for (i, &s) in size.iter().enumerate() {
         if i < lead {
             if s < 0 {
-                return Err(format!("expand: -1 is not allowed in a leading, non-existing dimension {i}"));
+                return Err(format!(
+                    "expand: -1 is not allowed in a leading, non-existing dimension {i}"
+                ));
             }
             sizes.push(s as usize);
             strides.push(0);
@@ -278,17 +328,28 @@ pub fn expand(a: &A) -> Result<Vec<Meta>, String> {
 
 pub fn diagonal_meta(m: &Meta, offset: i64, dim1: i64, dim2: i64) -> Result<Meta, String> {
     if m.dim() < 2 {
-        return Err(format!("diagonal dimensions requested for a tensor with {} dimensions", m.dim()));
+        return Err(format!(
+            "diagonal dimensions requested for a tensor with {} dimensions",
+            m.dim()
+        ));
     }
     let (d1, d2) = (wrap_dim(dim1, m.dim())?, wrap_dim(dim2, m.dim())?);
     if d1 == d2 {
-        return Err(format!("diagonal dimensions cannot be identical {dim1}, {dim2}"));
+        return Err(format!(
+            "diagonal dimensions cannot be identical {dim1}, {dim2}"
+        ));
     }
     let (s1, s2) = (m.sizes[d1] as i64, m.sizes[d2] as i64);
     let (len, off) = if offset >= 0 {
-        ((s1.min(s2 - offset)).max(0), offset as usize * m.strides[d2])
+        (
+            (s1.min(s2 - offset)).max(0),
+            offset as usize * m.strides[d2],
+        )
     } else {
-        ((s1 + offset).min(s2).max(0), (-offset) as usize * m.strides[d1])
+        (
+            (s1 + offset).min(s2).max(0),
+            (-offset) as usize * m.strides[d1],
+        )
     };
     let storage_offset = if len == 0 { m.offset } else { m.offset + off };
     let mut sizes = Vec::new();
@@ -305,22 +366,48 @@ pub fn diagonal_meta(m: &Meta, offset: i64, dim1: i64, dim2: i64) -> Result<Meta
 }
 
 pub fn diagonal(a: &A) -> Result<Vec<Meta>, String> {
-    Ok(vec![diagonal_meta(me(a)?, a.int(1)?, a.int(2)?, a.int(3)?)?])
+    Ok(vec![diagonal_meta(
+        me(a)?,
+        a.int(1)?,
+        a.int(2)?,
+        a.int(3)?,
+    )?])
 }
 
-pub fn as_strided_meta(m: &Meta, size: &[i64], stride: &[i64], offset: Option<i64>) -> Result<Meta, String> {
+pub fn as_strided_meta(
+    m: &Meta,
+    size: &[i64],
+    stride: &[i64],
+    offset: Option<i64>,
+) -> Result<Meta, String> {
     if size.len() != stride.len() {
-        return Err(format!("mismatch in length of strides and shape: {} vs {}", size.len(), stride.len()));
+        return Err(format!(
+            "mismatch in length of strides and shape: {} vs {}",
+            size.len(),
+            stride.len()
+        ));
     }
-    let sizes = size.iter().map(|&s| to_usize(s, "as_strided size")).collect::<Result<Vec<_>, _>>()?;
-    let strides = stride.iter().map(|&s| to_usize(s, "as_strided stride")).collect::<Result<Vec<_>, _>>()?;
+    let sizes = size
+        .iter()
+        .map(|&s| to_usize(s, "as_strided size"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let strides = stride
+        .iter()
+        .map(|&s| to_usize(s, "as_strided stride"))
+        .collect::<Result<Vec<_>, _>>()?;
     let offset = match offset {
         Some(o) => to_usize(o, "as_strided storage offset")?,
         None => m.offset,
     };
     let out = m.restrided(sizes, strides, offset);
     if out.numel() > 0 {
-        let last = offset + out.sizes.iter().zip(&out.strides).map(|(&s, &st)| (s - 1) * st).sum::<usize>();
+        let last = offset
+            + out
+                .sizes
+                .iter()
+                .zip(&out.strides)
+                .map(|(&s, &st)| (s - 1) * st)
+                .sum::<usize>();
         if last >= m.storage_numel {
             return Err(format!(
                 "setStorage: sizes {}, strides {}, storage offset {offset}, and itemsize {} requiring a storage size of {} are out of bounds for storage of size {}",
@@ -336,7 +423,12 @@ pub fn as_strided_meta(m: &Meta, size: &[i64], stride: &[i64], offset: Option<i6
 }
 
 pub fn as_strided(a: &A) -> Result<Vec<Meta>, String> {
-    Ok(vec![as_strided_meta(me(a)?, &a.int_list(1)?, &a.int_list(2)?, a.opt_int(3)?)?])
+    Ok(vec![as_strided_meta(
+        me(a)?,
+        &a.int_list(1)?,
+        &a.int_list(2)?,
+        a.opt_int(3)?,
+    )?])
 }
 
 pub fn unsqueeze(a: &A) -> Result<Vec<Meta>, String> {
@@ -344,7 +436,11 @@ pub fn unsqueeze(a: &A) -> Result<Vec<Meta>, String> {
     let d = wrap_dim(a.int(1)?, m.dim() + 1)?;
     let mut sizes = m.sizes.clone();
     let mut strides = m.strides.clone();
-    let st = if d >= m.dim() { 1 } else { m.sizes[d] * m.strides[d] };
+    let st = if d >= m.dim() {
+        1
+    } else {
+        m.sizes[d] * m.strides[d]
+    };
     sizes.insert(d, 1);
     strides.insert(d, st);
     Ok(vec![m.restrided(sizes, strides, m.offset)])
@@ -357,7 +453,10 @@ pub fn squeeze(a: &A) -> Result<Vec<Meta>, String> {
     let dims: Vec<usize> = match a.get(1) {
         None | Some(Arg::None) => (0..m.dim()).collect(),
         Some(Arg::Int(d)) => vec![wrap_dim(*d, m.dim())?],
-        Some(Arg::IntList(l)) => l.iter().map(|&d| wrap_dim(d, m.dim())).collect::<Result<_, _>>()?,
+        Some(Arg::IntList(l)) => l
+            .iter()
+            .map(|&d| wrap_dim(d, m.dim()))
+            .collect::<Result<_, _>>()?,
         _ => return Err("internal error: squeeze dims".into()),
     };
     let mut sizes = Vec::new();
@@ -386,10 +485,16 @@ pub fn unfold(a: &A) -> Result<Vec<Meta>, String> {
         return Err(format!("size is {size} but must be >= 0"));
     }
     let d = wrap_dim(a.int(1)?, m.dim())?;
-    let (dsize, dstride) = if m.dim() == 0 { (1, 1) } else { (m.sizes[d], m.strides[d]) };
+    let (dsize, dstride) = if m.dim() == 0 {
+        (1, 1)
+    } else {
+        (m.sizes[d], m.strides[d])
+    };
     let size = size as usize;
     if size > dsize {
-        return Err(format!("maximum size for tensor at dimension {d} is {dsize} but size is {size}"));
+        return Err(format!(
+            "maximum size for tensor at dimension {d} is {dsize} but size is {size}"
+        ));
     }
     let mut sizes = m.sizes.clone();
     let mut strides = m.strides.clone();
@@ -406,7 +511,13 @@ fn split_by_sizes(m: &Meta, d: usize, sizes: &[usize]) -> Result<Vec<Meta>, Stri
     let mut start = 0;
     let mut out = Vec::new();
     for &s in sizes {
-        out.push(slice_meta(m, d as i64, Some(start as i64), Some((start + s) as i64), 1)?);
+        out.push(slice_meta(
+            m,
+            d as i64,
+            Some(start as i64),
+            Some((start + s) as i64),
+            1,
+        )?);
         start += s;
     }
     Ok(out)
@@ -429,11 +540,16 @@ pub fn split(a: &A) -> Result<Vec<Meta>, String> {
             if dsize == 0 {
                 vec![0]
             } else {
-                (0..dsize.div_ceil(s)).map(|i| s.min(dsize - i * s)).collect()
+                (0..dsize.div_ceil(s))
+                    .map(|i| s.min(dsize - i * s))
+                    .collect()
             }
         }
         Some(Arg::IntList(l)) => {
-            let l = l.iter().map(|&s| to_usize(s, "split size")).collect::<Result<Vec<_>, _>>()?;
+            let l = l
+                .iter()
+                .map(|&s| to_usize(s, "split size"))
+                .collect::<Result<Vec<_>, _>>()?;
             if l.iter().sum::<usize>() != dsize {
                 return Err(format!(
                     "split_with_sizes expects split_sizes to sum exactly to {dsize} (input tensor's size at dimension {d}), but got split_sizes={:?}",
@@ -451,7 +567,9 @@ pub fn chunk(a: &A) -> Result<Vec<Meta>, String> {
     let m = me(a)?;
     let chunks = a.int(1)?;
     if chunks <= 0 {
-        return Err(format!("chunk expects `chunks` to be greater than 0, got: {chunks}"));
+        return Err(format!(
+            "chunk expects `chunks` to be greater than 0, got: {chunks}"
+        ));
     }
     if m.dim() == 0 {
         return Err("chunk expects at least a 1-dimensional tensor".into());
@@ -463,7 +581,9 @@ pub fn chunk(a: &A) -> Result<Vec<Meta>, String> {
         // Every chunk is empty: PyTorch returns `chunks` empty slices.
         return split_by_sizes(m, d, &vec![0; chunks as usize]);
     }
-    let sizes: Vec<usize> = (0..dsize.div_ceil(split_size)).map(|i| split_size.min(dsize - i * split_size)).collect();
+    let sizes: Vec<usize> = (0..dsize.div_ceil(split_size))
+        .map(|i| split_size.min(dsize - i * split_size))
+        .collect();
     split_by_sizes(m, d, &sizes)
 }
 
@@ -473,5 +593,7 @@ pub fn unbind(a: &A) -> Result<Vec<Meta>, String> {
         return Err("Dimension specified as 0 but tensor has no dimensions".into());
     }
     let d = wrap_dim(a.int(1)?, m.dim())?;
-    (0..m.sizes[d]).map(|i| select_meta(m, d as i64, i as i64)).collect()
+    (0..m.sizes[d])
+        .map(|i| select_meta(m, d as i64, i as i64))
+        .collect()
 }

@@ -1,0 +1,216 @@
+//! Reading inputs from and writing results to safetensors files, with the
+//! names and layout of the program format's `run` command.
+
+use kiln_functionalize::{interp::RunResult, text::Names, DType, Graph, RTensor};
+use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid safetensors file: {msg}")]
+    Format { path: String, msg: String },
+    #[error("{path}: input tensor `{name}` {msg}")]
+    Input {
+        path: String,
+        name: String,
+        msg: String,
+    },
+}
+
+fn st_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F16 => Dtype::F16,
+        DType::I32 => Dtype::I32,
+        DType::U32 => Dtype::U32,
+        DType::Bool => Dtype::BOOL,
+    }
+}
+
+/// Decodes little-endian elements of `dtype` into `f64`s.
+pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
+    match dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes(c.try_into().unwrap()).to_f64())
+            .collect(),
+        DType::I32 => bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
+        DType::U32 => bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
+        DType::Bool => bytes.iter().map(|&b| (b != 0) as u8 as f64).collect(),
+    }
+}
+
+/// Encodes values (already representable in `dtype`) as little-endian bytes.
+pub fn encode(dtype: DType, vals: &[f64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(vals.len() * dtype.size_bytes());
+    for &v in vals {
+        match dtype {
+            DType::F32 => out.extend((v as f32).to_le_bytes()),
+            DType::F16 => out.extend(half::f16::from_f64(v).to_le_bytes()),
+            DType::I32 => out.extend((v as i32).to_le_bytes()),
+            DType::U32 => out.extend((v as u32).to_le_bytes()),
+            DType::Bool => out.push((v != 0.0) as u8),
+        }
+    }
+    out
+}
+
+/// Reads one tensor per parameter of `g`, by the parameter's name.
+pub fn load_inputs(g: &Graph, path: &Path) -> Result<Vec<RTensor>, IoError> {
+    let p = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| IoError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| IoError::Format {
+        path: p.clone(),
+        msg: e.to_string(),
+    })?;
+    let names = Names::of(g);
+    let mut out = vec![];
+    for &v in &g.inputs {
+        let name = names.get(v);
+        let want = g.meta(v);
+        let err = |msg: String| IoError::Input {
+            path: p.clone(),
+            name: name.clone(),
+            msg,
+        };
+        let t = st.tensor(&name).map_err(|_| {
+            let mut have = st.names();
+            have.sort();
+            err(format!(
+                "is missing (the file holds: {})",
+                if have.is_empty() {
+                    "nothing".into()
+                } else {
+                    have.join(", ")
+                }
+            ))
+        })?;
+        if t.dtype() != st_dtype(want.dtype) {
+            return Err(err(format!(
+                "has dtype {:?}, the program declares {}",
+                t.dtype(),
+                want.type_string()
+            )));
+        }
+        if t.shape() != want.sizes.as_slice() {
+            return Err(err(format!(
+                "has shape {:?}, the program declares {}",
+                t.shape(),
+                want.type_string()
+            )));
+        }
+        out.push(RTensor::new(
+            want.dtype,
+            want.sizes.clone(),
+            &decode(want.dtype, t.data()),
+        ));
+    }
+    Ok(out)
+}
+
+/// Writes `output.0`, `output.1`, ... and every parameter's final value
+/// under its own name, contiguous.
+pub fn save_results(g: &Graph, r: &RunResult, path: &Path) -> Result<(), IoError> {
+    let names = Names::of(g);
+    let mut named: Vec<(String, RTensor)> = r
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (format!("output.{i}"), t.clone()))
+        .collect();
+    named.extend(
+        g.inputs
+            .iter()
+            .zip(&r.inputs)
+            .map(|(&v, t)| (names.get(v), t.clone())),
+    );
+    save_all(path, &named)
+}
+
+/// Reads every tensor of a safetensors file (for tests and tools).
+pub fn load_all(path: &Path) -> Result<Vec<(String, RTensor)>, IoError> {
+    let p = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| IoError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| IoError::Format {
+        path: p.clone(),
+        msg: e.to_string(),
+    })?;
+    let mut out = vec![];
+    for (name, t) in st.tensors() {
+        let dtype = match t.dtype() {
+            Dtype::F32 => DType::F32,
+            Dtype::F16 => DType::F16,
+            Dtype::I32 => DType::I32,
+            Dtype::U32 => DType::U32,
+            Dtype::BOOL => DType::Bool,
+            other => {
+                return Err(IoError::Input {
+                    path: p,
+                    name,
+                    msg: format!("has dtype {other:?}, which Kiln does not support"),
+                })
+            }
+        };
+        out.push((
+            name,
+            RTensor::new(dtype, t.shape().to_vec(), &decode(dtype, t.data())),
+        ));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// Writes named tensors to a safetensors file.
+pub fn save_all(path: &Path, tensors: &[(String, RTensor)]) -> Result<(), IoError> {
+    let p = path.display().to_string();
+    let enc: Vec<(String, DType, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                t.dtype(),
+                t.sizes().to_vec(),
+                encode(t.dtype(), &t.values()),
+            )
+        })
+        .collect();
+    let views = enc
+        .iter()
+        .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(st_dtype(*d), s.clone(), b)?)))
+        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
+        .map_err(|e| IoError::Format {
+            path: p.clone(),
+            msg: e.to_string(),
+        })?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| IoError::Format {
+        path: p.clone(),
+        msg: e.to_string(),
+    })?;
+    std::fs::write(path, bytes).map_err(|source| IoError::Write { path: p, source })
+}

@@ -1,0 +1,14 @@
+//! Kiln: trace tensor programs written with views and in-place mutations,
+//! functionalize them, and run them fast on any GPU.
+//!
+//! This crate ties the pipeline together and owns the `kiln` command line;
+//! the stages live in [`kiln_functionalize`] (graph, ops, tracer, reference
+//! interpreter, the pass) and [`kiln_engine`] (the GPU engine).
+
+pub mod io;
+
+pub use kiln_engine as engine;
+pub use kiln_functionalize as functionalize;
+pub use kiln_functionalize::{
+    args, parse, print, run, trace, DType, Graph, RTensor, Tensor, TensorSpec,
+};

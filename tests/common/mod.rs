@@ -1,0 +1,55 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use kiln::functionalize::{DType, RTensor};
+use std::path::{Path, PathBuf};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every `*.txt` program below `dir`, sorted.
+pub fn programs(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in
+            std::fs::read_dir(&d).unwrap_or_else(|e| panic!("cannot list {}: {e}", d.display()))
+        {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "txt") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Compares two tensors: exact for integers and bools, `atol + rtol * |b|`
+/// for floats (1e-5 for f32, 1e-3 for f16); NaN matches NaN.
+pub fn close(what: &str, a: &RTensor, b: &RTensor) -> Result<(), String> {
+    if a.dtype() != b.dtype() || a.sizes() != b.sizes() {
+        return Err(format!(
+            "{what}: got {}{:?}, expected {}{:?}",
+            a.dtype(),
+            a.sizes(),
+            b.dtype(),
+            b.sizes()
+        ));
+    }
+    let tol = match a.dtype() {
+        DType::F32 => 1e-5,
+        DType::F16 => 1e-3,
+        _ => 0.0,
+    };
+    for (i, (x, y)) in a.values().iter().zip(b.values()).enumerate() {
+        let ok = (x.is_nan() && y.is_nan()) || x == &y || (x - y).abs() <= tol + tol * y.abs();
+        if !ok {
+            return Err(format!("{what}: element {i} is {x}, expected {y}"));
+        }
+    }
+    Ok(())
+}
