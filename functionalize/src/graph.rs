@@ -148,7 +148,7 @@ impl Graph {
                 .collect();
             let ya: Vec<Arg<Option<ValueId>>> =
                 y.args.iter().map(|a| a.map(&mut |v| Some(*v))).collect();
-            if xa != ya {
+            if xa.len() != ya.len() || !xa.iter().zip(&ya).all(|(a, b)| a.same(b)) {
                 return false;
             }
             for (&ra, &rb) in x.results.iter().zip(&y.results) {

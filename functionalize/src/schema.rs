@@ -52,6 +52,18 @@ impl<V> Arg<V> {
         }
     }
 
+    /// Equality with floats compared bit for bit (so `nan` equals `nan`).
+    pub fn same(&self, other: &Arg<V>) -> bool
+    where
+        V: PartialEq,
+    {
+        match (self, other) {
+            (Arg::Float(a), Arg::Float(b)) => a.to_bits() == b.to_bits(),
+            (Arg::List(a), Arg::List(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y)),
+            _ => self == other,
+        }
+    }
+
     pub fn kind_name(&self) -> &'static str {
         match self {
             Arg::Tensor(_) => "a tensor",

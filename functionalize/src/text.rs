@@ -505,7 +505,7 @@ pub fn fmt_float(f: f64) -> String {
     }
 }
 
-fn fmt_arg(a: &Arg<ValueId>, name: &dyn Fn(ValueId) -> String) -> String {
+pub fn fmt_arg(a: &Arg<ValueId>, name: &dyn Fn(ValueId) -> String) -> String {
     match a {
         Arg::Tensor(v) => format!("%{}", name(*v)),
         Arg::TensorList(l) => {

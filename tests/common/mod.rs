@@ -53,3 +53,19 @@ pub fn close(what: &str, a: &RTensor, b: &RTensor) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Parses `src` and runs it on the reference interpreter.
+pub fn run_text(src: &str, inputs: Vec<RTensor>) -> kiln::functionalize::RunResult {
+    let g = kiln::parse(src).unwrap_or_else(|e| panic!("parse: {e}\n{src}"));
+    kiln::run(&g, inputs).unwrap_or_else(|e| panic!("run: {e}\n{src}"))
+}
+
+/// `0, 1, 2, ...` as a contiguous f32 tensor.
+pub fn iota(sizes: &[usize]) -> RTensor {
+    let n: usize = sizes.iter().product();
+    RTensor::new(DType::F32, sizes.to_vec(), &(0..n).map(|i| i as f64).collect::<Vec<_>>())
+}
+
+pub fn t(dtype: DType, sizes: &[usize], vals: &[f64]) -> RTensor {
+    RTensor::new(dtype, sizes.to_vec(), vals)
+}

@@ -1,0 +1,146 @@
+//! The `kiln` command line: results on disk, and a clear error with a
+//! non-zero exit (never a panic) for every kind of bad input.
+
+mod common;
+
+use common::{iota, root, t};
+use kiln::functionalize::DType;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kiln-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn kiln(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("run kiln");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn write(name: &str, text: &str) -> PathBuf {
+    let p = dir().join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn inputs(name: &str, tensors: &[(&str, kiln::RTensor)]) -> PathBuf {
+    let p = dir().join(name);
+    let named: Vec<(String, kiln::RTensor)> = tensors.iter().map(|(n, t)| (n.to_string(), t.clone())).collect();
+    kiln::io::save_all(&p, &named).unwrap();
+    p
+}
+
+const PROG: &str = "graph f(%x: f32[2, 3], %m: bool[2, 3]) {
+  %r = select(%x, 0, 1)
+  %a = add_(%r, 10)
+  %y = masked_fill(%x, %m, 0.5)
+  return (%y, %a)
+}
+";
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn run_writes_outputs_and_final_inputs() {
+    let prog = write("ok.txt", PROG);
+    let mask = t(DType::Bool, &[2, 3], &[1.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
+    let ins = inputs("ok.in.safetensors", &[("x", iota(&[2, 3])), ("m", mask)]);
+    let out = dir().join("ok.out.safetensors");
+    let (ok, _, err) = kiln(&["run", s(&prog), "--inputs", s(&ins), "--output", s(&out), "--backend", "reference"]);
+    assert!(ok, "{err}");
+    let got = kiln::io::load_all(&out).unwrap();
+    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["m", "output.0", "output.1", "x"]);
+    assert_eq!(got[1].1.values(), vec![0.5, 1.0, 2.0, 13.0, 14.0, 0.5]);
+    assert_eq!(got[2].1.values(), vec![13.0, 14.0, 15.0]);
+    assert_eq!(got[3].1.values(), vec![0.0, 1.0, 2.0, 13.0, 14.0, 15.0]);
+}
+
+#[test]
+fn print_is_canonical_and_stable() {
+    let prog = write("p.txt", PROG);
+    let (ok, first, err) = kiln(&["print", s(&prog)]);
+    assert!(ok, "{err}");
+    let again = write("p2.txt", &first);
+    let (_, second, _) = kiln(&["print", s(&again)]);
+    assert_eq!(first, second);
+}
+
+/// Runs a bad case and checks the message names the problem.
+fn expect_error(args: &[&str], needles: &[&str]) {
+    let (ok, _, err) = kiln(args);
+    assert!(!ok, "{args:?} should fail");
+    assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: message {err:?} should mention {n:?}");
+    }
+}
+
+#[test]
+fn bad_programs_are_reported_with_location() {
+    let out = dir().join("unused.safetensors");
+    let ins = inputs("bad.in.safetensors", &[("x", iota(&[2, 3]))]);
+    let cases: &[(&str, &str, &[&str])] = &[
+        ("syntax.txt", "graph f(%x: f32[2, 3]) {\n  %y = add(%x 1)\n  return %y\n}\n", &["2:15", "expected `,`"]),
+        ("unknown.txt", "graph f(%x: f32[2, 3]) {\n  %y = frobnicate(%x)\n  return %y\n}\n", &["line 2", "unknown op `frobnicate`"]),
+        (
+            "shape.txt",
+            "graph f(%x: f32[2, 3]) {\n  %y = view(%x, [4, 2])\n  return %y\n}\n",
+            &["line 2", "view(%x, [4, 2])", "invalid for input of size 6"],
+        ),
+        (
+            "dtype.txt",
+            "graph f(%x: f32[2, 3]) {\n  %i = full([2, 3], 1)\n  %y = add_(%i, %x)\n  return %y\n}\n",
+            &["line 3", "add_(%i, %x)", "can't be cast"],
+        ),
+        ("undefined.txt", "graph f(%x: f32[2, 3]) {\n  %y = add(%z, 1)\n  return %y\n}\n", &["2:12", "`%z` is not defined"]),
+        ("arity.txt", "graph f(%x: f32[2, 3]) {\n  %a, %b = unbind(%x, 0, 5)\n  return %a\n}\n", &["line 2", "unbind"]),
+    ];
+    for (name, text, needles) in cases {
+        let p = write(name, text);
+        expect_error(&["run", s(&p), "--inputs", s(&ins), "--output", s(&out)], needles);
+        expect_error(&["print", s(&p)], needles);
+    }
+}
+
+#[test]
+fn bad_inputs_are_reported() {
+    let prog = write("in.txt", PROG);
+    let out = dir().join("unused.safetensors");
+    let mask = t(DType::Bool, &[2, 3], &[0.0; 6]);
+    let missing = inputs("missing.safetensors", &[("x", iota(&[2, 3]))]);
+    expect_error(&["run", s(&prog), "--inputs", s(&missing), "--output", s(&out)], &["`m`", "missing"]);
+    let shape = inputs("shape.safetensors", &[("x", iota(&[3, 2])), ("m", mask.clone())]);
+    expect_error(&["run", s(&prog), "--inputs", s(&shape), "--output", s(&out)], &["`x`", "shape [3, 2]", "f32[2, 3]"]);
+    let dtype = inputs("dtype.safetensors", &[("x", t(DType::I32, &[2, 3], &[0.0; 6])), ("m", mask)]);
+    expect_error(&["run", s(&prog), "--inputs", s(&dtype), "--output", s(&out)], &["`x`", "dtype I32"]);
+    let garbage = write("garbage.safetensors", "not a safetensors file");
+    expect_error(&["run", s(&prog), "--inputs", s(&garbage), "--output", s(&out)], &["not a valid safetensors file"]);
+    expect_error(&["run", s(&prog), "--inputs", "/nonexistent/in.safetensors", "--output", s(&out)], &["cannot read"]);
+    expect_error(&["print", "/nonexistent/prog.txt"], &["cannot read /nonexistent/prog.txt"]);
+}
+
+#[test]
+fn runtime_errors_name_the_statement() {
+    let prog = write(
+        "rt.txt",
+        "graph f(%w: f32[4, 2], %i: i32[3]) {\n  %e = embedding(%w, %i)\n  return %e\n}\n",
+    );
+    let ins = inputs("rt.safetensors", &[("w", iota(&[4, 2])), ("i", t(DType::I32, &[3], &[0.0, 7.0, 1.0]))]);
+    let out = dir().join("rt.out.safetensors");
+    expect_error(&["run", s(&prog), "--inputs", s(&ins), "--output", s(&out)], &["line 2", "embedding(%w, %i)", "index out of range"]);
+}
+
+#[test]
+fn every_example_program_runs_from_the_command_line() {
+    // One end-to-end run through the binary (the fixture test covers all).
+    let prog = root().join("examples/programs/mutate_input_through_view.txt");
+    let ins = root().join("tests/fixtures/examples/programs/mutate_input_through_view.inputs.safetensors");
+    let out = dir().join("mitv.safetensors");
+    let (ok, _, err) = kiln(&["run", s(&prog), "--inputs", s(&ins), "--output", s(&out)]);
+    assert!(ok, "{err}");
+}
