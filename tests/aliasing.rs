@@ -42,7 +42,10 @@ fn mutating_a_parameter_through_views_shows_in_its_final_value() {
         vec![iota(&[3, 3])],
     );
     assert!(r.outputs.is_empty());
-    assert_eq!(r.inputs[0].values(), vec![-0.0, 1.0, -2.0, -3.0, 4.0, -5.0, -6.0, 7.0, -8.0]);
+    assert_eq!(
+        r.inputs[0].values(),
+        vec![-0.0, 1.0, -2.0, -3.0, 4.0, -5.0, -6.0, 7.0, -8.0]
+    );
 }
 
 #[test]
@@ -77,7 +80,10 @@ fn reshape_aliases_only_when_it_can_view() {
          }",
         vec![iota(&[2, 3])],
     );
-    assert_eq!(r.inputs[0].values(), vec![10.0, 20.0, 30.0, 40.0, 50.0, 60.0]);
+    assert_eq!(
+        r.inputs[0].values(),
+        vec![10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    );
     assert_eq!(r.outputs[0].values(), vec![0.0; 6]);
 }
 
@@ -102,8 +108,14 @@ fn fill_through_expand_and_copy_between_rows() {
 #[test]
 fn overlapping_writes_are_refused() {
     for (src, what) in [
-        ("%e = expand(%x, [2, 3])\n %a = add_(%e, 1)", "add_ into expand"),
-        ("%u = unfold(%x, 0, 2, 1)\n %a = mul_(%u, 2)", "mul_ into overlapping unfold"),
+        (
+            "%e = expand(%x, [2, 3])\n %a = add_(%e, 1)",
+            "add_ into expand",
+        ),
+        (
+            "%u = unfold(%x, 0, 2, 1)\n %a = mul_(%u, 2)",
+            "mul_ into overlapping unfold",
+        ),
         (
             "%a = slice(%x, 0, 1, 3)\n %b = slice(%x, 0, 0, 2)\n %c = add_(%a, %b)",
             "add_ reading what it overwrites",
@@ -127,7 +139,10 @@ fn overlapping_writes_are_refused() {
         vec![iota(&[4])],
     );
     assert_eq!(r.inputs[0].values(), vec![0.0, 11.0, 12.0, 3.0]);
-    assert_eq!(r.outputs[0].values(), vec![0.0, 11.0, 11.0, 12.0, 12.0, 3.0]);
+    assert_eq!(
+        r.outputs[0].values(),
+        vec![0.0, 11.0, 11.0, 12.0, 12.0, 3.0]
+    );
 }
 
 #[test]
@@ -141,7 +156,10 @@ fn as_strided_on_a_view_addresses_the_whole_storage() {
          }",
         vec![iota(&[8])],
     );
-    assert_eq!(r.inputs[0].values(), vec![0.0, -1.0, -2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+    assert_eq!(
+        r.inputs[0].values(),
+        vec![0.0, -1.0, -2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    );
 }
 
 #[test]

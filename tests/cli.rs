@@ -15,8 +15,15 @@ fn dir() -> PathBuf {
 }
 
 fn kiln(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln")).args(args).output().expect("run kiln");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .expect("run kiln");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
 }
 
 fn write(name: &str, text: &str) -> PathBuf {
@@ -27,7 +34,10 @@ fn write(name: &str, text: &str) -> PathBuf {
 
 fn inputs(name: &str, tensors: &[(&str, kiln::RTensor)]) -> PathBuf {
     let p = dir().join(name);
-    let named: Vec<(String, kiln::RTensor)> = tensors.iter().map(|(n, t)| (n.to_string(), t.clone())).collect();
+    let named: Vec<(String, kiln::RTensor)> = tensors
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.clone()))
+        .collect();
     kiln::io::save_all(&p, &named).unwrap();
     p
 }
@@ -50,7 +60,16 @@ fn run_writes_outputs_and_final_inputs() {
     let mask = t(DType::Bool, &[2, 3], &[1.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
     let ins = inputs("ok.in.safetensors", &[("x", iota(&[2, 3])), ("m", mask)]);
     let out = dir().join("ok.out.safetensors");
-    let (ok, _, err) = kiln(&["run", s(&prog), "--inputs", s(&ins), "--output", s(&out), "--backend", "reference"]);
+    let (ok, _, err) = kiln(&[
+        "run",
+        s(&prog),
+        "--inputs",
+        s(&ins),
+        "--output",
+        s(&out),
+        "--backend",
+        "reference",
+    ]);
     assert!(ok, "{err}");
     let got = kiln::io::load_all(&out).unwrap();
     let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
@@ -76,7 +95,10 @@ fn expect_error(args: &[&str], needles: &[&str]) {
     assert!(!ok, "{args:?} should fail");
     assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
     for n in needles {
-        assert!(err.contains(n), "{args:?}: message {err:?} should mention {n:?}");
+        assert!(
+            err.contains(n),
+            "{args:?}: message {err:?} should mention {n:?}"
+        );
     }
 }
 
@@ -102,7 +124,10 @@ fn bad_programs_are_reported_with_location() {
     ];
     for (name, text, needles) in cases {
         let p = write(name, text);
-        expect_error(&["run", s(&p), "--inputs", s(&ins), "--output", s(&out)], needles);
+        expect_error(
+            &["run", s(&p), "--inputs", s(&ins), "--output", s(&out)],
+            needles,
+        );
         expect_error(&["print", s(&p)], needles);
     }
 }
@@ -113,15 +138,60 @@ fn bad_inputs_are_reported() {
     let out = dir().join("unused.safetensors");
     let mask = t(DType::Bool, &[2, 3], &[0.0; 6]);
     let missing = inputs("missing.safetensors", &[("x", iota(&[2, 3]))]);
-    expect_error(&["run", s(&prog), "--inputs", s(&missing), "--output", s(&out)], &["`m`", "missing"]);
-    let shape = inputs("shape.safetensors", &[("x", iota(&[3, 2])), ("m", mask.clone())]);
-    expect_error(&["run", s(&prog), "--inputs", s(&shape), "--output", s(&out)], &["`x`", "shape [3, 2]", "f32[2, 3]"]);
-    let dtype = inputs("dtype.safetensors", &[("x", t(DType::I32, &[2, 3], &[0.0; 6])), ("m", mask)]);
-    expect_error(&["run", s(&prog), "--inputs", s(&dtype), "--output", s(&out)], &["`x`", "dtype I32"]);
+    expect_error(
+        &[
+            "run",
+            s(&prog),
+            "--inputs",
+            s(&missing),
+            "--output",
+            s(&out),
+        ],
+        &["`m`", "missing"],
+    );
+    let shape = inputs(
+        "shape.safetensors",
+        &[("x", iota(&[3, 2])), ("m", mask.clone())],
+    );
+    expect_error(
+        &["run", s(&prog), "--inputs", s(&shape), "--output", s(&out)],
+        &["`x`", "shape [3, 2]", "f32[2, 3]"],
+    );
+    let dtype = inputs(
+        "dtype.safetensors",
+        &[("x", t(DType::I32, &[2, 3], &[0.0; 6])), ("m", mask)],
+    );
+    expect_error(
+        &["run", s(&prog), "--inputs", s(&dtype), "--output", s(&out)],
+        &["`x`", "dtype I32"],
+    );
     let garbage = write("garbage.safetensors", "not a safetensors file");
-    expect_error(&["run", s(&prog), "--inputs", s(&garbage), "--output", s(&out)], &["not a valid safetensors file"]);
-    expect_error(&["run", s(&prog), "--inputs", "/nonexistent/in.safetensors", "--output", s(&out)], &["cannot read"]);
-    expect_error(&["print", "/nonexistent/prog.txt"], &["cannot read /nonexistent/prog.txt"]);
+    expect_error(
+        &[
+            "run",
+            s(&prog),
+            "--inputs",
+            s(&garbage),
+            "--output",
+            s(&out),
+        ],
+        &["not a valid safetensors file"],
+    );
+    expect_error(
+        &[
+            "run",
+            s(&prog),
+            "--inputs",
+            "/nonexistent/in.safetensors",
+            "--output",
+            s(&out),
+        ],
+        &["cannot read"],
+    );
+    expect_error(
+        &["print", "/nonexistent/prog.txt"],
+        &["cannot read /nonexistent/prog.txt"],
+    );
 }
 
 #[test]
@@ -130,16 +200,26 @@ fn runtime_errors_name_the_statement() {
         "rt.txt",
         "graph f(%w: f32[4, 2], %i: i32[3]) {\n  %e = embedding(%w, %i)\n  return %e\n}\n",
     );
-    let ins = inputs("rt.safetensors", &[("w", iota(&[4, 2])), ("i", t(DType::I32, &[3], &[0.0, 7.0, 1.0]))]);
+    let ins = inputs(
+        "rt.safetensors",
+        &[
+            ("w", iota(&[4, 2])),
+            ("i", t(DType::I32, &[3], &[0.0, 7.0, 1.0])),
+        ],
+    );
     let out = dir().join("rt.out.safetensors");
-    expect_error(&["run", s(&prog), "--inputs", s(&ins), "--output", s(&out)], &["line 2", "embedding(%w, %i)", "index out of range"]);
+    expect_error(
+        &["run", s(&prog), "--inputs", s(&ins), "--output", s(&out)],
+        &["line 2", "embedding(%w, %i)", "index out of range"],
+    );
 }
 
 #[test]
 fn every_example_program_runs_from_the_command_line() {
     // One end-to-end run through the binary (the fixture test covers all).
     let prog = root().join("examples/programs/mutate_input_through_view.txt");
-    let ins = root().join("tests/fixtures/examples/programs/mutate_input_through_view.inputs.safetensors");
+    let ins = root()
+        .join("tests/fixtures/examples/programs/mutate_input_through_view.inputs.safetensors");
     let out = dir().join("mitv.safetensors");
     let (ok, _, err) = kiln(&["run", s(&prog), "--inputs", s(&ins), "--output", s(&out)]);
     assert!(ok, "{err}");

@@ -15,8 +15,14 @@ fn every_program_round_trips() {
             let src = std::fs::read_to_string(&p).unwrap();
             let g = parse(&src).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
             let text = print(&g);
-            let g2 = parse(&text).unwrap_or_else(|e| panic!("{}: printed text does not parse: {e}\n{text}", p.display()));
-            assert!(g.same_as(&g2), "{}: round trip changed the graph:\n{text}", p.display());
+            let g2 = parse(&text).unwrap_or_else(|e| {
+                panic!("{}: printed text does not parse: {e}\n{text}", p.display())
+            });
+            assert!(
+                g.same_as(&g2),
+                "{}: round trip changed the graph:\n{text}",
+                p.display()
+            );
             assert_eq!(text, print(&g2), "{}: printing is not stable", p.display());
             n += 1;
         }
@@ -28,7 +34,10 @@ fn every_program_round_trips() {
 fn tracing_equals_parsing() {
     let traced = trace(
         "f",
-        &[TensorSpec::new("x", DType::F32, &[4, 6]), TensorSpec::new("m", DType::Bool, &[6, 4])],
+        &[
+            TensorSpec::new("x", DType::F32, &[4, 6]),
+            TensorSpec::new("m", DType::Bool, &[6, 4]),
+        ],
         |i| {
             let (x, m) = (&i[0], &i[1]);
             let v = x.view(&[6, 4]);
@@ -41,7 +50,15 @@ fn tracing_equals_parsing() {
             parts[1].zero_();
             let k = full(&[4, 6], 3, DType::I32);
             let g = y.gelu().layer_norm(&[6], None, None, 1e-5).softmax(-1);
-            let r = x.op("index_put_", args![x, vec![Some(&k.select(1, 0))], &x.select(0, 0).unsqueeze(0), true]);
+            let r = x.op(
+                "index_put_",
+                args![
+                    x,
+                    vec![Some(&k.select(1, 0))],
+                    &x.select(0, 0).unsqueeze(0),
+                    true
+                ],
+            );
             vec![g, parts[0].clone(), r]
         },
     )
@@ -68,7 +85,12 @@ fn tracing_equals_parsing() {
       return (%g, %p0, %r)
     }";
     let parsed = parse(text).unwrap();
-    assert!(traced.same_as(&parsed), "traced:\n{}\nparsed:\n{}", print(&traced), print(&parsed));
+    assert!(
+        traced.same_as(&parsed),
+        "traced:\n{}\nparsed:\n{}",
+        print(&traced),
+        print(&parsed)
+    );
 }
 
 #[test]
@@ -78,7 +100,12 @@ fn tracing_errors_are_returned_not_panicked() {
         vec![bad.exp()]
     });
     let e = r.unwrap_err().to_string();
-    assert!(e.contains("view") && e.contains("invalid for input of size 6"), "{e}");
-    let r = trace("f", &[TensorSpec::new("x", DType::I32, &[2])], |i| vec![i[0].add_(1.5)]);
+    assert!(
+        e.contains("view") && e.contains("invalid for input of size 6"),
+        "{e}"
+    );
+    let r = trace("f", &[TensorSpec::new("x", DType::I32, &[2])], |i| {
+        vec![i[0].add_(1.5)]
+    });
     assert!(r.unwrap_err().to_string().contains("can't be cast"));
 }

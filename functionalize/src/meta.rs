@@ -99,7 +99,7 @@ impl Meta {
                 simple = false;
                 break;
             }
-            extent = st * (s - 1) + extent;
+            extent += st * (s - 1);
         }
         if simple {
             return false;

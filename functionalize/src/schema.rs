@@ -59,7 +59,9 @@ impl<V> Arg<V> {
     {
         match (self, other) {
             (Arg::Float(a), Arg::Float(b)) => a.to_bits() == b.to_bits(),
-            (Arg::List(a), Arg::List(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y)),
+            (Arg::List(a), Arg::List(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.same(y))
+            }
             _ => self == other,
         }
     }

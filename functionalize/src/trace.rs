@@ -180,7 +180,10 @@ fn record(state: &Rc<RefCell<State>>, op: &str, args: Vec<Arg<Tensor>>) -> Vec<T
             .collect(),
         Err(msg) => {
             let names = crate::text::Names::of(&st.graph);
-            let args: Vec<String> = ids.iter().map(|a| crate::text::fmt_arg(a, &|v| names.get(v))).collect();
+            let args: Vec<String> = ids
+                .iter()
+                .map(|a| crate::text::fmt_arg(a, &|v| names.get(v)))
+                .collect();
             st.error = Some(Error::Statement {
                 line: None,
                 stmt: format!("{op}({})", args.join(", ")),

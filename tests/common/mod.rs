@@ -63,7 +63,11 @@ pub fn run_text(src: &str, inputs: Vec<RTensor>) -> kiln::functionalize::RunResu
 /// `0, 1, 2, ...` as a contiguous f32 tensor.
 pub fn iota(sizes: &[usize]) -> RTensor {
     let n: usize = sizes.iter().product();
-    RTensor::new(DType::F32, sizes.to_vec(), &(0..n).map(|i| i as f64).collect::<Vec<_>>())
+    RTensor::new(
+        DType::F32,
+        sizes.to_vec(),
+        &(0..n).map(|i| i as f64).collect::<Vec<_>>(),
+    )
 }
 
 pub fn t(dtype: DType, sizes: &[usize], vals: &[f64]) -> RTensor {

@@ -565,9 +565,14 @@ def gen_scatters():
         ["%y = as_strided_scatter(%x, %s, [5], [6])"], ["%y"])
     add("as_strided_scatter", "i32", ["%x: i32[4, 4]", "%s: i32[2, 2]"],
         ["%y = as_strided_scatter(%x, %s, [2, 2], [4, 1], 10)"], ["%y"])
-    add("as_strided_scatter", "on_slice_offset_relative_to_clone", ["%x: f32[6, 5]", "%s: f32[3]"],
-        ["%v = slice(%x, 0, 2, none)", "%y = as_strided_scatter(%v, %s, [3], [1], 1)"], ["%y"],
-        None, "the result is a fresh [4, 5] tensor: offset 1 is its element [0, 1], unlike as_strided on the view")
+    add("as_strided_scatter", "on_slice_absolute_offset", ["%x: f32[6, 5]", "%s: f32[3]"],
+        ["%v = slice(%x, 0, 2, none)", "%y = as_strided_scatter(%v, %s, [3], [1], 11)",
+         "%z = as_strided_scatter(%v, %s, [3], [1], 1)"], ["%y", "%z"],
+        None, "size/stride/offset address %x's storage, as as_strided does: offset 11 is %v[0, 1];"
+        " offset 1 lies outside %v, so %z equals %v")
+    add("as_strided_scatter", "on_transposed_base", ["%x: f32[3, 4]", "%s: f32[2]"],
+        ["%t = t(%x)", "%y = as_strided_scatter(%t, %s, [2], [1], 0)"], ["%y"],
+        None, "the result keeps %t's layout: storage elements 0 and 1 are %t[0, 0] and %t[1, 0]")
 
 
 # ---------------------------------------------------------------------------

@@ -576,8 +576,17 @@ def main(argv=None) -> int:
     r.add_argument("--output", required=True, help="safetensors file to write")
     p = sub.add_parser("parse", help="parse a program and print a summary")
     p.add_argument("prog")
+    s = sub.add_parser("show", help="print the tensors of a safetensors file")
+    s.add_argument("file")
     a = ap.parse_args(argv)
     try:
+        if a.cmd == "show":
+            from safetensors.torch import load_file
+
+            torch.set_printoptions(precision=4, linewidth=120, threshold=200)
+            for k, v in load_file(a.file).items():
+                print(f"{k}: {describe(v)}\n{v}")
+            return 0
         if a.cmd == "parse":
             with open(a.prog, encoding="utf-8") as f:
                 prog = parse_program(f.read())

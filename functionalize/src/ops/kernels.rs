@@ -250,11 +250,8 @@ pub fn masked_fill_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 }
 
 fn check_index_dtype(m: &Meta, what: &str) -> Res<()> {
-    if !m.dtype.is_integral() {
-        return Err(format!(
-            "{what} must be an integer tensor (i32 or u32), got {}",
-            m.dtype
-        ));
+    if m.dtype != DType::I32 {
+        return Err(format!("{what} must be an i32 tensor, got {}", m.dtype));
     }
     Ok(())
 }
@@ -322,11 +319,8 @@ pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
                 let mv = t.values();
                 let hits: Vec<usize> = (0..mv.len()).filter(|&i| mv[i] != 0.0).collect();
                 let cstrides = crate::meta::contiguous_strides(t.sizes());
-                for j in 0..k {
-                    let col = hits
-                        .iter()
-                        .map(|&h| ((h / cstrides[j]) % t.sizes()[j]) as f64)
-                        .collect();
+                for (&st, &size) in cstrides.iter().zip(t.sizes()) {
+                    let col = hits.iter().map(|&h| ((h / st) % size) as f64).collect();
                     idx.push(Some((vec![hits.len()], col)));
                 }
             }
@@ -640,7 +634,7 @@ fn along_dim(t: &RTensor, dim: i64, f: impl Fn(&mut [f64])) -> Res<Vec<f64>> {
     let mut out = vals.clone();
     let n = sizes[d];
     for start in 0..vals.len() {
-        if (start / str_[d]) % n != 0 || n == 0 {
+        if n == 0 || !(start / str_[d]).is_multiple_of(n) {
             continue;
         }
         let mut line: Vec<f64> = (0..n).map(|k| vals[start + k * str_[d]]).collect();
@@ -720,7 +714,7 @@ fn batched_mm(x: &[f64], y: &[f64], b: usize, n: usize, k: usize, m: usize) -> V
         }
     }
     // 0 * inf / nan must still poison the result, as a real product would.
-    if x.iter().any(|v| *v == 0.0) && y.iter().any(|v| !v.is_finite()) {
+    if x.contains(&0.0) && y.iter().any(|v| !v.is_finite()) {
         for bi in 0..b {
             for i in 0..n {
                 for j in 0..m {
@@ -799,8 +793,16 @@ pub fn bmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     )
 }
 
-/// `matmul`'s shapes: (batch shape, n, k, m, result shape).
-fn matmul_shapes(x: &Meta, y: &Meta) -> Res<(Vec<usize>, usize, usize, usize, Vec<usize>)> {
+/// `matmul`'s shapes: batch shape, n, k, m and the result's shape.
+struct MatmulShapes {
+    batch: Vec<usize>,
+    n: usize,
+    k: usize,
+    m: usize,
+    shape: Vec<usize>,
+}
+
+fn matmul_shapes(x: &Meta, y: &Meta) -> Res<MatmulShapes> {
     if x.dim() == 0 || y.dim() == 0 {
         return Err(format!(
             "both arguments to matmul need to be at least 1D, but they are {}D and {}D",
@@ -842,18 +844,23 @@ fn matmul_shapes(x: &Meta, y: &Meta) -> Res<(Vec<usize>, usize, usize, usize, Ve
     if y.dim() > 1 {
         shape.push(m);
     }
-    Ok((batch, n, k1, m, shape))
+    Ok(MatmulShapes {
+        batch,
+        n,
+        k: k1,
+        m,
+        shape,
+    })
 }
 
 pub fn matmul_infer(a: &A) -> Res<Vec<Meta>> {
     let (x, y) = (a.tensor(0)?, a.tensor(1)?);
-    let (_, _, _, _, shape) = matmul_shapes(x, y)?;
-    Ok(vec![Meta::contiguous(x.dtype, shape)])
+    Ok(vec![Meta::contiguous(x.dtype, matmul_shapes(x, y)?.shape)])
 }
 
 pub fn matmul_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let (x, y) = (a.tensor(0)?, a.tensor(1)?);
-    let (batch, n, k, m, _) = matmul_shapes(&x.meta, &y.meta)?;
+    let MatmulShapes { batch, n, k, m, .. } = matmul_shapes(&x.meta, &y.meta)?;
     let mut xs = batch.clone();
     xs.extend([n, k]);
     let mut ys = batch.clone();

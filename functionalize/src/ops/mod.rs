@@ -425,13 +425,13 @@ fn build() -> Table {
         "maximum",
         &["maximum(Tensor self, Tensor other) -> Tensor"],
         p::maximum,
-        true,
+        false, // ATen has no `maximum_`
     );
     b.pointwise(
         "minimum",
         &["minimum(Tensor self, Tensor other) -> Tensor"],
         p::minimum,
-        true,
+        false, // ATen has no `minimum_`
     );
     b.pointwise(
         "where",

@@ -33,7 +33,7 @@ pub fn infer_size(shape: &[i64], numel: usize) -> Result<Vec<usize>, String> {
     }
     let mut out: Vec<usize> = shape.iter().map(|&s| s.max(0) as usize).collect();
     match infer {
-        Some(i) if known != 0 && numel % known == 0 => out[i] = numel / known,
+        Some(i) if known != 0 && numel.is_multiple_of(known) => out[i] = numel / known,
         None if known == numel => {}
         _ => {
             return Err(format!(
