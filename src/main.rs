@@ -1,7 +1,7 @@
 //! The `kiln` command line (see `../shared/spec/program-format.md`).
 
 use clap::{Parser, Subcommand, ValueEnum};
-use kiln::functionalize::{interp, parse, print, Graph};
+use kiln::functionalize::{functionalize, interp, parse, print, Graph, Remove};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -24,6 +24,24 @@ enum Backend {
     Gpu,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum Mode {
+    /// Remove in-place ops; keep views.
+    Mutations,
+    /// Remove in-place ops and views (every tensor contiguous).
+    #[value(name = "mutations_and_views")]
+    MutationsAndViews,
+}
+
+impl From<Mode> for Remove {
+    fn from(m: Mode) -> Remove {
+        match m {
+            Mode::Mutations => Remove::Mutations,
+            Mode::MutationsAndViews => Remove::MutationsAndViews,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a program on inputs from a safetensors file.
@@ -37,6 +55,15 @@ enum Cmd {
         output: PathBuf,
         #[arg(long, value_enum, default_value = "reference")]
         backend: Backend,
+        /// Functionalize the program first, then run the result.
+        #[arg(long, value_enum)]
+        functionalize: Option<Mode>,
+    },
+    /// Print the functionalized program.
+    Functionalize {
+        prog: PathBuf,
+        #[arg(long, value_enum, default_value = "mutations")]
+        remove: Mode,
     },
     /// Parse a program and print it back in canonical form.
     Print { prog: PathBuf },
@@ -54,13 +81,26 @@ fn main_result(cli: Cli) -> Result<(), String> {
             print!("{}", print(&read_program(&prog)?));
             Ok(())
         }
+        Cmd::Functionalize { prog, remove } => {
+            let g = read_program(&prog)?;
+            let f =
+                functionalize(&g, remove.into()).map_err(|e| format!("{}:{e}", prog.display()))?;
+            print!("{}", print(&f.graph));
+            Ok(())
+        }
         Cmd::Run {
             prog,
             inputs,
             output,
             backend,
+            functionalize: mode,
         } => {
-            let g = read_program(&prog)?;
+            let mut g = read_program(&prog)?;
+            if let Some(m) = mode {
+                g = functionalize(&g, m.into())
+                    .map_err(|e| format!("{}:{e}", prog.display()))?
+                    .graph;
+            }
             let ins = kiln::io::load_inputs(&g, &inputs).map_err(|e| e.to_string())?;
             let r = match backend {
                 Backend::Reference => {

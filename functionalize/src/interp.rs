@@ -224,42 +224,18 @@ pub fn run_pointwise(
     Ok(out)
 }
 
-/// Refuses an in-place write whose result would depend on the order
-/// elements are visited: an operand that reads, at some position, a memory
-/// location the write changes at another position. Positional operands are
-/// broadcast against `self`; gathered ones (`index_put_`'s indices and
-/// values) may not overlap `self` at all.
+/// Runs `ops::write_hazard` for every tensor operand that shares `this`'s
+/// storage.
 fn check_hazards(
     this: &RTensor,
     args: &[Arg<RTensor>],
     functional: ops::OpId,
 ) -> std::result::Result<(), String> {
-    let gathered = functional.name() == "index_put";
-    let mut written: Option<HashMap<usize, usize>> = None;
+    let gathered = ops::reads_gathered(functional);
     for a in args.iter().skip(1) {
         for t in a.tensors() {
-            if !t.shares_storage(this) {
-                continue;
-            }
-            let w = written.get_or_insert_with(|| {
-                this.meta
-                    .offsets()
-                    .enumerate()
-                    .map(|(i, o)| (o, i))
-                    .collect()
-            });
-            let hazard = if gathered {
-                t.meta.offsets().any(|o| w.contains_key(&o))
-            } else {
-                let st = crate::meta::broadcast_strides(&t.meta, &this.meta.sizes);
-                crate::meta::OffsetIter::new(&this.meta.sizes, &st, t.meta.offset)
-                    .enumerate()
-                    .any(|(i, o)| w.get(&o).is_some_and(|&j| j != i))
-            };
-            if hazard {
-                return Err("unsupported operation: some elements of the input tensor and the written-to tensor \
-                            refer to a single memory location. Please clone() the tensor before performing the operation."
-                    .into());
+            if t.shares_storage(this) && ops::write_hazard(&this.meta, &t.meta, gathered) {
+                return Err(ops::HAZARD_MESSAGE.into());
             }
         }
     }

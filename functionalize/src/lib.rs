@@ -1,6 +1,6 @@
 //! Kiln's front end: tensor metadata and dtypes, the op table, the graph
 //! and its text format, the Rust tracer, the eager reference interpreter
-//! and (next) the functionalization pass. No GPU dependency.
+//! and the functionalization pass. No GPU dependency.
 
 pub mod dtype;
 pub mod error;
@@ -8,16 +8,20 @@ pub mod graph;
 pub mod interp;
 pub mod meta;
 pub mod ops;
+pub mod pass;
 pub mod schema;
+pub mod simplify;
 pub mod tensor;
 pub mod text;
 pub mod trace;
+pub mod verify;
 
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::{Graph, NodeId, ValueId};
 pub use interp::{run, RunResult};
 pub use meta::Meta;
+pub use pass::{functionalize, Functionalized, MutatedInput, Remove};
 pub use tensor::RTensor;
 pub use text::{parse, print};
 pub use trace::{trace, Tensor, TensorSpec};

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from safetensors.torch import save, save_file
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kiln_torch  # noqa: E402
 

@@ -779,3 +779,28 @@ pub fn infer(id: OpId, args: &[Arg<&Meta>]) -> Result<Vec<Meta>, String> {
         Rule::Kernel { infer, .. } => infer(args),
     }
 }
+
+pub const HAZARD_MESSAGE: &str =
+    "unsupported operation: some elements of the input tensor and the written-to tensor \
+     refer to a single memory location. Please clone() the tensor before performing the operation.";
+
+/// Does the in-place form of `functional` read its tensor operands by
+/// gathering (anywhere) rather than position by position?
+pub fn reads_gathered(functional: OpId) -> bool {
+    functional.name() == "index_put"
+}
+
+/// Would writing through `this` while reading `other` (same storage) give a
+/// result that depends on the order elements are visited? Positional
+/// operands (broadcast against `this`) may read a written element only at
+/// the position that writes it; gathered ones may not overlap at all.
+pub fn write_hazard(this: &Meta, other: &Meta, gathered: bool) -> bool {
+    let written: HashMap<usize, usize> = this.offsets().enumerate().map(|(i, o)| (o, i)).collect();
+    if gathered {
+        return other.offsets().any(|o| written.contains_key(&o));
+    }
+    let st = crate::meta::broadcast_strides(other, &this.sizes);
+    crate::meta::OffsetIter::new(&this.sizes, &st, other.offset)
+        .enumerate()
+        .any(|(i, o)| written.get(&o).is_some_and(|&j| j != i))
+}

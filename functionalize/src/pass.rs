@@ -1,0 +1,770 @@
+//! Functionalization: rewrite a graph with views and in-place mutations into
+//! one that computes the same outputs and the same final inputs with no
+//! mutation (but a `copy_` epilogue into mutated inputs) and, in
+//! `MutationsAndViews` mode, no view (every tensor contiguous).
+//!
+//! Every tensor of the source graph is an *alias*: a storage plus the chain
+//! of view steps from the storage's base. A storage has a generation that
+//! each mutation bumps; an alias remembers the value it had at the last
+//! generation it saw.
+//!
+//! - A view extends the chain (in views mode its value is a `<view>_copy`).
+//! - A mutation `op_(v, ...)` computes the functional op on `v`'s current
+//!   value, writes it back into the base by walking the chain backwards
+//!   with each step's inverse (`slice` -> `slice_scatter`, `transpose` ->
+//!   `transpose`, ...), and bumps the generation.
+//! - A read of an alias that is behind regenerates it from the base.
+//! - Chains PyTorch's inverses get wrong (through `expand`, overlapping
+//!   `unfold`, `as_strided` on a view) are written back in storage
+//!   coordinates with one `as_strided_scatter`: `as_strided` offsets always
+//!   refer to the whole storage, and in the new graph a base keeps the
+//!   layout (strides, offset, storage size) it had in the source graph.
+
+use crate::error::{Error, Result};
+use crate::graph::{Graph, NodeId, ValueId};
+use crate::meta::{wrap_dim, Meta};
+use crate::ops::{self, views, OpId, OpKind, Rule};
+use crate::schema::Arg;
+use crate::text::{fmt_node, Names};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// What functionalization removes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Remove {
+    /// In-place ops only: views stay (`slice`, `view`, ...).
+    Mutations,
+    /// In-place ops and views: views become `<view>_copy` ops, so every
+    /// tensor is a fresh contiguous one.
+    MutationsAndViews,
+}
+
+impl Remove {
+    pub fn parse(s: &str) -> Option<Remove> {
+        match s {
+            "mutations" => Some(Remove::Mutations),
+            "mutations_and_views" => Some(Remove::MutationsAndViews),
+            _ => None,
+        }
+    }
+}
+
+/// A parameter the program mutates, and the value holding its final
+/// contents (for runtimes that write inputs back themselves instead of
+/// running the `copy_` epilogue).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MutatedInput {
+    pub input: usize,
+    pub value: ValueId,
+}
+
+pub struct Functionalized {
+    pub graph: Graph,
+    pub mutated_inputs: Vec<MutatedInput>,
+}
+
+/// One view step: the op, its non-self arguments, which result it takes.
+#[derive(Clone, Debug)]
+struct Step {
+    op: OpId,
+    args: Vec<Arg<ValueId>>,
+    index: usize,
+    /// The result's metadata in the source graph.
+    meta: Meta,
+}
+
+impl Step {
+    fn key(&self) -> String {
+        format!("{}{:?}#{}", self.op.name(), self.args, self.index)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Alias {
+    storage: usize,
+    chain: Rc<Vec<Step>>,
+    gen: u64,
+    /// The value at generation `gen` (None: must be regenerated).
+    current: Option<ValueId>,
+}
+
+struct StorageState {
+    /// The base's value at the current generation, in the new graph.
+    base: ValueId,
+    /// The base's metadata in the source graph.
+    base_meta: Meta,
+    gen: u64,
+    input: Option<usize>,
+}
+
+struct Pass<'g> {
+    src: &'g Graph,
+    mode: Remove,
+    out: Graph,
+    aliases: HashMap<ValueId, Alias>,
+    storages: Vec<StorageState>,
+    /// Regenerated views: (storage, generation, chain prefix) -> value.
+    cache: HashMap<(usize, u64, String), ValueId>,
+    names: HashMap<String, usize>,
+    src_names: Names,
+    /// The source statement being rewritten (for messages).
+    at: Option<NodeId>,
+}
+
+/// Functionalizes `g`. Errors name the statement that cannot be
+/// functionalized (writes whose result would depend on visiting order).
+pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
+    let mut p = Pass {
+        src: g,
+        mode,
+        out: Graph::new(&g.name),
+        aliases: HashMap::new(),
+        storages: vec![],
+        cache: HashMap::new(),
+        names: HashMap::new(),
+        src_names: Names::of(g),
+        at: None,
+    };
+    for (i, &v) in g.inputs.iter().enumerate() {
+        let meta = g.meta(v).clone();
+        let nv = p.out.add_input(g.values[v].name.clone(), meta.clone());
+        p.names.insert(p.src_names.get(v), 1);
+        p.new_storage(v, nv, meta, Some(i));
+    }
+    for &n in &g.order {
+        p.at = Some(n);
+        p.node(n)?;
+    }
+    p.at = None;
+    let outputs = g
+        .outputs
+        .iter()
+        .map(|&v| p.read(v))
+        .collect::<Result<Vec<_>>>()?;
+    p.out.outputs = outputs;
+    // The epilogue: write every mutated parameter's final value back.
+    let mut mutated = vec![];
+    for s in 0..p.storages.len() {
+        if let (Some(i), true) = (p.storages[s].input, p.storages[s].gen > 0) {
+            let value = p.storages[s].base;
+            let input = p.out.inputs[i];
+            p.emit("copy_", vec![Arg::Tensor(input), Arg::Tensor(value)])?;
+            mutated.push(MutatedInput { input: i, value });
+        }
+    }
+    let mut graph = p.out;
+    crate::simplify::eliminate_dead_code(&mut graph);
+    crate::verify::verify_functional(&graph, mode).map_err(|msg| Error::Statement {
+        line: None,
+        stmt: "functionalize".into(),
+        msg: format!("internal error: the result fails verification: {msg}"),
+    })?;
+    Ok(Functionalized {
+        graph,
+        mutated_inputs: mutated,
+    })
+}
+
+impl Pass<'_> {
+    fn err(&self, msg: impl Into<String>) -> Error {
+        match self.at {
+            Some(n) => Error::Statement {
+                line: self.src.nodes[n].line,
+                stmt: fmt_node(self.src, n, &self.src_names),
+                msg: msg.into(),
+            },
+            None => Error::Statement {
+                line: None,
+                stmt: "return".into(),
+                msg: msg.into(),
+            },
+        }
+    }
+
+    fn new_storage(&mut self, src: ValueId, value: ValueId, base_meta: Meta, input: Option<usize>) {
+        self.storages.push(StorageState {
+            base: value,
+            base_meta,
+            gen: 0,
+            input,
+        });
+        let a = Alias {
+            storage: self.storages.len() - 1,
+            chain: Rc::new(vec![]),
+            gen: 0,
+            current: Some(value),
+        };
+        self.aliases.insert(src, a);
+    }
+
+    /// Appends `op(args)` to the new graph, naming results FX-style.
+    fn emit_id(&mut self, op: OpId, args: Vec<Arg<ValueId>>) -> Result<Vec<ValueId>> {
+        let res = self
+            .out
+            .call(op, &args)
+            .map_err(|m| self.err(format!("internal error while emitting {}: {m}", op.name())))?;
+        let base = op.name().trim_end_matches('_').to_string();
+        for &r in &res {
+            let k = self.names.entry(base.clone()).or_insert(0);
+            let name = if *k == 0 {
+                base.clone()
+            } else {
+                format!("{base}_{k}")
+            };
+            *k += 1;
+            self.out.values[r].name = Some(name);
+        }
+        Ok(res)
+    }
+
+    fn emit(&mut self, op: &str, args: Vec<Arg<ValueId>>) -> Result<ValueId> {
+        let id = ops::lookup(op).ok_or_else(|| self.err(format!("internal error: no op {op}")))?;
+        Ok(self.emit_id(id, args)?.remove(0))
+    }
+
+    fn alias(&self, v: ValueId) -> Result<Alias> {
+        self.aliases
+            .get(&v)
+            .cloned()
+            .ok_or_else(|| self.err("internal error: value read before it is defined"))
+    }
+
+    /// The op that computes a view step's value: the view itself, or its
+    /// `_copy` form in views mode.
+    fn view_op(&self, op: OpId) -> OpId {
+        match self.mode {
+            Remove::Mutations => op,
+            Remove::MutationsAndViews => op.def().counterpart.unwrap_or(op),
+        }
+    }
+
+    fn apply_step(
+        &mut self,
+        storage: usize,
+        gen: u64,
+        prefix: &str,
+        input: ValueId,
+        step: &Step,
+    ) -> Result<ValueId> {
+        let mut args = vec![Arg::Tensor(input)];
+        args.extend(step.args.iter().cloned());
+        let res = self.emit_id(self.view_op(step.op), args)?;
+        // Multi-output views give every piece at once: remember them all.
+        for (j, &r) in res.iter().enumerate() {
+            let key = format!(
+                "{prefix}/{}",
+                Step {
+                    index: j,
+                    ..step.clone()
+                }
+                .key()
+            );
+            self.cache.insert((storage, gen, key), r);
+        }
+        Ok(res[step.index])
+    }
+
+    /// The value of the first `k` steps of `chain` over the current base.
+    fn regen(&mut self, storage: usize, chain: &[Step], k: usize) -> Result<ValueId> {
+        if k == 0 {
+            return Ok(self.storages[storage].base);
+        }
+        let gen = self.storages[storage].gen;
+        let prefix: String = chain[..k - 1]
+            .iter()
+            .map(|s| format!("/{}", s.key()))
+            .collect();
+        let key = format!("{prefix}/{}", chain[k - 1].key());
+        if let Some(&v) = self.cache.get(&(storage, gen, key)) {
+            return Ok(v);
+        }
+        let parent = self.regen(storage, chain, k - 1)?;
+        self.apply_step(storage, gen, &prefix, parent, &chain[k - 1])
+    }
+
+    /// The up-to-date value of source value `v`.
+    fn read(&mut self, v: ValueId) -> Result<ValueId> {
+        let a = self.alias(v)?;
+        let gen = self.storages[a.storage].gen;
+        if let (Some(c), true) = (a.current, a.gen == gen) {
+            return Ok(c);
+        }
+        let value = self.regen(a.storage, &a.chain, a.chain.len())?;
+        let e = self.aliases.get_mut(&v).expect("alias exists");
+        e.current = Some(value);
+        e.gen = gen;
+        Ok(value)
+    }
+
+    fn read_args(&mut self, args: &[Arg<ValueId>]) -> Result<Vec<Arg<ValueId>>> {
+        let mut out = Vec::with_capacity(args.len());
+        for a in args {
+            out.push(match a {
+                Arg::Tensor(v) => Arg::Tensor(self.read(*v)?),
+                Arg::TensorList(l) => Arg::TensorList(
+                    l.iter()
+                        .map(|x| x.map(|v| self.read(v)).transpose())
+                        .collect::<Result<Vec<_>>>()?,
+                ),
+                other => other.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn node(&mut self, n: NodeId) -> Result<()> {
+        let node = &self.src.nodes[n];
+        let def = node.op.def();
+        match def.kind {
+            OpKind::View | OpKind::MultiView => self.view(n),
+            OpKind::ViewOrCopy => {
+                let Rule::ViewOrCopy(rule) = &def.rule else {
+                    unreachable!("ViewOrCopy ops have a ViewOrCopy rule")
+                };
+                let metas: Vec<Arg<&Meta>> = node
+                    .args
+                    .iter()
+                    .map(|a| a.map(&mut |v| self.src.meta(*v)))
+                    .collect();
+                let (_, aliases) = rule(&metas).map_err(|m| self.err(m))?;
+                match (aliases, def.name.as_str(), self.mode) {
+                    // `contiguous` of a contiguous tensor is that tensor.
+                    (true, "contiguous", _) => {
+                        let a = self.alias(node.args[0].tensors()[0].to_owned())?;
+                        self.aliases.insert(node.results[0], a);
+                        Ok(())
+                    }
+                    (true, _, _) => self.view(n),
+                    // A copy; in views mode every value is contiguous already.
+                    (false, "contiguous", Remove::MutationsAndViews) => {
+                        let v = self.read(*node.args[0].tensors()[0])?;
+                        self.new_storage(
+                            node.results[0],
+                            v,
+                            self.src.meta(node.results[0]).clone(),
+                            None,
+                        );
+                        Ok(())
+                    }
+                    (false, _, _) => self.functional(n, self.view_op(node.op)),
+                }
+            }
+            OpKind::InPlace => self.mutation(n),
+            _ if self.mode == Remove::MutationsAndViews
+                && ["as_strided_copy", "as_strided_scatter"].contains(&def.name.as_str()) =>
+            {
+                self.strided_without_views(n)
+            }
+            OpKind::Functional | OpKind::Factory => self.functional(n, node.op),
+        }
+    }
+
+    /// In views mode a value no longer shares its base's storage, so ops
+    /// that address the storage (`as_strided_copy`, and the storage
+    /// `as_strided_scatter` clones) are applied to the base itself; the
+    /// base must be laid out plainly for its new value to match.
+    fn plain_base(&self, storage: usize) -> Result<ValueId> {
+        let m = &self.storages[storage].base_meta;
+        if !(m.offset == 0 && m.is_contiguous() && m.storage_numel == m.numel()) {
+            return Err(self.err(
+                "cannot remove views here: as_strided addresses a storage that is not laid out contiguously \
+                 (a permuted or offset base); functionalize with --remove mutations instead",
+            ));
+        }
+        Ok(self.storages[storage].base)
+    }
+
+    fn strided_without_views(&mut self, n: NodeId) -> Result<()> {
+        let node = &self.src.nodes[n];
+        let this = *node.args[0].tensors()[0];
+        let a = self.alias(this)?;
+        // Bring the base up to date with every write.
+        self.read(this)?;
+        let base = self.plain_base(a.storage)?;
+        let mut args = self.read_args(&node.args)?;
+        args[0] = Arg::Tensor(base);
+        let mut r = self.emit_id(node.op, args)?.remove(0);
+        if node.op.name() == "as_strided_scatter" && !a.chain.is_empty() {
+            // The result is the whole storage seen through `self`'s geometry.
+            let m = self.src.meta(this).clone();
+            let ints = |v: &[usize]| Arg::IntList(v.iter().map(|&x| x as i64).collect());
+            r = self.emit(
+                "as_strided_copy",
+                vec![
+                    Arg::Tensor(r),
+                    ints(&m.sizes),
+                    ints(&m.strides),
+                    Arg::Int(m.offset as i64),
+                ],
+            )?;
+        }
+        self.new_storage(
+            node.results[0],
+            r,
+            self.src.meta(node.results[0]).clone(),
+            None,
+        );
+        Ok(())
+    }
+
+    fn functional(&mut self, n: NodeId, op: OpId) -> Result<()> {
+        let node = &self.src.nodes[n];
+        let args = self.read_args(&node.args)?;
+        let res = self.emit_id(op, args)?;
+        for (&r, v) in node.results.iter().zip(res) {
+            self.new_storage(r, v, self.src.meta(r).clone(), None);
+        }
+        Ok(())
+    }
+
+    fn view(&mut self, n: NodeId) -> Result<()> {
+        let node = &self.src.nodes[n];
+        let this = *node.args[0].tensors()[0];
+        let a = self.alias(this)?;
+        let gen = self.storages[a.storage].gen;
+        let rest: Vec<Arg<ValueId>> = node.args[1..].to_vec();
+        let (chain, input) = if node.op.name() == "as_strided" {
+            // Offsets and strides of as_strided refer to the whole storage:
+            // it is a view of the base, whatever view it was applied to.
+            self.read(this)?;
+            let base = match self.mode {
+                Remove::Mutations => self.storages[a.storage].base,
+                Remove::MutationsAndViews => self.plain_base(a.storage)?,
+            };
+            (vec![], base)
+        } else {
+            ((*a.chain).clone(), self.read(this)?)
+        };
+        let prefix: String = chain.iter().map(|s| format!("/{}", s.key())).collect();
+        for (i, &r) in node.results.iter().enumerate() {
+            let step = Step {
+                op: node.op,
+                args: rest.clone(),
+                index: i,
+                meta: self.src.meta(r).clone(),
+            };
+            let key = format!("{prefix}/{}", step.key());
+            let value = match self.cache.get(&(a.storage, gen, key)) {
+                Some(&v) => v,
+                None => self.apply_step(a.storage, gen, &prefix, input, &step)?,
+            };
+            let mut c = chain.clone();
+            c.push(step);
+            self.aliases.insert(
+                r,
+                Alias {
+                    storage: a.storage,
+                    chain: Rc::new(c),
+                    gen,
+                    current: Some(value),
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn mutation(&mut self, n: NodeId) -> Result<()> {
+        let node = &self.src.nodes[n];
+        let Rule::InPlace(functional) = node.op.def().rule else {
+            unreachable!("in-place ops have an InPlace rule")
+        };
+        let this = *node.args[0].tensors()[0];
+        let a = self.alias(this)?;
+        // Refuse what the reference interpreter refuses: operands that read
+        // elements this write changes at other positions.
+        let gathered = ops::reads_gathered(functional);
+        for arg in &node.args[1..] {
+            for &t in arg.tensors() {
+                if self.alias(t)?.storage == a.storage
+                    && ops::write_hazard(self.src.meta(this), self.src.meta(t), gathered)
+                {
+                    return Err(self.err(ops::HAZARD_MESSAGE));
+                }
+            }
+        }
+        let args = self.read_args(&node.args)?;
+        let cur = match args[0] {
+            Arg::Tensor(v) => v,
+            _ => unreachable!("self is a tensor"),
+        };
+        let mut r = self.emit_id(functional, args)?.remove(0);
+        let want = self.src.meta(this);
+        if self.out.meta(r).dtype != want.dtype {
+            r = self.emit("copy", vec![Arg::Tensor(cur), Arg::Tensor(r)])?;
+        }
+        let new_base = self.write_back(&a, r, want)?;
+        let s = &mut self.storages[a.storage];
+        s.base = new_base;
+        s.gen += 1;
+        let gen = s.gen;
+        // `self` and the op's result name the new value when it has the
+        // layout the source graph gives them; else they are regenerated.
+        let current = (self.out.meta(r) == &self.expected_meta(want)).then_some(r);
+        let updated = Alias { gen, current, ..a };
+        self.aliases.insert(this, updated.clone());
+        self.aliases.insert(node.results[0], updated);
+        Ok(())
+    }
+
+    /// The metadata a value standing for a source value of metadata `m`
+    /// must have: the same in `Mutations` mode, contiguous without views.
+    fn expected_meta(&self, m: &Meta) -> Meta {
+        match self.mode {
+            Remove::Mutations => m.clone(),
+            Remove::MutationsAndViews => Meta::contiguous(m.dtype, m.sizes.clone()),
+        }
+    }
+
+    /// The new value of `a`'s base once `a` holds `r`.
+    fn write_back(&mut self, a: &Alias, r: ValueId, a_meta: &Meta) -> Result<ValueId> {
+        let base_meta = self.storages[a.storage].base_meta.clone();
+        let chain = a.chain.clone();
+        let invertible = chain
+            .iter()
+            .all(|s| inverse_kind(s.op.name()).is_some() && !s.meta.has_internal_overlap());
+        let new_base = if chain.is_empty() {
+            r
+        } else if invertible {
+            let mut val = r;
+            let new_gen = self.storages[a.storage].gen + 1;
+            for k in (0..chain.len()).rev() {
+                let parent = self.regen(a.storage, &chain, k)?;
+                let parent_meta = if k == 0 {
+                    base_meta.clone()
+                } else {
+                    chain[k - 1].meta.clone()
+                };
+                val = self.inverse(&chain[k], &parent_meta, parent, val)?;
+                // `val` is the new value of the chain's first k steps: reads
+                // of that view after this write need not regenerate it.
+                if k > 0 && self.out.meta(val) == &self.expected_meta(&parent_meta) {
+                    let key: String = chain[..k].iter().map(|s| format!("/{}", s.key())).collect();
+                    self.cache.insert((a.storage, new_gen, key), val);
+                }
+            }
+            val
+        } else {
+            self.write_back_strided(a, r, a_meta, &base_meta)?
+        };
+        // Keep the base's layout, so views and as_strided replay exactly.
+        if self.mode == Remove::Mutations && self.out.meta(new_base) != &base_meta {
+            let old = self.storages[a.storage].base;
+            return self.scatter_strided(old, new_base, &base_meta);
+        }
+        Ok(new_base)
+    }
+
+    fn scatter_strided(&mut self, base: ValueId, src: ValueId, m: &Meta) -> Result<ValueId> {
+        let ints = |v: &[usize]| Arg::IntList(v.iter().map(|&x| x as i64).collect());
+        self.emit(
+            "as_strided_scatter",
+            vec![
+                Arg::Tensor(base),
+                Arg::Tensor(src),
+                ints(&m.sizes),
+                ints(&m.strides),
+                Arg::Int(m.offset as i64),
+            ],
+        )
+    }
+
+    /// Writes `r` into the storage elements of `a` with one
+    /// `as_strided_scatter`. Through an expanded view all copies of an
+    /// element hold the same value (only `fill_`/`zero_` may write there),
+    /// so one copy of each is written.
+    fn write_back_strided(
+        &mut self,
+        a: &Alias,
+        r: ValueId,
+        a_meta: &Meta,
+        base_meta: &Meta,
+    ) -> Result<ValueId> {
+        if self.mode == Remove::MutationsAndViews
+            && !(base_meta.offset == 0
+                && base_meta.is_contiguous()
+                && base_meta.storage_numel == base_meta.numel())
+        {
+            return Err(self.err(
+                "cannot remove views here: this write goes through as_strided or expand on a tensor whose storage \
+                 is not laid out contiguously; functionalize with --remove mutations instead",
+            ));
+        }
+        let mut src = r;
+        let mut m = a_meta.clone();
+        for d in (0..m.dim()).rev() {
+            if m.strides[d] == 0 && m.sizes[d] > 1 {
+                src = self.emit(
+                    self.view_op(ops::lookup("select").unwrap()).name(),
+                    vec![Arg::Tensor(src), Arg::Int(d as i64), Arg::Int(0)],
+                )?;
+                m.sizes.remove(d);
+                m.strides.remove(d);
+            }
+        }
+        let base = self.storages[a.storage].base;
+        self.scatter_strided(base, src, &m)
+    }
+
+    /// Writes `child` (the new value of `step`'s result) into `parent`.
+    fn inverse(
+        &mut self,
+        step: &Step,
+        parent_meta: &Meta,
+        parent: ValueId,
+        child: ValueId,
+    ) -> Result<ValueId> {
+        let t = Arg::Tensor;
+        let name = step.op.name();
+        let a = &step.args;
+        let scatter = |s: &str| s.to_string();
+        let (op, args): (String, Vec<Arg<ValueId>>) = match inverse_kind(name)
+            .expect("checked invertible")
+        {
+            Inverse::Scatter(s) => {
+                let mut args = vec![t(parent), t(child)];
+                args.extend(a.iter().cloned());
+                (scatter(s), args)
+            }
+            Inverse::Narrow => {
+                let (Arg::Int(dim), Arg::Int(start), Arg::Int(len)) = (&a[0], &a[1], &a[2]) else {
+                    unreachable!()
+                };
+                let d = wrap_dim(*dim, parent_meta.dim()).map_err(|m| self.err(m))?;
+                let size = parent_meta.sizes[d] as i64;
+                let s = if *start < 0 { start + size } else { *start };
+                (
+                    scatter("slice_scatter"),
+                    vec![
+                        t(parent),
+                        t(child),
+                        Arg::Int(d as i64),
+                        Arg::Int(s),
+                        Arg::Int(s + len),
+                        Arg::Int(1),
+                    ],
+                )
+            }
+            Inverse::Piece => {
+                // split / chunk: the piece is a slice of the parent.
+                let metas = vec![Arg::Tensor(parent_meta)];
+                let mut args: Vec<Arg<&Meta>> = metas;
+                args.extend(a.iter().map(|x| x.map(&mut |_| parent_meta)));
+                let pieces = match name {
+                    "split" => views::split(&args),
+                    _ => views::chunk(&args),
+                }
+                .map_err(|m| self.err(m))?;
+                let dim_arg = if name == "split" { &a[1] } else { &a[1] };
+                let Arg::Int(dim) = dim_arg else {
+                    unreachable!()
+                };
+                let d = wrap_dim(*dim, parent_meta.dim()).map_err(|m| self.err(m))?;
+                let start: usize = pieces[..step.index].iter().map(|m| m.sizes[d]).sum();
+                let end = start + pieces[step.index].sizes[d];
+                (
+                    scatter("slice_scatter"),
+                    vec![
+                        t(parent),
+                        t(child),
+                        Arg::Int(d as i64),
+                        Arg::Int(start as i64),
+                        Arg::Int(end as i64),
+                        Arg::Int(1),
+                    ],
+                )
+            }
+            Inverse::Unbind => (
+                scatter("select_scatter"),
+                vec![
+                    t(parent),
+                    t(child),
+                    a[0].clone(),
+                    Arg::Int(step.index as i64),
+                ],
+            ),
+            Inverse::AsStrided => {
+                let mut args = vec![t(parent), t(child)];
+                args.extend(a.iter().cloned());
+                (scatter("as_strided_scatter"), args)
+            }
+            Inverse::SelfInverse => {
+                let mut args = vec![t(child)];
+                args.extend(a.iter().cloned());
+                (self.view_op(step.op).name().to_string(), args)
+            }
+            Inverse::Permute => {
+                let Arg::IntList(dims) = &a[0] else {
+                    unreachable!()
+                };
+                let n = dims.len();
+                let mut inv = vec![0i64; n];
+                for (i, &d) in dims.iter().enumerate() {
+                    inv[wrap_dim(d, n).map_err(|m| self.err(m))?] = i as i64;
+                }
+                (
+                    self.view_op(step.op).name().to_string(),
+                    vec![t(child), Arg::IntList(inv)],
+                )
+            }
+            Inverse::Unsqueeze => {
+                let Arg::Int(dim) = &a[0] else { unreachable!() };
+                let d = wrap_dim(*dim, parent_meta.dim() + 1).map_err(|m| self.err(m))?;
+                let sq = ops::lookup("squeeze").unwrap();
+                (
+                    self.view_op(sq).name().to_string(),
+                    vec![t(child), Arg::Int(d as i64)],
+                )
+            }
+            Inverse::Reshape => {
+                let sizes = Arg::IntList(parent_meta.sizes.iter().map(|&s| s as i64).collect());
+                let cm = self.out.meta(child);
+                let op = match self.mode {
+                    Remove::MutationsAndViews => "view_copy",
+                    Remove::Mutations
+                        if views::compute_stride(&cm.sizes, &cm.strides, &parent_meta.sizes)
+                            .is_some() =>
+                    {
+                        "view"
+                    }
+                    Remove::Mutations => "reshape",
+                };
+                (op.to_string(), vec![t(child), sizes])
+            }
+            Inverse::Identity => return Ok(child),
+        };
+        self.emit(&op, args)
+    }
+}
+
+enum Inverse {
+    Scatter(&'static str),
+    Narrow,
+    Piece,
+    Unbind,
+    AsStrided,
+    SelfInverse,
+    Permute,
+    Unsqueeze,
+    Reshape,
+    Identity,
+}
+
+/// How a view step is written back, or `None` when it must be written back
+/// in storage coordinates (`expand`, `unfold`).
+fn inverse_kind(view: &str) -> Option<Inverse> {
+    Some(match view {
+        "slice" => Inverse::Scatter("slice_scatter"),
+        "select" => Inverse::Scatter("select_scatter"),
+        "diagonal" => Inverse::Scatter("diagonal_scatter"),
+        "narrow" => Inverse::Narrow,
+        "split" | "chunk" => Inverse::Piece,
+        "unbind" => Inverse::Unbind,
+        "as_strided" => Inverse::AsStrided,
+        "transpose" | "t" => Inverse::SelfInverse,
+        "permute" => Inverse::Permute,
+        "unsqueeze" => Inverse::Unsqueeze,
+        "view" | "reshape" | "squeeze" => Inverse::Reshape,
+        "alias" | "contiguous" => Inverse::Identity,
+        _ => return None,
+    })
+}

@@ -1,0 +1,29 @@
+//! Graph clean-ups run after functionalization.
+
+use crate::graph::{Graph, ValueId};
+use crate::ops::OpKind;
+use std::collections::HashSet;
+
+/// Removes nodes none of whose results is used (in-place nodes, the
+/// `copy_` epilogue, are always kept), and their values.
+pub fn eliminate_dead_code(g: &mut Graph) {
+    let mut live: HashSet<ValueId> = g.outputs.iter().copied().collect();
+    let mut keep = vec![false; g.order.len()];
+    for (i, &n) in g.order.iter().enumerate().rev() {
+        let node = &g.nodes[n];
+        if node.op.def().kind == OpKind::InPlace || node.results.iter().any(|r| live.contains(r)) {
+            keep[i] = true;
+            live.extend(node.inputs());
+        }
+    }
+    let order = std::mem::take(&mut g.order);
+    for (n, k) in order.into_iter().zip(keep) {
+        if k {
+            g.order.push(n);
+        } else if let Some(node) = g.nodes.remove(n) {
+            for r in node.results {
+                g.values.remove(r);
+            }
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! Invariants checked between passes.
+
+use crate::graph::{Def, Graph, ValueId};
+use crate::ops::OpKind;
+use crate::pass::Remove;
+use std::collections::HashSet;
+
+/// Every value is defined before it is used, by a parameter or an earlier
+/// node.
+pub fn verify_ssa(g: &Graph) -> Result<(), String> {
+    let mut defined: HashSet<ValueId> = g.inputs.iter().copied().collect();
+    for &n in &g.order {
+        let node = g
+            .nodes
+            .get(n)
+            .ok_or("a node in the order is missing from the arena")?;
+        for v in node.inputs() {
+            if !defined.contains(&v) {
+                return Err(format!(
+                    "{} reads a value before it is defined",
+                    node.op.name()
+                ));
+            }
+        }
+        for (i, &r) in node.results.iter().enumerate() {
+            if g.values.get(r).map(|v| &v.def) != Some(&Def::Node(n, i)) {
+                return Err(format!(
+                    "{} has a result that does not point back to it",
+                    node.op.name()
+                ));
+            }
+            defined.insert(r);
+        }
+    }
+    for &o in &g.outputs {
+        if !defined.contains(&o) {
+            return Err("an output is not defined".into());
+        }
+    }
+    Ok(())
+}
+
+/// After functionalization: SSA holds; the only mutations are the trailing
+/// `copy_(parameter, value)` epilogue; in `MutationsAndViews` mode no view
+/// is left.
+pub fn verify_functional(g: &Graph, mode: Remove) -> Result<(), String> {
+    verify_ssa(g)?;
+    let mut in_epilogue = false;
+    for &n in &g.order {
+        let node = &g.nodes[n];
+        let def = node.op.def();
+        let epilogue = def.name == "copy_"
+            && node
+                .args
+                .first()
+                .and_then(|a| a.tensors().first().copied().copied())
+                .is_some_and(|v| g.inputs.contains(&v));
+        match def.kind {
+            OpKind::InPlace if epilogue => in_epilogue = true,
+            OpKind::InPlace => return Err(format!("mutation `{}` left in the graph", def.name)),
+            _ if in_epilogue => return Err(format!("`{}` after the copy_ epilogue", def.name)),
+            OpKind::View | OpKind::MultiView | OpKind::ViewOrCopy
+                if mode == Remove::MutationsAndViews =>
+            {
+                return Err(format!("view `{}` left in the graph", def.name))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
