@@ -9,6 +9,7 @@ pub mod interp;
 pub mod meta;
 pub mod ops;
 pub mod pass;
+pub mod random;
 pub mod schema;
 pub mod simplify;
 pub mod tensor;

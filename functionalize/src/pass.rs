@@ -23,6 +23,7 @@
 use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, ValueId};
 use crate::meta::{wrap_dim, Meta};
+use crate::ops::layout::is_non_overlapping_and_dense;
 use crate::ops::{self, views, OpId, OpKind, Rule};
 use crate::schema::Arg;
 use crate::text::{fmt_node, Names};
@@ -359,51 +360,47 @@ impl Pass<'_> {
         }
     }
 
-    /// In views mode a value no longer shares its base's storage, so ops
-    /// that address the storage (`as_strided_copy`, and the storage
-    /// `as_strided_scatter` clones) are applied to the base itself; the
-    /// base must be laid out plainly for its new value to match.
-    fn plain_base(&self, storage: usize) -> Result<ValueId> {
+    /// In views mode values share no storage, so ops that address a
+    /// storage (`as_strided` in all its forms) read the base's elements in
+    /// storage order: the base itself when it is contiguous, else this
+    /// `permute` of it (a dense base in a permuted layout, as elementwise
+    /// ops on transposed inputs give). A base with gaps or an offset (a
+    /// scatter into a view) cannot be addressed so.
+    fn storage_order(&self, storage: usize) -> Result<Vec<Step>> {
         let m = &self.storages[storage].base_meta;
-        if !(m.offset == 0 && m.is_contiguous() && m.storage_numel == m.numel()) {
+        if !(m.offset == 0 && m.storage_numel == m.numel() && is_non_overlapping_and_dense(&m.sizes, &m.strides)) {
             return Err(self.err(
-                "cannot remove views here: as_strided addresses a storage that is not laid out contiguously \
-                 (a permuted or offset base); functionalize with --remove mutations instead",
+                "cannot remove views here: as_strided addresses a storage with gaps or an offset \
+                 (the result of a scatter into a view); functionalize with --remove mutations instead",
             ));
         }
-        Ok(self.storages[storage].base)
+        if m.is_contiguous() {
+            return Ok(vec![]);
+        }
+        let mut perm: Vec<usize> = (0..m.dim()).collect();
+        perm.sort_by(|&a, &b| m.strides[b].cmp(&m.strides[a]));
+        let meta = m.restrided(perm.iter().map(|&d| m.sizes[d]).collect(), perm.iter().map(|&d| m.strides[d]).collect(), 0);
+        let op = ops::lookup("permute").expect("permute is in the table");
+        Ok(vec![Step { op, args: vec![Arg::IntList(perm.iter().map(|&d| d as i64).collect())], index: 0, meta }])
     }
 
+    /// `as_strided_copy(self, ...)` and `as_strided_scatter(self, ...)`
+    /// without views: applied to the storage in storage order.
     fn strided_without_views(&mut self, n: NodeId) -> Result<()> {
         let node = &self.src.nodes[n];
         let this = *node.args[0].tensors()[0];
         let a = self.alias(this)?;
-        // Bring the base up to date with every write.
-        self.read(this)?;
-        let base = self.plain_base(a.storage)?;
+        let order = self.storage_order(a.storage)?;
+        let flat = self.regen(a.storage, &order, order.len())?;
         let mut args = self.read_args(&node.args)?;
-        args[0] = Arg::Tensor(base);
+        args[0] = Arg::Tensor(flat);
         let mut r = self.emit_id(node.op, args)?.remove(0);
-        if node.op.name() == "as_strided_scatter" && !a.chain.is_empty() {
+        if node.op.name() == "as_strided_scatter" && !(a.chain.is_empty() && order.is_empty()) {
             // The result is the whole storage seen through `self`'s geometry.
             let m = self.src.meta(this).clone();
-            let ints = |v: &[usize]| Arg::IntList(v.iter().map(|&x| x as i64).collect());
-            r = self.emit(
-                "as_strided_copy",
-                vec![
-                    Arg::Tensor(r),
-                    ints(&m.sizes),
-                    ints(&m.strides),
-                    Arg::Int(m.offset as i64),
-                ],
-            )?;
+            r = self.emit("as_strided_copy", vec![Arg::Tensor(r), ints(&m.sizes), ints(&m.strides), Arg::Int(m.offset as i64)])?;
         }
-        self.new_storage(
-            node.results[0],
-            r,
-            self.src.meta(node.results[0]).clone(),
-            None,
-        );
+        self.new_storage(node.results[0], r, self.src.meta(node.results[0]).clone(), None);
         Ok(())
     }
 
@@ -426,12 +423,12 @@ impl Pass<'_> {
         let (chain, input) = if node.op.name() == "as_strided" {
             // Offsets and strides of as_strided refer to the whole storage:
             // it is a view of the base, whatever view it was applied to.
-            self.read(this)?;
-            let base = match self.mode {
-                Remove::Mutations => self.storages[a.storage].base,
-                Remove::MutationsAndViews => self.plain_base(a.storage)?,
+            let order = match self.mode {
+                Remove::Mutations => vec![],
+                Remove::MutationsAndViews => self.storage_order(a.storage)?,
             };
-            (vec![], base)
+            let input = self.regen(a.storage, &order, order.len())?;
+            (order, input)
         } else {
             ((*a.chain).clone(), self.read(this)?)
         };
@@ -544,7 +541,7 @@ impl Pass<'_> {
             }
             val
         } else {
-            self.write_back_strided(a, r, a_meta, &base_meta)?
+            self.write_back_strided(a, r, a_meta)?
         };
         // Keep the base's layout, so views and as_strided replay exactly.
         if self.mode == Remove::Mutations && self.out.meta(new_base) != &base_meta {
@@ -555,7 +552,6 @@ impl Pass<'_> {
     }
 
     fn scatter_strided(&mut self, base: ValueId, src: ValueId, m: &Meta) -> Result<ValueId> {
-        let ints = |v: &[usize]| Arg::IntList(v.iter().map(|&x| x as i64).collect());
         self.emit(
             "as_strided_scatter",
             vec![
@@ -572,37 +568,30 @@ impl Pass<'_> {
     /// `as_strided_scatter`. Through an expanded view all copies of an
     /// element hold the same value (only `fill_`/`zero_` may write there),
     /// so one copy of each is written.
-    fn write_back_strided(
-        &mut self,
-        a: &Alias,
-        r: ValueId,
-        a_meta: &Meta,
-        base_meta: &Meta,
-    ) -> Result<ValueId> {
-        if self.mode == Remove::MutationsAndViews
-            && !(base_meta.offset == 0
-                && base_meta.is_contiguous()
-                && base_meta.storage_numel == base_meta.numel())
-        {
-            return Err(self.err(
-                "cannot remove views here: this write goes through as_strided or expand on a tensor whose storage \
-                 is not laid out contiguously; functionalize with --remove mutations instead",
-            ));
-        }
+    fn write_back_strided(&mut self, a: &Alias, r: ValueId, a_meta: &Meta) -> Result<ValueId> {
         let mut src = r;
         let mut m = a_meta.clone();
         for d in (0..m.dim()).rev() {
             if m.strides[d] == 0 && m.sizes[d] > 1 {
-                src = self.emit(
-                    self.view_op(ops::lookup("select").unwrap()).name(),
-                    vec![Arg::Tensor(src), Arg::Int(d as i64), Arg::Int(0)],
-                )?;
+                let select = self.view_op(ops::lookup("select").expect("select is in the table"));
+                src = self.emit_id(select, vec![Arg::Tensor(src), Arg::Int(d as i64), Arg::Int(0)])?.remove(0);
                 m.sizes.remove(d);
                 m.strides.remove(d);
             }
         }
-        let base = self.storages[a.storage].base;
-        self.scatter_strided(base, src, &m)
+        let order = match self.mode {
+            Remove::Mutations => vec![],
+            Remove::MutationsAndViews => self.storage_order(a.storage)?,
+        };
+        let flat = self.regen(a.storage, &order, order.len())?;
+        let written = self.scatter_strided(flat, src, &m)?;
+        match order.first() {
+            None => Ok(written),
+            Some(step) => {
+                let (base_meta, base) = (self.storages[a.storage].base_meta.clone(), self.storages[a.storage].base);
+                self.inverse(step, &base_meta, base, written)
+            }
+        }
     }
 
     /// Writes `child` (the new value of `step`'s result) into `parent`.
@@ -734,6 +723,10 @@ impl Pass<'_> {
         };
         self.emit(&op, args)
     }
+}
+
+fn ints(v: &[usize]) -> Arg<ValueId> {
+    Arg::IntList(v.iter().map(|&x| x as i64).collect())
 }
 
 enum Inverse {

@@ -1,0 +1,287 @@
+//! Random programs of views, in-place ops and elementwise ops, for property
+//! tests and benchmarks. Every statement goes through `Graph::call`, so a
+//! program is always well-typed; calls the op table refuses are skipped.
+//!
+//! Choices come from a [`Choices`] source: a seeded generator for
+//! benchmarks, or a list proptest can shrink.
+
+use crate::dtype::DType;
+use crate::graph::{Graph, ValueId};
+use crate::meta::Meta;
+use crate::ops;
+use crate::schema::Arg;
+
+/// Where the generator's decisions come from.
+pub trait Choices {
+    /// A number in `0..n` (`n > 0`).
+    fn pick(&mut self, n: usize) -> usize;
+}
+
+/// SplitMix64: small, fast, deterministic.
+pub struct Seeded(pub u64);
+
+impl Choices for Seeded {
+    fn pick(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) % n as u64) as usize
+    }
+}
+
+/// A fixed list of choices (then zeros): what proptest generates and
+/// shrinks.
+pub struct Listed<'a> {
+    pub list: &'a [u32],
+    pub pos: usize,
+}
+
+impl Choices for Listed<'_> {
+    fn pick(&mut self, n: usize) -> usize {
+        let v = self.list.get(self.pos).copied().unwrap_or(0) as usize;
+        self.pos += 1;
+        v % n
+    }
+}
+
+struct Gen<'c, C: Choices> {
+    c: &'c mut C,
+    g: Graph,
+    /// Values and how many view steps separate each from a fresh tensor.
+    vals: Vec<(ValueId, usize)>,
+}
+
+const SHAPES: [&[usize]; 6] = [&[4, 6], &[6], &[2, 3, 4], &[4, 1], &[3, 3], &[1, 6]];
+const MAX_DEPTH: usize = 6;
+
+impl<C: Choices> Gen<'_, C> {
+    fn pick(&mut self, n: usize) -> usize {
+        self.c.pick(n)
+    }
+
+    fn int(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + self.pick((hi - lo + 1).max(1) as usize) as i64
+    }
+
+    /// A recent value more often than an old one.
+    fn value(&mut self) -> (ValueId, usize) {
+        let n = self.vals.len();
+        let back = if self.pick(4) == 0 { self.pick(n) } else { self.pick(n.min(6)) };
+        self.vals[n - 1 - back]
+    }
+
+    fn meta(&self, v: ValueId) -> Meta {
+        self.g.meta(v).clone()
+    }
+
+    fn call(&mut self, op: &str, args: Vec<Arg<ValueId>>, depth: usize) {
+        let id = ops::lookup(op).expect("generator uses table ops");
+        if let Ok(res) = self.g.call(id, &args) {
+            let kind = id.def().kind;
+            let view = matches!(kind, ops::OpKind::View | ops::OpKind::MultiView | ops::OpKind::ViewOrCopy);
+            for r in res {
+                let d = if view { depth + 1 } else if kind == ops::OpKind::InPlace { depth } else { 0 };
+                if self.g.meta(r).numel() > 0 {
+                    self.vals.push((r, d));
+                }
+            }
+        }
+    }
+
+    fn dim(&mut self, m: &Meta) -> i64 {
+        let n = m.dim().max(1) as i64;
+        self.int(-n, n - 1)
+    }
+
+    fn scalar(&mut self) -> Arg<ValueId> {
+        match self.pick(3) {
+            0 => Arg::Int(self.int(-2, 3)),
+            _ => Arg::Float([0.5, -1.5, 2.0, 0.25][self.pick(4)]),
+        }
+    }
+
+    fn view_step(&mut self, v: ValueId, depth: usize) {
+        let m = self.meta(v);
+        let t = Arg::Tensor(v);
+        let il = |l: Vec<i64>| Arg::IntList(l);
+        match self.pick(15) {
+            0 => {
+                let n = m.numel() as i64;
+                let a = [1, 2, 3, 4, 6].into_iter().filter(|d| n % d == 0).collect::<Vec<i64>>();
+                let k = a[self.pick(a.len())];
+                let op = if self.pick(2) == 0 { "view" } else { "reshape" };
+                self.call(op, vec![t, il(vec![k, -1])], depth);
+            }
+            1 => {
+                let (d, s, e, st) = (self.dim(&m), self.int(-2, 2), self.int(-1, 6), self.int(1, 3));
+                self.call("slice", vec![t, Arg::Int(d), Arg::Int(s), Arg::Int(e), Arg::Int(st)], depth);
+            }
+            2 => {
+                let (d, i) = (self.dim(&m), self.int(-2, 2));
+                self.call("select", vec![t, Arg::Int(d), Arg::Int(i)], depth);
+            }
+            3 => {
+                let (a, b) = (self.dim(&m), self.dim(&m));
+                self.call("transpose", vec![t, Arg::Int(a), Arg::Int(b)], depth);
+            }
+            4 => self.call("t", vec![t], depth),
+            5 => {
+                let mut p: Vec<i64> = (0..m.dim() as i64).collect();
+                if p.len() > 1 {
+                    let i = self.pick(p.len());
+                    p.swap(0, i);
+                }
+                self.call("permute", vec![t, il(p)], depth);
+            }
+            6 => {
+                let mut s: Vec<i64> = m.sizes.iter().map(|&x| if x == 1 { 3 } else { x as i64 }).collect();
+                if self.pick(2) == 0 {
+                    s.insert(0, 2);
+                }
+                self.call("expand", vec![t, il(s)], depth);
+            }
+            7 => {
+                let o = self.int(-1, 1);
+                self.call("diagonal", vec![t, Arg::Int(o)], depth);
+            }
+            8 => {
+                let d = self.int(0, m.dim() as i64);
+                self.call("unsqueeze", vec![t, Arg::Int(d)], depth);
+            }
+            9 => self.call("squeeze", vec![t], depth),
+            10 => {
+                let (d, s, l) = (self.dim(&m), self.int(-2, 1), self.int(0, 2));
+                self.call("narrow", vec![t, Arg::Int(d), Arg::Int(s), Arg::Int(l)], depth);
+            }
+            11 => {
+                let (d, size, step) = (self.dim(&m), self.int(1, 2), self.int(1, 2));
+                self.call("unfold", vec![t, Arg::Int(d), Arg::Int(size), Arg::Int(step)], depth);
+            }
+            12 => {
+                let (d, k) = (self.dim(&m), self.int(1, 3));
+                let op = ["split", "chunk"][self.pick(2)];
+                self.call(op, vec![t, Arg::Int(k), Arg::Int(d)], depth);
+            }
+            13 => {
+                let d = self.dim(&m);
+                self.call("unbind", vec![t, Arg::Int(d)], depth);
+            }
+            _ => {
+                // A window of the storage, addressed in storage coordinates.
+                let len = m.storage_numel as i64;
+                let n = self.int(1, 3.min(len));
+                let off = self.int(0, len - n);
+                if self.pick(2) == 0 {
+                    self.call("as_strided", vec![t, il(vec![n]), il(vec![1]), Arg::Int(off)], depth);
+                } else {
+                    self.call("alias", vec![t], depth);
+                }
+            }
+        }
+    }
+
+    fn mutation(&mut self, v: ValueId, depth: usize) {
+        let t = Arg::Tensor(v);
+        match self.pick(9) {
+            0..=2 => {
+                let op = ["add_", "mul_", "sub_", "div_"][self.pick(4)];
+                let other = if self.pick(2) == 0 { self.scalar() } else { Arg::Tensor(self.value().0) };
+                self.call(op, vec![t, other], depth);
+            }
+            3 => {
+                let s = self.scalar();
+                self.call("fill_", vec![t, s], depth);
+            }
+            4 => self.call("zero_", vec![t], depth),
+            5 => {
+                let src = self.value().0;
+                self.call("copy_", vec![t, Arg::Tensor(src)], depth);
+            }
+            6 => {
+                let (mv, _) = self.value();
+                let id = ops::lookup("gt").unwrap();
+                if let Ok(mask) = self.g.call(id, &[Arg::Tensor(mv), Arg::Float(0.0)]) {
+                    let s = self.scalar();
+                    self.call("masked_fill_", vec![t, Arg::Tensor(mask[0]), s], depth);
+                }
+            }
+            7 => {
+                let op = ["neg_", "relu_", "tanh_", "abs_"][self.pick(4)];
+                self.call(op, vec![t], depth);
+            }
+            _ => {
+                let (lo, hi) = (Arg::Float(-0.5), Arg::Float(1.0));
+                self.call("clamp_", vec![t, lo, hi], depth);
+            }
+        }
+    }
+
+    fn functional(&mut self, v: ValueId) {
+        let t = Arg::Tensor(v);
+        match self.pick(7) {
+            0 | 1 => {
+                let op = ["add", "mul", "sub", "maximum"][self.pick(4)];
+                let other = Arg::Tensor(self.value().0);
+                self.call(op, vec![t, other], 0);
+            }
+            2 => {
+                let s = self.scalar();
+                self.call("mul", vec![t, s], 0);
+            }
+            3 => {
+                let op = ["exp", "tanh", "sigmoid", "neg", "relu"][self.pick(5)];
+                self.call(op, vec![t], 0);
+            }
+            4 => {
+                let op = ["clone", "contiguous"][self.pick(2)];
+                self.call(op, vec![t], 0);
+            }
+            5 => {
+                let m = self.meta(v);
+                let d = self.dim(&m);
+                let keep = Arg::Bool(self.pick(2) == 0);
+                self.call("sum", vec![t, Arg::IntList(vec![d]), keep], 0);
+            }
+            _ => {
+                let (a, _) = self.value();
+                let id = ops::lookup("lt").unwrap();
+                if let Ok(c) = self.g.call(id, &[Arg::Tensor(a), Arg::Float(0.5)]) {
+                    self.call("where", vec![Arg::Tensor(c[0]), t, Arg::Float(-1.0)], 0);
+                }
+            }
+        }
+    }
+}
+
+/// A random program over 1-3 f32 parameters with about `statements`
+/// statements (views, in-place and elementwise ops mixed), returning a few
+/// of its values.
+pub fn random_program(c: &mut impl Choices, statements: usize) -> Graph {
+    let mut gen = Gen { c, g: Graph::new("random"), vals: vec![] };
+    let n_inputs = 1 + gen.pick(3);
+    for i in 0..n_inputs {
+        let shape = SHAPES[gen.pick(SHAPES.len())].to_vec();
+        let v = gen.g.add_input(Some(format!("x{i}")), Meta::contiguous(DType::F32, shape));
+        gen.vals.push((v, 0));
+    }
+    // Calls the op table refuses add nothing: bound the attempts.
+    let mut attempts = 0;
+    while gen.g.order.len() < statements && attempts < 20 * statements + 100 {
+        attempts += 1;
+        let (v, depth) = gen.value();
+        match gen.pick(10) {
+            0..=3 if depth < MAX_DEPTH => gen.view_step(v, depth),
+            4..=6 => gen.mutation(v, depth),
+            _ => gen.functional(v),
+        }
+        // Keep the pool small, so values are reused and chains stay short.
+        if gen.vals.len() > 64 {
+            gen.vals.drain(..32);
+        }
+    }
+    let n = gen.vals.len();
+    let k = 1 + gen.pick(3.min(n));
+    gen.g.outputs = gen.vals[n - k..].iter().map(|v| v.0).collect();
+    gen.g
+}
