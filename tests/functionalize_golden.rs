@@ -20,7 +20,10 @@ fn docs_intermediate_mutation_through_a_view() {
       %d = add_(%c, 1)
       return %b
     }";
-    check(src, Remove::Mutations, expect![[r#"
+    check(
+        src,
+        Remove::Mutations,
+        expect![[r#"
         graph f(%a: f32[4, 2]) {
           %add = add(%a, 1)
           %view = view(%add, [-1])
@@ -28,8 +31,12 @@ fn docs_intermediate_mutation_through_a_view() {
           %view_1 = view(%add_1, [4, 2])
           return %view_1
         }
-    "#]]);
-    check(src, Remove::MutationsAndViews, expect![[r#"
+    "#]],
+    );
+    check(
+        src,
+        Remove::MutationsAndViews,
+        expect![[r#"
         graph f(%a: f32[4, 2]) {
           %add = add(%a, 1)
           %view_copy = view_copy(%add, [-1])
@@ -37,7 +44,8 @@ fn docs_intermediate_mutation_through_a_view() {
           %view_copy_1 = view_copy(%add_1, [4, 2])
           return %view_copy_1
         }
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
@@ -48,7 +56,10 @@ fn docs_input_mutated_through_a_view() {
       %c = add_(%b, 1)
       return %a
     }";
-    check(src, Remove::Mutations, expect![[r#"
+    check(
+        src,
+        Remove::Mutations,
+        expect![[r#"
         graph f(%a: f32[4, 2]) {
           %view = view(%a, [-1])
           %add = add(%view, 1)
@@ -56,8 +67,12 @@ fn docs_input_mutated_through_a_view() {
           %copy = copy_(%a, %view_1)
           return %view_1
         }
-    "#]]);
-    check(src, Remove::MutationsAndViews, expect![[r#"
+    "#]],
+    );
+    check(
+        src,
+        Remove::MutationsAndViews,
+        expect![[r#"
         graph f(%a: f32[4, 2]) {
           %view_copy = view_copy(%a, [-1])
           %add = add(%view_copy, 1)
@@ -65,7 +80,8 @@ fn docs_input_mutated_through_a_view() {
           %copy = copy_(%a, %view_copy_1)
           return %view_copy_1
         }
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
@@ -75,13 +91,17 @@ fn clone_then_add_() {
       %z = add_(%y, 1)
       return %y
     }";
-    check(src, Remove::Mutations, expect![[r#"
+    check(
+        src,
+        Remove::Mutations,
+        expect![[r#"
         graph f(%x: f32[3]) {
           %clone = clone(%x)
           %add = add(%clone, 1)
           return %add
         }
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
@@ -94,7 +114,10 @@ fn column_of_a_slice_add_() {
       %d = add_(%c, 1)
       return %y
     }";
-    check(src, Remove::Mutations, expect![[r#"
+    check(
+        src,
+        Remove::Mutations,
+        expect![[r#"
         graph f(%x: f32[3, 4]) {
           %clone = clone(%x)
           %slice = slice(%clone, 0, 0, 9223372036854775807)
@@ -104,7 +127,8 @@ fn column_of_a_slice_add_() {
           %slice_scatter = slice_scatter(%clone, %select_scatter, 0, 0, 9223372036854775807)
           return %slice_scatter
         }
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
@@ -118,7 +142,10 @@ fn several_outstanding_aliases() {
       %r = add(%v, 1)
       return (%r, %t)
     }";
-    check(src, Remove::Mutations, expect![[r#"
+    check(
+        src,
+        Remove::Mutations,
+        expect![[r#"
         graph f(%x: f32[2, 3]) {
           %clone = clone(%x)
           %transpose = transpose(%clone, 0, 1)
@@ -128,7 +155,8 @@ fn several_outstanding_aliases() {
           %add = add(%view_1, 1)
           return (%add, %mul)
         }
-    "#]]);
+    "#]],
+    );
 }
 
 #[test]
@@ -138,7 +166,10 @@ fn diagonal_add_without_views() {
       %e = add_(%d, 1)
       return %x
     }";
-    check(src, Remove::MutationsAndViews, expect![[r#"
+    check(
+        src,
+        Remove::MutationsAndViews,
+        expect![[r#"
         graph f(%x: f32[3, 3]) {
           %diagonal_copy = diagonal_copy(%x)
           %add = add(%diagonal_copy, 1)
@@ -146,5 +177,6 @@ fn diagonal_add_without_views() {
           %copy = copy_(%x, %diagonal_scatter)
           return %diagonal_scatter
         }
-    "#]]);
+    "#]],
+    );
 }

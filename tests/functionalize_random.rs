@@ -18,7 +18,9 @@ fn inputs(g: &Graph, seed: u64) -> Vec<RTensor> {
             let m = g.meta(v);
             let vals: Vec<f64> = (0..m.numel())
                 .map(|_| {
-                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     ((s >> 33) % 4000) as f64 / 1000.0 - 2.0
                 })
                 .collect();
@@ -35,13 +37,16 @@ fn check(g: &Graph, seed: u64) -> Result<(), String> {
             (Err(_), Err(_)) => {}
             (Err(e), Ok(f)) => {
                 if interp::run(&f.graph, inputs(g, seed)).is_ok() {
-                    return Err(format!("{mode:?}: eager refuses ({e}) but the functionalized graph runs"));
+                    return Err(format!(
+                        "{mode:?}: eager refuses ({e}) but the functionalized graph runs"
+                    ));
                 }
             }
             (Ok(_), Err(e)) => return Err(format!("{mode:?}: functionalize failed: {e}")),
             (Ok(w), Ok(f)) => {
                 verify::verify_functional(&f.graph, mode)?;
-                let got = interp::run(&f.graph, inputs(g, seed)).map_err(|e| format!("{mode:?}: {e}"))?;
+                let got =
+                    interp::run(&f.graph, inputs(g, seed)).map_err(|e| format!("{mode:?}: {e}"))?;
                 for (i, (a, b)) in got.outputs.iter().zip(&w.outputs).enumerate() {
                     close(&format!("{mode:?} output {i}"), a, b)?;
                 }

@@ -96,6 +96,10 @@ struct StorageState {
     base_meta: Meta,
     gen: u64,
     input: Option<usize>,
+    /// `Mutations` mode: the last value of the base laid out as in the
+    /// source graph, when `base` is not (a write-back through a copy that
+    /// changed the layout). Restored lazily, only when something reads it.
+    layout: Option<ValueId>,
 }
 
 struct Pass<'g> {
@@ -137,10 +141,14 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         p.node(n)?;
     }
     p.at = None;
+    // An output that is a base needs its values, not its source layout.
     let outputs = g
         .outputs
         .iter()
-        .map(|&v| p.read(v))
+        .map(|&v| match p.alias(v)? {
+            a if a.chain.is_empty() => Ok(p.storages[a.storage].base),
+            _ => p.read(v),
+        })
         .collect::<Result<Vec<_>>>()?;
     p.out.outputs = outputs;
     // The epilogue: write every mutated parameter's final value back.
@@ -188,6 +196,7 @@ impl Pass<'_> {
             base_meta,
             gen: 0,
             input,
+            layout: None,
         });
         let a = Alias {
             storage: self.storages.len() - 1,
@@ -268,7 +277,7 @@ impl Pass<'_> {
     /// The value of the first `k` steps of `chain` over the current base.
     fn regen(&mut self, storage: usize, chain: &[Step], k: usize) -> Result<ValueId> {
         if k == 0 {
-            return Ok(self.storages[storage].base);
+            return self.base(storage);
         }
         let gen = self.storages[storage].gen;
         let prefix: String = chain[..k - 1]
@@ -368,7 +377,10 @@ impl Pass<'_> {
     /// scatter into a view) cannot be addressed so.
     fn storage_order(&self, storage: usize) -> Result<Vec<Step>> {
         let m = &self.storages[storage].base_meta;
-        if !(m.offset == 0 && m.storage_numel == m.numel() && is_non_overlapping_and_dense(&m.sizes, &m.strides)) {
+        if !(m.offset == 0
+            && m.storage_numel == m.numel()
+            && is_non_overlapping_and_dense(&m.sizes, &m.strides))
+        {
             return Err(self.err(
                 "cannot remove views here: as_strided addresses a storage with gaps or an offset \
                  (the result of a scatter into a view); functionalize with --remove mutations instead",
@@ -379,9 +391,18 @@ impl Pass<'_> {
         }
         let mut perm: Vec<usize> = (0..m.dim()).collect();
         perm.sort_by(|&a, &b| m.strides[b].cmp(&m.strides[a]));
-        let meta = m.restrided(perm.iter().map(|&d| m.sizes[d]).collect(), perm.iter().map(|&d| m.strides[d]).collect(), 0);
+        let meta = m.restrided(
+            perm.iter().map(|&d| m.sizes[d]).collect(),
+            perm.iter().map(|&d| m.strides[d]).collect(),
+            0,
+        );
         let op = ops::lookup("permute").expect("permute is in the table");
-        Ok(vec![Step { op, args: vec![Arg::IntList(perm.iter().map(|&d| d as i64).collect())], index: 0, meta }])
+        Ok(vec![Step {
+            op,
+            args: vec![Arg::IntList(perm.iter().map(|&d| d as i64).collect())],
+            index: 0,
+            meta,
+        }])
     }
 
     /// `as_strided_copy(self, ...)` and `as_strided_scatter(self, ...)`
@@ -398,9 +419,22 @@ impl Pass<'_> {
         if node.op.name() == "as_strided_scatter" && !(a.chain.is_empty() && order.is_empty()) {
             // The result is the whole storage seen through `self`'s geometry.
             let m = self.src.meta(this).clone();
-            r = self.emit("as_strided_copy", vec![Arg::Tensor(r), ints(&m.sizes), ints(&m.strides), Arg::Int(m.offset as i64)])?;
+            r = self.emit(
+                "as_strided_copy",
+                vec![
+                    Arg::Tensor(r),
+                    ints(&m.sizes),
+                    ints(&m.strides),
+                    Arg::Int(m.offset as i64),
+                ],
+            )?;
         }
-        self.new_storage(node.results[0], r, self.src.meta(node.results[0]).clone(), None);
+        self.new_storage(
+            node.results[0],
+            r,
+            self.src.meta(node.results[0]).clone(),
+            None,
+        );
         Ok(())
     }
 
@@ -543,12 +577,29 @@ impl Pass<'_> {
         } else {
             self.write_back_strided(a, r, a_meta)?
         };
-        // Keep the base's layout, so views and as_strided replay exactly.
-        if self.mode == Remove::Mutations && self.out.meta(new_base) != &base_meta {
-            let old = self.storages[a.storage].base;
-            return self.scatter_strided(old, new_base, &base_meta);
+        // Views and as_strided replay exactly only on the base's source
+        // layout: remember the last value that has it.
+        let faithful = self.out.meta(new_base) == &base_meta;
+        let s = &mut self.storages[a.storage];
+        if faithful {
+            s.layout = None;
+        } else if self.mode == Remove::Mutations && s.layout.is_none() {
+            s.layout = Some(s.base);
         }
         Ok(new_base)
+    }
+
+    /// The base's current value for reading, in its source layout.
+    fn base(&mut self, storage: usize) -> Result<ValueId> {
+        let s = &self.storages[storage];
+        let (Some(old), base, m) = (s.layout, s.base, s.base_meta.clone()) else {
+            return Ok(s.base);
+        };
+        let v = self.scatter_strided(old, base, &m)?;
+        let s = &mut self.storages[storage];
+        s.base = v;
+        s.layout = None;
+        Ok(v)
     }
 
     fn scatter_strided(&mut self, base: ValueId, src: ValueId, m: &Meta) -> Result<ValueId> {
@@ -574,7 +625,12 @@ impl Pass<'_> {
         for d in (0..m.dim()).rev() {
             if m.strides[d] == 0 && m.sizes[d] > 1 {
                 let select = self.view_op(ops::lookup("select").expect("select is in the table"));
-                src = self.emit_id(select, vec![Arg::Tensor(src), Arg::Int(d as i64), Arg::Int(0)])?.remove(0);
+                src = self
+                    .emit_id(
+                        select,
+                        vec![Arg::Tensor(src), Arg::Int(d as i64), Arg::Int(0)],
+                    )?
+                    .remove(0);
                 m.sizes.remove(d);
                 m.strides.remove(d);
             }
@@ -588,7 +644,10 @@ impl Pass<'_> {
         match order.first() {
             None => Ok(written),
             Some(step) => {
-                let (base_meta, base) = (self.storages[a.storage].base_meta.clone(), self.storages[a.storage].base);
+                let (base_meta, base) = (
+                    self.storages[a.storage].base_meta.clone(),
+                    self.base(a.storage)?,
+                );
                 self.inverse(step, &base_meta, base, written)
             }
         }

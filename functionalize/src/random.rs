@@ -67,7 +67,11 @@ impl<C: Choices> Gen<'_, C> {
     /// A recent value more often than an old one.
     fn value(&mut self) -> (ValueId, usize) {
         let n = self.vals.len();
-        let back = if self.pick(4) == 0 { self.pick(n) } else { self.pick(n.min(6)) };
+        let back = if self.pick(4) == 0 {
+            self.pick(n)
+        } else {
+            self.pick(n.min(6))
+        };
         self.vals[n - 1 - back]
     }
 
@@ -79,9 +83,18 @@ impl<C: Choices> Gen<'_, C> {
         let id = ops::lookup(op).expect("generator uses table ops");
         if let Ok(res) = self.g.call(id, &args) {
             let kind = id.def().kind;
-            let view = matches!(kind, ops::OpKind::View | ops::OpKind::MultiView | ops::OpKind::ViewOrCopy);
+            let view = matches!(
+                kind,
+                ops::OpKind::View | ops::OpKind::MultiView | ops::OpKind::ViewOrCopy
+            );
             for r in res {
-                let d = if view { depth + 1 } else if kind == ops::OpKind::InPlace { depth } else { 0 };
+                let d = if view {
+                    depth + 1
+                } else if kind == ops::OpKind::InPlace {
+                    depth
+                } else {
+                    0
+                };
                 if self.g.meta(r).numel() > 0 {
                     self.vals.push((r, d));
                 }
@@ -108,14 +121,26 @@ impl<C: Choices> Gen<'_, C> {
         match self.pick(15) {
             0 => {
                 let n = m.numel() as i64;
-                let a = [1, 2, 3, 4, 6].into_iter().filter(|d| n % d == 0).collect::<Vec<i64>>();
+                let a = [1, 2, 3, 4, 6]
+                    .into_iter()
+                    .filter(|d| n % d == 0)
+                    .collect::<Vec<i64>>();
                 let k = a[self.pick(a.len())];
                 let op = if self.pick(2) == 0 { "view" } else { "reshape" };
                 self.call(op, vec![t, il(vec![k, -1])], depth);
             }
             1 => {
-                let (d, s, e, st) = (self.dim(&m), self.int(-2, 2), self.int(-1, 6), self.int(1, 3));
-                self.call("slice", vec![t, Arg::Int(d), Arg::Int(s), Arg::Int(e), Arg::Int(st)], depth);
+                let (d, s, e, st) = (
+                    self.dim(&m),
+                    self.int(-2, 2),
+                    self.int(-1, 6),
+                    self.int(1, 3),
+                );
+                self.call(
+                    "slice",
+                    vec![t, Arg::Int(d), Arg::Int(s), Arg::Int(e), Arg::Int(st)],
+                    depth,
+                );
             }
             2 => {
                 let (d, i) = (self.dim(&m), self.int(-2, 2));
@@ -135,7 +160,11 @@ impl<C: Choices> Gen<'_, C> {
                 self.call("permute", vec![t, il(p)], depth);
             }
             6 => {
-                let mut s: Vec<i64> = m.sizes.iter().map(|&x| if x == 1 { 3 } else { x as i64 }).collect();
+                let mut s: Vec<i64> = m
+                    .sizes
+                    .iter()
+                    .map(|&x| if x == 1 { 3 } else { x as i64 })
+                    .collect();
                 if self.pick(2) == 0 {
                     s.insert(0, 2);
                 }
@@ -152,11 +181,19 @@ impl<C: Choices> Gen<'_, C> {
             9 => self.call("squeeze", vec![t], depth),
             10 => {
                 let (d, s, l) = (self.dim(&m), self.int(-2, 1), self.int(0, 2));
-                self.call("narrow", vec![t, Arg::Int(d), Arg::Int(s), Arg::Int(l)], depth);
+                self.call(
+                    "narrow",
+                    vec![t, Arg::Int(d), Arg::Int(s), Arg::Int(l)],
+                    depth,
+                );
             }
             11 => {
                 let (d, size, step) = (self.dim(&m), self.int(1, 2), self.int(1, 2));
-                self.call("unfold", vec![t, Arg::Int(d), Arg::Int(size), Arg::Int(step)], depth);
+                self.call(
+                    "unfold",
+                    vec![t, Arg::Int(d), Arg::Int(size), Arg::Int(step)],
+                    depth,
+                );
             }
             12 => {
                 let (d, k) = (self.dim(&m), self.int(1, 3));
@@ -173,7 +210,11 @@ impl<C: Choices> Gen<'_, C> {
                 let n = self.int(1, 3.min(len));
                 let off = self.int(0, len - n);
                 if self.pick(2) == 0 {
-                    self.call("as_strided", vec![t, il(vec![n]), il(vec![1]), Arg::Int(off)], depth);
+                    self.call(
+                        "as_strided",
+                        vec![t, il(vec![n]), il(vec![1]), Arg::Int(off)],
+                        depth,
+                    );
                 } else {
                     self.call("alias", vec![t], depth);
                 }
@@ -186,7 +227,11 @@ impl<C: Choices> Gen<'_, C> {
         match self.pick(9) {
             0..=2 => {
                 let op = ["add_", "mul_", "sub_", "div_"][self.pick(4)];
-                let other = if self.pick(2) == 0 { self.scalar() } else { Arg::Tensor(self.value().0) };
+                let other = if self.pick(2) == 0 {
+                    self.scalar()
+                } else {
+                    Arg::Tensor(self.value().0)
+                };
                 self.call(op, vec![t, other], depth);
             }
             3 => {
@@ -258,11 +303,17 @@ impl<C: Choices> Gen<'_, C> {
 /// statements (views, in-place and elementwise ops mixed), returning a few
 /// of its values.
 pub fn random_program(c: &mut impl Choices, statements: usize) -> Graph {
-    let mut gen = Gen { c, g: Graph::new("random"), vals: vec![] };
+    let mut gen = Gen {
+        c,
+        g: Graph::new("random"),
+        vals: vec![],
+    };
     let n_inputs = 1 + gen.pick(3);
     for i in 0..n_inputs {
         let shape = SHAPES[gen.pick(SHAPES.len())].to_vec();
-        let v = gen.g.add_input(Some(format!("x{i}")), Meta::contiguous(DType::F32, shape));
+        let v = gen
+            .g
+            .add_input(Some(format!("x{i}")), Meta::contiguous(DType::F32, shape));
         gen.vals.push((v, 0));
     }
     // Calls the op table refuses add nothing: bound the attempts.

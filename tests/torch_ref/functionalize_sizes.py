@@ -187,6 +187,10 @@ def measure(rel: str) -> dict:
             entry[f"wrong_{mode}"] = True
         else:
             entry[mode] = n
+            # The same graph without dead nodes (copy_ epilogues are impure
+            # and stay): what Kiln's own graphs are compared with.
+            gm.graph.eliminate_dead_code()
+            entry[f"{mode}_live"] = sum(1 for node in gm.graph.nodes if node.op == "call_function")
     return entry
 
 
