@@ -224,3 +224,37 @@ fn every_example_program_runs_from_the_command_line() {
     let (ok, _, err) = kiln(&["run", s(&prog), "--inputs", s(&ins), "--output", s(&out)]);
     assert!(ok, "{err}");
 }
+
+#[test]
+fn functionalize_prints_a_program_that_runs_to_the_same_result() {
+    let prog = write("fz.txt", PROG);
+    let mask = t(DType::Bool, &[2, 3], &[1.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
+    let ins = inputs("fz.in.safetensors", &[("x", iota(&[2, 3])), ("m", mask)]);
+    let eager = dir().join("fz.eager.safetensors");
+    let (ok, _, err) = kiln(&["run", s(&prog), "--inputs", s(&ins), "--output", s(&eager)]);
+    assert!(ok, "{err}");
+    for mode in ["mutations", "mutations_and_views"] {
+        let (ok, text, err) = kiln(&["functionalize", s(&prog), "--remove", mode]);
+        assert!(ok, "{err}");
+        assert!(!text.contains("add_("), "{text}");
+        assert_eq!(mode == "mutations", text.contains("select("), "{text}");
+        let printed = write(&format!("fz.{mode}.txt"), &text);
+        for (p, extra) in [(&printed, None), (&prog, Some(mode))] {
+            let out = dir().join(format!("fz.{mode}.out.safetensors"));
+            let mut args = vec!["run", s(p), "--inputs", s(&ins), "--output", s(&out)];
+            if let Some(m) = extra {
+                args.extend(["--functionalize", m]);
+            }
+            let (ok, _, err) = kiln(&args);
+            assert!(ok, "{err}");
+            let (a, b) = (kiln::io::load_all(&out).unwrap(), kiln::io::load_all(&eager).unwrap());
+            assert_eq!(a.len(), b.len());
+            for ((n, x), (_, y)) in a.iter().zip(&b) {
+                assert_eq!(x.values(), y.values(), "{mode} {n}");
+            }
+        }
+    }
+    let bad = write("fz.bad.txt", "graph f(%x: f32[3, 3]) {\n  %t = t(%x)\n  %a = add_(%x, %t)\n  return %x\n}\n");
+    let (ok, _, err) = kiln(&["functionalize", s(&bad)]);
+    assert!(!ok && err.contains("line 3") && err.contains("single memory location"), "{err}");
+}
