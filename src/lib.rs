@@ -10,5 +10,6 @@ pub mod io;
 pub use kiln_engine as engine;
 pub use kiln_functionalize as functionalize;
 pub use kiln_functionalize::{
-    args, parse, print, run, trace, DType, Graph, RTensor, Tensor, TensorSpec,
+    args, functionalize, functionalize_traced, parse, print, run, trace, DType, Functionalized,
+    Graph, RTensor, Remove, Tensor, TensorSpec,
 };

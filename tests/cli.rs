@@ -247,14 +247,23 @@ fn functionalize_prints_a_program_that_runs_to_the_same_result() {
             }
             let (ok, _, err) = kiln(&args);
             assert!(ok, "{err}");
-            let (a, b) = (kiln::io::load_all(&out).unwrap(), kiln::io::load_all(&eager).unwrap());
+            let (a, b) = (
+                kiln::io::load_all(&out).unwrap(),
+                kiln::io::load_all(&eager).unwrap(),
+            );
             assert_eq!(a.len(), b.len());
             for ((n, x), (_, y)) in a.iter().zip(&b) {
                 assert_eq!(x.values(), y.values(), "{mode} {n}");
             }
         }
     }
-    let bad = write("fz.bad.txt", "graph f(%x: f32[3, 3]) {\n  %t = t(%x)\n  %a = add_(%x, %t)\n  return %x\n}\n");
+    let bad = write(
+        "fz.bad.txt",
+        "graph f(%x: f32[3, 3]) {\n  %t = t(%x)\n  %a = add_(%x, %t)\n  return %x\n}\n",
+    );
     let (ok, _, err) = kiln(&["functionalize", s(&bad)]);
-    assert!(!ok && err.contains("line 3") && err.contains("single memory location"), "{err}");
+    assert!(
+        !ok && err.contains("line 3") && err.contains("single memory location"),
+        "{err}"
+    );
 }

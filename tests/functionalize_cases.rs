@@ -20,8 +20,12 @@ fn refused(src: &str, needle: &str) {
         Ok(g) => {
             let ins = g.inputs.iter().map(|&v| iota(&g.meta(v).sizes)).collect();
             assert!(interp::run(&g, ins).is_err(), "the reference runs:\n{src}");
-            let a = functionalize(&g, Remove::Mutations).err().map(|e| e.to_string());
-            let b = functionalize(&g, Remove::MutationsAndViews).err().map(|e| e.to_string());
+            let a = functionalize(&g, Remove::Mutations)
+                .err()
+                .map(|e| e.to_string());
+            let b = functionalize(&g, Remove::MutationsAndViews)
+                .err()
+                .map(|e| e.to_string());
             assert_eq!(a.is_some(), b.is_some(), "modes disagree:\n{src}");
             a.unwrap_or_else(|| panic!("functionalize accepts:\n{src}"))
         }
@@ -32,27 +36,69 @@ fn refused(src: &str, needle: &str) {
 #[test]
 fn refusals_name_the_statement() {
     let p = "%x: f32[3]";
-    refused(&prog(p, "%e = expand(%x, [2, 3])\n%a = add_(%e, 1)", "()"), "add_(%e, 1)");
-    refused(&prog(p, "%e = expand(%x, [2, 3])\n%o = ones([2, 3])\n%a = copy_(%e, %o)", "()"), "more than one element");
-    refused(&prog(p, "%u = unfold(%x, 0, 2, 1)\n%a = mul_(%u, 2)", "()"), "mul_(%u, 2)");
-    refused(&prog(p, "%a = slice(%x, 0, 1, 3)\n%b = slice(%x, 0, 0, 2)\n%c = add_(%a, %b)", "()"), "add_(%a, %b)");
-    refused(&prog("%x: f32[3, 3]", "%t = t(%x)\n%c = add_(%x, %t)", "()"), "single memory location");
+    refused(
+        &prog(p, "%e = expand(%x, [2, 3])\n%a = add_(%e, 1)", "()"),
+        "add_(%e, 1)",
+    );
+    refused(
+        &prog(
+            p,
+            "%e = expand(%x, [2, 3])\n%o = ones([2, 3])\n%a = copy_(%e, %o)",
+            "()",
+        ),
+        "more than one element",
+    );
+    refused(
+        &prog(p, "%u = unfold(%x, 0, 2, 1)\n%a = mul_(%u, 2)", "()"),
+        "mul_(%u, 2)",
+    );
+    refused(
+        &prog(
+            p,
+            "%a = slice(%x, 0, 1, 3)\n%b = slice(%x, 0, 0, 2)\n%c = add_(%a, %b)",
+            "()",
+        ),
+        "add_(%a, %b)",
+    );
+    refused(
+        &prog("%x: f32[3, 3]", "%t = t(%x)\n%c = add_(%x, %t)", "()"),
+        "single memory location",
+    );
     refused(&prog("%x: f32[4]", "%s = slice(%x, 0, 1, 3)\n%i = full([1], 0, i32)\n%v = slice(%x, 0, 2, 3)\n%c = index_put_(%s, [%i], %v)", "()"), "index_put_");
-    refused(&prog(p, "%v = slice(%x, 0, 0, 2)\n%r = resize_(%v, [5])", "()"), "unknown op `resize_`");
-    refused(&prog("%x: i32[3]", "%a = add_(%x, 0.5)", "()"), "can't be cast");
-    refused(&prog(p, "%y = ones([2, 3])\n%a = add_(%x, %y)", "()"), "doesn't match the broadcast shape");
+    refused(
+        &prog(p, "%v = slice(%x, 0, 0, 2)\n%r = resize_(%v, [5])", "()"),
+        "unknown op `resize_`",
+    );
+    refused(
+        &prog("%x: i32[3]", "%a = add_(%x, 0.5)", "()"),
+        "can't be cast",
+    );
+    refused(
+        &prog(p, "%y = ones([2, 3])\n%a = add_(%x, %y)", "()"),
+        "doesn't match the broadcast shape",
+    );
 }
 
 /// Functionalizes `src` in both modes and compares with the reference.
 fn fine(src: &str) {
     let g = parse(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
-    let ins = || g.inputs.iter().map(|&v| iota(&g.meta(v).sizes)).collect::<Vec<_>>();
+    let ins = || {
+        g.inputs
+            .iter()
+            .map(|&v| iota(&g.meta(v).sizes))
+            .collect::<Vec<_>>()
+    };
     let want = interp::run(&g, ins()).unwrap_or_else(|e| panic!("{e}\n{src}"));
     for mode in [Remove::Mutations, Remove::MutationsAndViews] {
         let f = functionalize(&g, mode).unwrap_or_else(|e| panic!("{mode:?}: {e}\n{src}"));
         let got = interp::run(&f.graph, ins()).unwrap();
         let text = kiln::print(&f.graph);
-        for (a, b) in got.outputs.iter().zip(&want.outputs).chain(got.inputs.iter().zip(&want.inputs)) {
+        for (a, b) in got
+            .outputs
+            .iter()
+            .zip(&want.outputs)
+            .chain(got.inputs.iter().zip(&want.inputs))
+        {
             close("value", a, b).unwrap_or_else(|e| panic!("{mode:?}: {e}\n{src}\n{text}"));
         }
     }
@@ -61,28 +107,88 @@ fn fine(src: &str) {
 #[test]
 fn dangerous_looking_but_fine() {
     // In-place on a slice with a step.
-    fine(&prog("%x: f32[8]", "%s = slice(%x, 0, 1, none, 3)\n%a = mul_(%s, -1)", "%x"));
+    fine(&prog(
+        "%x: f32[8]",
+        "%s = slice(%x, 0, 1, none, 3)\n%a = mul_(%s, -1)",
+        "%x",
+    ));
     // copy_ between two rows of one base.
-    fine(&prog("%x: f32[3, 4]", "%r0 = select(%x, 0, 0)\n%r2 = select(%x, 0, 2)\n%c = copy_(%r2, %r0)", "%x"));
+    fine(&prog(
+        "%x: f32[3, 4]",
+        "%r0 = select(%x, 0, 0)\n%r2 = select(%x, 0, 2)\n%c = copy_(%r2, %r0)",
+        "%x",
+    ));
     // Disjoint rows of one base read and written.
-    fine(&prog("%x: f32[3, 4]", "%r0 = select(%x, 0, 0)\n%r1 = select(%x, 0, 1)\n%c = add_(%r1, %r0)", "(%x, %r1)"));
+    fine(&prog(
+        "%x: f32[3, 4]",
+        "%r0 = select(%x, 0, 0)\n%r1 = select(%x, 0, 1)\n%c = add_(%r1, %r0)",
+        "(%x, %r1)",
+    ));
     // A tensor times itself: every element read where it is written.
     fine(&prog("%x: f32[3, 4]", "%c = mul_(%x, %x)", "%x"));
     // fill_ and zero_ through an expand write each element once.
-    fine(&prog("%x: f32[4]", "%e = expand(%x, [3, 4])\n%f = fill_(%e, 2.5)\n%y = add(%e, 1)", "(%x, %y)"));
-    fine(&prog("%x: f32[4, 1]", "%e = expand(%x, [4, 5])\n%z = zero_(%e)", "%e"));
+    fine(&prog(
+        "%x: f32[4]",
+        "%e = expand(%x, [3, 4])\n%f = fill_(%e, 2.5)\n%y = add(%e, 1)",
+        "(%x, %y)",
+    ));
+    fine(&prog(
+        "%x: f32[4, 1]",
+        "%e = expand(%x, [4, 5])\n%z = zero_(%e)",
+        "%e",
+    ));
     // A window of an overlapping unfold does not overlap itself.
-    fine(&prog("%x: f32[6]", "%u = unfold(%x, 0, 3, 1)\n%w = select(%u, 0, 2)\n%a = add_(%w, 10)", "(%u, %x)"));
+    fine(&prog(
+        "%x: f32[6]",
+        "%u = unfold(%x, 0, 3, 1)\n%w = select(%u, 0, 2)\n%a = add_(%w, 10)",
+        "(%u, %x)",
+    ));
     // fill_ through a whole overlapping unfold.
-    fine(&prog("%x: f32[6]", "%u = unfold(%x, 0, 3, 1)\n%f = fill_(%u, 7)", "%x"));
+    fine(&prog(
+        "%x: f32[6]",
+        "%u = unfold(%x, 0, 3, 1)\n%f = fill_(%u, 7)",
+        "%x",
+    ));
     // as_strided on a view addresses the whole storage.
-    fine(&prog("%x: f32[4, 5]", "%s = slice(%x, 0, 1)\n%a = as_strided(%s, [2, 2], [5, 1], 2)\n%m = mul_(%a, 10)", "(%x, %s)"));
+    fine(&prog(
+        "%x: f32[4, 5]",
+        "%s = slice(%x, 0, 1)\n%a = as_strided(%s, [2, 2], [5, 1], 2)\n%m = mul_(%a, 10)",
+        "(%x, %s)",
+    ));
     // reshape / contiguous of a non-contiguous tensor copy: the write stays.
     fine(&prog("%x: f32[3, 4]", "%t = t(%x)\n%r = reshape(%t, [12])\n%z = zero_(%r)\n%c = contiguous(%t)\n%f = fill_(%c, 1)", "(%x, %r, %c)"));
     // ... while of a contiguous one they alias.
-    fine(&prog("%x: f32[3, 4]", "%r = reshape(%x, [2, 6])\n%z = zero_(%r)\n%c = contiguous(%x)\n%f = add_(%c, 1)", "%x"));
+    fine(&prog(
+        "%x: f32[3, 4]",
+        "%r = reshape(%x, [2, 6])\n%z = zero_(%r)\n%c = contiguous(%x)\n%f = add_(%c, 1)",
+        "%x",
+    ));
     // Mutated pieces of split / unbind and a multi-step chain.
     fine(&prog("%x: f32[6, 4]", "%a, %b, %c = split(%x, 2)\n%t = t(%b)\n%d = diagonal(%t)\n%m = mul_(%d, 0)\n%u0, %u1 = unbind(%c, 0)\n%f = fill_(%u1, 3)", "(%x, %a)"));
     // An input mutated, then read through another alias, then returned.
-    fine(&prog("%x: f32[2, 3]", "%v = view(%x, [6])\n%a = add_(%v, 1)\n%t = t(%x)\n%s = sum(%t, [0])", "(%s, %x, %v)"));
+    fine(&prog(
+        "%x: f32[2, 3]",
+        "%v = view(%x, [6])\n%a = add_(%v, 1)\n%t = t(%x)\n%s = sum(%t, [0])",
+        "(%s, %x, %v)",
+    ));
+}
+
+#[test]
+fn traced_closures_functionalize() {
+    use kiln::functionalize::{DType, TensorSpec};
+    let f = kiln::functionalize_traced(
+        "f",
+        &[TensorSpec::new("x", DType::F32, &[2, 3])],
+        |x| {
+            x[0].select(0, 1).mul_(2.0);
+            vec![x[0].sum(&[0], false)]
+        },
+        Remove::MutationsAndViews,
+    )
+    .unwrap();
+    assert_eq!(f.mutated_inputs.len(), 1);
+    assert_eq!(f.mutated_inputs[0].input, 0);
+    let r = interp::run(&f.graph, vec![iota(&[2, 3])]).unwrap();
+    assert_eq!(r.outputs[0].values(), vec![6.0, 9.0, 12.0]);
+    assert_eq!(r.inputs[0].values(), vec![0.0, 1.0, 2.0, 6.0, 8.0, 10.0]);
 }

@@ -102,14 +102,43 @@ struct StorageState {
     layout: Option<ValueId>,
 }
 
+/// Views regenerated from a storage's base, by generation and chain
+/// prefix. A write-back reads the old generation while it builds the new
+/// one; older generations are dropped, so the cache stays as small as the
+/// live views.
+#[derive(Default)]
+struct Cache(HashMap<usize, Generations>);
+
+/// The newest generation cached, and values by (generation, prefix).
+type Generations = (u64, HashMap<(u64, String), ValueId>);
+
+impl Cache {
+    fn get(&self, storage: usize, gen: u64, key: &str) -> Option<ValueId> {
+        self.0
+            .get(&storage)
+            .and_then(|(_, m)| m.get(&(gen, key.to_string())).copied())
+    }
+
+    fn insert(&mut self, storage: usize, gen: u64, key: String, v: ValueId) {
+        let (newest, m) = self
+            .0
+            .entry(storage)
+            .or_insert_with(|| (gen, HashMap::new()));
+        if gen > *newest {
+            *newest = gen;
+            m.retain(|(g, _), _| g + 1 >= gen);
+        }
+        m.insert((gen, key), v);
+    }
+}
+
 struct Pass<'g> {
     src: &'g Graph,
     mode: Remove,
     out: Graph,
     aliases: HashMap<ValueId, Alias>,
     storages: Vec<StorageState>,
-    /// Regenerated views: (storage, generation, chain prefix) -> value.
-    cache: HashMap<(usize, u64, String), ValueId>,
+    cache: Cache,
     names: HashMap<String, usize>,
     src_names: Names,
     /// The source statement being rewritten (for messages).
@@ -125,7 +154,7 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         out: Graph::new(&g.name),
         aliases: HashMap::new(),
         storages: vec![],
-        cache: HashMap::new(),
+        cache: Cache::default(),
         names: HashMap::new(),
         src_names: Names::of(g),
         at: None,
@@ -172,6 +201,16 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         graph,
         mutated_inputs: mutated,
     })
+}
+
+/// Traces `f` (see [`crate::trace`]) and functionalizes the result.
+pub fn functionalize_traced(
+    name: &str,
+    specs: &[crate::trace::TensorSpec],
+    f: impl FnOnce(&[crate::trace::Tensor]) -> Vec<crate::trace::Tensor>,
+    mode: Remove,
+) -> Result<Functionalized> {
+    functionalize(&crate::trace::trace(name, specs, f)?, mode)
 }
 
 impl Pass<'_> {
@@ -269,7 +308,7 @@ impl Pass<'_> {
                 }
                 .key()
             );
-            self.cache.insert((storage, gen, key), r);
+            self.cache.insert(storage, gen, key, r);
         }
         Ok(res[step.index])
     }
@@ -285,7 +324,7 @@ impl Pass<'_> {
             .map(|s| format!("/{}", s.key()))
             .collect();
         let key = format!("{prefix}/{}", chain[k - 1].key());
-        if let Some(&v) = self.cache.get(&(storage, gen, key)) {
+        if let Some(v) = self.cache.get(storage, gen, &key) {
             return Ok(v);
         }
         let parent = self.regen(storage, chain, k - 1)?;
@@ -475,8 +514,8 @@ impl Pass<'_> {
                 meta: self.src.meta(r).clone(),
             };
             let key = format!("{prefix}/{}", step.key());
-            let value = match self.cache.get(&(a.storage, gen, key)) {
-                Some(&v) => v,
+            let value = match self.cache.get(a.storage, gen, &key) {
+                Some(v) => v,
                 None => self.apply_step(a.storage, gen, &prefix, input, &step)?,
             };
             let mut c = chain.clone();
@@ -570,7 +609,7 @@ impl Pass<'_> {
                 // of that view after this write need not regenerate it.
                 if k > 0 && self.out.meta(val) == &self.expected_meta(&parent_meta) {
                     let key: String = chain[..k].iter().map(|s| format!("/{}", s.key())).collect();
-                    self.cache.insert((a.storage, new_gen, key), val);
+                    self.cache.insert(a.storage, new_gen, key, val);
                 }
             }
             val
@@ -702,8 +741,7 @@ impl Pass<'_> {
                     _ => views::chunk(&args),
                 }
                 .map_err(|m| self.err(m))?;
-                let dim_arg = if name == "split" { &a[1] } else { &a[1] };
-                let Arg::Int(dim) = dim_arg else {
+                let Arg::Int(dim) = &a[1] else {
                     unreachable!()
                 };
                 let d = wrap_dim(*dim, parent_meta.dim()).map_err(|m| self.err(m))?;
@@ -735,7 +773,7 @@ impl Pass<'_> {
                 args.extend(a.iter().cloned());
                 (scatter("as_strided_scatter"), args)
             }
-            Inverse::SelfInverse => {
+            Inverse::Involution => {
                 let mut args = vec![t(child)];
                 args.extend(a.iter().cloned());
                 (self.view_op(step.op).name().to_string(), args)
@@ -794,7 +832,7 @@ enum Inverse {
     Piece,
     Unbind,
     AsStrided,
-    SelfInverse,
+    Involution,
     Permute,
     Unsqueeze,
     Reshape,
@@ -812,7 +850,7 @@ fn inverse_kind(view: &str) -> Option<Inverse> {
         "split" | "chunk" => Inverse::Piece,
         "unbind" => Inverse::Unbind,
         "as_strided" => Inverse::AsStrided,
-        "transpose" | "t" => Inverse::SelfInverse,
+        "transpose" | "t" => Inverse::Involution,
         "permute" => Inverse::Permute,
         "unsqueeze" => Inverse::Unsqueeze,
         "view" | "reshape" | "squeeze" => Inverse::Reshape,

@@ -50,6 +50,8 @@ struct Gen<'c, C: Choices> {
     g: Graph,
     /// Values and how many view steps separate each from a fresh tensor.
     vals: Vec<(ValueId, usize)>,
+    /// Which storage each value lives in, to skip writes eager refuses.
+    storage: std::collections::HashMap<ValueId, usize>,
 }
 
 const SHAPES: [&[usize]; 6] = [&[4, 6], &[6], &[2, 3, 4], &[4, 1], &[3, 3], &[1, 6]];
@@ -79,25 +81,65 @@ impl<C: Choices> Gen<'_, C> {
         self.g.meta(v).clone()
     }
 
+    fn storage_of(&mut self, v: ValueId) -> usize {
+        let n = self.storage.len();
+        *self.storage.entry(v).or_insert(n)
+    }
+
+    fn aliases_input(&self, id: ops::OpId, args: &[Arg<ValueId>]) -> bool {
+        let ops::Rule::ViewOrCopy(rule) = &id.def().rule else {
+            return false;
+        };
+        let metas: Vec<Arg<&Meta>> = args
+            .iter()
+            .map(|a| a.map(&mut |v| self.g.meta(*v)))
+            .collect();
+        rule(&metas).is_ok_and(|(_, aliases)| aliases)
+    }
+
     fn call(&mut self, op: &str, args: Vec<Arg<ValueId>>, depth: usize) {
+        use ops::OpKind::*;
         let id = ops::lookup(op).expect("generator uses table ops");
-        if let Ok(res) = self.g.call(id, &args) {
-            let kind = id.def().kind;
-            let view = matches!(
-                kind,
-                ops::OpKind::View | ops::OpKind::MultiView | ops::OpKind::ViewOrCopy
-            );
-            for r in res {
-                let d = if view {
-                    depth + 1
-                } else if kind == ops::OpKind::InPlace {
-                    depth
-                } else {
-                    0
-                };
-                if self.g.meta(r).numel() > 0 {
-                    self.vals.push((r, d));
+        let kind = id.def().kind;
+        let this = match args.first() {
+            Some(Arg::Tensor(v)) => Some(*v),
+            _ => None,
+        };
+        if let (Some(t), ops::Rule::InPlace(f)) = (this, &id.def().rule) {
+            // Skip writes whose result would depend on visiting order.
+            let s = self.storage_of(t);
+            for a in &args[1..] {
+                for &o in a.tensors() {
+                    let hazard =
+                        ops::write_hazard(self.g.meta(t), self.g.meta(o), ops::reads_gathered(*f));
+                    if self.storage_of(o) == s && hazard {
+                        return;
+                    }
                 }
+            }
+        }
+        let aliases = matches!(kind, View | MultiView | InPlace)
+            || (kind == ViewOrCopy && self.aliases_input(id, &args));
+        let Ok(res) = self.g.call(id, &args) else {
+            return;
+        };
+        for r in res {
+            match (aliases, this) {
+                (true, Some(t)) => {
+                    let s = self.storage_of(t);
+                    self.storage.insert(r, s);
+                }
+                _ => {
+                    self.storage_of(r);
+                }
+            }
+            let d = match kind {
+                View | MultiView | ViewOrCopy => depth + 1,
+                InPlace => depth,
+                _ => 0,
+            };
+            if self.g.meta(r).numel() > 0 {
+                self.vals.push((r, d));
             }
         }
     }
@@ -307,6 +349,7 @@ pub fn random_program(c: &mut impl Choices, statements: usize) -> Graph {
         c,
         g: Graph::new("random"),
         vals: vec![],
+        storage: Default::default(),
     };
     let n_inputs = 1 + gen.pick(3);
     for i in 0..n_inputs {
