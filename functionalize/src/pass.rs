@@ -741,9 +741,7 @@ impl Pass<'_> {
                     _ => views::chunk(&args),
                 }
                 .map_err(|m| self.err(m))?;
-                let Arg::Int(dim) = &a[1] else {
-                    unreachable!()
-                };
+                let Arg::Int(dim) = &a[1] else { unreachable!() };
                 let d = wrap_dim(*dim, parent_meta.dim()).map_err(|m| self.err(m))?;
                 let start: usize = pieces[..step.index].iter().map(|m| m.sizes[d]).sum();
                 let end = start + pieces[step.index].sizes[d];
