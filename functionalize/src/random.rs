@@ -56,6 +56,7 @@ struct Gen<'c, C: Choices> {
 
 const SHAPES: [&[usize]; 6] = [&[4, 6], &[6], &[2, 3, 4], &[4, 1], &[3, 3], &[1, 6]];
 const MAX_DEPTH: usize = 6;
+const MAX_NUMEL: usize = 256;
 
 impl<C: Choices> Gen<'_, C> {
     fn pick(&mut self, n: usize) -> usize {
@@ -138,7 +139,10 @@ impl<C: Choices> Gen<'_, C> {
                 InPlace => depth,
                 _ => 0,
             };
-            if self.g.meta(r).numel() > 0 {
+            // Only small values are reused, so tensors do not grow with the
+            // program (chained expands would) and costs stay linear.
+            let numel = self.g.meta(r).numel();
+            if numel > 0 && numel <= MAX_NUMEL {
                 self.vals.push((r, d));
             }
         }
