@@ -26,7 +26,59 @@ pub struct Operand {
     pub cast: DType,
 }
 
+/// The scalar function of a plan, symbolically, for code generators
+/// (operands arrive already converted to their `Operand::cast` dtype).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Code {
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Sigmoid,
+    Tanh,
+    Sin,
+    Cos,
+    Reciprocal,
+    Erf,
+    Neg,
+    Abs,
+    Relu,
+    LogicalNot,
+    Gelu {
+        tanh: bool,
+    },
+    /// `x + alpha * y`
+    Add {
+        alpha: f64,
+    },
+    /// `x - alpha * y`
+    Sub {
+        alpha: f64,
+    },
+    Mul,
+    Div,
+    DivTrunc,
+    DivFloor,
+    Pow,
+    Maximum,
+    Minimum,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    /// `condition ? self : other`
+    Where,
+    /// `clamp(x, min?, max?)`: the bounds present follow `x`.
+    Clamp {
+        min: bool,
+        max: bool,
+    },
+}
+
 pub struct PwPlan {
+    pub code: Code,
     pub operands: Vec<Operand>,
     pub out_dtype: DType,
     pub f: ScalarFn,
@@ -119,17 +171,19 @@ fn float_of(d: DType) -> DType {
 
 fn unary(
     a: &A,
-    name: &str,
+    code: Code,
     to_float: bool,
     no_bool: bool,
     f: fn(f64) -> f64,
 ) -> Result<PwPlan, String> {
+    let name = format!("{code:?}").to_lowercase();
     let m = a.tensor(0)?;
     if no_bool && m.dtype == DType::Bool {
         return Err(format!("{name} is not supported for bool tensors"));
     }
     let dt = if to_float { float_of(m.dtype) } else { m.dtype };
     Ok(PwPlan {
+        code,
         operands: vec![Operand {
             src: Src::Arg(0),
             cast: dt,
@@ -140,37 +194,37 @@ fn unary(
 }
 
 macro_rules! float_unary {
-    ($($name:ident => $f:expr;)*) => {$(
-        pub fn $name(a: &A) -> Result<PwPlan, String> { unary(a, stringify!($name), true, false, $f) }
+    ($($name:ident, $code:ident => $f:expr;)*) => {$(
+        pub fn $name(a: &A) -> Result<PwPlan, String> { unary(a, Code::$code, true, false, $f) }
     )*};
 }
 
 float_unary! {
-    exp => f64::exp;
-    log => f64::ln;
-    sqrt => f64::sqrt;
-    rsqrt => |x| 1.0 / x.sqrt();
-    sigmoid => |x| 1.0 / (1.0 + (-x).exp());
-    tanh => f64::tanh;
-    sin => f64::sin;
-    cos => f64::cos;
-    reciprocal => |x| 1.0 / x;
-    erf => libm::erf;
+    exp, Exp => f64::exp;
+    log, Log => f64::ln;
+    sqrt, Sqrt => f64::sqrt;
+    rsqrt, Rsqrt => |x| 1.0 / x.sqrt();
+    sigmoid, Sigmoid => |x| 1.0 / (1.0 + (-x).exp());
+    tanh, Tanh => f64::tanh;
+    sin, Sin => f64::sin;
+    cos, Cos => f64::cos;
+    reciprocal, Reciprocal => |x| 1.0 / x;
+    erf, Erf => libm::erf;
 }
 
 pub fn neg(a: &A) -> Result<PwPlan, String> {
     if a.tensor(0)?.dtype == DType::Bool {
         return Err("Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.".into());
     }
-    unary(a, "neg", false, true, |x| -x)
+    unary(a, Code::Neg, false, true, |x| -x)
 }
 
 pub fn abs(a: &A) -> Result<PwPlan, String> {
-    unary(a, "abs", false, true, f64::abs)
+    unary(a, Code::Abs, false, true, f64::abs)
 }
 
 pub fn relu(a: &A) -> Result<PwPlan, String> {
-    unary(a, "relu", false, true, |x| {
+    unary(a, Code::Relu, false, true, |x| {
         if x > 0.0 || x.is_nan() {
             x
         } else {
@@ -182,6 +236,7 @@ pub fn relu(a: &A) -> Result<PwPlan, String> {
 pub fn logical_not(a: &A) -> Result<PwPlan, String> {
     let m = a.tensor(0)?;
     Ok(PwPlan {
+        code: Code::LogicalNot,
         operands: vec![Operand {
             src: Src::Arg(0),
             cast: m.dtype,
@@ -196,6 +251,7 @@ pub fn gelu(a: &A) -> Result<PwPlan, String> {
     if !m.dtype.is_float() {
         return Err(format!("gelu is not implemented for {} tensors", m.dtype));
     }
+    let tanh = a.opt_str(1)? == Some("tanh");
     let f: fn(f64) -> f64 = match a.opt_str(1)?.unwrap_or("none") {
         "none" => |x| 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
         "tanh" => |x| {
@@ -209,6 +265,7 @@ pub fn gelu(a: &A) -> Result<PwPlan, String> {
         }
     };
     Ok(PwPlan {
+        code: Code::Gelu { tanh },
         operands: vec![Operand {
             src: Src::Arg(0),
             cast: m.dtype,
@@ -223,6 +280,7 @@ pub fn gelu(a: &A) -> Result<PwPlan, String> {
 /// A binary op whose second operand (argument 1) is a tensor or a scalar.
 fn binary(
     a: &A,
+    code: Code,
     out_of: impl Fn(DType) -> Result<(DType, DType), String>,
     f: impl Fn(DType, f64, f64) -> Result<f64, String> + Send + Sync + 'static,
 ) -> Result<PwPlan, String> {
@@ -231,6 +289,7 @@ fn binary(
     let common = result_type(&[promo_of(&x), promo_of(&y)])?;
     let (compute, out) = out_of(common)?;
     Ok(PwPlan {
+        code,
         operands: vec![operand(&x, compute), operand(&y, compute)],
         out_dtype: out,
         f: Box::new(move |v| f(compute, v[0], v[1])),
@@ -261,7 +320,9 @@ fn common_of(a: &A) -> Result<DType, String> {
 
 pub fn add(a: &A) -> Result<PwPlan, String> {
     let alpha = alpha_of(a, common_of(a)?)?;
-    binary(a, same, move |_, x, y| Ok(x + alpha * y))
+    binary(a, Code::Add { alpha }, same, move |_, x, y| {
+        Ok(x + alpha * y)
+    })
 }
 
 pub fn sub(a: &A) -> Result<PwPlan, String> {
@@ -270,11 +331,13 @@ pub fn sub(a: &A) -> Result<PwPlan, String> {
         return Err("Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.".into());
     }
     let alpha = alpha_of(a, common)?;
-    binary(a, same, move |_, x, y| Ok(x - alpha * y))
+    binary(a, Code::Sub { alpha }, same, move |_, x, y| {
+        Ok(x - alpha * y)
+    })
 }
 
 pub fn mul(a: &A) -> Result<PwPlan, String> {
-    binary(a, same, |dt, x, y| {
+    binary(a, Code::Mul, same, |dt, x, y| {
         Ok(if dt.is_integral() {
             (x as i64).wrapping_mul(y as i64) as f64
         } else {
@@ -286,26 +349,40 @@ pub fn mul(a: &A) -> Result<PwPlan, String> {
 pub fn div(a: &A) -> Result<PwPlan, String> {
     let mode = a.opt_str(2)?.map(str::to_string);
     match mode.as_deref() {
-        None => binary(a, |d| Ok((float_of(d), float_of(d))), |_, x, y| Ok(x / y)),
+        None => binary(
+            a,
+            Code::Div,
+            |d| Ok((float_of(d), float_of(d))),
+            |_, x, y| Ok(x / y),
+        ),
         Some(m @ ("trunc" | "floor")) => {
             let floor = m == "floor";
-            binary(a, same, move |dt, x, y| {
-                if dt.is_integral() || dt == DType::Bool {
-                    if y == 0.0 {
-                        return Err("ZeroDivisionError".into());
-                    }
-                    let (x, y) = (x as i64, y as i64);
-                    let q = x / y;
-                    Ok(if floor && (x % y != 0) && ((x < 0) != (y < 0)) {
-                        q - 1
-                    } else {
-                        q
-                    } as f64)
+            binary(
+                a,
+                if floor {
+                    Code::DivFloor
                 } else {
-                    let q = x / y;
-                    Ok(if floor { q.floor() } else { q.trunc() })
-                }
-            })
+                    Code::DivTrunc
+                },
+                same,
+                move |dt, x, y| {
+                    if dt.is_integral() || dt == DType::Bool {
+                        if y == 0.0 {
+                            return Err("ZeroDivisionError".into());
+                        }
+                        let (x, y) = (x as i64, y as i64);
+                        let q = x / y;
+                        Ok(if floor && (x % y != 0) && ((x < 0) != (y < 0)) {
+                            q - 1
+                        } else {
+                            q
+                        } as f64)
+                    } else {
+                        let q = x / y;
+                        Ok(if floor { q.floor() } else { q.trunc() })
+                    }
+                },
+            )
         }
         Some(other) => Err(format!(
             "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{other}'"
@@ -349,6 +426,7 @@ pub fn pow(a: &A) -> Result<PwPlan, String> {
             return Err("Integers to negative integer powers are not allowed.".into());
         }
         return Ok(PwPlan {
+            code: Code::Pow,
             operands: vec![Operand {
                 src: Src::Arg(0),
                 cast: dt,
@@ -357,7 +435,7 @@ pub fn pow(a: &A) -> Result<PwPlan, String> {
             f: Box::new(move |v| f(dt, v[0], ev)),
         });
     }
-    binary(a, same, f)
+    binary(a, Code::Pow, same, f)
 }
 
 fn tensors_only(a: &A, name: &str) -> Result<(), String> {
@@ -369,7 +447,7 @@ fn tensors_only(a: &A, name: &str) -> Result<(), String> {
 
 pub fn maximum(a: &A) -> Result<PwPlan, String> {
     tensors_only(a, "maximum")?;
-    binary(a, same, |_, x, y| {
+    binary(a, Code::Maximum, same, |_, x, y| {
         Ok(if x.is_nan() || y.is_nan() {
             f64::NAN
         } else {
@@ -380,7 +458,7 @@ pub fn maximum(a: &A) -> Result<PwPlan, String> {
 
 pub fn minimum(a: &A) -> Result<PwPlan, String> {
     tensors_only(a, "minimum")?;
-    binary(a, same, |_, x, y| {
+    binary(a, Code::Minimum, same, |_, x, y| {
         Ok(if x.is_nan() || y.is_nan() {
             f64::NAN
         } else {
@@ -389,31 +467,32 @@ pub fn minimum(a: &A) -> Result<PwPlan, String> {
     })
 }
 
-fn compare(a: &A, f: fn(f64, f64) -> bool) -> Result<PwPlan, String> {
+fn compare(a: &A, code: Code, f: fn(f64, f64) -> bool) -> Result<PwPlan, String> {
     binary(
         a,
+        code,
         |d| Ok((d, DType::Bool)),
         move |_, x, y| Ok(f(x, y) as i32 as f64),
     )
 }
 
 pub fn eq(a: &A) -> Result<PwPlan, String> {
-    compare(a, |x, y| x == y)
+    compare(a, Code::Eq, |x, y| x == y)
 }
 pub fn ne(a: &A) -> Result<PwPlan, String> {
-    compare(a, |x, y| x != y)
+    compare(a, Code::Ne, |x, y| x != y)
 }
 pub fn lt(a: &A) -> Result<PwPlan, String> {
-    compare(a, |x, y| x < y)
+    compare(a, Code::Lt, |x, y| x < y)
 }
 pub fn le(a: &A) -> Result<PwPlan, String> {
-    compare(a, |x, y| x <= y)
+    compare(a, Code::Le, |x, y| x <= y)
 }
 pub fn gt(a: &A) -> Result<PwPlan, String> {
-    compare(a, |x, y| x > y)
+    compare(a, Code::Gt, |x, y| x > y)
 }
 pub fn ge(a: &A) -> Result<PwPlan, String> {
-    compare(a, |x, y| x >= y)
+    compare(a, Code::Ge, |x, y| x >= y)
 }
 
 // ---------------------------------------------------------------- others
@@ -431,6 +510,7 @@ pub fn where_(a: &A) -> Result<PwPlan, String> {
     let y = t_or_s(a, 2)?;
     let dt = result_type(&[promo_of(&x), promo_of(&y)])?;
     Ok(PwPlan {
+        code: Code::Where,
         operands: vec![
             Operand {
                 src: Src::Arg(0),
@@ -481,6 +561,10 @@ pub fn clamp(a: &A) -> Result<PwPlan, String> {
         operands.push(o);
     }
     Ok(PwPlan {
+        code: Code::Clamp {
+            min: has[0],
+            max: has[1],
+        },
         operands,
         out_dtype: dt,
         f: Box::new(move |v| {
