@@ -59,6 +59,16 @@ enum Cmd {
         #[arg(long, value_enum)]
         functionalize: Option<Mode>,
     },
+    /// Compile a program for the GPU and print its kernels and memory plan.
+    Compile {
+        prog: PathBuf,
+        /// Print kernels, bytes moved and the planner's figures.
+        #[arg(long)]
+        stats: bool,
+        /// Print the generated WGSL too.
+        #[arg(long)]
+        wgsl: bool,
+    },
     /// Print the functionalized program.
     Functionalize {
         prog: PathBuf,
@@ -79,6 +89,19 @@ fn main_result(cli: Cli) -> Result<(), String> {
     match cli.cmd {
         Cmd::Print { prog } => {
             print!("{}", print(&read_program(&prog)?));
+            Ok(())
+        }
+        Cmd::Compile { prog, stats, wgsl } => {
+            let g = read_program(&prog)?;
+            let p = kiln::engine::compile(&g).map_err(|e| format!("{}: {e}", prog.display()))?;
+            if stats || !wgsl {
+                print!("{}", p.stats());
+            }
+            if wgsl {
+                for k in &p.kernels {
+                    println!("// ---- {} (grid {:?})\n{}", k.code.label, k.code.grid, k.code.wgsl);
+                }
+            }
             Ok(())
         }
         Cmd::Functionalize { prog, remove } => {
@@ -107,10 +130,10 @@ fn main_result(cli: Cli) -> Result<(), String> {
                     interp::run(&g, ins).map_err(|e| format!("{}:{e}", prog.display()))?
                 }
                 Backend::Gpu => {
-                    return Err(
-                        "the gpu backend is not built yet (issue 4); use --backend reference"
-                            .into(),
-                    )
+                    let mut engine = kiln::engine::Engine::new().map_err(|e| e.to_string())?;
+                    eprintln!("adapter: {}", engine.gpu.describe());
+                    let r = engine.run(&g, ins).map_err(|e| format!("{}: {e}", prog.display()))?;
+                    interp::RunResult { outputs: r.outputs, inputs: r.inputs, peak_bytes: 0 }
                 }
             };
             kiln::io::save_results(&g, &r, &output).map_err(|e| e.to_string())

@@ -1,1 +1,251 @@
+//! Kiln's GPU engine: lowers a program to a schedule of fused WGSL
+//! kernels over planned memory and runs it through wgpu.
+//!
+//! `compile` functionalizes (`mutations_and_views`), schedules (fusion and
+//! re-inplacing, `schedule.rs`), plans memory (`plan.rs`) and generates
+//! WGSL (`codegen.rs`, `wgsl.rs`); `exec.rs` runs the result.
+
+pub mod codegen;
+pub mod exec;
+pub mod plan;
+pub mod schedule;
+pub mod wgsl;
+
+pub use exec::{Engine, Gpu, Loaded};
+
+use codegen::{Gen, KernelCode, Loc};
+use kiln_functionalize::graph::{Def, Graph, ValueId};
+use kiln_functionalize::ops::OpKind;
+use kiln_functionalize::{functionalize, Remove};
+use std::collections::HashMap;
+use wgsl::Pool;
+
 pub use kiln_functionalize as functionalize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Program(#[from] kiln_functionalize::Error),
+    #[error("the gpu backend does not support this program: {0}")]
+    Unsupported(String),
+    #[error("no GPU adapter: {0}")]
+    NoAdapter(String),
+    #[error("GPU device error: {0}")]
+    Device(String),
+    #[error("input {index}: {msg}")]
+    Input { index: usize, msg: String },
+    #[error("internal error in the gpu backend: {0}")]
+    Internal(String),
+}
+
+/// A kernel of a compiled program.
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    pub code: KernelCode,
+    /// The source ops this kernel computes (fused producers included).
+    pub ops: Vec<String>,
+    pub bytes_read: usize,
+    pub bytes_written: usize,
+}
+
+/// Memory figures of a compiled program, in bytes (4 bytes an element on
+/// the GPU, whatever the dtype).
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStats {
+    /// Parameters and their final values, uploaded each run.
+    pub io: usize,
+    /// The planned arena of intermediates and outputs.
+    pub arena: usize,
+    /// The most arena bytes alive at once: no plan can do better.
+    pub lower_bound: usize,
+    /// One buffer per materialized value.
+    pub naive: usize,
+    /// Every value of the functional graph in its own buffer.
+    pub naive_unfused: usize,
+    /// What eager execution of the source program holds at its peak.
+    pub eager_peak: usize,
+}
+
+impl MemoryStats {
+    pub fn planned_peak(&self) -> usize {
+        self.io + self.arena
+    }
+}
+
+/// A program ready to load on a device.
+pub struct Program {
+    /// The functional, view-free graph the kernels compute.
+    pub graph: Graph,
+    /// What a run returns: the program's outputs, then the final value of
+    /// each mutated parameter.
+    pub outputs: Vec<ValueId>,
+    pub n_outputs: usize,
+    /// The parameter index each extra output writes back to.
+    pub mutated_inputs: Vec<usize>,
+    pub kernels: Vec<Kernel>,
+    pub locs: HashMap<ValueId, Loc>,
+    pub io_words: usize,
+    pub arena_words: usize,
+    pub memory: MemoryStats,
+    /// Bytes a run must move at least: every parameter read once, every
+    /// output written once.
+    pub min_bytes: usize,
+}
+
+const ALIGN: usize = 16;
+
+/// Compiles `src` (any program: it is functionalized first).
+pub fn compile(src: &Graph) -> Result<Program, EngineError> {
+    let f = functionalize(src, Remove::MutationsAndViews)?;
+    let mut g = f.graph;
+    // The copy_ epilogue becomes extra outputs the runtime writes back.
+    let epilogue: Vec<_> = g.order.iter().copied().filter(|&n| g.nodes[n].op.def().kind == OpKind::InPlace).collect();
+    g.order.retain(|n| !epilogue.contains(n));
+    let n_outputs = g.outputs.len();
+    let mut outputs = g.outputs.clone();
+    outputs.extend(f.mutated_inputs.iter().map(|m| m.value));
+    let mutated_inputs: Vec<usize> = f.mutated_inputs.iter().map(|m| m.input).collect();
+    let sched = schedule::schedule(&g, &outputs)?;
+
+    // Lifetimes in steps (one step per materialized value).
+    let step: HashMap<ValueId, usize> = sched.materialized.iter().enumerate().map(|(i, &v)| (v, i)).collect();
+    let end = sched.materialized.len();
+    let mut last: HashMap<ValueId, usize> = HashMap::new();
+    for &v in &sched.materialized {
+        if let Def::Node(n, _) = g.values[v].def {
+            for r in schedule::reads(&g, &sched, n) {
+                let e = last.entry(r).or_insert(0);
+                *e = (*e).max(step[&v]);
+            }
+        }
+    }
+    for &o in &outputs {
+        last.insert(o, end);
+    }
+    // A re-inplaced scatter lives in its base's allocation.
+    let root = |mut v: ValueId| {
+        while let Some(&b) = sched.inplace.get(&v) {
+            v = b;
+        }
+        v
+    };
+    let mut locs: HashMap<ValueId, Loc> = HashMap::new();
+    let mut io_words = 0;
+    for &v in &g.inputs {
+        locs.insert(v, Loc { pool: Pool::Io, word: io_words });
+        io_words += g.meta(v).numel();
+    }
+    let mut roots: Vec<ValueId> = vec![];
+    let mut span: HashMap<ValueId, (usize, usize)> = HashMap::new();
+    for &v in &sched.materialized {
+        let r = root(v);
+        let first = step.get(&r).copied().unwrap_or(0);
+        let l = last.get(&v).copied().unwrap_or(step[&v]).max(step[&v]);
+        let e = span.entry(r).or_insert((first, l));
+        e.1 = e.1.max(l);
+        if !roots.contains(&r) && !g.inputs.contains(&r) {
+            roots.push(r);
+        }
+    }
+    let requests: Vec<plan::Request> = roots
+        .iter()
+        .map(|r| plan::Request { bytes: g.meta(*r).numel() * 4, first: span[r].0, last: span[r].1 })
+        .collect();
+    let mp = plan::plan(&requests, ALIGN);
+    for (r, off) in roots.iter().zip(&mp.offsets) {
+        locs.insert(*r, Loc { pool: Pool::Arena, word: off / 4 });
+    }
+    for &v in &sched.materialized {
+        let r = root(v);
+        let l = *locs.get(&r).ok_or_else(|| EngineError::Internal("a value without a location".into()))?;
+        locs.insert(v, l);
+    }
+
+    let mut kernels = vec![];
+    let mut gen = Gen::new(&g, &sched, &locs);
+    for &v in &sched.materialized {
+        let Def::Node(n, _) = g.values[v].def else { continue };
+        let mut ops: Vec<String> = schedule::inlined_region(&g, &sched, n)
+            .into_iter()
+            .map(|m| (g.order.iter().position(|&x| x == m), g.nodes[m].op.name().to_string()))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .map(|(_, name)| name)
+            .collect();
+        ops.push(g.nodes[n].op.name().to_string());
+        let reads = schedule::reads(&g, &sched, n);
+        let bytes_read: usize = reads.iter().map(|r| g.meta(*r).numel() * 4).sum();
+        let written = match sched.inplace.get(&v) {
+            Some(_) => g.meta(*g.nodes[n].args[1].tensors()[0]).numel() * 4,
+            None => g.meta(v).numel() * 4,
+        };
+        for code in gen.kernel(v)? {
+            kernels.push(Kernel { code, ops: ops.clone(), bytes_read, bytes_written: written });
+        }
+    }
+    let naive_unfused = g.values.values().map(|v| v.meta.numel() * 4).sum();
+    let min_bytes = g.inputs.iter().map(|&v| g.meta(v).numel() * 4).sum::<usize>()
+        + outputs.iter().map(|&v| g.meta(v).numel() * 4).sum::<usize>();
+    let memory = MemoryStats {
+        io: io_words * 4,
+        arena: mp.arena_bytes,
+        lower_bound: mp.lower_bound,
+        naive: mp.naive,
+        naive_unfused,
+        eager_peak: kiln_functionalize::interp::eager_peak_bytes(src),
+    };
+    Ok(Program {
+        graph: g,
+        outputs,
+        n_outputs,
+        mutated_inputs,
+        kernels,
+        locs,
+        io_words,
+        arena_words: mp.arena_bytes.div_ceil(4),
+        memory,
+        min_bytes,
+    })
+}
+
+impl Program {
+    pub fn bytes_moved(&self) -> usize {
+        self.kernels.iter().map(|k| k.bytes_read + k.bytes_written).sum()
+    }
+
+    /// A human-readable report: kernels with the ops each fuses, traffic
+    /// against the minimum, and the planner's figures.
+    pub fn stats(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(s, "kernels: {}", self.kernels.len());
+        for (i, k) in self.kernels.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "  {i:3} {:<28} read {:>10} B  write {:>10} B  fuses: {}",
+                k.code.label,
+                k.bytes_read,
+                k.bytes_written,
+                k.ops.join(" ")
+            );
+        }
+        let moved = self.bytes_moved();
+        let _ = writeln!(
+            s,
+            "bytes moved: {moved} (minimum {}, ratio {:.3})",
+            self.min_bytes,
+            moved as f64 / self.min_bytes.max(1) as f64
+        );
+        let m = &self.memory;
+        let _ = writeln!(s, "memory (bytes): planned peak {} = io {} + arena {}", m.planned_peak(), m.io, m.arena);
+        let _ = writeln!(s, "  arena lower bound {}  naive (one buffer per materialized value) {}", m.lower_bound, m.naive);
+        let _ = writeln!(s, "  naive unfused (one buffer per value) {}  eager reference peak {}", m.naive_unfused, m.eager_peak);
+        let _ = writeln!(
+            s,
+            "  planned/eager {:.3}  arena/lower bound {:.3}",
+            m.planned_peak() as f64 / m.eager_peak.max(1) as f64,
+            m.arena as f64 / m.lower_bound.max(1) as f64
+        );
+        s
+    }
+}

@@ -98,6 +98,64 @@ pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
     })
 }
 
+/// The peak bytes of live storage eager execution of `g` holds, computed
+/// from the graph alone (the same accounting as `run`'s `peak_bytes`:
+/// views and in-place results share their input's storage; a storage is
+/// freed when no live value refers to it).
+pub fn eager_peak_bytes(g: &Graph) -> usize {
+    let mut storage: HashMap<ValueId, usize> = HashMap::new();
+    let mut bytes: Vec<usize> = vec![];
+    let fresh = |m: &Meta, bytes: &mut Vec<usize>| {
+        bytes.push(m.storage_numel * m.dtype.size_bytes());
+        bytes.len() - 1
+    };
+    for &v in &g.inputs {
+        let s = fresh(g.meta(v), &mut bytes);
+        storage.insert(v, s);
+    }
+    let last = g.last_uses();
+    let keep: HashSet<ValueId> = g.inputs.iter().chain(&g.outputs).copied().collect();
+    let mut refs: HashMap<usize, usize> = HashMap::new();
+    for v in g.inputs.iter() {
+        *refs.entry(storage[v]).or_default() += 1;
+    }
+    let live = |refs: &HashMap<usize, usize>, bytes: &[usize]| refs.iter().filter(|(_, &c)| c > 0).map(|(&s, _)| bytes[s]).sum::<usize>();
+    let mut peak = live(&refs, &bytes);
+    for (pos, &n) in g.order.iter().enumerate() {
+        let node = &g.nodes[n];
+        let def = node.op.def();
+        let aliases = match &def.rule {
+            Rule::View(_) | Rule::InPlace(_) => true,
+            Rule::ViewOrCopy(f) => {
+                let m: Vec<Arg<&Meta>> = node.args.iter().map(|a| a.map(&mut |v| g.meta(*v))).collect();
+                f(&m).map(|r| r.1).unwrap_or(false)
+            }
+            _ => false,
+        };
+        for &r in &node.results {
+            let s = match (aliases, node.args.first()) {
+                (true, Some(Arg::Tensor(t))) => storage[t],
+                _ => fresh(g.meta(r), &mut bytes),
+            };
+            storage.insert(r, s);
+            *refs.entry(s).or_default() += 1;
+        }
+        peak = peak.max(live(&refs, &bytes));
+        let mut dead: Vec<ValueId> = node.inputs();
+        dead.extend(node.results.iter().copied());
+        dead.sort();
+        dead.dedup();
+        for v in dead {
+            if !keep.contains(&v) && last.get(v).is_none_or(|&l| l <= pos) {
+                if let Some(s) = storage.remove(&v) {
+                    *refs.entry(s).or_default() -= 1;
+                }
+            }
+        }
+    }
+    peak
+}
+
 /// Storages still referenced by some value.
 #[derive(Default)]
 struct Tracker(Vec<Weak<Storage>>);

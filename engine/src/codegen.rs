@@ -1,0 +1,945 @@
+//! WGSL for each kernel of a schedule. A value is read either from its
+//! buffer or by generating its defining expression at the index wanted
+//! (inlining), so view copies and broadcasts become index arithmetic and
+//! elementwise chains fuse into one kernel.
+
+use crate::schedule::Schedule;
+use crate::wgsl::{self, cast, literal, load, store, ty, Body, Pool};
+use crate::EngineError;
+use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
+use kiln_functionalize::meta::{broadcast_strides, contiguous_strides, numel, Meta};
+use kiln_functionalize::ops::args::ArgsExt;
+use kiln_functionalize::ops::pointwise::{Code, Src};
+use kiln_functionalize::ops::{self, Rule};
+use kiln_functionalize::schema::Arg;
+use kiln_functionalize::DType;
+use std::collections::HashMap;
+
+/// Where a materialized value lives: a pool and a word offset.
+#[derive(Clone, Copy, Debug)]
+pub struct Loc {
+    pub pool: Pool,
+    pub word: usize,
+}
+
+/// One generated kernel.
+#[derive(Clone, Debug)]
+pub struct KernelCode {
+    pub label: String,
+    pub wgsl: String,
+    pub grid: [u32; 3],
+}
+
+pub struct Gen<'a> {
+    pub g: &'a Graph,
+    pub s: &'a Schedule,
+    pub locs: &'a HashMap<ValueId, Loc>,
+    body: Body,
+    memo: HashMap<(ValueId, String), String>,
+    shared: Vec<String>,
+}
+
+type R<T> = Result<T, EngineError>;
+
+fn bug(msg: impl Into<String>) -> EngineError {
+    EngineError::Internal(msg.into())
+}
+
+fn u(v: usize) -> String {
+    format!("{v}u")
+}
+
+impl<'a> Gen<'a> {
+    pub fn new(g: &'a Graph, s: &'a Schedule, locs: &'a HashMap<ValueId, Loc>) -> Gen<'a> {
+        Gen { g, s, locs, body: Body::default(), memo: HashMap::new(), shared: vec![] }
+    }
+
+    fn meta(&self, v: ValueId) -> &'a Meta {
+        self.g.meta(v)
+    }
+
+    fn finish(&mut self, label: String, grid: [u32; 3], wg: [u32; 3]) -> KernelCode {
+        let body = std::mem::take(&mut self.body);
+        let shared = std::mem::take(&mut self.shared);
+        self.memo.clear();
+        KernelCode { label, wgsl: wgsl::shader(&body.lines, wg, &shared), grid }
+    }
+
+    /// Per-dimension indices of flat row-major `idx` over `sizes`.
+    fn unravel(&mut self, idx: &str, sizes: &[usize]) -> Vec<String> {
+        let strides = contiguous_strides(sizes);
+        sizes
+            .iter()
+            .zip(&strides)
+            .map(|(&s, &st)| {
+                if s == 1 {
+                    "0u".to_string()
+                } else if st == 1 {
+                    self.body.bind("u32", format!("{idx} % {}", u(s)))
+                } else {
+                    self.body.bind("u32", format!("({idx} / {}) % {}", u(st), u(s)))
+                }
+            })
+            .collect()
+    }
+
+    /// `offset + Σ m_d * strides_d`.
+    fn ravel(&mut self, m: &[String], strides: &[usize], offset: usize) -> String {
+        let mut terms = vec![];
+        if offset > 0 {
+            terms.push(u(offset));
+        }
+        for (x, &st) in m.iter().zip(strides) {
+            if st != 0 && x != "0u" {
+                terms.push(if st == 1 { x.clone() } else { format!("{x} * {}", u(st)) });
+            }
+        }
+        if terms.is_empty() {
+            return "0u".into();
+        }
+        self.body.bind("u32", terms.join(" + "))
+    }
+
+    /// The index into `operand` (broadcast to `out`) of output element `idx`.
+    fn broadcast_index(&mut self, idx: &str, out: &[usize], operand: &Meta) -> String {
+        if operand.sizes == out {
+            return idx.to_string();
+        }
+        if operand.numel() == 1 {
+            return "0u".into();
+        }
+        let m = self.unravel(idx, out);
+        let st = broadcast_strides(&Meta::contiguous(operand.dtype, operand.sizes.clone()), out);
+        self.ravel(&m, &st, 0)
+    }
+
+    /// Element `idx` of value `v`, as a shader value of `v`'s dtype.
+    pub fn value_at(&mut self, v: ValueId, idx: &str) -> R<String> {
+        let key = (v, idx.to_string());
+        if let Some(x) = self.memo.get(&key) {
+            return Ok(x.clone());
+        }
+        let m = self.meta(v);
+        let x = if let Some(loc) = self.locs.get(&v).filter(|_| self.s.is_materialized.contains(&v)) {
+            self.body.bind(ty(m.dtype), load(loc.pool, loc.word, idx, m.dtype))
+        } else {
+            let Def::Node(n, k) = self.g.values[v].def else { return Err(bug("an input without a buffer")) };
+            self.node_at(n, k, idx)?
+        };
+        self.memo.insert(key, x.clone());
+        Ok(x)
+    }
+
+    /// Element `idx` of result `k` of node `n`, computed inline.
+    pub fn node_at(&mut self, n: NodeId, k: usize, idx: &str) -> R<String> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let def = node.op.def();
+        let out = g.meta(node.results[k]).clone();
+        let margs: Vec<Arg<&Meta>> = node.args.iter().map(|a| a.map(&mut |v| g.meta(*v))).collect();
+        let tensor = |i: usize| -> R<ValueId> {
+            match node.args.get(i) {
+                Some(Arg::Tensor(v)) => Ok(*v),
+                _ => Err(bug(format!("{}: argument {i} is not a tensor", def.name))),
+            }
+        };
+        match (&def.rule, def.name.as_str()) {
+            (Rule::Pointwise(plan), _) => {
+                let p = plan(&margs).map_err(bug)?;
+                let mut vals = vec![];
+                for o in &p.operands {
+                    vals.push(match o.src {
+                        Src::Arg(i) => {
+                            let t = tensor(i)?;
+                            let tm = g.meta(t);
+                            let ti = self.broadcast_index(idx, &out.sizes, tm);
+                            let x = self.value_at(t, &ti)?;
+                            cast(&x, tm.dtype, o.cast)
+                        }
+                        Src::Const { value, .. } => literal(value, o.cast),
+                    });
+                }
+                let compute = p.operands.last().map_or(out.dtype, |o| o.cast);
+                let (e, e_dtype) = pointwise(p.code, &vals, compute, &p.operands.iter().map(|o| o.cast).collect::<Vec<_>>());
+                let r = self.body.bind(ty(e_dtype), e);
+                Ok(self.body.bind(ty(out.dtype), cast(&r, e_dtype, out.dtype)))
+            }
+            (Rule::ViewCopy(view), _) => {
+                let input = tensor(0)?;
+                let im = Meta::contiguous(g.meta(input).dtype, g.meta(input).sizes.clone());
+                let mut va: Vec<Arg<&Meta>> = vec![Arg::Tensor(&im)];
+                va.extend(margs[1..].iter().cloned());
+                let vm = ops::infer(*view, &va).map_err(bug)?.remove(k);
+                let mi = self.unravel(idx, &vm.sizes);
+                let at = self.ravel(&mi, &vm.strides, vm.offset);
+                self.value_at(input, &at)
+            }
+            (_, "clone") => self.value_at(tensor(0)?, idx),
+            (_, "copy") => {
+                let src = tensor(1)?;
+                let sm = g.meta(src);
+                let si = self.broadcast_index(idx, &out.sizes, sm);
+                let x = self.value_at(src, &si)?;
+                Ok(self.body.bind(ty(out.dtype), cast(&x, sm.dtype, out.dtype)))
+            }
+            (_, "fill" | "masked_fill") => {
+                let vi = if def.name == "fill" { 1 } else { 2 };
+                let value = match node.args.get(vi) {
+                    Some(Arg::Tensor(t)) => {
+                        let x = self.value_at(*t, "0u")?;
+                        cast(&x, g.meta(*t).dtype, out.dtype)
+                    }
+                    _ => literal(margs.scalar(vi).map_err(bug)?.to_f64(), out.dtype),
+                };
+                if def.name == "fill" {
+                    return Ok(self.body.bind(ty(out.dtype), value));
+                }
+                let (this, mask) = (tensor(0)?, tensor(1)?);
+                let ti = self.broadcast_index(idx, &out.sizes, g.meta(this));
+                let x = self.value_at(this, &ti)?;
+                let mi = self.broadcast_index(idx, &out.sizes, g.meta(mask));
+                let mv = self.value_at(mask, &mi)?;
+                Ok(self.body.bind(ty(out.dtype), format!("select({x}, {value}, {mv})")))
+            }
+            (_, "zero" | "zeros" | "zeros_like") => Ok(literal(0.0, out.dtype)),
+            (_, "ones" | "ones_like") => Ok(literal(1.0, out.dtype)),
+            (_, "full" | "full_like") => Ok(literal(margs.scalar(1).map_err(bug)?.to_f64(), out.dtype)),
+            (_, "arange") => {
+                let vals: Vec<f64> = (0..node.args.len()).filter_map(|i| margs.scalar(i).ok()).map(|s| s.to_f64()).collect();
+                let (start, step) = match vals[..] {
+                    [_] => (0.0, 1.0),
+                    [s, _] => (s, 1.0),
+                    [s, _, st, ..] => (s, st),
+                    _ => return Err(bug("arange arguments")),
+                };
+                let e = if out.dtype.is_float() {
+                    format!("f32(f64_start) + f32(f64_step) * f32({idx})")
+                        .replace("f32(f64_start)", &literal(start, DType::F32))
+                        .replace("f32(f64_step)", &literal(step, DType::F32))
+                } else {
+                    format!("{} + {} * {}({idx})", literal(start, out.dtype), literal(step, out.dtype), ty(out.dtype))
+                };
+                let r = self.body.bind(ty(out.dtype), e);
+                Ok(self.body.bind(ty(out.dtype), cast(&r, if out.dtype.is_float() { DType::F32 } else { out.dtype }, out.dtype)))
+            }
+            (_, "slice_scatter" | "select_scatter" | "diagonal_scatter") => {
+                let (base, src) = (tensor(0)?, tensor(1)?);
+                let bv = self.value_at(base, idx)?;
+                let m = self.unravel(idx, &out.sizes);
+                let (pred, src_m) = scatter_predicate(def.name.as_str(), &margs, &out, &m)?;
+                let pred = self.body.bind("bool", pred);
+                let sm = g.meta(src).clone();
+                let si = self.ravel(&src_m, &contiguous_strides(&sm.sizes), 0);
+                let si = self.body.bind("u32", format!("select(0u, {si}, {pred})"));
+                let sv = self.value_at(src, &si)?;
+                let sv = cast(&sv, sm.dtype, out.dtype);
+                Ok(self.body.bind(ty(out.dtype), format!("select({bv}, {sv}, {pred})")))
+            }
+            _ => Err(bug(format!("{} cannot be computed inline", def.name))),
+        }
+    }
+
+    fn store_to(&mut self, v: ValueId, idx: &str, value: &str) -> R<()> {
+        let loc = *self.locs.get(&v).ok_or_else(|| bug("a materialized value without a buffer"))?;
+        let d = self.meta(v).dtype;
+        self.body.stmt(store(loc.pool, loc.word, idx, d, value));
+        Ok(())
+    }
+
+    /// The kernel that materializes value `v` (result `k` of node `n`).
+    pub fn kernel(&mut self, v: ValueId) -> R<Vec<KernelCode>> {
+        let g = self.g;
+        let Def::Node(n, k) = g.values[v].def else { return Ok(vec![]) };
+        let node = &g.nodes[n];
+        let name = node.op.name();
+        let out = g.meta(v).clone();
+        let label = format!("{name}#{}", g.values[v].name.clone().unwrap_or_default());
+        if out.numel() == 0 {
+            return Ok(vec![]);
+        }
+        if let Some(&base) = self.s.inplace.get(&v) {
+            // Re-inplaced scatter: write only the region into the base's buffer.
+            return Ok(self.scatter_write(n, base, v, format!("{label} (in place)"))?.into_iter().collect());
+        }
+        let margs: Vec<Arg<&Meta>> = node.args.iter().map(|a| a.map(&mut |x| g.meta(*x))).collect();
+        match name {
+            "as_strided_scatter" => {
+                let base = *node.args[0].tensors()[0];
+                let copy = self.map_kernel(v, format!("{label} (copy)"), |s, i| s.value_at(base, i))?;
+                let mut ks = vec![copy];
+                ks.extend(self.scatter_write(n, v, v, label)?);
+                Ok(ks)
+            }
+            "index_put" => {
+                let base = *node.args[0].tensors()[0];
+                let copy = self.map_kernel(v, format!("{label} (copy)"), |s, i| s.value_at(base, i))?;
+                Ok(vec![copy, self.index_put(n, v, label)?])
+            }
+            "sum" | "mean" | "amax" | "amin" => Ok(vec![self.reduce(n, v, &margs, label)?]),
+            "softmax" | "log_softmax" | "_softmax" | "_log_softmax" => Ok(vec![self.softmax(n, v, label)?]),
+            "layer_norm" => Ok(vec![self.layer_norm(n, v, label)?]),
+            "mm" | "bmm" | "matmul" | "addmm" | "linear" => Ok(vec![self.matmul(n, v, label)?]),
+            "embedding" | "index_select" => Ok(vec![self.gather(n, v, label)?]),
+            _ => Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?]),
+        }
+    }
+
+    fn map_kernel(&mut self, v: ValueId, label: String, f: impl FnOnce(&mut Self, &str) -> R<String>) -> R<KernelCode> {
+        let n = self.meta(v).numel();
+        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(n)));
+        let x = f(self, "gid")?;
+        self.store_to(v, "gid", &x)?;
+        Ok(self.finish(label, wgsl::grid(n), [wgsl::WORKGROUP, 1, 1]))
+    }
+
+    /// Writes `src` through the scatter's view of buffer `target`
+    /// (element `j` of `src` goes to the view's `j`-th position).
+    fn scatter_write(&mut self, n: NodeId, target: ValueId, out: ValueId, label: String) -> R<Option<KernelCode>> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let src = *node.args[1].tensors()[0];
+        let sm = g.meta(src).clone();
+        let view_name = node.op.name().trim_end_matches("_scatter");
+        let view = ops::lookup(view_name).ok_or_else(|| bug("scatter without a view"))?;
+        let tm = Meta::contiguous(g.meta(target).dtype, g.meta(target).sizes.clone());
+        let mut va: Vec<Arg<&Meta>> = vec![Arg::Tensor(&tm)];
+        va.extend(node.args[2..].iter().map(|a| a.map(&mut |x| g.meta(*x))));
+        let vm = ops::infer(view, &va).map_err(bug)?.remove(0);
+        let count = sm.numel();
+        if count == 0 {
+            return Ok(None);
+        }
+        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(count)));
+        let x = self.value_at(src, "gid")?;
+        let x = cast(&x, sm.dtype, tm.dtype);
+        let m = self.unravel("gid", &vm.sizes);
+        let at = self.ravel(&m, &vm.strides, vm.offset);
+        let loc = *self.locs.get(&out).ok_or_else(|| bug("scatter target without a buffer"))?;
+        self.body.stmt(store(loc.pool, loc.word, &at, tm.dtype, &x));
+        Ok(Some(self.finish(label, wgsl::grid(count), [wgsl::WORKGROUP, 1, 1])))
+    }
+
+    /// `index_put` with integer indices, after `out` holds a copy of self:
+    /// one invocation walks every indexed position in order, so duplicate
+    /// indices resolve as in eager (last write wins, or all accumulate).
+    fn index_put(&mut self, n: NodeId, out: ValueId, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let om = g.meta(out).clone();
+        let idx: Vec<Option<ValueId>> = match &node.args[1] {
+            Arg::TensorList(l) => l.clone(),
+            _ => return Err(bug("index_put indices")),
+        };
+        if idx.iter().flatten().any(|&t| g.meta(t).dtype == DType::Bool) {
+            return Err(EngineError::Unsupported("index_put with a bool mask (its shape depends on the data)".into()));
+        }
+        let values = *node.args[2].tensors()[0];
+        let accumulate = matches!(node.args.get(3), Some(Arg::Bool(true)));
+        let mut bshape: Vec<usize> = vec![];
+        for t in idx.iter().flatten() {
+            bshape = kiln_functionalize::meta::broadcast_shapes(&bshape, &g.meta(*t).sizes).map_err(bug)?;
+        }
+        let dims = om.dim();
+        let adv: Vec<usize> = (0..dims).filter(|&d| idx.get(d).copied().flatten().is_some()).collect();
+        let rest: Vec<usize> = (0..dims).filter(|d| !adv.contains(d)).collect();
+        let adjacent = adv.windows(2).all(|w| w[1] == w[0] + 1);
+        let (before, after): (Vec<usize>, Vec<usize>) = if adjacent && !adv.is_empty() {
+            (rest.iter().copied().filter(|&d| d < adv[0]).collect(), rest.iter().copied().filter(|&d| d > adv[0]).collect())
+        } else {
+            (vec![], rest.clone())
+        };
+        let mut rshape: Vec<usize> = before.iter().map(|&d| om.sizes[d]).collect();
+        rshape.extend(&bshape);
+        rshape.extend(after.iter().map(|&d| om.sizes[d]));
+        let total = numel(&rshape);
+        let cstr = contiguous_strides(&om.sizes);
+        self.body.stmt("if (gid != 0u) { return; }".into());
+        self.body.stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(total)));
+        let saved = std::mem::take(&mut self.memo);
+        let m = self.unravel("r", &rshape);
+        let vm = g.meta(values).clone();
+        let vi = self.broadcast_index("r", &rshape, &vm);
+        let val = self.value_at(values, &vi)?;
+        let val = cast(&val, vm.dtype, om.dtype);
+        let nb = before.len();
+        let bpos = self.ravel(&m[nb..nb + bshape.len()], &contiguous_strides(&bshape), 0);
+        let mut terms = vec![];
+        for (j, &d) in before.iter().enumerate() {
+            terms.push(format!("{} * {}", m[j], u(cstr[d])));
+        }
+        for (j, &d) in after.iter().enumerate() {
+            terms.push(format!("{} * {}", m[nb + bshape.len() + j], u(cstr[d])));
+        }
+        for &d in &adv {
+            let t = idx[d].expect("advanced dim has an index");
+            let ti = self.broadcast_index(&bpos, &bshape, g.meta(t));
+            let iv = self.value_at(t, &ti)?;
+            let size = om.sizes[d] as i32;
+            let w = self.body.bind("i32", format!("select({iv}, {iv} + {size}i, {iv} < 0i)"));
+            terms.push(format!("u32(clamp({w}, 0i, {}i)) * {}", size - 1, u(cstr[d])));
+        }
+        let at = self.body.bind("u32", if terms.is_empty() { "0u".into() } else { terms.join(" + ") });
+        let loc = *self.locs.get(&out).ok_or_else(|| bug("index_put without a buffer"))?;
+        if accumulate {
+            let cur = load(loc.pool, loc.word, &at, om.dtype);
+            let sum = if om.dtype == DType::Bool { format!("({cur} || {val})") } else { format!("({cur} + {val})") };
+            self.body.stmt(store(loc.pool, loc.word, &at, om.dtype, &sum));
+        } else {
+            self.body.stmt(store(loc.pool, loc.word, &at, om.dtype, &val));
+        }
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(label, [1, 1, 1], [wgsl::WORKGROUP, 1, 1]))
+    }
+
+    fn reduce(&mut self, n: NodeId, v: ValueId, margs: &[Arg<&Meta>], label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let name = node.op.name();
+        let input = *node.args[0].tensors()[0];
+        let im = g.meta(input).clone();
+        let om = g.meta(v).clone();
+        let dims: Option<Vec<i64>> = match name {
+            "amax" | "amin" => Some(margs.int_list(1).map_err(bug)?),
+            _ if node.args.len() <= 2 => None,
+            _ => margs.opt_int_list(1).map_err(bug)?,
+        };
+        let mut red = vec![im.dim() == 0; im.dim()];
+        match dims {
+            Some(l) if !l.is_empty() => {
+                for d in l {
+                    let d = kiln_functionalize::meta::wrap_dim(d, im.dim()).map_err(bug)?;
+                    if im.dim() > 0 {
+                        red[d] = true;
+                    }
+                }
+            }
+            _ => red.iter_mut().for_each(|x| *x = true),
+        }
+        let kept: Vec<usize> = (0..im.dim()).filter(|&d| !red[d]).collect();
+        let reduced: Vec<usize> = (0..im.dim()).filter(|&d| red[d]).collect();
+        let ks: Vec<usize> = kept.iter().map(|&d| im.sizes[d]).collect();
+        let rs: Vec<usize> = reduced.iter().map(|&d| im.sizes[d]).collect();
+        let istr = contiguous_strides(&im.sizes);
+        let count = numel(&rs);
+        let nout = om.numel();
+        let acc_dt = om.dtype;
+        let acc_ty = ty(acc_dt);
+        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(nout)));
+        let km = self.unravel("gid", &ks);
+        let kst: Vec<usize> = kept.iter().map(|&d| istr[d]).collect();
+        let kbase = self.ravel(&km, &kst, 0);
+        let float = acc_dt.is_float();
+        let (init, is_sum) = match name {
+            "amax" => (extreme_literal(acc_dt, false), false),
+            "amin" => (extreme_literal(acc_dt, true), false),
+            _ => (literal(0.0, acc_dt), true),
+        };
+        let acc = self.body.var(acc_ty, init);
+        let comp = if is_sum && float { Some(self.body.var("f32", "0.0".into())) } else { None };
+        let nan = if float && !is_sum { Some(self.body.var("bool", "false".into())) } else { None };
+        self.body.stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(count)));
+        let saved = std::mem::take(&mut self.memo);
+        let rm = self.unravel("r", &rs);
+        let rst: Vec<usize> = reduced.iter().map(|&d| istr[d]).collect();
+        let roff = self.ravel(&rm, &rst, 0);
+        let at = self.body.bind("u32", format!("{kbase} + {roff}"));
+        let x = self.value_at(input, &at)?;
+        let x = self.body.bind(acc_ty, cast(&x, im.dtype, acc_dt));
+        match (name, &comp, &nan) {
+            (_, Some(c), _) => {
+                // Kahan summation keeps f32 sums close to the reference.
+                let y = self.body.bind("f32", format!("{x} - {c}"));
+                let t = self.body.bind("f32", format!("{acc} + {y}"));
+                self.body.stmt(format!("{c} = ({t} - {acc}) - {y};"));
+                self.body.stmt(format!("{acc} = {t};"));
+            }
+            (_, None, _) if is_sum => self.body.stmt(format!("{acc} = {acc} + {x};")),
+            ("amax", _, _) if acc_dt == DType::Bool => self.body.stmt(format!("{acc} = {acc} || {x};")),
+            (_, _, _) if acc_dt == DType::Bool => self.body.stmt(format!("{acc} = {acc} && {x};")),
+            ("amax", _, _) => self.body.stmt(format!("{acc} = max({acc}, {x});")),
+            _ => self.body.stmt(format!("{acc} = min({acc}, {x});")),
+        }
+        if let Some(nv) = &nan {
+            self.body.stmt(format!("{nv} = {nv} || k_isnan({x});"));
+        }
+        self.body.stmt("}".into());
+        self.memo = saved;
+        let mut res = acc.clone();
+        if name == "mean" {
+            res = self.body.bind(acc_ty, format!("{acc} / f32({})", u(count)));
+        }
+        if let Some(nv) = nan {
+            res = self.body.bind(acc_ty, format!("select({res}, bitcast<f32>(0x7fc00000u), {nv})"));
+        }
+        self.store_to(v, "gid", &res)?;
+        Ok(self.finish(label, wgsl::grid(nout), [wgsl::WORKGROUP, 1, 1]))
+    }
+
+    /// One invocation per line along `dim`: max, sum of exponentials, write.
+    fn softmax(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let log = node.op.name().contains("log");
+        let input = *node.args[0].tensors()[0];
+        let im = g.meta(input).clone();
+        let om = g.meta(v).clone();
+        let dim = match node.args[1] {
+            Arg::Int(d) => kiln_functionalize::meta::wrap_dim(d, im.dim()).map_err(bug)?,
+            _ => return Err(bug("softmax dim")),
+        };
+        let len = if im.dim() == 0 { 1 } else { im.sizes[dim] };
+        let inner: usize = if im.dim() == 0 { 1 } else { im.sizes[dim + 1..].iter().product() };
+        let lines = im.numel() / len.max(1);
+        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(lines)));
+        let base = self.body.bind("u32", format!("(gid / {i}) * {} + gid % {i}", u(len * inner), i = u(inner)));
+        let read = |s: &mut Self, k: &str| -> R<String> {
+            let at = s.body.bind("u32", format!("{base} + {k} * {}", u(inner)));
+            let x = s.value_at(input, &at)?;
+            Ok(s.body.bind("f32", cast(&x, im.dtype, DType::F32)))
+        };
+        let mx = self.body.var("f32", literal(f64::NEG_INFINITY, DType::F32));
+        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
+        let saved = std::mem::take(&mut self.memo);
+        let x = read(self, "k")?;
+        self.body.stmt(format!("{mx} = max({mx}, {x});"));
+        self.body.stmt("}".into());
+        self.memo = std::mem::take(&mut HashMap::new());
+        let sum = self.body.var("f32", "0.0".into());
+        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
+        let x = read(self, "k")?;
+        self.body.stmt(format!("{sum} = {sum} + exp({x} - {mx});"));
+        self.body.stmt("}".into());
+        self.memo.clear();
+        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
+        let x = read(self, "k")?;
+        let y = if log { format!("{x} - {mx} - log({sum})") } else { format!("exp({x} - {mx}) / {sum}") };
+        let y = self.body.bind("f32", y);
+        let at = self.body.bind("u32", format!("{base} + k * {}", u(inner)));
+        let y = cast(&y, DType::F32, om.dtype);
+        self.store_to(v, &at, &y)?;
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(label, wgsl::grid(lines), [wgsl::WORKGROUP, 1, 1]))
+    }
+
+    fn layer_norm(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let input = *node.args[0].tensors()[0];
+        let im = g.meta(input).clone();
+        let width: usize = match &node.args[1] {
+            Arg::IntList(l) => l.iter().product::<i64>() as usize,
+            _ => return Err(bug("layer_norm shape")),
+        };
+        let weight = node.args.get(2).and_then(|a| a.tensors().first().map(|x| **x));
+        let bias = node.args.get(3).and_then(|a| a.tensors().first().map(|x| **x));
+        let eps = match node.args.get(4) {
+            Some(Arg::Float(e)) => *e,
+            _ => 1e-5,
+        };
+        let rows = im.numel() / width.max(1);
+        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(rows)));
+        let base = self.body.bind("u32", format!("gid * {}", u(width)));
+        let read = |s: &mut Self| -> R<String> {
+            let at = s.body.bind("u32", format!("{base} + k"));
+            let x = s.value_at(input, &at)?;
+            Ok(s.body.bind("f32", cast(&x, im.dtype, DType::F32)))
+        };
+        let saved = std::mem::take(&mut self.memo);
+        let sum = self.body.var("f32", "0.0".into());
+        let c = self.body.var("f32", "0.0".into());
+        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
+        let x = read(self)?;
+        let y = self.body.bind("f32", format!("{x} - {c}"));
+        let t = self.body.bind("f32", format!("{sum} + {y}"));
+        self.body.stmt(format!("{c} = ({t} - {sum}) - {y};"));
+        self.body.stmt(format!("{sum} = {t};"));
+        self.body.stmt("}".into());
+        self.memo.clear();
+        let mean0 = self.body.bind("f32", format!("{sum} / f32({})", u(width)));
+        // The corrected two-pass algorithm: the deviations' sum refines the
+        // mean (exact for constant rows), their squares give the variance.
+        let dev = self.body.var("f32", "0.0".into());
+        let sq = self.body.var("f32", "0.0".into());
+        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
+        let x = read(self)?;
+        let d = self.body.bind("f32", format!("{x} - {mean0}"));
+        self.body.stmt(format!("{dev} = {dev} + {d};"));
+        self.body.stmt(format!("{sq} = {sq} + {d} * {d};"));
+        self.body.stmt("}".into());
+        self.memo.clear();
+        let corr = self.body.bind("f32", format!("{dev} / f32({})", u(width)));
+        let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
+        let var = self.body.bind("f32", format!("max({sq} / f32({}) - {corr} * {corr}, 0.0)", u(width)));
+        let rstd = self.body.bind("f32", format!("inverseSqrt({var} + {})", literal(eps, DType::F32)));
+        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
+        let x = read(self)?;
+        let mut y = self.body.bind("f32", format!("({x} - {mean}) * {rstd}"));
+        if let Some(w) = weight {
+            let wv = self.value_at(w, "k")?;
+            y = self.body.bind("f32", format!("{y} * {}", cast(&wv, g.meta(w).dtype, DType::F32)));
+        }
+        if let Some(b) = bias {
+            let bv = self.value_at(b, "k")?;
+            y = self.body.bind("f32", format!("{y} + {}", cast(&bv, g.meta(b).dtype, DType::F32)));
+        }
+        let at = self.body.bind("u32", format!("{base} + k"));
+        let y = cast(&y, DType::F32, im.dtype);
+        self.store_to(v, &at, &y)?;
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(label, wgsl::grid(rows), [wgsl::WORKGROUP, 1, 1]))
+    }
+
+    /// Element `(b, i, j)` accessors of a batched product `C = A B`, with
+    /// every matrix op lowered onto it; tiles of 16x16 in workgroup memory.
+    fn matmul(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let name = node.op.name();
+        let om = g.meta(v).clone();
+        let t = |i: usize| *node.args[i].tensors()[0];
+        // Operand accessors: value, batch strides over the output batch,
+        // row stride, column stride.
+        struct Operand {
+            v: ValueId,
+            batch: Vec<usize>,
+            rs: usize,
+            cs: usize,
+        }
+        let (a, b, batch, nn, kk, mm, extra) = match name {
+            "linear" => {
+                let (x, w) = (t(0), t(1));
+                let (xm, wm) = (g.meta(x), g.meta(w));
+                let k = *wm.sizes.last().unwrap();
+                let rows = xm.numel() / k.max(1);
+                let outf = if wm.dim() == 2 { wm.sizes[0] } else { 1 };
+                let bias = node.args.get(2).and_then(|a| a.tensors().first().map(|x| **x));
+                (
+                    Operand { v: x, batch: vec![], rs: k, cs: 1 },
+                    Operand { v: w, batch: vec![], rs: 1, cs: k },
+                    vec![],
+                    rows,
+                    k,
+                    outf,
+                    bias.map(|b| (b, 1.0, 1.0)),
+                )
+            }
+            _ => {
+                let (xi, yi) = if name == "addmm" { (1, 2) } else { (0, 1) };
+                let (x, y) = (t(xi), t(yi));
+                let (xm, ym) = (g.meta(x).clone(), g.meta(y).clone());
+                let (xb, n_, k_) = if xm.dim() == 1 {
+                    (vec![], 1, xm.sizes[0])
+                } else {
+                    (xm.sizes[..xm.dim() - 2].to_vec(), xm.sizes[xm.dim() - 2], xm.sizes[xm.dim() - 1])
+                };
+                let (yb, m_) = if ym.dim() == 1 { (vec![], 1) } else { (ym.sizes[..ym.dim() - 2].to_vec(), ym.sizes[ym.dim() - 1]) };
+                let batch = kiln_functionalize::meta::broadcast_shapes(&xb, &yb).map_err(bug)?;
+                // Strides of an operand's own batch dims over the output batch
+                // (0 where it broadcasts).
+                let bstr = |own: &[usize], rows: usize, cols: usize| -> Vec<usize> {
+                    let mut full = own.to_vec();
+                    full.extend([rows, cols]);
+                    let st = contiguous_strides(&full);
+                    (0..batch.len())
+                        .map(|i| {
+                            let lead = batch.len() - own.len();
+                            if i < lead || own[i - lead] != batch[i] || own[i - lead] == 1 {
+                                0
+                            } else {
+                                st[i - lead]
+                            }
+                        })
+                        .collect()
+                };
+                let xa = Operand {
+                    v: x,
+                    batch: bstr(&xb, n_, k_),
+                    rs: if xm.dim() == 1 { 0 } else { k_ },
+                    cs: 1,
+                };
+                let yo = Operand { v: y, batch: bstr(&yb, k_, m_), rs: if ym.dim() == 1 { 1 } else { m_ }, cs: if ym.dim() == 1 { 0 } else { 1 } };
+                let extra = if name == "addmm" {
+                    let beta = node.args.get(3).and_then(|a| if let Arg::Int(i) = a { Some(*i as f64) } else if let Arg::Float(f) = a { Some(*f) } else { None });
+                    let alpha = node.args.get(4).and_then(|a| if let Arg::Int(i) = a { Some(*i as f64) } else if let Arg::Float(f) = a { Some(*f) } else { None });
+                    Some((t(0), beta.unwrap_or(1.0), alpha.unwrap_or(1.0)))
+                } else {
+                    None
+                };
+                (xa, yo, batch, n_, k_, m_, extra)
+            }
+        };
+        let acc_dt = if om.dtype.is_float() { DType::F32 } else { om.dtype };
+        let at = ty(acc_dt);
+        self.shared.push(format!("var<workgroup> ta: array<{at}, 256>;"));
+        self.shared.push(format!("var<workgroup> tb: array<{at}, 256>;"));
+        let nb = numel(&batch).max(1);
+        self.body.stmt("let row = wid.y * 16u + lid.y;".into());
+        self.body.stmt("let col = wid.x * 16u + lid.x;".into());
+        self.body.stmt("let bz = wid.z;".into());
+        let bm = self.unravel("bz", &batch);
+        let aoff = self.ravel(&bm, &a.batch, 0);
+        let boff = self.ravel(&bm, &b.batch, 0);
+        let acc = self.body.var(at, literal(0.0, acc_dt));
+        self.body.stmt(format!("for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{", u(kk)));
+        let saved = std::mem::take(&mut self.memo);
+        let ka = self.body.bind("u32", "t0 + lid.x".into());
+        let pa = self.body.bind("bool", format!("row < {} && {ka} < {}", u(nn), u(kk)));
+        let ia = self.body.bind("u32", format!("select(0u, {aoff} + row * {} + {ka} * {}, {pa})", u(a.rs), u(a.cs)));
+        let xa = self.value_at(a.v, &ia)?;
+        let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
+        self.body.stmt(format!("ta[lid.y * 16u + lid.x] = select({}, {xa}, {pa});", literal(0.0, acc_dt)));
+        let kb = self.body.bind("u32", "t0 + lid.y".into());
+        let pb = self.body.bind("bool", format!("{kb} < {} && col < {}", u(kk), u(mm)));
+        let ib = self.body.bind("u32", format!("select(0u, {boff} + {kb} * {} + col * {}, {pb})", u(b.rs), u(b.cs)));
+        let xb = self.value_at(b.v, &ib)?;
+        let xb = cast(&xb, g.meta(b.v).dtype, acc_dt);
+        self.body.stmt(format!("tb[lid.y * 16u + lid.x] = select({}, {xb}, {pb});", literal(0.0, acc_dt)));
+        self.body.stmt("workgroupBarrier();".into());
+        self.body.stmt(format!("for (var q = 0u; q < 16u; q = q + 1u) {{ {acc} = {acc} + ta[lid.y * 16u + q] * tb[q * 16u + lid.x]; }}"));
+        self.body.stmt("workgroupBarrier();".into());
+        self.body.stmt("}".into());
+        self.memo = saved;
+        self.body.stmt(format!("if (row >= {} || col >= {}) {{ return; }}", u(nn), u(mm)));
+        let oi = self.body.bind("u32", format!("bz * {} + row * {} + col", u(nn * mm), u(mm)));
+        let mut res = acc.clone();
+        if let Some((c, beta, alpha)) = extra {
+            let cm = g.meta(c).clone();
+            let out2 = [nn, mm];
+            let ci = self.broadcast_index(&format!("(row * {} + col)", u(mm)), &out2, &cm);
+            let cv = self.value_at(c, &ci)?;
+            let cv = cast(&cv, cm.dtype, acc_dt);
+            res = if beta == 0.0 {
+                self.body.bind(at, format!("{} * {acc}", literal(alpha, acc_dt)))
+            } else {
+                self.body.bind(at, format!("{} * {acc} + {} * {cv}", literal(alpha, acc_dt), literal(beta, acc_dt)))
+            };
+        }
+        let res = cast(&res, acc_dt, om.dtype);
+        self.store_to(v, &oi, &res)?;
+        let grid = [mm.div_ceil(16) as u32, nn.div_ceil(16) as u32, nb as u32];
+        if grid.iter().any(|&x| x > 65535) {
+            return Err(EngineError::Unsupported(format!("{name} of {nb} batches of {nn}x{mm}: too many workgroups")));
+        }
+        Ok(self.finish(label, grid, [16, 16, 1]))
+    }
+
+    fn gather(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let om = g.meta(v).clone();
+        let count = om.numel();
+        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(count)));
+        let (src, idx, dim) = match node.op.name() {
+            "embedding" => (*node.args[0].tensors()[0], *node.args[1].tensors()[0], 0usize),
+            _ => {
+                let s = *node.args[0].tensors()[0];
+                let d = match node.args[1] {
+                    Arg::Int(d) => kiln_functionalize::meta::wrap_dim(d, g.meta(s).dim()).map_err(bug)?,
+                    _ => return Err(bug("index_select dim")),
+                };
+                (s, *node.args[2].tensors()[0], d)
+            }
+        };
+        let sm = g.meta(src).clone();
+        let sizes = &sm.sizes;
+        let (outer, len, inner) = if sizes.is_empty() {
+            (1, 1, 1)
+        } else {
+            (sizes[..dim].iter().product::<usize>(), sizes[dim], sizes[dim + 1..].iter().product::<usize>())
+        };
+        let nidx = g.meta(idx).numel();
+        // out = [outer, nidx, inner]
+        let o = self.body.bind("u32", format!("gid / {}", u(nidx * inner)));
+        let p = self.body.bind("u32", format!("(gid / {}) % {}", u(inner), u(nidx)));
+        let q = self.body.bind("u32", format!("gid % {}", u(inner)));
+        let iv = self.value_at(idx, &p)?;
+        let iv = self.body.bind("i32", cast(&iv, g.meta(idx).dtype, DType::I32));
+        let r = self.body.bind("u32", format!("u32(clamp({iv}, 0i, {}i))", len.max(1) as i32 - 1));
+        let at = self.body.bind("u32", format!("({o} * {} + {r}) * {} + {q}", u(len), u(inner)));
+        let _ = outer;
+        let x = self.value_at(src, &at)?;
+        self.store_to(v, "gid", &x)?;
+        Ok(self.finish(label, wgsl::grid(count), [wgsl::WORKGROUP, 1, 1]))
+    }
+}
+
+/// The identity of `max` (`min` when `high`) in a dtype.
+fn extreme_literal(d: DType, high: bool) -> String {
+    match (d, high) {
+        (DType::F32 | DType::F16, false) => literal(f64::NEG_INFINITY, d),
+        (DType::F32 | DType::F16, true) => literal(f64::INFINITY, d),
+        (DType::I32, false) => "(-2147483647i - 1i)".into(),
+        (DType::I32, true) => "2147483647i".into(),
+        (DType::U32, false) => "0u".into(),
+        (DType::U32, true) => "4294967295u".into(),
+        (DType::Bool, high) => high.to_string(),
+    }
+}
+
+/// For a scatter's output multi-index `m`: whether it lies in the region,
+/// and the source multi-index there.
+fn scatter_predicate(name: &str, a: &[Arg<&Meta>], out: &Meta, m: &[String]) -> R<(String, Vec<String>)> {
+    let wrap = |d: i64| kiln_functionalize::meta::wrap_dim(d, out.dim()).map_err(bug);
+    match name {
+        "slice_scatter" => {
+            let d = wrap(a.int(2).map_err(bug)?)?;
+            let size = out.sizes[d] as i64;
+            let clampb = |v: i64| -> i64 { (if v < 0 { v + size } else { v }).clamp(0, size) };
+            let start = clampb(a.opt_int(3).map_err(bug)?.unwrap_or(0));
+            let end = clampb(a.opt_int(4).map_err(bug)?.unwrap_or(i64::MAX)).max(start);
+            let step = a.int(5).map_err(bug)?;
+            let x = &m[d];
+            let pred = format!("({x} >= {start}u && {x} < {end}u && ({x} - {start}u) % {step}u == 0u)");
+            let mut sm = m.to_vec();
+            sm[d] = format!("(({x} - {start}u) / {step}u)");
+            Ok((pred, sm))
+        }
+        "select_scatter" => {
+            let d = wrap(a.int(2).map_err(bug)?)?;
+            let size = out.sizes[d] as i64;
+            let i = a.int(3).map_err(bug)?;
+            let i = if i < 0 { i + size } else { i };
+            let pred = format!("({} == {i}u)", m[d]);
+            let mut sm = m.to_vec();
+            sm.remove(d);
+            Ok((pred, sm))
+        }
+        "diagonal_scatter" => {
+            let off = a.int(2).map_err(bug)?;
+            let (d1, d2) = (wrap(a.int(3).map_err(bug)?)?, wrap(a.int(4).map_err(bug)?)?);
+            let (x1, x2) = (&m[d1], &m[d2]);
+            let pred = format!("(i32({x2}) - i32({x1}) == {off}i)");
+            let k = if off >= 0 { x1.clone() } else { x2.clone() };
+            let mut sm: Vec<String> = (0..out.dim()).filter(|&d| d != d1 && d != d2).map(|d| m[d].clone()).collect();
+            sm.push(k);
+            Ok((pred, sm))
+        }
+        _ => Err(bug(format!("{name} has no predicate"))),
+    }
+}
+
+fn float_ops(code: Code, v: &[String]) -> String {
+    let x = &v[0];
+    match code {
+        Code::Exp => format!("exp({x})"),
+        Code::Log => format!("log({x})"),
+        Code::Sqrt => format!("sqrt({x})"),
+        Code::Rsqrt => format!("inverseSqrt({x})"),
+        Code::Sigmoid => format!("1.0 / (1.0 + exp(-{x}))"),
+        Code::Tanh => format!("tanh({x})"),
+        Code::Sin => format!("sin({x})"),
+        Code::Cos => format!("cos({x})"),
+        Code::Reciprocal => format!("1.0 / {x}"),
+        Code::Erf => format!("k_erf({x})"),
+        Code::Neg => format!("-{x}"),
+        Code::Abs => format!("abs({x})"),
+        Code::Relu => format!("select(0.0, {x}, {x} > 0.0 || k_isnan({x}))"),
+        Code::Gelu { tanh: false } => format!("0.5 * {x} * (1.0 + k_erf({x} * 0.70710678118654752))"),
+        Code::Gelu { tanh: true } => {
+            format!("0.5 * {x} * (1.0 + tanh(0.79788456080286536 * ({x} + 0.044715 * {x} * {x} * {x})))")
+        }
+        Code::Add { alpha } => format!("{x} + {} * {}", literal(alpha, DType::F32), v[1]),
+        Code::Sub { alpha } => format!("{x} - {} * {}", literal(alpha, DType::F32), v[1]),
+        Code::Mul => format!("{x} * {}", v[1]),
+        Code::Div => format!("{x} / {}", v[1]),
+        Code::DivTrunc => format!("trunc({x} / {})", v[1]),
+        Code::DivFloor => format!("floor({x} / {})", v[1]),
+        Code::Pow => format!("k_powf({x}, {})", v[1]),
+        Code::Maximum => format!("select(max({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))", y = v[1]),
+        Code::Minimum => format!("select(min({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))", y = v[1]),
+        _ => unreachable!("{code:?} is not a float op"),
+    }
+}
+
+/// The expression of a plan's code over operand values (already cast to
+/// their operand dtypes), and the dtype it has.
+fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> (String, DType) {
+    let x = &v[0];
+    // Comparisons with NaN test the bits: a compiler may assume no NaNs.
+    let float_cmp = matches!(compute, DType::F32 | DType::F16);
+    let cmp = |op: &str| {
+        let e = format!("{x} {op} {}", v[1]);
+        let e = match (float_cmp, op) {
+            (false, _) => e,
+            (true, "!=") => format!("({e} || k_isnan({x}) || k_isnan({}))", v[1]),
+            (true, _) => format!("({e} && !k_isnan({x}) && !k_isnan({}))", v[1]),
+        };
+        (e, DType::Bool)
+    };
+    let cdt = if compute == DType::F16 { DType::F32 } else { compute };
+    match code {
+        Code::Eq => cmp("=="),
+        Code::Ne => cmp("!="),
+        Code::Lt => cmp("<"),
+        Code::Le => cmp("<="),
+        Code::Gt => cmp(">"),
+        Code::Ge => cmp(">="),
+        Code::LogicalNot => (
+            match casts[0] {
+                DType::Bool => format!("!{x}"),
+                d => format!("{x} == {}", literal(0.0, d)),
+            },
+            DType::Bool,
+        ),
+        Code::Where => {
+            let d = if casts[1] == DType::F16 { DType::F32 } else { casts[1] };
+            (format!("select({}, {}, {x})", v[2], v[1]), d)
+        }
+        Code::Clamp { min, max } => {
+            let mut e = x.clone();
+            let mut k = 1;
+            let float = cdt == DType::F32;
+            if min {
+                e = if float { format!("select(max({e}, {b}), {b}, k_isnan({b}))", b = v[k]) } else { format!("max({e}, {})", v[k]) };
+                k += 1;
+            }
+            if max {
+                e = if float { format!("select(min({e}, {b}), {b}, k_isnan({b}))", b = v[k]) } else { format!("min({e}, {})", v[k]) };
+            }
+            if float {
+                e = format!("select({e}, {x}, k_isnan({x}))");
+            }
+            (e, cdt)
+        }
+        _ if cdt == DType::F32 => (float_ops(code, v), DType::F32),
+        _ if cdt == DType::Bool => {
+            let y = v.get(1).cloned().unwrap_or_default();
+            let e = match code {
+                Code::Add { .. } | Code::Maximum => format!("{x} || {y}"),
+                Code::Mul | Code::Minimum => format!("{x} && {y}"),
+                Code::Abs | Code::Relu => x.clone(),
+                _ => format!("{x} != {y}"),
+            };
+            (e, DType::Bool)
+        }
+        _ => {
+            // i32 / u32.
+            let t = ty(cdt);
+            let y = v.get(1).cloned().unwrap_or_default();
+            let e = match code {
+                Code::Add { alpha } => format!("{x} + {} * {y}", literal(alpha, cdt)),
+                Code::Sub { alpha } => format!("{x} - {} * {y}", literal(alpha, cdt)),
+                Code::Mul => format!("{x} * {y}"),
+                Code::DivTrunc => format!("{x} / {y}"),
+                Code::DivFloor if cdt == DType::I32 => {
+                    format!("select({x} / {y}, {x} / {y} - 1i, ({x} % {y} != 0i) && (({x} < 0i) != ({y} < 0i)))")
+                }
+                Code::DivFloor => format!("{x} / {y}"),
+                Code::Pow if cdt == DType::I32 => format!("k_powi({x}, {y})"),
+                Code::Pow => format!("k_powu({x}, {y})"),
+                Code::Maximum => format!("max({x}, {y})"),
+                Code::Minimum => format!("min({x}, {y})"),
+                Code::Neg => format!("-{x}"),
+                Code::Abs if cdt == DType::I32 => format!("abs({x})"),
+                Code::Abs => x.clone(),
+                Code::Relu if cdt == DType::I32 => format!("max({x}, 0i)"),
+                Code::Relu => x.clone(),
+                other => format!("{t}(0) /* {other:?} */"),
+            };
+            (e, cdt)
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! A small builder for WGSL compute shaders: kernels are assembled from
+//! typed pieces (buffer loads and stores, casts, scalar ops) into a list
+//! of `let` statements, never by editing shader text.
+
+use kiln_functionalize::DType;
+use std::fmt::Write;
+
+/// The type a value of a dtype has inside a shader: floats compute in
+/// f32 (f16 values are rounded to f16 after every op), booleans as bool.
+pub fn ty(d: DType) -> &'static str {
+    match d {
+        DType::F32 | DType::F16 => "f32",
+        DType::I32 => "i32",
+        DType::U32 => "u32",
+        DType::Bool => "bool",
+    }
+}
+
+/// Helper functions every kernel may call.
+pub const PRELUDE: &str = r#"
+fn k_round_f16(x: f32) -> f32 { return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x; }
+fn k_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn k_erf(x: f32) -> f32 {
+    // erfc by a Chebyshev fit (Numerical Recipes erfcc), |error| < 1.2e-7.
+    let z = abs(x);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
+        t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
+        t * (-0.82215223 + t * 0.17087277)))))))));
+    return select(r - 1.0, 1.0 - r, x >= 0.0);
+}
+fn k_powf(x: f32, y: f32) -> f32 {
+    if (y == 0.0) { return 1.0; }
+    let m = pow(abs(x), y);
+    if (x >= 0.0) { return m; }
+    if (floor(y) != y) { return bitcast<f32>(0x7fc00000u); }
+    let odd = (abs(y) % 2.0) == 1.0;
+    return select(m, -m, odd);
+}
+fn k_powi(x: i32, y: i32) -> i32 {
+    var r = 1i;
+    for (var i = 0i; i < min(y, 64i); i = i + 1i) { r = r * x; }
+    if (y < 0i) { return select(select(0i, 1i, x == 1i), select(-1i, 1i, (y % 2i) == 0i), x == -1i); }
+    return r;
+}
+fn k_powu(x: u32, y: u32) -> u32 {
+    var r = 1u;
+    for (var i = 0u; i < min(y, 64u); i = i + 1u) { r = r * x; }
+    return r;
+}
+"#;
+
+/// Statements of a kernel body, with fresh temporaries.
+#[derive(Default)]
+pub struct Body {
+    pub lines: Vec<String>,
+    next: usize,
+}
+
+impl Body {
+    /// `let tN: ty = expr;`, returning `tN`.
+    pub fn bind(&mut self, ty: &str, expr: String) -> String {
+        let name = format!("t{}", self.next);
+        self.next += 1;
+        self.lines.push(format!("let {name}: {ty} = {expr};"));
+        name
+    }
+
+    /// `var tN: ty = expr;`, returning `tN`.
+    pub fn var(&mut self, ty: &str, expr: String) -> String {
+        let name = format!("v{}", self.next);
+        self.next += 1;
+        self.lines.push(format!("var {name}: {ty} = {expr};"));
+        name
+    }
+
+    pub fn stmt(&mut self, s: String) {
+        self.lines.push(s);
+    }
+}
+
+/// The buffers a kernel sees: `io` holds parameters, `arena`
+/// intermediates; both are arrays of 32-bit words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pool {
+    Io,
+    Arena,
+}
+
+impl Pool {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pool::Io => "io",
+            Pool::Arena => "arena",
+        }
+    }
+}
+
+/// Reads element `index` (a u32 expression) of a `dtype` buffer stored at
+/// word `base` of `pool`.
+pub fn load(pool: Pool, base: usize, index: &str, dtype: DType) -> String {
+    let word = format!("{}[{base}u + {index}]", pool.name());
+    match dtype {
+        DType::F32 | DType::F16 => format!("bitcast<f32>({word})"),
+        DType::I32 => format!("bitcast<i32>({word})"),
+        DType::U32 => word,
+        DType::Bool => format!("({word} != 0u)"),
+    }
+}
+
+/// Writes `value` (in its shader type) as element `index` of a buffer.
+pub fn store(pool: Pool, base: usize, index: &str, dtype: DType, value: &str) -> String {
+    let word = match dtype {
+        DType::F32 => format!("bitcast<u32>({value})"),
+        DType::F16 => format!("bitcast<u32>(k_round_f16({value}))"),
+        DType::I32 => format!("bitcast<u32>({value})"),
+        DType::U32 => value.to_string(),
+        DType::Bool => format!("select(0u, 1u, {value})"),
+    };
+    format!("{}[{base}u + {index}] = {word};", pool.name())
+}
+
+/// Converts a shader value of dtype `from` to dtype `to` with the store
+/// semantics of `DType::cast` (truncation toward zero, `!= 0` for bool,
+/// f16 rounding).
+pub fn cast(value: &str, from: DType, to: DType) -> String {
+    use DType::*;
+    if from == to {
+        return value.to_string();
+    }
+    let v = value;
+    match (from, to) {
+        (Bool, F32 | F16) => format!("select(0.0, 1.0, {v})"),
+        (Bool, I32) => format!("select(0i, 1i, {v})"),
+        (Bool, U32) => format!("select(0u, 1u, {v})"),
+        (F32 | F16, Bool) => format!("({v} != 0.0)"),
+        (I32, Bool) => format!("({v} != 0i)"),
+        (U32, Bool) => format!("({v} != 0u)"),
+        (F32, F16) => format!("k_round_f16({v})"),
+        (F16, F32) => v.to_string(),
+        (I32 | U32, F32) => format!("f32({v})"),
+        (I32 | U32, F16) => format!("k_round_f16(f32({v}))"),
+        (F32 | F16, I32) => format!("i32({v})"),
+        (F32 | F16, U32) => format!("u32(i32({v}))"),
+        (I32, U32) => format!("bitcast<u32>({v})"),
+        (U32, I32) => format!("bitcast<i32>({v})"),
+        (a, b) => unreachable!("cast {a} -> {b} is covered above"),
+    }
+}
+
+/// A literal of a dtype's shader type.
+pub fn literal(v: f64, dtype: DType) -> String {
+    match dtype {
+        DType::F32 | DType::F16 => {
+            if v.is_nan() {
+                "bitcast<f32>(0x7fc00000u)".into()
+            } else if v.is_infinite() {
+                if v > 0.0 { "bitcast<f32>(0x7f800000u)" } else { "bitcast<f32>(0xff800000u)" }.into()
+            } else {
+                format!("bitcast<f32>({}u)", (v as f32).to_bits())
+            }
+        }
+        DType::I32 => format!("{}i", v as i32),
+        DType::U32 => format!("{}u", v as u32),
+        DType::Bool => (v != 0.0).to_string(),
+    }
+}
+
+pub const WORKGROUP: u32 = 64;
+
+/// A complete compute shader: the prelude, both pools and one entry point
+/// whose body sees `gid` (the flat invocation index) and `lid`/`wid`.
+pub fn shader(body: &[String], workgroup: [u32; 3], shared: &[String]) -> String {
+    let mut s = String::new();
+    s.push_str("@group(0) @binding(0) var<storage, read_write> io: array<u32>;\n");
+    s.push_str("@group(0) @binding(1) var<storage, read_write> arena: array<u32>;\n");
+    for d in shared {
+        let _ = writeln!(s, "{d}");
+    }
+    s.push_str(PRELUDE);
+    let _ = writeln!(
+        s,
+        "@compute @workgroup_size({}, {}, {})\nfn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{",
+        workgroup[0], workgroup[1], workgroup[2]
+    );
+    if workgroup == [WORKGROUP, 1, 1] {
+        let _ = writeln!(s, "    let gid: u32 = (wid.y * nwg.x + wid.x) * {WORKGROUP}u + lid.x;");
+    }
+    for l in body {
+        let _ = writeln!(s, "    {l}");
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// Workgroups for `n` invocations of a 1-D kernel, folded into two
+/// dimensions past the 65535 per-dimension limit.
+pub fn grid(n: usize) -> [u32; 3] {
+    let groups = n.div_ceil(WORKGROUP as usize).max(1);
+    if groups <= 65535 {
+        [groups as u32, 1, 1]
+    } else {
+        let y = groups.div_ceil(65535);
+        [65535, y as u32, 1]
+    }
+}
+
+/// Validates a shader with naga (parse and type-check), as every generated
+/// and hand-written shader must pass.
+pub fn validate(src: &str) -> Result<(), String> {
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
+        .validate(&module)
+        .map_err(|e| format!("{e:?}"))?;
+    Ok(())
+}
