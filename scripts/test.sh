@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# Kiln's whole test suite, as CI runs it on a fresh machine: formatting,
-# lints, then every test of the workspace (debug builds, one target dir).
+# Kiln's whole test suite, as CI runs it on a fresh machine: installs what
+# the GPU tests need (Mesa's software Vulkan driver, lavapipe) when absent,
+# then formatting, lints, and every test of the workspace (debug builds,
+# one target dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ]; then
+  echo "installing lavapipe (software Vulkan) for the GPU tests"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
+# Vulkan only (wgpu would otherwise fall back to GL), and quiet Mesa.
+export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 
 export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check

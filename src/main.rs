@@ -99,7 +99,10 @@ fn main_result(cli: Cli) -> Result<(), String> {
             }
             if wgsl {
                 for k in &p.kernels {
-                    println!("// ---- {} (grid {:?})\n{}", k.code.label, k.code.grid, k.code.wgsl);
+                    println!(
+                        "// ---- {} (grid {:?})\n{}",
+                        k.code.label, k.code.grid, k.code.wgsl
+                    );
                 }
             }
             Ok(())
@@ -132,8 +135,14 @@ fn main_result(cli: Cli) -> Result<(), String> {
                 Backend::Gpu => {
                     let mut engine = kiln::engine::Engine::new().map_err(|e| e.to_string())?;
                     eprintln!("adapter: {}", engine.gpu.describe());
-                    let r = engine.run(&g, ins).map_err(|e| format!("{}: {e}", prog.display()))?;
-                    interp::RunResult { outputs: r.outputs, inputs: r.inputs, peak_bytes: 0 }
+                    let r = engine
+                        .run(&g, ins)
+                        .map_err(|e| format!("{}: {e}", prog.display()))?;
+                    interp::RunResult {
+                        outputs: r.outputs,
+                        inputs: r.inputs,
+                        peak_bytes: 0,
+                    }
                 }
             };
             kiln::io::save_results(&g, &r, &output).map_err(|e| e.to_string())

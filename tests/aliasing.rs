@@ -193,8 +193,20 @@ fn static_eager_peak_matches_the_run() {
     for p in common::programs(&common::root().join("examples/programs")) {
         let g = kiln::parse(&std::fs::read_to_string(&p).unwrap()).unwrap();
         let rel = p.strip_prefix(common::root()).unwrap().with_extension("");
-        let ins = kiln::io::load_inputs(&g, &common::root().join("tests/fixtures").join(rel).with_extension("inputs.safetensors")).unwrap();
+        let ins = kiln::io::load_inputs(
+            &g,
+            &common::root()
+                .join("tests/fixtures")
+                .join(rel)
+                .with_extension("inputs.safetensors"),
+        )
+        .unwrap();
         let r = kiln::run(&g, ins).unwrap();
-        assert_eq!(kiln::functionalize::interp::eager_peak_bytes(&g), r.peak_bytes, "{}", p.display());
+        assert_eq!(
+            kiln::functionalize::interp::eager_peak_bytes(&g),
+            r.peak_bytes,
+            "{}",
+            p.display()
+        );
     }
 }

@@ -22,10 +22,19 @@ fn engine() -> Engine {
 /// `inf - inf` and `x / 0`), so Kiln guarantees finite results only.
 fn close_gpu(what: &str, a: &RTensor, b: &RTensor, rtol: f64) -> Result<(), String> {
     if a.dtype() != b.dtype() || a.sizes() != b.sizes() {
-        return Err(format!("{what}: got {}{:?}, expected {}{:?}", a.dtype(), a.sizes(), b.dtype(), b.sizes()));
+        return Err(format!(
+            "{what}: got {}{:?}, expected {}{:?}",
+            a.dtype(),
+            a.sizes(),
+            b.dtype(),
+            b.sizes()
+        ));
     }
     let bv = b.values();
-    let scale = bv.iter().filter(|x| x.is_finite()).fold(1.0f64, |m, x| m.max(x.abs()));
+    let scale = bv
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(1.0f64, |m, x| m.max(x.abs()));
     let tol = match a.dtype() {
         DType::F32 => rtol * scale,
         DType::F16 => 2e-3 * scale,
@@ -34,7 +43,9 @@ fn close_gpu(what: &str, a: &RTensor, b: &RTensor, rtol: f64) -> Result<(), Stri
     for (i, (x, y)) in a.values().iter().zip(&bv).enumerate() {
         let ok = !y.is_finite() || x == y || (x - y).abs() <= tol;
         if !ok {
-            return Err(format!("{what}: element {i} is {x}, expected {y} (tolerance {tol:e})"));
+            return Err(format!(
+                "{what}: element {i} is {x}, expected {y} (tolerance {tol:e})"
+            ));
         }
     }
     Ok(())
@@ -65,12 +76,32 @@ fn check_dir(dir: &str) {
         };
         n += 1;
         let names = kiln::functionalize::text::Names::of(&g);
-        let mut got: Vec<(String, RTensor)> = r.outputs.into_iter().enumerate().map(|(i, t)| (format!("output.{i}"), t)).collect();
-        got.extend(g.inputs.iter().zip(r.inputs).map(|(&v, t)| (names.get(v), t)));
+        let mut got: Vec<(String, RTensor)> = r
+            .outputs
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (format!("output.{i}"), t))
+            .collect();
+        got.extend(
+            g.inputs
+                .iter()
+                .zip(r.inputs)
+                .map(|(&v, t)| (names.get(v), t)),
+        );
         got.sort_by(|a, b| a.0.cmp(&b.0));
-        let heavy = ["matmul", "mm(", "bmm", "linear", "addmm", "softmax", "layer_norm", "sum(", "mean("]
-            .iter()
-            .any(|k| std::fs::read_to_string(&prog).unwrap().contains(k));
+        let heavy = [
+            "matmul",
+            "mm(",
+            "bmm",
+            "linear",
+            "addmm",
+            "softmax",
+            "layer_norm",
+            "sum(",
+            "mean(",
+        ]
+        .iter()
+        .any(|k| std::fs::read_to_string(&prog).unwrap().contains(k));
         let rtol = if heavy { 1e-4 } else { 1e-5 };
         for ((n1, a), (n2, b)) in got.iter().zip(&want) {
             if n1 != n2 {
@@ -83,9 +114,21 @@ fn check_dir(dir: &str) {
             }
         }
     }
-    eprintln!("{n} programs ran on the GPU; {} unsupported", unsupported.len());
-    assert!(failures.is_empty(), "{} programs differ on the GPU:\n{}", failures.len(), failures.join("\n"));
-    assert!(unsupported.is_empty(), "unsupported on the GPU:\n{}", unsupported.join("\n"));
+    eprintln!(
+        "{n} programs ran on the GPU; {} unsupported",
+        unsupported.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} programs differ on the GPU:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(
+        unsupported.is_empty(),
+        "unsupported on the GPU:\n{}",
+        unsupported.join("\n")
+    );
 }
 
 #[test]
@@ -96,4 +139,77 @@ fn example_programs_on_the_gpu() {
 #[test]
 fn op_programs_on_the_gpu() {
     check_dir("tests/programs/ops");
+}
+
+/// Random programs of views and mutations: eager reference vs GPU, on
+/// outputs and final inputs.
+#[test]
+fn random_programs_match_the_reference_on_the_gpu() {
+    use kiln::functionalize::random::{random_program, Seeded};
+    let mut e = engine();
+    let mut checked = 0;
+    for seed in 0..150u64 {
+        let g = random_program(&mut Seeded(seed), 25);
+        let ins = || -> Vec<RTensor> {
+            let mut s = seed.wrapping_mul(2654435761);
+            g.inputs
+                .iter()
+                .map(|&v| {
+                    let m = g.meta(v);
+                    let vals: Vec<f64> = (0..m.numel())
+                        .map(|_| {
+                            s = s
+                                .wrapping_mul(6364136223846793005)
+                                .wrapping_add(1442695040888963407);
+                            ((s >> 33) % 4000) as f64 / 1000.0 - 2.0
+                        })
+                        .collect();
+                    RTensor::new(m.dtype, m.sizes.clone(), &vals)
+                })
+                .collect()
+        };
+        let Ok(want) = kiln::run(&g, ins()) else {
+            continue;
+        };
+        let got = e
+            .run(&g, ins())
+            .unwrap_or_else(|err| panic!("seed {seed}: {err}\n{}", kiln::print(&g)));
+        for (i, (a, b)) in got
+            .outputs
+            .iter()
+            .zip(&want.outputs)
+            .chain(got.inputs.iter().zip(&want.inputs))
+            .enumerate()
+        {
+            close_gpu(&format!("value {i}"), a, b, 1e-4)
+                .unwrap_or_else(|m| panic!("seed {seed}: {m}\n{}", kiln::print(&g)));
+        }
+        checked += 1;
+    }
+    assert!(checked > 100, "only {checked} random programs ran");
+}
+
+#[test]
+fn a_missing_adapter_is_a_clear_error() {
+    // KILN_ADAPTER picks an adapter by name; one that matches nothing says
+    // which adapters there are.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "run",
+            "examples/programs/mlp_block.txt",
+            "--backend",
+            "gpu",
+            "--inputs",
+        ])
+        .arg(root().join("tests/fixtures/examples/programs/mlp_block.inputs.safetensors"))
+        .args(["--output", "/dev/null"])
+        .env("KILN_ADAPTER", "no-such-adapter")
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no-such-adapter") && err.contains("matches none"),
+        "{err}"
+    );
 }

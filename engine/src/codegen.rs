@@ -51,7 +51,14 @@ fn u(v: usize) -> String {
 
 impl<'a> Gen<'a> {
     pub fn new(g: &'a Graph, s: &'a Schedule, locs: &'a HashMap<ValueId, Loc>) -> Gen<'a> {
-        Gen { g, s, locs, body: Body::default(), memo: HashMap::new(), shared: vec![] }
+        Gen {
+            g,
+            s,
+            locs,
+            body: Body::default(),
+            memo: HashMap::new(),
+            shared: vec![],
+        }
     }
 
     fn meta(&self, v: ValueId) -> &'a Meta {
@@ -62,7 +69,11 @@ impl<'a> Gen<'a> {
         let body = std::mem::take(&mut self.body);
         let shared = std::mem::take(&mut self.shared);
         self.memo.clear();
-        KernelCode { label, wgsl: wgsl::shader(&body.lines, wg, &shared), grid }
+        KernelCode {
+            label,
+            wgsl: wgsl::shader(&body.lines, wg, &shared),
+            grid,
+        }
     }
 
     /// Per-dimension indices of flat row-major `idx` over `sizes`.
@@ -77,7 +88,8 @@ impl<'a> Gen<'a> {
                 } else if st == 1 {
                     self.body.bind("u32", format!("{idx} % {}", u(s)))
                 } else {
-                    self.body.bind("u32", format!("({idx} / {}) % {}", u(st), u(s)))
+                    self.body
+                        .bind("u32", format!("({idx} / {}) % {}", u(st), u(s)))
                 }
             })
             .collect()
@@ -91,7 +103,11 @@ impl<'a> Gen<'a> {
         }
         for (x, &st) in m.iter().zip(strides) {
             if st != 0 && x != "0u" {
-                terms.push(if st == 1 { x.clone() } else { format!("{x} * {}", u(st)) });
+                terms.push(if st == 1 {
+                    x.clone()
+                } else {
+                    format!("{x} * {}", u(st))
+                });
             }
         }
         if terms.is_empty() {
@@ -120,10 +136,17 @@ impl<'a> Gen<'a> {
             return Ok(x.clone());
         }
         let m = self.meta(v);
-        let x = if let Some(loc) = self.locs.get(&v).filter(|_| self.s.is_materialized.contains(&v)) {
-            self.body.bind(ty(m.dtype), load(loc.pool, loc.word, idx, m.dtype))
+        let x = if let Some(loc) = self
+            .locs
+            .get(&v)
+            .filter(|_| self.s.is_materialized.contains(&v))
+        {
+            self.body
+                .bind(ty(m.dtype), load(loc.pool, loc.word, idx, m.dtype))
         } else {
-            let Def::Node(n, k) = self.g.values[v].def else { return Err(bug("an input without a buffer")) };
+            let Def::Node(n, k) = self.g.values[v].def else {
+                return Err(bug("an input without a buffer"));
+            };
             self.node_at(n, k, idx)?
         };
         self.memo.insert(key, x.clone());
@@ -136,7 +159,11 @@ impl<'a> Gen<'a> {
         let node = &g.nodes[n];
         let def = node.op.def();
         let out = g.meta(node.results[k]).clone();
-        let margs: Vec<Arg<&Meta>> = node.args.iter().map(|a| a.map(&mut |v| g.meta(*v))).collect();
+        let margs: Vec<Arg<&Meta>> = node
+            .args
+            .iter()
+            .map(|a| a.map(&mut |v| g.meta(*v)))
+            .collect();
         let tensor = |i: usize| -> R<ValueId> {
             match node.args.get(i) {
                 Some(Arg::Tensor(v)) => Ok(*v),
@@ -160,7 +187,12 @@ impl<'a> Gen<'a> {
                     });
                 }
                 let compute = p.operands.last().map_or(out.dtype, |o| o.cast);
-                let (e, e_dtype) = pointwise(p.code, &vals, compute, &p.operands.iter().map(|o| o.cast).collect::<Vec<_>>());
+                let (e, e_dtype) = pointwise(
+                    p.code,
+                    &vals,
+                    compute,
+                    &p.operands.iter().map(|o| o.cast).collect::<Vec<_>>(),
+                );
                 let r = self.body.bind(ty(e_dtype), e);
                 Ok(self.body.bind(ty(out.dtype), cast(&r, e_dtype, out.dtype)))
             }
@@ -199,13 +231,20 @@ impl<'a> Gen<'a> {
                 let x = self.value_at(this, &ti)?;
                 let mi = self.broadcast_index(idx, &out.sizes, g.meta(mask));
                 let mv = self.value_at(mask, &mi)?;
-                Ok(self.body.bind(ty(out.dtype), format!("select({x}, {value}, {mv})")))
+                Ok(self
+                    .body
+                    .bind(ty(out.dtype), format!("select({x}, {value}, {mv})")))
             }
             (_, "zero" | "zeros" | "zeros_like") => Ok(literal(0.0, out.dtype)),
             (_, "ones" | "ones_like") => Ok(literal(1.0, out.dtype)),
-            (_, "full" | "full_like") => Ok(literal(margs.scalar(1).map_err(bug)?.to_f64(), out.dtype)),
+            (_, "full" | "full_like") => {
+                Ok(literal(margs.scalar(1).map_err(bug)?.to_f64(), out.dtype))
+            }
             (_, "arange") => {
-                let vals: Vec<f64> = (0..node.args.len()).filter_map(|i| margs.scalar(i).ok()).map(|s| s.to_f64()).collect();
+                let vals: Vec<f64> = (0..node.args.len())
+                    .filter_map(|i| margs.scalar(i).ok())
+                    .map(|s| s.to_f64())
+                    .collect();
                 let (start, step) = match vals[..] {
                     [_] => (0.0, 1.0),
                     [s, _] => (s, 1.0),
@@ -217,10 +256,26 @@ impl<'a> Gen<'a> {
                         .replace("f32(f64_start)", &literal(start, DType::F32))
                         .replace("f32(f64_step)", &literal(step, DType::F32))
                 } else {
-                    format!("{} + {} * {}({idx})", literal(start, out.dtype), literal(step, out.dtype), ty(out.dtype))
+                    format!(
+                        "{} + {} * {}({idx})",
+                        literal(start, out.dtype),
+                        literal(step, out.dtype),
+                        ty(out.dtype)
+                    )
                 };
                 let r = self.body.bind(ty(out.dtype), e);
-                Ok(self.body.bind(ty(out.dtype), cast(&r, if out.dtype.is_float() { DType::F32 } else { out.dtype }, out.dtype)))
+                Ok(self.body.bind(
+                    ty(out.dtype),
+                    cast(
+                        &r,
+                        if out.dtype.is_float() {
+                            DType::F32
+                        } else {
+                            out.dtype
+                        },
+                        out.dtype,
+                    ),
+                ))
             }
             (_, "slice_scatter" | "select_scatter" | "diagonal_scatter") => {
                 let (base, src) = (tensor(0)?, tensor(1)?);
@@ -233,14 +288,19 @@ impl<'a> Gen<'a> {
                 let si = self.body.bind("u32", format!("select(0u, {si}, {pred})"));
                 let sv = self.value_at(src, &si)?;
                 let sv = cast(&sv, sm.dtype, out.dtype);
-                Ok(self.body.bind(ty(out.dtype), format!("select({bv}, {sv}, {pred})")))
+                Ok(self
+                    .body
+                    .bind(ty(out.dtype), format!("select({bv}, {sv}, {pred})")))
             }
             _ => Err(bug(format!("{} cannot be computed inline", def.name))),
         }
     }
 
     fn store_to(&mut self, v: ValueId, idx: &str, value: &str) -> R<()> {
-        let loc = *self.locs.get(&v).ok_or_else(|| bug("a materialized value without a buffer"))?;
+        let loc = *self
+            .locs
+            .get(&v)
+            .ok_or_else(|| bug("a materialized value without a buffer"))?;
         let d = self.meta(v).dtype;
         self.body.stmt(store(loc.pool, loc.word, idx, d, value));
         Ok(())
@@ -249,7 +309,9 @@ impl<'a> Gen<'a> {
     /// The kernel that materializes value `v` (result `k` of node `n`).
     pub fn kernel(&mut self, v: ValueId) -> R<Vec<KernelCode>> {
         let g = self.g;
-        let Def::Node(n, k) = g.values[v].def else { return Ok(vec![]) };
+        let Def::Node(n, k) = g.values[v].def else {
+            return Ok(vec![]);
+        };
         let node = &g.nodes[n];
         let name = node.op.name();
         let out = g.meta(v).clone();
@@ -259,24 +321,35 @@ impl<'a> Gen<'a> {
         }
         if let Some(&base) = self.s.inplace.get(&v) {
             // Re-inplaced scatter: write only the region into the base's buffer.
-            return Ok(self.scatter_write(n, base, v, format!("{label} (in place)"))?.into_iter().collect());
+            return Ok(self
+                .scatter_write(n, base, v, format!("{label} (in place)"))?
+                .into_iter()
+                .collect());
         }
-        let margs: Vec<Arg<&Meta>> = node.args.iter().map(|a| a.map(&mut |x| g.meta(*x))).collect();
+        let margs: Vec<Arg<&Meta>> = node
+            .args
+            .iter()
+            .map(|a| a.map(&mut |x| g.meta(*x)))
+            .collect();
         match name {
             "as_strided_scatter" => {
                 let base = *node.args[0].tensors()[0];
-                let copy = self.map_kernel(v, format!("{label} (copy)"), |s, i| s.value_at(base, i))?;
+                let copy =
+                    self.map_kernel(v, format!("{label} (copy)"), |s, i| s.value_at(base, i))?;
                 let mut ks = vec![copy];
                 ks.extend(self.scatter_write(n, v, v, label)?);
                 Ok(ks)
             }
             "index_put" => {
                 let base = *node.args[0].tensors()[0];
-                let copy = self.map_kernel(v, format!("{label} (copy)"), |s, i| s.value_at(base, i))?;
+                let copy =
+                    self.map_kernel(v, format!("{label} (copy)"), |s, i| s.value_at(base, i))?;
                 Ok(vec![copy, self.index_put(n, v, label)?])
             }
             "sum" | "mean" | "amax" | "amin" => Ok(vec![self.reduce(n, v, &margs, label)?]),
-            "softmax" | "log_softmax" | "_softmax" | "_log_softmax" => Ok(vec![self.softmax(n, v, label)?]),
+            "softmax" | "log_softmax" | "_softmax" | "_log_softmax" => {
+                Ok(vec![self.softmax(n, v, label)?])
+            }
             "layer_norm" => Ok(vec![self.layer_norm(n, v, label)?]),
             "mm" | "bmm" | "matmul" | "addmm" | "linear" => Ok(vec![self.matmul(n, v, label)?]),
             "embedding" | "index_select" => Ok(vec![self.gather(n, v, label)?]),
@@ -284,9 +357,15 @@ impl<'a> Gen<'a> {
         }
     }
 
-    fn map_kernel(&mut self, v: ValueId, label: String, f: impl FnOnce(&mut Self, &str) -> R<String>) -> R<KernelCode> {
+    fn map_kernel(
+        &mut self,
+        v: ValueId,
+        label: String,
+        f: impl FnOnce(&mut Self, &str) -> R<String>,
+    ) -> R<KernelCode> {
         let n = self.meta(v).numel();
-        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(n)));
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(n)));
         let x = f(self, "gid")?;
         self.store_to(v, "gid", &x)?;
         Ok(self.finish(label, wgsl::grid(n), [wgsl::WORKGROUP, 1, 1]))
@@ -294,7 +373,13 @@ impl<'a> Gen<'a> {
 
     /// Writes `src` through the scatter's view of buffer `target`
     /// (element `j` of `src` goes to the view's `j`-th position).
-    fn scatter_write(&mut self, n: NodeId, target: ValueId, out: ValueId, label: String) -> R<Option<KernelCode>> {
+    fn scatter_write(
+        &mut self,
+        n: NodeId,
+        target: ValueId,
+        out: ValueId,
+        label: String,
+    ) -> R<Option<KernelCode>> {
         let g = self.g;
         let node = &g.nodes[n];
         let src = *node.args[1].tensors()[0];
@@ -309,14 +394,22 @@ impl<'a> Gen<'a> {
         if count == 0 {
             return Ok(None);
         }
-        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(count)));
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(count)));
         let x = self.value_at(src, "gid")?;
         let x = cast(&x, sm.dtype, tm.dtype);
         let m = self.unravel("gid", &vm.sizes);
         let at = self.ravel(&m, &vm.strides, vm.offset);
-        let loc = *self.locs.get(&out).ok_or_else(|| bug("scatter target without a buffer"))?;
+        let loc = *self
+            .locs
+            .get(&out)
+            .ok_or_else(|| bug("scatter target without a buffer"))?;
         self.body.stmt(store(loc.pool, loc.word, &at, tm.dtype, &x));
-        Ok(Some(self.finish(label, wgsl::grid(count), [wgsl::WORKGROUP, 1, 1])))
+        Ok(Some(self.finish(
+            label,
+            wgsl::grid(count),
+            [wgsl::WORKGROUP, 1, 1],
+        )))
     }
 
     /// `index_put` with integer indices, after `out` holds a copy of self:
@@ -330,21 +423,31 @@ impl<'a> Gen<'a> {
             Arg::TensorList(l) => l.clone(),
             _ => return Err(bug("index_put indices")),
         };
-        if idx.iter().flatten().any(|&t| g.meta(t).dtype == DType::Bool) {
-            return Err(EngineError::Unsupported("index_put with a bool mask (its shape depends on the data)".into()));
-        }
         let values = *node.args[2].tensors()[0];
+        if idx
+            .iter()
+            .flatten()
+            .any(|&t| g.meta(t).dtype == DType::Bool)
+        {
+            return self.index_put_mask(n, out, &idx, values, label);
+        }
         let accumulate = matches!(node.args.get(3), Some(Arg::Bool(true)));
         let mut bshape: Vec<usize> = vec![];
         for t in idx.iter().flatten() {
-            bshape = kiln_functionalize::meta::broadcast_shapes(&bshape, &g.meta(*t).sizes).map_err(bug)?;
+            bshape = kiln_functionalize::meta::broadcast_shapes(&bshape, &g.meta(*t).sizes)
+                .map_err(bug)?;
         }
         let dims = om.dim();
-        let adv: Vec<usize> = (0..dims).filter(|&d| idx.get(d).copied().flatten().is_some()).collect();
+        let adv: Vec<usize> = (0..dims)
+            .filter(|&d| idx.get(d).copied().flatten().is_some())
+            .collect();
         let rest: Vec<usize> = (0..dims).filter(|d| !adv.contains(d)).collect();
         let adjacent = adv.windows(2).all(|w| w[1] == w[0] + 1);
         let (before, after): (Vec<usize>, Vec<usize>) = if adjacent && !adv.is_empty() {
-            (rest.iter().copied().filter(|&d| d < adv[0]).collect(), rest.iter().copied().filter(|&d| d > adv[0]).collect())
+            (
+                rest.iter().copied().filter(|&d| d < adv[0]).collect(),
+                rest.iter().copied().filter(|&d| d > adv[0]).collect(),
+            )
         } else {
             (vec![], rest.clone())
         };
@@ -354,7 +457,8 @@ impl<'a> Gen<'a> {
         let total = numel(&rshape);
         let cstr = contiguous_strides(&om.sizes);
         self.body.stmt("if (gid != 0u) { return; }".into());
-        self.body.stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(total)));
+        self.body
+            .stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(total)));
         let saved = std::mem::take(&mut self.memo);
         let m = self.unravel("r", &rshape);
         let vm = g.meta(values).clone();
@@ -375,24 +479,147 @@ impl<'a> Gen<'a> {
             let ti = self.broadcast_index(&bpos, &bshape, g.meta(t));
             let iv = self.value_at(t, &ti)?;
             let size = om.sizes[d] as i32;
-            let w = self.body.bind("i32", format!("select({iv}, {iv} + {size}i, {iv} < 0i)"));
-            terms.push(format!("u32(clamp({w}, 0i, {}i)) * {}", size - 1, u(cstr[d])));
+            let w = self
+                .body
+                .bind("i32", format!("select({iv}, {iv} + {size}i, {iv} < 0i)"));
+            terms.push(format!(
+                "u32(clamp({w}, 0i, {}i)) * {}",
+                size - 1,
+                u(cstr[d])
+            ));
         }
-        let at = self.body.bind("u32", if terms.is_empty() { "0u".into() } else { terms.join(" + ") });
-        let loc = *self.locs.get(&out).ok_or_else(|| bug("index_put without a buffer"))?;
+        let at = self.body.bind(
+            "u32",
+            if terms.is_empty() {
+                "0u".into()
+            } else {
+                terms.join(" + ")
+            },
+        );
+        let loc = *self
+            .locs
+            .get(&out)
+            .ok_or_else(|| bug("index_put without a buffer"))?;
         if accumulate {
             let cur = load(loc.pool, loc.word, &at, om.dtype);
-            let sum = if om.dtype == DType::Bool { format!("({cur} || {val})") } else { format!("({cur} + {val})") };
-            self.body.stmt(store(loc.pool, loc.word, &at, om.dtype, &sum));
+            let sum = if om.dtype == DType::Bool {
+                format!("({cur} || {val})")
+            } else {
+                format!("({cur} + {val})")
+            };
+            self.body
+                .stmt(store(loc.pool, loc.word, &at, om.dtype, &sum));
         } else {
-            self.body.stmt(store(loc.pool, loc.word, &at, om.dtype, &val));
+            self.body
+                .stmt(store(loc.pool, loc.word, &at, om.dtype, &val));
         }
         self.body.stmt("}".into());
         self.memo = saved;
         Ok(self.finish(label, [1, 1, 1], [wgsl::WORKGROUP, 1, 1]))
     }
 
-    fn reduce(&mut self, n: NodeId, v: ValueId, margs: &[Arg<&Meta>], label: String) -> R<KernelCode> {
+    /// `index_put` with one bool mask (`x[mask] = v`): the masked
+    /// positions, in order, take the values' consecutive rows.
+    fn index_put_mask(
+        &mut self,
+        n: NodeId,
+        out: ValueId,
+        idx: &[Option<ValueId>],
+        values: ValueId,
+        label: String,
+    ) -> R<KernelCode> {
+        let g = self.g;
+        let om = g.meta(out).clone();
+        let accumulate = matches!(g.nodes[n].args.get(3), Some(Arg::Bool(true)));
+        let used: Vec<(usize, ValueId)> = idx
+            .iter()
+            .enumerate()
+            .filter_map(|(d, t)| t.map(|t| (d, t)))
+            .collect();
+        let [(d0, mask)] = used[..] else {
+            return Err(EngineError::Unsupported(
+                "index_put mixing a bool mask with other indices".into(),
+            ));
+        };
+        let mm = g.meta(mask).clone();
+        let k = mm.dim();
+        if om.sizes.get(d0..d0 + k) != Some(&mm.sizes[..]) {
+            return Err(EngineError::Unsupported(
+                "index_put with a mask whose shape does not match the indexed dims".into(),
+            ));
+        }
+        let before: Vec<usize> = om.sizes[..d0].to_vec();
+        let after: Vec<usize> = om.sizes[d0 + k..].to_vec();
+        let (nb, np, na) = (numel(&before), mm.numel(), numel(&after));
+        // The values, right-aligned against [before..., nnz, after...].
+        let vm = g.meta(values).clone();
+        let rank = before.len() + 1 + after.len();
+        if vm.dim() > rank {
+            return Err(EngineError::Unsupported(
+                "index_put values of higher rank than the indexing result".into(),
+            ));
+        }
+        let vstr = contiguous_strides(&vm.sizes);
+        let mut vs = vec![0usize; rank];
+        for (j, (&size, &st)) in vm.sizes.iter().zip(&vstr).enumerate() {
+            vs[rank - vm.dim() + j] = if size == 1 { 0 } else { st };
+        }
+        self.body.stmt("if (gid != 0u) { return; }".into());
+        self.body
+            .stmt(format!("for (var b = 0u; b < {}; b = b + 1u) {{", u(nb)));
+        self.body.stmt("var c = 0u;".into());
+        self.body
+            .stmt(format!("for (var p = 0u; p < {}; p = p + 1u) {{", u(np)));
+        let saved = std::mem::take(&mut self.memo);
+        let hit = self.value_at(mask, "p")?;
+        self.body.stmt(format!("if ({hit}) {{"));
+        self.body
+            .stmt(format!("for (var a = 0u; a < {}; a = a + 1u) {{", u(na)));
+        self.memo.clear();
+        let bm = self.unravel("b", &before);
+        let am = self.unravel("a", &after);
+        let mut m = bm;
+        m.push("c".into());
+        m.extend(am);
+        let vi = self.ravel(&m, &vs, 0);
+        let val = self.value_at(values, &vi)?;
+        let val = cast(&val, vm.dtype, om.dtype);
+        let at = self
+            .body
+            .bind("u32", format!("(b * {} + p) * {} + a", u(np), u(na)));
+        let loc = *self
+            .locs
+            .get(&out)
+            .ok_or_else(|| bug("index_put without a buffer"))?;
+        if accumulate {
+            let cur = load(loc.pool, loc.word, &at, om.dtype);
+            let sum = if om.dtype == DType::Bool {
+                format!("({cur} || {val})")
+            } else {
+                format!("({cur} + {val})")
+            };
+            self.body
+                .stmt(store(loc.pool, loc.word, &at, om.dtype, &sum));
+        } else {
+            self.body
+                .stmt(store(loc.pool, loc.word, &at, om.dtype, &val));
+        }
+        self.body.stmt("}".into());
+        self.body.stmt("c = c + 1u;".into());
+        self.body.stmt("}".into());
+        self.body.stmt("}".into());
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(label, [1, 1, 1], [wgsl::WORKGROUP, 1, 1]))
+    }
+
+    fn reduce(
+        &mut self,
+        n: NodeId,
+        v: ValueId,
+        margs: &[Arg<&Meta>],
+        label: String,
+    ) -> R<KernelCode> {
         let g = self.g;
         let node = &g.nodes[n];
         let name = node.op.name();
@@ -425,7 +652,8 @@ impl<'a> Gen<'a> {
         let nout = om.numel();
         let acc_dt = om.dtype;
         let acc_ty = ty(acc_dt);
-        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(nout)));
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(nout)));
         let km = self.unravel("gid", &ks);
         let kst: Vec<usize> = kept.iter().map(|&d| istr[d]).collect();
         let kbase = self.ravel(&km, &kst, 0);
@@ -436,9 +664,18 @@ impl<'a> Gen<'a> {
             _ => (literal(0.0, acc_dt), true),
         };
         let acc = self.body.var(acc_ty, init);
-        let comp = if is_sum && float { Some(self.body.var("f32", "0.0".into())) } else { None };
-        let nan = if float && !is_sum { Some(self.body.var("bool", "false".into())) } else { None };
-        self.body.stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(count)));
+        let comp = if is_sum && float {
+            Some(self.body.var("f32", "0.0".into()))
+        } else {
+            None
+        };
+        let nan = if float && !is_sum {
+            Some(self.body.var("bool", "false".into()))
+        } else {
+            None
+        };
+        self.body
+            .stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(count)));
         let saved = std::mem::take(&mut self.memo);
         let rm = self.unravel("r", &rs);
         let rst: Vec<usize> = reduced.iter().map(|&d| istr[d]).collect();
@@ -455,7 +692,9 @@ impl<'a> Gen<'a> {
                 self.body.stmt(format!("{acc} = {t};"));
             }
             (_, None, _) if is_sum => self.body.stmt(format!("{acc} = {acc} + {x};")),
-            ("amax", _, _) if acc_dt == DType::Bool => self.body.stmt(format!("{acc} = {acc} || {x};")),
+            ("amax", _, _) if acc_dt == DType::Bool => {
+                self.body.stmt(format!("{acc} = {acc} || {x};"))
+            }
             (_, _, _) if acc_dt == DType::Bool => self.body.stmt(format!("{acc} = {acc} && {x};")),
             ("amax", _, _) => self.body.stmt(format!("{acc} = max({acc}, {x});")),
             _ => self.body.stmt(format!("{acc} = min({acc}, {x});")),
@@ -470,7 +709,10 @@ impl<'a> Gen<'a> {
             res = self.body.bind(acc_ty, format!("{acc} / f32({})", u(count)));
         }
         if let Some(nv) = nan {
-            res = self.body.bind(acc_ty, format!("select({res}, bitcast<f32>(0x7fc00000u), {nv})"));
+            res = self.body.bind(
+                acc_ty,
+                format!("select({res}, bitcast<f32>(0x7fc00000u), {nv})"),
+            );
         }
         self.store_to(v, "gid", &res)?;
         Ok(self.finish(label, wgsl::grid(nout), [wgsl::WORKGROUP, 1, 1]))
@@ -489,31 +731,46 @@ impl<'a> Gen<'a> {
             _ => return Err(bug("softmax dim")),
         };
         let len = if im.dim() == 0 { 1 } else { im.sizes[dim] };
-        let inner: usize = if im.dim() == 0 { 1 } else { im.sizes[dim + 1..].iter().product() };
+        let inner: usize = if im.dim() == 0 {
+            1
+        } else {
+            im.sizes[dim + 1..].iter().product()
+        };
         let lines = im.numel() / len.max(1);
-        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(lines)));
-        let base = self.body.bind("u32", format!("(gid / {i}) * {} + gid % {i}", u(len * inner), i = u(inner)));
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(lines)));
+        let base = self.body.bind(
+            "u32",
+            format!("(gid / {i}) * {} + gid % {i}", u(len * inner), i = u(inner)),
+        );
         let read = |s: &mut Self, k: &str| -> R<String> {
             let at = s.body.bind("u32", format!("{base} + {k} * {}", u(inner)));
             let x = s.value_at(input, &at)?;
             Ok(s.body.bind("f32", cast(&x, im.dtype, DType::F32)))
         };
         let mx = self.body.var("f32", literal(f64::NEG_INFINITY, DType::F32));
-        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
         let saved = std::mem::take(&mut self.memo);
         let x = read(self, "k")?;
         self.body.stmt(format!("{mx} = max({mx}, {x});"));
         self.body.stmt("}".into());
         self.memo = std::mem::take(&mut HashMap::new());
         let sum = self.body.var("f32", "0.0".into());
-        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
         let x = read(self, "k")?;
         self.body.stmt(format!("{sum} = {sum} + exp({x} - {mx});"));
         self.body.stmt("}".into());
         self.memo.clear();
-        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
         let x = read(self, "k")?;
-        let y = if log { format!("{x} - {mx} - log({sum})") } else { format!("exp({x} - {mx}) / {sum}") };
+        let y = if log {
+            format!("{x} - {mx} - log({sum})")
+        } else {
+            format!("exp({x} - {mx}) / {sum}")
+        };
         let y = self.body.bind("f32", y);
         let at = self.body.bind("u32", format!("{base} + k * {}", u(inner)));
         let y = cast(&y, DType::F32, om.dtype);
@@ -532,14 +789,21 @@ impl<'a> Gen<'a> {
             Arg::IntList(l) => l.iter().product::<i64>() as usize,
             _ => return Err(bug("layer_norm shape")),
         };
-        let weight = node.args.get(2).and_then(|a| a.tensors().first().map(|x| **x));
-        let bias = node.args.get(3).and_then(|a| a.tensors().first().map(|x| **x));
+        let weight = node
+            .args
+            .get(2)
+            .and_then(|a| a.tensors().first().map(|x| **x));
+        let bias = node
+            .args
+            .get(3)
+            .and_then(|a| a.tensors().first().map(|x| **x));
         let eps = match node.args.get(4) {
             Some(Arg::Float(e)) => *e,
             _ => 1e-5,
         };
         let rows = im.numel() / width.max(1);
-        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(rows)));
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(rows)));
         let base = self.body.bind("u32", format!("gid * {}", u(width)));
         let read = |s: &mut Self| -> R<String> {
             let at = s.body.bind("u32", format!("{base} + k"));
@@ -549,7 +813,8 @@ impl<'a> Gen<'a> {
         let saved = std::mem::take(&mut self.memo);
         let sum = self.body.var("f32", "0.0".into());
         let c = self.body.var("f32", "0.0".into());
-        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
         let x = read(self)?;
         let y = self.body.bind("f32", format!("{x} - {c}"));
         let t = self.body.bind("f32", format!("{sum} + {y}"));
@@ -562,7 +827,8 @@ impl<'a> Gen<'a> {
         // mean (exact for constant rows), their squares give the variance.
         let dev = self.body.var("f32", "0.0".into());
         let sq = self.body.var("f32", "0.0".into());
-        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
         let x = read(self)?;
         let d = self.body.bind("f32", format!("{x} - {mean0}"));
         self.body.stmt(format!("{dev} = {dev} + {d};"));
@@ -571,18 +837,31 @@ impl<'a> Gen<'a> {
         self.memo.clear();
         let corr = self.body.bind("f32", format!("{dev} / f32({})", u(width)));
         let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
-        let var = self.body.bind("f32", format!("max({sq} / f32({}) - {corr} * {corr}, 0.0)", u(width)));
-        let rstd = self.body.bind("f32", format!("inverseSqrt({var} + {})", literal(eps, DType::F32)));
-        self.body.stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
+        let var = self.body.bind(
+            "f32",
+            format!("max({sq} / f32({}) - {corr} * {corr}, 0.0)", u(width)),
+        );
+        let rstd = self.body.bind(
+            "f32",
+            format!("inverseSqrt({var} + {})", literal(eps, DType::F32)),
+        );
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
         let x = read(self)?;
         let mut y = self.body.bind("f32", format!("({x} - {mean}) * {rstd}"));
         if let Some(w) = weight {
             let wv = self.value_at(w, "k")?;
-            y = self.body.bind("f32", format!("{y} * {}", cast(&wv, g.meta(w).dtype, DType::F32)));
+            y = self.body.bind(
+                "f32",
+                format!("{y} * {}", cast(&wv, g.meta(w).dtype, DType::F32)),
+            );
         }
         if let Some(b) = bias {
             let bv = self.value_at(b, "k")?;
-            y = self.body.bind("f32", format!("{y} + {}", cast(&bv, g.meta(b).dtype, DType::F32)));
+            y = self.body.bind(
+                "f32",
+                format!("{y} + {}", cast(&bv, g.meta(b).dtype, DType::F32)),
+            );
         }
         let at = self.body.bind("u32", format!("{base} + k"));
         let y = cast(&y, DType::F32, im.dtype);
@@ -615,10 +894,23 @@ impl<'a> Gen<'a> {
                 let k = *wm.sizes.last().unwrap();
                 let rows = xm.numel() / k.max(1);
                 let outf = if wm.dim() == 2 { wm.sizes[0] } else { 1 };
-                let bias = node.args.get(2).and_then(|a| a.tensors().first().map(|x| **x));
+                let bias = node
+                    .args
+                    .get(2)
+                    .and_then(|a| a.tensors().first().map(|x| **x));
                 (
-                    Operand { v: x, batch: vec![], rs: k, cs: 1 },
-                    Operand { v: w, batch: vec![], rs: 1, cs: k },
+                    Operand {
+                        v: x,
+                        batch: vec![],
+                        rs: k,
+                        cs: 1,
+                    },
+                    Operand {
+                        v: w,
+                        batch: vec![],
+                        rs: 1,
+                        cs: k,
+                    },
                     vec![],
                     rows,
                     k,
@@ -633,9 +925,17 @@ impl<'a> Gen<'a> {
                 let (xb, n_, k_) = if xm.dim() == 1 {
                     (vec![], 1, xm.sizes[0])
                 } else {
-                    (xm.sizes[..xm.dim() - 2].to_vec(), xm.sizes[xm.dim() - 2], xm.sizes[xm.dim() - 1])
+                    (
+                        xm.sizes[..xm.dim() - 2].to_vec(),
+                        xm.sizes[xm.dim() - 2],
+                        xm.sizes[xm.dim() - 1],
+                    )
                 };
-                let (yb, m_) = if ym.dim() == 1 { (vec![], 1) } else { (ym.sizes[..ym.dim() - 2].to_vec(), ym.sizes[ym.dim() - 1]) };
+                let (yb, m_) = if ym.dim() == 1 {
+                    (vec![], 1)
+                } else {
+                    (ym.sizes[..ym.dim() - 2].to_vec(), ym.sizes[ym.dim() - 1])
+                };
                 let batch = kiln_functionalize::meta::broadcast_shapes(&xb, &yb).map_err(bug)?;
                 // Strides of an operand's own batch dims over the output batch
                 // (0 where it broadcasts).
@@ -660,10 +960,31 @@ impl<'a> Gen<'a> {
                     rs: if xm.dim() == 1 { 0 } else { k_ },
                     cs: 1,
                 };
-                let yo = Operand { v: y, batch: bstr(&yb, k_, m_), rs: if ym.dim() == 1 { 1 } else { m_ }, cs: if ym.dim() == 1 { 0 } else { 1 } };
+                let yo = Operand {
+                    v: y,
+                    batch: bstr(&yb, k_, m_),
+                    rs: if ym.dim() == 1 { 1 } else { m_ },
+                    cs: if ym.dim() == 1 { 0 } else { 1 },
+                };
                 let extra = if name == "addmm" {
-                    let beta = node.args.get(3).and_then(|a| if let Arg::Int(i) = a { Some(*i as f64) } else if let Arg::Float(f) = a { Some(*f) } else { None });
-                    let alpha = node.args.get(4).and_then(|a| if let Arg::Int(i) = a { Some(*i as f64) } else if let Arg::Float(f) = a { Some(*f) } else { None });
+                    let beta = node.args.get(3).and_then(|a| {
+                        if let Arg::Int(i) = a {
+                            Some(*i as f64)
+                        } else if let Arg::Float(f) = a {
+                            Some(*f)
+                        } else {
+                            None
+                        }
+                    });
+                    let alpha = node.args.get(4).and_then(|a| {
+                        if let Arg::Int(i) = a {
+                            Some(*i as f64)
+                        } else if let Arg::Float(f) = a {
+                            Some(*f)
+                        } else {
+                            None
+                        }
+                    });
                     Some((t(0), beta.unwrap_or(1.0), alpha.unwrap_or(1.0)))
                 } else {
                     None
@@ -671,10 +992,16 @@ impl<'a> Gen<'a> {
                 (xa, yo, batch, n_, k_, m_, extra)
             }
         };
-        let acc_dt = if om.dtype.is_float() { DType::F32 } else { om.dtype };
+        let acc_dt = if om.dtype.is_float() {
+            DType::F32
+        } else {
+            om.dtype
+        };
         let at = ty(acc_dt);
-        self.shared.push(format!("var<workgroup> ta: array<{at}, 256>;"));
-        self.shared.push(format!("var<workgroup> tb: array<{at}, 256>;"));
+        self.shared
+            .push(format!("var<workgroup> ta: array<{at}, 256>;"));
+        self.shared
+            .push(format!("var<workgroup> tb: array<{at}, 256>;"));
         let nb = numel(&batch).max(1);
         self.body.stmt("let row = wid.y * 16u + lid.y;".into());
         self.body.stmt("let col = wid.x * 16u + lid.x;".into());
@@ -683,27 +1010,61 @@ impl<'a> Gen<'a> {
         let aoff = self.ravel(&bm, &a.batch, 0);
         let boff = self.ravel(&bm, &b.batch, 0);
         let acc = self.body.var(at, literal(0.0, acc_dt));
-        self.body.stmt(format!("for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{", u(kk)));
+        self.body.stmt(format!(
+            "for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{",
+            u(kk)
+        ));
         let saved = std::mem::take(&mut self.memo);
         let ka = self.body.bind("u32", "t0 + lid.x".into());
-        let pa = self.body.bind("bool", format!("row < {} && {ka} < {}", u(nn), u(kk)));
-        let ia = self.body.bind("u32", format!("select(0u, {aoff} + row * {} + {ka} * {}, {pa})", u(a.rs), u(a.cs)));
+        let pa = self
+            .body
+            .bind("bool", format!("row < {} && {ka} < {}", u(nn), u(kk)));
+        let ia = self.body.bind(
+            "u32",
+            format!(
+                "select(0u, {aoff} + row * {} + {ka} * {}, {pa})",
+                u(a.rs),
+                u(a.cs)
+            ),
+        );
         let xa = self.value_at(a.v, &ia)?;
         let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
-        self.body.stmt(format!("ta[lid.y * 16u + lid.x] = select({}, {xa}, {pa});", literal(0.0, acc_dt)));
+        self.body.stmt(format!(
+            "ta[lid.y * 16u + lid.x] = select({}, {xa}, {pa});",
+            literal(0.0, acc_dt)
+        ));
         let kb = self.body.bind("u32", "t0 + lid.y".into());
-        let pb = self.body.bind("bool", format!("{kb} < {} && col < {}", u(kk), u(mm)));
-        let ib = self.body.bind("u32", format!("select(0u, {boff} + {kb} * {} + col * {}, {pb})", u(b.rs), u(b.cs)));
+        let pb = self
+            .body
+            .bind("bool", format!("{kb} < {} && col < {}", u(kk), u(mm)));
+        let ib = self.body.bind(
+            "u32",
+            format!(
+                "select(0u, {boff} + {kb} * {} + col * {}, {pb})",
+                u(b.rs),
+                u(b.cs)
+            ),
+        );
         let xb = self.value_at(b.v, &ib)?;
         let xb = cast(&xb, g.meta(b.v).dtype, acc_dt);
-        self.body.stmt(format!("tb[lid.y * 16u + lid.x] = select({}, {xb}, {pb});", literal(0.0, acc_dt)));
+        self.body.stmt(format!(
+            "tb[lid.y * 16u + lid.x] = select({}, {xb}, {pb});",
+            literal(0.0, acc_dt)
+        ));
         self.body.stmt("workgroupBarrier();".into());
         self.body.stmt(format!("for (var q = 0u; q < 16u; q = q + 1u) {{ {acc} = {acc} + ta[lid.y * 16u + q] * tb[q * 16u + lid.x]; }}"));
         self.body.stmt("workgroupBarrier();".into());
         self.body.stmt("}".into());
         self.memo = saved;
-        self.body.stmt(format!("if (row >= {} || col >= {}) {{ return; }}", u(nn), u(mm)));
-        let oi = self.body.bind("u32", format!("bz * {} + row * {} + col", u(nn * mm), u(mm)));
+        self.body.stmt(format!(
+            "if (row >= {} || col >= {}) {{ return; }}",
+            u(nn),
+            u(mm)
+        ));
+        let oi = self.body.bind(
+            "u32",
+            format!("bz * {} + row * {} + col", u(nn * mm), u(mm)),
+        );
         let mut res = acc.clone();
         if let Some((c, beta, alpha)) = extra {
             let cm = g.meta(c).clone();
@@ -712,16 +1073,26 @@ impl<'a> Gen<'a> {
             let cv = self.value_at(c, &ci)?;
             let cv = cast(&cv, cm.dtype, acc_dt);
             res = if beta == 0.0 {
-                self.body.bind(at, format!("{} * {acc}", literal(alpha, acc_dt)))
+                self.body
+                    .bind(at, format!("{} * {acc}", literal(alpha, acc_dt)))
             } else {
-                self.body.bind(at, format!("{} * {acc} + {} * {cv}", literal(alpha, acc_dt), literal(beta, acc_dt)))
+                self.body.bind(
+                    at,
+                    format!(
+                        "{} * {acc} + {} * {cv}",
+                        literal(alpha, acc_dt),
+                        literal(beta, acc_dt)
+                    ),
+                )
             };
         }
         let res = cast(&res, acc_dt, om.dtype);
         self.store_to(v, &oi, &res)?;
         let grid = [mm.div_ceil(16) as u32, nn.div_ceil(16) as u32, nb as u32];
         if grid.iter().any(|&x| x > 65535) {
-            return Err(EngineError::Unsupported(format!("{name} of {nb} batches of {nn}x{mm}: too many workgroups")));
+            return Err(EngineError::Unsupported(format!(
+                "{name} of {nb} batches of {nn}x{mm}: too many workgroups"
+            )));
         }
         Ok(self.finish(label, grid, [16, 16, 1]))
     }
@@ -731,13 +1102,20 @@ impl<'a> Gen<'a> {
         let node = &g.nodes[n];
         let om = g.meta(v).clone();
         let count = om.numel();
-        self.body.stmt(format!("if (gid >= {}) {{ return; }}", u(count)));
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(count)));
         let (src, idx, dim) = match node.op.name() {
-            "embedding" => (*node.args[0].tensors()[0], *node.args[1].tensors()[0], 0usize),
+            "embedding" => (
+                *node.args[0].tensors()[0],
+                *node.args[1].tensors()[0],
+                0usize,
+            ),
             _ => {
                 let s = *node.args[0].tensors()[0];
                 let d = match node.args[1] {
-                    Arg::Int(d) => kiln_functionalize::meta::wrap_dim(d, g.meta(s).dim()).map_err(bug)?,
+                    Arg::Int(d) => {
+                        kiln_functionalize::meta::wrap_dim(d, g.meta(s).dim()).map_err(bug)?
+                    }
                     _ => return Err(bug("index_select dim")),
                 };
                 (s, *node.args[2].tensors()[0], d)
@@ -748,17 +1126,31 @@ impl<'a> Gen<'a> {
         let (outer, len, inner) = if sizes.is_empty() {
             (1, 1, 1)
         } else {
-            (sizes[..dim].iter().product::<usize>(), sizes[dim], sizes[dim + 1..].iter().product::<usize>())
+            (
+                sizes[..dim].iter().product::<usize>(),
+                sizes[dim],
+                sizes[dim + 1..].iter().product::<usize>(),
+            )
         };
         let nidx = g.meta(idx).numel();
         // out = [outer, nidx, inner]
         let o = self.body.bind("u32", format!("gid / {}", u(nidx * inner)));
-        let p = self.body.bind("u32", format!("(gid / {}) % {}", u(inner), u(nidx)));
+        let p = self
+            .body
+            .bind("u32", format!("(gid / {}) % {}", u(inner), u(nidx)));
         let q = self.body.bind("u32", format!("gid % {}", u(inner)));
         let iv = self.value_at(idx, &p)?;
-        let iv = self.body.bind("i32", cast(&iv, g.meta(idx).dtype, DType::I32));
-        let r = self.body.bind("u32", format!("u32(clamp({iv}, 0i, {}i))", len.max(1) as i32 - 1));
-        let at = self.body.bind("u32", format!("({o} * {} + {r}) * {} + {q}", u(len), u(inner)));
+        let iv = self
+            .body
+            .bind("i32", cast(&iv, g.meta(idx).dtype, DType::I32));
+        let r = self.body.bind(
+            "u32",
+            format!("u32(clamp({iv}, 0i, {}i))", len.max(1) as i32 - 1),
+        );
+        let at = self.body.bind(
+            "u32",
+            format!("({o} * {} + {r}) * {} + {q}", u(len), u(inner)),
+        );
         let _ = outer;
         let x = self.value_at(src, &at)?;
         self.store_to(v, "gid", &x)?;
@@ -781,7 +1173,12 @@ fn extreme_literal(d: DType, high: bool) -> String {
 
 /// For a scatter's output multi-index `m`: whether it lies in the region,
 /// and the source multi-index there.
-fn scatter_predicate(name: &str, a: &[Arg<&Meta>], out: &Meta, m: &[String]) -> R<(String, Vec<String>)> {
+fn scatter_predicate(
+    name: &str,
+    a: &[Arg<&Meta>],
+    out: &Meta,
+    m: &[String],
+) -> R<(String, Vec<String>)> {
     let wrap = |d: i64| kiln_functionalize::meta::wrap_dim(d, out.dim()).map_err(bug);
     match name {
         "slice_scatter" => {
@@ -792,7 +1189,8 @@ fn scatter_predicate(name: &str, a: &[Arg<&Meta>], out: &Meta, m: &[String]) -> 
             let end = clampb(a.opt_int(4).map_err(bug)?.unwrap_or(i64::MAX)).max(start);
             let step = a.int(5).map_err(bug)?;
             let x = &m[d];
-            let pred = format!("({x} >= {start}u && {x} < {end}u && ({x} - {start}u) % {step}u == 0u)");
+            let pred =
+                format!("({x} >= {start}u && {x} < {end}u && ({x} - {start}u) % {step}u == 0u)");
             let mut sm = m.to_vec();
             sm[d] = format!("(({x} - {start}u) / {step}u)");
             Ok((pred, sm))
@@ -813,7 +1211,10 @@ fn scatter_predicate(name: &str, a: &[Arg<&Meta>], out: &Meta, m: &[String]) -> 
             let (x1, x2) = (&m[d1], &m[d2]);
             let pred = format!("(i32({x2}) - i32({x1}) == {off}i)");
             let k = if off >= 0 { x1.clone() } else { x2.clone() };
-            let mut sm: Vec<String> = (0..out.dim()).filter(|&d| d != d1 && d != d2).map(|d| m[d].clone()).collect();
+            let mut sm: Vec<String> = (0..out.dim())
+                .filter(|&d| d != d1 && d != d2)
+                .map(|d| m[d].clone())
+                .collect();
             sm.push(k);
             Ok((pred, sm))
         }
@@ -837,7 +1238,9 @@ fn float_ops(code: Code, v: &[String]) -> String {
         Code::Neg => format!("-{x}"),
         Code::Abs => format!("abs({x})"),
         Code::Relu => format!("select(0.0, {x}, {x} > 0.0 || k_isnan({x}))"),
-        Code::Gelu { tanh: false } => format!("0.5 * {x} * (1.0 + k_erf({x} * 0.70710678118654752))"),
+        Code::Gelu { tanh: false } => {
+            format!("0.5 * {x} * (1.0 + k_erf({x} * 0.70710678118654752))")
+        }
         Code::Gelu { tanh: true } => {
             format!("0.5 * {x} * (1.0 + tanh(0.79788456080286536 * ({x} + 0.044715 * {x} * {x} * {x})))")
         }
@@ -848,8 +1251,14 @@ fn float_ops(code: Code, v: &[String]) -> String {
         Code::DivTrunc => format!("trunc({x} / {})", v[1]),
         Code::DivFloor => format!("floor({x} / {})", v[1]),
         Code::Pow => format!("k_powf({x}, {})", v[1]),
-        Code::Maximum => format!("select(max({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))", y = v[1]),
-        Code::Minimum => format!("select(min({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))", y = v[1]),
+        Code::Maximum => format!(
+            "select(max({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))",
+            y = v[1]
+        ),
+        Code::Minimum => format!(
+            "select(min({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))",
+            y = v[1]
+        ),
         _ => unreachable!("{code:?} is not a float op"),
     }
 }
@@ -869,7 +1278,11 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> (Stri
         };
         (e, DType::Bool)
     };
-    let cdt = if compute == DType::F16 { DType::F32 } else { compute };
+    let cdt = if compute == DType::F16 {
+        DType::F32
+    } else {
+        compute
+    };
     match code {
         Code::Eq => cmp("=="),
         Code::Ne => cmp("!="),
@@ -885,7 +1298,11 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> (Stri
             DType::Bool,
         ),
         Code::Where => {
-            let d = if casts[1] == DType::F16 { DType::F32 } else { casts[1] };
+            let d = if casts[1] == DType::F16 {
+                DType::F32
+            } else {
+                casts[1]
+            };
             (format!("select({}, {}, {x})", v[2], v[1]), d)
         }
         Code::Clamp { min, max } => {
@@ -893,11 +1310,19 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> (Stri
             let mut k = 1;
             let float = cdt == DType::F32;
             if min {
-                e = if float { format!("select(max({e}, {b}), {b}, k_isnan({b}))", b = v[k]) } else { format!("max({e}, {})", v[k]) };
+                e = if float {
+                    format!("select(max({e}, {b}), {b}, k_isnan({b}))", b = v[k])
+                } else {
+                    format!("max({e}, {})", v[k])
+                };
                 k += 1;
             }
             if max {
-                e = if float { format!("select(min({e}, {b}), {b}, k_isnan({b}))", b = v[k]) } else { format!("min({e}, {})", v[k]) };
+                e = if float {
+                    format!("select(min({e}, {b}), {b}, k_isnan({b}))", b = v[k])
+                } else {
+                    format!("min({e}, {})", v[k])
+                };
             }
             if float {
                 e = format!("select({e}, {x}, k_isnan({x}))");

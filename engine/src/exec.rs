@@ -6,7 +6,6 @@ use kiln_functionalize::{DType, Graph, RTensor};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-
 /// A GPU device.
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -15,7 +14,8 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
 }
 
-const INSTALL_HINT: &str = "install a Vulkan, Metal or DX12 driver; on Debian or Ubuntu without a GPU, \
+const INSTALL_HINT: &str =
+    "install a Vulkan, Metal or DX12 driver; on Debian or Ubuntu without a GPU, \
      `apt-get install mesa-vulkan-drivers libvulkan1` gives the software adapter lavapipe";
 
 impl Gpu {
@@ -26,14 +26,24 @@ impl Gpu {
     }
 
     pub async fn new_async() -> Result<Gpu, EngineError> {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = match std::env::var("KILN_ADAPTER") {
             Ok(want) => {
                 let all = instance.enumerate_adapters(wgpu::Backends::all()).await;
                 let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
-                all.into_iter().find(|a| a.get_info().name.to_lowercase().contains(&want.to_lowercase())).ok_or_else(|| {
-                    EngineError::NoAdapter(format!("KILN_ADAPTER={want:?} matches none of the adapters {names:?}"))
-                })?
+                all.into_iter()
+                    .find(|a| {
+                        a.get_info()
+                            .name
+                            .to_lowercase()
+                            .contains(&want.to_lowercase())
+                    })
+                    .ok_or_else(|| {
+                        EngineError::NoAdapter(format!(
+                            "KILN_ADAPTER={want:?} matches none of the adapters {names:?}"
+                        ))
+                    })?
             }
             Err(_) => instance
                 .request_adapter(&wgpu::RequestAdapterOptions {
@@ -55,18 +65,29 @@ impl Gpu {
             })
             .await
             .map_err(|e| EngineError::Device(e.to_string()))?;
-        Ok(Gpu { device, queue, info, limits })
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+        })
     }
 
     /// "name (backend, device type)".
     pub fn describe(&self) -> String {
-        format!("{} ({:?}, {:?})", self.info.name, self.info.backend, self.info.device_type)
+        format!(
+            "{} ({:?}, {:?})",
+            self.info.name, self.info.backend, self.info.device_type
+        )
     }
 
     /// Creates the buffers, pipelines and bind group of `program`.
     pub fn load(&self, program: Program) -> Result<Loaded, EngineError> {
         let max_binding = self.limits.max_storage_buffer_binding_size as usize;
-        for (what, words) in [("parameters", program.io_words), ("intermediates", program.arena_words)] {
+        for (what, words) in [
+            ("parameters", program.io_words),
+            ("intermediates", program.arena_words),
+        ] {
             if words * 4 > max_binding {
                 return Err(EngineError::Unsupported(format!(
                     "{what} need {} bytes in one binding; this device allows {max_binding}",
@@ -79,7 +100,9 @@ impl Gpu {
             d.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
                 size: (words.max(1) * 4) as u64,
-                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             })
         };
@@ -103,8 +126,14 @@ impl Gpu {
             label: Some("kiln pools"),
             layout: &bgl,
             entries: &[
-                wgpu::BindGroupEntry { binding: 0, resource: io.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 1, resource: arena.as_entire_binding() },
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: io.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: arena.as_entire_binding(),
+                },
             ],
         });
         let layout = d.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
@@ -130,13 +159,19 @@ impl Gpu {
             pipelines.push((p, k.code.grid));
         }
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(EngineError::Internal(format!("a generated kernel was rejected: {e}")));
+            return Err(EngineError::Internal(format!(
+                "a generated kernel was rejected: {e}"
+            )));
         }
         // Outputs, packed one after another, for readback.
         let mut out_ranges = vec![];
         let mut total = 0u64;
         for &v in &program.outputs {
-            let loc = program.locs.get(&v).copied().ok_or_else(|| EngineError::Internal("an output without a buffer".into()))?;
+            let loc = program
+                .locs
+                .get(&v)
+                .copied()
+                .ok_or_else(|| EngineError::Internal("an output without a buffer".into()))?;
             let bytes = (program.graph.meta(v).numel() * 4) as u64;
             out_ranges.push((loc, total, bytes));
             total += bytes;
@@ -147,7 +182,15 @@ impl Gpu {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        Ok(Loaded { program: Arc::new(program), pipelines, bind_group, io, arena, staging, out_ranges })
+        Ok(Loaded {
+            program: Arc::new(program),
+            pipelines,
+            bind_group,
+            io,
+            arena,
+            staging,
+            out_ranges,
+        })
     }
 }
 
@@ -197,25 +240,43 @@ impl Loaded {
 
     /// Encodes every kernel into one command buffer, submits once, and
     /// reads the outputs back.
-    pub async fn run_async(&self, gpu: &Gpu, inputs: &[RTensor]) -> Result<Vec<RTensor>, EngineError> {
+    pub async fn run_async(
+        &self,
+        gpu: &Gpu,
+        inputs: &[RTensor],
+    ) -> Result<Vec<RTensor>, EngineError> {
         let p = &self.program;
         let g = &p.graph;
         if inputs.len() != g.inputs.len() {
-            return Err(EngineError::Input { index: inputs.len(), msg: format!("the program takes {} inputs", g.inputs.len()) });
+            return Err(EngineError::Input {
+                index: inputs.len(),
+                msg: format!("the program takes {} inputs", g.inputs.len()),
+            });
         }
         let mut words = vec![0u32; p.io_words.max(1)];
         for (i, (&v, t)) in g.inputs.iter().zip(inputs).enumerate() {
             let m = g.meta(v);
             if t.dtype() != m.dtype || t.sizes() != m.sizes.as_slice() {
-                return Err(EngineError::Input { index: i, msg: format!("expected {}, got {}", m.type_string(), t.meta.type_string()) });
+                return Err(EngineError::Input {
+                    index: i,
+                    msg: format!("expected {}, got {}", m.type_string(), t.meta.type_string()),
+                });
             }
             let at = p.locs[&v].word;
             words[at..at + m.numel()].copy_from_slice(&to_words(t));
         }
-        gpu.queue.write_buffer(&self.io, 0, bytemuck::cast_slice(&words));
-        let mut enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln run") });
+        gpu.queue
+            .write_buffer(&self.io, 0, bytemuck::cast_slice(&words));
+        let mut enc = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kiln run"),
+            });
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln"), timestamp_writes: None });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("kiln"),
+                timestamp_writes: None,
+            });
             pass.set_bind_group(0, &self.bind_group, &[]);
             for (pipeline, grid) in &self.pipelines {
                 pass.set_pipeline(pipeline);
@@ -233,22 +294,34 @@ impl Loaded {
         }
         gpu.queue.submit([enc.finish()]);
         let (tx, rx) = futures::channel::oneshot::channel();
-        self.staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
+        self.staging
+            .slice(..)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
         #[cfg(not(target_arch = "wasm32"))]
-        gpu.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| EngineError::Device(e.to_string()))?;
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| EngineError::Device(e.to_string()))?;
         rx.await
             .map_err(|_| EngineError::Device("the readback was dropped".into()))?
             .map_err(|e| EngineError::Device(e.to_string()))?;
         let mut out = vec![];
         {
-            let view = self.staging.slice(..).get_mapped_range().map_err(|e| EngineError::Device(e.to_string()))?;
+            let view = self
+                .staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| EngineError::Device(e.to_string()))?;
             let all: &[u32] = bytemuck::cast_slice(&view);
             for (&v, (_, at, bytes)) in p.outputs.iter().zip(&self.out_ranges) {
                 let m = g.meta(v);
                 let s = (*at / 4) as usize;
-                out.push(from_words(m.dtype, m.sizes.clone(), &all[s..s + (*bytes / 4) as usize]));
+                out.push(from_words(
+                    m.dtype,
+                    m.sizes.clone(),
+                    &all[s..s + (*bytes / 4) as usize],
+                ));
             }
         }
         self.staging.unmap();
@@ -271,7 +344,10 @@ pub struct EngineRun {
 
 impl Engine {
     pub fn new() -> Result<Engine, EngineError> {
-        Ok(Engine { gpu: Gpu::new()?, cache: HashMap::new() })
+        Ok(Engine {
+            gpu: Gpu::new()?,
+            cache: HashMap::new(),
+        })
     }
 
     /// Compiles (once) and runs `g` on `inputs`.
@@ -288,6 +364,9 @@ impl Engine {
         for (&i, t) in loaded.program.mutated_inputs.iter().zip(extra) {
             finals[i] = t;
         }
-        Ok(EngineRun { outputs: res, inputs: finals })
+        Ok(EngineRun {
+            outputs: res,
+            inputs: finals,
+        })
     }
 }

@@ -99,7 +99,12 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
     let f = functionalize(src, Remove::MutationsAndViews)?;
     let mut g = f.graph;
     // The copy_ epilogue becomes extra outputs the runtime writes back.
-    let epilogue: Vec<_> = g.order.iter().copied().filter(|&n| g.nodes[n].op.def().kind == OpKind::InPlace).collect();
+    let epilogue: Vec<_> = g
+        .order
+        .iter()
+        .copied()
+        .filter(|&n| g.nodes[n].op.def().kind == OpKind::InPlace)
+        .collect();
     g.order.retain(|n| !epilogue.contains(n));
     let n_outputs = g.outputs.len();
     let mut outputs = g.outputs.clone();
@@ -108,7 +113,12 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
     let sched = schedule::schedule(&g, &outputs)?;
 
     // Lifetimes in steps (one step per materialized value).
-    let step: HashMap<ValueId, usize> = sched.materialized.iter().enumerate().map(|(i, &v)| (v, i)).collect();
+    let step: HashMap<ValueId, usize> = sched
+        .materialized
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (v, i))
+        .collect();
     let end = sched.materialized.len();
     let mut last: HashMap<ValueId, usize> = HashMap::new();
     for &v in &sched.materialized {
@@ -132,7 +142,13 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
     let mut locs: HashMap<ValueId, Loc> = HashMap::new();
     let mut io_words = 0;
     for &v in &g.inputs {
-        locs.insert(v, Loc { pool: Pool::Io, word: io_words });
+        locs.insert(
+            v,
+            Loc {
+                pool: Pool::Io,
+                word: io_words,
+            },
+        );
         io_words += g.meta(v).numel();
     }
     let mut roots: Vec<ValueId> = vec![];
@@ -149,25 +165,44 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
     }
     let requests: Vec<plan::Request> = roots
         .iter()
-        .map(|r| plan::Request { bytes: g.meta(*r).numel() * 4, first: span[r].0, last: span[r].1 })
+        .map(|r| plan::Request {
+            bytes: g.meta(*r).numel() * 4,
+            first: span[r].0,
+            last: span[r].1,
+        })
         .collect();
     let mp = plan::plan(&requests, ALIGN);
     for (r, off) in roots.iter().zip(&mp.offsets) {
-        locs.insert(*r, Loc { pool: Pool::Arena, word: off / 4 });
+        locs.insert(
+            *r,
+            Loc {
+                pool: Pool::Arena,
+                word: off / 4,
+            },
+        );
     }
     for &v in &sched.materialized {
         let r = root(v);
-        let l = *locs.get(&r).ok_or_else(|| EngineError::Internal("a value without a location".into()))?;
+        let l = *locs
+            .get(&r)
+            .ok_or_else(|| EngineError::Internal("a value without a location".into()))?;
         locs.insert(v, l);
     }
 
     let mut kernels = vec![];
     let mut gen = Gen::new(&g, &sched, &locs);
     for &v in &sched.materialized {
-        let Def::Node(n, _) = g.values[v].def else { continue };
+        let Def::Node(n, _) = g.values[v].def else {
+            continue;
+        };
         let mut ops: Vec<String> = schedule::inlined_region(&g, &sched, n)
             .into_iter()
-            .map(|m| (g.order.iter().position(|&x| x == m), g.nodes[m].op.name().to_string()))
+            .map(|m| {
+                (
+                    g.order.iter().position(|&x| x == m),
+                    g.nodes[m].op.name().to_string(),
+                )
+            })
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .map(|(_, name)| name)
@@ -180,12 +215,24 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
             None => g.meta(v).numel() * 4,
         };
         for code in gen.kernel(v)? {
-            kernels.push(Kernel { code, ops: ops.clone(), bytes_read, bytes_written: written });
+            kernels.push(Kernel {
+                code,
+                ops: ops.clone(),
+                bytes_read,
+                bytes_written: written,
+            });
         }
     }
     let naive_unfused = g.values.values().map(|v| v.meta.numel() * 4).sum();
-    let min_bytes = g.inputs.iter().map(|&v| g.meta(v).numel() * 4).sum::<usize>()
-        + outputs.iter().map(|&v| g.meta(v).numel() * 4).sum::<usize>();
+    let min_bytes = g
+        .inputs
+        .iter()
+        .map(|&v| g.meta(v).numel() * 4)
+        .sum::<usize>()
+        + outputs
+            .iter()
+            .map(|&v| g.meta(v).numel() * 4)
+            .sum::<usize>();
     let memory = MemoryStats {
         io: io_words * 4,
         arena: mp.arena_bytes,
@@ -210,7 +257,10 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
 
 impl Program {
     pub fn bytes_moved(&self) -> usize {
-        self.kernels.iter().map(|k| k.bytes_read + k.bytes_written).sum()
+        self.kernels
+            .iter()
+            .map(|k| k.bytes_read + k.bytes_written)
+            .sum()
     }
 
     /// A human-readable report: kernels with the ops each fuses, traffic
@@ -237,9 +287,23 @@ impl Program {
             moved as f64 / self.min_bytes.max(1) as f64
         );
         let m = &self.memory;
-        let _ = writeln!(s, "memory (bytes): planned peak {} = io {} + arena {}", m.planned_peak(), m.io, m.arena);
-        let _ = writeln!(s, "  arena lower bound {}  naive (one buffer per materialized value) {}", m.lower_bound, m.naive);
-        let _ = writeln!(s, "  naive unfused (one buffer per value) {}  eager reference peak {}", m.naive_unfused, m.eager_peak);
+        let _ = writeln!(
+            s,
+            "memory (bytes): planned peak {} = io {} + arena {}",
+            m.planned_peak(),
+            m.io,
+            m.arena
+        );
+        let _ = writeln!(
+            s,
+            "  arena lower bound {}  naive (one buffer per materialized value) {}",
+            m.lower_bound, m.naive
+        );
+        let _ = writeln!(
+            s,
+            "  naive unfused (one buffer per value) {}  eager reference peak {}",
+            m.naive_unfused, m.eager_peak
+        );
         let _ = writeln!(
             s,
             "  planned/eager {:.3}  arena/lower bound {:.3}",

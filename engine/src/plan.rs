@@ -75,7 +75,13 @@ mod tests {
     #[test]
     fn chains_reuse_memory() {
         // a -> b -> c -> d: each buffer lives from its kernel to the next.
-        let reqs: Vec<Request> = (0..4).map(|i| Request { bytes: 1000, first: i, last: i + 1 }).collect();
+        let reqs: Vec<Request> = (0..4)
+            .map(|i| Request {
+                bytes: 1000,
+                first: i,
+                last: i + 1,
+            })
+            .collect();
         let p = plan(&reqs, 16);
         assert_eq!(p.lower_bound, 2000);
         assert!(p.arena_bytes <= 2 * 1008, "{p:?}");
@@ -83,7 +89,8 @@ mod tests {
         for (i, a) in reqs.iter().enumerate() {
             for (j, b) in reqs.iter().enumerate() {
                 let overlap_time = a.first <= b.last && b.first <= a.last;
-                let overlap_space = p.offsets[i] < p.offsets[j] + 1008 && p.offsets[j] < p.offsets[i] + 1008;
+                let overlap_space =
+                    p.offsets[i] < p.offsets[j] + 1008 && p.offsets[j] < p.offsets[i] + 1008;
                 assert!(i == j || !(overlap_time && overlap_space));
             }
         }

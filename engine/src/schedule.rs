@@ -31,22 +31,28 @@ pub fn class(g: &Graph, n: NodeId) -> Result<Class, EngineError> {
         (Rule::Pointwise(_), _) | (Rule::ViewCopy(_), _) => Class::Map,
         (
             _,
-            "clone" | "copy" | "fill" | "zero" | "masked_fill" | "zeros" | "ones" | "full" | "arange" | "zeros_like"
-            | "ones_like" | "full_like" | "slice_scatter" | "select_scatter" | "diagonal_scatter",
+            "clone" | "copy" | "fill" | "zero" | "masked_fill" | "zeros" | "ones" | "full"
+            | "arange" | "zeros_like" | "ones_like" | "full_like" | "slice_scatter"
+            | "select_scatter" | "diagonal_scatter",
         ) => Class::Map,
         (
             _,
-            "sum" | "mean" | "amax" | "amin" | "softmax" | "log_softmax" | "_softmax" | "_log_softmax" | "layer_norm"
-            | "mm" | "bmm" | "matmul" | "addmm" | "linear" | "embedding" | "index_select" | "index_put"
-            | "as_strided_scatter",
+            "sum" | "mean" | "amax" | "amin" | "softmax" | "log_softmax" | "_softmax"
+            | "_log_softmax" | "layer_norm" | "mm" | "bmm" | "matmul" | "addmm" | "linear"
+            | "embedding" | "index_select" | "index_put" | "as_strided_scatter",
         ) => Class::Kernel,
         _ => {
             let kind = match def.kind {
-                OpKind::View | OpKind::MultiView | OpKind::ViewOrCopy => "a view (functionalize with mutations_and_views first)",
+                OpKind::View | OpKind::MultiView | OpKind::ViewOrCopy => {
+                    "a view (functionalize with mutations_and_views first)"
+                }
                 OpKind::InPlace => "an in-place op (functionalize first)",
                 _ => "not supported by the gpu backend yet",
             };
-            return Err(EngineError::Unsupported(format!("`{}` is {kind}", def.name)));
+            return Err(EngineError::Unsupported(format!(
+                "`{}` is {kind}",
+                def.name
+            )));
         }
     })
 }
@@ -55,7 +61,18 @@ pub fn class(g: &Graph, n: NodeId) -> Result<Class, EngineError> {
 pub fn is_free(g: &Graph, n: NodeId) -> bool {
     let def = g.nodes[n].op.def();
     matches!(def.rule, Rule::ViewCopy(_))
-        || matches!(def.name.as_str(), "zeros" | "ones" | "full" | "arange" | "zeros_like" | "ones_like" | "full_like" | "zero" | "fill")
+        || matches!(
+            def.name.as_str(),
+            "zeros"
+                | "ones"
+                | "full"
+                | "arange"
+                | "zeros_like"
+                | "ones_like"
+                | "full_like"
+                | "zero"
+                | "fill"
+        )
 }
 
 /// The schedule: which values have buffers, in which kernels they are made.
@@ -77,7 +94,12 @@ pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError>
         }
     }
     let out_set: HashSet<ValueId> = outputs.iter().copied().collect();
-    let mut s = Schedule { materialized: vec![], is_materialized: HashSet::new(), inplace: HashMap::new(), uses };
+    let mut s = Schedule {
+        materialized: vec![],
+        is_materialized: HashSet::new(),
+        inplace: HashMap::new(),
+        uses,
+    };
     for &v in &g.inputs {
         s.is_materialized.insert(v);
     }
@@ -94,12 +116,21 @@ pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError>
     }
     // Re-inplace scatters whose base dies at the scatter.
     for &r in &s.materialized.clone() {
-        let Def::Node(n, _) = g.values[r].def else { continue };
+        let Def::Node(n, _) = g.values[r].def else {
+            continue;
+        };
         let node = &g.nodes[n];
         let name = node.op.name();
-        let Some(view) = name.strip_suffix("_scatter") else { continue };
-        let Some(&Arg::Tensor(base)) = node.args.first() else { continue };
-        if !s.is_materialized.contains(&base) || out_set.contains(&base) || s.inplace.values().any(|&b| b == base) {
+        let Some(view) = name.strip_suffix("_scatter") else {
+            continue;
+        };
+        let Some(&Arg::Tensor(base)) = node.args.first() else {
+            continue;
+        };
+        if !s.is_materialized.contains(&base)
+            || out_set.contains(&base)
+            || s.inplace.values().any(|&b| b == base)
+        {
             continue;
         }
         let region = inlined_region(g, &s, n);

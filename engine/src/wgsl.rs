@@ -155,7 +155,12 @@ pub fn literal(v: f64, dtype: DType) -> String {
             if v.is_nan() {
                 "bitcast<f32>(0x7fc00000u)".into()
             } else if v.is_infinite() {
-                if v > 0.0 { "bitcast<f32>(0x7f800000u)" } else { "bitcast<f32>(0xff800000u)" }.into()
+                if v > 0.0 {
+                    "bitcast<f32>(0x7f800000u)"
+                } else {
+                    "bitcast<f32>(0xff800000u)"
+                }
+                .into()
             } else {
                 format!("bitcast<f32>({}u)", (v as f32).to_bits())
             }
@@ -184,7 +189,10 @@ pub fn shader(body: &[String], workgroup: [u32; 3], shared: &[String]) -> String
         workgroup[0], workgroup[1], workgroup[2]
     );
     if workgroup == [WORKGROUP, 1, 1] {
-        let _ = writeln!(s, "    let gid: u32 = (wid.y * nwg.x + wid.x) * {WORKGROUP}u + lid.x;");
+        let _ = writeln!(
+            s,
+            "    let gid: u32 = (wid.y * nwg.x + wid.x) * {WORKGROUP}u + lid.x;"
+        );
     }
     for l in body {
         let _ = writeln!(s, "    {l}");
@@ -209,8 +217,11 @@ pub fn grid(n: usize) -> [u32; 3] {
 /// and hand-written shader must pass.
 pub fn validate(src: &str) -> Result<(), String> {
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
-    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-        .validate(&module)
-        .map_err(|e| format!("{e:?}"))?;
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("{e:?}"))?;
     Ok(())
 }

@@ -119,7 +119,12 @@ pub fn eager_peak_bytes(g: &Graph) -> usize {
     for v in g.inputs.iter() {
         *refs.entry(storage[v]).or_default() += 1;
     }
-    let live = |refs: &HashMap<usize, usize>, bytes: &[usize]| refs.iter().filter(|(_, &c)| c > 0).map(|(&s, _)| bytes[s]).sum::<usize>();
+    let live = |refs: &HashMap<usize, usize>, bytes: &[usize]| {
+        refs.iter()
+            .filter(|(_, &c)| c > 0)
+            .map(|(&s, _)| bytes[s])
+            .sum::<usize>()
+    };
     let mut peak = live(&refs, &bytes);
     for (pos, &n) in g.order.iter().enumerate() {
         let node = &g.nodes[n];
@@ -127,7 +132,11 @@ pub fn eager_peak_bytes(g: &Graph) -> usize {
         let aliases = match &def.rule {
             Rule::View(_) | Rule::InPlace(_) => true,
             Rule::ViewOrCopy(f) => {
-                let m: Vec<Arg<&Meta>> = node.args.iter().map(|a| a.map(&mut |v| g.meta(*v))).collect();
+                let m: Vec<Arg<&Meta>> = node
+                    .args
+                    .iter()
+                    .map(|a| a.map(&mut |v| g.meta(*v)))
+                    .collect();
                 f(&m).map(|r| r.1).unwrap_or(false)
             }
             _ => false,

@@ -429,8 +429,17 @@ pub fn pow(a: &A) -> Result<PwPlan, String> {
             code: Code::Pow,
             // The exponent is an operand ATen does not wrap (no layout effect).
             operands: vec![
-                Operand { src: Src::Arg(0), cast: dt },
-                Operand { src: Src::Const { value: ev, wrapped: false }, cast: dt },
+                Operand {
+                    src: Src::Arg(0),
+                    cast: dt,
+                },
+                Operand {
+                    src: Src::Const {
+                        value: ev,
+                        wrapped: false,
+                    },
+                    cast: dt,
+                },
             ],
             out_dtype: dt,
             f: Box::new(move |v| f(dt, v[0], v[1])),

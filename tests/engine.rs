@@ -1,0 +1,117 @@
+//! The GPU engine's compile-time properties (no device needed): every
+//! generated shader validates with naga, fusion and re-inplacing give the
+//! kernel counts and traffic they promise, and the planner stays at the
+//! lower bound on chains.
+
+mod common;
+
+use common::{programs, root};
+use kiln::engine::{compile, wgsl};
+use kiln::functionalize::parse;
+
+fn compiled(src: &str) -> kiln::engine::Program {
+    compile(&parse(src).unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn every_generated_shader_validates_with_naga() {
+    let mut n = 0;
+    for dir in ["examples/programs", "tests/programs/ops"] {
+        for p in programs(&root().join(dir)) {
+            let prog = compiled(&std::fs::read_to_string(&p).unwrap());
+            for k in &prog.kernels {
+                wgsl::validate(&k.code.wgsl).unwrap_or_else(|e| {
+                    panic!("{}: {}: {e}\n{}", p.display(), k.code.label, k.code.wgsl)
+                });
+                n += 1;
+            }
+        }
+    }
+    assert!(n > 1000, "only {n} kernels");
+}
+
+#[test]
+fn elementwise_chain_with_views_is_one_kernel() {
+    let p = compiled(
+        "graph f(%x: f32[64, 32], %b: f32[32]) {
+           %t = t(%x)
+           %a = mul(%t, 2.0)
+           %e = exp(%a)
+           %v = view(%e, [32, 8, 8])
+           %s = slice(%v, 2, 0, none, 2)
+           %r = relu(%s)
+           %u = unsqueeze(%b, 1)
+           %ex = expand(%u, [32, 4])
+           %r2 = view(%r, [32, 8, 4])
+           %y = add(%r2, 1)
+           %z = sigmoid(%y)
+           %w = sub(%z, 0.5)
+           %q = tanh(%w)
+           %k = select(%q, 1, 0)
+           %o = mul(%k, %ex)
+           return %o
+         }",
+    );
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert_eq!(p.kernels[0].bytes_written, 32 * 4 * 4);
+}
+
+#[test]
+fn mutated_slice_of_a_dying_base_writes_only_the_slice() {
+    let p = compiled(
+        "graph f(%x: f32[1000, 16]) {
+           %s = slice(%x, 0, 10, 20)
+           %m = mul_(%s, 2)
+           return %x
+         }",
+    );
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert!(
+        p.kernels[0].code.label.contains("in place"),
+        "{}",
+        p.stats()
+    );
+    assert_eq!(p.kernels[0].bytes_written, 10 * 16 * 4);
+    assert_eq!(p.memory.arena, 0, "no intermediate buffer: {}", p.stats());
+}
+
+#[test]
+fn planner_reaches_the_lower_bound_on_chains() {
+    // Each kernel output feeds the next one only: two buffers suffice.
+    let p = compiled(
+        "graph f(%x: f32[256, 256]) {
+           %a = softmax(%x, 1)
+           %b = softmax(%a, 0)
+           %c = softmax(%b, 1)
+           %d = softmax(%c, 0)
+           %e = sum(%d, [1])
+           return %e
+         }",
+    );
+    assert_eq!(p.kernels.len(), 5, "{}", p.stats());
+    let m = &p.memory;
+    assert!(
+        m.arena <= m.lower_bound + 16 * p.kernels.len(),
+        "{}",
+        p.stats()
+    );
+    assert!(m.planned_peak() <= m.eager_peak, "{}", p.stats());
+}
+
+#[test]
+fn elementwise_programs_move_close_to_the_minimum() {
+    for name in [
+        "elementwise_mix",
+        "comparisons_inplace",
+        "strided_slice_inplace",
+    ] {
+        let src =
+            std::fs::read_to_string(root().join(format!("examples/programs/{name}.txt"))).unwrap();
+        let p = compiled(&src);
+        let ratio = p.bytes_moved() as f64 / p.min_bytes as f64;
+        println!(
+            "{name}: {} kernels, bytes moved / minimum = {ratio:.3}",
+            p.kernels.len()
+        );
+    }
+}
