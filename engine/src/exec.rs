@@ -267,6 +267,13 @@ impl Loaded {
         }
         gpu.queue
             .write_buffer(&self.io, 0, bytemuck::cast_slice(&words));
+        self.submit(gpu);
+        self.read_back(gpu).await
+    }
+
+    /// Encodes every kernel and the output copies into one command buffer
+    /// and submits it (the host-side cost of a run).
+    pub fn submit(&self, gpu: &Gpu) -> wgpu::SubmissionIndex {
         let mut enc = gpu
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -292,7 +299,13 @@ impl Loaded {
                 enc.copy_buffer_to_buffer(src, (loc.word * 4) as u64, &self.staging, *at, *bytes);
             }
         }
-        gpu.queue.submit([enc.finish()]);
+        gpu.queue.submit([enc.finish()])
+    }
+
+    /// Waits for the last submission and decodes the outputs.
+    pub async fn read_back(&self, gpu: &Gpu) -> Result<Vec<RTensor>, EngineError> {
+        let p = &self.program;
+        let g = &p.graph;
         let (tx, rx) = futures::channel::oneshot::channel();
         self.staging
             .slice(..)

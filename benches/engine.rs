@@ -1,0 +1,100 @@
+//! The GPU engine on every example program and on larger MLP and
+//! attention blocks: kernels, bytes moved against the minimum, planned
+//! peak against eager execution and against the lower bound, and the
+//! host-side time per kernel of a compiled run (encode and submit).
+//!
+//!     cargo bench --bench engine
+
+use kiln::engine::{compile, Gpu};
+use kiln::functionalize::{parse, Graph, RTensor};
+use std::time::Instant;
+
+const MLP: &str = "graph mlp(%x: f32[256, 512], %w1: f32[1024, 512], %b1: f32[1024], %w2: f32[512, 1024], %b2: f32[512], %g: f32[512], %b: f32[512]) {
+  %n = layer_norm(%x, [512], %g, %b)
+  %h = linear(%n, %w1, %b1)
+  %a = gelu(%h)
+  %o = linear(%a, %w2, %b2)
+  %r = add_(%o, %x)
+  return %r
+}";
+
+const ATTENTION: &str = "graph attention(%x: f32[128, 256], %wq: f32[256, 256], %wk: f32[256, 256], %wv: f32[256, 256], %wo: f32[256, 256], %mask: bool[128, 128]) {
+  %q = linear(%x, %wq)
+  %k = linear(%x, %wk)
+  %v = linear(%x, %wv)
+  %qh = view(%q, [128, 4, 64])
+  %kh = view(%k, [128, 4, 64])
+  %vh = view(%v, [128, 4, 64])
+  %qt = transpose(%qh, 0, 1)
+  %kt = permute(%kh, [1, 2, 0])
+  %vt = transpose(%vh, 0, 1)
+  %s = matmul(%qt, %kt)
+  %s2 = mul_(%s, 0.125)
+  %m = masked_fill_(%s2, %mask, -10000.0)
+  %p = softmax(%m, -1)
+  %c = matmul(%p, %vt)
+  %ct = transpose(%c, 0, 1)
+  %cm = reshape(%ct, [128, 256])
+  %o = linear(%cm, %wo)
+  return %o
+}";
+
+fn inputs(g: &Graph) -> Vec<RTensor> {
+    let mut s = 1u64;
+    g.inputs
+        .iter()
+        .map(|&v| {
+            let m = g.meta(v);
+            let vals: Vec<f64> = (0..m.numel())
+                .map(|_| {
+                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    ((s >> 33) % 2000) as f64 / 20000.0 - 0.05
+                })
+                .collect();
+            RTensor::new(m.dtype, m.sizes.clone(), &vals)
+        })
+        .collect()
+}
+
+fn main() {
+    std::env::set_var("XDG_RUNTIME_DIR", std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()));
+    let gpu = Gpu::new().expect("a wgpu adapter");
+    println!("adapter: {}", gpu.describe());
+    if gpu.info.device_type == wgpu::DeviceType::Cpu {
+        println!("(a software adapter: times are CPU times, not GPU numbers)");
+    }
+    let mut programs: Vec<(String, String)> = vec![("mlp_block_256x512x1024".into(), MLP.into()), ("attention_128x256_4heads".into(), ATTENTION.into())];
+    let mut paths: Vec<_> = std::fs::read_dir("examples/programs").unwrap().map(|e| e.unwrap().path()).collect();
+    paths.sort();
+    for p in paths {
+        programs.push((p.file_stem().unwrap().to_string_lossy().into(), std::fs::read_to_string(&p).unwrap()));
+    }
+    println!("| program | kernels | bytes moved / min | planned peak / eager | arena / lower bound | host us/kernel | run ms |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (name, src) in programs {
+        let g = parse(&src).unwrap();
+        let p = compile(&g).unwrap();
+        let (k, moved, min, m) = (p.kernels.len(), p.bytes_moved(), p.min_bytes, p.memory.clone());
+        let loaded = gpu.load(p).unwrap();
+        let ins = inputs(&g);
+        loaded.run(&gpu, &ins).unwrap(); // warm-up: first dispatches compile shaders
+        let reps = 10;
+        let mut host = 0.0;
+        let t_all = Instant::now();
+        for _ in 0..reps {
+            let t = Instant::now();
+            loaded.submit(&gpu);
+            host += t.elapsed().as_secs_f64();
+            pollster::block_on(loaded.read_back(&gpu)).unwrap();
+        }
+        let run_ms = t_all.elapsed().as_secs_f64() * 1e3 / reps as f64;
+        let per_kernel = host * 1e6 / reps as f64 / k.max(1) as f64;
+        let ratio = |a: usize, b: usize| if b == 0 { "-".to_string() } else { format!("{:.3}", a as f64 / b as f64) };
+        println!(
+            "| {name} | {k} | {} | {} | {} | {per_kernel:.1} | {run_ms:.2} |",
+            ratio(moved, min),
+            ratio(m.planned_peak(), m.eager_peak),
+            ratio(m.arena, m.lower_bound),
+        );
+    }
+}
