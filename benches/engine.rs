@@ -47,7 +47,9 @@ fn inputs(g: &Graph) -> Vec<RTensor> {
             let m = g.meta(v);
             let vals: Vec<f64> = (0..m.numel())
                 .map(|_| {
-                    s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     ((s >> 33) % 2000) as f64 / 20000.0 - 0.05
                 })
                 .collect();
@@ -57,24 +59,41 @@ fn inputs(g: &Graph) -> Vec<RTensor> {
 }
 
 fn main() {
-    std::env::set_var("XDG_RUNTIME_DIR", std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()));
+    std::env::set_var(
+        "XDG_RUNTIME_DIR",
+        std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()),
+    );
     let gpu = Gpu::new().expect("a wgpu adapter");
     println!("adapter: {}", gpu.describe());
     if gpu.info.device_type == wgpu::DeviceType::Cpu {
         println!("(a software adapter: times are CPU times, not GPU numbers)");
     }
-    let mut programs: Vec<(String, String)> = vec![("mlp_block_256x512x1024".into(), MLP.into()), ("attention_128x256_4heads".into(), ATTENTION.into())];
-    let mut paths: Vec<_> = std::fs::read_dir("examples/programs").unwrap().map(|e| e.unwrap().path()).collect();
+    let mut programs: Vec<(String, String)> = vec![
+        ("mlp_block_256x512x1024".into(), MLP.into()),
+        ("attention_128x256_4heads".into(), ATTENTION.into()),
+    ];
+    let mut paths: Vec<_> = std::fs::read_dir("examples/programs")
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     paths.sort();
     for p in paths {
-        programs.push((p.file_stem().unwrap().to_string_lossy().into(), std::fs::read_to_string(&p).unwrap()));
+        programs.push((
+            p.file_stem().unwrap().to_string_lossy().into(),
+            std::fs::read_to_string(&p).unwrap(),
+        ));
     }
     println!("| program | kernels | bytes moved / min | planned peak / eager | arena / lower bound | host us/kernel | run ms |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for (name, src) in programs {
         let g = parse(&src).unwrap();
         let p = compile(&g).unwrap();
-        let (k, moved, min, m) = (p.kernels.len(), p.bytes_moved(), p.min_bytes, p.memory.clone());
+        let (k, moved, min, m) = (
+            p.kernels.len(),
+            p.bytes_moved(),
+            p.min_bytes,
+            p.memory.clone(),
+        );
         let loaded = gpu.load(p).unwrap();
         let ins = inputs(&g);
         loaded.run(&gpu, &ins).unwrap(); // warm-up: first dispatches compile shaders
@@ -89,7 +108,13 @@ fn main() {
         }
         let run_ms = t_all.elapsed().as_secs_f64() * 1e3 / reps as f64;
         let per_kernel = host * 1e6 / reps as f64 / k.max(1) as f64;
-        let ratio = |a: usize, b: usize| if b == 0 { "-".to_string() } else { format!("{:.3}", a as f64 / b as f64) };
+        let ratio = |a: usize, b: usize| {
+            if b == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.3}", a as f64 / b as f64)
+            }
+        };
         println!(
             "| {name} | {k} | {} | {} | {} | {per_kernel:.1} | {run_ms:.2} |",
             ratio(moved, min),

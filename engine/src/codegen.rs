@@ -37,6 +37,9 @@ pub struct Gen<'a> {
     body: Body,
     memo: HashMap<(ValueId, String), String>,
     shared: Vec<String>,
+    /// Values computed by the kernel being generated: readable only at the
+    /// invocation's own index (another invocation's write is not visible).
+    group: Vec<ValueId>,
 }
 
 type R<T> = Result<T, EngineError>;
@@ -58,6 +61,7 @@ impl<'a> Gen<'a> {
             body: Body::default(),
             memo: HashMap::new(),
             shared: vec![],
+            group: vec![],
         }
     }
 
@@ -135,12 +139,18 @@ impl<'a> Gen<'a> {
         if let Some(x) = self.memo.get(&key) {
             return Ok(x.clone());
         }
+        if self.group.contains(&v) {
+            return Err(EngineError::Internal(
+                "a fused kernel reads its own output at another index".into(),
+            ));
+        }
         let m = self.meta(v);
-        let x = if let Some(loc) = self
-            .locs
-            .get(&v)
-            .filter(|_| self.s.is_materialized.contains(&v))
-        {
+        let x = if self.s.is_materialized.contains(&v) {
+            // Before memory planning (fusion trials) any location will do.
+            let loc = self.locs.get(&v).copied().unwrap_or(Loc {
+                pool: Pool::Arena,
+                word: 0,
+            });
             self.body
                 .bind(ty(m.dtype), load(loc.pool, loc.word, idx, m.dtype))
         } else {
@@ -355,6 +365,61 @@ impl<'a> Gen<'a> {
             "embedding" | "index_select" => Ok(vec![self.gather(n, v, label)?]),
             _ => Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?]),
         }
+    }
+
+    /// Whether elementwise value `v` can join the fused kernel computing
+    /// `group` (same shape; reads group members only at its own index).
+    pub fn fits_group(&mut self, group: &[ValueId], v: ValueId) -> bool {
+        let Some(&first) = group.first() else {
+            return true;
+        };
+        let g = self.g;
+        let Def::Node(n, k) = g.values[v].def else {
+            return false;
+        };
+        if g.meta(first).sizes != g.meta(v).sizes
+            || self.s.inplace.contains_key(&v)
+            || self.s.inplace.contains_key(&first)
+        {
+            return false;
+        }
+        let saved = (
+            std::mem::take(&mut self.body),
+            std::mem::take(&mut self.memo),
+            std::mem::take(&mut self.shared),
+        );
+        self.group = group.to_vec();
+        for &m in group {
+            self.memo.insert((m, "gid".into()), "0".into());
+        }
+        let ok = self.node_at(n, k, "gid").is_ok();
+        self.group.clear();
+        (self.body, self.memo, self.shared) = saved;
+        ok
+    }
+
+    /// One kernel computing every value of `group` (elementwise values of
+    /// one shape): inputs are read once, and later members read earlier
+    /// ones from registers.
+    pub fn map_group(&mut self, group: &[ValueId]) -> R<KernelCode> {
+        let g = self.g;
+        let count = g.meta(group[0]).numel();
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(count)));
+        for &v in group {
+            let Def::Node(n, k) = g.values[v].def else {
+                return Err(bug("a kernel for an input"));
+            };
+            let x = self.node_at(n, k, "gid")?;
+            self.store_to(v, "gid", &x)?;
+            self.memo.insert((v, "gid".into()), x);
+        }
+        let label = group
+            .iter()
+            .map(|&v| g.values[v].name.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("+");
+        Ok(self.finish(label, wgsl::grid(count), [wgsl::WORKGROUP, 1, 1]))
     }
 
     fn map_kernel(

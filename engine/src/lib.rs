@@ -94,6 +94,17 @@ pub struct Program {
 
 const ALIGN: usize = 16;
 
+/// An elementwise value computed by a plain map kernel.
+fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
+    match g.values[v].def {
+        Def::Node(n, _) => {
+            schedule::class(g, n).is_ok_and(|c| c == schedule::Class::Map)
+                && !s.inplace.contains_key(&v)
+        }
+        Def::Input(_) => false,
+    }
+}
+
 /// Compiles `src` (any program: it is functionalized first).
 pub fn compile(src: &Graph) -> Result<Program, EngineError> {
     let f = functionalize(src, Remove::MutationsAndViews)?;
@@ -112,14 +123,40 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
     let mutated_inputs: Vec<usize> = f.mutated_inputs.iter().map(|m| m.input).collect();
     let sched = schedule::schedule(&g, &outputs)?;
 
-    // Lifetimes in steps (one step per materialized value).
-    let step: HashMap<ValueId, usize> = sched
-        .materialized
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| (v, i))
-        .collect();
-    let end = sched.materialized.len();
+    // Kernels: consecutive elementwise values of one shape fuse into one
+    // multi-output kernel; everything else is a kernel of its own.
+    let no_locs = HashMap::new();
+    let mut groups: Vec<Vec<ValueId>> = vec![];
+    {
+        let mut trial = Gen::new(&g, &sched, &no_locs);
+        for &v in &sched.materialized {
+            let Def::Node(n, _) = g.values[v].def else {
+                continue;
+            };
+            let map =
+                schedule::class(&g, n)? == schedule::Class::Map && !sched.inplace.contains_key(&v);
+            let joins = map
+                && groups.last().is_some_and(|grp: &Vec<ValueId>| {
+                    let Def::Node(m, _) = g.values[grp[0]].def else {
+                        return false;
+                    };
+                    schedule::class(&g, m).is_ok_and(|c| c == schedule::Class::Map)
+                        && trial.fits_group(grp, v)
+                });
+            match groups.last_mut() {
+                Some(grp) if joins => grp.push(v),
+                _ => groups.push(vec![v]),
+            }
+        }
+    }
+    // Lifetimes in steps (one step per kernel group).
+    let mut step: HashMap<ValueId, usize> = HashMap::new();
+    for (i, grp) in groups.iter().enumerate() {
+        for &v in grp {
+            step.insert(v, i);
+        }
+    }
+    let end = groups.len();
     let mut last: HashMap<ValueId, usize> = HashMap::new();
     for &v in &sched.materialized {
         if let Def::Node(n, _) = g.values[v].def {
@@ -191,30 +228,43 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
 
     let mut kernels = vec![];
     let mut gen = Gen::new(&g, &sched, &locs);
-    for &v in &sched.materialized {
-        let Def::Node(n, _) = g.values[v].def else {
-            continue;
-        };
-        let mut ops: Vec<String> = schedule::inlined_region(&g, &sched, n)
-            .into_iter()
-            .map(|m| {
-                (
-                    g.order.iter().position(|&x| x == m),
-                    g.nodes[m].op.name().to_string(),
-                )
-            })
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .map(|(_, name)| name)
-            .collect();
-        ops.push(g.nodes[n].op.name().to_string());
-        let reads = schedule::reads(&g, &sched, n);
+    for grp in &groups {
+        let mut ops: Vec<String> = vec![];
+        let mut reads: Vec<ValueId> = vec![];
+        let mut written = 0;
+        for &v in grp {
+            let Def::Node(n, _) = g.values[v].def else {
+                continue;
+            };
+            let mut region: Vec<_> = schedule::inlined_region(&g, &sched, n)
+                .into_iter()
+                .collect();
+            region.sort_by_key(|&m| g.order.iter().position(|&x| x == m));
+            ops.extend(region.iter().map(|&m| g.nodes[m].op.name().to_string()));
+            ops.push(g.nodes[n].op.name().to_string());
+            reads.extend(
+                schedule::reads(&g, &sched, n)
+                    .into_iter()
+                    .filter(|r| !grp.contains(r)),
+            );
+            written += match sched.inplace.get(&v) {
+                Some(_) => g.meta(*g.nodes[n].args[1].tensors()[0]).numel() * 4,
+                None => g.meta(v).numel() * 4,
+            };
+        }
+        reads.sort();
+        reads.dedup();
         let bytes_read: usize = reads.iter().map(|r| g.meta(*r).numel() * 4).sum();
-        let written = match sched.inplace.get(&v) {
-            Some(_) => g.meta(*g.nodes[n].args[1].tensors()[0]).numel() * 4,
-            None => g.meta(v).numel() * 4,
+        let codes = if grp.len() > 1 || is_map(&g, &sched, grp[0]) {
+            if g.meta(grp[0]).numel() == 0 {
+                vec![]
+            } else {
+                vec![gen.map_group(grp)?]
+            }
+        } else {
+            gen.kernel(grp[0])?
         };
-        for code in gen.kernel(v)? {
+        for code in codes {
             kernels.push(Kernel {
                 code,
                 ops: ops.clone(),
