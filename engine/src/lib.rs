@@ -254,7 +254,22 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
         }
         reads.sort();
         reads.dedup();
-        let bytes_read: usize = reads.iter().map(|r| g.meta(*r).numel() * 4).sum();
+        // Elementwise kernels and in-place scatters read each buffer at most
+        // once per invocation; other kernels are charged whole buffers.
+        let per_thread =
+            grp.len() > 1 || is_map(&g, &sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
+        let invocations = written / 4 / grp.len().max(1);
+        let bytes_read: usize = reads
+            .iter()
+            .map(|r| {
+                let whole = g.meta(*r).numel() * 4;
+                if per_thread {
+                    whole.min(invocations * 4)
+                } else {
+                    whole
+                }
+            })
+            .sum();
         let codes = if grp.len() > 1 || is_map(&g, &sched, grp[0]) {
             if g.meta(grp[0]).numel() == 0 {
                 vec![]

@@ -106,48 +106,71 @@ pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError>
     for &n in &g.order {
         let c = class(g, n)?;
         for &r in &g.nodes[n].results {
-            let n_uses = s.uses.get(&r).map_or(0, |u| u.len());
-            let mat = c == Class::Kernel || out_set.contains(&r) || (n_uses > 1 && !is_free(g, n));
+            let uses = s.uses.get(&r).cloned().unwrap_or_default();
+            let mut mat =
+                c == Class::Kernel || out_set.contains(&r) || (uses.len() > 1 && !is_free(g, n));
+            // A scatter whose base dies here writes only its region into the
+            // base's buffer: worth a buffer of its own when it has one
+            // anyway, or when it feeds another scatter (a chain of writes).
+            if let Some(base) = inplace_base(g, &s, &out_set, n) {
+                let feeds_scatter = matches!(uses[..], [u] if g.nodes[u].op.name().ends_with("_scatter") && g.nodes[u].args[0] == Arg::Tensor(r));
+                if mat || feeds_scatter {
+                    mat = true;
+                    s.inplace.insert(r, base);
+                }
+            }
             if mat {
                 s.materialized.push(r);
                 s.is_materialized.insert(r);
             }
         }
     }
-    // Re-inplace scatters whose base dies at the scatter.
-    for &r in &s.materialized.clone() {
-        let Def::Node(n, _) = g.values[r].def else {
-            continue;
-        };
-        let node = &g.nodes[n];
-        let name = node.op.name();
-        let Some(view) = name.strip_suffix("_scatter") else {
-            continue;
-        };
-        let Some(&Arg::Tensor(base)) = node.args.first() else {
-            continue;
-        };
-        if !s.is_materialized.contains(&base)
-            || out_set.contains(&base)
-            || s.inplace.values().any(|&b| b == base)
-        {
-            continue;
-        }
-        let region = inlined_region(g, &s, n);
-        let copy_name = format!("{view}_copy");
-        let ok = s.uses[&base].iter().all(|&u| {
+    Ok(s)
+}
+
+/// The base a scatter node may write into in place: materialized, not an
+/// output, and read otherwise only by this kernel, at the positions this
+/// kernel overwrites (`<view>_copy` with the scatter's own arguments).
+fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) -> Option<ValueId> {
+    let node = &g.nodes[n];
+    let view = node.op.name().strip_suffix("_scatter")?;
+    let Some(&Arg::Tensor(base)) = node.args.first() else {
+        return None;
+    };
+    if !s.is_materialized.contains(&base) || outputs.contains(&base) {
+        return None;
+    }
+    let region = inlined_region(g, s, n);
+    let copy_name = format!("{view}_copy");
+    let uses = &s.uses[&base];
+    let pos: HashMap<NodeId, usize> = g.order.iter().enumerate().map(|(i, &m)| (m, i)).collect();
+    let ok = uses.iter().filter(|&&u| u == n).count() == 1
+        && uses.iter().all(|&u| {
             u == n || {
                 let un = &g.nodes[u];
-                // Reads of the region being overwritten, by the thread that
-                // overwrites it, inside this kernel.
-                region.contains(&u) && un.op.name() == copy_name && un.args[1..] == node.args[2..]
+                (region.contains(&u) && un.op.name() == copy_name && un.args[1..] == node.args[2..])
+                    || computed_before(g, s, &pos, u, pos[&n])
             }
         });
-        if ok && s.uses[&base].iter().filter(|&&u| u == n).count() == 1 {
-            s.inplace.insert(r, base);
-        }
-    }
-    Ok(s)
+    ok.then_some(base)
+}
+
+/// Is every kernel that computes node `u` (its own, or those it is inlined
+/// into) one that runs before the node at position `limit`?
+fn computed_before(
+    g: &Graph,
+    s: &Schedule,
+    pos: &HashMap<NodeId, usize>,
+    u: NodeId,
+    limit: usize,
+) -> bool {
+    pos[&u] < limit
+        && g.nodes[u].results.iter().all(|r| {
+            s.is_materialized.contains(r)
+                || s.uses
+                    .get(r)
+                    .is_none_or(|us| us.iter().all(|&w| computed_before(g, s, pos, w, limit)))
+        })
 }
 
 /// Nodes inlined into the kernel that computes node `n`'s results.
