@@ -213,3 +213,32 @@ fn a_missing_adapter_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// Size 4096 (more than one row of workgroups) for every kind of kernel,
+/// against the reference interpreter.
+#[test]
+fn large_operands_match_the_reference() {
+    let mut e = engine();
+    let progs = [
+        ("%y = exp(%x)\n%t = t(%m)\n%z = add(%t, 1)", "(%y, %z)"),
+        ("%y = softmax(%x, 0)\n%s = softmax(%m, 1)", "(%y, %s)"),
+        ("%y = layer_norm(%m, [64])\n%s = sum(%x)", "(%y, %s)"),
+        ("%t = t(%m)\n%y = matmul(%m, %t)\n%a = amax(%x, [0])", "(%y, %a)"),
+        ("%i = arange(0, 4096, 64, i32)\n%y = index_select(%x, 0, %i)\n%s = slice(%x, 0, 100, 4000, 3)\n%w = mul_(%s, 2)", "(%y, %x)"),
+    ];
+    for (body, ret) in progs {
+        let src = format!("graph f(%x: f32[4096], %m: f32[64, 64]) {{\n{body}\nreturn {ret}\n}}");
+        let g = parse(&src).unwrap();
+        let ins = || {
+            vec![
+                RTensor::new(DType::F32, vec![4096], &(0..4096).map(|i| ((i * 37 % 101) as f64) / 50.0 - 1.0).collect::<Vec<_>>()),
+                RTensor::new(DType::F32, vec![64, 64], &(0..4096).map(|i| ((i * 53 % 97) as f64) / 48.0 - 1.0).collect::<Vec<_>>()),
+            ]
+        };
+        let want = kiln::run(&g, ins()).unwrap();
+        let got = e.run(&g, ins()).unwrap();
+        for (a, b) in got.outputs.iter().zip(&want.outputs).chain(got.inputs.iter().zip(&want.inputs)) {
+            close_gpu(body, a, b, 1e-4).unwrap();
+        }
+    }
+}
