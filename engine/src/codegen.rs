@@ -139,7 +139,7 @@ impl<'a> Gen<'a> {
         if let Some(x) = self.memo.get(&key) {
             return Ok(x.clone());
         }
-        if self.group.contains(&v) {
+        if self.group.contains(&self.s.root(v)) {
             return Err(EngineError::Internal(
                 "a fused kernel reads its own output at another index".into(),
             ));
@@ -147,10 +147,14 @@ impl<'a> Gen<'a> {
         let m = self.meta(v);
         let x = if self.s.is_materialized.contains(&v) {
             // Before memory planning (fusion trials) any location will do.
-            let loc = self.locs.get(&v).copied().unwrap_or(Loc {
-                pool: Pool::Arena,
-                word: 0,
-            });
+            let loc = match self.locs.get(&v) {
+                Some(l) => *l,
+                None if self.locs.is_empty() => Loc {
+                    pool: Pool::Arena,
+                    word: 0,
+                },
+                None => return Err(bug("a materialized value without a buffer")),
+            };
             self.body
                 .bind(ty(m.dtype), load(loc.pool, loc.word, idx, m.dtype))
         } else {

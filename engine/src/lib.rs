@@ -170,12 +170,8 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
         last.insert(o, end);
     }
     // A re-inplaced scatter lives in its base's allocation.
-    let root = |mut v: ValueId| {
-        while let Some(&b) = sched.inplace.get(&v) {
-            v = b;
-        }
-        v
-    };
+    // A re-inplaced scatter and a reshape live in their base's allocation.
+    let root = |v: ValueId| sched.root(v);
     let mut locs: HashMap<ValueId, Loc> = HashMap::new();
     let mut io_words = 0;
     for &v in &g.inputs {
@@ -190,10 +186,18 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
     }
     let mut roots: Vec<ValueId> = vec![];
     let mut span: HashMap<ValueId, (usize, usize)> = HashMap::new();
-    for &v in &sched.materialized {
+    // Every value with a buffer: kernel results and reshapes.
+    let mut owners: Vec<ValueId> = sched.materialized.clone();
+    owners.extend(sched.alias_of.keys().copied());
+    owners.sort_by_key(|&v| {
+        g.node_of(v)
+            .and_then(|n| g.order.iter().position(|&m| m == n))
+    });
+    for &v in &owners {
         let r = root(v);
+        let own = step.get(&v).or_else(|| step.get(&r)).copied().unwrap_or(0);
         let first = step.get(&r).copied().unwrap_or(0);
-        let l = last.get(&v).copied().unwrap_or(step[&v]).max(step[&v]);
+        let l = last.get(&v).copied().unwrap_or(own).max(own);
         let e = span.entry(r).or_insert((first, l));
         e.1 = e.1.max(l);
         if !roots.contains(&r) && !g.inputs.contains(&r) {
@@ -218,7 +222,7 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
             },
         );
     }
-    for &v in &sched.materialized {
+    for &v in &owners {
         let r = root(v);
         let l = *locs
             .get(&r)

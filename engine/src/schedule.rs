@@ -83,6 +83,9 @@ pub struct Schedule {
     /// Scatters that write into their dying base's buffer: scatter value ->
     /// base value.
     pub inplace: HashMap<ValueId, ValueId>,
+    /// Pure reshapes of a materialized value (a contiguous view copy with
+    /// every element in place): they share its buffer, no kernel.
+    pub alias_of: HashMap<ValueId, ValueId>,
     pub uses: HashMap<ValueId, Vec<NodeId>>,
 }
 
@@ -98,6 +101,7 @@ pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError>
         materialized: vec![],
         is_materialized: HashSet::new(),
         inplace: HashMap::new(),
+        alias_of: HashMap::new(),
         uses,
     };
     for &v in &g.inputs {
@@ -105,6 +109,12 @@ pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError>
     }
     for &n in &g.order {
         let c = class(g, n)?;
+        if let Some(input) = reshape_of(g, &s, n) {
+            let r = g.nodes[n].results[0];
+            s.alias_of.insert(r, input);
+            s.is_materialized.insert(r);
+            continue;
+        }
         for &r in &g.nodes[n].results {
             let uses = s.uses.get(&r).cloned().unwrap_or_default();
             let mut mat =
@@ -128,6 +138,42 @@ pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError>
     Ok(s)
 }
 
+impl Schedule {
+    /// The value owning `v`'s buffer (through in-place writes and aliases).
+    pub fn root(&self, mut v: ValueId) -> ValueId {
+        loop {
+            match self.inplace.get(&v).or_else(|| self.alias_of.get(&v)) {
+                Some(&b) => v = b,
+                None => return v,
+            }
+        }
+    }
+}
+
+/// A view copy that is a pure reshape of a materialized value: same
+/// elements in the same order, so it can share the value's buffer.
+fn reshape_of(g: &Graph, s: &Schedule, n: NodeId) -> Option<ValueId> {
+    let node = &g.nodes[n];
+    let Rule::ViewCopy(view) = node.op.def().rule else {
+        return None;
+    };
+    if node.results.len() != 1 {
+        return None;
+    }
+    let Some(&Arg::Tensor(input)) = node.args.first() else {
+        return None;
+    };
+    if !s.is_materialized.contains(&input) {
+        return None;
+    }
+    let im = g.meta(input);
+    let cm = kiln_functionalize::Meta::contiguous(im.dtype, im.sizes.clone());
+    let mut va: Vec<Arg<&kiln_functionalize::Meta>> = vec![Arg::Tensor(&cm)];
+    va.extend(node.args[1..].iter().map(|a| a.map(&mut |v| g.meta(*v))));
+    let vm = kiln_functionalize::ops::infer(view, &va).ok()?.remove(0);
+    (vm.offset == 0 && vm.numel() == im.numel() && vm.is_contiguous()).then_some(input)
+}
+
 /// The base a scatter node may write into in place: materialized, not an
 /// output, and read otherwise only by this kernel, at the positions this
 /// kernel overwrites (`<view>_copy` with the scatter's own arguments).
@@ -137,22 +183,63 @@ fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) 
     let Some(&Arg::Tensor(base)) = node.args.first() else {
         return None;
     };
-    if !s.is_materialized.contains(&base) || outputs.contains(&base) {
+    if !s.is_materialized.contains(&base) {
         return None;
+    }
+    // Every value living in the base's buffer must be dead after this
+    // kernel: read only before it, or here at the positions it overwrites.
+    let root = s.root(base);
+    let mut sharing: Vec<ValueId> = s
+        .inplace
+        .keys()
+        .chain(s.alias_of.keys())
+        .copied()
+        .filter(|&v| s.root(v) == root)
+        .collect();
+    sharing.push(root);
+    if !sharing.contains(&base) {
+        sharing.push(base);
     }
     let region = inlined_region(g, s, n);
     let copy_name = format!("{view}_copy");
-    let uses = &s.uses[&base];
     let pos: HashMap<NodeId, usize> = g.order.iter().enumerate().map(|(i, &m)| (m, i)).collect();
-    let ok = uses.iter().filter(|&&u| u == n).count() == 1
-        && uses.iter().all(|&u| {
-            u == n || {
-                let un = &g.nodes[u];
-                (region.contains(&u) && un.op.name() == copy_name && un.args[1..] == node.args[2..])
-                    || computed_before(g, s, &pos, u, pos[&n])
-            }
+    let alias_nodes: HashSet<NodeId> = s.alias_of.keys().filter_map(|&a| g.node_of(a)).collect();
+    for &w in &sharing {
+        if outputs.contains(&w) {
+            return None;
+        }
+        let uses = s.uses.get(&w).cloned().unwrap_or_default();
+        if w == base && uses.iter().filter(|&&u| u == n).count() != 1 {
+            return None;
+        }
+        let ok = uses.iter().all(|&u| {
+            (u == n && w == base)
+                || alias_nodes.contains(&u)
+                || (w == base
+                    && region.contains(&u)
+                    && g.nodes[u].op.name() == copy_name
+                    && g.nodes[u].args[1..] == node.args[2..]
+                    // ... and read, through any chain of inlined ops, by
+                    // nothing outside this kernel.
+                    && feeds_only(g, s, u, n, &region))
+                || computed_before(g, s, &pos, u, pos[&n])
         });
-    ok.then_some(base)
+        if !ok {
+            return None;
+        }
+    }
+    Some(base)
+}
+
+/// Do node `u`'s results reach only node `n` and nodes of `region`?
+fn feeds_only(g: &Graph, s: &Schedule, u: NodeId, n: NodeId, region: &HashSet<NodeId>) -> bool {
+    g.nodes[u].results.iter().all(|r| {
+        !s.is_materialized.contains(r)
+            && s.uses.get(r).is_none_or(|us| {
+                us.iter()
+                    .all(|&w| w == n || (region.contains(&w) && feeds_only(g, s, w, n, region)))
+            })
+    })
 }
 
 /// Is every kernel that computes node `u` (its own, or those it is inlined
