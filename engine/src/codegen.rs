@@ -139,7 +139,7 @@ impl<'a> Gen<'a> {
         if let Some(x) = self.memo.get(&key) {
             return Ok(x.clone());
         }
-        if self.group.contains(&self.s.root(v)) {
+        if idx != "gid" && self.group.contains(&self.s.root(v)) {
             return Err(EngineError::Internal(
                 "a fused kernel reads its own output at another index".into(),
             ));
@@ -396,6 +396,25 @@ impl<'a> Gen<'a> {
         for &m in group {
             self.memo.insert((m, "gid".into()), "0".into());
         }
+        let ok = self.node_at(n, k, "gid").is_ok();
+        self.group.clear();
+        (self.body, self.memo, self.shared) = saved;
+        ok
+    }
+
+    /// Does computing `v` read the buffer of `root` only at the
+    /// invocation's own index?
+    pub fn reads_only_at_own_index(&mut self, v: ValueId, root: ValueId) -> bool {
+        let Def::Node(n, k) = self.g.values[v].def else {
+            return false;
+        };
+        let saved = (
+            std::mem::take(&mut self.body),
+            std::mem::take(&mut self.memo),
+            std::mem::take(&mut self.shared),
+        );
+        self.group = vec![root];
+        self.memo.insert((root, "gid".into()), "0".into());
         let ok = self.node_at(n, k, "gid").is_ok();
         self.group.clear();
         (self.body, self.memo, self.shared) = saved;

@@ -94,6 +94,72 @@ pub struct Program {
 
 const ALIGN: usize = 16;
 
+/// Elementwise results written over an input that dies in the same kernel
+/// (the in-place ops of eager execution): each invocation reads the input
+/// at its own index before writing the result there, so they can share a
+/// buffer. Recorded as buffer aliases in the schedule.
+fn reuse_dying_inputs(
+    g: &Graph,
+    sched: &mut schedule::Schedule,
+    groups: &[Vec<ValueId>],
+    step: &HashMap<ValueId, usize>,
+    last: &HashMap<ValueId, usize>,
+    outputs: &[ValueId],
+) {
+    let empty = HashMap::new();
+    for grp in groups {
+        if !grp.iter().all(|&v| is_map(g, sched, v)) {
+            continue;
+        }
+        let here = step[&grp[0]];
+        let mut taken: Vec<ValueId> = vec![];
+        for (i, &v) in grp.iter().enumerate() {
+            let Def::Node(n, _) = g.values[v].def else {
+                continue;
+            };
+            for u in schedule::reads(g, sched, n) {
+                let root = sched.root(u);
+                if taken.contains(&root) || g.meta(u).numel() != g.meta(v).numel() {
+                    continue;
+                }
+                // Everything living in the buffer dies in this kernel and is
+                // no output.
+                let mut sharing: Vec<ValueId> = sched
+                    .alias_of
+                    .keys()
+                    .chain(sched.inplace.keys())
+                    .copied()
+                    .filter(|&w| sched.root(w) == root)
+                    .collect();
+                sharing.push(root);
+                let dies = sharing
+                    .iter()
+                    .all(|w| !outputs.contains(w) && last.get(w).is_none_or(|&l| l <= here));
+                // No other member of the kernel reads it.
+                let others_read = grp.iter().enumerate().any(|(j, &w)| {
+                    j != i
+                        && g.node_of(w).is_some_and(|m| {
+                            schedule::reads(g, sched, m)
+                                .iter()
+                                .any(|r| sched.root(*r) == root)
+                        })
+                });
+                if !dies || others_read || step.get(&root).is_some_and(|&s| s == here) {
+                    continue;
+                }
+                // v reads it only at its own index.
+                let mut trial = codegen::Gen::new(g, sched, &empty);
+                if !trial.reads_only_at_own_index(v, root) {
+                    continue;
+                }
+                sched.alias_of.insert(v, u);
+                taken.push(root);
+                break;
+            }
+        }
+    }
+}
+
 /// An elementwise value computed by a plain map kernel.
 fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
     match g.values[v].def {
@@ -121,7 +187,7 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
     let mut outputs = g.outputs.clone();
     outputs.extend(f.mutated_inputs.iter().map(|m| m.value));
     let mutated_inputs: Vec<usize> = f.mutated_inputs.iter().map(|m| m.input).collect();
-    let sched = schedule::schedule(&g, &outputs)?;
+    let mut sched = schedule::schedule(&g, &outputs)?;
 
     // Kernels: consecutive elementwise values of one shape fuse into one
     // multi-output kernel; everything else is a kernel of its own.
@@ -169,8 +235,9 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
     for &o in &outputs {
         last.insert(o, end);
     }
-    // A re-inplaced scatter lives in its base's allocation.
-    // A re-inplaced scatter and a reshape live in their base's allocation.
+    reuse_dying_inputs(&g, &mut sched, &groups, &step, &last, &outputs);
+    // A re-inplaced scatter, a reshape and an elementwise result written
+    // over its dying input live in the allocation they reuse.
     let root = |v: ValueId| sched.root(v);
     let mut locs: HashMap<ValueId, Loc> = HashMap::new();
     let mut io_words = 0;
