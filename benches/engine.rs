@@ -5,7 +5,7 @@
 //!
 //!     cargo bench --bench engine
 
-use kiln::engine::{compile, Gpu};
+use kiln::engine::{compile_with, Gpu};
 use kiln::functionalize::{parse, Graph, RTensor};
 use std::time::Instant;
 
@@ -87,7 +87,7 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for (name, src) in programs {
         let g = parse(&src).unwrap();
-        let p = compile(&g).unwrap();
+        let p = compile_with(&g, gpu.compile_options()).unwrap();
         let (k, moved, min, m) = (
             p.kernels.len(),
             p.bytes_moved(),

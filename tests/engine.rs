@@ -18,12 +18,17 @@ fn every_generated_shader_validates_with_naga() {
     let mut n = 0;
     for dir in ["examples/programs", "tests/programs/ops"] {
         for p in programs(&root().join(dir)) {
-            let prog = compiled(&std::fs::read_to_string(&p).unwrap());
-            for k in &prog.kernels {
-                wgsl::validate(&k.code.wgsl).unwrap_or_else(|e| {
-                    panic!("{}: {}: {e}\n{}", p.display(), k.code.label, k.code.wgsl)
-                });
-                n += 1;
+            let g = parse(&std::fs::read_to_string(&p).unwrap()).unwrap();
+            for tiled_matmul in [true, false] {
+                let prog =
+                    kiln::engine::compile_with(&g, kiln::engine::CompileOptions { tiled_matmul })
+                        .unwrap();
+                for k in &prog.kernels {
+                    wgsl::validate(&k.code.wgsl).unwrap_or_else(|e| {
+                        panic!("{}: {}: {e}\n{}", p.display(), k.code.label, k.code.wgsl)
+                    });
+                    n += 1;
+                }
             }
         }
     }

@@ -40,6 +40,9 @@ pub struct Gen<'a> {
     /// Values computed by the kernel being generated: readable only at the
     /// invocation's own index (another invocation's write is not visible).
     group: Vec<ValueId>,
+    /// Matrix products tile through workgroup memory (GPUs), or loop over
+    /// `k` in each invocation (CPU adapters, where barriers are costly).
+    pub tiled_matmul: bool,
 }
 
 type R<T> = Result<T, EngineError>;
@@ -62,6 +65,7 @@ impl<'a> Gen<'a> {
             memo: HashMap::new(),
             shared: vec![],
             group: vec![],
+            tiled_matmul: true,
         }
     }
 
@@ -1086,64 +1090,99 @@ impl<'a> Gen<'a> {
             om.dtype
         };
         let at = ty(acc_dt);
-        self.shared
-            .push(format!("var<workgroup> ta: array<{at}, 256>;"));
-        self.shared
-            .push(format!("var<workgroup> tb: array<{at}, 256>;"));
         let nb = numel(&batch).max(1);
-        self.body.stmt("let row = wid.y * 16u + lid.y;".into());
-        self.body.stmt("let col = wid.x * 16u + lid.x;".into());
-        self.body.stmt("let bz = wid.z;".into());
-        let bm = self.unravel("bz", &batch);
-        let aoff = self.ravel(&bm, &a.batch, 0);
-        let boff = self.ravel(&bm, &b.batch, 0);
-        let acc = self.body.var(at, literal(0.0, acc_dt));
-        self.body.stmt(format!(
-            "for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{",
-            u(kk)
-        ));
-        let saved = std::mem::take(&mut self.memo);
-        let ka = self.body.bind("u32", "t0 + lid.x".into());
-        let pa = self
-            .body
-            .bind("bool", format!("row < {} && {ka} < {}", u(nn), u(kk)));
-        let ia = self.body.bind(
-            "u32",
-            format!(
-                "select(0u, {aoff} + row * {} + {ka} * {}, {pa})",
-                u(a.rs),
-                u(a.cs)
-            ),
-        );
-        let xa = self.value_at(a.v, &ia)?;
-        let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
-        self.body.stmt(format!(
-            "ta[lid.y * 16u + lid.x] = select({}, {xa}, {pa});",
-            literal(0.0, acc_dt)
-        ));
-        let kb = self.body.bind("u32", "t0 + lid.y".into());
-        let pb = self
-            .body
-            .bind("bool", format!("{kb} < {} && col < {}", u(kk), u(mm)));
-        let ib = self.body.bind(
-            "u32",
-            format!(
-                "select(0u, {boff} + {kb} * {} + col * {}, {pb})",
-                u(b.rs),
-                u(b.cs)
-            ),
-        );
-        let xb = self.value_at(b.v, &ib)?;
-        let xb = cast(&xb, g.meta(b.v).dtype, acc_dt);
-        self.body.stmt(format!(
-            "tb[lid.y * 16u + lid.x] = select({}, {xb}, {pb});",
-            literal(0.0, acc_dt)
-        ));
-        self.body.stmt("workgroupBarrier();".into());
-        self.body.stmt(format!("for (var q = 0u; q < 16u; q = q + 1u) {{ {acc} = {acc} + ta[lid.y * 16u + q] * tb[q * 16u + lid.x]; }}"));
-        self.body.stmt("workgroupBarrier();".into());
-        self.body.stmt("}".into());
-        self.memo = saved;
+        let acc = if self.tiled_matmul {
+            self.shared
+                .push(format!("var<workgroup> ta: array<{at}, 256>;"));
+            self.shared
+                .push(format!("var<workgroup> tb: array<{at}, 256>;"));
+            self.body.stmt("let row = wid.y * 16u + lid.y;".into());
+            self.body.stmt("let col = wid.x * 16u + lid.x;".into());
+            self.body.stmt("let bz = wid.z;".into());
+            let bm = self.unravel("bz", &batch);
+            let aoff = self.ravel(&bm, &a.batch, 0);
+            let boff = self.ravel(&bm, &b.batch, 0);
+            let acc = self.body.var(at, literal(0.0, acc_dt));
+            self.body.stmt(format!(
+                "for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{",
+                u(kk)
+            ));
+            let saved = std::mem::take(&mut self.memo);
+            let ka = self.body.bind("u32", "t0 + lid.x".into());
+            let pa = self
+                .body
+                .bind("bool", format!("row < {} && {ka} < {}", u(nn), u(kk)));
+            let ia = self.body.bind(
+                "u32",
+                format!(
+                    "select(0u, {aoff} + row * {} + {ka} * {}, {pa})",
+                    u(a.rs),
+                    u(a.cs)
+                ),
+            );
+            let xa = self.value_at(a.v, &ia)?;
+            let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
+            self.body.stmt(format!(
+                "ta[lid.y * 16u + lid.x] = select({}, {xa}, {pa});",
+                literal(0.0, acc_dt)
+            ));
+            let kb = self.body.bind("u32", "t0 + lid.y".into());
+            let pb = self
+                .body
+                .bind("bool", format!("{kb} < {} && col < {}", u(kk), u(mm)));
+            let ib = self.body.bind(
+                "u32",
+                format!(
+                    "select(0u, {boff} + {kb} * {} + col * {}, {pb})",
+                    u(b.rs),
+                    u(b.cs)
+                ),
+            );
+            let xb = self.value_at(b.v, &ib)?;
+            let xb = cast(&xb, g.meta(b.v).dtype, acc_dt);
+            self.body.stmt(format!(
+                "tb[lid.y * 16u + lid.x] = select({}, {xb}, {pb});",
+                literal(0.0, acc_dt)
+            ));
+            self.body.stmt("workgroupBarrier();".into());
+            self.body.stmt(format!("for (var q = 0u; q < 16u; q = q + 1u) {{ {acc} = {acc} + ta[lid.y * 16u + q] * tb[q * 16u + lid.x]; }}"));
+            self.body.stmt("workgroupBarrier();".into());
+            self.body.stmt("}".into());
+            self.memo = saved;
+            acc
+        } else {
+            self.body.stmt("let row = wid.y * 16u + lid.y;".into());
+            self.body.stmt("let col = wid.x * 16u + lid.x;".into());
+            self.body.stmt("let bz = wid.z;".into());
+            self.body.stmt(format!(
+                "if (row >= {} || col >= {}) {{ return; }}",
+                u(nn),
+                u(mm)
+            ));
+            let bm = self.unravel("bz", &batch);
+            let aoff = self.ravel(&bm, &a.batch, 0);
+            let boff = self.ravel(&bm, &b.batch, 0);
+            let acc = self.body.var(at, literal(0.0, acc_dt));
+            self.body
+                .stmt(format!("for (var q = 0u; q < {}; q = q + 1u) {{", u(kk)));
+            let saved = std::mem::take(&mut self.memo);
+            let ia = self.body.bind(
+                "u32",
+                format!("{aoff} + row * {} + q * {}", u(a.rs), u(a.cs)),
+            );
+            let xa = self.value_at(a.v, &ia)?;
+            let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
+            let ib = self.body.bind(
+                "u32",
+                format!("{boff} + q * {} + col * {}", u(b.rs), u(b.cs)),
+            );
+            let xb = self.value_at(b.v, &ib)?;
+            let xb = cast(&xb, g.meta(b.v).dtype, acc_dt);
+            self.body.stmt(format!("{acc} = {acc} + {xa} * {xb};"));
+            self.body.stmt("}".into());
+            self.memo = saved;
+            acc
+        };
         self.body.stmt(format!(
             "if (row >= {} || col >= {}) {{ return; }}",
             u(nn),

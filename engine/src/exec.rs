@@ -1,7 +1,7 @@
 //! Running compiled programs through wgpu: adapter selection, pipelines
 //! and bind groups made once per program, one submit per run, readback.
 
-use crate::{compile, EngineError, Program};
+use crate::{compile_with, CompileOptions, EngineError, Program};
 use kiln_functionalize::{DType, Graph, RTensor};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -71,6 +71,13 @@ impl Gpu {
             info,
             limits,
         })
+    }
+
+    /// Compilation choices for this device.
+    pub fn compile_options(&self) -> CompileOptions {
+        CompileOptions {
+            tiled_matmul: self.info.device_type != wgpu::DeviceType::Cpu,
+        }
     }
 
     /// "name (backend, device type)".
@@ -367,7 +374,9 @@ impl Engine {
     pub fn run(&mut self, g: &Graph, inputs: Vec<RTensor>) -> Result<EngineRun, EngineError> {
         let key = kiln_functionalize::print(g);
         if !self.cache.contains_key(&key) {
-            let loaded = self.gpu.load(compile(g)?)?;
+            let loaded = self
+                .gpu
+                .load(compile_with(g, self.gpu.compile_options())?)?;
             self.cache.insert(key.clone(), loaded);
         }
         let loaded = &self.cache[&key];

@@ -171,8 +171,27 @@ fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
     }
 }
 
+/// Choices that depend on the device.
+#[derive(Clone, Copy, Debug)]
+pub struct CompileOptions {
+    /// Tile matrix products through workgroup memory (GPUs); CPU adapters
+    /// (lavapipe), where workgroup barriers are slow, loop instead.
+    pub tiled_matmul: bool,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions { tiled_matmul: true }
+    }
+}
+
 /// Compiles `src` (any program: it is functionalized first).
 pub fn compile(src: &Graph) -> Result<Program, EngineError> {
+    compile_with(src, CompileOptions::default())
+}
+
+/// Compiles `src` with device-specific choices.
+pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, EngineError> {
     let f = functionalize(src, Remove::MutationsAndViews)?;
     let mut g = f.graph;
     // The copy_ epilogue becomes extra outputs the runtime writes back.
@@ -299,6 +318,7 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
 
     let mut kernels = vec![];
     let mut gen = Gen::new(&g, &sched, &locs);
+    gen.tiled_matmul = options.tiled_matmul;
     for grp in &groups {
         let mut ops: Vec<String> = vec![];
         let mut reads: Vec<ValueId> = vec![];
