@@ -2,6 +2,7 @@
 //! and bind groups made once per program, one submit per run, readback.
 
 use crate::{compile_with, CompileOptions, EngineError, Program};
+use kiln_functionalize::ValueId;
 use kiln_functionalize::{DType, Graph, RTensor};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -173,7 +174,7 @@ impl Gpu {
         // Outputs, packed one after another, for readback.
         let mut out_ranges = vec![];
         let mut total = 0u64;
-        for &v in &program.outputs {
+        for &v in &program.readback {
             let loc = program
                 .locs
                 .get(&v)
@@ -334,18 +335,49 @@ impl Loaded {
                 .get_mapped_range()
                 .map_err(|e| EngineError::Device(e.to_string()))?;
             let all: &[u32] = bytemuck::cast_slice(&view);
-            for (&v, (_, at, bytes)) in p.outputs.iter().zip(&self.out_ranges) {
+            for (&v, (_, at, bytes)) in p.readback.iter().zip(&self.out_ranges) {
                 let m = g.meta(v);
                 let s = (*at / 4) as usize;
-                out.push(from_words(
-                    m.dtype,
-                    m.sizes.clone(),
-                    &all[s..s + (*bytes / 4) as usize],
+                out.push((
+                    v,
+                    from_words(m.dtype, m.sizes.clone(), &all[s..s + (*bytes / 4) as usize]),
                 ));
             }
         }
         self.staging.unmap();
-        Ok(out)
+        let read: HashMap<ValueId, RTensor> = out.into_iter().collect();
+        p.outputs
+            .iter()
+            .map(|&v| match p.host_views.get(&v) {
+                None => Ok(read[&v].clone()),
+                Some(base) => {
+                    // The view, taken by the reference kernels on the host.
+                    let n = g.node_of(v).ok_or_else(|| {
+                        EngineError::Internal("a host view without a node".into())
+                    })?;
+                    let node = &g.nodes[n];
+                    let args: Vec<kiln_functionalize::schema::Arg<RTensor>> = node
+                        .args
+                        .iter()
+                        .map(|a| {
+                            a.map(&mut |x: &ValueId| {
+                                if x == base {
+                                    read[base].clone()
+                                } else {
+                                    read[x].clone()
+                                }
+                            })
+                        })
+                        .collect();
+                    let outs: Vec<kiln_functionalize::Meta> =
+                        node.results.iter().map(|&r| g.meta(r).clone()).collect();
+                    let k = node.results.iter().position(|&r| r == v).unwrap_or(0);
+                    kiln_functionalize::interp::eval(node.op, &args, &outs)
+                        .map(|mut r| r.swap_remove(k))
+                        .map_err(EngineError::Internal)
+                }
+            })
+            .collect()
     }
 }
 

@@ -79,6 +79,11 @@ pub struct Program {
     /// What a run returns: the program's outputs, then the final value of
     /// each mutated parameter.
     pub outputs: Vec<ValueId>,
+    /// What a run reads back: materialized outputs, and the buffers the
+    /// other outputs are views of (taken on the host).
+    pub readback: Vec<ValueId>,
+    /// Output -> the buffer it is a view of.
+    pub host_views: HashMap<ValueId, ValueId>,
     pub n_outputs: usize,
     /// The parameter index each extra output writes back to.
     pub mutated_inputs: Vec<usize>,
@@ -251,7 +256,14 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
             }
         }
     }
+    let mut readback: Vec<ValueId> = vec![];
     for &o in &outputs {
+        let r = sched.host_views.get(&o).copied().unwrap_or(o);
+        if !readback.contains(&r) {
+            readback.push(r);
+        }
+    }
+    for &o in &readback {
         last.insert(o, end);
     }
     reuse_dying_inputs(&g, &mut sched, &groups, &step, &last, &outputs);
@@ -400,6 +412,8 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
     Ok(Program {
         graph: g,
         outputs,
+        readback,
+        host_views: sched.host_views.clone(),
         n_outputs,
         mutated_inputs,
         kernels,

@@ -86,6 +86,9 @@ pub struct Schedule {
     /// Pure reshapes of a materialized value (a contiguous view copy with
     /// every element in place): they share its buffer, no kernel.
     pub alias_of: HashMap<ValueId, ValueId>,
+    /// Outputs that are views of a buffer: read back the buffer, take the
+    /// view on the host (no copy kernel, no arena).
+    pub host_views: HashMap<ValueId, ValueId>,
     pub uses: HashMap<ValueId, Vec<NodeId>>,
 }
 
@@ -102,6 +105,7 @@ pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError>
         is_materialized: HashSet::new(),
         inplace: HashMap::new(),
         alias_of: HashMap::new(),
+        host_views: HashMap::new(),
         uses,
     };
     for &v in &g.inputs {
@@ -117,6 +121,20 @@ pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError>
         }
         for &r in &g.nodes[n].results {
             let uses = s.uses.get(&r).cloned().unwrap_or_default();
+            let host_view = match (&g.nodes[n].op.def().rule, g.nodes[n].args.first()) {
+                (Rule::ViewCopy(_), Some(&Arg::Tensor(input)))
+                    if out_set.contains(&r)
+                        && uses.is_empty()
+                        && s.is_materialized.contains(&input) =>
+                {
+                    Some(input)
+                }
+                _ => None,
+            };
+            if let Some(input) = host_view {
+                s.host_views.insert(r, input);
+                continue;
+            }
             let mut mat =
                 c == Class::Kernel || out_set.contains(&r) || (uses.len() > 1 && !is_free(g, n));
             // A scatter whose base dies here writes only its region into the
