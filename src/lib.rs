@@ -6,6 +6,7 @@
 //! interpreter, the pass) and [`kiln_engine`] (the GPU engine).
 
 pub mod io;
+pub mod minilm;
 
 pub use kiln_engine as engine;
 pub use kiln_functionalize as functionalize;

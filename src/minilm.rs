@@ -1,0 +1,248 @@
+//! sentence-transformers' all-MiniLM-L6-v2 (BERT: 6 layers, hidden 384,
+//! 12 heads; mean pooling; L2 normalisation) written with Kiln's tracing
+//! API the way a user would write it: head split and merge are views, the
+//! padding mask is applied in place.
+//!
+//! Weights come from `model.safetensors` (memory-mapped), text is
+//! tokenized by the `tokenizers` crate from `tokenizer.json`. The model is
+//! traced per (batch, sequence length) bucket; the engine compiles each
+//! bucket once.
+
+use kiln_functionalize::trace::{call, Tensor, TensorSpec};
+use kiln_functionalize::{args, trace, DType, Graph, RTensor};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+pub const HIDDEN: usize = 384;
+pub const HEADS: usize = 12;
+pub const LAYERS: usize = 6;
+pub const MAX_LEN: usize = 128;
+const LN_EPS: f64 = 1e-12;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model files: {0}")]
+    Files(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error(transparent)]
+    Program(#[from] kiln_functionalize::Error),
+    #[error(transparent)]
+    Engine(#[from] kiln_engine::EngineError),
+}
+
+/// The model's weights (by graph parameter name) and tokenizer.
+pub struct MiniLm {
+    pub dir: PathBuf,
+    weights: HashMap<String, RTensor>,
+    tokenizer: tokenizers::Tokenizer,
+    graphs: HashMap<(usize, usize), Graph>,
+}
+
+/// The cache folder `scripts/fetch_minilm.sh` fills, running it if the
+/// model is missing.
+pub fn fetch() -> Result<PathBuf, ModelError> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fetch_minilm.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .output()
+        .map_err(|e| ModelError::Files(format!("cannot run {}: {e}", script.display())))?;
+    if !out.status.success() {
+        return Err(ModelError::Files(format!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = stdout.lines().last().unwrap_or("").trim();
+    Ok(PathBuf::from(dir))
+}
+
+/// A weight's name in the text format: dots become underscores.
+fn param_name(name: &str) -> String {
+    name.replace('.', "_")
+}
+
+impl MiniLm {
+    pub fn load(dir: &Path) -> Result<MiniLm, ModelError> {
+        let path = dir.join("model.safetensors");
+        let file = std::fs::File::open(&path)
+            .map_err(|e| ModelError::Files(format!("{}: {e}", path.display())))?;
+        // SAFETY: the file is opened read-only and not modified while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }
+            .map_err(|e| ModelError::Files(format!("{}: {e}", path.display())))?;
+        let st = safetensors::SafeTensors::deserialize(&map)
+            .map_err(|e| ModelError::Files(format!("{}: {e}", path.display())))?;
+        let mut weights = HashMap::new();
+        for (name, view) in st.tensors() {
+            if view.dtype() != safetensors::Dtype::F32 {
+                // Buffers such as `position_ids` (int64) are not weights.
+                continue;
+            }
+            let vals = crate::io::decode(DType::F32, view.data());
+            let short = name.strip_prefix("bert.").unwrap_or(&name);
+            weights.insert(
+                param_name(short),
+                RTensor::new(DType::F32, view.shape().to_vec(), &vals),
+            );
+        }
+        let tok_path = dir.join("tokenizer.json");
+        let mut tokenizer = tokenizers::Tokenizer::from_file(&tok_path)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
+        // Kiln pads to its own buckets and truncates itself.
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(MiniLm {
+            dir: dir.to_path_buf(),
+            weights,
+            tokenizer,
+            graphs: HashMap::new(),
+        })
+    }
+
+    /// Token ids of one sentence ([CLS] ... [SEP]), at most `MAX_LEN`.
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        let enc = self
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        let mut ids = enc.get_ids().to_vec();
+        if ids.len() > MAX_LEN {
+            let sep = *ids.last().expect("non-empty");
+            ids.truncate(MAX_LEN - 1);
+            ids.push(sep);
+        }
+        Ok(ids)
+    }
+
+    /// The weight parameters, in the order `forward` declares them.
+    fn weight_names() -> Vec<String> {
+        let mut names: Vec<String> = [
+            "embeddings.word_embeddings.weight",
+            "embeddings.position_embeddings.weight",
+            "embeddings.token_type_embeddings.weight",
+            "embeddings.LayerNorm.weight",
+            "embeddings.LayerNorm.bias",
+        ]
+        .iter()
+        .map(|s| param_name(s))
+        .collect();
+        for l in 0..LAYERS {
+            for part in [
+                "attention.self.query",
+                "attention.self.key",
+                "attention.self.value",
+                "attention.output.dense",
+                "attention.output.LayerNorm",
+                "intermediate.dense",
+                "output.dense",
+                "output.LayerNorm",
+            ] {
+                for w in ["weight", "bias"] {
+                    names.push(param_name(&format!("encoder.layer.{l}.{part}.{w}")));
+                }
+            }
+        }
+        names
+    }
+
+    /// The traced model for `batch` sentences padded to `seq` tokens:
+    /// parameters `input_ids` i32[batch, seq], `attention_mask`
+    /// i32[batch, seq], then the weights; output `embeddings` f32[batch, 384].
+    pub fn graph(&mut self, batch: usize, seq: usize) -> Result<&Graph, ModelError> {
+        if !self.graphs.contains_key(&(batch, seq)) {
+            let mut specs = vec![
+                TensorSpec::new("input_ids", DType::I32, &[batch, seq]),
+                TensorSpec::new("attention_mask", DType::I32, &[batch, seq]),
+            ];
+            for n in Self::weight_names() {
+                let w = self.weights.get(&n).ok_or_else(|| {
+                    ModelError::Files(format!("model.safetensors has no weight {n}"))
+                })?;
+                specs.push(TensorSpec::new(&n, DType::F32, w.sizes()));
+            }
+            let g = trace("minilm", &specs, |p| vec![forward(p, batch, seq)])?;
+            self.graphs.insert((batch, seq), g);
+        }
+        Ok(&self.graphs[&(batch, seq)])
+    }
+
+    /// Inputs for the bucket: ids and mask padded with zeros, then weights.
+    pub fn inputs(&self, ids: &[Vec<u32>], batch: usize, seq: usize) -> Vec<RTensor> {
+        let mut id = vec![0.0; batch * seq];
+        let mut mask = vec![0.0; batch * seq];
+        for (b, s) in ids.iter().enumerate() {
+            for (t, &x) in s.iter().enumerate() {
+                id[b * seq + t] = x as f64;
+                mask[b * seq + t] = 1.0;
+            }
+        }
+        let mut v = vec![
+            RTensor::new(DType::I32, vec![batch, seq], &id),
+            RTensor::new(DType::I32, vec![batch, seq], &mask),
+        ];
+        v.extend(Self::weight_names().iter().map(|n| self.weights[n].clone()));
+        v
+    }
+}
+
+/// Sequence lengths and batch sizes are padded up to these, so few shapes
+/// compile.
+pub fn bucket(n: usize, sizes: &[usize]) -> usize {
+    sizes.iter().copied().find(|&s| s >= n).unwrap_or(n)
+}
+
+pub const SEQ_BUCKETS: [usize; 5] = [8, 16, 32, 64, 128];
+pub const BATCH_BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, 32];
+
+fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Tensor {
+    x.linear(w, Some(b))
+}
+
+/// BERT encoder + mean pooling + L2 normalisation over traced tensors.
+fn forward(p: &[Tensor], batch: usize, seq: usize) -> Tensor {
+    let (b, s, h) = (batch as i64, seq as i64, HIDDEN as i64);
+    let d = (HIDDEN / HEADS) as i64;
+    let (ids, mask) = (&p[0], &p[1]);
+    let w = |i: usize| &p[2 + i];
+    // Embeddings: word + position + token type 0, then layer norm.
+    let words = call("embedding", args![w(0), ids]).remove(0);
+    let positions = call("arange", args![0, s, 1, DType::I32]).remove(0);
+    let pos = call("embedding", args![w(1), &positions]).remove(0);
+    let token_type = w(2).select(0, 0);
+    let x = &(&words + &pos) + &token_type;
+    let mut x = x.layer_norm(&[h], Some(w(3)), Some(w(4)), LN_EPS);
+    // Padding as a bool [b, 1, 1, s] mask for the attention scores.
+    let pad = mask.eq(0).view(&[b, 1, 1, s]);
+    for l in 0..LAYERS {
+        let lw = |k: usize| w(5 + l * 16 + k);
+        let heads = |t: Tensor| t.view(&[b, s, HEADS as i64, d]).transpose(1, 2);
+        let q = heads(linear(&x, lw(0), lw(1)));
+        let k = heads(linear(&x, lw(2), lw(3)));
+        let v = heads(linear(&x, lw(4), lw(5)));
+        let scores = &q.matmul(&k.transpose(-1, -2)) * (1.0 / (d as f64).sqrt());
+        scores.masked_fill_(&pad, f32::MIN as f64);
+        let probs = scores.softmax(-1);
+        let ctx = probs.matmul(&v).transpose(1, 2).reshape(&[b, s, h]);
+        let attn = linear(&ctx, lw(6), lw(7));
+        attn.add_(&x);
+        let x1 = attn.layer_norm(&[h], Some(lw(8)), Some(lw(9)), LN_EPS);
+        let ff = linear(&linear(&x1, lw(10), lw(11)).gelu(), lw(12), lw(13));
+        ff.add_(&x1);
+        x = ff.layer_norm(&[h], Some(lw(14)), Some(lw(15)), LN_EPS);
+    }
+    // Mean over the real tokens, then unit length.
+    let m = mask.mul(1.0).unsqueeze(-1);
+    let summed = x.mul(&m).sum(&[1], false);
+    let count = m.sum(&[1], false).clamp(Some(1e-9), None);
+    let mean = summed.div(&count);
+    let norm = mean
+        .mul(&mean)
+        .sum(&[1], true)
+        .sqrt()
+        .clamp(Some(1e-12), None);
+    mean.div(&norm)
+}
