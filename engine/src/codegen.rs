@@ -1151,43 +1151,81 @@ impl<'a> Gen<'a> {
             self.memo = saved;
             acc
         } else {
-            self.body.stmt("let row = wid.y * 16u + lid.y;".into());
-            self.body.stmt("let col = wid.x * 16u + lid.x;".into());
+            // Each invocation computes a 4x4 block: 16 multiply-adds per 8
+            // loads, no workgroup memory, no barriers.
+            self.body
+                .stmt("let r0 = (wid.y * 16u + lid.y) * 4u;".into());
+            self.body
+                .stmt("let c0 = (wid.x * 16u + lid.x) * 4u;".into());
             self.body.stmt("let bz = wid.z;".into());
             self.body.stmt(format!(
-                "if (row >= {} || col >= {}) {{ return; }}",
+                "if (r0 >= {} || c0 >= {}) {{ return; }}",
                 u(nn),
                 u(mm)
             ));
             let bm = self.unravel("bz", &batch);
             let aoff = self.ravel(&bm, &a.batch, 0);
             let boff = self.ravel(&bm, &b.batch, 0);
-            let acc = self.body.var(at, literal(0.0, acc_dt));
+            self.body.stmt(format!("var accs: array<{at}, 16>;"));
+            self.body.stmt(format!("var av: array<{at}, 4>;"));
+            self.body.stmt(format!("var bv: array<{at}, 4>;"));
             self.body
                 .stmt(format!("for (var q = 0u; q < {}; q = q + 1u) {{", u(kk)));
+            self.body
+                .stmt("for (var i = 0u; i < 4u; i = i + 1u) {".into());
             let saved = std::mem::take(&mut self.memo);
             let ia = self.body.bind(
                 "u32",
-                format!("{aoff} + row * {} + q * {}", u(a.rs), u(a.cs)),
+                format!(
+                    "{aoff} + min(r0 + i, {}) * {} + q * {}",
+                    u(nn - 1),
+                    u(a.rs),
+                    u(a.cs)
+                ),
             );
             let xa = self.value_at(a.v, &ia)?;
             let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
+            self.body.stmt(format!("av[i] = {xa};"));
+            self.memo.clear();
             let ib = self.body.bind(
                 "u32",
-                format!("{boff} + q * {} + col * {}", u(b.rs), u(b.cs)),
+                format!(
+                    "{boff} + q * {} + min(c0 + i, {}) * {}",
+                    u(b.rs),
+                    u(mm - 1),
+                    u(b.cs)
+                ),
             );
             let xb = self.value_at(b.v, &ib)?;
             let xb = cast(&xb, g.meta(b.v).dtype, acc_dt);
-            self.body.stmt(format!("{acc} = {acc} + {xa} * {xb};"));
+            self.body.stmt(format!("bv[i] = {xb};"));
             self.body.stmt("}".into());
             self.memo = saved;
-            acc
+            self.body.stmt(
+                "for (var i = 0u; i < 4u; i = i + 1u) { for (var j = 0u; j < 4u; j = j + 1u) { accs[i * 4u + j] = accs[i * 4u + j] + av[i] * bv[j]; } }"
+                    .into(),
+            );
+            self.body.stmt("}".into());
+            self.body
+                .stmt("for (var ij = 0u; ij < 16u; ij = ij + 1u) {".into());
+            self.body.stmt("let row = r0 + ij / 4u;".into());
+            self.body.stmt("let col = c0 + ij % 4u;".into());
+            self.body.stmt(format!(
+                "if (row >= {} || col >= {}) {{ continue; }}",
+                u(nn),
+                u(mm)
+            ));
+            self.body.bind(at, "accs[ij]".into())
         };
-        self.body.stmt(format!(
-            "if (row >= {} || col >= {}) {{ return; }}",
-            u(nn),
-            u(mm)
-        ));
+        let blocked = !self.tiled_matmul;
+        if !blocked {
+            self.body.stmt(format!(
+                "if (row >= {} || col >= {}) {{ return; }}",
+                u(nn),
+                u(mm)
+            ));
+        }
+        let saved_epilogue = std::mem::take(&mut self.memo);
         let oi = self.body.bind(
             "u32",
             format!("bz * {} + row * {} + col", u(nn * mm), u(mm)),
@@ -1215,7 +1253,14 @@ impl<'a> Gen<'a> {
         }
         let res = cast(&res, acc_dt, om.dtype);
         self.store_to(v, &oi, &res)?;
-        let grid = [mm.div_ceil(16) as u32, nn.div_ceil(16) as u32, nb as u32];
+        self.memo = saved_epilogue;
+        let per = if blocked {
+            self.body.stmt("}".into());
+            64
+        } else {
+            16
+        };
+        let grid = [mm.div_ceil(per) as u32, nn.div_ceil(per) as u32, nb as u32];
         if grid.iter().any(|&x| x > 65535) {
             return Err(EngineError::Unsupported(format!(
                 "{name} of {nb} batches of {nn}x{mm}: too many workgroups"
