@@ -21,7 +21,10 @@ const SENTENCES: [&str; 8] = [
 ];
 
 fn main() {
-    std::env::set_var("XDG_RUNTIME_DIR", std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()));
+    std::env::set_var(
+        "XDG_RUNTIME_DIR",
+        std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()),
+    );
     let quick = std::env::var("KILN_BENCH_QUICK").is_ok();
     let gpu = Gpu::new().expect("a wgpu adapter");
     println!("adapter: {}", gpu.describe());
@@ -31,11 +34,26 @@ fn main() {
     let mut model = MiniLm::load(&fetch().expect("the model")).expect("loads");
     println!("| batch | tokens | kernels | compile s | load s | ms / forward | sentences / s | planned peak MB | weights MB |");
     println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|");
-    let configs: &[(usize, bool)] = if quick { &[(1, false), (8, false)] } else { &[(1, false), (8, false), (32, false), (1, true), (8, true), (32, true)] };
+    let configs: &[(usize, bool)] = if quick {
+        &[(1, false), (8, false)]
+    } else {
+        &[
+            (1, false),
+            (8, false),
+            (32, false),
+            (1, true),
+            (8, true),
+            (32, true),
+        ]
+    };
     for &(batch, full) in configs {
         let texts: Vec<&str> = (0..batch).map(|i| SENTENCES[i % SENTENCES.len()]).collect();
         let ids: Vec<Vec<u32>> = texts.iter().map(|t| model.tokenize(t).unwrap()).collect();
-        let seq = if full { 128 } else { bucket(ids.iter().map(|t| t.len()).max().unwrap(), &SEQ_BUCKETS) };
+        let seq = if full {
+            128
+        } else {
+            bucket(ids.iter().map(|t| t.len()).max().unwrap(), &SEQ_BUCKETS)
+        };
         let inputs = model.inputs(&ids, batch, seq);
         let weights: usize = inputs[2..].iter().map(|t| t.meta.numel() * 4).sum();
         let t = Instant::now();

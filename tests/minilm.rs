@@ -124,7 +124,8 @@ fn traced_model_functionalizes_and_the_reference_agrees() {
         kiln::functionalize::verify::verify_functional(&f.graph, mode).unwrap();
         assert!(f.mutated_inputs.is_empty());
     }
-    let got = embed(&mut m, &[&r.sentences[0], &r.sentences[2]], None);
+    let pair = [r.sentences[0].as_str(), r.sentences[2].as_str()];
+    let got = embed(&mut m, &pair, None);
     check(
         &got[0],
         &r.embedding(0),
@@ -135,4 +136,11 @@ fn traced_model_functionalizes_and_the_reference_agrees() {
         &r.embedding(2),
         "reference interpreter, sentence 2",
     );
+    // The same graph on the GPU gives the reference interpreter's result.
+    let mut e = kiln::engine::Engine::new()
+        .unwrap_or_else(|e| panic!("the GPU tests need a wgpu adapter: {e}"));
+    let on_gpu = embed(&mut m, &pair, Some(&mut e));
+    for (a, b) in on_gpu.iter().zip(&got) {
+        check(a, b, "GPU against the reference interpreter");
+    }
 }
