@@ -6,12 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ]; then
-  echo "installing lavapipe (software Vulkan) for the GPU tests"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends mesa-vulkan-drivers libvulkan1 >/dev/null
-fi
+# The GPU tests run for real: lavapipe where there is no GPU driver.
+./scripts/ensure_vulkan.sh
 # Vulkan only (wgpu would otherwise fall back to GL), and quiet Mesa.
 export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
