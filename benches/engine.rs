@@ -40,22 +40,7 @@ const ATTENTION: &str = "graph attention(%x: f32[128, 256], %wq: f32[256, 256], 
 }";
 
 fn inputs(g: &Graph) -> Vec<RTensor> {
-    let mut s = 1u64;
-    g.inputs
-        .iter()
-        .map(|&v| {
-            let m = g.meta(v);
-            let vals: Vec<f64> = (0..m.numel())
-                .map(|_| {
-                    s = s
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((s >> 33) % 2000) as f64 / 20000.0 - 0.05
-                })
-                .collect();
-            RTensor::new(m.dtype, m.sizes.clone(), &vals)
-        })
-        .collect()
+    kiln::functionalize::random::random_inputs(g, 1, 0.05)
 }
 
 fn main() {

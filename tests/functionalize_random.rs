@@ -11,22 +11,7 @@ use kiln::functionalize::{functionalize, interp, verify, Graph, RTensor, Remove}
 use proptest::prelude::*;
 
 fn inputs(g: &Graph, seed: u64) -> Vec<RTensor> {
-    let mut s = seed;
-    g.inputs
-        .iter()
-        .map(|&v| {
-            let m = g.meta(v);
-            let vals: Vec<f64> = (0..m.numel())
-                .map(|_| {
-                    s = s
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((s >> 33) % 4000) as f64 / 1000.0 - 2.0
-                })
-                .collect();
-            RTensor::new(m.dtype, m.sizes.clone(), &vals)
-        })
-        .collect()
+    kiln::functionalize::random::random_inputs(g, seed, 2.0)
 }
 
 fn check(g: &Graph, seed: u64) -> Result<(), String> {

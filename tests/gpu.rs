@@ -155,24 +155,8 @@ fn random_programs_match_the_reference_on_the_gpu() {
         .unwrap_or(150);
     for seed in 0..n {
         let g = random_program(&mut Seeded(seed), 25);
-        let ins = || -> Vec<RTensor> {
-            let mut s = seed.wrapping_mul(2654435761);
-            g.inputs
-                .iter()
-                .map(|&v| {
-                    let m = g.meta(v);
-                    let vals: Vec<f64> = (0..m.numel())
-                        .map(|_| {
-                            s = s
-                                .wrapping_mul(6364136223846793005)
-                                .wrapping_add(1442695040888963407);
-                            ((s >> 33) % 4000) as f64 / 1000.0 - 2.0
-                        })
-                        .collect();
-                    RTensor::new(m.dtype, m.sizes.clone(), &vals)
-                })
-                .collect()
-        };
+        let ins =
+            || kiln::functionalize::random::random_inputs(&g, seed.wrapping_mul(2654435761), 2.0);
         let Ok(want) = kiln::run(&g, ins()) else {
             continue;
         };

@@ -383,3 +383,24 @@ pub fn random_program(c: &mut impl Choices, statements: usize) -> Graph {
     gen.g.outputs = gen.vals[n - k..].iter().map(|v| v.0).collect();
     gen.g
 }
+
+/// Deterministic inputs for `g`'s parameters: values uniform in
+/// `[-scale, scale)` (multiples of `scale / 1000`).
+pub fn random_inputs(g: &Graph, seed: u64, scale: f64) -> Vec<crate::RTensor> {
+    let mut s = seed;
+    g.inputs
+        .iter()
+        .map(|&v| {
+            let m = g.meta(v);
+            let vals: Vec<f64> = (0..m.numel())
+                .map(|_| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (((s >> 33) % 2000) as f64 / 1000.0 - 1.0) * scale
+                })
+                .collect();
+            crate::RTensor::new(m.dtype, m.sizes.clone(), &vals)
+        })
+        .collect()
+}
