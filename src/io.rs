@@ -75,17 +75,26 @@ pub fn encode(dtype: DType, vals: &[f64]) -> Vec<u8> {
     out
 }
 
-/// Reads one tensor per parameter of `g`, by the parameter's name.
-pub fn load_inputs(g: &Graph, path: &Path) -> Result<Vec<RTensor>, IoError> {
+fn read(path: &Path) -> Result<(String, Vec<u8>), IoError> {
     let p = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| IoError::Read {
         path: p.clone(),
         source,
     })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| IoError::Format {
-        path: p.clone(),
+    Ok((p, bytes))
+}
+
+fn parse<'a>(p: &str, bytes: &'a [u8]) -> Result<SafeTensors<'a>, IoError> {
+    SafeTensors::deserialize(bytes).map_err(|e| IoError::Format {
+        path: p.to_string(),
         msg: e.to_string(),
-    })?;
+    })
+}
+
+/// Reads one tensor per parameter of `g`, by the parameter's name.
+pub fn load_inputs(g: &Graph, path: &Path) -> Result<Vec<RTensor>, IoError> {
+    let (p, bytes) = read(path)?;
+    let st = parse(&p, &bytes)?;
     let names = Names::of(g);
     let mut out = vec![];
     for &v in &g.inputs {
@@ -152,15 +161,8 @@ pub fn save_results(g: &Graph, r: &RunResult, path: &Path) -> Result<(), IoError
 
 /// Reads every tensor of a safetensors file (for tests and tools).
 pub fn load_all(path: &Path) -> Result<Vec<(String, RTensor)>, IoError> {
-    let p = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| IoError::Read {
-        path: p.clone(),
-        source,
-    })?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| IoError::Format {
-        path: p.clone(),
-        msg: e.to_string(),
-    })?;
+    let (p, bytes) = read(path)?;
+    let st = parse(&p, &bytes)?;
     let mut out = vec![];
     for (name, t) in st.tensors() {
         let dtype = match t.dtype() {

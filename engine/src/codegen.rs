@@ -588,26 +588,28 @@ impl<'a> Gen<'a> {
                 terms.join(" + ")
             },
         );
+        self.put(out, &at, &val, accumulate)?;
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(label, [1, 1, 1], [wgsl::WORKGROUP, 1, 1]))
+    }
+
+    /// `out[at] = val`, or `out[at] += val` when accumulating.
+    fn put(&mut self, out: ValueId, at: &str, val: &str, accumulate: bool) -> R<()> {
+        let d = self.meta(out).dtype;
         let loc = *self
             .locs
             .get(&out)
             .ok_or_else(|| bug("index_put without a buffer"))?;
-        if accumulate {
-            let cur = load(loc.pool, loc.word, &at, om.dtype);
-            let sum = if om.dtype == DType::Bool {
-                format!("({cur} || {val})")
-            } else {
-                format!("({cur} + {val})")
-            };
-            self.body
-                .stmt(store(loc.pool, loc.word, &at, om.dtype, &sum));
+        let value = if !accumulate {
+            val.to_string()
+        } else if d == DType::Bool {
+            format!("({} || {val})", load(loc.pool, loc.word, at, d))
         } else {
-            self.body
-                .stmt(store(loc.pool, loc.word, &at, om.dtype, &val));
-        }
-        self.body.stmt("}".into());
-        self.memo = saved;
-        Ok(self.finish(label, [1, 1, 1], [wgsl::WORKGROUP, 1, 1]))
+            format!("({} + {val})", load(loc.pool, loc.word, at, d))
+        };
+        self.body.stmt(store(loc.pool, loc.word, at, d, &value));
+        Ok(())
     }
 
     /// `index_put` with one bool mask (`x[mask] = v`): the masked
@@ -679,23 +681,7 @@ impl<'a> Gen<'a> {
         let at = self
             .body
             .bind("u32", format!("(b * {} + p) * {} + a", u(np), u(na)));
-        let loc = *self
-            .locs
-            .get(&out)
-            .ok_or_else(|| bug("index_put without a buffer"))?;
-        if accumulate {
-            let cur = load(loc.pool, loc.word, &at, om.dtype);
-            let sum = if om.dtype == DType::Bool {
-                format!("({cur} || {val})")
-            } else {
-                format!("({cur} + {val})")
-            };
-            self.body
-                .stmt(store(loc.pool, loc.word, &at, om.dtype, &sum));
-        } else {
-            self.body
-                .stmt(store(loc.pool, loc.word, &at, om.dtype, &val));
-        }
+        self.put(out, &at, &val, accumulate)?;
         self.body.stmt("}".into());
         self.body.stmt("c = c + 1u;".into());
         self.body.stmt("}".into());
