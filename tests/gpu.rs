@@ -21,15 +21,7 @@ fn engine() -> Engine {
 /// WGSL lets shader compilers assume finite arithmetic (lavapipe folds
 /// `inf - inf` and `x / 0`), so Kiln guarantees finite results only.
 fn close_gpu(what: &str, a: &RTensor, b: &RTensor, rtol: f64) -> Result<(), String> {
-    if a.dtype() != b.dtype() || a.sizes() != b.sizes() {
-        return Err(format!(
-            "{what}: got {}{:?}, expected {}{:?}",
-            a.dtype(),
-            a.sizes(),
-            b.dtype(),
-            b.sizes()
-        ));
-    }
+    common::same_type(what, a, b)?;
     let bv = b.values();
     let scale = bv
         .iter()

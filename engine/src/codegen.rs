@@ -1098,38 +1098,14 @@ impl<'a> Gen<'a> {
             let pa = self
                 .body
                 .bind("bool", format!("row < {} && {ka} < {}", u(nn), u(kk)));
-            let ia = self.body.bind(
-                "u32",
-                format!(
-                    "select(0u, {aoff} + row * {} + {ka} * {}, {pa})",
-                    u(a.rs),
-                    u(a.cs)
-                ),
-            );
-            let xa = self.value_at(a.v, &ia)?;
-            let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
-            self.body.stmt(format!(
-                "ta[lid.y * 16u + lid.x] = select({}, {xa}, {pa});",
-                literal(0.0, acc_dt)
-            ));
+            let ia = format!("{aoff} + row * {} + {ka} * {}", u(a.rs), u(a.cs));
+            self.load_tile("ta", a.v, &ia, &pa, acc_dt)?;
             let kb = self.body.bind("u32", "t0 + lid.y".into());
             let pb = self
                 .body
                 .bind("bool", format!("{kb} < {} && col < {}", u(kk), u(mm)));
-            let ib = self.body.bind(
-                "u32",
-                format!(
-                    "select(0u, {boff} + {kb} * {} + col * {}, {pb})",
-                    u(b.rs),
-                    u(b.cs)
-                ),
-            );
-            let xb = self.value_at(b.v, &ib)?;
-            let xb = cast(&xb, g.meta(b.v).dtype, acc_dt);
-            self.body.stmt(format!(
-                "tb[lid.y * 16u + lid.x] = select({}, {xb}, {pb});",
-                literal(0.0, acc_dt)
-            ));
+            let ib = format!("{boff} + {kb} * {} + col * {}", u(b.rs), u(b.cs));
+            self.load_tile("tb", b.v, &ib, &pb, acc_dt)?;
             self.body.stmt("workgroupBarrier();".into());
             self.body.stmt(format!("for (var q = 0u; q < 16u; q = q + 1u) {{ {acc} = {acc} + ta[lid.y * 16u + q] * tb[q * 16u + lid.x]; }}"));
             self.body.stmt("workgroupBarrier();".into());
@@ -1253,6 +1229,28 @@ impl<'a> Gen<'a> {
             )));
         }
         Ok(self.finish(label, grid, [16, 16, 1]))
+    }
+
+    /// Stores element `index` of `v` (zero where `pred` is false) into this
+    /// invocation's slot of workgroup tile `tile`.
+    fn load_tile(
+        &mut self,
+        tile: &str,
+        v: ValueId,
+        index: &str,
+        pred: &str,
+        acc_dt: DType,
+    ) -> R<()> {
+        let i = self
+            .body
+            .bind("u32", format!("select(0u, {index}, {pred})"));
+        let x = self.value_at(v, &i)?;
+        let x = cast(&x, self.meta(v).dtype, acc_dt);
+        self.body.stmt(format!(
+            "{tile}[lid.y * 16u + lid.x] = select({}, {x}, {pred});",
+            literal(0.0, acc_dt)
+        ));
+        Ok(())
     }
 
     fn gather(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {

@@ -28,9 +28,8 @@ pub fn programs(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Compares two tensors: exact for integers and bools, `atol + rtol * |b|`
-/// for floats (1e-5 for f32, 1e-3 for f16); NaN matches NaN.
-pub fn close(what: &str, a: &RTensor, b: &RTensor) -> Result<(), String> {
+/// Same dtype and shape, or a message saying how they differ.
+pub fn same_type(what: &str, a: &RTensor, b: &RTensor) -> Result<(), String> {
     if a.dtype() != b.dtype() || a.sizes() != b.sizes() {
         return Err(format!(
             "{what}: got {}{:?}, expected {}{:?}",
@@ -40,6 +39,13 @@ pub fn close(what: &str, a: &RTensor, b: &RTensor) -> Result<(), String> {
             b.sizes()
         ));
     }
+    Ok(())
+}
+
+/// Compares two tensors: exact for integers and bools, `atol + rtol * |b|`
+/// for floats (1e-5 for f32, 1e-3 for f16); NaN matches NaN.
+pub fn close(what: &str, a: &RTensor, b: &RTensor) -> Result<(), String> {
+    same_type(what, a, b)?;
     let tol = match a.dtype() {
         DType::F32 => 1e-5,
         DType::F16 => 1e-3,
