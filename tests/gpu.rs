@@ -227,6 +227,11 @@ fn large_operands_match_the_reference() {
         ("%y = softmax(%x, 0)\n%s = softmax(%m, 1)", "(%y, %s)"),
         ("%y = layer_norm(%m, [64])\n%s = sum(%x)", "(%y, %s)"),
         ("%t = t(%m)\n%y = matmul(%m, %t)\n%a = amax(%x, [0])", "(%y, %a)"),
+        // Writes into a slice of a base that read the base: another region
+        // (written in place), and the written region transposed (a race in
+        // place: must be written out of place).
+        ("%b = clone(%m)\n%s = slice(%b, 0, 0, 32)\n%r = slice(%b, 0, 32, 64)\n%c = copy_(%s, %r)\n%e = exp_(%r)", "(%b, %x)"),
+        ("%b = clone(%m)\n%q = slice(%b, 0, 0, 32)\n%q2 = slice(%q, 1, 0, 32)\n%t = t(%q2)\n%c = clone(%t)\n%w = copy_(%q2, %c)", "(%b, %x)"),
         ("%i = arange(0, 4096, 64, i32)\n%y = index_select(%x, 0, %i)\n%s = slice(%x, 0, 100, 4000, 3)\n%w = mul_(%s, 2)", "(%y, %x)"),
     ];
     for (body, ret) in progs {

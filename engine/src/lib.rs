@@ -7,6 +7,7 @@
 
 pub mod codegen;
 pub mod exec;
+mod footprint;
 pub mod plan;
 pub mod schedule;
 pub mod wgsl;
@@ -97,7 +98,10 @@ pub struct Program {
     pub min_bytes: usize,
 }
 
-const ALIGN: usize = 16;
+/// Arena offsets are word-aligned: kernels index the pools as arrays of
+/// 32-bit words and no value is bound at an offset of its own (where the
+/// device's 256-byte binding alignment would apply).
+const ALIGN: usize = 4;
 
 /// Elementwise results written over an input that dies in the same kernel
 /// (the in-place ops of eager execution): each invocation reads the input

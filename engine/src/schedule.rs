@@ -10,6 +10,7 @@
 //! A scatter whose base dies at the scatter writes only its region into
 //! the base's buffer (re-inplacing).
 
+use crate::footprint;
 use crate::EngineError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::ops::{OpKind, Rule};
@@ -193,11 +194,11 @@ fn reshape_of(g: &Graph, s: &Schedule, n: NodeId) -> Option<ValueId> {
 }
 
 /// The base a scatter node may write into in place: materialized, not an
-/// output, and read otherwise only by this kernel, at the positions this
-/// kernel overwrites (`<view>_copy` with the scatter's own arguments).
+/// output, read otherwise only before this kernel or inside it, and there
+/// only where no other invocation writes (see `footprint`).
 fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) -> Option<ValueId> {
     let node = &g.nodes[n];
-    let view = node.op.name().strip_suffix("_scatter")?;
+    node.op.name().strip_suffix("_scatter")?;
     let Some(&Arg::Tensor(base)) = node.args.first() else {
         return None;
     };
@@ -219,7 +220,6 @@ fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) 
         sharing.push(base);
     }
     let region = inlined_region(g, s, n);
-    let copy_name = format!("{view}_copy");
     let pos: HashMap<NodeId, usize> = g.order.iter().enumerate().map(|(i, &m)| (m, i)).collect();
     let alias_nodes: HashSet<NodeId> = s.alias_of.keys().filter_map(|&a| g.node_of(a)).collect();
     for &w in &sharing {
@@ -233,20 +233,17 @@ fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) 
         let ok = uses.iter().all(|&u| {
             (u == n && w == base)
                 || alias_nodes.contains(&u)
-                || (w == base
-                    && region.contains(&u)
-                    && g.nodes[u].op.name() == copy_name
-                    && g.nodes[u].args[1..] == node.args[2..]
-                    // ... and read, through any chain of inlined ops, by
-                    // nothing outside this kernel.
-                    && feeds_only(g, s, u, n, &region))
+                // Read inside this kernel (where the footprint check below
+                // decides) and, through any chain of inlined ops, by
+                // nothing outside it.
+                || (w == base && region.contains(&u) && feeds_only(g, s, u, n, &region))
                 || computed_before(g, s, &pos, u, pos[&n])
         });
         if !ok {
             return None;
         }
     }
-    Some(base)
+    footprint::inplace_race_free(g, s, n, base, root).then_some(base)
 }
 
 /// Do node `u`'s results reach only node `n` and nodes of `region`?
@@ -297,9 +294,18 @@ pub fn inlined_region(g: &Graph, s: &Schedule, n: NodeId) -> HashSet<NodeId> {
 
 /// Materialized values a kernel for node `n` reads.
 pub fn reads(g: &Graph, s: &Schedule, n: NodeId) -> Vec<ValueId> {
+    reads_from(g, s, g.nodes[n].inputs())
+}
+
+/// Materialized values read to compute `v` inline (`v` itself if it has a
+/// buffer).
+pub fn reads_value(g: &Graph, s: &Schedule, v: ValueId) -> Vec<ValueId> {
+    reads_from(g, s, vec![v])
+}
+
+fn reads_from(g: &Graph, s: &Schedule, mut stack: Vec<ValueId>) -> Vec<ValueId> {
     let mut out = vec![];
     let mut seen = HashSet::new();
-    let mut stack: Vec<ValueId> = g.nodes[n].inputs();
     while let Some(v) = stack.pop() {
         if !seen.insert(v) {
             continue;
