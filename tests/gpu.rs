@@ -232,6 +232,8 @@ fn large_operands_match_the_reference() {
         // place: must be written out of place).
         ("%b = clone(%m)\n%s = slice(%b, 0, 0, 32)\n%r = slice(%b, 0, 32, 64)\n%c = copy_(%s, %r)\n%e = exp_(%r)", "(%b, %x)"),
         ("%b = clone(%m)\n%q = slice(%b, 0, 0, 32)\n%q2 = slice(%q, 1, 0, 32)\n%t = t(%q2)\n%c = clone(%t)\n%w = copy_(%q2, %c)", "(%b, %x)"),
+        // Bools packed four to a word, read back and read by other kernels.
+        ("%p = gt(%x, 0.0)\n%n = logical_not(%p)\n%w = where(%n, %x, 0.0)\n%s = sum(%n)", "(%n, %w, %s)"),
         ("%i = arange(0, 4096, 64, i32)\n%y = index_select(%x, 0, %i)\n%s = slice(%x, 0, 100, 4000, 3)\n%w = mul_(%s, 2)", "(%y, %x)"),
     ];
     for (body, ret) in progs {

@@ -20,6 +20,10 @@ use std::collections::HashMap;
 pub struct Loc {
     pub pool: Pool,
     pub word: usize,
+    /// Bools and f16 values packed 4 and 2 to a word (`wgsl::per_word`);
+    /// values written by kernels other than elementwise ones take a word
+    /// per element (their invocations cannot own whole words).
+    pub packed: bool,
 }
 
 /// One generated kernel.
@@ -40,6 +44,8 @@ pub struct Gen<'a> {
     /// Values computed by the kernel being generated: readable only at the
     /// invocation's own index (another invocation's write is not visible).
     group: Vec<ValueId>,
+    /// The index expression of the element the invocation computes now.
+    own: String,
     /// Matrix products tile through workgroup memory (GPUs), or loop over
     /// `k` in each invocation (CPU adapters, where barriers are costly).
     pub tiled_matmul: bool,
@@ -65,6 +71,7 @@ impl<'a> Gen<'a> {
             memo: HashMap::new(),
             shared: vec![],
             group: vec![],
+            own: "gid".into(),
             tiled_matmul: true,
         }
     }
@@ -143,7 +150,7 @@ impl<'a> Gen<'a> {
         if let Some(x) = self.memo.get(&key) {
             return Ok(x.clone());
         }
-        if idx != "gid" && self.group.contains(&self.s.root(v)) {
+        if idx != self.own && self.group.contains(&self.s.root(v)) {
             return Err(EngineError::Internal(
                 "a fused kernel reads its own output at another index".into(),
             ));
@@ -156,11 +163,14 @@ impl<'a> Gen<'a> {
                 None if self.locs.is_empty() => Loc {
                     pool: Pool::Arena,
                     word: 0,
+                    packed: false,
                 },
                 None => return Err(bug("a materialized value without a buffer")),
             };
-            self.body
-                .bind(ty(m.dtype), load(loc.pool, loc.word, idx, m.dtype))
+            self.body.bind(
+                ty(m.dtype),
+                load(loc.pool, loc.word, idx, m.dtype, loc.packed),
+            )
         } else {
             let Def::Node(n, k) = self.g.values[v].def else {
                 return Err(bug("an input without a buffer"));
@@ -319,6 +329,9 @@ impl<'a> Gen<'a> {
             .locs
             .get(&v)
             .ok_or_else(|| bug("a materialized value without a buffer"))?;
+        if loc.packed {
+            return Err(bug("an element store into a packed buffer"));
+        }
         let d = self.meta(v).dtype;
         self.body.stmt(store(loc.pool, loc.word, idx, d, value));
         Ok(())
@@ -427,26 +440,92 @@ impl<'a> Gen<'a> {
 
     /// One kernel computing every value of `group` (elementwise values of
     /// one shape): inputs are read once, and later members read earlier
-    /// ones from registers.
+    /// ones from registers. With packed outputs each invocation computes
+    /// the elements of whole words (4 per bool word, 2 per f16 word), so
+    /// no two invocations write one word.
     pub fn map_group(&mut self, group: &[ValueId]) -> R<KernelCode> {
         let g = self.g;
         let count = g.meta(group[0]).numel();
-        self.body
-            .stmt(format!("if (gid >= {}) {{ return; }}", u(count)));
-        for &v in group {
-            let Def::Node(n, k) = g.values[v].def else {
-                return Err(bug("a kernel for an input"));
+        let packed: Vec<(ValueId, Loc)> = group
+            .iter()
+            .filter_map(|&v| self.locs.get(&v).filter(|l| l.packed).map(|l| (v, *l)))
+            .collect();
+        let lanes = packed
+            .iter()
+            .map(|(v, _)| wgsl::per_word(g.meta(*v).dtype))
+            .max()
+            .unwrap_or(1);
+        self.body.stmt(format!(
+            "if (gid >= {}) {{ return; }}",
+            u(count.div_ceil(lanes))
+        ));
+        // One accumulator per packed output word this invocation writes.
+        let mut acc: HashMap<ValueId, Vec<String>> = HashMap::new();
+        for (v, _) in &packed {
+            let per = wgsl::per_word(g.meta(*v).dtype);
+            let words = (0..lanes / per)
+                .map(|_| self.body.var("u32", "0u".into()))
+                .collect();
+            acc.insert(*v, words);
+        }
+        for lane in 0..lanes {
+            let idx = if lanes == 1 {
+                "gid".to_string()
+            } else {
+                self.body
+                    .bind("u32", format!("gid * {} + {}", u(lanes), u(lane)))
             };
-            let x = self.node_at(n, k, "gid")?;
-            self.store_to(v, "gid", &x)?;
-            self.memo.insert((v, "gid".into()), x);
+            self.own = idx.clone();
+            for &v in group {
+                let Def::Node(n, k) = g.values[v].def else {
+                    return Err(bug("a kernel for an input"));
+                };
+                let x = self.node_at(n, k, &idx)?;
+                match acc.get(&v) {
+                    Some(words) => {
+                        let per = wgsl::per_word(g.meta(v).dtype);
+                        let w = &words[lane / per];
+                        let bits = wgsl::pack_lane(g.meta(v).dtype, &x, lane % per);
+                        self.body.stmt(format!("{w} = {w} | {bits};"));
+                    }
+                    // Lanes past the end compute garbage and store nothing.
+                    None if lanes > 1 => {
+                        let loc = self.locs[&v];
+                        let st = store(loc.pool, loc.word, &idx, g.meta(v).dtype, &x);
+                        self.body
+                            .stmt(format!("if ({idx} < {}) {{ {st} }}", u(count)));
+                    }
+                    None => self.store_to(v, &idx, &x)?,
+                }
+                self.memo.insert((v, idx.clone()), x);
+            }
+        }
+        self.own = "gid".into();
+        for (v, loc) in &packed {
+            let per = wgsl::per_word(g.meta(*v).dtype);
+            let total = wgsl::words(g.meta(*v).dtype, count, true);
+            for (i, w) in acc[v].iter().enumerate() {
+                let at = self
+                    .body
+                    .bind("u32", format!("gid * {} + {}", u(lanes / per), u(i)));
+                self.body.stmt(format!(
+                    "if ({at} < {}) {{ {}[{}u + {at}] = {w}; }}",
+                    u(total),
+                    loc.pool.name(),
+                    loc.word
+                ));
+            }
         }
         let label = group
             .iter()
             .map(|&v| g.values[v].name.clone().unwrap_or_default())
             .collect::<Vec<_>>()
             .join("+");
-        Ok(self.finish(label, wgsl::grid(count), [wgsl::WORKGROUP, 1, 1]))
+        Ok(self.finish(
+            label,
+            wgsl::grid(count.div_ceil(lanes)),
+            [wgsl::WORKGROUP, 1, 1],
+        ))
     }
 
     fn map_kernel(
@@ -496,6 +575,9 @@ impl<'a> Gen<'a> {
             .locs
             .get(&out)
             .ok_or_else(|| bug("scatter target without a buffer"))?;
+        if loc.packed {
+            return Err(bug("a scatter into a packed buffer"));
+        }
         self.body.stmt(store(loc.pool, loc.word, &at, tm.dtype, &x));
         Ok(Some(self.finish(
             label,
@@ -601,12 +683,15 @@ impl<'a> Gen<'a> {
             .locs
             .get(&out)
             .ok_or_else(|| bug("index_put without a buffer"))?;
+        if loc.packed {
+            return Err(bug("index_put into a packed buffer"));
+        }
         let value = if !accumulate {
             val.to_string()
         } else if d == DType::Bool {
-            format!("({} || {val})", load(loc.pool, loc.word, at, d))
+            format!("({} || {val})", load(loc.pool, loc.word, at, d, false))
         } else {
-            format!("({} + {val})", load(loc.pool, loc.word, at, d))
+            format!("({} + {val})", load(loc.pool, loc.word, at, d, false))
         };
         self.body.stmt(store(loc.pool, loc.word, at, d, &value));
         Ok(())

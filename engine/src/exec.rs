@@ -180,7 +180,8 @@ impl Gpu {
                 .get(&v)
                 .copied()
                 .ok_or_else(|| EngineError::Internal("an output without a buffer".into()))?;
-            let bytes = (program.graph.meta(v).numel() * 4) as u64;
+            let m = program.graph.meta(v);
+            let bytes = (crate::wgsl::words(m.dtype, m.numel(), loc.packed) * 4) as u64;
             out_ranges.push((loc, total, bytes));
             total += bytes;
         }
@@ -213,27 +214,55 @@ pub struct Loaded {
     out_ranges: Vec<(crate::codegen::Loc, u64, u64)>,
 }
 
-/// Encodes elements as the GPU's 32-bit words.
-fn to_words(t: &RTensor) -> Vec<u32> {
-    t.values()
+/// Encodes elements as the GPU's 32-bit words: one per element, or packed
+/// little-endian (bools a byte each, f16 values half a word each).
+fn to_words(t: &RTensor, packed: bool) -> Vec<u32> {
+    let d = t.dtype();
+    let bits: Vec<u32> = t
+        .values()
         .into_iter()
-        .map(|v| match t.dtype() {
-            DType::F32 | DType::F16 => (v as f32).to_bits(),
-            DType::I32 => (v as i32) as u32,
-            DType::U32 => v as u32,
-            DType::Bool => (v != 0.0) as u32,
+        .map(|v| match (d, packed) {
+            (DType::F16, true) => half::f16::from_f64(v).to_bits() as u32,
+            (DType::F32 | DType::F16, _) => (v as f32).to_bits(),
+            (DType::I32, _) => (v as i32) as u32,
+            (DType::U32, _) => v as u32,
+            (DType::Bool, _) => (v != 0.0) as u32,
+        })
+        .collect();
+    let per = if packed { crate::wgsl::per_word(d) } else { 1 };
+    let width = 32 / per;
+    bits.chunks(per)
+        .map(|c| {
+            c.iter()
+                .enumerate()
+                .fold(0u32, |w, (i, &b)| w | (b << (i * width)))
         })
         .collect()
 }
 
-fn from_words(dtype: DType, sizes: Vec<usize>, words: &[u32]) -> RTensor {
-    let vals: Vec<f64> = words
-        .iter()
-        .map(|&w| match dtype {
-            DType::F32 | DType::F16 => f32::from_bits(w) as f64,
-            DType::I32 => w as i32 as f64,
-            DType::U32 => w as f64,
-            DType::Bool => (w != 0) as u8 as f64,
+fn from_words(dtype: DType, sizes: Vec<usize>, words: &[u32], packed: bool) -> RTensor {
+    let per = if packed {
+        crate::wgsl::per_word(dtype)
+    } else {
+        1
+    };
+    let width = 32 / per;
+    let mask = if per == 1 {
+        u32::MAX
+    } else {
+        (1u32 << width) - 1
+    };
+    let n: usize = sizes.iter().product();
+    let vals: Vec<f64> = (0..n)
+        .map(|i| {
+            let w = (words[i / per] >> ((i % per) * width)) & mask;
+            match (dtype, packed) {
+                (DType::F16, true) => half::f16::from_bits(w as u16).to_f64(),
+                (DType::F32 | DType::F16, _) => f32::from_bits(w) as f64,
+                (DType::I32, _) => w as i32 as f64,
+                (DType::U32, _) => w as f64,
+                (DType::Bool, _) => (w != 0) as u8 as f64,
+            }
         })
         .collect();
     RTensor::new(dtype, sizes, &vals)
@@ -270,8 +299,9 @@ impl Loaded {
                     msg: format!("expected {}, got {}", m.type_string(), t.meta.type_string()),
                 });
             }
-            let at = p.locs[&v].word;
-            words[at..at + m.numel()].copy_from_slice(&to_words(t));
+            let loc = p.locs[&v];
+            let w = to_words(t, loc.packed);
+            words[loc.word..loc.word + w.len()].copy_from_slice(&w);
         }
         gpu.queue
             .write_buffer(&self.io, 0, bytemuck::cast_slice(&words));
@@ -335,13 +365,11 @@ impl Loaded {
                 .get_mapped_range()
                 .map_err(|e| EngineError::Device(e.to_string()))?;
             let all: &[u32] = bytemuck::cast_slice(&view);
-            for (&v, (_, at, bytes)) in p.readback.iter().zip(&self.out_ranges) {
+            for (&v, (loc, at, bytes)) in p.readback.iter().zip(&self.out_ranges) {
                 let m = g.meta(v);
                 let s = (*at / 4) as usize;
-                out.push((
-                    v,
-                    from_words(m.dtype, m.sizes.clone(), &all[s..s + (*bytes / 4) as usize]),
-                ));
+                let words = &all[s..s + (*bytes / 4) as usize];
+                out.push((v, from_words(m.dtype, m.sizes.clone(), words, loc.packed)));
             }
         }
         self.staging.unmap();

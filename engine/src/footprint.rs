@@ -12,6 +12,7 @@ use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::{broadcast_strides, Meta};
 use kiln_functionalize::ops::{self, Rule};
 use kiln_functionalize::schema::Arg;
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
 /// Kernels above this many invocations are not traced (compile time):
@@ -33,7 +34,13 @@ fn ravel(mut i: usize, sizes: &[usize], strides: &[usize], offset: usize) -> usi
 
 /// The view `view` (an op id) with `args` applied to a contiguous tensor
 /// of `base`'s shape: result `k`'s sizes, strides and offset.
-fn view_meta(g: &Graph, view: ops::OpId, base: &Meta, args: &[Arg<ValueId>], k: usize) -> Option<Meta> {
+fn view_meta(
+    g: &Graph,
+    view: ops::OpId,
+    base: &Meta,
+    args: &[Arg<ValueId>],
+    k: usize,
+) -> Option<Meta> {
     let cm = Meta::contiguous(base.dtype, base.sizes.clone());
     let mut va: Vec<Arg<&Meta>> = vec![Arg::Tensor(&cm)];
     va.extend(args.iter().map(|a| a.map(&mut |v| g.meta(*v))));
@@ -81,7 +88,8 @@ impl Tracer<'_> {
             } else if tm.numel() == 1 {
                 0
             } else {
-                let st = broadcast_strides(&Meta::contiguous(tm.dtype, tm.sizes.clone()), &om.sizes);
+                let st =
+                    broadcast_strides(&Meta::contiguous(tm.dtype, tm.sizes.clone()), &om.sizes);
                 ravel(idx, &om.sizes, &st, 0)
             }
         };
@@ -100,9 +108,8 @@ impl Tracer<'_> {
             (Rule::ViewCopy(view), _) => {
                 let input = tensor(0)?;
                 let key = (n, k);
-                if !self.views.contains_key(&key) {
-                    let vm = view_meta(g, *view, g.meta(input), &node.args[1..], k)?;
-                    self.views.insert(key, vm);
+                if let Entry::Vacant(e) = self.views.entry(key) {
+                    e.insert(view_meta(g, *view, g.meta(input), &node.args[1..], k)?);
                 }
                 let vm = &self.views[&key];
                 let at = ravel(idx, &vm.sizes, &vm.strides, vm.offset);
@@ -113,18 +120,20 @@ impl Tracer<'_> {
                 Some(t) => self.reads(t, 0, out),
                 None => Some(()),
             },
-            (_, "zero" | "zeros" | "zeros_like" | "ones" | "ones_like" | "full" | "full_like" | "arange") => {
-                Some(())
-            }
+            (
+                _,
+                "zero" | "zeros" | "zeros_like" | "ones" | "ones_like" | "full" | "full_like"
+                | "arange",
+            ) => Some(()),
             (_, "slice_scatter" | "select_scatter" | "diagonal_scatter") => {
                 let (base, src) = (tensor(0)?, tensor(1)?);
-                if !self.scatters.contains_key(&n) {
+                if let Entry::Vacant(e) = self.scatters.entry(n) {
                     let view = ops::lookup(def.name.trim_end_matches("_scatter"))?;
                     let vm = view_meta(g, view, om, &node.args[2..], 0)?;
                     let map = (0..vm.numel())
                         .map(|j| (ravel(j, &vm.sizes, &vm.strides, vm.offset), j))
                         .collect();
-                    self.scatters.insert(n, map);
+                    e.insert(map);
                 }
                 match self.scatters[&n].get(&idx).copied() {
                     Some(j) => self.reads(src, j, out),

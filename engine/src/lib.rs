@@ -18,7 +18,7 @@ use codegen::{Gen, KernelCode, Loc};
 use kiln_functionalize::graph::{Def, Graph, ValueId};
 use kiln_functionalize::ops::OpKind;
 use kiln_functionalize::{functionalize, Remove};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use wgsl::Pool;
 
 pub use kiln_functionalize as functionalize;
@@ -114,6 +114,7 @@ fn reuse_dying_inputs(
     step: &HashMap<ValueId, usize>,
     last: &HashMap<ValueId, usize>,
     outputs: &[ValueId],
+    packed: &dyn Fn(ValueId) -> bool,
 ) {
     let empty = HashMap::new();
     for grp in groups {
@@ -128,7 +129,12 @@ fn reuse_dying_inputs(
             };
             for u in schedule::reads(g, sched, n) {
                 let root = sched.root(u);
-                if taken.contains(&root) || g.meta(u).numel() != g.meta(v).numel() {
+                // Same elements in the same layout (a packed bool result
+                // cannot take an f32 buffer: one word would hold others'
+                // elements).
+                let same_layout =
+                    packed(root) == packed(v) && (!packed(v) || g.meta(u).dtype == g.meta(v).dtype);
+                if taken.contains(&root) || g.meta(u).numel() != g.meta(v).numel() || !same_layout {
                     continue;
                 }
                 // Everything living in the buffer dies in this kernel and is
@@ -270,7 +276,21 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
     for &o in &readback {
         last.insert(o, end);
     }
-    reuse_dying_inputs(&g, &mut sched, &groups, &step, &last, &outputs);
+    // Bools and f16 values are packed (bytes and half words, as in eager
+    // memory) where every kernel writing them can own whole words: inputs
+    // (uploaded by the host) and elementwise results.
+    let map_written: HashSet<ValueId> = groups
+        .iter()
+        .filter(|grp| grp.len() > 1 || is_map(&g, &sched, grp[0]))
+        .flatten()
+        .copied()
+        .collect();
+    let packed = |v: ValueId| {
+        wgsl::per_word(g.meta(v).dtype) > 1 && (g.inputs.contains(&v) || map_written.contains(&v))
+    };
+    reuse_dying_inputs(&g, &mut sched, &groups, &step, &last, &outputs, &packed);
+    let bytes =
+        |v: ValueId| wgsl::words(g.meta(v).dtype, g.meta(v).numel(), packed(sched.root(v))) * 4;
     // A re-inplaced scatter, a reshape and an elementwise result written
     // over its dying input live in the allocation they reuse.
     let root = |v: ValueId| sched.root(v);
@@ -282,9 +302,10 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
             Loc {
                 pool: Pool::Io,
                 word: io_words,
+                packed: packed(v),
             },
         );
-        io_words += g.meta(v).numel();
+        io_words += bytes(v) / 4;
     }
     let mut roots: Vec<ValueId> = vec![];
     let mut span: HashMap<ValueId, (usize, usize)> = HashMap::new();
@@ -309,7 +330,7 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
     let requests: Vec<plan::Request> = roots
         .iter()
         .map(|r| plan::Request {
-            bytes: g.meta(*r).numel() * 4,
+            bytes: bytes(*r),
             first: span[r].0,
             last: span[r].1,
         })
@@ -321,6 +342,7 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
             Loc {
                 pool: Pool::Arena,
                 word: off / 4,
+                packed: packed(*r),
             },
         );
     }
@@ -339,6 +361,7 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
         let mut ops: Vec<String> = vec![];
         let mut reads: Vec<ValueId> = vec![];
         let mut written = 0;
+        let mut elements = 0;
         for &v in grp {
             let Def::Node(n, _) = g.values[v].def else {
                 continue;
@@ -354,10 +377,15 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
                     .into_iter()
                     .filter(|r| !grp.contains(r)),
             );
-            written += match sched.inplace.get(&v) {
-                Some(_) => g.meta(*g.nodes[n].args[1].tensors()[0]).numel() * 4,
-                None => g.meta(v).numel() * 4,
+            let (w, e) = match sched.inplace.get(&v) {
+                Some(_) => {
+                    let src = g.meta(*g.nodes[n].args[1].tensors()[0]).numel();
+                    (src * 4, src)
+                }
+                None => (bytes(v), g.meta(v).numel()),
             };
+            written += w;
+            elements = elements.max(e);
         }
         reads.sort();
         reads.dedup();
@@ -365,13 +393,12 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
         // once per invocation; other kernels are charged whole buffers.
         let per_thread =
             grp.len() > 1 || is_map(&g, &sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
-        let invocations = written / 4 / grp.len().max(1);
         let bytes_read: usize = reads
             .iter()
-            .map(|r| {
-                let whole = g.meta(*r).numel() * 4;
+            .map(|&r| {
+                let whole = bytes(r);
                 if per_thread {
-                    whole.min(invocations * 4)
+                    whole.min((elements * whole).div_ceil(g.meta(r).numel().max(1)))
                 } else {
                     whole
                 }
@@ -395,16 +422,11 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
             });
         }
     }
-    let naive_unfused = g.values.values().map(|v| v.meta.numel() * 4).sum();
-    let min_bytes = g
-        .inputs
-        .iter()
-        .map(|&v| g.meta(v).numel() * 4)
-        .sum::<usize>()
-        + outputs
-            .iter()
-            .map(|&v| g.meta(v).numel() * 4)
-            .sum::<usize>();
+    // Figures at the packed size of every value (what eager memory holds).
+    let least = |m: &kiln_functionalize::Meta| wgsl::words(m.dtype, m.numel(), true) * 4;
+    let naive_unfused = g.values.values().map(|v| least(&v.meta)).sum();
+    let min_bytes = g.inputs.iter().map(|&v| least(g.meta(v))).sum::<usize>()
+        + outputs.iter().map(|&v| least(g.meta(v))).sum::<usize>();
     let memory = MemoryStats {
         io: io_words * 4,
         arena: mp.arena_bytes,

@@ -202,7 +202,9 @@ fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) 
     let Some(&Arg::Tensor(base)) = node.args.first() else {
         return None;
     };
-    if !s.is_materialized.contains(&base) {
+    // Bools and f16 values are packed several to a word, and a scatter's
+    // invocations write single elements: they would race on shared words.
+    if !s.is_materialized.contains(&base) || crate::wgsl::per_word(g.meta(base).dtype) > 1 {
         return None;
     }
     // Every value living in the base's buffer must be dead after this

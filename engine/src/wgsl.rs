@@ -96,19 +96,62 @@ impl Pool {
     }
 }
 
-/// Reads element `index` (a u32 expression) of a `dtype` buffer stored at
-/// word `base` of `pool`.
-pub fn load(pool: Pool, base: usize, index: &str, dtype: DType) -> String {
-    let word = format!("{}[{base}u + {index}]", pool.name());
-    match dtype {
-        DType::F32 | DType::F16 => format!("bitcast<f32>({word})"),
-        DType::I32 => format!("bitcast<i32>({word})"),
-        DType::U32 => word,
-        DType::Bool => format!("({word} != 0u)"),
+/// Elements of `d` per 32-bit word in a packed buffer: bools take a byte
+/// and f16 values half a word, as in eager memory; other dtypes a word.
+pub fn per_word(d: DType) -> usize {
+    match d {
+        DType::Bool => 4,
+        DType::F16 => 2,
+        DType::F32 | DType::I32 | DType::U32 => 1,
     }
 }
 
-/// Writes `value` (in its shader type) as element `index` of a buffer.
+/// Words holding `n` elements of `d`, packed or one element per word.
+pub fn words(d: DType, n: usize, packed: bool) -> usize {
+    if packed {
+        n.div_ceil(per_word(d))
+    } else {
+        n
+    }
+}
+
+/// Reads element `index` (a u32 expression) of a `dtype` buffer stored at
+/// word `base` of `pool`, packed (see `per_word`) or a word per element.
+pub fn load(pool: Pool, base: usize, index: &str, dtype: DType, packed: bool) -> String {
+    let p = pool.name();
+    match (dtype, packed && per_word(dtype) > 1) {
+        (DType::Bool, true) => {
+            format!("((({p}[{base}u + ({index} >> 2u)] >> (({index} & 3u) << 3u)) & 0xffu) != 0u)")
+        }
+        (DType::F16, true) => {
+            format!("unpack2x16float({p}[{base}u + ({index} >> 1u)] >> (({index} & 1u) << 4u)).x")
+        }
+        _ => {
+            let word = format!("{p}[{base}u + {index}]");
+            match dtype {
+                DType::F32 | DType::F16 => format!("bitcast<f32>({word})"),
+                DType::I32 => format!("bitcast<i32>({word})"),
+                DType::U32 => word,
+                DType::Bool => format!("({word} != 0u)"),
+            }
+        }
+    }
+}
+
+/// `value` (in its shader type) as the bits of lane `lane` of a packed word.
+pub fn pack_lane(dtype: DType, value: &str, lane: usize) -> String {
+    match dtype {
+        DType::Bool => format!("(select(0u, 1u, {value}) << {}u)", 8 * lane),
+        DType::F16 => format!(
+            "((pack2x16float(vec2<f32>({value}, 0.0)) & 0xffffu) << {}u)",
+            16 * lane
+        ),
+        _ => unreachable!("{dtype} is not packed"),
+    }
+}
+
+/// Writes `value` (in its shader type) as element `index` of a buffer
+/// with a word per element.
 pub fn store(pool: Pool, base: usize, index: &str, dtype: DType, value: &str) -> String {
     let word = match dtype {
         DType::F32 => format!("bitcast<u32>({value})"),
