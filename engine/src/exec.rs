@@ -312,6 +312,24 @@ impl Loaded {
     /// Encodes every kernel and the output copies into one command buffer
     /// and submits it (the host-side cost of a run).
     pub fn submit(&self, gpu: &Gpu) -> wgpu::SubmissionIndex {
+        self.submit_with(gpu, true)
+    }
+
+    /// Runs the kernels alone (no output copies) on the inputs of the last
+    /// run and waits for them: the device time of a run, for benchmarks.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn dispatch_and_wait(&self, gpu: &Gpu) -> Result<(), EngineError> {
+        let i = self.submit_with(gpu, false);
+        gpu.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(i),
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| EngineError::Device(e.to_string()))
+    }
+
+    fn submit_with(&self, gpu: &Gpu, copy_outputs: bool) -> wgpu::SubmissionIndex {
         let mut enc = gpu
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -328,7 +346,7 @@ impl Loaded {
                 pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
             }
         }
-        for (loc, at, bytes) in &self.out_ranges {
+        for (loc, at, bytes) in self.out_ranges.iter().filter(|_| copy_outputs) {
             let src = match loc.pool {
                 crate::wgsl::Pool::Io => &self.io,
                 crate::wgsl::Pool::Arena => &self.arena,

@@ -1,0 +1,455 @@
+//! Every stage measured in one run, with PyTorch on this machine's CPU
+//! beside it (`benches/torch_bench.py`, same run), written to
+//! `docs/performance.md`:
+//!
+//!     cargo bench --bench report            # KILN_REPORT=path writes elsewhere
+//!
+//! 1. functionalize: statements per second, random programs of 1k, 10k,
+//!    100k statements, both modes (PyTorch: make_fx of functionalize);
+//! 2./3. per program: kernels, bytes moved against the minimum, planned
+//!    peak against the lower bound, the naive total and eager's peak;
+//! 4. executor: host microseconds per kernel (encode + submit), time per
+//!    run, and an elementwise chain over 1M, 16M, 64M elements in GB/s;
+//! 5. MiniLM: sentences per second at batch 1, 8, 32 and compile time.
+
+use kiln::engine::{compile_with, Gpu, Loaded};
+use kiln::functionalize::random::{random_inputs, random_program, Seeded};
+use kiln::functionalize::{functionalize, parse, Graph, RTensor, Remove};
+use kiln::minilm::{bucket, fetch, MiniLm, SEQ_BUCKETS};
+use serde_json::{json, Value};
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+const MLP: &str = "graph mlp(%x: f32[256, 512], %w1: f32[1024, 512], %b1: f32[1024], %w2: f32[512, 1024], %b2: f32[512], %g: f32[512], %b: f32[512]) {
+  %n = layer_norm(%x, [512], %g, %b)
+  %h = linear(%n, %w1, %b1)
+  %a = gelu(%h)
+  %o = linear(%a, %w2, %b2)
+  %r = add_(%o, %x)
+  return %r
+}";
+
+const ATTENTION: &str = "graph attention(%x: f32[128, 256], %wq: f32[256, 256], %wk: f32[256, 256], %wv: f32[256, 256], %wo: f32[256, 256], %mask: bool[128, 128]) {
+  %q = linear(%x, %wq)
+  %k = linear(%x, %wk)
+  %v = linear(%x, %wv)
+  %qh = view(%q, [128, 4, 64])
+  %kh = view(%k, [128, 4, 64])
+  %vh = view(%v, [128, 4, 64])
+  %qt = transpose(%qh, 0, 1)
+  %kt = permute(%kh, [1, 2, 0])
+  %vt = transpose(%vh, 0, 1)
+  %s = matmul(%qt, %kt)
+  %s2 = mul_(%s, 0.125)
+  %m = masked_fill_(%s2, %mask, -10000.0)
+  %p = softmax(%m, -1)
+  %c = matmul(%p, %vt)
+  %ct = transpose(%c, 0, 1)
+  %cm = reshape(%ct, [128, 256])
+  %o = linear(%cm, %wo)
+  return %o
+}";
+
+const CHAIN_SIZES: [usize; 3] = [1 << 20, 1 << 24, 1 << 26];
+
+const SENTENCES: [&str; 8] = [
+    "A man is playing a guitar.",
+    "Someone plays a guitar.",
+    "The weather is lovely today.",
+    "It's so sunny outside!",
+    "A woman is slicing an onion in the kitchen.",
+    "The stock market fell sharply after the announcement.",
+    "Kiln turns programs with views and mutations into pure functions.",
+    "Hi",
+];
+
+/// Best wall time of `f` in seconds after one warm-up call: up to `reps`
+/// calls within about `budget` seconds.
+fn best(reps: usize, budget: f64, mut f: impl FnMut()) -> f64 {
+    f();
+    let start = Instant::now();
+    let mut b = f64::INFINITY;
+    for _ in 0..reps {
+        let t = Instant::now();
+        f();
+        b = b.min(t.elapsed().as_secs_f64());
+        if start.elapsed().as_secs_f64() > budget {
+            break;
+        }
+    }
+    b
+}
+
+fn save_inputs(g: &Graph, ins: &[RTensor], path: &Path) {
+    let names = kiln::functionalize::text::Names::of(g);
+    let named: Vec<(String, RTensor)> = g
+        .inputs
+        .iter()
+        .zip(ins)
+        .map(|(&v, t)| (names.get(v), t.clone()))
+        .collect();
+    kiln::io::save_all(path, &named).expect("writes the inputs");
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 && a.is_finite() {
+        format!("{:.3}", a / b)
+    } else {
+        "-".into()
+    }
+}
+
+/// Seconds from the PyTorch results at `path` (e.g. ["chain", "1024",
+/// "eager_s"]), or the error it reported.
+fn torch_s(t: &Value, path: &[&str]) -> Result<f64, String> {
+    let mut v = t;
+    for p in path {
+        v = &v[*p];
+    }
+    if let Some(x) = v.as_f64() {
+        return Ok(x);
+    }
+    let mut e = t;
+    for p in &path[..path.len() - 1] {
+        e = &e[*p];
+    }
+    Err(e["error"]
+        .as_str()
+        .or(e["compile_error"].as_str())
+        .or(v.as_str())
+        .unwrap_or("not run")
+        .to_string())
+}
+
+fn cell(r: Result<f64, String>, scale: f64, digits: usize) -> String {
+    match r {
+        Ok(x) => format!("{:.*}", digits, x * scale),
+        Err(e) => format!("n/a ({})", e.replace('|', "/")),
+    }
+}
+
+fn main() {
+    // `cargo test --all-targets` runs bench targets without `--bench`.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("report benchmark: run it with `cargo bench --bench report`");
+        return;
+    }
+    std::env::set_var(
+        "XDG_RUNTIME_DIR",
+        std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()),
+    );
+    let out_path = PathBuf::from(
+        std::env::var("KILN_REPORT").unwrap_or_else(|_| "docs/performance.md".into()),
+    );
+    let tmp = std::env::temp_dir().join(format!("kiln-report-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let gpu = Gpu::new().unwrap_or_else(|e| panic!("{e}"));
+    let software = gpu.info.device_type == wgpu::DeviceType::Cpu;
+    eprintln!("adapter: {}", gpu.describe());
+
+    // Workloads, and their inputs written for the PyTorch side.
+    let func_sizes = [1_000usize, 10_000, 100_000];
+    let func_programs: Vec<Graph> = func_sizes
+        .iter()
+        .map(|&n| random_program(&mut Seeded(42), n))
+        .collect();
+    let mut w_func = vec![];
+    for (&n, g) in func_sizes.iter().zip(&func_programs).take(2) {
+        let (p, i) = (tmp.join(format!("random{n}.txt")), tmp.join(format!("random{n}.safetensors")));
+        std::fs::write(&p, kiln::print(g)).unwrap();
+        save_inputs(g, &random_inputs(g, 1, 1.0), &i);
+        w_func.push(json!({"n": n, "program": p, "inputs": i}));
+    }
+    let mut programs: Vec<(String, String)> = vec![
+        ("mlp_block_256x512x1024".into(), MLP.into()),
+        ("attention_128x256_4heads".into(), ATTENTION.into()),
+    ];
+    let mut paths: Vec<_> = std::fs::read_dir("examples/programs")
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    paths.sort();
+    for p in paths {
+        programs.push((
+            p.file_stem().unwrap().to_string_lossy().into(),
+            std::fs::read_to_string(&p).unwrap(),
+        ));
+    }
+    let mut w_prog = vec![];
+    let mut blocks = serde_json::Map::new();
+    let graphs: Vec<(String, Graph, Vec<RTensor>)> = programs
+        .iter()
+        .map(|(name, src)| {
+            let g = parse(src).unwrap();
+            let ins = random_inputs(&g, 1, 0.05);
+            let (p, i) = (tmp.join(format!("{name}.txt")), tmp.join(format!("{name}.safetensors")));
+            std::fs::write(&p, src).unwrap();
+            save_inputs(&g, &ins, &i);
+            w_prog.push(json!({"name": name, "program": p, "inputs": i}));
+            if name.starts_with("mlp_block") {
+                blocks.insert("mlp".into(), json!(i));
+            } else if name.starts_with("attention_128") {
+                blocks.insert("attention".into(), json!(i));
+            }
+            (name.clone(), g, ins)
+        })
+        .collect();
+    let model_dir = fetch().expect("the MiniLM model (scripts/fetch_minilm.sh)");
+    let batches = [1usize, 8, 32];
+    let workloads = json!({
+        "functionalize": w_func,
+        "programs": w_prog,
+        "blocks": blocks,
+        "chain": CHAIN_SIZES,
+        "minilm": {"dir": model_dir, "batches": batches, "sentences": SENTENCES},
+    });
+    let wpath = tmp.join("workloads.json");
+    std::fs::write(&wpath, workloads.to_string()).unwrap();
+    eprintln!("PyTorch side (benches/torch_bench.py) ...");
+    let torch: Value = std::process::Command::new("python3")
+        .arg("benches/torch_bench.py")
+        .arg(&wpath)
+        .output()
+        .ok()
+        .and_then(|o| {
+            if !o.status.success() {
+                eprintln!("{}", String::from_utf8_lossy(&o.stderr));
+            }
+            serde_json::from_slice(&o.stdout).ok()
+        })
+        .unwrap_or_else(|| json!({"error": "python3 with torch is not available"}));
+    let torch_version = torch["torch"].as_str().unwrap_or("not available").to_string();
+
+    let mut md = String::new();
+    let _ = writeln!(md, "# Performance\n");
+    let _ = writeln!(
+        md,
+        "Regenerate with `cargo bench --bench report` (writes this file; about 15 minutes on the \
+         2-core development machine with lavapipe). Kiln and PyTorch run in the same invocation: \
+         PyTorch through `benches/torch_bench.py` on this machine's CPU.\n"
+    );
+    let _ = writeln!(
+        md,
+        "- adapter: **{}** (backend {:?}, device type {:?}){}",
+        gpu.info.name,
+        gpu.info.backend,
+        gpu.info.device_type,
+        if software {
+            " — a software adapter: its times are CPU times, **not GPU numbers**"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        md,
+        "- machine: {} CPU cores; PyTorch {} ({} threads), CPU eager and `torch.compile`",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        torch_version,
+        torch["threads"].as_i64().unwrap_or(0)
+    );
+    let _ = writeln!(md, "- date: {}\n", date());
+
+    // 1. Functionalization.
+    eprintln!("functionalize ...");
+    let _ = writeln!(md, "## 1. Functionalization (random programs of views and mutations)\n");
+    let _ = writeln!(md, "PyTorch: `make_fx(torch.func.functionalize(f, remove=mode))` tracing the same program (one run; not run at 100k).\n");
+    let _ = writeln!(md, "| statements | mode | Kiln ms | Kiln statements/s | PyTorch ms | PyTorch / Kiln time |");
+    let _ = writeln!(md, "|---:|---|---:|---:|---:|---:|");
+    for (&n, g) in func_sizes.iter().zip(&func_programs) {
+        for (mode, remove) in [
+            ("mutations", Remove::Mutations),
+            ("mutations_and_views", Remove::MutationsAndViews),
+        ] {
+            let reps = if n >= 100_000 { 1 } else { 5 };
+            let s = best(reps, 30.0, || {
+                functionalize(g, remove).unwrap();
+            });
+            let t = torch_s(&torch, &["functionalize", &n.to_string(), mode]);
+            let _ = writeln!(
+                md,
+                "| {} | {mode} | {:.1} | {:.0} | {} | {} |",
+                g.order.len(),
+                s * 1e3,
+                g.order.len() as f64 / s,
+                cell(t.clone(), 1e3, 0),
+                t.map_or("-".into(), |t| ratio(t, s)),
+            );
+        }
+    }
+
+    // 2.-4. Programs: fusion, memory, executor.
+    eprintln!("programs ...");
+    let _ = writeln!(md, "\n## 2. Fusion and 3. memory, per program\n");
+    let _ = writeln!(md, "Minimum bytes: each input read once, each output written once (bools 1 byte, f16 2). Planned peak = parameters and outputs (io) + the planned arena; lower bound = most arena bytes live at once; naive = one buffer per value, unfused; eager = the reference interpreter's peak for the original program.\n");
+    let _ = writeln!(md, "| program | kernels | bytes moved | minimum | moved / min | planned peak | lower bound (arena) | naive | eager peak | planned / eager | arena / lower bound |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut exec_rows = String::new();
+    let (mut over_bytes, mut over_eager) = (vec![], vec![]);
+    for (name, g, ins) in &graphs {
+        let p = compile_with(g, gpu.compile_options()).unwrap();
+        let m = p.memory.clone();
+        let (k, moved, min) = (p.kernels.len(), p.bytes_moved(), p.min_bytes);
+        let _ = writeln!(
+            md,
+            "| {name} | {k} | {moved} | {min} | {} | {} | {} | {} | {} | {} | {} |",
+            ratio(moved as f64, min as f64),
+            m.planned_peak(),
+            m.lower_bound,
+            m.naive_unfused,
+            m.eager_peak,
+            ratio(m.planned_peak() as f64, m.eager_peak as f64),
+            ratio(m.arena as f64, m.lower_bound as f64),
+        );
+        if moved as f64 > 1.05 * min as f64 {
+            over_bytes.push(name.clone());
+        }
+        if m.planned_peak() > m.eager_peak {
+            over_eager.push(format!("{name} (+{} B)", m.planned_peak() - m.eager_peak));
+        }
+        let loaded = gpu.load(p).unwrap();
+        loaded.run(&gpu, ins).unwrap();
+        let mut host = f64::INFINITY;
+        let run = best(10, 10.0, || {
+            let t = Instant::now();
+            loaded.submit(&gpu);
+            host = host.min(t.elapsed().as_secs_f64());
+            pollster::block_on(loaded.read_back(&gpu)).unwrap();
+        });
+        let t = torch_s(&torch, &["programs", name, "eager_s"]);
+        let _ = writeln!(
+            exec_rows,
+            "| {name} | {k} | {:.1} | {:.3} | {} | {} |",
+            host * 1e6 / k.max(1) as f64,
+            run * 1e3,
+            cell(t.clone(), 1e3, 3),
+            t.map_or("-".into(), |t| ratio(run, t)),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nMoving more than 1.05x the minimum: {} of {} ({}). Planned peak above eager: {} ({}).\n",
+        over_bytes.len(),
+        graphs.len(),
+        over_bytes.join(", "),
+        over_eager.len(),
+        if over_eager.is_empty() { "none".into() } else { over_eager.join(", ") }
+    );
+    let _ = writeln!(md, "## 4. Executor\n");
+    let _ = writeln!(md, "Host time per kernel: encoding and submitting one run (best of 10) divided by its kernels. Run: submit, wait, read the outputs back (best of 10). PyTorch eager: the same program's aten ops from Python, overloads resolved once.\n");
+    let _ = writeln!(md, "| program | kernels | host us / kernel | Kiln run ms | PyTorch eager ms | Kiln / PyTorch time |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
+    md.push_str(&exec_rows);
+    for (name, key) in [("mlp_block_256x512x1024", "mlp"), ("attention_128x256_4heads", "attention")] {
+        let c = torch_s(&torch, &["blocks", key, "compile_s"]);
+        let e = torch_s(&torch, &["blocks", key, "eager_s"]);
+        let _ = writeln!(
+            md,
+            "\n{name}: PyTorch eager (direct module code) {} ms, torch.compile {} ms.",
+            cell(e, 1e3, 2),
+            cell(c, 1e3, 2)
+        );
+    }
+
+    eprintln!("elementwise chain ...");
+    let _ = writeln!(md, "\n### Elementwise chain `tanh(x * 2 + 1) * 0.5 - x` (f32)\n");
+    let _ = writeln!(md, "GB/s = (bytes read + written, 8 per element) / time. Kiln: device time of the kernels alone after a warm-up, by wall clock around submit-and-wait ({}); PyTorch: best of 5 calls.\n",
+        if gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY) { "the adapter has timestamp queries; this bench uses wall time" } else { "the adapter has no timestamp queries" });
+    let _ = writeln!(md, "| elements | Kiln ms | Kiln GB/s | PyTorch eager ms | eager GB/s | torch.compile ms | compile GB/s |");
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|");
+    for n in CHAIN_SIZES {
+        let src = format!(
+            "graph chain(%x: f32[{n}]) {{\n  %a = mul(%x, 2.0)\n  %b = add(%a, 1.0)\n  %c = tanh(%b)\n  %d = mul(%c, 0.5)\n  %e = sub(%d, %x)\n  return %e\n}}"
+        );
+        let g = parse(&src).unwrap();
+        let bytes = (n * 8) as f64;
+        let kiln = compile_with(&g, gpu.compile_options())
+            .map_err(|e| e.to_string())
+            .and_then(|p| gpu.load(p).map_err(|e| e.to_string()))
+            .and_then(|l: Loaded| {
+                let x = RTensor::new(
+                    kiln::functionalize::DType::F32,
+                    vec![n],
+                    &(0..n).map(|i| (i % 1000) as f64 / 1000.0).collect::<Vec<_>>(),
+                );
+                l.run(&gpu, &[x]).map_err(|e| e.to_string())?;
+                Ok(best(5, 20.0, || l.dispatch_and_wait(&gpu).unwrap()))
+            });
+        let gbs = |r: &Result<f64, String>| match r {
+            Ok(s) => format!("{:.2}", bytes / s / 1e9),
+            Err(_) => "-".into(),
+        };
+        let e = torch_s(&torch, &["chain", &n.to_string(), "eager_s"]);
+        let c = torch_s(&torch, &["chain", &n.to_string(), "compile_s"]);
+        let _ = writeln!(
+            md,
+            "| {n} | {} | {} | {} | {} | {} | {} |",
+            cell(kiln.clone(), 1e3, 2),
+            gbs(&kiln),
+            cell(e.clone(), 1e3, 2),
+            gbs(&e),
+            cell(c.clone(), 1e3, 2),
+            gbs(&c),
+        );
+    }
+
+    eprintln!("MiniLM ...");
+    let _ = writeln!(md, "\n## 5. MiniLM (all-MiniLM-L6-v2, real lengths: 16-token bucket)\n");
+    let _ = writeln!(md, "Kiln: compile = trace + functionalize + schedule + codegen for the shape; load = pipelines and the first run; one forward = upload, all kernels, readback (best of up to 3). PyTorch: sentence-transformers `encode` (tokenization included) on the CPU.\n");
+    let _ = writeln!(md, "| batch | kernels | compile s | load s | Kiln ms / forward | Kiln sentences/s | PyTorch sentences/s | Kiln / PyTorch throughput |");
+    let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut model = MiniLm::load(&model_dir).expect("loads");
+    for b in batches {
+        let texts: Vec<&str> = (0..b).map(|i| SENTENCES[i % SENTENCES.len()]).collect();
+        let ids: Vec<Vec<u32>> = texts.iter().map(|t| model.tokenize(t).unwrap()).collect();
+        let seq = bucket(ids.iter().map(|t| t.len()).max().unwrap(), &SEQ_BUCKETS);
+        let inputs = model.inputs(&ids, b, seq);
+        let t = Instant::now();
+        let g = model.graph(b, seq).unwrap().clone();
+        let program = compile_with(&g, gpu.compile_options()).unwrap();
+        let compile_s = t.elapsed().as_secs_f64();
+        let kernels = program.kernels.len();
+        let t = Instant::now();
+        let loaded = gpu.load(program).unwrap();
+        loaded.run(&gpu, &inputs).unwrap();
+        let load_s = t.elapsed().as_secs_f64();
+        let s = best(3, 30.0, || {
+            loaded.run(&gpu, &inputs).unwrap();
+        });
+        let sps = b as f64 / s;
+        let ts = torch_s(&torch, &["minilm", &b.to_string(), "eager_s"]);
+        let _ = writeln!(
+            md,
+            "| {b} | {kernels} | {compile_s:.2} | {load_s:.2} | {:.0} | {sps:.2} | {} | {} |",
+            s * 1e3,
+            ts.clone().map_or_else(|e| format!("n/a ({e})"), |t| format!("{:.2}", b as f64 / t)),
+            ts.map_or("-".into(), |t| ratio(sps, b as f64 / t)),
+        );
+    }
+    if software {
+        let _ = writeln!(md, "\nOn a software adapter every Kiln time above is lavapipe running the shaders on the same CPU cores PyTorch uses: the ratios compare two CPU implementations, not a GPU with a CPU.");
+    }
+    std::fs::create_dir_all(out_path.parent().unwrap_or(Path::new("."))).unwrap();
+    std::fs::write(&out_path, &md).unwrap();
+    let _ = std::fs::remove_dir_all(&tmp);
+    println!("{md}");
+    eprintln!("wrote {}", out_path.display());
+}
+
+/// Today's date (UTC) from the system clock, as YYYY-MM-DD.
+fn date() -> String {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
