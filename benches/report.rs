@@ -156,7 +156,10 @@ fn main() {
         .collect();
     let mut w_func = vec![];
     for (&n, g) in func_sizes.iter().zip(&func_programs).take(2) {
-        let (p, i) = (tmp.join(format!("random{n}.txt")), tmp.join(format!("random{n}.safetensors")));
+        let (p, i) = (
+            tmp.join(format!("random{n}.txt")),
+            tmp.join(format!("random{n}.safetensors")),
+        );
         std::fs::write(&p, kiln::print(g)).unwrap();
         save_inputs(g, &random_inputs(g, 1, 1.0), &i);
         w_func.push(json!({"n": n, "program": p, "inputs": i}));
@@ -183,14 +186,17 @@ fn main() {
         .map(|(name, src)| {
             let g = parse(src).unwrap();
             let ins = random_inputs(&g, 1, 0.05);
-            let (p, i) = (tmp.join(format!("{name}.txt")), tmp.join(format!("{name}.safetensors")));
+            let (p, i) = (
+                tmp.join(format!("{name}.txt")),
+                tmp.join(format!("{name}.safetensors")),
+            );
             std::fs::write(&p, src).unwrap();
             save_inputs(&g, &ins, &i);
             w_prog.push(json!({"name": name, "program": p, "inputs": i}));
-            if name.starts_with("mlp_block") {
-                blocks.insert("mlp".into(), json!(i));
-            } else if name.starts_with("attention_128") {
-                blocks.insert("attention".into(), json!(i));
+            if name == "mlp_block_256x512x1024" {
+                blocks.insert("mlp".into(), json!({"program": p, "inputs": i}));
+            } else if name == "attention_128x256_4heads" {
+                blocks.insert("attention".into(), json!({"program": p, "inputs": i}));
             }
             (name.clone(), g, ins)
         })
@@ -219,13 +225,16 @@ fn main() {
             serde_json::from_slice(&o.stdout).ok()
         })
         .unwrap_or_else(|| json!({"error": "python3 with torch is not available"}));
-    let torch_version = torch["torch"].as_str().unwrap_or("not available").to_string();
+    let torch_version = torch["torch"]
+        .as_str()
+        .unwrap_or("not available")
+        .to_string();
 
     let mut md = String::new();
     let _ = writeln!(md, "# Performance\n");
     let _ = writeln!(
         md,
-        "Regenerate with `cargo bench --bench report` (writes this file; about 15 minutes on the \
+        "Regenerate with `cargo bench --bench report` (writes this file; about 6 minutes on the \
          2-core development machine with lavapipe). Kiln and PyTorch run in the same invocation: \
          PyTorch through `benches/torch_bench.py` on this machine's CPU.\n"
     );
@@ -252,9 +261,15 @@ fn main() {
 
     // 1. Functionalization.
     eprintln!("functionalize ...");
-    let _ = writeln!(md, "## 1. Functionalization (random programs of views and mutations)\n");
+    let _ = writeln!(
+        md,
+        "## 1. Functionalization (random programs of views and mutations)\n"
+    );
     let _ = writeln!(md, "PyTorch: `make_fx(torch.func.functionalize(f, remove=mode))` tracing the same program (one run; not run at 100k).\n");
-    let _ = writeln!(md, "| statements | mode | Kiln ms | Kiln statements/s | PyTorch ms | PyTorch / Kiln time |");
+    let _ = writeln!(
+        md,
+        "| statements | mode | Kiln ms | Kiln statements/s | PyTorch ms | PyTorch / Kiln time |"
+    );
     let _ = writeln!(md, "|---:|---|---:|---:|---:|---:|");
     for (&n, g) in func_sizes.iter().zip(&func_programs) {
         for (mode, remove) in [
@@ -283,7 +298,10 @@ fn main() {
     let _ = writeln!(md, "\n## 2. Fusion and 3. memory, per program\n");
     let _ = writeln!(md, "Minimum bytes: each input read once, each output written once (bools 1 byte, f16 2). Planned peak = parameters and outputs (io) + the planned arena; lower bound = most arena bytes live at once; naive = one buffer per value, unfused; eager = the reference interpreter's peak for the original program.\n");
     let _ = writeln!(md, "| program | kernels | bytes moved | minimum | moved / min | planned peak | lower bound (arena) | naive | eager peak | planned / eager | arena / lower bound |");
-    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     let mut exec_rows = String::new();
     let (mut over_bytes, mut over_eager) = (vec![], vec![]);
     for (name, g, ins) in &graphs {
@@ -326,7 +344,8 @@ fn main() {
             t.map_or("-".into(), |t| ratio(run, t)),
         );
     }
-    let _ = writeln!(
+    let _ =
+        writeln!(
         md,
         "\nMoving more than 1.05x the minimum: {} of {} ({}). Planned peak above eager: {} ({}).\n",
         over_bytes.len(),
@@ -340,7 +359,10 @@ fn main() {
     let _ = writeln!(md, "| program | kernels | host us / kernel | Kiln run ms | PyTorch eager ms | Kiln / PyTorch time |");
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
     md.push_str(&exec_rows);
-    for (name, key) in [("mlp_block_256x512x1024", "mlp"), ("attention_128x256_4heads", "attention")] {
+    for (name, key) in [
+        ("mlp_block_256x512x1024", "mlp"),
+        ("attention_128x256_4heads", "attention"),
+    ] {
         let c = torch_s(&torch, &["blocks", key, "compile_s"]);
         let e = torch_s(&torch, &["blocks", key, "eager_s"]);
         let _ = writeln!(
@@ -352,7 +374,10 @@ fn main() {
     }
 
     eprintln!("elementwise chain ...");
-    let _ = writeln!(md, "\n### Elementwise chain `tanh(x * 2 + 1) * 0.5 - x` (f32)\n");
+    let _ = writeln!(
+        md,
+        "\n### Elementwise chain `tanh(x * 2 + 1) * 0.5 - x` (f32)\n"
+    );
     let _ = writeln!(md, "GB/s = (bytes read + written, 8 per element) / time. Kiln: device time of the kernels alone after a warm-up, by wall clock around submit-and-wait ({}); PyTorch: best of 5 calls.\n",
         if gpu.device.features().contains(wgpu::Features::TIMESTAMP_QUERY) { "the adapter has timestamp queries; this bench uses wall time" } else { "the adapter has no timestamp queries" });
     let _ = writeln!(md, "| elements | Kiln ms | Kiln GB/s | PyTorch eager ms | eager GB/s | torch.compile ms | compile GB/s |");
@@ -370,7 +395,9 @@ fn main() {
                 let x = RTensor::new(
                     kiln::functionalize::DType::F32,
                     vec![n],
-                    &(0..n).map(|i| (i % 1000) as f64 / 1000.0).collect::<Vec<_>>(),
+                    &(0..n)
+                        .map(|i| (i % 1000) as f64 / 1000.0)
+                        .collect::<Vec<_>>(),
                 );
                 l.run(&gpu, &[x]).map_err(|e| e.to_string())?;
                 Ok(best(5, 20.0, || l.dispatch_and_wait(&gpu).unwrap()))
@@ -394,7 +421,10 @@ fn main() {
     }
 
     eprintln!("MiniLM ...");
-    let _ = writeln!(md, "\n## 5. MiniLM (all-MiniLM-L6-v2, real lengths: 16-token bucket)\n");
+    let _ = writeln!(
+        md,
+        "\n## 5. MiniLM (all-MiniLM-L6-v2, real lengths: 16-token bucket)\n"
+    );
     let _ = writeln!(md, "Kiln: compile = trace + functionalize + schedule + codegen for the shape; load = pipelines and the first run; one forward = upload, all kernels, readback (best of up to 3). PyTorch: sentence-transformers `encode` (tokenization included) on the CPU.\n");
     let _ = writeln!(md, "| batch | kernels | compile s | load s | Kiln ms / forward | Kiln sentences/s | PyTorch sentences/s | Kiln / PyTorch throughput |");
     let _ = writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -420,9 +450,10 @@ fn main() {
         let ts = torch_s(&torch, &["minilm", &b.to_string(), "eager_s"]);
         let _ = writeln!(
             md,
-            "| {b} | {kernels} | {compile_s:.2} | {load_s:.2} | {:.0} | {sps:.2} | {} | {} |",
+            "| {b} | {kernels} | {compile_s:.3} | {load_s:.2} | {:.0} | {sps:.2} | {} | {} |",
             s * 1e3,
-            ts.clone().map_or_else(|e| format!("n/a ({e})"), |t| format!("{:.2}", b as f64 / t)),
+            ts.clone()
+                .map_or_else(|e| format!("n/a ({e})"), |t| format!("{:.2}", b as f64 / t)),
             ts.map_or("-".into(), |t| ratio(sps, b as f64 / t)),
         );
     }

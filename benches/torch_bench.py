@@ -158,13 +158,12 @@ def eager_and_compiled(f, args, reps=10):
 
 def block_rows(blocks):
     out = {}
-    for name, path in blocks.items():
+    for name, it in blocks.items():
         try:
-            ins = load_file(path)
+            prog = kiln_torch.parse_program(Path(it["program"]).read_text())
+            ins = load_file(it["inputs"])
             f = {"mlp": mlp, "attention": attention}[name]
-            order = {"mlp": ["x", "w1", "b1", "w2", "b2", "g", "b"],
-                     "attention": ["x", "wq", "wk", "wv", "wo", "mask"]}[name]
-            out[name] = eager_and_compiled(f, [ins[k] for k in order])
+            out[name] = eager_and_compiled(f, [ins[p.name] for p in prog.params])
         except Exception as e:  # noqa: BLE001
             out[name] = {"error": err(e)}
     return out

@@ -315,8 +315,9 @@ impl Loaded {
         self.submit_with(gpu, true)
     }
 
-    /// Runs the kernels alone (no output copies) on the inputs of the last
-    /// run and waits for them: the device time of a run, for benchmarks.
+    /// Runs the kernels alone (no output copies) on whatever the buffers
+    /// hold after the last run (inputs a run consumed are not restored) and
+    /// waits for them: the device time of a run, for benchmarks.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn dispatch_and_wait(&self, gpu: &Gpu) -> Result<(), EngineError> {
         let i = self.submit_with(gpu, false);
