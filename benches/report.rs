@@ -6,8 +6,9 @@
 //!
 //! 1. functionalize: statements per second, random programs of 1k, 10k,
 //!    100k statements, both modes (PyTorch: make_fx of functionalize);
-//! 2./3. per program: kernels, bytes moved against the minimum, planned
-//!    peak against the lower bound, the naive total and eager's peak;
+//! 2. per program: kernels, bytes moved against the minimum;
+//! 3. per program: planned peak against the lower bound, the naive total
+//!    and eager's peak;
 //! 4. executor: host microseconds per kernel (encode + submit), time per
 //!    run, and an elementwise chain over 1M, 16M, 64M elements in GB/s;
 //! 5. MiniLM: sentences per second at batch 1, 8, 32 and compile time.
