@@ -9,16 +9,8 @@ use kiln::engine::{compile_with, Gpu};
 use kiln::minilm::{bucket, fetch, MiniLm, SEQ_BUCKETS};
 use std::time::Instant;
 
-const SENTENCES: [&str; 8] = [
-    "A man is playing a guitar.",
-    "Someone plays a guitar.",
-    "The weather is lovely today.",
-    "It's so sunny outside!",
-    "A woman is slicing an onion in the kitchen.",
-    "The stock market fell sharply after the announcement.",
-    "Kiln turns programs with views and mutations into pure functions.",
-    "Hi",
-];
+mod common;
+use common::SENTENCES;
 
 fn main() {
     // `cargo test --all-targets` runs bench targets without `--bench`: the

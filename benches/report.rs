@@ -22,48 +22,10 @@ use std::fmt::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-const MLP: &str = "graph mlp(%x: f32[256, 512], %w1: f32[1024, 512], %b1: f32[1024], %w2: f32[512, 1024], %b2: f32[512], %g: f32[512], %b: f32[512]) {
-  %n = layer_norm(%x, [512], %g, %b)
-  %h = linear(%n, %w1, %b1)
-  %a = gelu(%h)
-  %o = linear(%a, %w2, %b2)
-  %r = add_(%o, %x)
-  return %r
-}";
-
-const ATTENTION: &str = "graph attention(%x: f32[128, 256], %wq: f32[256, 256], %wk: f32[256, 256], %wv: f32[256, 256], %wo: f32[256, 256], %mask: bool[128, 128]) {
-  %q = linear(%x, %wq)
-  %k = linear(%x, %wk)
-  %v = linear(%x, %wv)
-  %qh = view(%q, [128, 4, 64])
-  %kh = view(%k, [128, 4, 64])
-  %vh = view(%v, [128, 4, 64])
-  %qt = transpose(%qh, 0, 1)
-  %kt = permute(%kh, [1, 2, 0])
-  %vt = transpose(%vh, 0, 1)
-  %s = matmul(%qt, %kt)
-  %s2 = mul_(%s, 0.125)
-  %m = masked_fill_(%s2, %mask, -10000.0)
-  %p = softmax(%m, -1)
-  %c = matmul(%p, %vt)
-  %ct = transpose(%c, 0, 1)
-  %cm = reshape(%ct, [128, 256])
-  %o = linear(%cm, %wo)
-  return %o
-}";
+mod common;
+use common::{ATTENTION, MLP, SENTENCES};
 
 const CHAIN_SIZES: [usize; 3] = [1 << 20, 1 << 24, 1 << 26];
-
-const SENTENCES: [&str; 8] = [
-    "A man is playing a guitar.",
-    "Someone plays a guitar.",
-    "The weather is lovely today.",
-    "It's so sunny outside!",
-    "A woman is slicing an onion in the kitchen.",
-    "The stock market fell sharply after the announcement.",
-    "Kiln turns programs with views and mutations into pure functions.",
-    "Hi",
-];
 
 /// Best wall time of `f` in seconds after one warm-up call: up to `reps`
 /// calls within about `budget` seconds.

@@ -139,15 +139,8 @@ fn reuse_dying_inputs(
                 }
                 // Everything living in the buffer dies in this kernel and is
                 // no output.
-                let mut sharing: Vec<ValueId> = sched
-                    .alias_of
-                    .keys()
-                    .chain(sched.inplace.keys())
-                    .copied()
-                    .filter(|&w| sched.root(w) == root)
-                    .collect();
-                sharing.push(root);
-                let dies = sharing
+                let dies = sched
+                    .sharing(root)
                     .iter()
                     .all(|w| !outputs.contains(w) && last.get(w).is_none_or(|&l| l <= here));
                 // No other member of the kernel reads it.

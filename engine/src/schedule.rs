@@ -158,6 +158,19 @@ pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError>
 }
 
 impl Schedule {
+    /// Every value stored in the buffer owned by `root`, `root` included.
+    pub fn sharing(&self, root: ValueId) -> Vec<ValueId> {
+        let mut out: Vec<ValueId> = self
+            .inplace
+            .keys()
+            .chain(self.alias_of.keys())
+            .copied()
+            .filter(|&v| self.root(v) == root)
+            .collect();
+        out.push(root);
+        out
+    }
+
     /// The value owning `v`'s buffer (through in-place writes and aliases).
     pub fn root(&self, mut v: ValueId) -> ValueId {
         loop {
@@ -210,14 +223,7 @@ fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) 
     // Every value living in the base's buffer must be dead after this
     // kernel: read only before it, or here at the positions it overwrites.
     let root = s.root(base);
-    let mut sharing: Vec<ValueId> = s
-        .inplace
-        .keys()
-        .chain(s.alias_of.keys())
-        .copied()
-        .filter(|&v| s.root(v) == root)
-        .collect();
-    sharing.push(root);
+    let mut sharing = s.sharing(root);
     if !sharing.contains(&base) {
         sharing.push(base);
     }
