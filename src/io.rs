@@ -1,6 +1,7 @@
 //! Reading inputs from and writing results to safetensors files, with the
 //! names and layout of the program format's `run` command.
 
+use kiln_engine::HostTensor;
 use kiln_functionalize::{interp::RunResult, text::Names, DType, Graph, RTensor};
 use safetensors::{tensor::TensorView, Dtype, SafeTensors};
 use std::path::Path;
@@ -205,6 +206,150 @@ pub fn save_all(path: &Path, tensors: &[(String, RTensor)]) -> Result<(), IoErro
     let views = enc
         .iter()
         .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(st_dtype(*d), s.clone(), b)?)))
+        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
+        .map_err(|e| IoError::Format {
+            path: p.clone(),
+            msg: e.to_string(),
+        })?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| IoError::Format {
+        path: p.clone(),
+        msg: e.to_string(),
+    })?;
+    std::fs::write(path, bytes).map_err(|source| IoError::Write { path: p, source })
+}
+
+fn kiln_dtype(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::F32 => DType::F32,
+        Dtype::F16 => DType::F16,
+        Dtype::I32 => DType::I32,
+        Dtype::U32 => DType::U32,
+        Dtype::BOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+/// A safetensors file mapped in memory: its tensors are host tensors
+/// borrowing the mapped bytes (no copy, no conversion). Tensors of dtypes
+/// Kiln lacks (int64 buffers and such) are listed apart.
+pub struct MappedTensors {
+    path: String,
+    map: memmap2::Mmap,
+    tensors: Vec<(String, DType, Vec<usize>, std::ops::Range<usize>)>,
+    /// Names of tensors whose dtype Kiln does not support, with the dtype.
+    pub skipped: Vec<(String, String)>,
+}
+
+impl MappedTensors {
+    pub fn open(path: &Path) -> Result<MappedTensors, IoError> {
+        let p = path.display().to_string();
+        let file = std::fs::File::open(path).map_err(|source| IoError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        // SAFETY: the file is opened read-only; Kiln never writes it while
+        // mapped (another process truncating it is outside what Rust can
+        // guard, as with every mmap).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| IoError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        let st = parse(&p, &map)?;
+        let base = map.as_ptr() as usize;
+        let mut tensors = vec![];
+        let mut skipped = vec![];
+        for (name, t) in st.tensors() {
+            match kiln_dtype(t.dtype()) {
+                Some(d) => {
+                    let start = t.data().as_ptr() as usize - base;
+                    tensors.push((name, d, t.shape().to_vec(), start..start + t.data().len()));
+                }
+                None => skipped.push((name, format!("{:?}", t.dtype()))),
+            }
+        }
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(MappedTensors {
+            path: p,
+            map,
+            tensors,
+            skipped,
+        })
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.iter().map(|t| t.0.as_str())
+    }
+
+    /// The tensor `name`, borrowing the mapped file.
+    pub fn get(&self, name: &str) -> Option<HostTensor<'_>> {
+        let (_, d, sizes, range) = self.tensors.iter().find(|t| t.0 == name)?;
+        HostTensor::new(*d, sizes.clone(), &self.map[range.clone()]).ok()
+    }
+
+    /// Every tensor, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, HostTensor<'_>)> {
+        self.tensors.iter().filter_map(|(n, d, s, r)| {
+            Some((
+                n.as_str(),
+                HostTensor::new(*d, s.clone(), &self.map[r.clone()]).ok()?,
+            ))
+        })
+    }
+
+    /// One tensor per parameter of `g` (by name), checked against the
+    /// declared types; `skip(i)` parameters are left out (constants).
+    pub fn inputs_for(
+        &self,
+        g: &Graph,
+        skip: &dyn Fn(usize) -> bool,
+    ) -> Result<Vec<HostTensor<'_>>, IoError> {
+        let names = Names::of(g);
+        let mut out = vec![];
+        for (i, &v) in g.inputs.iter().enumerate() {
+            if skip(i) {
+                continue;
+            }
+            let name = names.get(v);
+            let want = g.meta(v);
+            let err = |msg: String| IoError::Input {
+                path: self.path.clone(),
+                name: name.clone(),
+                msg,
+            };
+            let t = self.get(&name).ok_or_else(|| {
+                err(format!(
+                    "is missing (the file holds: {})",
+                    self.names().collect::<Vec<_>>().join(", ")
+                ))
+            })?;
+            if t.dtype() != want.dtype || t.sizes() != want.sizes.as_slice() {
+                return Err(err(format!(
+                    "is {}, the program declares {}",
+                    t.type_string(),
+                    want.type_string()
+                )));
+            }
+            out.push(t);
+        }
+        Ok(out)
+    }
+}
+
+/// Writes named host tensors to a safetensors file.
+pub fn save_host(path: &Path, tensors: &[(String, HostTensor)]) -> Result<(), IoError> {
+    let p = path.display().to_string();
+    let views = tensors
+        .iter()
+        .map(|(n, t)| {
+            Ok((
+                n.clone(),
+                TensorView::new(st_dtype(t.dtype()), t.sizes().to_vec(), t.bytes())?,
+            ))
+        })
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
         .map_err(|e| IoError::Format {
             path: p.clone(),

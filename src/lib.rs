@@ -7,6 +7,7 @@
 
 pub mod io;
 pub mod minilm;
+pub mod profile;
 
 pub use kiln_engine as engine;
 pub use kiln_functionalize as functionalize;

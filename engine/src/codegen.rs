@@ -4,7 +4,7 @@
 //! elementwise chains fuse into one kernel.
 
 use crate::schedule::Schedule;
-use crate::wgsl::{self, cast, literal, load, store, ty, Body, Pool};
+use crate::wgsl::{self, cast, literal, load, store, ty, Binding, Body, Buf, Slot};
 use crate::EngineError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::{broadcast_strides, contiguous_strides, numel, Meta};
@@ -15,10 +15,10 @@ use kiln_functionalize::schema::Arg;
 use kiln_functionalize::DType;
 use std::collections::HashMap;
 
-/// Where a materialized value lives: a pool and a word offset.
-#[derive(Clone, Copy, Debug)]
+/// Where a materialized value lives: a buffer and a word offset in it.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Loc {
-    pub pool: Pool,
+    pub buf: Buf,
     pub word: usize,
     /// Bools and f16 values packed 4 and 2 to a word (`wgsl::per_word`);
     /// values written by kernels other than elementwise ones take a word
@@ -26,12 +26,46 @@ pub struct Loc {
     pub packed: bool,
 }
 
-/// One generated kernel.
+/// One generated kernel. Its WGSL names no absolute offset (tensors are
+/// bound range by range), so identical kernels of identical layers or
+/// shape buckets are one pipeline.
 #[derive(Clone, Debug)]
 pub struct KernelCode {
     pub label: String,
     pub wgsl: String,
     pub grid: [u32; 3],
+    /// Storage bindings in binding order.
+    pub bindings: Vec<Binding>,
+}
+
+/// How tensors are bound, from the device's limits.
+#[derive(Clone, Copy, Debug)]
+pub struct BindingRules {
+    /// Words a binding's offset must be a multiple of.
+    pub align_words: usize,
+    /// The most words one binding may cover.
+    pub max_words: usize,
+}
+
+impl Default for BindingRules {
+    /// WebGPU's defaults: 256-byte offsets, 128 MiB bindings.
+    fn default() -> Self {
+        BindingRules {
+            align_words: 64,
+            max_words: (128 << 20) / 4,
+        }
+    }
+}
+
+/// A tensor bound by the kernel being generated.
+struct SlotInfo {
+    loc: Loc,
+    words: usize,
+    /// First word of the first binding (aligned down from `loc.word`).
+    start: usize,
+    chunks: usize,
+    chunk_words: usize,
+    written: bool,
 }
 
 pub struct Gen<'a> {
@@ -49,6 +83,8 @@ pub struct Gen<'a> {
     /// Matrix products tile through workgroup memory (GPUs), or loop over
     /// `k` in each invocation (CPU adapters, where barriers are costly).
     pub tiled_matmul: bool,
+    pub rules: BindingRules,
+    slots: Vec<SlotInfo>,
 }
 
 type R<T> = Result<T, EngineError>;
@@ -73,7 +109,100 @@ impl<'a> Gen<'a> {
             group: vec![],
             own: "gid".into(),
             tiled_matmul: true,
+            rules: BindingRules::default(),
+            slots: vec![],
         }
+    }
+
+    /// The slot of the tensor at `loc` (`words` long), bound once per kernel.
+    fn slot(&mut self, loc: Loc, words: usize, write: bool) -> Slot {
+        let i = match self
+            .slots
+            .iter()
+            .position(|s| s.loc.buf == loc.buf && s.loc.word == loc.word && s.words == words)
+        {
+            Some(i) => i,
+            None => {
+                let r = self.rules;
+                let start = loc.word / r.align_words * r.align_words;
+                let total = loc.word - start + words.max(1);
+                let chunk_words = (r.max_words / r.align_words * r.align_words).max(r.align_words);
+                let chunks = if total <= r.max_words {
+                    1
+                } else {
+                    total.div_ceil(chunk_words)
+                };
+                self.slots.push(SlotInfo {
+                    loc,
+                    words,
+                    start,
+                    chunks,
+                    chunk_words,
+                    written: false,
+                });
+                self.slots.len() - 1
+            }
+        };
+        let info = &mut self.slots[i];
+        info.written |= write;
+        Slot {
+            var: format!("b{i}"),
+            base: info.loc.word - info.start,
+            chunk: (info.chunks > 1).then_some(info.chunk_words),
+        }
+    }
+
+    /// The slot of materialized value `v`.
+    fn slot_of(&mut self, v: ValueId, write: bool) -> R<(Slot, Loc)> {
+        // Before memory planning (fusion trials) any location will do.
+        let loc = match self.locs.get(&v) {
+            Some(l) => *l,
+            None if self.locs.is_empty() => Loc {
+                buf: Buf::Arena,
+                word: 0,
+                packed: false,
+            },
+            None => return Err(bug("a materialized value without a buffer")),
+        };
+        let m = self.meta(v);
+        let words = wgsl::words(m.dtype, m.numel(), loc.packed);
+        Ok((self.slot(loc, words, write), loc))
+    }
+
+    /// The bindings of the kernel generated so far, with their declarations.
+    fn take_bindings(&mut self) -> (Vec<String>, Vec<Binding>) {
+        let slots = std::mem::take(&mut self.slots);
+        // One buffer is writable in every binding of a dispatch or in none.
+        let writable: Vec<Buf> = slots
+            .iter()
+            .filter(|s| s.written)
+            .map(|s| s.loc.buf)
+            .collect();
+        let mut bindings = vec![];
+        let mut vars = vec![];
+        for (i, s) in slots.iter().enumerate() {
+            let total = s.loc.word - s.start + s.words.max(1);
+            for c in 0..s.chunks {
+                let lo = c * s.chunk_words;
+                let words = if s.chunks == 1 {
+                    total
+                } else {
+                    s.chunk_words.min(total - lo)
+                };
+                bindings.push(Binding {
+                    buf: s.loc.buf,
+                    offset: ((s.start + lo) * 4) as u64,
+                    size: (words * 4) as u64,
+                    write: writable.contains(&s.loc.buf),
+                });
+            }
+            vars.push((
+                format!("b{i}"),
+                s.chunks,
+                (s.chunks > 1).then_some(s.chunk_words),
+            ));
+        }
+        (wgsl::declarations(&vars, &bindings), bindings)
     }
 
     fn meta(&self, v: ValueId) -> &'a Meta {
@@ -84,10 +213,12 @@ impl<'a> Gen<'a> {
         let body = std::mem::take(&mut self.body);
         let shared = std::mem::take(&mut self.shared);
         self.memo.clear();
+        let (decls, bindings) = self.take_bindings();
         KernelCode {
             label,
-            wgsl: wgsl::shader(&body.lines, wg, &shared),
+            wgsl: wgsl::shader(&decls, &body.lines, wg, &shared),
             grid,
+            bindings,
         }
     }
 
@@ -157,20 +288,9 @@ impl<'a> Gen<'a> {
         }
         let m = self.meta(v);
         let x = if self.s.is_materialized.contains(&v) {
-            // Before memory planning (fusion trials) any location will do.
-            let loc = match self.locs.get(&v) {
-                Some(l) => *l,
-                None if self.locs.is_empty() => Loc {
-                    pool: Pool::Arena,
-                    word: 0,
-                    packed: false,
-                },
-                None => return Err(bug("a materialized value without a buffer")),
-            };
-            self.body.bind(
-                ty(m.dtype),
-                load(loc.pool, loc.word, idx, m.dtype, loc.packed),
-            )
+            let (slot, loc) = self.slot_of(v, false)?;
+            self.body
+                .bind(ty(m.dtype), load(&slot, idx, m.dtype, loc.packed))
         } else {
             let Def::Node(n, k) = self.g.values[v].def else {
                 return Err(bug("an input without a buffer"));
@@ -325,15 +445,15 @@ impl<'a> Gen<'a> {
     }
 
     fn store_to(&mut self, v: ValueId, idx: &str, value: &str) -> R<()> {
-        let loc = *self
-            .locs
-            .get(&v)
-            .ok_or_else(|| bug("a materialized value without a buffer"))?;
+        if !self.locs.contains_key(&v) {
+            return Err(bug("a materialized value without a buffer"));
+        }
+        let (slot, loc) = self.slot_of(v, true)?;
         if loc.packed {
             return Err(bug("an element store into a packed buffer"));
         }
         let d = self.meta(v).dtype;
-        self.body.stmt(store(loc.pool, loc.word, idx, d, value));
+        self.body.stmt(store(&slot, idx, d, value));
         Ok(())
     }
 
@@ -408,6 +528,7 @@ impl<'a> Gen<'a> {
             std::mem::take(&mut self.body),
             std::mem::take(&mut self.memo),
             std::mem::take(&mut self.shared),
+            std::mem::take(&mut self.slots),
         );
         self.group = group.to_vec();
         for &m in group {
@@ -415,7 +536,7 @@ impl<'a> Gen<'a> {
         }
         let ok = self.node_at(n, k, "gid").is_ok();
         self.group.clear();
-        (self.body, self.memo, self.shared) = saved;
+        (self.body, self.memo, self.shared, self.slots) = saved;
         ok
     }
 
@@ -429,12 +550,13 @@ impl<'a> Gen<'a> {
             std::mem::take(&mut self.body),
             std::mem::take(&mut self.memo),
             std::mem::take(&mut self.shared),
+            std::mem::take(&mut self.slots),
         );
         self.group = vec![root];
         self.memo.insert((root, "gid".into()), "0".into());
         let ok = self.node_at(n, k, "gid").is_ok();
         self.group.clear();
-        (self.body, self.memo, self.shared) = saved;
+        (self.body, self.memo, self.shared, self.slots) = saved;
         ok
     }
 
@@ -490,8 +612,8 @@ impl<'a> Gen<'a> {
                     }
                     // Lanes past the end compute garbage and store nothing.
                     None if lanes > 1 => {
-                        let loc = self.locs[&v];
-                        let st = store(loc.pool, loc.word, &idx, g.meta(v).dtype, &x);
+                        let (slot, _) = self.slot_of(v, true)?;
+                        let st = store(&slot, &idx, g.meta(v).dtype, &x);
                         self.body
                             .stmt(format!("if ({idx} < {}) {{ {st} }}", u(count)));
                     }
@@ -501,19 +623,17 @@ impl<'a> Gen<'a> {
             }
         }
         self.own = "gid".into();
-        for (v, loc) in &packed {
+        for (v, _) in &packed {
             let per = wgsl::per_word(g.meta(*v).dtype);
             let total = wgsl::words(g.meta(*v).dtype, count, true);
+            let (slot, _) = self.slot_of(*v, true)?;
             for (i, w) in acc[v].iter().enumerate() {
                 let at = self
                     .body
                     .bind("u32", format!("gid * {} + {}", u(lanes / per), u(i)));
-                self.body.stmt(format!(
-                    "if ({at} < {}) {{ {}[{}u + {at}] = {w}; }}",
-                    u(total),
-                    loc.pool.name(),
-                    loc.word
-                ));
+                let st = slot.set_word(&at, w);
+                self.body
+                    .stmt(format!("if ({at} < {}) {{ {st} }}", u(total)));
             }
         }
         let label = group
@@ -571,14 +691,14 @@ impl<'a> Gen<'a> {
         let x = cast(&x, sm.dtype, tm.dtype);
         let m = self.unravel("gid", &vm.sizes);
         let at = self.ravel(&m, &vm.strides, vm.offset);
-        let loc = *self
-            .locs
-            .get(&out)
-            .ok_or_else(|| bug("scatter target without a buffer"))?;
+        if !self.locs.contains_key(&out) {
+            return Err(bug("scatter target without a buffer"));
+        }
+        let (slot, loc) = self.slot_of(out, true)?;
         if loc.packed {
             return Err(bug("a scatter into a packed buffer"));
         }
-        self.body.stmt(store(loc.pool, loc.word, &at, tm.dtype, &x));
+        self.body.stmt(store(&slot, &at, tm.dtype, &x));
         Ok(Some(self.finish(
             label,
             wgsl::grid(count),
@@ -679,21 +799,21 @@ impl<'a> Gen<'a> {
     /// `out[at] = val`, or `out[at] += val` when accumulating.
     fn put(&mut self, out: ValueId, at: &str, val: &str, accumulate: bool) -> R<()> {
         let d = self.meta(out).dtype;
-        let loc = *self
-            .locs
-            .get(&out)
-            .ok_or_else(|| bug("index_put without a buffer"))?;
+        if !self.locs.contains_key(&out) {
+            return Err(bug("index_put without a buffer"));
+        }
+        let (slot, loc) = self.slot_of(out, true)?;
         if loc.packed {
             return Err(bug("index_put into a packed buffer"));
         }
         let value = if !accumulate {
             val.to_string()
         } else if d == DType::Bool {
-            format!("({} || {val})", load(loc.pool, loc.word, at, d, false))
+            format!("({} || {val})", load(&slot, at, d, false))
         } else {
-            format!("({} + {val})", load(loc.pool, loc.word, at, d, false))
+            format!("({} + {val})", load(&slot, at, d, false))
         };
-        self.body.stmt(store(loc.pool, loc.word, at, d, &value));
+        self.body.stmt(store(&slot, at, d, &value));
         Ok(())
     }
 

@@ -6,20 +6,23 @@
 //! WGSL (`codegen.rs`, `wgsl.rs`); `exec.rs` runs the result.
 
 pub mod codegen;
-pub mod exec;
 mod footprint;
 pub mod plan;
+pub mod runtime;
 pub mod schedule;
 pub mod wgsl;
 
-pub use exec::{Engine, Gpu, Loaded};
+pub use runtime::{
+    DeviceTensor, Engine, EngineRun, Executable, Fetch, Gpu, HostTensor, Input, Output, RunOptions,
+    RunResult, RunStats, Session, SessionTotals, Timing,
+};
 
-use codegen::{Gen, KernelCode, Loc};
+use codegen::{BindingRules, Gen, KernelCode, Loc};
 use kiln_functionalize::graph::{Def, Graph, ValueId};
 use kiln_functionalize::ops::OpKind;
 use kiln_functionalize::{functionalize, Remove};
 use std::collections::{HashMap, HashSet};
-use wgsl::Pool;
+use wgsl::Buf;
 
 pub use kiln_functionalize as functionalize;
 
@@ -47,13 +50,16 @@ pub struct Kernel {
     pub ops: Vec<String>,
     pub bytes_read: usize,
     pub bytes_written: usize,
+    /// Arithmetic operations: 2 M N K for matrix products, one per element
+    /// and fused op otherwise.
+    pub flops: usize,
 }
 
 /// Memory figures of a compiled program, in bytes (4 bytes an element on
 /// the GPU, whatever the dtype).
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStats {
-    /// Parameters and their final values, uploaded each run.
+    /// Parameters (inputs and constants).
     pub io: usize,
     /// The planned arena of intermediates and outputs.
     pub arena: usize,
@@ -90,7 +96,13 @@ pub struct Program {
     pub mutated_inputs: Vec<usize>,
     pub kernels: Vec<Kernel>,
     pub locs: HashMap<ValueId, Loc>,
-    pub io_words: usize,
+    /// Words of each parameter's buffer.
+    pub param_words: Vec<usize>,
+    /// Parameters bound to session constants (never written).
+    pub constants: Vec<usize>,
+    /// Parameters whose buffer a kernel writes (results written over a
+    /// dying input): a run fills them anew each time.
+    pub written_params: Vec<usize>,
     pub arena_words: usize,
     pub memory: MemoryStats,
     /// Bytes a run must move at least: every parameter read once, every
@@ -98,9 +110,9 @@ pub struct Program {
     pub min_bytes: usize,
 }
 
-/// Arena offsets are word-aligned: kernels index the pools as arrays of
-/// 32-bit words and no value is bound at an offset of its own (where the
-/// device's 256-byte binding alignment would apply).
+/// Arena offsets are word-aligned: a kernel binds each tensor from the
+/// aligned offset at or below it and indexes from there, so no padding
+/// is needed between tensors.
 const ALIGN: usize = 4;
 
 /// Elementwise results written over an input that dies in the same kernel
@@ -115,6 +127,7 @@ fn reuse_dying_inputs(
     last: &HashMap<ValueId, usize>,
     outputs: &[ValueId],
     packed: &dyn Fn(ValueId) -> bool,
+    rules: BindingRules,
 ) {
     let empty = HashMap::new();
     for grp in groups {
@@ -129,6 +142,9 @@ fn reuse_dying_inputs(
             };
             for u in schedule::reads(g, sched, n) {
                 let root = sched.root(u);
+                if sched.pinned.contains(&root) {
+                    continue;
+                }
                 // Same elements in the same layout (a packed bool result
                 // cannot take an f32 buffer: one word would hold others'
                 // elements).
@@ -157,6 +173,7 @@ fn reuse_dying_inputs(
                 }
                 // v reads it only at its own index.
                 let mut trial = codegen::Gen::new(g, sched, &empty);
+                trial.rules = rules;
                 if !trial.reads_only_at_own_index(v, root) {
                     continue;
                 }
@@ -179,28 +196,80 @@ fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
     }
 }
 
-/// Choices that depend on the device.
-#[derive(Clone, Copy, Debug)]
+/// Choices that depend on the device, and the parameters bound to
+/// constants.
+#[derive(Clone, Debug)]
 pub struct CompileOptions {
     /// Tile matrix products through workgroup memory (GPUs); CPU adapters
     /// (lavapipe), where workgroup barriers are slow, loop instead.
     pub tiled_matmul: bool,
+    /// Binding offsets and sizes the device allows.
+    pub rules: BindingRules,
+    /// Storage buffers a kernel may bind (WebGPU's default, and browsers: 8).
+    pub max_bindings: usize,
+    /// Parameter indices bound to constants: uploaded once, never written.
+    pub constants: Vec<usize>,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { tiled_matmul: true }
+        CompileOptions {
+            tiled_matmul: true,
+            rules: BindingRules::default(),
+            max_bindings: 8,
+            constants: vec![],
+        }
     }
+}
+
+/// Distinct buffers the kernel computing `vals` binds (each value's
+/// buffer and every buffer its inlined producers read).
+fn buffers_touched(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> usize {
+    let mut roots: HashSet<ValueId> = HashSet::new();
+    for &v in vals {
+        roots.insert(sched.root(v));
+        if let Some(n) = g.node_of(v) {
+            roots.extend(
+                schedule::reads(g, sched, n)
+                    .into_iter()
+                    .map(|r| sched.root(r)),
+            );
+        }
+    }
+    roots.len()
 }
 
 /// Compiles `src` (any program: it is functionalized first).
 pub fn compile(src: &Graph) -> Result<Program, EngineError> {
-    compile_with(src, CompileOptions::default())
+    compile_with(src, &CompileOptions::default())
 }
 
 /// Compiles `src` with device-specific choices.
-pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, EngineError> {
+pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, EngineError> {
+    if let Some(&i) = options.constants.iter().find(|&&i| i >= src.inputs.len()) {
+        return Err(EngineError::Input {
+            index: i,
+            msg: format!("no such parameter (the program has {})", src.inputs.len()),
+        });
+    }
     let f = functionalize(src, Remove::MutationsAndViews)?;
+    if let Some(m) = f
+        .mutated_inputs
+        .iter()
+        .find(|m| options.constants.contains(&m.input))
+    {
+        let name = src.values[src.inputs[m.input]]
+            .name
+            .clone()
+            .unwrap_or_default();
+        return Err(EngineError::Input {
+            index: m.input,
+            msg: format!(
+                "parameter %{name} is bound to a constant (uploaded once) but the program \
+                 writes it; pass it as an ordinary input instead"
+            ),
+        });
+    }
     let mut g = f.graph;
     // The copy_ epilogue becomes extra outputs the runtime writes back.
     let epilogue: Vec<_> = g
@@ -214,7 +283,8 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
     let mut outputs = g.outputs.clone();
     outputs.extend(f.mutated_inputs.iter().map(|m| m.value));
     let mutated_inputs: Vec<usize> = f.mutated_inputs.iter().map(|m| m.input).collect();
-    let mut sched = schedule::schedule(&g, &outputs)?;
+    let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
+    let mut sched = schedule::schedule(&g, &outputs, pinned)?;
 
     // Kernels: consecutive elementwise values of one shape fuse into one
     // multi-output kernel; everything else is a kernel of its own.
@@ -233,7 +303,10 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
                     let Def::Node(m, _) = g.values[grp[0]].def else {
                         return false;
                     };
+                    let mut all = grp.clone();
+                    all.push(v);
                     schedule::class(&g, m).is_ok_and(|c| c == schedule::Class::Map)
+                        && buffers_touched(&g, &sched, &all) <= options.max_bindings
                         && trial.fits_group(grp, v)
                 });
             match groups.last_mut() {
@@ -281,24 +354,33 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
     let packed = |v: ValueId| {
         wgsl::per_word(g.meta(v).dtype) > 1 && (g.inputs.contains(&v) || map_written.contains(&v))
     };
-    reuse_dying_inputs(&g, &mut sched, &groups, &step, &last, &outputs, &packed);
+    reuse_dying_inputs(
+        &g,
+        &mut sched,
+        &groups,
+        &step,
+        &last,
+        &outputs,
+        &packed,
+        options.rules,
+    );
     let bytes =
         |v: ValueId| wgsl::words(g.meta(v).dtype, g.meta(v).numel(), packed(sched.root(v))) * 4;
     // A re-inplaced scatter, a reshape and an elementwise result written
     // over its dying input live in the allocation they reuse.
     let root = |v: ValueId| sched.root(v);
     let mut locs: HashMap<ValueId, Loc> = HashMap::new();
-    let mut io_words = 0;
-    for &v in &g.inputs {
+    let mut param_words = vec![];
+    for (i, &v) in g.inputs.iter().enumerate() {
         locs.insert(
             v,
             Loc {
-                pool: Pool::Io,
-                word: io_words,
+                buf: Buf::Param(i),
+                word: 0,
                 packed: packed(v),
             },
         );
-        io_words += bytes(v) / 4;
+        param_words.push(bytes(v) / 4);
     }
     let mut roots: Vec<ValueId> = vec![];
     let mut span: HashMap<ValueId, (usize, usize)> = HashMap::new();
@@ -333,7 +415,7 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
         locs.insert(
             *r,
             Loc {
-                pool: Pool::Arena,
+                buf: Buf::Arena,
                 word: off / 4,
                 packed: packed(*r),
             },
@@ -350,6 +432,7 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
     let mut kernels = vec![];
     let mut gen = Gen::new(&g, &sched, &locs);
     gen.tiled_matmul = options.tiled_matmul;
+    gen.rules = options.rules;
     for grp in &groups {
         let mut ops: Vec<String> = vec![];
         let mut reads: Vec<ValueId> = vec![];
@@ -406,12 +489,23 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
         } else {
             gen.kernel(grp[0])?
         };
+        let flops = kernel_flops(&g, grp, ops.len(), elements);
         for code in codes {
+            if code.bindings.len() > options.max_bindings {
+                return Err(EngineError::Unsupported(format!(
+                    "kernel {} binds {} storage buffers; this device allows {} per shader \
+                     stage (split the expression with an intermediate `clone`)",
+                    code.label,
+                    code.bindings.len(),
+                    options.max_bindings
+                )));
+            }
             kernels.push(Kernel {
                 code,
                 ops: ops.clone(),
                 bytes_read,
                 bytes_written: written,
+                flops,
             });
         }
     }
@@ -420,8 +514,18 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
     let naive_unfused = g.values.values().map(|v| least(&v.meta)).sum();
     let min_bytes = g.inputs.iter().map(|&v| least(g.meta(v))).sum::<usize>()
         + outputs.iter().map(|&v| least(g.meta(v))).sum::<usize>();
+    let written_params: Vec<usize> = (0..g.inputs.len())
+        .filter(|&i| {
+            kernels.iter().any(|k| {
+                k.code
+                    .bindings
+                    .iter()
+                    .any(|b| b.write && b.buf == Buf::Param(i))
+            })
+        })
+        .collect();
     let memory = MemoryStats {
-        io: io_words * 4,
+        io: param_words.iter().sum::<usize>() * 4,
         arena: mp.arena_bytes,
         lower_bound: mp.lower_bound,
         naive: mp.naive,
@@ -437,11 +541,37 @@ pub fn compile_with(src: &Graph, options: CompileOptions) -> Result<Program, Eng
         mutated_inputs,
         kernels,
         locs,
-        io_words,
+        param_words,
+        constants: options.constants.clone(),
+        written_params,
         arena_words: mp.arena_bytes.div_ceil(4),
         memory,
         min_bytes,
     })
+}
+
+/// Arithmetic of the kernel computing `grp`: 2 M N K for matrix products
+/// (M N = output elements, K the contracted size), one operation per
+/// element and source op otherwise.
+fn kernel_flops(g: &Graph, grp: &[ValueId], ops: usize, elements: usize) -> usize {
+    if let [v] = grp {
+        if let Some(n) = g.node_of(*v) {
+            let node = &g.nodes[n];
+            let k = match node.op.name() {
+                "mm" | "bmm" | "matmul" | "linear" => node.args[0].tensors().first().copied(),
+                "addmm" => node.args[1].tensors().first().copied(),
+                _ => None,
+            }
+            .and_then(|a| g.meta(*a).sizes.last().copied());
+            if let Some(k) = k {
+                return 2 * g.meta(*v).numel() * k;
+            }
+            if let Some(&x) = node.args.first().and_then(|a| a.tensors().first().copied()) {
+                return ops * g.meta(x).numel().max(g.meta(*v).numel());
+            }
+        }
+    }
+    ops * elements
 }
 
 impl Program {

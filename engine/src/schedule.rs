@@ -91,9 +91,15 @@ pub struct Schedule {
     /// view on the host (no copy kernel, no arena).
     pub host_views: HashMap<ValueId, ValueId>,
     pub uses: HashMap<ValueId, Vec<NodeId>>,
+    /// Buffers no kernel may write (parameters bound to constants).
+    pub pinned: HashSet<ValueId>,
 }
 
-pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError> {
+pub fn schedule(
+    g: &Graph,
+    outputs: &[ValueId],
+    pinned: HashSet<ValueId>,
+) -> Result<Schedule, EngineError> {
     let mut uses: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
     for &n in &g.order {
         for v in g.nodes[n].inputs() {
@@ -108,6 +114,7 @@ pub fn schedule(g: &Graph, outputs: &[ValueId]) -> Result<Schedule, EngineError>
         alias_of: HashMap::new(),
         host_views: HashMap::new(),
         uses,
+        pinned,
     };
     for &v in &g.inputs {
         s.is_materialized.insert(v);
@@ -223,6 +230,9 @@ fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) 
     // Every value living in the base's buffer must be dead after this
     // kernel: read only before it, or here at the positions it overwrites.
     let root = s.root(base);
+    if s.pinned.contains(&root) {
+        return None;
+    }
     let mut sharing = s.sharing(root);
     if !sharing.contains(&base) {
         sharing.push(base);

@@ -79,21 +79,122 @@ impl Body {
     }
 }
 
-/// The buffers a kernel sees: `io` holds parameters, `arena`
-/// intermediates; both are arrays of 32-bit words.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Pool {
-    Io,
+/// The storage a tensor lives in: a parameter's buffer (per-run input,
+/// or a session constant) or the planned arena of intermediates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Buf {
+    Param(usize),
     Arena,
 }
 
-impl Pool {
-    pub fn name(self) -> &'static str {
-        match self {
-            Pool::Io => "io",
-            Pool::Arena => "arena",
+/// A tensor as a kernel sees it: the binding variable holding it and the
+/// word it starts at inside that binding (bindings start at offsets the
+/// device aligns, so a tensor may start a few words in). `chunk` is set
+/// when the tensor spans several bindings (it is larger than the device's
+/// binding limit): each binding holds `chunk` words and accessor functions
+/// pick the binding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slot {
+    pub var: String,
+    pub base: usize,
+    pub chunk: Option<usize>,
+}
+
+impl Slot {
+    fn at(&self, index: &str) -> String {
+        if self.base == 0 {
+            index.to_string()
+        } else {
+            format!("{}u + {index}", self.base)
         }
     }
+
+    /// The 32-bit word at element-word `index` of the tensor.
+    pub fn word(&self, index: &str) -> String {
+        match self.chunk {
+            None => format!("{}[{}]", self.var, self.at(index)),
+            Some(_) => format!("{}_ld({})", self.var, self.at(index)),
+        }
+    }
+
+    /// A statement storing `value` (a u32) at word `index`.
+    pub fn set_word(&self, index: &str, value: &str) -> String {
+        match self.chunk {
+            None => format!("{}[{}] = {value};", self.var, self.at(index)),
+            Some(_) => format!("{}_st({}, {value});", self.var, self.at(index)),
+        }
+    }
+}
+
+/// One storage binding of a kernel: a byte range of a buffer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Binding {
+    pub buf: Buf,
+    pub offset: u64,
+    pub size: u64,
+    /// Bound read-write (the kernel writes it, or writes another range of
+    /// the same buffer: one buffer in one dispatch is either read-only in
+    /// every binding or writable in every binding).
+    pub write: bool,
+}
+
+/// The declarations (and accessor functions of split tensors) for the
+/// bindings of a kernel: `vars[i]` is the variable of slot `i`, which
+/// covers `chunks[i]` consecutive bindings of `chunk_words` words each.
+pub fn declarations(vars: &[(String, usize, Option<usize>)], bindings: &[Binding]) -> Vec<String> {
+    let mut out = vec![];
+    let mut b = 0;
+    for (var, chunks, chunk_words) in vars {
+        let access = |i: usize| {
+            if bindings[i].write {
+                "read_write"
+            } else {
+                "read"
+            }
+        };
+        match chunk_words {
+            None => {
+                out.push(format!(
+                    "@group(0) @binding({b}) var<storage, {}> {var}: array<u32>;",
+                    access(b)
+                ));
+                b += 1;
+            }
+            Some(cw) => {
+                let write = bindings[b].write;
+                let mut ld = format!("fn {var}_ld(i: u32) -> u32 {{");
+                let mut st = format!("fn {var}_st(i: u32, v: u32) {{");
+                for c in 0..*chunks {
+                    out.push(format!(
+                        "@group(0) @binding({b}) var<storage, {}> {var}c{c}: array<u32>;",
+                        access(b)
+                    ));
+                    let lo = c * cw;
+                    if c + 1 < *chunks {
+                        let _ = write!(
+                            ld,
+                            " if (i < {}u) {{ return {var}c{c}[i - {lo}u]; }}",
+                            lo + cw
+                        );
+                        let _ = write!(
+                            st,
+                            " if (i < {}u) {{ {var}c{c}[i - {lo}u] = v; return; }}",
+                            lo + cw
+                        );
+                    } else {
+                        let _ = write!(ld, " return {var}c{c}[i - {lo}u]; }}");
+                        let _ = write!(st, " {var}c{c}[i - {lo}u] = v; }}");
+                    }
+                    b += 1;
+                }
+                out.push(ld);
+                if write {
+                    out.push(st);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Elements of `d` per 32-bit word in a packed buffer: bools take a byte
@@ -117,17 +218,18 @@ pub fn words(d: DType, n: usize, packed: bool) -> usize {
 
 /// Reads element `index` (a u32 expression) of a `dtype` buffer stored at
 /// word `base` of `pool`, packed (see `per_word`) or a word per element.
-pub fn load(pool: Pool, base: usize, index: &str, dtype: DType, packed: bool) -> String {
-    let p = pool.name();
+pub fn load(slot: &Slot, index: &str, dtype: DType, packed: bool) -> String {
     match (dtype, packed && per_word(dtype) > 1) {
         (DType::Bool, true) => {
-            format!("((({p}[{base}u + ({index} >> 2u)] >> (({index} & 3u) << 3u)) & 0xffu) != 0u)")
+            let w = slot.word(&format!("({index} >> 2u)"));
+            format!("((({w} >> (({index} & 3u) << 3u)) & 0xffu) != 0u)")
         }
         (DType::F16, true) => {
-            format!("unpack2x16float({p}[{base}u + ({index} >> 1u)] >> (({index} & 1u) << 4u)).x")
+            let w = slot.word(&format!("({index} >> 1u)"));
+            format!("unpack2x16float({w} >> (({index} & 1u) << 4u)).x")
         }
         _ => {
-            let word = format!("{p}[{base}u + {index}]");
+            let word = slot.word(index);
             match dtype {
                 DType::F32 | DType::F16 => format!("bitcast<f32>({word})"),
                 DType::I32 => format!("bitcast<i32>({word})"),
@@ -152,7 +254,7 @@ pub fn pack_lane(dtype: DType, value: &str, lane: usize) -> String {
 
 /// Writes `value` (in its shader type) as element `index` of a buffer
 /// with a word per element.
-pub fn store(pool: Pool, base: usize, index: &str, dtype: DType, value: &str) -> String {
+pub fn store(slot: &Slot, index: &str, dtype: DType, value: &str) -> String {
     let word = match dtype {
         DType::F32 => format!("bitcast<u32>({value})"),
         DType::F16 => format!("bitcast<u32>(k_round_f16({value}))"),
@@ -160,7 +262,7 @@ pub fn store(pool: Pool, base: usize, index: &str, dtype: DType, value: &str) ->
         DType::U32 => value.to_string(),
         DType::Bool => format!("select(0u, 1u, {value})"),
     };
-    format!("{}[{base}u + {index}] = {word};", pool.name())
+    slot.set_word(index, &word)
 }
 
 /// Converts a shader value of dtype `from` to dtype `to` with the store
@@ -216,12 +318,14 @@ pub fn literal(v: f64, dtype: DType) -> String {
 
 pub const WORKGROUP: u32 = 64;
 
-/// A complete compute shader: the prelude, both pools and one entry point
-/// whose body sees `gid` (the flat invocation index) and `lid`/`wid`.
-pub fn shader(body: &[String], workgroup: [u32; 3], shared: &[String]) -> String {
+/// A complete compute shader: binding declarations, the prelude and one
+/// entry point whose body sees `gid` (the flat invocation index) and
+/// `lid`/`wid`.
+pub fn shader(decls: &[String], body: &[String], workgroup: [u32; 3], shared: &[String]) -> String {
     let mut s = String::new();
-    s.push_str("@group(0) @binding(0) var<storage, read_write> io: array<u32>;\n");
-    s.push_str("@group(0) @binding(1) var<storage, read_write> arena: array<u32>;\n");
+    for d in decls {
+        let _ = writeln!(s, "{d}");
+    }
     for d in shared {
         let _ = writeln!(s, "{d}");
     }

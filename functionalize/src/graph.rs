@@ -181,3 +181,50 @@ impl Graph {
         last
     }
 }
+
+impl Graph {
+    /// A 128-bit hash of what the graph computes: parameter types, nodes
+    /// (op, overload, arguments, result types) and outputs, with values
+    /// numbered in definition order. Names do not count, so two traces of
+    /// one program (or one program printed and parsed back) hash alike.
+    pub fn structural_hash(&self) -> u128 {
+        use std::collections::HashMap;
+        use std::hash::{Hash, Hasher};
+        let mut num: HashMap<ValueId, usize> = HashMap::new();
+        let (mut a, mut b) = (
+            std::collections::hash_map::DefaultHasher::new(),
+            std::collections::hash_map::DefaultHasher::new(),
+        );
+        b.write_u8(0x5a);
+        let mut feed = |bytes: &[u8]| {
+            a.write(bytes);
+            b.write(bytes);
+        };
+        let meta = |m: &Meta, feed: &mut dyn FnMut(&[u8])| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (m.dtype, &m.sizes, &m.strides, m.offset, m.storage_numel).hash(&mut h);
+            feed(&h.finish().to_le_bytes());
+        };
+        for &v in &self.inputs {
+            num.insert(v, num.len());
+            meta(&self.values[v].meta, &mut feed);
+        }
+        for &n in &self.order {
+            let node = &self.nodes[n];
+            feed(node.op.name().as_bytes());
+            feed(&(node.overload as u64).to_le_bytes());
+            for arg in &node.args {
+                let mapped = arg.map(&mut |v: &ValueId| num.get(v).copied().unwrap_or(usize::MAX));
+                feed(format!("{mapped:?};").as_bytes());
+            }
+            for &r in &node.results {
+                num.insert(r, num.len());
+                meta(&self.values[r].meta, &mut feed);
+            }
+        }
+        for v in &self.outputs {
+            feed(&(num.get(v).copied().unwrap_or(usize::MAX) as u64).to_le_bytes());
+        }
+        ((a.finish() as u128) << 64) | b.finish() as u128
+    }
+}

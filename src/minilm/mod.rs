@@ -3,15 +3,23 @@
 //! API the way a user would write it: head split and merge are views, the
 //! padding mask is applied in place.
 //!
-//! Weights come from `model.safetensors` (memory-mapped), text is
-//! tokenized by the `tokenizers` crate from `tokenizer.json`. The model is
-//! traced per (batch, sequence length) bucket; the engine compiles each
-//! bucket once.
+//! Weights come from `model.safetensors` (memory-mapped, uploaded once to
+//! a session as constants, straight from the mapping), text is tokenized
+//! by the `tokenizers` crate from `tokenizer.json`. The model is traced per
+//! (batch, sequence length) bucket; the session compiles each bucket once,
+//! and the buckets share the weights and the pipelines of identical
+//! kernels.
 
+use crate::io::MappedTensors;
+use kiln_engine::{Fetch, HostTensor, Input, Output, RunStats, Session};
 use kiln_functionalize::trace::{call, Tensor, TensorSpec};
 use kiln_functionalize::{args, trace, DType, Graph, RTensor};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+
+pub use fetch::{fetch, model_dir, PACKAGE, VERSION};
+
+mod fetch;
 
 pub const HIDDEN: usize = 384;
 pub const HEADS: usize = 12;
@@ -29,34 +37,19 @@ pub enum ModelError {
     Program(#[from] kiln_functionalize::Error),
     #[error(transparent)]
     Engine(#[from] kiln_engine::EngineError),
+    #[error(transparent)]
+    Io(#[from] crate::io::IoError),
 }
 
-/// The model's weights (by graph parameter name) and tokenizer.
+/// The model's weights (memory-mapped, by graph parameter name) and
+/// tokenizer.
 pub struct MiniLm {
     pub dir: PathBuf,
-    weights: HashMap<String, RTensor>,
+    weights: MappedTensors,
+    /// Parameter name -> tensor name in the file.
+    names: HashMap<String, String>,
     tokenizer: tokenizers::Tokenizer,
     graphs: HashMap<(usize, usize), Graph>,
-}
-
-/// The cache folder `scripts/fetch_minilm.sh` fills, running it if the
-/// model is missing.
-pub fn fetch() -> Result<PathBuf, ModelError> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fetch_minilm.sh");
-    let out = std::process::Command::new("bash")
-        .arg(&script)
-        .output()
-        .map_err(|e| ModelError::Files(format!("cannot run {}: {e}", script.display())))?;
-    if !out.status.success() {
-        return Err(ModelError::Files(format!(
-            "{} failed: {}",
-            script.display(),
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let dir = stdout.lines().last().unwrap_or("").trim();
-    Ok(PathBuf::from(dir))
 }
 
 /// A weight's name in the text format: dots become underscores.
@@ -66,27 +59,17 @@ fn param_name(name: &str) -> String {
 
 impl MiniLm {
     pub fn load(dir: &Path) -> Result<MiniLm, ModelError> {
-        let path = dir.join("model.safetensors");
-        let file = std::fs::File::open(&path)
-            .map_err(|e| ModelError::Files(format!("{}: {e}", path.display())))?;
-        // SAFETY: the file is opened read-only and not modified while mapped.
-        let map = unsafe { memmap2::Mmap::map(&file) }
-            .map_err(|e| ModelError::Files(format!("{}: {e}", path.display())))?;
-        let st = safetensors::SafeTensors::deserialize(&map)
-            .map_err(|e| ModelError::Files(format!("{}: {e}", path.display())))?;
-        let mut weights = HashMap::new();
-        for (name, view) in st.tensors() {
-            if view.dtype() != safetensors::Dtype::F32 {
-                // Buffers such as `position_ids` (int64) are not weights.
-                continue;
-            }
-            let vals = crate::io::decode(DType::F32, view.data());
-            let short = name.strip_prefix("bert.").unwrap_or(&name);
-            weights.insert(
-                param_name(short),
-                RTensor::new(DType::F32, view.shape().to_vec(), &vals),
-            );
-        }
+        let weights = MappedTensors::open(&dir.join("model.safetensors"))?;
+        // Buffers such as `position_ids` (int64) are not weights.
+        let names = weights
+            .names()
+            .map(|n| {
+                (
+                    param_name(n.strip_prefix("bert.").unwrap_or(n)),
+                    n.to_string(),
+                )
+            })
+            .collect();
         let tok_path = dir.join("tokenizer.json");
         let mut tokenizer = tokenizers::Tokenizer::from_file(&tok_path)
             .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
@@ -98,9 +81,36 @@ impl MiniLm {
         Ok(MiniLm {
             dir: dir.to_path_buf(),
             weights,
+            names,
             tokenizer,
             graphs: HashMap::new(),
         })
+    }
+
+    /// Weight `param` (a graph parameter name), borrowing the mapped file.
+    pub fn weight(&self, param: &str) -> Result<HostTensor<'_>, ModelError> {
+        self.names
+            .get(param)
+            .and_then(|n| self.weights.get(n))
+            .filter(|t| t.dtype() == DType::F32)
+            .ok_or_else(|| {
+                ModelError::Files(format!(
+                    "{} has no f32 weight for {param}",
+                    self.weights.path()
+                ))
+            })
+    }
+
+    /// Uploads every weight once as a constant of `session` (straight from
+    /// the mapped file); graphs compiled there then take only the token
+    /// ids and the mask.
+    pub fn upload_weights(&self, session: &Session) -> Result<(), ModelError> {
+        for n in Self::weight_names() {
+            if session.constant(&n).is_none() {
+                session.add_constant(&n, &self.weight(&n)?)?;
+            }
+        }
+        Ok(())
     }
 
     /// Token ids of one sentence ([CLS] ... [SEP]), at most `MAX_LEN`.
@@ -119,7 +129,7 @@ impl MiniLm {
     }
 
     /// The weight parameters, in the order `forward` declares them.
-    fn weight_names() -> Vec<String> {
+    pub fn weight_names() -> Vec<String> {
         let mut names: Vec<String> = [
             "embeddings.word_embeddings.weight",
             "embeddings.position_embeddings.weight",
@@ -159,9 +169,7 @@ impl MiniLm {
                 TensorSpec::new("attention_mask", DType::I32, &[batch, seq]),
             ];
             for n in Self::weight_names() {
-                let w = self.weights.get(&n).ok_or_else(|| {
-                    ModelError::Files(format!("model.safetensors has no weight {n}"))
-                })?;
+                let w = self.weight(&n)?;
                 specs.push(TensorSpec::new(&n, DType::F32, w.sizes()));
             }
             let g = trace("minilm", &specs, |p| vec![forward(p, batch, seq)])?;
@@ -170,22 +178,92 @@ impl MiniLm {
         Ok(&self.graphs[&(batch, seq)])
     }
 
-    /// Inputs for the bucket: ids and mask padded with zeros, then weights.
-    pub fn inputs(&self, ids: &[Vec<u32>], batch: usize, seq: usize) -> Vec<RTensor> {
-        let mut id = vec![0.0; batch * seq];
-        let mut mask = vec![0.0; batch * seq];
+    /// Token ids and mask for the bucket, padded with zeros.
+    pub fn token_inputs(
+        ids: &[Vec<u32>],
+        batch: usize,
+        seq: usize,
+    ) -> Result<[HostTensor<'static>; 2], ModelError> {
+        let mut id = vec![0i32; batch * seq];
+        let mut mask = vec![0i32; batch * seq];
         for (b, s) in ids.iter().enumerate() {
             for (t, &x) in s.iter().enumerate() {
-                id[b * seq + t] = x as f64;
-                mask[b * seq + t] = 1.0;
+                id[b * seq + t] = x as i32;
+                mask[b * seq + t] = 1;
             }
         }
-        let mut v = vec![
-            RTensor::new(DType::I32, vec![batch, seq], &id),
-            RTensor::new(DType::I32, vec![batch, seq], &mask),
-        ];
-        v.extend(Self::weight_names().iter().map(|n| self.weights[n].clone()));
-        v
+        Ok([
+            HostTensor::from_slice(&[batch, seq], &id)?,
+            HostTensor::from_slice(&[batch, seq], &mask)?,
+        ])
+    }
+
+    /// Every parameter as the reference interpreter's tensors (ids, mask,
+    /// then the weights, converted through f64).
+    pub fn reference_inputs(
+        &self,
+        ids: &[Vec<u32>],
+        batch: usize,
+        seq: usize,
+    ) -> Result<Vec<RTensor>, ModelError> {
+        let mut v: Vec<RTensor> = Self::token_inputs(ids, batch, seq)?
+            .iter()
+            .map(|t| t.to_rtensor())
+            .collect();
+        for n in Self::weight_names() {
+            v.push(self.weight(&n)?.to_rtensor());
+        }
+        Ok(v)
+    }
+
+    /// The bucket (batch, sequence length) that holds these token lists.
+    pub fn bucket_of(ids: &[Vec<u32>]) -> (usize, usize) {
+        let seq = bucket(ids.iter().map(|t| t.len()).max().unwrap_or(1), &SEQ_BUCKETS);
+        (bucket(ids.len(), &BATCH_BUCKETS), seq)
+    }
+
+    /// Embeds `sentences` on `session` (weights uploaded there first, once):
+    /// one run uploads the token ids and the mask and reads back only the
+    /// embeddings. Returns one unit-length row of 384 per sentence.
+    pub fn embed(
+        &mut self,
+        session: &Session,
+        sentences: &[&str],
+    ) -> Result<(Vec<Vec<f32>>, RunStats), ModelError> {
+        if sentences.is_empty() {
+            return Ok((vec![], RunStats::default()));
+        }
+        if sentences.len() > MAX_BATCH {
+            return Err(ModelError::Tokenizer(format!(
+                "{} sentences in one call; embed at most {MAX_BATCH} at a time",
+                sentences.len()
+            )));
+        }
+        self.upload_weights(session)?;
+        let ids = sentences
+            .iter()
+            .map(|s| self.tokenize(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (batch, seq) = Self::bucket_of(&ids);
+        let exe = session.compile(self.graph(batch, seq)?)?;
+        let [id, mask] = Self::token_inputs(&ids, batch, seq)?;
+        let r = session.run(
+            &exe,
+            &[Input::Host(&id), Input::Host(&mask)],
+            &exe.options(Fetch::Host, Fetch::Skip),
+        )?;
+        let stats = r.stats.clone();
+        let emb = r
+            .outputs
+            .into_iter()
+            .next()
+            .and_then(Output::host)
+            .ok_or_else(|| ModelError::Files("the model returned no embeddings".into()))?
+            .to_vec::<f32>()?;
+        let rows = (0..sentences.len())
+            .map(|i| emb[i * HIDDEN..(i + 1) * HIDDEN].to_vec())
+            .collect();
+        Ok((rows, stats))
     }
 }
 
@@ -197,6 +275,7 @@ pub fn bucket(n: usize, sizes: &[usize]) -> usize {
 
 pub const SEQ_BUCKETS: [usize; 5] = [8, 16, 32, 64, 128];
 pub const BATCH_BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, 32];
+const MAX_BATCH: usize = 32;
 
 fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Tensor {
     x.linear(w, Some(b))

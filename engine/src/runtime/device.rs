@@ -1,0 +1,143 @@
+//! The GPU device: adapter selection, features and limits, and the
+//! compile choices they imply.
+
+use crate::codegen::BindingRules;
+use crate::{CompileOptions, EngineError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A GPU device and its queue.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+    lost: Arc<(AtomicBool, Mutex<String>)>,
+}
+
+const INSTALL_HINT: &str =
+    "install a Vulkan, Metal or DX12 driver; on Debian or Ubuntu without a GPU, \
+     `apt-get install mesa-vulkan-drivers libvulkan1` gives the software adapter lavapipe";
+
+impl Gpu {
+    /// The high-performance adapter, or the first whose name contains
+    /// `KILN_ADAPTER`; `WGPU_BACKEND` picks backends.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new() -> Result<Gpu, EngineError> {
+        pollster::block_on(Gpu::new_async())
+    }
+
+    pub async fn new_async() -> Result<Gpu, EngineError> {
+        Gpu::with_limits(None).await
+    }
+
+    /// Like `new_async`, with limits lowered to `limits` where given (to
+    /// test small devices on a big one).
+    pub async fn with_limits(limits: Option<wgpu::Limits>) -> Result<Gpu, EngineError> {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = match std::env::var("KILN_ADAPTER") {
+            Ok(want) => {
+                let all = instance.enumerate_adapters(wgpu::Backends::all()).await;
+                let names: Vec<String> = all.iter().map(|a| a.get_info().name).collect();
+                all.into_iter()
+                    .find(|a| {
+                        a.get_info()
+                            .name
+                            .to_lowercase()
+                            .contains(&want.to_lowercase())
+                    })
+                    .ok_or_else(|| {
+                        EngineError::NoAdapter(format!(
+                            "KILN_ADAPTER={want:?} matches none of the adapters {names:?}"
+                        ))
+                    })?
+            }
+            Err(_) => instance
+                .request_adapter(&wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::HighPerformance,
+                    force_fallback_adapter: false,
+                    compatible_surface: None,
+                    apply_limit_buckets: false,
+                })
+                .await
+                .map_err(|e| EngineError::NoAdapter(format!("{e}; {INSTALL_HINT}")))?,
+        };
+        let info = adapter.get_info();
+        let limits = limits.unwrap_or_else(|| adapter.limits());
+        // GPU time comes from timestamp queries where the adapter has them.
+        let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("kiln"),
+                required_limits: limits.clone(),
+                required_features: features,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| EngineError::Device(e.to_string()))?;
+        let lost = Arc::new((AtomicBool::new(false), Mutex::new(String::new())));
+        let flag = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            flag.0.store(true, Ordering::SeqCst);
+            if let Ok(mut m) = flag.1.lock() {
+                *m = format!("{reason:?}: {msg}");
+            }
+        });
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            features,
+            lost,
+        })
+    }
+
+    /// An error if the device was lost (driver reset, removal).
+    pub fn check(&self) -> Result<(), EngineError> {
+        if self.lost.0.load(Ordering::SeqCst) {
+            let why = self.lost.1.lock().map(|m| m.clone()).unwrap_or_default();
+            return Err(EngineError::Device(format!(
+                "the GPU device was lost ({why}); create a new session"
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn has_timestamps(&self) -> bool {
+        self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    /// Compilation choices for this device.
+    pub fn compile_options(&self) -> CompileOptions {
+        let l = &self.limits;
+        CompileOptions {
+            tiled_matmul: self.info.device_type != wgpu::DeviceType::Cpu,
+            rules: BindingRules {
+                align_words: (l.min_storage_buffer_offset_alignment as usize / 4).max(1),
+                max_words: (l.max_storage_buffer_binding_size as usize / 4).max(1),
+            },
+            max_bindings: l.max_storage_buffers_per_shader_stage as usize,
+            constants: vec![],
+        }
+    }
+
+    /// "name (backend, device type)".
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {:?})",
+            self.info.name, self.info.backend, self.info.device_type
+        )
+    }
+
+    /// Waits for the queue (native; a browser resolves maps by itself).
+    pub(crate) fn wait(&self) -> Result<(), EngineError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| EngineError::Device(e.to_string()))?;
+        self.check()
+    }
+}

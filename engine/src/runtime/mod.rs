@@ -1,0 +1,86 @@
+//! The runtime: the device (`device.rs`), typed host tensors (`host.rs`),
+//! device tensors (`buffers.rs`), sessions and runs (`session.rs`) and the
+//! host side of readback (`readback.rs`). Scheduling and codegen decide
+//! what runs; this module only moves data and dispatches.
+
+mod buffers;
+mod device;
+mod host;
+mod readback;
+mod session;
+
+pub use buffers::DeviceTensor;
+pub use device::Gpu;
+pub use host::{Element, HostTensor};
+pub use session::{
+    Executable, Fetch, Input, Output, RunOptions, RunResult, RunStats, Session, SessionTotals,
+    Timing,
+};
+
+use crate::EngineError;
+use kiln_functionalize::{Graph, RTensor};
+
+/// What a run gives at the reference interpreter's boundary: outputs, and
+/// every parameter's final value.
+pub struct EngineRun {
+    pub outputs: Vec<RTensor>,
+    pub inputs: Vec<RTensor>,
+}
+
+/// A session used with the reference interpreter's tensors (tests, the
+/// `run` command): every parameter is an input, every result comes back.
+pub struct Engine {
+    pub session: Session,
+}
+
+impl Engine {
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new() -> Result<Engine, EngineError> {
+        Ok(Engine {
+            session: Session::open()?,
+        })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        self.session.gpu()
+    }
+
+    /// Compiles (once per program) and runs `g` on `inputs`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn run(&mut self, g: &Graph, inputs: Vec<RTensor>) -> Result<EngineRun, EngineError> {
+        let exe = self.session.compile(g)?;
+        if inputs.len() != g.inputs.len() {
+            return Err(EngineError::Input {
+                index: inputs.len(),
+                msg: format!("the program takes {} inputs", g.inputs.len()),
+            });
+        }
+        let host: Vec<HostTensor> = inputs.iter().map(HostTensor::from_rtensor).collect();
+        let feeds: Vec<Input> = exe
+            .input_params()
+            .iter()
+            .map(|&i| Input::Host(&host[i]))
+            .collect();
+        let r = self
+            .session
+            .run(&exe, &feeds, &exe.options(Fetch::Host, Fetch::Host))?;
+        let to_r = |o: Output| {
+            o.host()
+                .map(|t| t.to_rtensor())
+                .ok_or_else(|| EngineError::Internal("a result was not read back".into()))
+        };
+        let outputs = r
+            .outputs
+            .into_iter()
+            .map(to_r)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut finals = inputs;
+        for (i, o) in r.mutated {
+            finals[i] = to_r(o)?;
+        }
+        Ok(EngineRun {
+            outputs,
+            inputs: finals,
+        })
+    }
+}

@@ -1,0 +1,945 @@
+//! Sessions: programs compiled once per graph (keyed by a structural
+//! hash), constants uploaded once and shared by every program of the
+//! session, pipelines shared between identical kernels, and runs that move
+//! only per-run data.
+//!
+//! A run takes a `RunContext` (per-run input buffers, an arena, a staging
+//! buffer and the bind groups over them) from the executable's pool, so
+//! several threads can run one executable at once, each in its own
+//! buffers; the pool grows to the number of concurrent runs.
+
+use super::buffers::DeviceTensor;
+use super::host::{from_words, padded, HostTensor};
+use super::Gpu;
+use crate::wgsl::{self, Binding, Buf};
+use crate::{compile_with, EngineError, Program};
+use kiln_functionalize::{Graph, ValueId};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
+
+/// A parameter's value for one run.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// Uploaded for this run (`queue.write_buffer` from the bytes).
+    Host(&'a HostTensor<'a>),
+    /// Already on the device (a result of an earlier run, or uploaded with
+    /// `Session::upload`): copied on the device, never through the host.
+    Device(&'a DeviceTensor),
+}
+
+/// What a run does with one of its results.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetch {
+    /// Read back to the host.
+    Host,
+    /// Kept on the device, as a `DeviceTensor` of its own.
+    Device,
+    /// Not wanted: nothing is copied.
+    Skip,
+}
+
+/// A run's result.
+#[derive(Debug)]
+pub enum Output {
+    Host(HostTensor<'static>),
+    Device(DeviceTensor),
+    Skipped,
+}
+
+impl Output {
+    pub fn host(self) -> Option<HostTensor<'static>> {
+        match self {
+            Output::Host(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    pub fn device(self) -> Option<DeviceTensor> {
+        match self {
+            Output::Device(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// GPU time measurement of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Timing {
+    #[default]
+    Off,
+    /// The kernels of the run, from the first to the last (timestamp
+    /// queries around one compute pass).
+    Total,
+    /// Each kernel in a compute pass of its own with its timestamps.
+    PerKernel,
+}
+
+/// What a run returns, and whether it is timed.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// One per program output.
+    pub outputs: Vec<Fetch>,
+    /// One per mutated parameter (`Program::mutated_inputs`).
+    pub mutated: Vec<Fetch>,
+    pub timing: Timing,
+}
+
+/// Counters of one run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunStats {
+    /// Host to device (`write_buffer`) bytes.
+    pub uploaded_bytes: u64,
+    /// Device to host bytes.
+    pub readback_bytes: u64,
+    pub kernels: usize,
+    /// GPU time of the kernels (timestamp queries), when timed and the
+    /// adapter has them.
+    pub gpu_ms: Option<f64>,
+    /// Per kernel, with `Timing::PerKernel`.
+    pub kernel_ms: Vec<f64>,
+}
+
+/// The results of a run: the program's outputs, then each mutated
+/// parameter's final value with the parameter's index.
+#[derive(Debug)]
+pub struct RunResult {
+    pub outputs: Vec<Output>,
+    pub mutated: Vec<(usize, Output)>,
+    pub stats: RunStats,
+}
+
+/// Totals over a session's runs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SessionTotals {
+    pub runs: u64,
+    pub uploaded_bytes: u64,
+    pub readback_bytes: u64,
+    pub kernels: u64,
+}
+
+/// A device, the constants uploaded to it, and the programs compiled for it.
+/// `Send + Sync`: share it (in an `Arc`) between threads.
+pub struct Session {
+    id: u64,
+    gpu: Arc<Gpu>,
+    constants: RwLock<HashMap<String, DeviceTensor>>,
+    programs: Mutex<HashMap<(u128, Vec<usize>), Arc<Executable>>>,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    totals: Mutex<SessionTotals>,
+}
+
+impl Session {
+    pub fn new(gpu: Arc<Gpu>) -> Session {
+        Session {
+            id: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
+            gpu,
+            constants: RwLock::new(HashMap::new()),
+            programs: Mutex::new(HashMap::new()),
+            pipelines: Mutex::new(HashMap::new()),
+            totals: Mutex::new(SessionTotals::default()),
+        }
+    }
+
+    /// A session on the default device (`Gpu::new`).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open() -> Result<Session, EngineError> {
+        Ok(Session::new(Arc::new(Gpu::new()?)))
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    pub fn totals(&self) -> SessionTotals {
+        self.totals.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    /// Uploads `t` into a device tensor of this session.
+    pub fn upload(&self, t: &HostTensor) -> Result<DeviceTensor, EngineError> {
+        self.gpu.check()?;
+        let limit = self.gpu.limits.max_buffer_size;
+        let bytes = padded(t.bytes());
+        if bytes.len() as u64 > limit {
+            return Err(EngineError::Unsupported(format!(
+                "a {} tensor takes {} bytes; this device's largest buffer is {limit} bytes",
+                t.type_string(),
+                bytes.len()
+            )));
+        }
+        let buffer = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln tensor"),
+            size: bytes.len() as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        self.gpu.queue.write_buffer(&buffer, 0, &bytes);
+        if let Ok(mut tot) = self.totals.lock() {
+            tot.uploaded_bytes += bytes.len() as u64;
+        }
+        Ok(DeviceTensor::new(
+            self.gpu.clone(),
+            self.id,
+            Arc::new(buffer),
+            t.dtype(),
+            t.sizes().to_vec(),
+            true,
+        ))
+    }
+
+    /// Uploads `t` once as the constant `name`: every program of the
+    /// session whose parameter is named `name` (without `%`) reads it from
+    /// the device instead of taking it as an input. Replaces an earlier
+    /// constant of that name (programs compiled since keep the old one).
+    pub fn add_constant(&self, name: &str, t: &HostTensor) -> Result<(), EngineError> {
+        let d = self.upload(t)?;
+        self.constants
+            .write()
+            .map_err(|_| EngineError::Internal("constants lock poisoned".into()))?
+            .insert(name.to_string(), d);
+        Ok(())
+    }
+
+    pub fn constant(&self, name: &str) -> Option<DeviceTensor> {
+        self.constants.read().ok()?.get(name).cloned()
+    }
+
+    /// Compiles `g` for this device (once: later calls with the same
+    /// program find it by its structural hash). Parameters named like a
+    /// constant of the session are bound to it.
+    pub fn compile(&self, g: &Graph) -> Result<Arc<Executable>, EngineError> {
+        pollster::block_on(self.compile_async(g))
+    }
+
+    pub async fn compile_async(&self, g: &Graph) -> Result<Arc<Executable>, EngineError> {
+        let bound = self.bind_constants(g)?;
+        let key = (g.structural_hash(), bound.iter().map(|(i, _)| *i).collect());
+        if let Some(e) = self.programs.lock().ok().and_then(|p| p.get(&key).cloned()) {
+            return Ok(e);
+        }
+        let mut options = self.gpu.compile_options();
+        options.constants = key.1.clone();
+        let program = compile_with(g, &options)?;
+        let exe = Arc::new(self.load_with(program, bound).await?);
+        if let Ok(mut p) = self.programs.lock() {
+            p.insert(key, exe.clone());
+        }
+        Ok(exe)
+    }
+
+    /// The session constants `g`'s parameters are named after, checked
+    /// against the parameters' types.
+    fn bind_constants(&self, g: &Graph) -> Result<Vec<(usize, DeviceTensor)>, EngineError> {
+        let constants = self
+            .constants
+            .read()
+            .map_err(|_| EngineError::Internal("constants lock poisoned".into()))?;
+        let mut bound = vec![];
+        for (i, &v) in g.inputs.iter().enumerate() {
+            let Some(name) = &g.values[v].name else {
+                continue;
+            };
+            if let Some(c) = constants.get(name) {
+                let m = g.meta(v);
+                if c.dtype() != m.dtype || c.sizes() != m.sizes.as_slice() {
+                    return Err(EngineError::Input {
+                        index: i,
+                        msg: format!(
+                            "parameter %{name} is {}, but the session's constant {name} is {}",
+                            m.type_string(),
+                            c.type_string()
+                        ),
+                    });
+                }
+                bound.push((i, c.clone()));
+            }
+        }
+        Ok(bound)
+    }
+
+    /// Loads a program compiled with `Gpu::compile_options` and no
+    /// constants: every parameter is an input.
+    pub fn load(&self, program: Program) -> Result<Executable, EngineError> {
+        pollster::block_on(self.load_with(program, vec![]))
+    }
+
+    async fn load_with(
+        &self,
+        program: Program,
+        constants: Vec<(usize, DeviceTensor)>,
+    ) -> Result<Executable, EngineError> {
+        self.gpu.check()?;
+        let limit = self.gpu.limits.max_buffer_size;
+        let arena_bytes = (program.arena_words as u64 + 1) * 4;
+        if arena_bytes > limit {
+            return Err(EngineError::Unsupported(format!(
+                "the intermediates need {arena_bytes} bytes in one buffer; this device's \
+                 largest buffer is {limit} bytes"
+            )));
+        }
+        for (i, &w) in program.param_words.iter().enumerate() {
+            if w as u64 * 4 > limit {
+                let v = program.graph.inputs[i];
+                return Err(EngineError::Input {
+                    index: i,
+                    msg: format!(
+                        "parameter {} takes {} bytes; this device's largest buffer is {limit} bytes",
+                        program.graph.meta(v).type_string(),
+                        w * 4
+                    ),
+                });
+            }
+        }
+        let d = &self.gpu.device;
+        let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut pipelines = vec![];
+        {
+            let mut cache = self
+                .pipelines
+                .lock()
+                .map_err(|_| EngineError::Internal("pipeline cache poisoned".into()))?;
+            for k in &program.kernels {
+                let p = cache
+                    .entry(k.code.wgsl.clone())
+                    .or_insert_with(|| {
+                        let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
+                            label: Some(&k.code.label),
+                            source: wgpu::ShaderSource::Wgsl(k.code.wgsl.as_str().into()),
+                        });
+                        Arc::new(d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                            label: Some(&k.code.label),
+                            layout: None,
+                            module: &module,
+                            entry_point: Some("main"),
+                            compilation_options: Default::default(),
+                            cache: None,
+                        }))
+                    })
+                    .clone();
+                pipelines.push(p);
+            }
+        }
+        if let Some(e) = scope.pop().await {
+            return Err(EngineError::Internal(format!(
+                "a generated kernel was rejected: {e}"
+            )));
+        }
+        let mut consts: Vec<Option<DeviceTensor>> = vec![None; program.graph.inputs.len()];
+        for (i, t) in constants {
+            consts[i] = Some(t);
+        }
+        // Staging: every readback value, one after another.
+        let mut staging_at = HashMap::new();
+        let mut total = 0u64;
+        for &v in &program.readback {
+            staging_at.insert(v, total);
+            total += value_bytes(&program, v)?;
+        }
+        Ok(Executable {
+            session: self.id,
+            gpu: self.gpu.clone(),
+            program: Arc::new(program),
+            pipelines,
+            constants: consts,
+            staging_at,
+            staging_bytes: total,
+            contexts: Mutex::new(vec![]),
+        })
+    }
+
+    /// Runs `exe` on `inputs` (one per non-constant parameter, in order,
+    /// see `Executable::input_params`).
+    pub fn run(
+        &self,
+        exe: &Executable,
+        inputs: &[Input],
+        options: &RunOptions,
+    ) -> Result<RunResult, EngineError> {
+        pollster::block_on(self.run_async(exe, inputs, options))
+    }
+
+    pub async fn run_async(
+        &self,
+        exe: &Executable,
+        inputs: &[Input<'_>],
+        options: &RunOptions,
+    ) -> Result<RunResult, EngineError> {
+        if exe.session != self.id {
+            return Err(EngineError::Input {
+                index: 0,
+                msg: "the executable was compiled by another session".into(),
+            });
+        }
+        let mut ctx = exe.take_context()?;
+        let r = exe.run_in(&mut ctx, self.id, inputs, options).await;
+        exe.give_back(ctx);
+        if let (Ok(r), Ok(mut t)) = (&r, self.totals.lock()) {
+            t.runs += 1;
+            t.uploaded_bytes += r.stats.uploaded_bytes;
+            t.readback_bytes += r.stats.readback_bytes;
+            t.kernels += r.stats.kernels as u64;
+        }
+        r
+    }
+}
+
+/// Bytes of `v`'s buffer contents.
+fn value_bytes(p: &Program, v: ValueId) -> Result<u64, EngineError> {
+    let loc = p
+        .locs
+        .get(&v)
+        .ok_or_else(|| EngineError::Internal("an output without a buffer".into()))?;
+    let m = p.graph.meta(v);
+    Ok((wgsl::words(m.dtype, m.numel(), loc.packed) * 4) as u64)
+}
+
+/// The buffers of one run in flight.
+struct RunContext {
+    /// Per non-constant parameter.
+    params: Vec<Option<wgpu::Buffer>>,
+    arena: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    bind_groups: Vec<wgpu::BindGroup>,
+    timer: Option<Timer>,
+}
+
+struct Timer {
+    queries: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+    count: u32,
+}
+
+/// A program loaded on a session's device.
+pub struct Executable {
+    session: u64,
+    gpu: Arc<Gpu>,
+    pub program: Arc<Program>,
+    pipelines: Vec<Arc<wgpu::ComputePipeline>>,
+    /// The constant bound to each parameter, if any.
+    constants: Vec<Option<DeviceTensor>>,
+    staging_at: HashMap<ValueId, u64>,
+    staging_bytes: u64,
+    contexts: Mutex<Vec<RunContext>>,
+}
+
+impl Executable {
+    /// Parameters a run takes as inputs (those not bound to constants).
+    pub fn input_params(&self) -> Vec<usize> {
+        (0..self.constants.len())
+            .filter(|&i| self.constants[i].is_none())
+            .collect()
+    }
+
+    /// Options reading every output back and every mutated parameter too
+    /// (`mutated`: Fetch::Host) or not (Fetch::Skip).
+    pub fn options(&self, outputs: Fetch, mutated: Fetch) -> RunOptions {
+        RunOptions {
+            outputs: vec![outputs; self.program.n_outputs],
+            mutated: vec![mutated; self.program.mutated_inputs.len()],
+            timing: Timing::Off,
+        }
+    }
+
+    /// Distinct pipelines (identical kernels share one).
+    pub fn distinct_pipelines(&self) -> usize {
+        let mut ptrs: Vec<*const wgpu::ComputePipeline> =
+            self.pipelines.iter().map(Arc::as_ptr).collect();
+        ptrs.sort();
+        ptrs.dedup();
+        ptrs.len()
+    }
+
+    fn take_context(&self) -> Result<RunContext, EngineError> {
+        if let Some(c) = self.contexts.lock().ok().and_then(|mut c| c.pop()) {
+            return Ok(c);
+        }
+        self.new_context()
+    }
+
+    fn give_back(&self, ctx: RunContext) {
+        if let Ok(mut c) = self.contexts.lock() {
+            c.push(ctx);
+        }
+    }
+
+    fn new_context(&self) -> Result<RunContext, EngineError> {
+        let p = &self.program;
+        let d = &self.gpu.device;
+        let storage = |label: &str, bytes: u64| {
+            d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes.max(4),
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        };
+        let params: Vec<Option<wgpu::Buffer>> = (0..p.param_words.len())
+            .map(|i| {
+                self.constants[i]
+                    .is_none()
+                    .then(|| storage("kiln input", p.param_words[i] as u64 * 4))
+            })
+            .collect();
+        // One word past the end: a zero-size value there still binds a word.
+        let arena = storage("kiln arena", (p.arena_words as u64 + 1) * 4);
+        let staging = d.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln readback"),
+            size: self.staging_bytes.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut bind_groups = vec![];
+        for (k, pipeline) in p.kernels.iter().zip(&self.pipelines) {
+            let entries: Vec<wgpu::BindGroupEntry> = k
+                .code
+                .bindings
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: self.buffer(b.buf, &params, &arena),
+                        offset: b.offset,
+                        size: wgpu::BufferSize::new(b.size),
+                    }),
+                })
+                .collect();
+            bind_groups.push(d.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&k.code.label),
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            }));
+        }
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(EngineError::Internal(format!(
+                "binding a kernel's buffers failed: {e}"
+            )));
+        }
+        Ok(RunContext {
+            params,
+            arena,
+            staging,
+            bind_groups,
+            timer: None,
+        })
+    }
+
+    fn buffer<'b>(
+        &'b self,
+        buf: Buf,
+        params: &'b [Option<wgpu::Buffer>],
+        arena: &'b wgpu::Buffer,
+    ) -> &'b wgpu::Buffer {
+        match buf {
+            Buf::Arena => arena,
+            Buf::Param(i) => match (&self.constants[i], &params[i]) {
+                (Some(c), _) => c.buffer(),
+                (None, Some(b)) => b,
+                (None, None) => unreachable!("every non-constant parameter has a buffer"),
+            },
+        }
+    }
+
+    fn check_input(&self, session: u64, index: usize, input: &Input) -> Result<(), EngineError> {
+        let g = &self.program.graph;
+        let v = g.inputs[index];
+        let m = g.meta(v);
+        let name = g.values[v]
+            .name
+            .clone()
+            .unwrap_or_else(|| index.to_string());
+        let (dtype, sizes, ty) = match input {
+            Input::Host(t) => (t.dtype(), t.sizes().to_vec(), t.type_string()),
+            Input::Device(t) => {
+                if t.session() != session {
+                    return Err(EngineError::Input {
+                        index,
+                        msg: format!(
+                            "%{name}: the device tensor belongs to another session (or device); \
+                             read it with to_host() or upload it to this session"
+                        ),
+                    });
+                }
+                if !t.is_packed() {
+                    return Err(EngineError::Input {
+                        index,
+                        msg: format!(
+                            "%{name}: this {} device tensor holds a word per element (a \
+                             reduction or product result); read it with to_host() and pass the \
+                             host tensor",
+                            t.type_string()
+                        ),
+                    });
+                }
+                (t.dtype(), t.sizes().to_vec(), t.type_string())
+            }
+        };
+        if dtype != m.dtype || sizes != m.sizes {
+            return Err(EngineError::Input {
+                index,
+                msg: format!("%{name}: expected {}, got {ty}", m.type_string()),
+            });
+        }
+        Ok(())
+    }
+
+    async fn run_in(
+        &self,
+        ctx: &mut RunContext,
+        session: u64,
+        inputs: &[Input<'_>],
+        options: &RunOptions,
+    ) -> Result<RunResult, EngineError> {
+        let gpu = &self.gpu;
+        gpu.check()?;
+        let p = &self.program;
+        let wanted = self.input_params();
+        if inputs.len() != wanted.len() {
+            return Err(EngineError::Input {
+                index: inputs.len(),
+                msg: format!(
+                    "the program takes {} inputs ({} of its {} parameters are constants), got {}",
+                    wanted.len(),
+                    p.graph.inputs.len() - wanted.len(),
+                    p.graph.inputs.len(),
+                    inputs.len()
+                ),
+            });
+        }
+        if options.outputs.len() != p.n_outputs || options.mutated.len() != p.mutated_inputs.len() {
+            return Err(EngineError::Input {
+                index: 0,
+                msg: format!(
+                    "run options name {} outputs and {} mutated parameters; the program has {} \
+                     and {}",
+                    options.outputs.len(),
+                    options.mutated.len(),
+                    p.n_outputs,
+                    p.mutated_inputs.len()
+                ),
+            });
+        }
+        for (&i, input) in wanted.iter().zip(inputs) {
+            self.check_input(session, i, input)?;
+        }
+        let mut stats = RunStats {
+            kernels: p.kernels.len(),
+            ..Default::default()
+        };
+        let d = &gpu.device;
+        let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
+        let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("kiln run"),
+        });
+        for (&i, input) in wanted.iter().zip(inputs) {
+            let dst = ctx.params[i].as_ref().expect("an input buffer");
+            let bytes = p.param_words[i] as u64 * 4;
+            match input {
+                Input::Host(t) => {
+                    let data = padded(t.bytes());
+                    if !t.bytes().is_empty() {
+                        gpu.queue.write_buffer(dst, 0, &data);
+                        stats.uploaded_bytes += data.len() as u64;
+                    }
+                }
+                Input::Device(t) => {
+                    if bytes > 0 {
+                        enc.copy_buffer_to_buffer(t.buffer(), 0, dst, 0, bytes);
+                    }
+                }
+            }
+        }
+        let timing = if gpu.has_timestamps() {
+            options.timing
+        } else {
+            Timing::Off
+        };
+        let queries = match timing {
+            Timing::Off => 0,
+            Timing::Total => 2,
+            Timing::PerKernel => 2 * p.kernels.len().max(1) as u32,
+        };
+        if queries > 0 && ctx.timer.as_ref().is_none_or(|t| t.count != queries) {
+            ctx.timer = Some(Timer::new(d, queries));
+        }
+        let ctx = &*ctx;
+        let timer = if queries > 0 {
+            ctx.timer.as_ref()
+        } else {
+            None
+        };
+        self.encode(&mut enc, ctx, timing, timer);
+        if let Some(t) = timer {
+            enc.resolve_query_set(&t.queries, 0..t.count, &t.resolve, 0);
+            enc.copy_buffer_to_buffer(&t.resolve, 0, &t.read, 0, t.count as u64 * 8);
+        }
+
+        // Results: what the caller asked for, and bases of host views.
+        let fetch_of = |k: usize| -> Fetch {
+            if k < p.n_outputs {
+                options.outputs[k]
+            } else {
+                options.mutated[k - p.n_outputs]
+            }
+        };
+        let mut to_read: Vec<ValueId> = vec![];
+        for (k, &v) in p.outputs.iter().enumerate() {
+            let f = fetch_of(k);
+            let base = p.host_views.get(&v).copied();
+            if f == Fetch::Skip || (f == Fetch::Device && base.is_none()) {
+                continue;
+            }
+            let r = base.unwrap_or(v);
+            if !to_read.contains(&r) {
+                to_read.push(r);
+            }
+        }
+        let mut device_out: HashMap<usize, DeviceTensor> = HashMap::new();
+        for (k, &v) in p.outputs.iter().enumerate() {
+            if fetch_of(k) != Fetch::Device || p.host_views.contains_key(&v) {
+                continue;
+            }
+            let loc = p.locs[&v];
+            let bytes = value_bytes(p, v)?;
+            let buf = d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln result"),
+                size: bytes.max(4),
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            if bytes > 0 {
+                let src = self.buffer(loc.buf, &ctx.params, &ctx.arena);
+                enc.copy_buffer_to_buffer(src, (loc.word * 4) as u64, &buf, 0, bytes);
+            }
+            let m = p.graph.meta(v);
+            device_out.insert(
+                k,
+                DeviceTensor::new(
+                    gpu.clone(),
+                    session,
+                    Arc::new(buf),
+                    m.dtype,
+                    m.sizes.clone(),
+                    loc.packed,
+                ),
+            );
+        }
+        let mut read_end = 0u64;
+        for &v in &to_read {
+            let loc = p.locs[&v];
+            let at = self.staging_at[&v];
+            let bytes = value_bytes(p, v)?;
+            if bytes > 0 {
+                let src = self.buffer(loc.buf, &ctx.params, &ctx.arena);
+                enc.copy_buffer_to_buffer(src, (loc.word * 4) as u64, &ctx.staging, at, bytes);
+                stats.readback_bytes += bytes;
+            }
+            read_end = read_end.max(at + bytes);
+        }
+        gpu.queue.submit([enc.finish()]);
+        if let Some(e) = scope.pop().await {
+            return Err(EngineError::Device(format!("a run was rejected: {e}")));
+        }
+
+        // Map what was read back (and the timestamps), wait once.
+        let map = |buf: &wgpu::Buffer, end: u64| {
+            let (tx, rx) = futures::channel::oneshot::channel();
+            buf.slice(..end).map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+            rx
+        };
+        let staging_rx = (read_end > 0).then(|| map(&ctx.staging, read_end));
+        let timer_rx = timer.map(|t| map(&t.read, t.count as u64 * 8));
+        if staging_rx.is_some() || timer_rx.is_some() || !device_out.is_empty() {
+            gpu.wait()?;
+        }
+        for rx in [staging_rx, timer_rx].into_iter().flatten() {
+            rx.await
+                .map_err(|_| EngineError::Device("a readback was dropped".into()))?
+                .map_err(|e| EngineError::Device(e.to_string()))?;
+        }
+        if let Some(t) = timer {
+            let ticks: Vec<u64> = {
+                let view = t
+                    .read
+                    .slice(..t.count as u64 * 8)
+                    .get_mapped_range()
+                    .map_err(|e| EngineError::Device(e.to_string()))?;
+                bytemuck::pod_collect_to_vec(&view)
+            };
+            t.read.unmap();
+            let period = gpu.queue.get_timestamp_period() as f64 * 1e-6;
+            let ms: Vec<f64> = ticks
+                .chunks(2)
+                .map(|c| c[1].saturating_sub(c[0]) as f64 * period)
+                .collect();
+            stats.gpu_ms = Some(ms.iter().sum());
+            if timing == Timing::PerKernel {
+                stats.kernel_ms = ms;
+            }
+        }
+        let mut read: HashMap<ValueId, HostTensor<'static>> = HashMap::new();
+        if read_end > 0 {
+            {
+                let view = ctx
+                    .staging
+                    .slice(..read_end)
+                    .get_mapped_range()
+                    .map_err(|e| EngineError::Device(e.to_string()))?;
+                for &v in &to_read {
+                    let at = self.staging_at[&v] as usize;
+                    let bytes = value_bytes(p, v)? as usize;
+                    let m = p.graph.meta(v);
+                    read.insert(
+                        v,
+                        from_words(
+                            m.dtype,
+                            m.sizes.clone(),
+                            &view[at..at + bytes],
+                            p.locs[&v].packed,
+                        ),
+                    );
+                }
+            }
+            ctx.staging.unmap();
+        } else {
+            for &v in &to_read {
+                let m = p.graph.meta(v);
+                read.insert(
+                    v,
+                    HostTensor::new(m.dtype, m.sizes.clone(), vec![])?.into_owned(),
+                );
+            }
+        }
+
+        let mut results = vec![];
+        for (k, &v) in p.outputs.iter().enumerate() {
+            let out = match (fetch_of(k), p.host_views.get(&v)) {
+                (Fetch::Skip, _) => Output::Skipped,
+                (Fetch::Device, None) => {
+                    Output::Device(device_out.remove(&k).ok_or_else(|| {
+                        EngineError::Internal("a device result went missing".into())
+                    })?)
+                }
+                (Fetch::Host, None) => Output::Host(read[&v].clone()),
+                (f, Some(&base)) => {
+                    let t = super::readback::host_view(p, v, &read[&base])?;
+                    if f == Fetch::Device {
+                        let dt = super::buffers::upload_in(gpu, session, &t)?;
+                        stats.uploaded_bytes += t.bytes().len() as u64;
+                        Output::Device(dt)
+                    } else {
+                        Output::Host(t)
+                    }
+                }
+            };
+            results.push(out);
+        }
+        let mutated_out = results.split_off(p.n_outputs);
+        Ok(RunResult {
+            outputs: results,
+            mutated: p.mutated_inputs.iter().copied().zip(mutated_out).collect(),
+            stats,
+        })
+    }
+
+    fn encode(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        ctx: &RunContext,
+        timing: Timing,
+        timer: Option<&Timer>,
+    ) {
+        let p = &self.program;
+        let dispatch = |pass: &mut wgpu::ComputePass, i: usize| {
+            let grid = p.kernels[i].code.grid;
+            pass.set_pipeline(&self.pipelines[i]);
+            pass.set_bind_group(0, &ctx.bind_groups[i], &[]);
+            pass.dispatch_workgroups(grid[0], grid[1], grid[2]);
+        };
+        let writes = |i: u32| {
+            timer.map(|t| wgpu::ComputePassTimestampWrites {
+                query_set: &t.queries,
+                beginning_of_pass_write_index: Some(2 * i),
+                end_of_pass_write_index: Some(2 * i + 1),
+            })
+        };
+        if timing == Timing::PerKernel && timer.is_some() {
+            for i in 0..p.kernels.len() {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(&p.kernels[i].code.label),
+                    timestamp_writes: writes(i as u32),
+                });
+                dispatch(&mut pass, i);
+            }
+            return;
+        }
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("kiln"),
+            timestamp_writes: writes(0),
+        });
+        for i in 0..p.kernels.len() {
+            dispatch(&mut pass, i);
+        }
+    }
+
+    /// Runs the kernels alone on whatever a context's buffers hold (inputs
+    /// a run consumed are not restored) and waits: device time by wall
+    /// clock, for adapters without timestamp queries.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn dispatch_and_wait(&self) -> Result<(), EngineError> {
+        let ctx = self.take_context()?;
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kiln kernels"),
+            });
+        self.encode(&mut enc, &ctx, Timing::Off, None);
+        self.gpu.queue.submit([enc.finish()]);
+        let r = self.gpu.wait();
+        self.give_back(ctx);
+        r
+    }
+
+    /// The bindings of kernel `i` (for tests and reports).
+    pub fn bindings(&self, i: usize) -> &[Binding] {
+        &self.program.kernels[i].code.bindings
+    }
+}
+
+impl Timer {
+    fn new(d: &wgpu::Device, count: u32) -> Timer {
+        Timer {
+            queries: d.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("kiln timestamps"),
+                ty: wgpu::QueryType::Timestamp,
+                count,
+            }),
+            resolve: d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln timestamps"),
+                size: count as u64 * 8,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            read: d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln timestamps read"),
+                size: count as u64 * 8,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            count,
+        }
+    }
+}
