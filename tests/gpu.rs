@@ -44,7 +44,10 @@ fn close_gpu(what: &str, a: &RTensor, b: &RTensor, rtol: f64) -> Result<(), Stri
 }
 
 fn check_dir(dir: &str) {
-    let mut e = engine();
+    check_dir_on(dir, engine());
+}
+
+fn check_dir_on(dir: &str, mut e: Engine) {
     eprintln!("adapter: {}", e.gpu().describe());
     let mut failures = vec![];
     let mut unsupported = vec![];
@@ -131,6 +134,33 @@ fn example_programs_on_the_gpu() {
 #[test]
 fn op_programs_on_the_gpu() {
     check_dir("tests/programs/ops");
+}
+
+fn limited_engine(adjust: impl FnOnce(&mut kiln::engine::wgpu::Limits)) -> Engine {
+    let gpu = pollster::block_on(kiln::engine::Gpu::with_limits(adjust))
+        .unwrap_or_else(|e| panic!("the GPU tests need a wgpu adapter: {e}"));
+    Engine::on(kiln::engine::Session::new(std::sync::Arc::new(gpu)))
+}
+
+/// Every op program again on the same adapter limited to 1 KiB bindings:
+/// tensors over 256 words are bound in pieces (accessor functions pick
+/// the piece), as a tensor over a real device's limit is.
+#[test]
+fn op_programs_with_one_kib_bindings() {
+    check_dir_on(
+        "tests/programs/ops",
+        limited_engine(|l| l.max_storage_buffer_binding_size = 1024),
+    );
+}
+
+/// And with a browser's 8 storage buffers per kernel: fusion stays within
+/// them.
+#[test]
+fn op_programs_with_eight_storage_buffers() {
+    check_dir_on(
+        "tests/programs/ops",
+        limited_engine(|l| l.max_storage_buffers_per_shader_stage = 8),
+    );
 }
 
 /// Random programs of views and mutations: eager reference vs GPU, on

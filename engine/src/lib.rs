@@ -25,6 +25,7 @@ use std::collections::{HashMap, HashSet};
 use wgsl::Buf;
 
 pub use kiln_functionalize as functionalize;
+pub use wgpu;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {

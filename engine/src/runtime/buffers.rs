@@ -41,7 +41,8 @@ impl DeviceTensor {
             buffer,
             dtype,
             sizes,
-            packed,
+            // Dtypes of a word per element are the same either way.
+            packed: packed || crate::wgsl::per_word(dtype) == 1,
         }
     }
 

@@ -14,6 +14,10 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
     lost: Arc<(AtomicBool, Mutex<String>)>,
+    /// Validation errors wgpu reported (error scopes are per thread and
+    /// must nest, which runs on several threads cannot promise): taken by
+    /// the call that checks after its work.
+    errors: Arc<Mutex<Vec<String>>>,
 }
 
 const INSTALL_HINT: &str =
@@ -29,12 +33,13 @@ impl Gpu {
     }
 
     pub async fn new_async() -> Result<Gpu, EngineError> {
-        Gpu::with_limits(None).await
+        Gpu::with_limits(|_| {}).await
     }
 
-    /// Like `new_async`, with limits lowered to `limits` where given (to
-    /// test small devices on a big one).
-    pub async fn with_limits(limits: Option<wgpu::Limits>) -> Result<Gpu, EngineError> {
+    /// Like `new_async`, with the adapter's limits adjusted by `adjust`
+    /// (lowered, to run as a smaller device would: a browser's 8 storage
+    /// buffers, a small binding limit).
+    pub async fn with_limits(adjust: impl FnOnce(&mut wgpu::Limits)) -> Result<Gpu, EngineError> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = match std::env::var("KILN_ADAPTER") {
@@ -65,7 +70,8 @@ impl Gpu {
                 .map_err(|e| EngineError::NoAdapter(format!("{e}; {INSTALL_HINT}")))?,
         };
         let info = adapter.get_info();
-        let limits = limits.unwrap_or_else(|| adapter.limits());
+        let mut limits = adapter.limits();
+        adjust(&mut limits);
         // GPU time comes from timestamp queries where the adapter has them.
         let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
         let (device, queue) = adapter
@@ -85,6 +91,14 @@ impl Gpu {
                 *m = format!("{reason:?}: {msg}");
             }
         });
+        let errors = Arc::new(Mutex::new(vec![]));
+        let sink = errors.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            log::error!("wgpu: {e}");
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
         Ok(Gpu {
             device,
             queue,
@@ -92,6 +106,7 @@ impl Gpu {
             limits,
             features,
             lost,
+            errors,
         })
     }
 
@@ -104,6 +119,22 @@ impl Gpu {
             )));
         }
         Ok(())
+    }
+
+    /// An error naming what wgpu rejected since the last check, if anything.
+    pub(crate) fn check_errors(&self, doing: &str) -> Result<(), EngineError> {
+        let errs: Vec<String> = self
+            .errors
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default();
+        if errs.is_empty() {
+            return Ok(());
+        }
+        Err(EngineError::Internal(format!(
+            "{doing}: {}",
+            errs.join("; ")
+        )))
     }
 
     pub fn has_timestamps(&self) -> bool {

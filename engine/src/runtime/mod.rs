@@ -41,6 +41,10 @@ impl Engine {
         })
     }
 
+    pub fn on(session: Session) -> Engine {
+        Engine { session }
+    }
+
     pub fn gpu(&self) -> &Gpu {
         self.session.gpu()
     }

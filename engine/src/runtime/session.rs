@@ -295,7 +295,7 @@ impl Session {
             }
         }
         let d = &self.gpu.device;
-        let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
+        self.gpu.check_errors("before loading a program")?;
         let mut pipelines = vec![];
         {
             let mut cache = self
@@ -323,11 +323,7 @@ impl Session {
                 pipelines.push(p);
             }
         }
-        if let Some(e) = scope.pop().await {
-            return Err(EngineError::Internal(format!(
-                "a generated kernel was rejected: {e}"
-            )));
-        }
+        self.gpu.check_errors("a generated kernel was rejected")?;
         let mut consts: Vec<Option<DeviceTensor>> = vec![None; program.graph.inputs.len()];
         for (i, t) in constants {
             consts[i] = Some(t);
@@ -495,7 +491,6 @@ impl Executable {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut bind_groups = vec![];
         for (k, pipeline) in p.kernels.iter().zip(&self.pipelines) {
             let entries: Vec<wgpu::BindGroupEntry> = k
@@ -518,11 +513,7 @@ impl Executable {
                 entries: &entries,
             }));
         }
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(EngineError::Internal(format!(
-                "binding a kernel's buffers failed: {e}"
-            )));
-        }
+        self.gpu.check_errors("binding a kernel's buffers failed")?;
         Ok(RunContext {
             params,
             arena,
@@ -635,7 +626,6 @@ impl Executable {
             ..Default::default()
         };
         let d = &gpu.device;
-        let scope = d.push_error_scope(wgpu::ErrorFilter::Validation);
         let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("kiln run"),
         });
@@ -747,9 +737,7 @@ impl Executable {
             read_end = read_end.max(at + bytes);
         }
         gpu.queue.submit([enc.finish()]);
-        if let Some(e) = scope.pop().await {
-            return Err(EngineError::Device(format!("a run was rejected: {e}")));
-        }
+        gpu.check_errors("a run was rejected")?;
 
         // Map what was read back (and the timestamps), wait once.
         let map = |buf: &wgpu::Buffer, end: u64| {

@@ -1,0 +1,288 @@
+//! The runtime's contract on a real adapter (lavapipe in CI): a session
+//! shared by threads, device tensors feeding later runs, constants, a
+//! tensor larger than the device's binding limit, and errors for bad
+//! inputs.
+
+use kiln::engine::{
+    DeviceTensor, EngineError, Fetch, Gpu, HostTensor, Input, Output, RunOptions, Session, Timing,
+};
+use kiln::functionalize::random::random_inputs;
+use kiln::functionalize::{parse, Graph};
+use std::sync::Arc;
+
+fn session() -> Session {
+    Session::open().unwrap_or_else(|e| panic!("the GPU tests need a wgpu adapter: {e}"))
+}
+
+fn host(o: Output) -> HostTensor<'static> {
+    o.host().expect("read back")
+}
+
+fn close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (*a as f64 - b).abs() <= tol * b.abs().max(1.0),
+            "{what}: element {i} is {a}, expected {b}"
+        );
+    }
+}
+
+/// A block with a weight, a mutated input and a view output.
+const BLOCK: &str = "graph block(%x: f32[16, 32], %w: f32[24, 32], %acc: f32[16, 24]) {
+  %h = linear(%x, %w)
+  %g = gelu(%h)
+  %s = softmax(%g, -1)
+  %a = add_(%acc, %s)
+  %t = t(%s)
+  return (%s, %t)
+}";
+
+#[test]
+fn one_session_serves_four_threads() {
+    let g = parse(BLOCK).unwrap();
+    let s = Arc::new(session());
+    let exe = s.compile(&g).unwrap();
+    // The same program again: the structural hash finds it.
+    let again = s.compile(&parse(&kiln::print(&g)).unwrap()).unwrap();
+    assert!(Arc::ptr_eq(&exe, &again));
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (s, exe, g) = (s.clone(), exe.clone(), g.clone());
+            std::thread::spawn(move || {
+                for r in 0..5 {
+                    let ins = random_inputs(&g, 100 * t + r, 1.0);
+                    // Before the reference run, which writes %acc in place.
+                    let host_ins: Vec<HostTensor> =
+                        ins.iter().map(HostTensor::from_rtensor).collect();
+                    let want = kiln::run(&g, ins).unwrap();
+                    let feeds: Vec<Input> = host_ins.iter().map(Input::Host).collect();
+                    let got = s
+                        .run(&exe, &feeds, &exe.options(Fetch::Host, Fetch::Host))
+                        .unwrap();
+                    for (o, w) in got.outputs.into_iter().zip(&want.outputs) {
+                        close(
+                            &host(o).to_vec::<f32>().unwrap(),
+                            &w.values(),
+                            1e-5,
+                            "output",
+                        );
+                    }
+                    let (i, acc) = got.mutated.into_iter().next().unwrap();
+                    assert_eq!(i, 2);
+                    close(
+                        &host(acc).to_vec::<f32>().unwrap(),
+                        &want.inputs[2].values(),
+                        1e-5,
+                        "mutated %acc",
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("a thread failed");
+    }
+    assert_eq!(s.totals().runs, 20);
+}
+
+#[test]
+fn device_results_feed_the_next_run_and_constants_stay() {
+    let s = session();
+    let step = parse(
+        "graph step(%x: f32[64, 32], %w: f32[32, 32], %b: f32[32]) {
+           %y = linear(%x, %w, %b)
+           %z = tanh(%y)
+           return %z
+         }",
+    )
+    .unwrap();
+    let ins = random_inputs(&step, 7, 0.5);
+    s.add_constant("w", &HostTensor::from_rtensor(&ins[1]))
+        .unwrap();
+    s.add_constant("b", &HostTensor::from_rtensor(&ins[2]))
+        .unwrap();
+    let exe = s.compile(&step).unwrap();
+    assert_eq!(exe.input_params(), vec![0]);
+    // Three steps on the device, one readback at the end.
+    let x0 = HostTensor::from_rtensor(&ins[0]);
+    let mut cur: Option<DeviceTensor> = None;
+    for _ in 0..3 {
+        let input = match &cur {
+            None => Input::Host(&x0),
+            Some(d) => Input::Device(d),
+        };
+        let r = s
+            .run(&exe, &[input], &exe.options(Fetch::Device, Fetch::Skip))
+            .unwrap();
+        assert_eq!(r.stats.readback_bytes, 0);
+        cur = r.outputs.into_iter().next().unwrap().device();
+    }
+    let got = cur.unwrap().to_host().unwrap().to_vec::<f32>().unwrap();
+    let mut x = ins[0].clone();
+    for _ in 0..3 {
+        x = kiln::run(&step, vec![x, ins[1].clone(), ins[2].clone()])
+            .unwrap()
+            .outputs
+            .remove(0);
+    }
+    close(&got, &x.values(), 1e-5, "three steps");
+    // Only the first run uploaded x; the weights went up once, before.
+    assert_eq!(
+        s.totals().uploaded_bytes,
+        (32 * 32 + 32 + 64 * 32) as u64 * 4
+    );
+    // Timestamps, where the adapter has them, time the kernels.
+    let r = s
+        .run(
+            &exe,
+            &[Input::Host(&x0)],
+            &RunOptions {
+                timing: Timing::PerKernel,
+                ..exe.options(Fetch::Skip, Fetch::Skip)
+            },
+        )
+        .unwrap();
+    if s.gpu().has_timestamps() {
+        assert_eq!(r.stats.kernel_ms.len(), exe.program.kernels.len());
+        assert!(r.stats.gpu_ms.is_some_and(|t| t >= 0.0));
+    }
+}
+
+/// The issue's 64M-element chain: input and output are 256 MiB each, over
+/// lavapipe's 128 MiB binding limit, so each is bound in pieces.
+#[test]
+fn a_chain_over_the_binding_limit_runs_in_pieces() {
+    let s = session();
+    let n: usize = 1 << 26;
+    let g = parse(&format!(
+        "graph chain(%x: f32[{n}]) {{
+           %a = mul(%x, 2.0)
+           %b = add(%a, 1.0)
+           %c = tanh(%b)
+           %d = mul(%c, 0.5)
+           %e = sub(%d, %x)
+           return %e
+         }}"
+    ))
+    .unwrap();
+    let exe = s.compile(&g).unwrap();
+    let limit = s.gpu().limits.max_storage_buffer_binding_size as usize;
+    if n * 4 > limit {
+        // The result is written over the dying input: one tensor, two pieces.
+        assert!(
+            exe.bindings(0).len() >= 2,
+            "the input is split: {:?}",
+            exe.bindings(0)
+        );
+    }
+    let x: Vec<f32> = (0..n)
+        .map(|i| ((i % 2001) as f32 - 1000.0) / 500.0)
+        .collect();
+    let xt = HostTensor::from_slice(&[n], &x).unwrap();
+    let r = s
+        .run(
+            &exe,
+            &[Input::Host(&xt)],
+            &exe.options(Fetch::Host, Fetch::Host),
+        )
+        .unwrap();
+    let got = host(r.outputs.into_iter().next().unwrap())
+        .to_vec::<f32>()
+        .unwrap();
+    // The reference's arithmetic (f32 after every op), element by element.
+    let small = parse(
+        "graph chain(%x: f32[2001]) {
+           %a = mul(%x, 2.0)
+           %b = add(%a, 1.0)
+           %c = tanh(%b)
+           %d = mul(%c, 0.5)
+           %e = sub(%d, %x)
+           return %e
+         }",
+    )
+    .unwrap();
+    let xs = HostTensor::from_slice(&[2001], &x[..2001])
+        .unwrap()
+        .to_rtensor();
+    let want = kiln::run(&small, vec![xs])
+        .unwrap()
+        .outputs
+        .remove(0)
+        .values();
+    for (i, &v) in got.iter().enumerate() {
+        let w = want[i % 2001];
+        assert!(
+            (v as f64 - w).abs() <= 1e-6,
+            "element {i}: {v}, expected {w}"
+        );
+    }
+}
+
+fn err_of<T>(r: Result<T, EngineError>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors_that_name_the_parameter() {
+    let s = session();
+    let g: Graph = parse(
+        "graph f(%x: f32[2, 3], %m: bool[3]) {\n  %y = masked_fill(%x, %m, 0.0)\n  return %y\n}",
+    )
+    .unwrap();
+    let exe = s.compile(&g).unwrap();
+    let m = HostTensor::from_bools(&[3], &[true, false, true]).unwrap();
+    let all = exe.options(Fetch::Host, Fetch::Host);
+    let wrong_shape = HostTensor::from_slice(&[3, 2], &[0f32; 6]).unwrap();
+    let e = err_of(s.run(&exe, &[Input::Host(&wrong_shape), Input::Host(&m)], &all));
+    assert!(
+        e.contains("%x") && e.contains("f32[2, 3]") && e.contains("f32[3, 2]"),
+        "{e}"
+    );
+    let wrong_dtype = HostTensor::from_slice(&[2, 3], &[0i32; 6]).unwrap();
+    let e = err_of(s.run(&exe, &[Input::Host(&wrong_dtype), Input::Host(&m)], &all));
+    assert!(e.contains("%x") && e.contains("i32[2, 3]"), "{e}");
+    let e = err_of(s.run(&exe, &[Input::Host(&m)], &all));
+    assert!(e.contains("takes 2 inputs"), "{e}");
+    // A device tensor of another session.
+    let other = session();
+    let x = HostTensor::from_slice(&[2, 3], &[1f32; 6]).unwrap();
+    let foreign = other.upload(&x).unwrap();
+    let e = err_of(s.run(&exe, &[Input::Device(&foreign), Input::Host(&m)], &all));
+    assert!(e.contains("another session"), "{e}");
+    // The right inputs work, through host and device alike.
+    let mine = s.upload(&x).unwrap();
+    let r = s
+        .run(&exe, &[Input::Device(&mine), Input::Host(&m)], &all)
+        .unwrap();
+    assert_eq!(
+        host(r.outputs.into_iter().next().unwrap())
+            .to_vec::<f32>()
+            .unwrap(),
+        vec![0., 1., 0., 0., 1., 0.]
+    );
+    // A constant of the wrong type names both.
+    s.add_constant("m", &HostTensor::from_bools(&[4], &[true; 4]).unwrap())
+        .unwrap();
+    let e = err_of(s.compile(&g));
+    assert!(
+        e.contains("%m") && e.contains("bool[3]") && e.contains("bool[4]"),
+        "{e}"
+    );
+    // A constant the program writes.
+    let s2 = session();
+    s2.add_constant("x", &x).unwrap();
+    let e = err_of(s2.compile(
+        &parse("graph f(%x: f32[2, 3]) {\n  %y = add_(%x, 1.0)\n  return ()\n}").unwrap(),
+    ));
+    assert!(e.contains("%x") && e.contains("constant"), "{e}");
+    // A tensor larger than the device allows.
+    let small = pollster::block_on(Gpu::with_limits(|l| l.max_buffer_size = 1 << 20)).unwrap();
+    let s3 = Session::new(Arc::new(small));
+    let big = HostTensor::from_slice(&[1 << 19], &vec![0f32; 1 << 19]).unwrap();
+    let e = err_of(s3.upload(&big));
+    assert!(e.contains("2097152") && e.contains("1048576"), "{e}");
+}
