@@ -61,21 +61,6 @@ pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
     }
 }
 
-/// Encodes values (already representable in `dtype`) as little-endian bytes.
-pub fn encode(dtype: DType, vals: &[f64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(vals.len() * dtype.size_bytes());
-    for &v in vals {
-        match dtype {
-            DType::F32 => out.extend((v as f32).to_le_bytes()),
-            DType::F16 => out.extend(half::f16::from_f64(v).to_le_bytes()),
-            DType::I32 => out.extend((v as i32).to_le_bytes()),
-            DType::U32 => out.extend((v as u32).to_le_bytes()),
-            DType::Bool => out.push((v != 0.0) as u8),
-        }
-    }
-    out
-}
-
 fn read(path: &Path) -> Result<(String, Vec<u8>), IoError> {
     let p = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| IoError::Read {
@@ -191,31 +176,11 @@ pub fn load_all(path: &Path) -> Result<Vec<(String, RTensor)>, IoError> {
 
 /// Writes named tensors to a safetensors file.
 pub fn save_all(path: &Path, tensors: &[(String, RTensor)]) -> Result<(), IoError> {
-    let p = path.display().to_string();
-    let enc: Vec<(String, DType, Vec<usize>, Vec<u8>)> = tensors
+    let host: Vec<(String, HostTensor)> = tensors
         .iter()
-        .map(|(n, t)| {
-            (
-                n.clone(),
-                t.dtype(),
-                t.sizes().to_vec(),
-                encode(t.dtype(), &t.values()),
-            )
-        })
+        .map(|(n, t)| (n.clone(), HostTensor::from_rtensor(t)))
         .collect();
-    let views = enc
-        .iter()
-        .map(|(n, d, s, b)| Ok((n.clone(), TensorView::new(st_dtype(*d), s.clone(), b)?)))
-        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
-        .map_err(|e| IoError::Format {
-            path: p.clone(),
-            msg: e.to_string(),
-        })?;
-    let bytes = safetensors::serialize(views, None).map_err(|e| IoError::Format {
-        path: p.clone(),
-        msg: e.to_string(),
-    })?;
-    std::fs::write(path, bytes).map_err(|source| IoError::Write { path: p, source })
+    save_host(path, &host)
 }
 
 fn kiln_dtype(d: Dtype) -> Option<DType> {

@@ -155,17 +155,20 @@ fn device_results_feed_the_next_run_and_constants_stay() {
 fn a_chain_over_the_binding_limit_runs_in_pieces() {
     let s = session();
     let n: usize = 1 << 26;
-    let g = parse(&format!(
-        "graph chain(%x: f32[{n}]) {{
-           %a = mul(%x, 2.0)
-           %b = add(%a, 1.0)
-           %c = tanh(%b)
-           %d = mul(%c, 0.5)
-           %e = sub(%d, %x)
-           return %e
-         }}"
-    ))
-    .unwrap();
+    let chain = |n: usize| {
+        parse(&format!(
+            "graph chain(%x: f32[{n}]) {{
+               %a = mul(%x, 2.0)
+               %b = add(%a, 1.0)
+               %c = tanh(%b)
+               %d = mul(%c, 0.5)
+               %e = sub(%d, %x)
+               return %e
+             }}"
+        ))
+        .unwrap()
+    };
+    let g = chain(n);
     let exe = s.compile(&g).unwrap();
     let limit = s.gpu().limits.max_storage_buffer_binding_size as usize;
     if n * 4 > limit {
@@ -191,17 +194,7 @@ fn a_chain_over_the_binding_limit_runs_in_pieces() {
         .to_vec::<f32>()
         .unwrap();
     // The reference's arithmetic (f32 after every op), element by element.
-    let small = parse(
-        "graph chain(%x: f32[2001]) {
-           %a = mul(%x, 2.0)
-           %b = add(%a, 1.0)
-           %c = tanh(%b)
-           %d = mul(%c, 0.5)
-           %e = sub(%d, %x)
-           return %e
-         }",
-    )
-    .unwrap();
+    let small = chain(2001);
     let xs = HostTensor::from_slice(&[2001], &x[..2001])
         .unwrap()
         .to_rtensor();
@@ -285,4 +278,13 @@ fn bad_inputs_are_errors_that_name_the_parameter() {
     let big = HostTensor::from_slice(&[1 << 19], &vec![0f32; 1 << 19]).unwrap();
     let e = err_of(s3.upload(&big));
     assert!(e.contains("2097152") && e.contains("1048576"), "{e}");
+}
+
+#[test]
+fn sessions_and_tensors_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Session>();
+    send_sync::<kiln::engine::Executable>();
+    send_sync::<DeviceTensor>();
+    send_sync::<HostTensor<'static>>();
 }

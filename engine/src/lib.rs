@@ -128,7 +128,6 @@ fn reuse_dying_inputs(
     last: &HashMap<ValueId, usize>,
     outputs: &[ValueId],
     packed: &dyn Fn(ValueId) -> bool,
-    rules: BindingRules,
 ) {
     let empty = HashMap::new();
     for grp in groups {
@@ -174,7 +173,6 @@ fn reuse_dying_inputs(
                 }
                 // v reads it only at its own index.
                 let mut trial = codegen::Gen::new(g, sched, &empty);
-                trial.rules = rules;
                 if !trial.reads_only_at_own_index(v, root) {
                     continue;
                 }
@@ -355,16 +353,7 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
     let packed = |v: ValueId| {
         wgsl::per_word(g.meta(v).dtype) > 1 && (g.inputs.contains(&v) || map_written.contains(&v))
     };
-    reuse_dying_inputs(
-        &g,
-        &mut sched,
-        &groups,
-        &step,
-        &last,
-        &outputs,
-        &packed,
-        options.rules,
-    );
+    reuse_dying_inputs(&g, &mut sched, &groups, &step, &last, &outputs, &packed);
     let bytes =
         |v: ValueId| wgsl::words(g.meta(v).dtype, g.meta(v).numel(), packed(sched.root(v))) * 4;
     // A re-inplaced scatter, a reshape and an elementwise result written

@@ -1,6 +1,7 @@
 //! Sentence embeddings with all-MiniLM-L6-v2 on Kiln.
 //!
 //!     cargo run --release --bin minilm -- [--backend gpu|reference] [--model DIR] [--output FILE] SENTENCE...
+//!     cargo run --release --bin minilm -- --print-model-dir [--model DIR]
 //!
 //! Finds the model (`--model DIR`, `KILN_MODEL_DIR`, or the per-user
 //! cache) and fetches it there when missing, prints the adapter, the
@@ -34,6 +35,9 @@ struct Args {
     /// Write the embeddings (f32 [n, 384], `embeddings`) to this file.
     #[arg(long)]
     output: Option<PathBuf>,
+    /// Only find (or fetch) the model and print its folder.
+    #[arg(long)]
+    print_model_dir: bool,
     sentences: Vec<String>,
 }
 
@@ -57,6 +61,10 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         ];
     }
     let dir = fetch(args.model.as_deref())?;
+    if args.print_model_dir {
+        println!("{}", dir.display());
+        return Ok(());
+    }
     let mut model = MiniLm::load(&dir)?;
     let texts: Vec<&str> = sentences.iter().map(String::as_str).collect();
     let rows: Vec<Vec<f32>> = match args.backend {

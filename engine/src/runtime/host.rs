@@ -190,7 +190,7 @@ impl<'a> HostTensor<'a> {
 /// `bytes` padded with zeros to whole 32-bit words (buffer writes and
 /// copies move whole words).
 pub(crate) fn padded(bytes: &[u8]) -> Cow<'_, [u8]> {
-    if bytes.len() % 4 == 0 && !bytes.is_empty() {
+    if bytes.len().is_multiple_of(4) && !bytes.is_empty() {
         Cow::Borrowed(bytes)
     } else {
         let mut v = bytes.to_vec();

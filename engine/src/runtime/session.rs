@@ -120,13 +120,16 @@ pub struct SessionTotals {
     pub kernels: u64,
 }
 
+/// A program's structural hash and the parameters bound to constants.
+type ProgramKey = (u128, Vec<usize>);
+
 /// A device, the constants uploaded to it, and the programs compiled for it.
 /// `Send + Sync`: share it (in an `Arc`) between threads.
 pub struct Session {
     id: u64,
     gpu: Arc<Gpu>,
     constants: RwLock<HashMap<String, DeviceTensor>>,
-    programs: Mutex<HashMap<(u128, Vec<usize>), Arc<Executable>>>,
+    programs: Mutex<HashMap<ProgramKey, Arc<Executable>>>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     totals: Mutex<SessionTotals>,
 }
@@ -169,26 +172,11 @@ impl Session {
                 bytes.len()
             )));
         }
-        let buffer = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln tensor"),
-            size: bytes.len() as u64,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST
-                | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        self.gpu.queue.write_buffer(&buffer, 0, &bytes);
+        let d = super::buffers::upload_in(&self.gpu, self.id, t)?;
         if let Ok(mut tot) = self.totals.lock() {
             tot.uploaded_bytes += bytes.len() as u64;
         }
-        Ok(DeviceTensor::new(
-            self.gpu.clone(),
-            self.id,
-            Arc::new(buffer),
-            t.dtype(),
-            t.sizes().to_vec(),
-            true,
-        ))
+        Ok(d)
     }
 
     /// Uploads `t` once as the constant `name`: every program of the
