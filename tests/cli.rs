@@ -59,24 +59,74 @@ fn run_writes_outputs_and_final_inputs() {
     let prog = write("ok.txt", PROG);
     let mask = t(DType::Bool, &[2, 3], &[1.0, 0.0, 0.0, 0.0, 0.0, 1.0]);
     let ins = inputs("ok.in.safetensors", &[("x", iota(&[2, 3])), ("m", mask)]);
-    let out = dir().join("ok.out.safetensors");
-    let (ok, _, err) = kiln(&[
-        "run",
-        s(&prog),
-        "--inputs",
-        s(&ins),
-        "--output",
-        s(&out),
-        "--backend",
-        "reference",
-    ]);
-    assert!(ok, "{err}");
-    let got = kiln::io::load_all(&out).unwrap();
-    let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["m", "output.0", "output.1", "x"]);
-    assert_eq!(got[1].1.values(), vec![0.5, 1.0, 2.0, 13.0, 14.0, 0.5]);
-    assert_eq!(got[2].1.values(), vec![13.0, 14.0, 15.0]);
-    assert_eq!(got[3].1.values(), vec![0.0, 1.0, 2.0, 13.0, 14.0, 15.0]);
+    for backend in ["reference", "gpu"] {
+        let out = dir().join(format!("ok.{backend}.safetensors"));
+        let (ok, _, err) = kiln(&[
+            "run",
+            s(&prog),
+            "--inputs",
+            s(&ins),
+            "--output",
+            s(&out),
+            "--backend",
+            backend,
+        ]);
+        assert!(ok, "{backend}: {err}");
+        let got = kiln::io::load_all(&out).unwrap();
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["m", "output.0", "output.1", "x"], "{backend}");
+        assert_eq!(got[1].1.values(), vec![0.5, 1.0, 2.0, 13.0, 14.0, 0.5]);
+        assert_eq!(got[2].1.values(), vec![13.0, 14.0, 15.0]);
+        assert_eq!(got[3].1.values(), vec![0.0, 1.0, 2.0, 13.0, 14.0, 15.0]);
+    }
+}
+
+/// `profile --json`: the keys the spec names, per-run byte counters, and
+/// weights as constants (uploaded once: only the other inputs per run).
+#[test]
+fn profile_reports_kernels_times_and_bytes_per_run() {
+    let prog = write(
+        "prof.txt",
+        "graph p(%x: f32[8, 16], %w: f32[4, 16], %b: f32[4]) {
+  %y = linear(%x, %w, %b)
+  %z = relu(%y)
+  return %z
+}
+",
+    );
+    let w = inputs(
+        "prof.w.safetensors",
+        &[("w", iota(&[4, 16])), ("b", iota(&[4]))],
+    );
+    for (args, uploaded) in [
+        (vec![], (8 * 16 + 4 * 16 + 4) * 4),
+        (vec!["--weights", s(&w)], 8 * 16 * 4),
+    ] {
+        let mut all = vec!["profile", s(&prog), "--runs", "2", "--json"];
+        all.extend(args);
+        let (ok, out, err) = kiln(&all);
+        assert!(ok, "{err}");
+        let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+        for key in [
+            "adapter",
+            "kernels",
+            "kernels_ms",
+            "full_ms",
+            "uploaded_bytes",
+            "readback_bytes",
+            "compile_ms",
+            "timing",
+        ] {
+            assert!(!j[key].is_null(), "no {key} in {out}");
+        }
+        let k = &j["kernels"][0];
+        for key in ["name", "ms", "bytes", "flops"] {
+            assert!(k.get(key).is_some(), "kernel without {key}: {out}");
+        }
+        assert_eq!(k["flops"], 2 * 8 * 4 * 16, "{out}");
+        assert_eq!(j["uploaded_bytes"], uploaded, "{out}");
+        assert_eq!(j["readback_bytes"], 8 * 4 * 4, "{out}");
+    }
 }
 
 #[test]
