@@ -39,6 +39,10 @@ pub enum EngineError {
     Device(String),
     #[error("input {index}: {msg}")]
     Input { index: usize, msg: String },
+    #[error("tensor: {0}")]
+    Tensor(String),
+    #[error("{0}")]
+    Usage(String),
     #[error("internal error in the gpu backend: {0}")]
     Internal(String),
 }

@@ -44,13 +44,10 @@ impl<'a> HostTensor<'a> {
         let bytes = bytes.into();
         let want = sizes.iter().product::<usize>() * dtype.size_bytes();
         if bytes.len() != want {
-            return Err(EngineError::Input {
-                index: 0,
-                msg: format!(
-                    "a {dtype}{sizes:?} tensor needs {want} bytes, got {}",
-                    bytes.len()
-                ),
-            });
+            return Err(EngineError::Tensor(format!(
+                "a {dtype}{sizes:?} tensor needs {want} bytes, got {}",
+                bytes.len()
+            )));
         }
         Ok(HostTensor {
             dtype,
@@ -104,10 +101,11 @@ impl<'a> HostTensor<'a> {
     /// The elements as `T` (which must be the tensor's dtype).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, EngineError> {
         if T::DTYPE != self.dtype {
-            return Err(EngineError::Input {
-                index: 0,
-                msg: format!("asked for {} elements of a {} tensor", T::DTYPE, self.dtype),
-            });
+            return Err(EngineError::Tensor(format!(
+                "asked for {} elements of a {} tensor",
+                T::DTYPE,
+                self.dtype
+            )));
         }
         // The bytes may be unaligned (a borrowed file region).
         Ok(bytemuck::pod_collect_to_vec(&self.bytes))

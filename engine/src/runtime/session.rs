@@ -181,14 +181,21 @@ impl Session {
 
     /// Uploads `t` once as the constant `name`: every program of the
     /// session whose parameter is named `name` (without `%`) reads it from
-    /// the device instead of taking it as an input. Replaces an earlier
-    /// constant of that name (programs compiled since keep the old one).
+    /// the device instead of taking it as an input. Replacing a constant
+    /// drops the compiled programs (they bind the old one); executables
+    /// already handed out keep the old tensor.
     pub fn add_constant(&self, name: &str, t: &HostTensor) -> Result<(), EngineError> {
         let d = self.upload(t)?;
-        self.constants
+        let old = self
+            .constants
             .write()
             .map_err(|_| EngineError::Internal("constants lock poisoned".into()))?
             .insert(name.to_string(), d);
+        if old.is_some() {
+            if let Ok(mut p) = self.programs.lock() {
+                p.clear();
+            }
+        }
         Ok(())
     }
 
@@ -353,10 +360,11 @@ impl Session {
         options: &RunOptions,
     ) -> Result<RunResult, EngineError> {
         if exe.session != self.id {
-            return Err(EngineError::Input {
-                index: 0,
-                msg: "the executable was compiled by another session".into(),
-            });
+            return Err(EngineError::Usage(
+                "the executable was compiled by another session: compile the program with this \
+                 one"
+                .into(),
+            ));
         }
         let mut ctx = exe.take_context()?;
         let r = exe.run_in(&mut ctx, self.id, inputs, options).await;
@@ -594,17 +602,14 @@ impl Executable {
             });
         }
         if options.outputs.len() != p.n_outputs || options.mutated.len() != p.mutated_inputs.len() {
-            return Err(EngineError::Input {
-                index: 0,
-                msg: format!(
-                    "run options name {} outputs and {} mutated parameters; the program has {} \
-                     and {}",
-                    options.outputs.len(),
-                    options.mutated.len(),
-                    p.n_outputs,
-                    p.mutated_inputs.len()
-                ),
-            });
+            return Err(EngineError::Usage(format!(
+                "run options name {} outputs and {} mutated parameters; the program has {} and {} \
+                 (Executable::options makes matching ones)",
+                options.outputs.len(),
+                options.mutated.len(),
+                p.n_outputs,
+                p.mutated_inputs.len()
+            )));
         }
         for (&i, input) in wanted.iter().zip(inputs) {
             self.check_input(session, i, input)?;
@@ -737,7 +742,9 @@ impl Executable {
         };
         let staging_rx = (read_end > 0).then(|| map(&ctx.staging, read_end));
         let timer_rx = timer.map(|t| map(&t.read, t.count as u64 * 8));
-        if staging_rx.is_some() || timer_rx.is_some() || !device_out.is_empty() {
+        // Results kept on the device need no wait: later work on the
+        // queue runs after this run.
+        if staging_rx.is_some() || timer_rx.is_some() {
             gpu.wait()?;
         }
         for rx in [staging_rx, timer_rx].into_iter().flatten() {
