@@ -13,6 +13,23 @@ fn compiled(src: &str) -> kiln::engine::Program {
     compile(&parse(src).unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// WebGPU refuses a dispatch where a writable binding overlaps another
+/// binding of the same buffer; offsets must be aligned (256 bytes).
+fn no_writable_aliasing(bindings: &[wgsl::Binding]) -> Result<(), String> {
+    for (i, a) in bindings.iter().enumerate() {
+        if a.offset % 256 != 0 {
+            return Err(format!("binding {i} at offset {}", a.offset));
+        }
+        for b in &bindings[i + 1..] {
+            let overlap = a.offset < b.offset + b.size && b.offset < a.offset + a.size;
+            if a.buf == b.buf && overlap && (a.write || b.write) {
+                return Err(format!("{a:?} overlaps {b:?}"));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn every_generated_shader_validates_with_naga() {
     let mut n = 0;
@@ -29,6 +46,8 @@ fn every_generated_shader_validates_with_naga() {
                     wgsl::validate(&k.code.wgsl).unwrap_or_else(|e| {
                         panic!("{}: {}: {e}\n{}", p.display(), k.code.label, k.code.wgsl)
                     });
+                    no_writable_aliasing(&k.code.bindings)
+                        .unwrap_or_else(|e| panic!("{}: {}: {e}", p.display(), k.code.label));
                     n += 1;
                 }
             }

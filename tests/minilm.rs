@@ -229,3 +229,18 @@ fn the_minilm_binary_runs_from_another_directory() {
     assert_eq!(emb[0].1.sizes(), &[2, 384]);
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// A folder named for the model that holds other files is never replaced.
+#[test]
+fn fetch_leaves_a_users_folder_alone() {
+    let tmp = std::env::temp_dir().join(format!("kiln-minilm-own-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::write(tmp.join("notes.txt"), "mine").unwrap();
+    let e = fetch(Some(&tmp)).expect_err("no model there").to_string();
+    assert!(e.contains("no model.safetensors"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(tmp.join("notes.txt")).unwrap(),
+        "mine"
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -127,10 +127,38 @@ fn device_results_feed_the_next_run_and_constants_stay() {
             .remove(0);
     }
     close(&got, &x.values(), 1e-5, "three steps");
-    // Only the first run uploaded x; the weights went up once, before.
+    // A program of the same structure bound to other constants is another
+    // program (the cache key holds which tensors are bound).
+    let other = parse(
+        "graph step(%x: f32[64, 32], %w2: f32[32, 32], %b2: f32[32]) {
+           %y = linear(%x, %w2, %b2)
+           %z = tanh(%y)
+           return %z
+         }",
+    )
+    .unwrap();
+    let zeros = HostTensor::from_slice(&[32, 32], &[0f32; 1024]).unwrap();
+    s.add_constant("w2", &zeros).unwrap();
+    s.add_constant("b2", &HostTensor::from_slice(&[32], &[0.5f32; 32]).unwrap())
+        .unwrap();
+    let exe2 = s.compile(&other).unwrap();
+    assert!(!Arc::ptr_eq(&exe, &exe2));
+    let r = s
+        .run(
+            &exe2,
+            &[Input::Host(&x0)],
+            &exe2.options(Fetch::Host, Fetch::Skip),
+        )
+        .unwrap();
+    let y = host(r.outputs.into_iter().next().unwrap())
+        .to_vec::<f32>()
+        .unwrap();
+    assert!(y.iter().all(|&v| (v - 0.5f32.tanh()).abs() < 1e-6));
+    // Only the first run uploaded x (and the check above x again); the
+    // weights went up once, before.
     assert_eq!(
         s.totals().uploaded_bytes,
-        (32 * 32 + 32 + 64 * 32) as u64 * 4
+        (2 * (32 * 32 + 32) + 2 * 64 * 32) as u64 * 4
     );
     // Timestamps, where the adapter has them, time the kernels.
     let r = s

@@ -115,11 +115,6 @@ pub struct Program {
     pub min_bytes: usize,
 }
 
-/// Arena offsets are word-aligned: a kernel binds each tensor from the
-/// aligned offset at or below it and indexes from there, so no padding
-/// is needed between tensors.
-const ALIGN: usize = 4;
-
 /// Elementwise results written over an input that dies in the same kernel
 /// (the in-place ops of eager execution): each invocation reads the input
 /// at its own index before writing the result there, so they can share a
@@ -404,7 +399,10 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
             last: span[r].1,
         })
         .collect();
-    let mp = plan::plan(&requests, ALIGN);
+    // Arena tensors start at the device's binding alignment: a kernel binds
+    // each tensor's own range, and WebGPU forbids a writable binding that
+    // overlaps another binding of the same dispatch.
+    let mp = plan::plan(&requests, options.rules.align_words * 4);
     for (r, off) in roots.iter().zip(&mp.offsets) {
         locs.insert(
             *r,

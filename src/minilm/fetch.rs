@@ -59,10 +59,17 @@ pub fn model_dir(explicit: Option<&Path>) -> Result<PathBuf, ModelError> {
     Ok(cache.join("all-minilm-l6-v2"))
 }
 
+/// Does `dir` hold what `MiniLm::load` reads?
 fn complete(dir: &Path) -> bool {
-    REQUIRED
+    ["model.safetensors", "tokenizer.json"]
         .iter()
         .all(|f| std::fs::metadata(dir.join(f)).is_ok_and(|m| m.len() > 0))
+}
+
+/// An existing folder without the model: never replaced (it may hold the
+/// user's files), unless empty.
+fn occupied(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some())
 }
 
 /// The model directory, fetched first if it lacks the model.
@@ -74,6 +81,13 @@ pub fn fetch(explicit: Option<&Path>) -> Result<PathBuf, ModelError> {
     let dir = model_dir(explicit)?;
     if complete(&dir) {
         return Ok(dir);
+    }
+    if occupied(&dir) {
+        return Err(files(format!(
+            "{} has no model.safetensors and tokenizer.json; point --model or KILN_MODEL_DIR at \
+             the model's folder, or at an empty or missing one to fetch it there",
+            dir.display()
+        )));
     }
     let parent = dir
         .parent()
@@ -88,9 +102,10 @@ pub fn fetch(explicit: Option<&Path>) -> Result<PathBuf, ModelError> {
             return Ok(());
         }
         if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| {
+            // Empty (checked above): another fetch may have filled it since.
+            std::fs::remove_dir(&dir).map_err(|e| {
                 files(format!(
-                    "cannot replace the incomplete {}: {e}",
+                    "cannot replace the empty folder {}: {e}",
                     dir.display()
                 ))
             })?;

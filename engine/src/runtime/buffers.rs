@@ -59,6 +59,11 @@ impl DeviceTensor {
         format!("{}[{}]", self.dtype, dims.join(", "))
     }
 
+    /// Which buffer this is (equal for clones of one tensor).
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.buffer) as usize
+    }
+
     pub(crate) fn session(&self) -> u64 {
         self.session
     }
@@ -129,15 +134,26 @@ pub(crate) fn upload_in(
     t: &HostTensor,
 ) -> Result<DeviceTensor, EngineError> {
     let bytes = padded(t.bytes());
-    let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("kiln tensor"),
-        size: bytes.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_DST
-            | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    gpu.queue.write_buffer(&buffer, 0, &bytes);
+    let limit = gpu.limits.max_buffer_size;
+    if bytes.len() as u64 > limit {
+        return Err(EngineError::Unsupported(format!(
+            "a {} tensor takes {} bytes; this device's largest buffer is {limit} bytes",
+            t.type_string(),
+            bytes.len()
+        )));
+    }
+    let buffer = pollster::block_on(gpu.scoped("uploading a tensor", || {
+        let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln tensor"),
+            size: bytes.len() as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        gpu.queue.write_buffer(&buffer, 0, &bytes);
+        Ok(buffer)
+    }))?;
     Ok(DeviceTensor::new(
         gpu.clone(),
         session,

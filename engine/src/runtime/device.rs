@@ -14,10 +14,6 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
     lost: Arc<(AtomicBool, Mutex<String>)>,
-    /// Validation errors wgpu reported (error scopes are per thread and
-    /// must nest, which runs on several threads cannot promise): taken by
-    /// the call that checks after its work.
-    errors: Arc<Mutex<Vec<String>>>,
 }
 
 const INSTALL_HINT: &str =
@@ -91,13 +87,10 @@ impl Gpu {
                 *m = format!("{reason:?}: {msg}");
             }
         });
-        let errors = Arc::new(Mutex::new(vec![]));
-        let sink = errors.clone();
-        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        // Errors outside `scoped` (none are expected) are logged, not
+        // panicked on as wgpu's default handler would.
+        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
             log::error!("wgpu: {e}");
-            if let Ok(mut v) = sink.lock() {
-                v.push(e.to_string());
-            }
         }));
         Ok(Gpu {
             device,
@@ -106,7 +99,6 @@ impl Gpu {
             limits,
             features,
             lost,
-            errors,
         })
     }
 
@@ -121,20 +113,26 @@ impl Gpu {
         Ok(())
     }
 
-    /// An error naming what wgpu rejected since the last check, if anything.
-    pub(crate) fn check_errors(&self, doing: &str) -> Result<(), EngineError> {
-        let errs: Vec<String> = self
-            .errors
-            .lock()
-            .map(|mut v| std::mem::take(&mut *v))
-            .unwrap_or_default();
-        if errs.is_empty() {
-            return Ok(());
+    /// Runs `f` inside error scopes (per thread: wgpu's `std` feature) and
+    /// returns what wgpu rejected or could not allocate during it as an
+    /// error saying what was being `doing`.
+    pub(crate) async fn scoped<T>(
+        &self,
+        doing: &str,
+        f: impl FnOnce() -> Result<T, EngineError>,
+    ) -> Result<T, EngineError> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let r = f();
+        let v = validation.pop().await;
+        let o = oom.pop().await;
+        match (v, o) {
+            (Some(e), _) => Err(EngineError::Internal(format!("{doing}: {e}"))),
+            (None, Some(e)) => Err(EngineError::Device(format!(
+                "{doing}: out of GPU memory ({e})"
+            ))),
+            (None, None) => r,
         }
-        Err(EngineError::Internal(format!(
-            "{doing}: {}",
-            errs.join("; ")
-        )))
     }
 
     pub fn has_timestamps(&self) -> bool {

@@ -42,7 +42,12 @@ impl<'a> HostTensor<'a> {
         bytes: impl Into<Cow<'a, [u8]>>,
     ) -> Result<HostTensor<'a>, EngineError> {
         let bytes = bytes.into();
-        let want = sizes.iter().product::<usize>() * dtype.size_bytes();
+        let want = sizes
+            .iter()
+            .try_fold(dtype.size_bytes(), |n, &s| n.checked_mul(s))
+            .ok_or_else(|| {
+                EngineError::Tensor(format!("a {dtype}{sizes:?} tensor is too large"))
+            })?;
         if bytes.len() != want {
             return Err(EngineError::Tensor(format!(
                 "a {dtype}{sizes:?} tensor needs {want} bytes, got {}",
@@ -160,8 +165,13 @@ impl<'a> HostTensor<'a> {
     }
 
     /// The strided view `(sizes, strides, offset)` in elements, gathered
-    /// into a new contiguous tensor.
-    pub fn gather(&self, sizes: &[usize], strides: &[usize], offset: usize) -> HostTensor<'static> {
+    /// into a new contiguous tensor (the view must lie inside the tensor).
+    pub(crate) fn gather(
+        &self,
+        sizes: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> HostTensor<'static> {
         let es = self.dtype.size_bytes();
         let n: usize = sizes.iter().product();
         let mut out = Vec::with_capacity(n * es);

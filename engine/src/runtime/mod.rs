@@ -53,6 +53,13 @@ impl Engine {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn run(&mut self, g: &Graph, inputs: Vec<RTensor>) -> Result<EngineRun, EngineError> {
         let exe = self.session.compile(g)?;
+        if exe.input_params().len() != g.inputs.len() {
+            return Err(EngineError::Usage(
+                "a parameter is bound to a session constant: Engine::run passes every \
+                 parameter; use Session::run"
+                    .into(),
+            ));
+        }
         if inputs.len() != g.inputs.len() {
             return Err(EngineError::Input {
                 index: inputs.len(),

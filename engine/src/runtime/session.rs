@@ -120,8 +120,10 @@ pub struct SessionTotals {
     pub kernels: u64,
 }
 
-/// A program's structural hash and the parameters bound to constants.
-type ProgramKey = (u128, Vec<usize>);
+/// A program's structural hash and each constant-bound parameter with the
+/// identity of the tensor bound to it (a replaced constant is another
+/// tensor, so programs bound to the old one are not found for the new).
+type ProgramKey = (u128, Vec<(usize, usize)>);
 
 /// A device, the constants uploaded to it, and the programs compiled for it.
 /// `Send + Sync`: share it (in an `Arc`) between threads.
@@ -163,18 +165,9 @@ impl Session {
     /// Uploads `t` into a device tensor of this session.
     pub fn upload(&self, t: &HostTensor) -> Result<DeviceTensor, EngineError> {
         self.gpu.check()?;
-        let limit = self.gpu.limits.max_buffer_size;
-        let bytes = padded(t.bytes());
-        if bytes.len() as u64 > limit {
-            return Err(EngineError::Unsupported(format!(
-                "a {} tensor takes {} bytes; this device's largest buffer is {limit} bytes",
-                t.type_string(),
-                bytes.len()
-            )));
-        }
         let d = super::buffers::upload_in(&self.gpu, self.id, t)?;
         if let Ok(mut tot) = self.totals.lock() {
-            tot.uploaded_bytes += bytes.len() as u64;
+            tot.uploaded_bytes += padded(t.bytes()).len() as u64;
         }
         Ok(d)
     }
@@ -212,12 +205,15 @@ impl Session {
 
     pub async fn compile_async(&self, g: &Graph) -> Result<Arc<Executable>, EngineError> {
         let bound = self.bind_constants(g)?;
-        let key = (g.structural_hash(), bound.iter().map(|(i, _)| *i).collect());
+        let key: ProgramKey = (
+            g.structural_hash(),
+            bound.iter().map(|(i, t)| (*i, t.identity())).collect(),
+        );
         if let Some(e) = self.programs.lock().ok().and_then(|p| p.get(&key).cloned()) {
             return Ok(e);
         }
         let mut options = self.gpu.compile_options();
-        options.constants = key.1.clone();
+        options.constants = bound.iter().map(|(i, _)| *i).collect();
         let program = compile_with(g, &options)?;
         let exe = Arc::new(self.load_with(program, bound).await?);
         if let Ok(mut p) = self.programs.lock() {
@@ -290,35 +286,55 @@ impl Session {
             }
         }
         let d = &self.gpu.device;
-        self.gpu.check_errors("before loading a program")?;
-        let mut pipelines = vec![];
-        {
-            let mut cache = self
+        // Pipelines of identical kernels are shared session-wide; new ones
+        // join the cache only once they compiled.
+        let known: HashMap<String, Arc<wgpu::ComputePipeline>> = {
+            let cache = self
                 .pipelines
                 .lock()
                 .map_err(|_| EngineError::Internal("pipeline cache poisoned".into()))?;
-            for k in &program.kernels {
-                let p = cache
-                    .entry(k.code.wgsl.clone())
-                    .or_insert_with(|| {
-                        let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
-                            label: Some(&k.code.label),
-                            source: wgpu::ShaderSource::Wgsl(k.code.wgsl.as_str().into()),
-                        });
-                        Arc::new(d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                            label: Some(&k.code.label),
-                            layout: None,
-                            module: &module,
-                            entry_point: Some("main"),
-                            compilation_options: Default::default(),
-                            cache: None,
-                        }))
-                    })
-                    .clone();
-                pipelines.push(p);
-            }
+            program
+                .kernels
+                .iter()
+                .filter_map(|k| {
+                    cache
+                        .get(&k.code.wgsl)
+                        .map(|p| (k.code.wgsl.clone(), p.clone()))
+                })
+                .collect()
+        };
+        let (pipelines, made) = self
+            .gpu
+            .scoped("a generated kernel was rejected", || {
+                let mut made: HashMap<String, Arc<wgpu::ComputePipeline>> = HashMap::new();
+                let mut out = vec![];
+                for k in &program.kernels {
+                    let w = &k.code.wgsl;
+                    if let Some(p) = known.get(w).or_else(|| made.get(w)) {
+                        out.push(p.clone());
+                        continue;
+                    }
+                    let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(&k.code.label),
+                        source: wgpu::ShaderSource::Wgsl(w.as_str().into()),
+                    });
+                    let p = Arc::new(d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(&k.code.label),
+                        layout: None,
+                        module: &module,
+                        entry_point: Some("main"),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    }));
+                    made.insert(w.clone(), p.clone());
+                    out.push(p);
+                }
+                Ok((out, made))
+            })
+            .await?;
+        if let Ok(mut cache) = self.pipelines.lock() {
+            cache.extend(made);
         }
-        self.gpu.check_errors("a generated kernel was rejected")?;
         let mut consts: Vec<Option<DeviceTensor>> = vec![None; program.graph.inputs.len()];
         for (i, t) in constants {
             consts[i] = Some(t);
@@ -366,9 +382,12 @@ impl Session {
                 .into(),
             ));
         }
-        let mut ctx = exe.take_context()?;
+        let mut ctx = exe.take_context().await?;
         let r = exe.run_in(&mut ctx, self.id, inputs, options).await;
-        exe.give_back(ctx);
+        // A failed run may leave a buffer mapped: its context is dropped.
+        if r.is_ok() {
+            exe.give_back(ctx);
+        }
         if let (Ok(r), Ok(mut t)) = (&r, self.totals.lock()) {
             t.runs += 1;
             t.uploaded_bytes += r.stats.uploaded_bytes;
@@ -394,7 +413,8 @@ struct RunContext {
     /// Per non-constant parameter.
     params: Vec<Option<wgpu::Buffer>>,
     arena: wgpu::Buffer,
-    staging: wgpu::Buffer,
+    /// Made on the first run that reads anything back.
+    staging: Option<wgpu::Buffer>,
     bind_groups: Vec<wgpu::BindGroup>,
     timer: Option<Timer>,
 }
@@ -446,11 +466,11 @@ impl Executable {
         ptrs.len()
     }
 
-    fn take_context(&self) -> Result<RunContext, EngineError> {
+    async fn take_context(&self) -> Result<RunContext, EngineError> {
         if let Some(c) = self.contexts.lock().ok().and_then(|mut c| c.pop()) {
             return Ok(c);
         }
-        self.new_context()
+        self.new_context().await
     }
 
     fn give_back(&self, ctx: RunContext) {
@@ -459,7 +479,15 @@ impl Executable {
         }
     }
 
-    fn new_context(&self) -> Result<RunContext, EngineError> {
+    async fn new_context(&self) -> Result<RunContext, EngineError> {
+        self.gpu
+            .scoped("making a run's buffers and bind groups", || {
+                self.make_context()
+            })
+            .await
+    }
+
+    fn make_context(&self) -> Result<RunContext, EngineError> {
         let p = &self.program;
         let d = &self.gpu.device;
         let storage = |label: &str, bytes: u64| {
@@ -481,12 +509,6 @@ impl Executable {
             .collect();
         // One word past the end: a zero-size value there still binds a word.
         let arena = storage("kiln arena", (p.arena_words as u64 + 1) * 4);
-        let staging = d.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln readback"),
-            size: self.staging_bytes.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
         let mut bind_groups = vec![];
         for (k, pipeline) in p.kernels.iter().zip(&self.pipelines) {
             let entries: Vec<wgpu::BindGroupEntry> = k
@@ -509,11 +531,10 @@ impl Executable {
                 entries: &entries,
             }));
         }
-        self.gpu.check_errors("binding a kernel's buffers failed")?;
         Ok(RunContext {
             params,
             arena,
-            staging,
+            staging: None,
             bind_groups,
             timer: None,
         })
@@ -645,15 +666,46 @@ impl Executable {
         } else {
             Timing::Off
         };
+        // A query set holds at most 4096 timestamps: longer programs are
+        // timed as a whole.
+        let timing = match timing {
+            Timing::PerKernel if 2 * p.kernels.len() > wgpu::QUERY_SET_MAX_QUERIES as usize => {
+                Timing::Total
+            }
+            t => t,
+        };
         let queries = match timing {
             Timing::Off => 0,
             Timing::Total => 2,
             Timing::PerKernel => 2 * p.kernels.len().max(1) as u32,
         };
+        let reads_host = options
+            .outputs
+            .iter()
+            .chain(&options.mutated)
+            .any(|&f| f == Fetch::Host)
+            || !p.host_views.is_empty() && options.outputs.contains(&Fetch::Device);
+        if reads_host && ctx.staging.is_none() {
+            let limit = gpu.limits.max_buffer_size;
+            if self.staging_bytes > limit {
+                return Err(EngineError::Unsupported(format!(
+                    "reading every result back takes {} bytes, more than this device's largest \
+                     buffer ({limit} bytes): fetch some results as Fetch::Device or Skip",
+                    self.staging_bytes
+                )));
+            }
+            ctx.staging = Some(d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln readback"),
+                size: self.staging_bytes.max(4),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
         if queries > 0 && ctx.timer.as_ref().is_none_or(|t| t.count != queries) {
             ctx.timer = Some(Timer::new(d, queries));
         }
         let ctx = &*ctx;
+        let staging = ctx.staging.as_ref();
         let timer = if queries > 0 {
             ctx.timer.as_ref()
         } else {
@@ -724,13 +776,20 @@ impl Executable {
             let bytes = value_bytes(p, v)?;
             if bytes > 0 {
                 let src = self.buffer(loc.buf, &ctx.params, &ctx.arena);
-                enc.copy_buffer_to_buffer(src, (loc.word * 4) as u64, &ctx.staging, at, bytes);
+                let staging = staging.ok_or_else(|| {
+                    EngineError::Internal("a readback without a staging buffer".into())
+                })?;
+                enc.copy_buffer_to_buffer(src, (loc.word * 4) as u64, staging, at, bytes);
                 stats.readback_bytes += bytes;
             }
             read_end = read_end.max(at + bytes);
         }
-        gpu.queue.submit([enc.finish()]);
-        gpu.check_errors("a run was rejected")?;
+        // Encoding errors surface when the command buffer is finished.
+        gpu.scoped("a run was rejected", || {
+            gpu.queue.submit([enc.finish()]);
+            Ok(())
+        })
+        .await?;
 
         // Map what was read back (and the timestamps), wait once.
         let map = |buf: &wgpu::Buffer, end: u64| {
@@ -740,7 +799,7 @@ impl Executable {
             });
             rx
         };
-        let staging_rx = (read_end > 0).then(|| map(&ctx.staging, read_end));
+        let staging_rx = staging.filter(|_| read_end > 0).map(|b| map(b, read_end));
         let timer_rx = timer.map(|t| map(&t.read, t.count as u64 * 8));
         // Results kept on the device need no wait: later work on the
         // queue runs after this run.
@@ -773,10 +832,9 @@ impl Executable {
             }
         }
         let mut read: HashMap<ValueId, HostTensor<'static>> = HashMap::new();
-        if read_end > 0 {
+        if let Some(staging) = staging.filter(|_| read_end > 0) {
             {
-                let view = ctx
-                    .staging
+                let view = staging
                     .slice(..read_end)
                     .get_mapped_range()
                     .map_err(|e| EngineError::Device(e.to_string()))?;
@@ -795,7 +853,7 @@ impl Executable {
                     );
                 }
             }
-            ctx.staging.unmap();
+            staging.unmap();
         } else {
             for &v in &to_read {
                 let m = p.graph.meta(v);
@@ -882,7 +940,7 @@ impl Executable {
     /// clock, for adapters without timestamp queries.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn dispatch_and_wait(&self) -> Result<(), EngineError> {
-        let ctx = self.take_context()?;
+        let ctx = pollster::block_on(self.take_context())?;
         let mut enc = self
             .gpu
             .device
