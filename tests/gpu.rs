@@ -299,3 +299,34 @@ fn large_operands_match_the_reference() {
         }
     }
 }
+
+/// A matrix product of a sum of seven parameters reads eight buffers
+/// through its inlined producers: with four allowed, producers get kernels
+/// of their own until every kernel fits, and the result is unchanged.
+#[test]
+fn kernels_over_the_storage_buffer_limit_materialize_producers() {
+    let src = "graph wide(%a: f32[8, 8], %b: f32[8, 8], %c: f32[8, 8], %d: f32[8, 8], %e: f32[8, 8], %f: f32[8, 8], %w: f32[8, 8]) {
+  %s1 = add(%a, %b)
+  %s2 = add(%s1, %c)
+  %s3 = mul(%s2, %d)
+  %s4 = sub(%s3, %e)
+  %s5 = add(%s4, %f)
+  %y = mm(%s5, %w)
+  return %y
+}";
+    let g = parse(src).unwrap();
+    let options = kiln::engine::CompileOptions {
+        max_bindings: 4,
+        ..Default::default()
+    };
+    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    assert!(p.kernels.len() > 1, "{}", p.stats());
+    for k in &p.kernels {
+        assert!(k.code.bindings.len() <= 4, "{}", p.stats());
+    }
+    let mut e = limited_engine(|l| l.max_storage_buffers_per_shader_stage = 4);
+    let ins = kiln::functionalize::random::random_inputs(&g, 3, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let got = e.run(&g, ins).unwrap();
+    close_gpu("y", &got.outputs[0], &want.outputs[0], 1e-5).unwrap();
+}

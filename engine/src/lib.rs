@@ -281,21 +281,85 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
     let mut outputs = g.outputs.clone();
     outputs.extend(f.mutated_inputs.iter().map(|m| m.value));
     let mutated_inputs: Vec<usize> = f.mutated_inputs.iter().map(|m| m.input).collect();
+    // A kernel binding more buffers than the device allows gets one of its
+    // inlined producers computed by a kernel of its own, until all fit.
+    let mut force: HashSet<ValueId> = HashSet::new();
+    loop {
+        let lowered = lower(
+            &g,
+            src,
+            &outputs,
+            n_outputs,
+            &mutated_inputs,
+            options,
+            &force,
+        )?;
+        match lowered {
+            Lowered::Done(p) => return Ok(*p),
+            Lowered::Materialize(v) => {
+                if !force.insert(v) {
+                    return Err(EngineError::Internal(
+                        "materializing a producer did not reduce a kernel's buffers".into(),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+enum Lowered {
+    Done(Box<Program>),
+    /// Retry with this inlined value materialized.
+    Materialize(ValueId),
+}
+
+/// The inlined producer of kernel value `v` whose materialization saves
+/// the most bindings (it reads at least two buffers).
+fn producer_to_materialize(g: &Graph, sched: &schedule::Schedule, v: ValueId) -> Option<ValueId> {
+    let n = g.node_of(v)?;
+    let mut best: Option<(usize, ValueId)> = None;
+    let mut stack = g.nodes[n].inputs();
+    let mut seen = HashSet::new();
+    while let Some(u) = stack.pop() {
+        if sched.is_materialized.contains(&u) || !seen.insert(u) {
+            continue;
+        }
+        let reads = schedule::reads_value(g, sched, u).len();
+        if reads >= 2 && best.is_none_or(|(r, _)| reads > r) {
+            best = Some((reads, u));
+        }
+        if let Some(m) = g.node_of(u) {
+            stack.extend(g.nodes[m].inputs());
+        }
+    }
+    best.map(|(_, u)| u)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn lower(
+    g: &Graph,
+    src: &Graph,
+    outputs: &[ValueId],
+    n_outputs: usize,
+    mutated_inputs: &[usize],
+    options: &CompileOptions,
+    force: &HashSet<ValueId>,
+) -> Result<Lowered, EngineError> {
     let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
-    let mut sched = schedule::schedule(&g, &outputs, pinned)?;
+    let mut sched = schedule::schedule(g, outputs, pinned, force)?;
 
     // Kernels: consecutive elementwise values of one shape fuse into one
     // multi-output kernel; everything else is a kernel of its own.
     let no_locs = HashMap::new();
     let mut groups: Vec<Vec<ValueId>> = vec![];
     {
-        let mut trial = Gen::new(&g, &sched, &no_locs);
+        let mut trial = Gen::new(g, &sched, &no_locs);
         for &v in &sched.materialized {
             let Def::Node(n, _) = g.values[v].def else {
                 continue;
             };
             let map =
-                schedule::class(&g, n)? == schedule::Class::Map && !sched.inplace.contains_key(&v);
+                schedule::class(g, n)? == schedule::Class::Map && !sched.inplace.contains_key(&v);
             let joins = map
                 && groups.last().is_some_and(|grp: &Vec<ValueId>| {
                     let Def::Node(m, _) = g.values[grp[0]].def else {
@@ -303,8 +367,8 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
                     };
                     let mut all = grp.clone();
                     all.push(v);
-                    schedule::class(&g, m).is_ok_and(|c| c == schedule::Class::Map)
-                        && buffers_touched(&g, &sched, &all) <= options.max_bindings
+                    schedule::class(g, m).is_ok_and(|c| c == schedule::Class::Map)
+                        && buffers_touched(g, &sched, &all) <= options.max_bindings
                         && trial.fits_group(grp, v)
                 });
             match groups.last_mut() {
@@ -324,14 +388,14 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
     let mut last: HashMap<ValueId, usize> = HashMap::new();
     for &v in &sched.materialized {
         if let Def::Node(n, _) = g.values[v].def {
-            for r in schedule::reads(&g, &sched, n) {
+            for r in schedule::reads(g, &sched, n) {
                 let e = last.entry(r).or_insert(0);
                 *e = (*e).max(step[&v]);
             }
         }
     }
     let mut readback: Vec<ValueId> = vec![];
-    for &o in &outputs {
+    for &o in outputs {
         let r = sched.host_views.get(&o).copied().unwrap_or(o);
         if !readback.contains(&r) {
             readback.push(r);
@@ -345,14 +409,14 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
     // (uploaded by the host) and elementwise results.
     let map_written: HashSet<ValueId> = groups
         .iter()
-        .filter(|grp| grp.len() > 1 || is_map(&g, &sched, grp[0]))
+        .filter(|grp| grp.len() > 1 || is_map(g, &sched, grp[0]))
         .flatten()
         .copied()
         .collect();
     let packed = |v: ValueId| {
         wgsl::per_word(g.meta(v).dtype) > 1 && (g.inputs.contains(&v) || map_written.contains(&v))
     };
-    reuse_dying_inputs(&g, &mut sched, &groups, &step, &last, &outputs, &packed);
+    reuse_dying_inputs(g, &mut sched, &groups, &step, &last, outputs, &packed);
     let bytes =
         |v: ValueId| wgsl::words(g.meta(v).dtype, g.meta(v).numel(), packed(sched.root(v))) * 4;
     // A re-inplaced scatter, a reshape and an elementwise result written
@@ -422,7 +486,7 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
     }
 
     let mut kernels = vec![];
-    let mut gen = Gen::new(&g, &sched, &locs);
+    let mut gen = Gen::new(g, &sched, &locs);
     gen.tiled_matmul = options.tiled_matmul;
     gen.rules = options.rules;
     for grp in &groups {
@@ -434,14 +498,12 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
             let Def::Node(n, _) = g.values[v].def else {
                 continue;
             };
-            let mut region: Vec<_> = schedule::inlined_region(&g, &sched, n)
-                .into_iter()
-                .collect();
+            let mut region: Vec<_> = schedule::inlined_region(g, &sched, n).into_iter().collect();
             region.sort_by_key(|&m| g.order.iter().position(|&x| x == m));
             ops.extend(region.iter().map(|&m| g.nodes[m].op.name().to_string()));
             ops.push(g.nodes[n].op.name().to_string());
             reads.extend(
-                schedule::reads(&g, &sched, n)
+                schedule::reads(g, &sched, n)
                     .into_iter()
                     .filter(|r| !grp.contains(r)),
             );
@@ -460,7 +522,7 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
         // Elementwise kernels and in-place scatters read each buffer at most
         // once per invocation; other kernels are charged whole buffers.
         let per_thread =
-            grp.len() > 1 || is_map(&g, &sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
+            grp.len() > 1 || is_map(g, &sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
         let bytes_read: usize = reads
             .iter()
             .map(|&r| {
@@ -472,7 +534,7 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
                 }
             })
             .sum();
-        let codes = if grp.len() > 1 || is_map(&g, &sched, grp[0]) {
+        let codes = if grp.len() > 1 || is_map(g, &sched, grp[0]) {
             if g.meta(grp[0]).numel() == 0 {
                 vec![]
             } else {
@@ -481,9 +543,12 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
         } else {
             gen.kernel(grp[0])?
         };
-        let flops = kernel_flops(&g, grp, ops.len(), elements);
+        let flops = kernel_flops(g, grp, ops.len(), elements);
         for code in codes {
             if code.bindings.len() > options.max_bindings {
+                if let Some(u) = producer_to_materialize(g, &sched, grp[0]) {
+                    return Ok(Lowered::Materialize(u));
+                }
                 return Err(EngineError::Unsupported(format!(
                     "kernel {} binds {} storage buffers; this device allows {} per shader \
                      stage (split the expression with an intermediate `clone`)",
@@ -524,13 +589,13 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
         naive_unfused,
         eager_peak: kiln_functionalize::interp::eager_peak_bytes(src),
     };
-    Ok(Program {
-        graph: g,
-        outputs,
+    Ok(Lowered::Done(Box::new(Program {
+        graph: g.clone(),
+        outputs: outputs.to_vec(),
         readback,
         host_views: sched.host_views.clone(),
         n_outputs,
-        mutated_inputs,
+        mutated_inputs: mutated_inputs.to_vec(),
         kernels,
         locs,
         param_words,
@@ -539,7 +604,7 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
         arena_words: mp.arena_bytes.div_ceil(4),
         memory,
         min_bytes,
-    })
+    })))
 }
 
 /// Arithmetic of the kernel computing `grp`: 2 M N K for matrix products

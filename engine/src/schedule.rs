@@ -99,6 +99,7 @@ pub fn schedule(
     g: &Graph,
     outputs: &[ValueId],
     pinned: HashSet<ValueId>,
+    force: &HashSet<ValueId>,
 ) -> Result<Schedule, EngineError> {
     let mut uses: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
     for &n in &g.order {
@@ -143,8 +144,10 @@ pub fn schedule(
                 s.host_views.insert(r, input);
                 continue;
             }
-            let mut mat =
-                c == Class::Kernel || out_set.contains(&r) || (uses.len() > 1 && !is_free(g, n));
+            let mut mat = c == Class::Kernel
+                || out_set.contains(&r)
+                || (uses.len() > 1 && !is_free(g, n))
+                || force.contains(&r);
             // A scatter whose base dies here writes only its region into the
             // base's buffer: worth a buffer of its own when it has one
             // anyway, or when it feeds another scatter (a chain of writes).
