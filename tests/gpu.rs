@@ -153,6 +153,20 @@ fn op_programs_with_one_kib_bindings() {
     );
 }
 
+/// The matrix product for real GPUs (register-blocked 64x64 tiles through
+/// workgroup memory), which a CPU adapter would not pick, on every op
+/// program and the large operands.
+#[test]
+fn op_programs_with_the_tiled_matrix_product() {
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let mut options = gpu.compile_options();
+    options.tiled_matmul = true;
+    check_dir_on(
+        "tests/programs/ops",
+        Engine::on(kiln::engine::Session::with_options(gpu, options)),
+    );
+}
+
 /// And with a browser's 8 storage buffers per kernel: fusion stays within
 /// them.
 #[test]
@@ -329,4 +343,31 @@ fn kernels_over_the_storage_buffer_limit_materialize_producers() {
     let want = kiln::run(&g, ins.clone()).unwrap();
     let got = e.run(&g, ins).unwrap();
     close_gpu("y", &got.outputs[0], &want.outputs[0], 1e-5).unwrap();
+}
+
+/// Matrix products at sizes that are not multiples of the 64x64 tile or of
+/// 16 along K, with a transposed weight, a broadcast batch and a bias, on
+/// both variants.
+#[test]
+fn matrix_products_at_awkward_sizes_on_both_variants() {
+    let src = "graph f(%x: f32[3, 70, 37], %w: f32[130, 37], %b: f32[130], %p: f32[3, 17, 66], %q: f32[65, 17]) {
+  %y = linear(%x, %w, %b)
+  %z = matmul(%q, %p)
+  %t = transpose(%p, 1, 2)
+  %v = matmul(%t, %p)
+  return (%y, %z, %v)
+}";
+    let g = parse(src).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    for tiled in [true, false] {
+        let mut options = gpu.compile_options();
+        options.tiled_matmul = tiled;
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        let got = e.run(&g, ins).unwrap();
+        for (a, b) in got.outputs.iter().zip(&want.outputs) {
+            close_gpu(&format!("tiled {tiled}"), a, b, 1e-5).unwrap();
+        }
+    }
 }

@@ -89,6 +89,15 @@ pub struct Gen<'a> {
 
 type R<T> = Result<T, EngineError>;
 
+/// A matrix product operand: value, batch strides over the output batch,
+/// row stride, column stride.
+struct Operand {
+    v: ValueId,
+    batch: Vec<usize>,
+    rs: usize,
+    cs: usize,
+}
+
 fn bug(msg: impl Into<String>) -> EngineError {
     EngineError::Internal(msg.into())
 }
@@ -1162,14 +1171,6 @@ impl<'a> Gen<'a> {
         let name = node.op.name();
         let om = g.meta(v).clone();
         let t = |i: usize| *node.args[i].tensors()[0];
-        // Operand accessors: value, batch strides over the output batch,
-        // row stride, column stride.
-        struct Operand {
-            v: ValueId,
-            batch: Vec<usize>,
-            rs: usize,
-            cs: usize,
-        }
         let (a, b, batch, nn, kk, mm, extra) = match name {
             "linear" => {
                 let (x, w) = (t(0), t(1));
@@ -1283,40 +1284,7 @@ impl<'a> Gen<'a> {
         let at = ty(acc_dt);
         let nb = numel(&batch).max(1);
         let acc = if self.tiled_matmul {
-            self.shared
-                .push(format!("var<workgroup> ta: array<{at}, 256>;"));
-            self.shared
-                .push(format!("var<workgroup> tb: array<{at}, 256>;"));
-            self.body.stmt("let row = wid.y * 16u + lid.y;".into());
-            self.body.stmt("let col = wid.x * 16u + lid.x;".into());
-            self.body.stmt("let bz = wid.z;".into());
-            let bm = self.unravel("bz", &batch);
-            let aoff = self.ravel(&bm, &a.batch, 0);
-            let boff = self.ravel(&bm, &b.batch, 0);
-            let acc = self.body.var(at, literal(0.0, acc_dt));
-            self.body.stmt(format!(
-                "for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{",
-                u(kk)
-            ));
-            let saved = std::mem::take(&mut self.memo);
-            let ka = self.body.bind("u32", "t0 + lid.x".into());
-            let pa = self
-                .body
-                .bind("bool", format!("row < {} && {ka} < {}", u(nn), u(kk)));
-            let ia = format!("{aoff} + row * {} + {ka} * {}", u(a.rs), u(a.cs));
-            self.load_tile("ta", a.v, &ia, &pa, acc_dt)?;
-            let kb = self.body.bind("u32", "t0 + lid.y".into());
-            let pb = self
-                .body
-                .bind("bool", format!("{kb} < {} && col < {}", u(kk), u(mm)));
-            let ib = format!("{boff} + {kb} * {} + col * {}", u(b.rs), u(b.cs));
-            self.load_tile("tb", b.v, &ib, &pb, acc_dt)?;
-            self.body.stmt("workgroupBarrier();".into());
-            self.body.stmt(format!("for (var q = 0u; q < 16u; q = q + 1u) {{ {acc} = {acc} + ta[lid.y * 16u + q] * tb[q * 16u + lid.x]; }}"));
-            self.body.stmt("workgroupBarrier();".into());
-            self.body.stmt("}".into());
-            self.memo = saved;
-            acc
+            self.tiled_product(&a, &b, &batch, nn, kk, mm, acc_dt)?
         } else {
             // Each invocation computes a 4x4 block: 16 multiply-adds per 8
             // loads, no workgroup memory, no barriers.
@@ -1384,14 +1352,6 @@ impl<'a> Gen<'a> {
             ));
             self.body.bind(at, "accs[ij]".into())
         };
-        let blocked = !self.tiled_matmul;
-        if !blocked {
-            self.body.stmt(format!(
-                "if (row >= {} || col >= {}) {{ return; }}",
-                u(nn),
-                u(mm)
-            ));
-        }
         let saved_epilogue = std::mem::take(&mut self.memo);
         let oi = self.body.bind(
             "u32",
@@ -1421,12 +1381,10 @@ impl<'a> Gen<'a> {
         let res = cast(&res, acc_dt, om.dtype);
         self.store_to(v, &oi, &res)?;
         self.memo = saved_epilogue;
-        let per = if blocked {
-            self.body.stmt("}".into());
-            64
-        } else {
-            16
-        };
+        // Both variants end in a loop over the invocation's 4x4 outputs; a
+        // workgroup covers 64x64.
+        self.body.stmt("}".into());
+        let per = 64;
         let grid = [mm.div_ceil(per) as u32, nn.div_ceil(per) as u32, nb as u32];
         if grid.iter().any(|&x| x > 65535) {
             return Err(EngineError::Unsupported(format!(
@@ -1436,11 +1394,12 @@ impl<'a> Gen<'a> {
         Ok(self.finish(label, grid, [16, 16, 1]))
     }
 
-    /// Stores element `index` of `v` (zero where `pred` is false) into this
-    /// invocation's slot of workgroup tile `tile`.
+    /// Stores element `index` of `v` (zero where `pred` is false) at `slot`
+    /// of workgroup tile `tile`.
     fn load_tile(
         &mut self,
         tile: &str,
+        slot: &str,
         v: ValueId,
         index: &str,
         pred: &str,
@@ -1452,10 +1411,123 @@ impl<'a> Gen<'a> {
         let x = self.value_at(v, &i)?;
         let x = cast(&x, self.meta(v).dtype, acc_dt);
         self.body.stmt(format!(
-            "{tile}[lid.y * 16u + lid.x] = select({}, {x}, {pred});",
+            "{tile}[{slot}] = select({}, {x}, {pred});",
             literal(0.0, acc_dt)
         ));
         Ok(())
+    }
+
+    /// The GPU matrix product: a 64x64 output tile per workgroup of 16x16
+    /// invocations, each accumulating a 4x4 block in registers (rows and
+    /// columns strided by 16, so workgroup-memory reads are broadcasts or
+    /// consecutive), K in steps of 16 through workgroup memory. Operand
+    /// tiles are loaded along whichever operand dimension is contiguous, so
+    /// global reads coalesce for row-major and transposed operands alike
+    /// (`linear`'s weight). Opens the epilogue loop over the 16 outputs
+    /// (`row`, `col`, `bz` in scope) and returns its accumulator.
+    #[allow(clippy::too_many_arguments)]
+    fn tiled_product(
+        &mut self,
+        a: &Operand,
+        b: &Operand,
+        batch: &[usize],
+        nn: usize,
+        kk: usize,
+        mm: usize,
+        acc_dt: DType,
+    ) -> R<String> {
+        let at = ty(acc_dt);
+        let zero = literal(0.0, acc_dt);
+        // ta[k * 64 + row], tb[k * 64 + col]
+        self.shared
+            .push(format!("var<workgroup> ta: array<{at}, 1024>;"));
+        self.shared
+            .push(format!("var<workgroup> tb: array<{at}, 1024>;"));
+        self.body.stmt("let bz = wid.z;".into());
+        self.body.stmt("let lin = lid.y * 16u + lid.x;".into());
+        let bm = self.unravel("bz", batch);
+        let aoff = self.ravel(&bm, &a.batch, 0);
+        let boff = self.ravel(&bm, &b.batch, 0);
+        let accs: Vec<String> = (0..16).map(|_| self.body.var(at, zero.clone())).collect();
+        self.body.stmt(format!(
+            "for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{",
+            u(kk)
+        ));
+        self.body
+            .stmt("for (var e = 0u; e < 4u; e = e + 1u) {".into());
+        let saved = std::mem::take(&mut self.memo);
+        let idx = self.body.bind("u32", "lin + e * 256u".into());
+        // A: 64 rows x 16 k; along k when k is contiguous, else along rows.
+        let (r, k) = if a.cs == 1 {
+            (format!("{idx} / 16u"), format!("{idx} % 16u"))
+        } else {
+            (format!("{idx} % 64u"), format!("{idx} / 64u"))
+        };
+        let (r, k) = (self.body.bind("u32", r), self.body.bind("u32", k));
+        let (row, ka) = (
+            self.body.bind("u32", format!("wid.y * 64u + {r}")),
+            self.body.bind("u32", format!("t0 + {k}")),
+        );
+        let pa = self
+            .body
+            .bind("bool", format!("{row} < {} && {ka} < {}", u(nn), u(kk)));
+        let ia = format!("{aoff} + {row} * {} + {ka} * {}", u(a.rs), u(a.cs));
+        self.load_tile("ta", &format!("{k} * 64u + {r}"), a.v, &ia, &pa, acc_dt)?;
+        self.memo.clear();
+        // B: 16 k x 64 columns; along columns when they are contiguous.
+        let (k, c) = if b.cs == 1 || b.rs != 1 {
+            (format!("{idx} / 64u"), format!("{idx} % 64u"))
+        } else {
+            (format!("{idx} % 16u"), format!("{idx} / 16u"))
+        };
+        let (k, c) = (self.body.bind("u32", k), self.body.bind("u32", c));
+        let (kb, col) = (
+            self.body.bind("u32", format!("t0 + {k}")),
+            self.body.bind("u32", format!("wid.x * 64u + {c}")),
+        );
+        let pb = self
+            .body
+            .bind("bool", format!("{kb} < {} && {col} < {}", u(kk), u(mm)));
+        let ib = format!("{boff} + {kb} * {} + {col} * {}", u(b.rs), u(b.cs));
+        self.load_tile("tb", &format!("{k} * 64u + {c}"), b.v, &ib, &pb, acc_dt)?;
+        self.memo = saved;
+        self.body.stmt("}".into());
+        self.body.stmt("workgroupBarrier();".into());
+        self.body
+            .stmt("for (var q = 0u; q < 16u; q = q + 1u) {".into());
+        for i in 0..4 {
+            self.body
+                .stmt(format!("let a{i} = ta[q * 64u + lid.y + {}u];", 16 * i));
+            self.body
+                .stmt(format!("let b{i} = tb[q * 64u + lid.x + {}u];", 16 * i));
+        }
+        for i in 0..4 {
+            for j in 0..4 {
+                let c = &accs[i * 4 + j];
+                self.body.stmt(format!("{c} = {c} + a{i} * b{j};"));
+            }
+        }
+        self.body.stmt("}".into());
+        self.body.stmt("workgroupBarrier();".into());
+        self.body.stmt("}".into());
+        // Epilogue over the 16 outputs; the accumulator picked by selects
+        // (a dynamic index would move the accumulators out of registers).
+        self.body
+            .stmt("for (var ij = 0u; ij < 16u; ij = ij + 1u) {".into());
+        self.body
+            .stmt("let row = wid.y * 64u + lid.y + 16u * (ij / 4u);".into());
+        self.body
+            .stmt("let col = wid.x * 64u + lid.x + 16u * (ij % 4u);".into());
+        self.body.stmt(format!(
+            "if (row >= {} || col >= {}) {{ continue; }}",
+            u(nn),
+            u(mm)
+        ));
+        let mut pick = accs[0].clone();
+        for (i, c) in accs.iter().enumerate().skip(1) {
+            pick = format!("select({pick}, {c}, ij == {i}u)");
+        }
+        Ok(self.body.bind(at, pick))
     }
 
     fn gather(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {

@@ -130,6 +130,8 @@ type ProgramKey = (u128, Vec<(usize, usize)>);
 pub struct Session {
     id: u64,
     gpu: Arc<Gpu>,
+    /// The device's choices (`Gpu::compile_options`), or the caller's.
+    options: crate::CompileOptions,
     constants: RwLock<HashMap<String, DeviceTensor>>,
     programs: Mutex<HashMap<ProgramKey, Arc<Executable>>>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
@@ -138,9 +140,18 @@ pub struct Session {
 
 impl Session {
     pub fn new(gpu: Arc<Gpu>) -> Session {
+        let options = gpu.compile_options();
+        Session::with_options(gpu, options)
+    }
+
+    /// A session compiling with `options` (its `constants` are ignored:
+    /// the session binds its own); e.g. the tiled matrix product on a CPU
+    /// adapter, to test it there.
+    pub fn with_options(gpu: Arc<Gpu>, options: crate::CompileOptions) -> Session {
         Session {
             id: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
             gpu,
+            options,
             constants: RwLock::new(HashMap::new()),
             programs: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
@@ -212,7 +223,7 @@ impl Session {
         if let Some(e) = self.programs.lock().ok().and_then(|p| p.get(&key).cloned()) {
             return Ok(e);
         }
-        let mut options = self.gpu.compile_options();
+        let mut options = self.options.clone();
         options.constants = bound.iter().map(|(i, _)| *i).collect();
         let program = compile_with(g, &options)?;
         let exe = Arc::new(self.load_with(program, bound).await?);
