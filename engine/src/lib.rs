@@ -198,8 +198,9 @@ fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
 /// constants.
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
-    /// Tile matrix products through workgroup memory (GPUs); CPU adapters
-    /// (lavapipe), where workgroup barriers are slow, loop instead.
+    /// Tile matrix products through workgroup memory (every device by
+    /// default); `false` loops over K in each invocation, with no
+    /// workgroup memory or barriers.
     pub tiled_matmul: bool,
     /// Binding offsets and sizes the device allows.
     pub rules: BindingRules,

@@ -143,7 +143,9 @@ impl Gpu {
     pub fn compile_options(&self) -> CompileOptions {
         let l = &self.limits;
         CompileOptions {
-            tiled_matmul: self.info.device_type != wgpu::DeviceType::Cpu,
+            // The register-blocked tiles beat the per-invocation loop on
+            // lavapipe too (MLP block 256x512x1024: 4.1 vs 3.6 GFLOP/s).
+            tiled_matmul: true,
             rules: BindingRules {
                 align_words: (l.min_storage_buffer_offset_alignment as usize / 4).max(1),
                 max_words: (l.max_storage_buffer_binding_size as usize / 4).max(1),
