@@ -36,9 +36,11 @@ fn every_generated_shader_validates_with_naga() {
     for dir in ["examples/programs", "tests/programs/ops"] {
         for p in programs(&root().join(dir)) {
             let g = parse(&std::fs::read_to_string(&p).unwrap()).unwrap();
-            for tiled_matmul in [true, false] {
+            // The GPU variants, and the CPU adapters' (loops, no barriers).
+            for gpu_variants in [true, false] {
                 let options = kiln::engine::CompileOptions {
-                    tiled_matmul,
+                    tiled_matmul: gpu_variants,
+                    workgroup_rows: gpu_variants,
                     ..Default::default()
                 };
                 let prog = kiln::engine::compile_with(&g, &options).unwrap();

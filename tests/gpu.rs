@@ -153,14 +153,15 @@ fn op_programs_with_one_kib_bindings() {
     );
 }
 
-/// The matrix product for real GPUs (register-blocked 64x64 tiles through
-/// workgroup memory), which a CPU adapter would not pick, on every op
-/// program and the large operands.
+/// The kernel variants for real GPUs, which a CPU adapter would not pick
+/// (row reductions through workgroup memory; the tiled matrix product is
+/// every device's), on every op program.
 #[test]
-fn op_programs_with_the_tiled_matrix_product() {
+fn op_programs_with_the_gpu_variants() {
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     let mut options = gpu.compile_options();
     options.tiled_matmul = true;
+    options.workgroup_rows = true;
     check_dir_on(
         "tests/programs/ops",
         Engine::on(kiln::engine::Session::with_options(gpu, options)),
@@ -368,6 +369,45 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
         let got = e.run(&g, ins).unwrap();
         for (a, b) in got.outputs.iter().zip(&want.outputs) {
             close_gpu(&format!("tiled {tiled}"), a, b, 1e-5).unwrap();
+        }
+    }
+}
+
+/// Softmax, log_softmax and layer norm along contiguous rows at awkward
+/// widths: a row per 1 to 64 invocations reducing through workgroup
+/// memory (up to 1024 wide), and the per-invocation loop past that.
+#[test]
+fn row_kernels_at_awkward_widths() {
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let mut options = gpu.compile_options();
+    options.workgroup_rows = true;
+    let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+    let mut looped = Engine::on(kiln::engine::Session::new(gpu));
+    for w in [1usize, 3, 17, 64, 65, 384, 783, 1024, 1025] {
+        let src = format!(
+            "graph f(%x: f32[5, {w}], %g: f32[{w}], %b: f32[{w}]) {{
+  %s = softmax(%x, 1)
+  %l = log_softmax(%x, -1)
+  %y = add(%x, 1.0)
+  %n = layer_norm(%y, [{w}], %g, %b, 1e-05)
+  return (%s, %l, %n)
+}}"
+        );
+        let g = parse(&src).unwrap();
+        let p = kiln::engine::compile(&g).unwrap();
+        let rows = p
+            .kernels
+            .iter()
+            .filter(|k| k.code.wgsl.contains("red["))
+            .count();
+        assert_eq!(rows, if w <= 1024 { 3 } else { 0 }, "width {w}");
+        let ins = kiln::functionalize::random::random_inputs(&g, w as u64, 2.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        for e in [&mut e, &mut looped] {
+            let got = e.run(&g, ins.clone()).unwrap();
+            for (a, b) in got.outputs.iter().zip(&want.outputs) {
+                close_gpu(&format!("width {w}"), a, b, 1e-5).unwrap();
+            }
         }
     }
 }

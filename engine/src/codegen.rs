@@ -83,11 +83,47 @@ pub struct Gen<'a> {
     /// Matrix products tile through workgroup memory (GPUs), or loop over
     /// `k` in each invocation (CPU adapters, where barriers are costly).
     pub tiled_matmul: bool,
+    /// See `CompileOptions::workgroup_rows`.
+    pub workgroup_rows: bool,
     pub rules: BindingRules,
     slots: Vec<SlotInfo>,
 }
 
 type R<T> = Result<T, EngineError>;
+
+/// Rows of `width` contiguous elements reduced by `lanes` invocations each
+/// (a power of two up to 64; `64 / lanes` rows per workgroup), every
+/// invocation holding `per` elements (strided by `lanes`) in registers.
+struct RowTile {
+    width: usize,
+    rows: usize,
+    lanes: usize,
+    per: usize,
+}
+
+impl RowTile {
+    /// Rows up to 1024 wide (16 elements an invocation).
+    fn new(width: usize, rows: usize) -> Option<RowTile> {
+        let lanes = width.next_power_of_two().clamp(1, 64);
+        let per = width.div_ceil(lanes);
+        (width > 0 && per <= 16).then_some(RowTile {
+            width,
+            rows,
+            lanes,
+            per,
+        })
+    }
+
+    fn workgroups(&self) -> usize {
+        self.rows.div_ceil(64 / self.lanes).max(1)
+    }
+}
+
+/// A row kernel's lane and its elements: (value, in range, column, index).
+struct RowCtx {
+    lane: String,
+    xs: Vec<(String, String, String, String)>,
+}
 
 /// A matrix product operand: value, batch strides over the output batch,
 /// row stride, column stride.
@@ -118,6 +154,7 @@ impl<'a> Gen<'a> {
             group: vec![],
             own: "gid".into(),
             tiled_matmul: true,
+            workgroup_rows: true,
             rules: BindingRules::default(),
             slots: vec![],
         }
@@ -1029,6 +1066,9 @@ impl<'a> Gen<'a> {
             im.sizes[dim + 1..].iter().product()
         };
         let lines = im.numel() / len.max(1);
+        if let Some(t) = RowTile::new(len, lines).filter(|_| inner == 1 && self.workgroup_rows) {
+            return self.softmax_rows(input, v, log, t, label);
+        }
         self.body
             .stmt(format!("if (gid >= {}) {{ return; }}", u(lines)));
         let base = self.body.bind(
@@ -1094,6 +1134,9 @@ impl<'a> Gen<'a> {
             _ => 1e-5,
         };
         let rows = im.numel() / width.max(1);
+        if let Some(t) = RowTile::new(width, rows).filter(|_| self.workgroup_rows) {
+            return self.layer_norm_rows(input, v, weight, bias, eps, t, label);
+        }
         self.body
             .stmt(format!("if (gid >= {}) {{ return; }}", u(rows)));
         let base = self.body.bind("u32", format!("gid * {}", u(width)));
@@ -1161,6 +1204,186 @@ impl<'a> Gen<'a> {
         self.body.stmt("}".into());
         self.memo = saved;
         Ok(self.finish(label, wgsl::grid(rows), [wgsl::WORKGROUP, 1, 1]))
+    }
+
+    /// Shared setup of a row kernel: this invocation's row (`None` when
+    /// past the last), its lane, and its elements of the row in registers
+    /// as (value, in range, column) triples.
+    fn row_elements(&mut self, input: ValueId, t: &RowTile) -> R<RowCtx> {
+        let im = self.meta(input).clone();
+        self.shared
+            .push("var<workgroup> red: array<f32, 64>;".into());
+        let per_wg = 64 / t.lanes;
+        let row = self.body.bind(
+            "u32",
+            format!(
+                "(wid.y * nwg.x + wid.x) * {} + lid.x / {}",
+                u(per_wg),
+                u(t.lanes)
+            ),
+        );
+        let lane = self.body.bind("u32", format!("lid.x % {}", u(t.lanes)));
+        let valid = self.body.bind("bool", format!("{row} < {}", u(t.rows)));
+        let base = self.body.bind("u32", format!("{row} * {}", u(t.width)));
+        let mut xs = vec![];
+        for e in 0..t.per {
+            let k = self
+                .body
+                .bind("u32", format!("{lane} + {}", u(e * t.lanes)));
+            let inr = self
+                .body
+                .bind("bool", format!("{valid} && {k} < {}", u(t.width)));
+            let at = self
+                .body
+                .bind("u32", format!("select(0u, {base} + {k}, {inr})"));
+            let x = self.value_at(input, &at)?;
+            let x = self.body.bind("f32", cast(&x, im.dtype, DType::F32));
+            xs.push((x, inr, k, at));
+        }
+        Ok(RowCtx { lane, xs })
+    }
+
+    /// `partial` combined over the lanes of each row through workgroup
+    /// memory (a tree of `lanes`); every lane gets the result. Barriers
+    /// are reached by every invocation (uniform control flow).
+    fn row_reduce(&mut self, t: &RowTile, lane: &str, partial: &str, max: bool) -> String {
+        let op = |a: &str, b: &str| {
+            if max {
+                format!("max({a}, {b})")
+            } else {
+                format!("{a} + {b}")
+            }
+        };
+        self.body.stmt(format!("red[lid.x] = {partial};"));
+        self.body.stmt("workgroupBarrier();".into());
+        let mut s = t.lanes / 2;
+        while s >= 1 {
+            self.body.stmt(format!(
+                "if ({lane} < {}) {{ red[lid.x] = {}; }}",
+                u(s),
+                op("red[lid.x]", &format!("red[lid.x + {}]", u(s)))
+            ));
+            self.body.stmt("workgroupBarrier();".into());
+            s /= 2;
+        }
+        let r = self.body.bind("f32", format!("red[lid.x - {lane}]"));
+        // Later reductions reuse `red`.
+        self.body.stmt("workgroupBarrier();".into());
+        r
+    }
+
+    /// Softmax along contiguous rows: a row per `lanes` invocations, its
+    /// elements read once into registers, max and sum reduced across the
+    /// lanes, one write.
+    fn softmax_rows(
+        &mut self,
+        input: ValueId,
+        v: ValueId,
+        log: bool,
+        t: RowTile,
+        label: String,
+    ) -> R<KernelCode> {
+        let od = self.meta(v).dtype;
+        let RowCtx { lane, xs } = self.row_elements(input, &t)?;
+        let ninf = literal(f64::NEG_INFINITY, DType::F32);
+        let mut m = ninf.clone();
+        for (x, inr, _, _) in &xs {
+            m = self
+                .body
+                .bind("f32", format!("max({m}, select({ninf}, {x}, {inr}))"));
+        }
+        let mx = self.row_reduce(&t, &lane, &m, true);
+        let mut sum = "0.0".to_string();
+        let mut es = vec![];
+        for (x, inr, _, _) in &xs {
+            let e = self.body.bind("f32", format!("exp({x} - {mx})"));
+            sum = self
+                .body
+                .bind("f32", format!("{sum} + select(0.0, {e}, {inr})"));
+            es.push(e);
+        }
+        let total = self.row_reduce(&t, &lane, &sum, false);
+        for ((x, inr, _, at), e) in xs.iter().zip(&es) {
+            let y = if log {
+                format!("{x} - {mx} - log({total})")
+            } else {
+                format!("{e} / {total}")
+            };
+            let y = self.body.bind("f32", y);
+            self.body.stmt(format!("if ({inr}) {{"));
+            self.store_to(v, at, &cast(&y, DType::F32, od))?;
+            self.body.stmt("}".into());
+        }
+        Ok(self.finish(label, wgsl::grid(t.workgroups() * 64), [64, 1, 1]))
+    }
+
+    /// Layer norm over contiguous rows, a row per `lanes` invocations: the
+    /// row read once into registers, the corrected two-pass mean and
+    /// variance reduced across the lanes, one write.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_rows(
+        &mut self,
+        input: ValueId,
+        v: ValueId,
+        weight: Option<ValueId>,
+        bias: Option<ValueId>,
+        eps: f64,
+        t: RowTile,
+        label: String,
+    ) -> R<KernelCode> {
+        let g = self.g;
+        let od = self.meta(v).dtype;
+        let RowCtx { lane, xs } = self.row_elements(input, &t)?;
+        let w = u(t.width);
+        let mut sum = "0.0".to_string();
+        for (x, inr, _, _) in &xs {
+            sum = self
+                .body
+                .bind("f32", format!("{sum} + select(0.0, {x}, {inr})"));
+        }
+        let total = self.row_reduce(&t, &lane, &sum, false);
+        let mean0 = self.body.bind("f32", format!("{total} / f32({w})"));
+        // The corrected two-pass algorithm: the deviations' sum refines the
+        // mean (exact for constant rows), their squares give the variance.
+        let (mut dev, mut sq) = ("0.0".to_string(), "0.0".to_string());
+        for (x, inr, _, _) in &xs {
+            let d = self
+                .body
+                .bind("f32", format!("select(0.0, {x} - {mean0}, {inr})"));
+            dev = self.body.bind("f32", format!("{dev} + {d}"));
+            sq = self.body.bind("f32", format!("{sq} + {d} * {d}"));
+        }
+        let dev = self.row_reduce(&t, &lane, &dev, false);
+        let sq = self.row_reduce(&t, &lane, &sq, false);
+        let corr = self.body.bind("f32", format!("{dev} / f32({w})"));
+        let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
+        let var = self.body.bind(
+            "f32",
+            format!("max({sq} / f32({w}) - {corr} * {corr}, 0.0)"),
+        );
+        let rstd = self.body.bind(
+            "f32",
+            format!("inverseSqrt({var} + {})", literal(eps, DType::F32)),
+        );
+        for (x, inr, k, at) in &xs {
+            self.body.stmt(format!("if ({inr}) {{"));
+            let saved = std::mem::take(&mut self.memo);
+            let mut y = self.body.bind("f32", format!("({x} - {mean}) * {rstd}"));
+            if let Some(wv) = weight {
+                let c = self.value_at(wv, k)?;
+                let c = cast(&c, g.meta(wv).dtype, DType::F32);
+                y = self.body.bind("f32", format!("{y} * {c}"));
+            }
+            if let Some(bv) = bias {
+                let c = self.value_at(bv, k)?;
+                let c = cast(&c, g.meta(bv).dtype, DType::F32);
+                y = self.body.bind("f32", format!("{y} + {c}"));
+            }
+            self.store_to(v, at, &cast(&y, DType::F32, od))?;
+            self.memo = saved;
+            self.body.stmt("}".into());
+        }
+        Ok(self.finish(label, wgsl::grid(t.workgroups() * 64), [64, 1, 1]))
     }
 
     /// Element `(b, i, j)` accessors of a batched product `C = A B`, with
