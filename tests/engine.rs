@@ -41,6 +41,7 @@ fn every_generated_shader_validates_with_naga() {
                 let options = kiln::engine::CompileOptions {
                     tiled_matmul: gpu_variants,
                     workgroup_rows: gpu_variants,
+                    workgroup: if gpu_variants { 256 } else { 64 },
                     ..Default::default()
                 };
                 let prog = kiln::engine::compile_with(&g, &options).unwrap();

@@ -154,14 +154,15 @@ fn op_programs_with_one_kib_bindings() {
 }
 
 /// The kernel variants for real GPUs, which a CPU adapter would not pick
-/// (row reductions through workgroup memory; the tiled matrix product is
-/// every device's), on every op program.
+/// (row reductions through workgroup memory, 256-invocation workgroups; the
+/// tiled matrix product is every device's), on every op program.
 #[test]
 fn op_programs_with_the_gpu_variants() {
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     let mut options = gpu.compile_options();
     options.tiled_matmul = true;
     options.workgroup_rows = true;
+    options.workgroup = 256;
     check_dir_on(
         "tests/programs/ops",
         Engine::on(kiln::engine::Session::with_options(gpu, options)),

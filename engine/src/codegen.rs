@@ -85,6 +85,8 @@ pub struct Gen<'a> {
     pub tiled_matmul: bool,
     /// See `CompileOptions::workgroup_rows`.
     pub workgroup_rows: bool,
+    /// Invocations per workgroup of 1-D kernels.
+    pub workgroup: u32,
     pub rules: BindingRules,
     slots: Vec<SlotInfo>,
 }
@@ -155,6 +157,7 @@ impl<'a> Gen<'a> {
             own: "gid".into(),
             tiled_matmul: true,
             workgroup_rows: true,
+            workgroup: wgsl::WORKGROUP,
             rules: BindingRules::default(),
             slots: vec![],
         }
@@ -689,8 +692,8 @@ impl<'a> Gen<'a> {
             .join("+");
         Ok(self.finish(
             label,
-            wgsl::grid(count.div_ceil(lanes)),
-            [wgsl::WORKGROUP, 1, 1],
+            wgsl::grid(count.div_ceil(lanes), self.workgroup),
+            [self.workgroup, 1, 1],
         ))
     }
 
@@ -705,7 +708,7 @@ impl<'a> Gen<'a> {
             .stmt(format!("if (gid >= {}) {{ return; }}", u(n)));
         let x = f(self, "gid")?;
         self.store_to(v, "gid", &x)?;
-        Ok(self.finish(label, wgsl::grid(n), [wgsl::WORKGROUP, 1, 1]))
+        Ok(self.finish(label, wgsl::grid(n, self.workgroup), [self.workgroup, 1, 1]))
     }
 
     /// Writes `src` through the scatter's view of buffer `target`
@@ -747,8 +750,8 @@ impl<'a> Gen<'a> {
         self.body.stmt(store(&slot, &at, tm.dtype, &x));
         Ok(Some(self.finish(
             label,
-            wgsl::grid(count),
-            [wgsl::WORKGROUP, 1, 1],
+            wgsl::grid(count, self.workgroup),
+            [self.workgroup, 1, 1],
         )))
     }
 
@@ -839,7 +842,7 @@ impl<'a> Gen<'a> {
         self.put(out, &at, &val, accumulate)?;
         self.body.stmt("}".into());
         self.memo = saved;
-        Ok(self.finish(label, [1, 1, 1], [wgsl::WORKGROUP, 1, 1]))
+        Ok(self.finish(label, [1, 1, 1], [self.workgroup, 1, 1]))
     }
 
     /// `out[at] = val`, or `out[at] += val` when accumulating.
@@ -939,7 +942,7 @@ impl<'a> Gen<'a> {
         self.body.stmt("}".into());
         self.body.stmt("}".into());
         self.memo = saved;
-        Ok(self.finish(label, [1, 1, 1], [wgsl::WORKGROUP, 1, 1]))
+        Ok(self.finish(label, [1, 1, 1], [self.workgroup, 1, 1]))
     }
 
     fn reduce(
@@ -1044,7 +1047,11 @@ impl<'a> Gen<'a> {
             );
         }
         self.store_to(v, "gid", &res)?;
-        Ok(self.finish(label, wgsl::grid(nout), [wgsl::WORKGROUP, 1, 1]))
+        Ok(self.finish(
+            label,
+            wgsl::grid(nout, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
     }
 
     /// One invocation per line along `dim`: max, sum of exponentials, write.
@@ -1109,7 +1116,11 @@ impl<'a> Gen<'a> {
         self.store_to(v, &at, &y)?;
         self.body.stmt("}".into());
         self.memo = saved;
-        Ok(self.finish(label, wgsl::grid(lines), [wgsl::WORKGROUP, 1, 1]))
+        Ok(self.finish(
+            label,
+            wgsl::grid(lines, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
     }
 
     fn layer_norm(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
@@ -1203,7 +1214,11 @@ impl<'a> Gen<'a> {
         self.store_to(v, &at, &y)?;
         self.body.stmt("}".into());
         self.memo = saved;
-        Ok(self.finish(label, wgsl::grid(rows), [wgsl::WORKGROUP, 1, 1]))
+        Ok(self.finish(
+            label,
+            wgsl::grid(rows, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
     }
 
     /// Shared setup of a row kernel: this invocation's row (`None` when
@@ -1314,7 +1329,7 @@ impl<'a> Gen<'a> {
             self.store_to(v, at, &cast(&y, DType::F32, od))?;
             self.body.stmt("}".into());
         }
-        Ok(self.finish(label, wgsl::grid(t.workgroups() * 64), [64, 1, 1]))
+        Ok(self.finish(label, wgsl::fold(t.workgroups()), [64, 1, 1]))
     }
 
     /// Layer norm over contiguous rows, a row per `lanes` invocations: the
@@ -1383,7 +1398,7 @@ impl<'a> Gen<'a> {
             self.memo = saved;
             self.body.stmt("}".into());
         }
-        Ok(self.finish(label, wgsl::grid(t.workgroups() * 64), [64, 1, 1]))
+        Ok(self.finish(label, wgsl::fold(t.workgroups()), [64, 1, 1]))
     }
 
     /// Element `(b, i, j)` accessors of a batched product `C = A B`, with
@@ -1810,7 +1825,11 @@ impl<'a> Gen<'a> {
         let _ = outer;
         let x = self.value_at(src, &at)?;
         self.store_to(v, "gid", &x)?;
-        Ok(self.finish(label, wgsl::grid(count), [wgsl::WORKGROUP, 1, 1]))
+        Ok(self.finish(
+            label,
+            wgsl::grid(count, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
     }
 }
 

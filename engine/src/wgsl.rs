@@ -316,7 +316,9 @@ pub fn literal(v: f64, dtype: DType) -> String {
     }
 }
 
-pub const WORKGROUP: u32 = 64;
+/// Invocations of a 1-D kernel's workgroup where the device does not say
+/// (`CompileOptions::workgroup`).
+pub const WORKGROUP: u32 = 256;
 
 /// A complete compute shader: binding declarations, the prelude and one
 /// entry point whose body sees `gid` (the flat invocation index) and
@@ -335,10 +337,11 @@ pub fn shader(decls: &[String], body: &[String], workgroup: [u32; 3], shared: &[
         "@compute @workgroup_size({}, {}, {})\nfn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{",
         workgroup[0], workgroup[1], workgroup[2]
     );
-    if workgroup == [WORKGROUP, 1, 1] {
+    if workgroup[1] == 1 && workgroup[2] == 1 {
         let _ = writeln!(
             s,
-            "    let gid: u32 = (wid.y * nwg.x + wid.x) * {WORKGROUP}u + lid.x;"
+            "    let gid: u32 = (wid.y * nwg.x + wid.x) * {}u + lid.x;",
+            workgroup[0]
         );
     }
     for l in body {
@@ -348,10 +351,16 @@ pub fn shader(decls: &[String], body: &[String], workgroup: [u32; 3], shared: &[
     s
 }
 
-/// Workgroups for `n` invocations of a 1-D kernel, folded into two
-/// dimensions past the 65535 per-dimension limit.
-pub fn grid(n: usize) -> [u32; 3] {
-    let groups = n.div_ceil(WORKGROUP as usize).max(1);
+/// Workgroups of `size` for `n` invocations of a 1-D kernel, folded into
+/// two dimensions past the 65535 per-dimension limit.
+pub fn grid(n: usize, size: u32) -> [u32; 3] {
+    fold(n.div_ceil(size as usize))
+}
+
+/// `groups` workgroups, folded into two dimensions past the 65535
+/// per-dimension limit (kernels index them as `wid.y * nwg.x + wid.x`).
+pub fn fold(groups: usize) -> [u32; 3] {
+    let groups = groups.max(1);
     if groups <= 65535 {
         [groups as u32, 1, 1]
     } else {

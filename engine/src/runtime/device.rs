@@ -147,6 +147,11 @@ impl Gpu {
             // lavapipe too (MLP block 256x512x1024: 4.1 vs 3.6 GFLOP/s).
             tiled_matmul: true,
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
+            workgroup: if self.info.device_type == wgpu::DeviceType::Cpu {
+                64
+            } else {
+                256
+            },
             rules: BindingRules {
                 align_words: (l.min_storage_buffer_offset_alignment as usize / 4).max(1),
                 max_words: (l.max_storage_buffer_binding_size as usize / 4).max(1),
