@@ -128,10 +128,10 @@ impl DeviceTensor {
 }
 
 /// Uploads `t` into a new device tensor (packed) of `session` on `gpu`.
-pub(crate) fn upload_in(
+pub(crate) async fn upload_in(
     gpu: &Arc<Gpu>,
     session: u64,
-    t: &HostTensor,
+    t: &HostTensor<'_>,
 ) -> Result<DeviceTensor, EngineError> {
     let bytes = padded(t.bytes());
     let limit = gpu.limits.max_buffer_size;
@@ -142,18 +142,20 @@ pub(crate) fn upload_in(
             bytes.len()
         )));
     }
-    let buffer = pollster::block_on(gpu.scoped("uploading a tensor", || {
-        let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln tensor"),
-            size: bytes.len() as u64,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST
-                | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        gpu.queue.write_buffer(&buffer, 0, &bytes);
-        Ok(buffer)
-    }))?;
+    let buffer = gpu
+        .scoped("uploading a tensor", || {
+            let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln tensor"),
+                size: bytes.len() as u64,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            gpu.queue.write_buffer(&buffer, 0, &bytes);
+            Ok(buffer)
+        })
+        .await?;
     Ok(DeviceTensor::new(
         gpu.clone(),
         session,

@@ -175,8 +175,12 @@ impl Session {
 
     /// Uploads `t` into a device tensor of this session.
     pub fn upload(&self, t: &HostTensor) -> Result<DeviceTensor, EngineError> {
+        pollster::block_on(self.upload_async(t))
+    }
+
+    pub async fn upload_async(&self, t: &HostTensor<'_>) -> Result<DeviceTensor, EngineError> {
         self.gpu.check()?;
-        let d = super::buffers::upload_in(&self.gpu, self.id, t)?;
+        let d = super::buffers::upload_in(&self.gpu, self.id, t).await?;
         if let Ok(mut tot) = self.totals.lock() {
             tot.uploaded_bytes += padded(t.bytes()).len() as u64;
         }
@@ -189,7 +193,15 @@ impl Session {
     /// drops the compiled programs (they bind the old one); executables
     /// already handed out keep the old tensor.
     pub fn add_constant(&self, name: &str, t: &HostTensor) -> Result<(), EngineError> {
-        let d = self.upload(t)?;
+        pollster::block_on(self.add_constant_async(name, t))
+    }
+
+    pub async fn add_constant_async(
+        &self,
+        name: &str,
+        t: &HostTensor<'_>,
+    ) -> Result<(), EngineError> {
+        let d = self.upload_async(t).await?;
         let old = self
             .constants
             .write()
@@ -888,7 +900,7 @@ impl Executable {
                 (f, Some(&base)) => {
                     let t = super::readback::host_view(p, v, &read[&base])?;
                     if f == Fetch::Device {
-                        let dt = super::buffers::upload_in(gpu, session, &t)?;
+                        let dt = super::buffers::upload_in(gpu, session, &t).await?;
                         stats.uploaded_bytes += t.bytes().len() as u64;
                         Output::Device(dt)
                     } else {
