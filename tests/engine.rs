@@ -39,7 +39,7 @@ fn every_generated_shader_validates_with_naga() {
             // The GPU variants, and the CPU adapters' (loops, no barriers).
             for gpu_variants in [true, false] {
                 let options = kiln::engine::CompileOptions {
-                    tiled_matmul: gpu_variants,
+                    tile_min_rows: if gpu_variants { 0 } else { usize::MAX },
                     workgroup_rows: gpu_variants,
                     workgroup: if gpu_variants { 256 } else { 64 },
                     ..Default::default()

@@ -160,7 +160,7 @@ fn op_programs_with_one_kib_bindings() {
 fn op_programs_with_the_gpu_variants() {
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     let mut options = gpu.compile_options();
-    options.tiled_matmul = true;
+    options.tile_min_rows = 0;
     options.workgroup_rows = true;
     options.workgroup = 256;
     check_dir_on(
@@ -363,7 +363,7 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     for tiled in [true, false] {
         let mut options = gpu.compile_options();
-        options.tiled_matmul = tiled;
+        options.tile_min_rows = if tiled { 0 } else { usize::MAX };
         let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
         let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
         let want = kiln::run(&g, ins.clone()).unwrap();

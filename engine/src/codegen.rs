@@ -80,9 +80,8 @@ pub struct Gen<'a> {
     group: Vec<ValueId>,
     /// The index expression of the element the invocation computes now.
     own: String,
-    /// Matrix products tile through workgroup memory (GPUs), or loop over
-    /// `k` in each invocation (CPU adapters, where barriers are costly).
-    pub tiled_matmul: bool,
+    /// See `CompileOptions::tile_min_rows`.
+    pub tile_min_rows: usize,
     /// See `CompileOptions::workgroup_rows`.
     pub workgroup_rows: bool,
     /// Invocations per workgroup of 1-D kernels.
@@ -155,7 +154,7 @@ impl<'a> Gen<'a> {
             shared: vec![],
             group: vec![],
             own: "gid".into(),
-            tiled_matmul: true,
+            tile_min_rows: 0,
             workgroup_rows: true,
             workgroup: wgsl::WORKGROUP,
             rules: BindingRules::default(),
@@ -1521,7 +1520,7 @@ impl<'a> Gen<'a> {
         };
         let at = ty(acc_dt);
         let nb = numel(&batch).max(1);
-        let acc = if self.tiled_matmul {
+        let acc = if nn >= self.tile_min_rows {
             self.tiled_product(&a, &b, &batch, nn, kk, mm, acc_dt)?
         } else {
             // Each invocation computes a 4x4 block: 16 multiply-adds per 8

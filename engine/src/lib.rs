@@ -198,10 +198,12 @@ fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
 /// constants.
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
-    /// Tile matrix products through workgroup memory (every device by
-    /// default); `false` loops over K in each invocation, with no
-    /// workgroup memory or barriers.
-    pub tiled_matmul: bool,
+    /// Matrix products with at least this many output rows run in 64x64
+    /// tiles through workgroup memory; fewer loop over K in each invocation
+    /// (4x4 outputs, no workgroup memory or barriers). GPUs: 0 (always
+    /// tiled). lavapipe: 64 (tiles win at 256 rows, MLP 256x512x1024 4.1 vs
+    /// 3.6 GFLOP/s, and lose at 16: MiniLM 1 x 16 takes 3x longer).
+    pub tile_min_rows: usize,
     /// Softmax and layer norm over contiguous rows of up to 1024: a row per
     /// 1-64 invocations reducing through workgroup memory (GPUs: coalesced
     /// reads, one pass over the data); `false` gives each invocation a
@@ -224,7 +226,7 @@ pub struct CompileOptions {
 impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
-            tiled_matmul: true,
+            tile_min_rows: 0,
             workgroup_rows: true,
             workgroup: wgsl::WORKGROUP,
             rules: BindingRules::default(),
@@ -501,7 +503,7 @@ fn lower(
 
     let mut kernels = vec![];
     let mut gen = Gen::new(g, &sched, &locs);
-    gen.tiled_matmul = options.tiled_matmul;
+    gen.tile_min_rows = options.tile_min_rows;
     gen.workgroup_rows = options.workgroup_rows;
     gen.workgroup = options.workgroup;
     gen.rules = options.rules;

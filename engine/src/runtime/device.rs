@@ -143,9 +143,11 @@ impl Gpu {
     pub fn compile_options(&self) -> CompileOptions {
         let l = &self.limits;
         CompileOptions {
-            // The register-blocked tiles beat the per-invocation loop on
-            // lavapipe too (MLP block 256x512x1024: 4.1 vs 3.6 GFLOP/s).
-            tiled_matmul: true,
+            tile_min_rows: if self.info.device_type == wgpu::DeviceType::Cpu {
+                64
+            } else {
+                0
+            },
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
             workgroup: if self.info.device_type == wgpu::DeviceType::Cpu {
                 64
