@@ -347,17 +347,18 @@ fn kernels_over_the_storage_buffer_limit_materialize_producers() {
     close_gpu("y", &got.outputs[0], &want.outputs[0], 1e-5).unwrap();
 }
 
-/// Matrix products at sizes that are not multiples of the 64x64 tile or of
-/// 16 along K, with a transposed weight, a broadcast batch and a bias, on
-/// both variants.
+/// Matrix products at sizes that are not multiples of the tiles or of 16
+/// along K, with a transposed weight, a broadcast batch, a bias and a
+/// short product (9 rows: 16-row tiles), on both variants.
 #[test]
 fn matrix_products_at_awkward_sizes_on_both_variants() {
-    let src = "graph f(%x: f32[3, 70, 37], %w: f32[130, 37], %b: f32[130], %p: f32[3, 17, 66], %q: f32[65, 17]) {
+    let src = "graph f(%x: f32[3, 70, 37], %w: f32[130, 37], %b: f32[130], %p: f32[3, 17, 66], %q: f32[65, 17], %r: f32[9, 37]) {
   %y = linear(%x, %w, %b)
+  %s = linear(%r, %w, %b)
   %z = matmul(%q, %p)
   %t = transpose(%p, 1, 2)
   %v = matmul(%t, %p)
-  return (%y, %z, %v)
+  return (%y, %z, %v, %s)
 }";
     let g = parse(src).unwrap();
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());

@@ -92,6 +92,16 @@ pub struct Gen<'a> {
 
 type R<T> = Result<T, EngineError>;
 
+/// Output rows each invocation of a tiled product computes: 4, or 1 when
+/// the product has at most 16 rows.
+fn matmul_rows_per_invocation(rows: usize) -> usize {
+    if rows <= 16 {
+        1
+    } else {
+        4
+    }
+}
+
 /// Rows of `width` contiguous elements reduced by `lanes` invocations each
 /// (a power of two up to 64; `64 / lanes` rows per workgroup), every
 /// invocation holding `per` elements (strided by `lanes`) in registers.
@@ -1520,7 +1530,8 @@ impl<'a> Gen<'a> {
         };
         let at = ty(acc_dt);
         let nb = numel(&batch).max(1);
-        let acc = if nn >= self.tile_min_rows {
+        let tiled = nn >= self.tile_min_rows;
+        let acc = if tiled {
             self.tiled_product(&a, &b, &batch, nn, kk, mm, acc_dt)?
         } else {
             // Each invocation computes a 4x4 block: 16 multiply-adds per 8
@@ -1618,11 +1629,16 @@ impl<'a> Gen<'a> {
         let res = cast(&res, acc_dt, om.dtype);
         self.store_to(v, &oi, &res)?;
         self.memo = saved_epilogue;
-        // Both variants end in a loop over the invocation's 4x4 outputs; a
-        // workgroup covers 64x64.
+        // Both variants end in a loop over the invocation's outputs; a
+        // workgroup covers 64 columns and 64 rows (16 for short tiled
+        // products).
         self.body.stmt("}".into());
-        let per = 64;
-        let grid = [mm.div_ceil(per) as u32, nn.div_ceil(per) as u32, nb as u32];
+        let rows = if tiled {
+            16 * matmul_rows_per_invocation(nn)
+        } else {
+            64
+        };
+        let grid = [mm.div_ceil(64) as u32, nn.div_ceil(rows) as u32, nb as u32];
         if grid.iter().any(|&x| x > 65535) {
             return Err(EngineError::Unsupported(format!(
                 "{name} of {nb} batches of {nn}x{mm}: too many workgroups"
@@ -1675,43 +1691,57 @@ impl<'a> Gen<'a> {
     ) -> R<String> {
         let at = ty(acc_dt);
         let zero = literal(0.0, acc_dt);
-        // ta[k * 64 + row], tb[k * 64 + col]
+        // Rows per invocation: 4 (64-row tiles), or 1 for products of at
+        // most 16 rows (batch-1 inference), where bigger tiles would idle.
+        let tm = matmul_rows_per_invocation(nn);
+        let bm = 16 * tm;
+        // ta[k * bm + row], tb[k * 64 + col]
         self.shared
-            .push(format!("var<workgroup> ta: array<{at}, 1024>;"));
+            .push(format!("var<workgroup> ta: array<{at}, {}>;", 16 * bm));
         self.shared
             .push(format!("var<workgroup> tb: array<{at}, 1024>;"));
         self.body.stmt("let bz = wid.z;".into());
         self.body.stmt("let lin = lid.y * 16u + lid.x;".into());
-        let bm = self.unravel("bz", batch);
-        let aoff = self.ravel(&bm, &a.batch, 0);
-        let boff = self.ravel(&bm, &b.batch, 0);
-        let accs: Vec<String> = (0..16).map(|_| self.body.var(at, zero.clone())).collect();
+        let bzm = self.unravel("bz", batch);
+        let aoff = self.ravel(&bzm, &a.batch, 0);
+        let boff = self.ravel(&bzm, &b.batch, 0);
+        let accs: Vec<String> = (0..4 * tm)
+            .map(|_| self.body.var(at, zero.clone()))
+            .collect();
         self.body.stmt(format!(
             "for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{",
             u(kk)
         ));
+        // A: bm rows x 16 k, `tm` elements an invocation; along k when k is
+        // contiguous, else along rows.
         self.body
-            .stmt("for (var e = 0u; e < 4u; e = e + 1u) {".into());
+            .stmt(format!("for (var e = 0u; e < {}; e = e + 1u) {{", u(tm)));
         let saved = std::mem::take(&mut self.memo);
         let idx = self.body.bind("u32", "lin + e * 256u".into());
-        // A: 64 rows x 16 k; along k when k is contiguous, else along rows.
         let (r, k) = if a.cs == 1 {
             (format!("{idx} / 16u"), format!("{idx} % 16u"))
         } else {
-            (format!("{idx} % 64u"), format!("{idx} / 64u"))
+            (format!("{idx} % {}", u(bm)), format!("{idx} / {}", u(bm)))
         };
         let (r, k) = (self.body.bind("u32", r), self.body.bind("u32", k));
         let (row, ka) = (
-            self.body.bind("u32", format!("wid.y * 64u + {r}")),
+            self.body.bind("u32", format!("wid.y * {} + {r}", u(bm))),
             self.body.bind("u32", format!("t0 + {k}")),
         );
         let pa = self
             .body
             .bind("bool", format!("{row} < {} && {ka} < {}", u(nn), u(kk)));
         let ia = format!("{aoff} + {row} * {} + {ka} * {}", u(a.rs), u(a.cs));
-        self.load_tile("ta", &format!("{k} * 64u + {r}"), a.v, &ia, &pa, acc_dt)?;
-        self.memo.clear();
-        // B: 16 k x 64 columns; along columns when they are contiguous.
+        let slot = format!("{k} * {} + {r}", u(bm));
+        self.load_tile("ta", &slot, a.v, &ia, &pa, acc_dt)?;
+        self.memo = saved;
+        self.body.stmt("}".into());
+        // B: 16 k x 64 columns, 4 elements an invocation; along columns
+        // when they are contiguous.
+        self.body
+            .stmt("for (var e = 0u; e < 4u; e = e + 1u) {".into());
+        let saved = std::mem::take(&mut self.memo);
+        let idx = self.body.bind("u32", "lin + e * 256u".into());
         let (k, c) = if b.cs == 1 || b.rs != 1 {
             (format!("{idx} / 64u"), format!("{idx} % 64u"))
         } else {
@@ -1732,13 +1762,18 @@ impl<'a> Gen<'a> {
         self.body.stmt("workgroupBarrier();".into());
         self.body
             .stmt("for (var q = 0u; q < 16u; q = q + 1u) {".into());
-        for i in 0..4 {
-            self.body
-                .stmt(format!("let a{i} = ta[q * 64u + lid.y + {}u];", 16 * i));
-            self.body
-                .stmt(format!("let b{i} = tb[q * 64u + lid.x + {}u];", 16 * i));
+        for i in 0..tm {
+            self.body.stmt(format!(
+                "let a{i} = ta[q * {} + lid.y + {}u];",
+                u(bm),
+                16 * i
+            ));
         }
-        for i in 0..4 {
+        for j in 0..4 {
+            self.body
+                .stmt(format!("let b{j} = tb[q * 64u + lid.x + {}u];", 16 * j));
+        }
+        for i in 0..tm {
             for j in 0..4 {
                 let c = &accs[i * 4 + j];
                 self.body.stmt(format!("{c} = {c} + a{i} * b{j};"));
@@ -1747,12 +1782,17 @@ impl<'a> Gen<'a> {
         self.body.stmt("}".into());
         self.body.stmt("workgroupBarrier();".into());
         self.body.stmt("}".into());
-        // Epilogue over the 16 outputs; the accumulator picked by selects
-        // (a dynamic index would move the accumulators out of registers).
-        self.body
-            .stmt("for (var ij = 0u; ij < 16u; ij = ij + 1u) {".into());
-        self.body
-            .stmt("let row = wid.y * 64u + lid.y + 16u * (ij / 4u);".into());
+        // Epilogue over the invocation's outputs; the accumulator picked by
+        // selects (a dynamic index would move the accumulators out of
+        // registers).
+        self.body.stmt(format!(
+            "for (var ij = 0u; ij < {}; ij = ij + 1u) {{",
+            u(4 * tm)
+        ));
+        self.body.stmt(format!(
+            "let row = wid.y * {} + lid.y + 16u * (ij / 4u);",
+            u(bm)
+        ));
         self.body
             .stmt("let col = wid.x * 64u + lid.x + 16u * (ij % 4u);".into());
         self.body.stmt(format!(
