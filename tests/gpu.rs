@@ -413,3 +413,26 @@ fn row_kernels_at_awkward_widths() {
         }
     }
 }
+
+/// Zero-size dimensions: valid kernels (no `% 0u`), and the results eager
+/// gives (sums of nothing are 0, products over K = 0 are zeros).
+#[test]
+fn zero_size_dimensions_run() {
+    let src = "graph z(%x: f32[3, 0], %y: f32[0, 4]) {
+  %s = sum(%x, [1])
+  %p = mm(%x, %y)
+  %q = linear(%y, %y)
+  %t = softmax(%x, 1)
+  return (%s, %p, %q, %t)
+}";
+    let g = parse(src).unwrap();
+    for k in &kiln::engine::compile(&g).unwrap().kernels {
+        kiln::engine::wgsl::validate(&k.code.wgsl).unwrap();
+    }
+    let ins = kiln::functionalize::random::random_inputs(&g, 1, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let got = engine().run(&g, ins).unwrap();
+    for (a, b) in got.outputs.iter().zip(&want.outputs) {
+        close_gpu("zero-size", a, b, 0.0).unwrap();
+    }
+}

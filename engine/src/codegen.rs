@@ -282,6 +282,11 @@ impl<'a> Gen<'a> {
 
     /// Per-dimension indices of flat row-major `idx` over `sizes`.
     fn unravel(&mut self, idx: &str, sizes: &[usize]) -> Vec<String> {
+        // A shape with no elements has no index to unravel (and `% 0u` is
+        // not valid WGSL): the code runs for no element.
+        if sizes.contains(&0) {
+            return vec!["0u".to_string(); sizes.len()];
+        }
         let strides = contiguous_strides(sizes);
         sizes
             .iter()
