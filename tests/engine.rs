@@ -214,3 +214,18 @@ fn elementwise_programs_move_the_minimum() {
         }
     }
 }
+
+#[test]
+fn values_read_only_inside_their_kernel_stay_in_registers() {
+    // %a has two readers, both fused with it: stored nowhere.
+    let p = compiled(
+        "graph r(%x: f32[1000]) {
+           %a = exp(%x)
+           %b = add(%a, 1)
+           %c = mul(%a, 2)
+           return (%b, %c)
+         }",
+    );
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert_eq!(p.bytes_moved(), p.min_bytes, "{}", p.stats());
+}

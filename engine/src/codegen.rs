@@ -82,6 +82,9 @@ pub struct Gen<'a> {
     own: String,
     /// See `CompileOptions::tile_min_rows`.
     pub tile_min_rows: usize,
+    /// Fused kernel members only their own kernel reads: computed, never
+    /// stored.
+    pub registers: std::collections::HashSet<ValueId>,
     /// See `CompileOptions::workgroup_rows`.
     pub workgroup_rows: bool,
     /// Invocations per workgroup of 1-D kernels.
@@ -165,6 +168,7 @@ impl<'a> Gen<'a> {
             group: vec![],
             own: "gid".into(),
             tile_min_rows: 0,
+            registers: Default::default(),
             workgroup_rows: true,
             workgroup: wgsl::WORKGROUP,
             rules: BindingRules::default(),
@@ -673,6 +677,7 @@ impl<'a> Gen<'a> {
                         let bits = wgsl::pack_lane(g.meta(v).dtype, &x, lane % per);
                         self.body.stmt(format!("{w} = {w} | {bits};"));
                     }
+                    None if self.registers.contains(&v) => {}
                     // Lanes past the end compute garbage and store nothing.
                     None if lanes > 1 => {
                         let (slot, _) = self.slot_of(v, true)?;

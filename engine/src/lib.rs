@@ -139,6 +139,9 @@ fn reuse_dying_inputs(
             let Def::Node(n, _) = g.values[v].def else {
                 continue;
             };
+            if !sched.is_materialized.contains(&v) {
+                continue; // kept in registers
+            }
             for u in schedule::reads(g, sched, n) {
                 let root = sched.root(u);
                 if sched.pinned.contains(&root) {
@@ -181,6 +184,48 @@ fn reuse_dying_inputs(
             }
         }
     }
+}
+
+/// Members of fused elementwise kernels that nothing outside their kernel
+/// reads: they stay in registers (no store, no buffer). Returned, and
+/// taken out of the schedule's materialized values.
+fn register_only(
+    g: &Graph,
+    sched: &mut schedule::Schedule,
+    groups: &[Vec<ValueId>],
+    outputs: &[ValueId],
+) -> HashSet<ValueId> {
+    let mut readers: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
+    for &w in &sched.materialized {
+        if let Some(n) = g.node_of(w) {
+            for r in schedule::reads(g, sched, n) {
+                readers.entry(r).or_default().push(w);
+            }
+        }
+    }
+    let shared: HashSet<ValueId> = sched
+        .alias_of
+        .iter()
+        .chain(&sched.inplace)
+        .chain(&sched.host_views)
+        .flat_map(|(&a, &b)| [a, b])
+        .collect();
+    let mut out = HashSet::new();
+    for grp in groups.iter().filter(|grp| grp.len() > 1) {
+        for &v in grp {
+            let kept =
+                outputs.contains(&v) || shared.contains(&v) || sched.inplace.contains_key(&v);
+            let rs = readers.get(&v).map(Vec::as_slice).unwrap_or(&[]);
+            if !kept && !rs.is_empty() && rs.iter().all(|w| grp.contains(w)) {
+                out.insert(v);
+            }
+        }
+    }
+    sched.materialized.retain(|v| !out.contains(v));
+    for v in &out {
+        sched.is_materialized.remove(v);
+    }
+    out
 }
 
 /// An elementwise value computed by a plain map kernel.
@@ -393,6 +438,7 @@ fn lower(
             }
         }
     }
+    let registers = register_only(g, &mut sched, &groups, outputs);
     // Lifetimes in steps (one step per kernel group).
     let mut step: HashMap<ValueId, usize> = HashMap::new();
     for (i, grp) in groups.iter().enumerate() {
@@ -503,6 +549,7 @@ fn lower(
 
     let mut kernels = vec![];
     let mut gen = Gen::new(g, &sched, &locs);
+    gen.registers = registers.clone();
     gen.tile_min_rows = options.tile_min_rows;
     gen.workgroup_rows = options.workgroup_rows;
     gen.workgroup = options.workgroup;
@@ -516,7 +563,12 @@ fn lower(
             let Def::Node(n, _) = g.values[v].def else {
                 continue;
             };
-            let mut region: Vec<_> = schedule::inlined_region(g, &sched, n).into_iter().collect();
+            // Producers kept in registers are members of their own.
+            let members: HashSet<_> = grp.iter().filter_map(|&w| g.node_of(w)).collect();
+            let mut region: Vec<_> = schedule::inlined_region(g, &sched, n)
+                .into_iter()
+                .filter(|m| !members.contains(m))
+                .collect();
             region.sort_by_key(|&m| g.order.iter().position(|&x| x == m));
             ops.extend(region.iter().map(|&m| g.nodes[m].op.name().to_string()));
             ops.push(g.nodes[n].op.name().to_string());
@@ -526,6 +578,7 @@ fn lower(
                     .filter(|r| !grp.contains(r)),
             );
             let (w, e) = match sched.inplace.get(&v) {
+                _ if registers.contains(&v) => (0, g.meta(v).numel()),
                 Some(_) => {
                     let src = g.meta(*g.nodes[n].args[1].tensors()[0]).numel();
                     (src * 4, src)
