@@ -229,3 +229,36 @@ fn values_read_only_inside_their_kernel_stay_in_registers() {
     assert_eq!(p.kernels.len(), 1, "{}", p.stats());
     assert_eq!(p.bytes_moved(), p.min_bytes, "{}", p.stats());
 }
+
+/// Region updates of a fresh copy fuse into the copy (one kernel, the
+/// minimum bytes); of a parameter, they stay region writes in place.
+#[test]
+fn region_updates_of_a_copy_fuse_into_it() {
+    let blocks = |base: &str| {
+        format!(
+            "graph blocks(%x: f32[4096, 4096]) {{
+  {base}
+  %s0 = slice(%c, 0, 0, 1024)
+  %a0 = add_(%s0, 1)
+  %s1 = slice(%c, 0, 1024, 2048)
+  %a1 = add_(%s1, 1)
+  %s2 = slice(%c, 0, 2048, 3072)
+  %a2 = mul_(%s2, %s2)
+  %s3 = slice(%c, 0, 3072, 4096)
+  %a3 = add_(%s3, 1)
+  return %c
+}}"
+        )
+    };
+    let p = compiled(&blocks("%c = clone(%x)"));
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert_eq!(p.bytes_moved(), p.min_bytes, "{}", p.stats());
+    // On the parameter itself: four in-place region writes.
+    let p = compiled(&blocks("%c = alias(%x)"));
+    assert_eq!(p.kernels.len(), 4, "{}", p.stats());
+    assert!(
+        p.kernels.iter().all(|k| k.code.label.contains("in place")),
+        "{}",
+        p.stats()
+    );
+}

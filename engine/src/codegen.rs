@@ -501,6 +501,20 @@ impl<'a> Gen<'a> {
                 let sm = g.meta(src).clone();
                 let si = self.ravel(&src_m, &contiguous_strides(&sm.sizes), 0);
                 let si = self.body.bind("u32", format!("select(0u, {si}, {pred})"));
+                // The same view of the base, read by the source at `si`, is
+                // the base at `idx` (where the predicate holds): a chain of
+                // region updates evaluates each base once per element.
+                let view = ops::lookup(def.name.trim_end_matches("_scatter"))
+                    .ok_or_else(|| bug("scatter without a view"))?;
+                for &u in self.s.uses.get(&base).map(Vec::as_slice).unwrap_or(&[]) {
+                    let c = &g.nodes[u];
+                    if matches!(c.op.def().rule, Rule::ViewCopy(op) if op == view)
+                        && c.args[1..] == node.args[2..]
+                        && c.results.len() == 1
+                    {
+                        self.memo.insert((c.results[0], si.clone()), bv.clone());
+                    }
+                }
                 let sv = self.value_at(src, &si)?;
                 let sv = cast(&sv, sm.dtype, out.dtype);
                 Ok(self

@@ -148,6 +148,54 @@ impl Tracer<'_> {
 /// Can scatter node `n` write its source into the buffer of `base`
 /// (whose owner is `root`) in place, with every invocation reading that
 /// buffer only at its own target element or outside the written region?
+/// `x[view] = f(x[view], ...)`, decided without tracing (any size): every
+/// read of `root`'s buffer in the source `v` is the scatter's own view of
+/// `base` (the same view op and arguments), reached through elementwise
+/// ops of one shape, so element `j` reads only the element it writes.
+fn same_view_reads(
+    g: &Graph,
+    s: &Schedule,
+    v: ValueId,
+    view: ops::OpId,
+    base: ValueId,
+    root: ValueId,
+    view_args: &[Arg<ValueId>],
+) -> bool {
+    let reads_root = |x: ValueId| {
+        crate::schedule::reads_value(g, s, x)
+            .iter()
+            .any(|&r| s.root(r) == root)
+    };
+    if !reads_root(v) {
+        return true;
+    }
+    if s.is_materialized.contains(&v) {
+        return false;
+    }
+    let Def::Node(m, _) = g.values[v].def else {
+        return false;
+    };
+    let node = &g.nodes[m];
+    match node.op.def().rule {
+        Rule::ViewCopy(op) => {
+            op == view
+                && node.args.first() == Some(&Arg::Tensor(base))
+                && node.args[1..] == *view_args
+        }
+        Rule::Pointwise(_) => {
+            let out = &g.meta(v).sizes;
+            node.args.iter().all(|a| match a {
+                Arg::Tensor(x) if g.meta(*x).sizes == *out => {
+                    same_view_reads(g, s, *x, view, base, root, view_args)
+                }
+                Arg::Tensor(x) => !reads_root(*x),
+                _ => true,
+            })
+        }
+        _ => false,
+    }
+}
+
 pub fn inplace_race_free(g: &Graph, s: &Schedule, n: NodeId, base: ValueId, root: ValueId) -> bool {
     let node = &g.nodes[n];
     let Some(Arg::Tensor(src)) = node.args.get(1).cloned() else {
@@ -162,6 +210,9 @@ pub fn inplace_race_free(g: &Graph, s: &Schedule, n: NodeId, base: ValueId, root
     let Some(view) = ops::lookup(node.op.name().trim_end_matches("_scatter")) else {
         return false;
     };
+    if same_view_reads(g, s, src, view, base, root, &node.args[2..]) {
+        return true;
+    }
     let Some(vm) = view_meta(g, view, g.meta(base), &node.args[2..], 0) else {
         return false;
     };

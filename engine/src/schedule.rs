@@ -144,9 +144,17 @@ pub fn schedule(
                 s.host_views.insert(r, input);
                 continue;
             }
+            // A link of a chain of region updates of a fresh copy is
+            // computed inside the chain's last kernel, element by element,
+            // instead of copied and then updated region by region.
+            let link = c == Class::Map
+                && !out_set.contains(&r)
+                && !force.contains(&r)
+                && chain_link(g, &s, r)
+                && chain_root_is_fresh(g, &s, r);
             let mut mat = c == Class::Kernel
                 || out_set.contains(&r)
-                || (uses.len() > 1 && !is_free(g, n))
+                || (uses.len() > 1 && !is_free(g, n) && !link)
                 || force.contains(&r);
             // A scatter whose base dies here writes only its region into the
             // base's buffer: worth a buffer of its own when it has one
@@ -165,6 +173,148 @@ pub fn schedule(
         }
     }
     Ok(s)
+}
+
+/// Is `r` the base of a region update `S = <view>_scatter(r, f(<view>_copy(r, args)), args)`
+/// and used nowhere else? `f` is elementwise over one shape, reading `r`
+/// only through that view copy, so `S` at element `i` reads `r` at `i`
+/// alone (codegen evaluates `r` once there).
+pub fn chain_link(g: &Graph, s: &Schedule, r: ValueId) -> bool {
+    let uses = s.uses.get(&r).map(Vec::as_slice).unwrap_or(&[]);
+    let scatters: Vec<NodeId> = uses
+        .iter()
+        .copied()
+        .filter(|&u| {
+            g.nodes[u].op.name().ends_with("_scatter")
+                && g.nodes[u].args.first() == Some(&Arg::Tensor(r))
+        })
+        .collect();
+    let [sc] = scatters[..] else {
+        return false;
+    };
+    let node = &g.nodes[sc];
+    let Some(view) = kiln_functionalize::ops::lookup(node.op.name().trim_end_matches("_scatter"))
+    else {
+        return false;
+    };
+    let Some(&Arg::Tensor(src)) = node.args.get(1) else {
+        return false;
+    };
+    let args = &node.args[2..];
+    // The other uses: that view of `r`, read only by `f`.
+    let copies: Vec<ValueId> = uses
+        .iter()
+        .filter(|&&u| u != sc)
+        .map(|&u| {
+            let v = &g.nodes[u];
+            match v.op.def().rule {
+                Rule::ViewCopy(op)
+                    if op == view && v.args[1..] == *args && v.results.len() == 1 =>
+                {
+                    Some(v.results[0])
+                }
+                _ => None,
+            }
+        })
+        .collect::<Option<Vec<_>>>()
+        .unwrap_or_default();
+    if copies.len() + 1 != uses.len() || uses.iter().filter(|&&u| u == sc).count() != 1 {
+        return false;
+    }
+    let mut inside = HashSet::new();
+    elementwise_over(g, src, r, &copies, &mut inside)
+        && copies.iter().all(|c| {
+            s.uses
+                .get(c)
+                .is_some_and(|us| us.iter().all(|u| inside.contains(u)))
+        })
+        && inside.iter().all(|&m| {
+            g.nodes[m].results.iter().all(|x| {
+                copies.contains(x)
+                    || x == &src
+                    || s.uses
+                        .get(x)
+                        .is_some_and(|us| us.iter().all(|u| inside.contains(u) || *u == sc))
+            })
+        })
+}
+
+/// Is `v` an elementwise function (ops of `v`'s shape) of the `copies` and
+/// of values that do not depend on `r`? Collects the nodes on the way.
+fn elementwise_over(
+    g: &Graph,
+    v: ValueId,
+    r: ValueId,
+    copies: &[ValueId],
+    inside: &mut HashSet<NodeId>,
+) -> bool {
+    if copies.contains(&v) {
+        if let Some(n) = g.node_of(v) {
+            inside.insert(n);
+        }
+        return true;
+    }
+    if !depends_on(g, v, r) {
+        return true;
+    }
+    let Some(n) = g.node_of(v) else {
+        return false;
+    };
+    let node = &g.nodes[n];
+    if !matches!(node.op.def().rule, Rule::Pointwise(_)) {
+        return false;
+    }
+    inside.insert(n);
+    let out = &g.meta(v).sizes;
+    node.args.iter().all(|a| match a {
+        Arg::Tensor(x) if g.meta(*x).sizes == *out => elementwise_over(g, *x, r, copies, inside),
+        Arg::Tensor(x) => !depends_on(g, *x, r),
+        _ => true,
+    })
+}
+
+/// Does computing `v` read `r` (through any ops)?
+fn depends_on(g: &Graph, v: ValueId, r: ValueId) -> bool {
+    let mut stack = vec![v];
+    let mut seen = HashSet::new();
+    while let Some(x) = stack.pop() {
+        if x == r {
+            return true;
+        }
+        if !seen.insert(x) {
+            continue;
+        }
+        if let Some(n) = g.node_of(x) {
+            stack.extend(g.nodes[n].inputs());
+        }
+    }
+    false
+}
+
+/// Walking back through chain links from `r`, is the first base a fresh
+/// elementwise value (a `clone`, a computed tensor) that would otherwise be
+/// copied whole, rather than a buffer that exists anyway (a parameter, a
+/// kernel's result), where updating regions in place moves fewer bytes?
+fn chain_root_is_fresh(g: &Graph, s: &Schedule, r: ValueId) -> bool {
+    let mut v = r;
+    loop {
+        let Some(n) = g.node_of(v) else {
+            return false;
+        };
+        let node = &g.nodes[n];
+        if s.is_materialized.contains(&v) && v != r {
+            return false;
+        }
+        match node.args.first() {
+            Some(&Arg::Tensor(base)) if node.op.name().ends_with("_scatter") => {
+                if s.is_materialized.contains(&base) {
+                    return false;
+                }
+                v = base;
+            }
+            _ => return class(g, n).is_ok_and(|c| c == Class::Map),
+        }
+    }
 }
 
 impl Schedule {
