@@ -10,7 +10,7 @@ use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::{broadcast_strides, contiguous_strides, numel, Meta};
 use kiln_functionalize::ops::args::ArgsExt;
 use kiln_functionalize::ops::pointwise::{Code, Src};
-use kiln_functionalize::ops::{self, Rule};
+use kiln_functionalize::ops::{self, Lowering, Rule};
 use kiln_functionalize::schema::Arg;
 use kiln_functionalize::DType;
 use std::collections::HashMap;
@@ -492,7 +492,7 @@ impl<'a> Gen<'a> {
                     ),
                 ))
             }
-            (_, "slice_scatter" | "select_scatter" | "diagonal_scatter") => {
+            (_, _) if matches!(def.lowering, Lowering::RegionScatter(_)) => {
                 let (base, src) = (tensor(0)?, tensor(1)?);
                 let bv = self.value_at(base, idx)?;
                 let m = self.unravel(idx, &out.sizes);
@@ -504,7 +504,9 @@ impl<'a> Gen<'a> {
                 // The same view of the base, read by the source at `si`, is
                 // the base at `idx` (where the predicate holds): a chain of
                 // region updates evaluates each base once per element.
-                let view = ops::lookup(def.name.trim_end_matches("_scatter"))
+                let view = def
+                    .lowering
+                    .scatter_view()
                     .ok_or_else(|| bug("scatter without a view"))?;
                 for &u in self.s.uses.get(&base).map(Vec::as_slice).unwrap_or(&[]) {
                     let c = &g.nodes[u];
@@ -563,8 +565,8 @@ impl<'a> Gen<'a> {
             .iter()
             .map(|a| a.map(&mut |x| g.meta(*x)))
             .collect();
-        match name {
-            "as_strided_scatter" => {
+        match node.op.def().lowering {
+            Lowering::StridedScatter(_) => {
                 let base = *node.args[0].tensors()[0];
                 let copy =
                     self.map_kernel(v, format!("{label} (copy)"), |s, i| s.value_at(base, i))?;
@@ -572,20 +574,23 @@ impl<'a> Gen<'a> {
                 ks.extend(self.scatter_write(n, v, v, label)?);
                 Ok(ks)
             }
-            "index_put" => {
+            Lowering::IndexPut => {
                 let base = *node.args[0].tensors()[0];
                 let copy =
                     self.map_kernel(v, format!("{label} (copy)"), |s, i| s.value_at(base, i))?;
                 Ok(vec![copy, self.index_put(n, v, label)?])
             }
-            "sum" | "mean" | "amax" | "amin" => Ok(vec![self.reduce(n, v, &margs, label)?]),
-            "softmax" | "log_softmax" | "_softmax" | "_log_softmax" => {
-                Ok(vec![self.softmax(n, v, label)?])
+            Lowering::Reduce => Ok(vec![self.reduce(n, v, &margs, label)?]),
+            Lowering::Softmax { log } => Ok(vec![self.softmax(n, v, log, label)?]),
+            Lowering::LayerNorm => Ok(vec![self.layer_norm(n, v, label)?]),
+            Lowering::MatMul => Ok(vec![self.matmul(n, v, label)?]),
+            Lowering::Gather => Ok(vec![self.gather(n, v, label)?]),
+            Lowering::Map | Lowering::Free | Lowering::RegionScatter(_) => {
+                Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?])
             }
-            "layer_norm" => Ok(vec![self.layer_norm(n, v, label)?]),
-            "mm" | "bmm" | "matmul" | "addmm" | "linear" => Ok(vec![self.matmul(n, v, label)?]),
-            "embedding" | "index_select" => Ok(vec![self.gather(n, v, label)?]),
-            _ => Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?]),
+            Lowering::None => Err(EngineError::Unsupported(format!(
+                "`{name}` has no kernel (functionalize first)"
+            ))),
         }
     }
 
@@ -757,8 +762,12 @@ impl<'a> Gen<'a> {
         let node = &g.nodes[n];
         let src = *node.args[1].tensors()[0];
         let sm = g.meta(src).clone();
-        let view_name = node.op.name().trim_end_matches("_scatter");
-        let view = ops::lookup(view_name).ok_or_else(|| bug("scatter without a view"))?;
+        let view = node
+            .op
+            .def()
+            .lowering
+            .scatter_view()
+            .ok_or_else(|| bug("scatter without a view"))?;
         let tm = Meta::contiguous(g.meta(target).dtype, g.meta(target).sizes.clone());
         let mut va: Vec<Arg<&Meta>> = vec![Arg::Tensor(&tm)];
         va.extend(node.args[2..].iter().map(|a| a.map(&mut |x| g.meta(*x))));
@@ -1088,10 +1097,9 @@ impl<'a> Gen<'a> {
     }
 
     /// One invocation per line along `dim`: max, sum of exponentials, write.
-    fn softmax(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
+    fn softmax(&mut self, n: NodeId, v: ValueId, log: bool, label: String) -> R<KernelCode> {
         let g = self.g;
         let node = &g.nodes[n];
-        let log = node.op.name().contains("log");
         let input = *node.args[0].tensors()[0];
         let im = g.meta(input).clone();
         let om = g.meta(v).clone();

@@ -10,7 +10,7 @@
 use crate::schedule::Schedule;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::{broadcast_strides, Meta};
-use kiln_functionalize::ops::{self, Rule};
+use kiln_functionalize::ops::{self, Lowering, Rule};
 use kiln_functionalize::schema::Arg;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -120,15 +120,12 @@ impl Tracer<'_> {
                 Some(t) => self.reads(t, 0, out),
                 None => Some(()),
             },
-            (
-                _,
-                "zero" | "zeros" | "zeros_like" | "ones" | "ones_like" | "full" | "full_like"
-                | "arange",
-            ) => Some(()),
-            (_, "slice_scatter" | "select_scatter" | "diagonal_scatter") => {
+            // Factories and fills of a literal read nothing.
+            _ if def.lowering == Lowering::Free => Some(()),
+            (_, _) if matches!(def.lowering, Lowering::RegionScatter(_)) => {
                 let (base, src) = (tensor(0)?, tensor(1)?);
                 if let Entry::Vacant(e) = self.scatters.entry(n) {
-                    let view = ops::lookup(def.name.trim_end_matches("_scatter"))?;
+                    let view = def.lowering.scatter_view()?;
                     let vm = view_meta(g, view, om, &node.args[2..], 0)?;
                     let map = (0..vm.numel())
                         .map(|j| (ravel(j, &vm.sizes, &vm.strides, vm.offset), j))
@@ -207,7 +204,7 @@ pub fn inplace_race_free(g: &Graph, s: &Schedule, n: NodeId, base: ValueId, root
     if !reads_root {
         return true;
     }
-    let Some(view) = ops::lookup(node.op.name().trim_end_matches("_scatter")) else {
+    let Some(view) = crate::schedule::scatter_view(g, n) else {
         return false;
     };
     if same_view_reads(g, s, src, view, base, root, &node.args[2..]) {

@@ -685,12 +685,12 @@ fn kernel_flops(g: &Graph, grp: &[ValueId], ops: usize, elements: usize) -> usiz
     if let [v] = grp {
         if let Some(n) = g.node_of(*v) {
             let node = &g.nodes[n];
-            let k = match node.op.name() {
-                "mm" | "bmm" | "matmul" | "linear" => node.args[0].tensors().first().copied(),
-                "addmm" => node.args[1].tensors().first().copied(),
-                _ => None,
-            }
-            .and_then(|a| g.meta(*a).sizes.last().copied());
+            // The first matrix operand (after `addmm`'s addend) holds K last.
+            let a = usize::from(node.op.name() == "addmm");
+            let k = (node.op.def().lowering == kiln_functionalize::ops::Lowering::MatMul)
+                .then(|| node.args[a].tensors().first().copied())
+                .flatten()
+                .and_then(|x| g.meta(*x).sizes.last().copied());
             if let Some(k) = k {
                 return 2 * g.meta(*v).numel() * k;
             }

@@ -13,7 +13,7 @@
 use crate::footprint;
 use crate::EngineError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
-use kiln_functionalize::ops::{OpKind, Rule};
+use kiln_functionalize::ops::{Lowering, OpKind, Rule};
 use kiln_functionalize::schema::Arg;
 use std::collections::{HashMap, HashSet};
 
@@ -28,21 +28,8 @@ pub enum Class {
 
 pub fn class(g: &Graph, n: NodeId) -> Result<Class, EngineError> {
     let def = g.nodes[n].op.def();
-    Ok(match (&def.rule, def.name.as_str()) {
-        (Rule::Pointwise(_), _) | (Rule::ViewCopy(_), _) => Class::Map,
-        (
-            _,
-            "clone" | "copy" | "fill" | "zero" | "masked_fill" | "zeros" | "ones" | "full"
-            | "arange" | "zeros_like" | "ones_like" | "full_like" | "slice_scatter"
-            | "select_scatter" | "diagonal_scatter",
-        ) => Class::Map,
-        (
-            _,
-            "sum" | "mean" | "amax" | "amin" | "softmax" | "log_softmax" | "_softmax"
-            | "_log_softmax" | "layer_norm" | "mm" | "bmm" | "matmul" | "addmm" | "linear"
-            | "embedding" | "index_select" | "index_put" | "as_strided_scatter",
-        ) => Class::Kernel,
-        _ => {
+    match def.lowering {
+        Lowering::None => {
             let kind = match def.kind {
                 OpKind::View | OpKind::MultiView | OpKind::ViewOrCopy => {
                     "a view (functionalize with mutations_and_views first)"
@@ -50,30 +37,24 @@ pub fn class(g: &Graph, n: NodeId) -> Result<Class, EngineError> {
                 OpKind::InPlace => "an in-place op (functionalize first)",
                 _ => "not supported by the gpu backend yet",
             };
-            return Err(EngineError::Unsupported(format!(
+            Err(EngineError::Unsupported(format!(
                 "`{}` is {kind}",
                 def.name
-            )));
+            )))
         }
-    })
+        l if l.is_map() => Ok(Class::Map),
+        _ => Ok(Class::Kernel),
+    }
 }
 
 /// Index maps and factories: free to recompute in every consumer.
 pub fn is_free(g: &Graph, n: NodeId) -> bool {
-    let def = g.nodes[n].op.def();
-    matches!(def.rule, Rule::ViewCopy(_))
-        || matches!(
-            def.name.as_str(),
-            "zeros"
-                | "ones"
-                | "full"
-                | "arange"
-                | "zeros_like"
-                | "ones_like"
-                | "full_like"
-                | "zero"
-                | "fill"
-        )
+    g.nodes[n].op.def().lowering == Lowering::Free
+}
+
+/// The view a scatter node writes through.
+pub fn scatter_view(g: &Graph, n: NodeId) -> Option<kiln_functionalize::ops::OpId> {
+    g.nodes[n].op.def().lowering.scatter_view()
 }
 
 /// The schedule: which values have buffers, in which kernels they are made.
@@ -160,7 +141,7 @@ pub fn schedule(
             // base's buffer: worth a buffer of its own when it has one
             // anyway, or when it feeds another scatter (a chain of writes).
             if let Some(base) = inplace_base(g, &s, &out_set, n) {
-                let feeds_scatter = matches!(uses[..], [u] if g.nodes[u].op.name().ends_with("_scatter") && g.nodes[u].args[0] == Arg::Tensor(r));
+                let feeds_scatter = matches!(uses[..], [u] if scatter_view(g, u).is_some() && g.nodes[u].args[0] == Arg::Tensor(r));
                 if mat || feeds_scatter {
                     mat = true;
                     s.inplace.insert(r, base);
@@ -185,16 +166,14 @@ pub fn chain_link(g: &Graph, s: &Schedule, r: ValueId) -> bool {
         .iter()
         .copied()
         .filter(|&u| {
-            g.nodes[u].op.name().ends_with("_scatter")
-                && g.nodes[u].args.first() == Some(&Arg::Tensor(r))
+            scatter_view(g, u).is_some() && g.nodes[u].args.first() == Some(&Arg::Tensor(r))
         })
         .collect();
     let [sc] = scatters[..] else {
         return false;
     };
     let node = &g.nodes[sc];
-    let Some(view) = kiln_functionalize::ops::lookup(node.op.name().trim_end_matches("_scatter"))
-    else {
+    let Some(view) = scatter_view(g, sc) else {
         return false;
     };
     let Some(&Arg::Tensor(src)) = node.args.get(1) else {
@@ -306,7 +285,7 @@ fn chain_root_is_fresh(g: &Graph, s: &Schedule, r: ValueId) -> bool {
             return false;
         }
         match node.args.first() {
-            Some(&Arg::Tensor(base)) if node.op.name().ends_with("_scatter") => {
+            Some(&Arg::Tensor(base)) if scatter_view(g, n).is_some() => {
                 if s.is_materialized.contains(&base) {
                     return false;
                 }
@@ -371,7 +350,7 @@ fn reshape_of(g: &Graph, s: &Schedule, n: NodeId) -> Option<ValueId> {
 /// only where no other invocation writes (see `footprint`).
 fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) -> Option<ValueId> {
     let node = &g.nodes[n];
-    node.op.name().strip_suffix("_scatter")?;
+    scatter_view(g, n)?;
     let Some(&Arg::Tensor(base)) = node.args.first() else {
         return None;
     };

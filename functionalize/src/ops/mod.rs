@@ -58,11 +58,57 @@ pub enum Rule {
     },
 }
 
+/// How a compiler lowers an op onto kernels (no GPU dependency: the
+/// classes are what a code generator needs to know, not how it does it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lowering {
+    /// Not lowered directly: views and in-place ops (functionalize first).
+    None,
+    /// Element `i` of the result is an expression of the inputs at
+    /// computed indices: inlined into consumers.
+    Map,
+    /// A map that costs no memory traffic to recompute (index maps of view
+    /// copies, factories, fills): inlined into every consumer.
+    Free,
+    /// `<view>_scatter` of a region view: a predicated map, or in place.
+    RegionScatter(OpId),
+    /// `as_strided_scatter`: a copy, then the view's elements written.
+    StridedScatter(OpId),
+    Reduce,
+    Softmax {
+        log: bool,
+    },
+    LayerNorm,
+    /// A batched matrix product (with bias / scaled addend).
+    MatMul,
+    Gather,
+    IndexPut,
+}
+
+impl Lowering {
+    /// The view op a scatter writes through.
+    pub fn scatter_view(self) -> Option<OpId> {
+        match self {
+            Lowering::RegionScatter(v) | Lowering::StridedScatter(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Inlined into consumers (rather than a kernel of its own).
+    pub fn is_map(self) -> bool {
+        matches!(
+            self,
+            Lowering::Map | Lowering::Free | Lowering::RegionScatter(_)
+        )
+    }
+}
+
 pub struct OpDef {
     pub name: String,
     pub kind: OpKind,
     pub schemas: Vec<Schema>,
     pub rule: Rule,
+    pub lowering: Lowering,
     /// View op: its `_copy` form. In-place op: its functional form.
     /// Functional op with an in-place form: that form.
     pub counterpart: Option<OpId>,
@@ -112,11 +158,17 @@ impl Builder {
         for s in &schemas {
             assert_eq!(s.name, name, "schema {} listed under {name}", s.text);
         }
+        let lowering = match (&rule, kind) {
+            (Rule::Pointwise(_), OpKind::Functional) => Lowering::Map,
+            (Rule::ViewCopy(_), _) => Lowering::Free,
+            _ => Lowering::None,
+        };
         self.ops.push(OpDef {
             name: name.into(),
             kind,
             schemas,
             rule,
+            lowering,
             counterpart: None,
             overlap_ok: false,
         });
@@ -320,7 +372,18 @@ fn build() -> Table {
 
     // Scatters: the inverse of a view, writing `src` through it.
     let sc = |b: &mut Builder, name: &str, schema: &str, view: InferFn| {
-        b.add(name, Functional, &[schema], Rule::Scatter(view));
+        let id = b.add(name, Functional, &[schema], Rule::Scatter(view));
+        let view = name
+            .strip_suffix("_scatter")
+            .expect("a scatter is <view>_scatter");
+        let v = b.ops.iter().position(|o| o.name == view);
+        let v = OpId(v.expect("a scatter's view is defined before it") as u16);
+        // `as_strided` may overlap itself: not a predicated region.
+        b.ops[id.0 as usize].lowering = if view == "as_strided" {
+            Lowering::StridedScatter(v)
+        } else {
+            Lowering::RegionScatter(v)
+        };
     };
     sc(
         &mut b,
@@ -702,6 +765,39 @@ fn build() -> Table {
         k::index_select_eval,
     );
 
+    // Lowering classes of the ops that are not elementwise, view copies
+    // or scatters.
+    use Lowering as L;
+    for (names, lowering) in [
+        (&["clone", "copy", "masked_fill"][..], L::Map),
+        (
+            &[
+                "fill",
+                "zero",
+                "zeros",
+                "ones",
+                "full",
+                "arange",
+                "zeros_like",
+                "ones_like",
+                "full_like",
+            ],
+            L::Free,
+        ),
+        (&["sum", "mean", "amax", "amin"], L::Reduce),
+        (&["softmax", "_softmax"], L::Softmax { log: false }),
+        (&["log_softmax", "_log_softmax"], L::Softmax { log: true }),
+        (&["layer_norm"], L::LayerNorm),
+        (&["mm", "bmm", "matmul", "addmm", "linear"], L::MatMul),
+        (&["embedding", "index_select"], L::Gather),
+        (&["index_put"], L::IndexPut),
+    ] {
+        for n in names {
+            let o = b.ops.iter_mut().find(|o| o.name == *n);
+            o.unwrap_or_else(|| panic!("lowering for unknown op {n}"))
+                .lowering = lowering;
+        }
+    }
     let by_name = b
         .ops
         .iter()
