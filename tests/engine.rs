@@ -262,3 +262,17 @@ fn region_updates_of_a_copy_fuse_into_it() {
         p.stats()
     );
 }
+
+#[test]
+fn every_hand_written_shader_validates_with_naga() {
+    let mut n = 0;
+    for e in std::fs::read_dir(root().join("shaders")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "wgsl") {
+            let src = std::fs::read_to_string(&p).unwrap();
+            wgsl::validate(&src).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+            n += 1;
+        }
+    }
+    assert!(n >= 1, "no shader in shaders/");
+}

@@ -16,39 +16,9 @@ pub fn ty(d: DType) -> &'static str {
     }
 }
 
-/// Helper functions every kernel may call.
-pub const PRELUDE: &str = r#"
-fn k_round_f16(x: f32) -> f32 { return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x; }
-fn k_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
-fn k_erf(x: f32) -> f32 {
-    // erfc by a Chebyshev fit (Numerical Recipes erfcc), |error| < 1.2e-7.
-    let z = abs(x);
-    let t = 1.0 / (1.0 + 0.5 * z);
-    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 +
-        t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 +
-        t * (-0.82215223 + t * 0.17087277)))))))));
-    return select(r - 1.0, 1.0 - r, x >= 0.0);
-}
-fn k_powf(x: f32, y: f32) -> f32 {
-    if (y == 0.0) { return 1.0; }
-    let m = pow(abs(x), y);
-    if (x >= 0.0) { return m; }
-    if (floor(y) != y) { return bitcast<f32>(0x7fc00000u); }
-    let odd = (abs(y) % 2.0) == 1.0;
-    return select(m, -m, odd);
-}
-fn k_powi(x: i32, y: i32) -> i32 {
-    var r = 1i;
-    for (var i = 0i; i < min(y, 64i); i = i + 1i) { r = r * x; }
-    if (y < 0i) { return select(select(0i, 1i, x == 1i), select(-1i, 1i, (y % 2i) == 0i), x == -1i); }
-    return r;
-}
-fn k_powu(x: u32, y: u32) -> u32 {
-    var r = 1u;
-    for (var i = 0u; i < min(y, 64u); i = i + 1u) { r = r * x; }
-    return r;
-}
-"#;
+/// Helper functions every kernel may call (hand-written:
+/// `shaders/prelude.wgsl`).
+pub const PRELUDE: &str = include_str!("../../shaders/prelude.wgsl");
 
 /// Statements of a kernel body, with fresh temporaries.
 #[derive(Default)]
