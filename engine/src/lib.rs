@@ -3,7 +3,7 @@
 //!
 //! `compile` functionalizes (`mutations_and_views`), schedules (fusion and
 //! re-inplacing, `schedule.rs`), plans memory (`plan.rs`) and generates
-//! WGSL (`codegen.rs`, `wgsl.rs`); `exec.rs` runs the result.
+//! WGSL (`codegen/`, `wgsl.rs`); `runtime/` runs the result.
 
 pub mod codegen;
 mod footprint;

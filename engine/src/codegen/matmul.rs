@@ -1,0 +1,423 @@
+//! Matrix products: every matrix op lowered onto a batched `C = A B`
+//! with fused operand loads and epilogues; tiles through workgroup memory
+//! or a loop per invocation.
+
+use super::*;
+
+/// Output rows each invocation of a tiled product computes: 4, or 1 when
+/// the product has at most 16 rows.
+pub(super) fn matmul_rows_per_invocation(rows: usize) -> usize {
+    if rows <= 16 {
+        1
+    } else {
+        4
+    }
+}
+
+/// A matrix product operand: value, batch strides over the output batch,
+/// row stride, column stride.
+pub(super) struct Operand {
+    pub(super) v: ValueId,
+    pub(super) batch: Vec<usize>,
+    pub(super) rs: usize,
+    pub(super) cs: usize,
+}
+
+impl Gen<'_> {
+    /// Element `(b, i, j)` accessors of a batched product `C = A B`, with
+    /// every matrix op lowered onto it; tiles of 16x16 in workgroup memory.
+    pub(super) fn matmul(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let name = node.op.name();
+        let om = g.meta(v).clone();
+        let t = |i: usize| *node.args[i].tensors()[0];
+        let (a, b, batch, nn, kk, mm, extra) = match name {
+            "linear" => {
+                let (x, w) = (t(0), t(1));
+                let (xm, wm) = (g.meta(x), g.meta(w));
+                let k = *wm.sizes.last().unwrap();
+                let rows = xm.numel() / k.max(1);
+                let outf = if wm.dim() == 2 { wm.sizes[0] } else { 1 };
+                let bias = node
+                    .args
+                    .get(2)
+                    .and_then(|a| a.tensors().first().map(|x| **x));
+                (
+                    Operand {
+                        v: x,
+                        batch: vec![],
+                        rs: k,
+                        cs: 1,
+                    },
+                    Operand {
+                        v: w,
+                        batch: vec![],
+                        rs: 1,
+                        cs: k,
+                    },
+                    vec![],
+                    rows,
+                    k,
+                    outf,
+                    bias.map(|b| (b, 1.0, 1.0)),
+                )
+            }
+            _ => {
+                let (xi, yi) = if name == "addmm" { (1, 2) } else { (0, 1) };
+                let (x, y) = (t(xi), t(yi));
+                let (xm, ym) = (g.meta(x).clone(), g.meta(y).clone());
+                let (xb, n_, k_) = if xm.dim() == 1 {
+                    (vec![], 1, xm.sizes[0])
+                } else {
+                    (
+                        xm.sizes[..xm.dim() - 2].to_vec(),
+                        xm.sizes[xm.dim() - 2],
+                        xm.sizes[xm.dim() - 1],
+                    )
+                };
+                let (yb, m_) = if ym.dim() == 1 {
+                    (vec![], 1)
+                } else {
+                    (ym.sizes[..ym.dim() - 2].to_vec(), ym.sizes[ym.dim() - 1])
+                };
+                let batch = kiln_functionalize::meta::broadcast_shapes(&xb, &yb).map_err(bug)?;
+                // Strides of an operand's own batch dims over the output batch
+                // (0 where it broadcasts).
+                let bstr = |own: &[usize], rows: usize, cols: usize| -> Vec<usize> {
+                    let mut full = own.to_vec();
+                    full.extend([rows, cols]);
+                    let st = contiguous_strides(&full);
+                    (0..batch.len())
+                        .map(|i| {
+                            let lead = batch.len() - own.len();
+                            if i < lead || own[i - lead] != batch[i] || own[i - lead] == 1 {
+                                0
+                            } else {
+                                st[i - lead]
+                            }
+                        })
+                        .collect()
+                };
+                let xa = Operand {
+                    v: x,
+                    batch: bstr(&xb, n_, k_),
+                    rs: if xm.dim() == 1 { 0 } else { k_ },
+                    cs: 1,
+                };
+                let yo = Operand {
+                    v: y,
+                    batch: bstr(&yb, k_, m_),
+                    rs: if ym.dim() == 1 { 1 } else { m_ },
+                    cs: if ym.dim() == 1 { 0 } else { 1 },
+                };
+                let extra = if name == "addmm" {
+                    let beta = node.args.get(3).and_then(|a| {
+                        if let Arg::Int(i) = a {
+                            Some(*i as f64)
+                        } else if let Arg::Float(f) = a {
+                            Some(*f)
+                        } else {
+                            None
+                        }
+                    });
+                    let alpha = node.args.get(4).and_then(|a| {
+                        if let Arg::Int(i) = a {
+                            Some(*i as f64)
+                        } else if let Arg::Float(f) = a {
+                            Some(*f)
+                        } else {
+                            None
+                        }
+                    });
+                    Some((t(0), beta.unwrap_or(1.0), alpha.unwrap_or(1.0)))
+                } else {
+                    None
+                };
+                (xa, yo, batch, n_, k_, m_, extra)
+            }
+        };
+        let acc_dt = if om.dtype.is_float() {
+            DType::F32
+        } else {
+            om.dtype
+        };
+        let at = ty(acc_dt);
+        let nb = numel(&batch).max(1);
+        let tiled = nn >= self.tile_min_rows;
+        let acc = if tiled {
+            self.tiled_product(&a, &b, &batch, nn, kk, mm, acc_dt)?
+        } else {
+            // Each invocation computes a 4x4 block: 16 multiply-adds per 8
+            // loads, no workgroup memory, no barriers.
+            self.body
+                .stmt("let r0 = (wid.y * 16u + lid.y) * 4u;".into());
+            self.body
+                .stmt("let c0 = (wid.x * 16u + lid.x) * 4u;".into());
+            self.body.stmt("let bz = wid.z;".into());
+            self.body.stmt(format!(
+                "if (r0 >= {} || c0 >= {}) {{ return; }}",
+                u(nn),
+                u(mm)
+            ));
+            let bm = self.unravel("bz", &batch);
+            let aoff = self.ravel(&bm, &a.batch, 0);
+            let boff = self.ravel(&bm, &b.batch, 0);
+            self.body.stmt(format!("var accs: array<{at}, 16>;"));
+            self.body.stmt(format!("var av: array<{at}, 4>;"));
+            self.body.stmt(format!("var bv: array<{at}, 4>;"));
+            self.body
+                .stmt(format!("for (var q = 0u; q < {}; q = q + 1u) {{", u(kk)));
+            self.body
+                .stmt("for (var i = 0u; i < 4u; i = i + 1u) {".into());
+            let saved = std::mem::take(&mut self.memo);
+            let ia = self.body.bind(
+                "u32",
+                format!(
+                    "{aoff} + min(r0 + i, {}) * {} + q * {}",
+                    u(nn - 1),
+                    u(a.rs),
+                    u(a.cs)
+                ),
+            );
+            let xa = self.value_at(a.v, &ia)?;
+            let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
+            self.body.stmt(format!("av[i] = {xa};"));
+            self.memo.clear();
+            let ib = self.body.bind(
+                "u32",
+                format!(
+                    "{boff} + q * {} + min(c0 + i, {}) * {}",
+                    u(b.rs),
+                    u(mm - 1),
+                    u(b.cs)
+                ),
+            );
+            let xb = self.value_at(b.v, &ib)?;
+            let xb = cast(&xb, g.meta(b.v).dtype, acc_dt);
+            self.body.stmt(format!("bv[i] = {xb};"));
+            self.body.stmt("}".into());
+            self.memo = saved;
+            self.body.stmt(
+                "for (var i = 0u; i < 4u; i = i + 1u) { for (var j = 0u; j < 4u; j = j + 1u) { accs[i * 4u + j] = accs[i * 4u + j] + av[i] * bv[j]; } }"
+                    .into(),
+            );
+            self.body.stmt("}".into());
+            self.body
+                .stmt("for (var ij = 0u; ij < 16u; ij = ij + 1u) {".into());
+            self.body.stmt("let row = r0 + ij / 4u;".into());
+            self.body.stmt("let col = c0 + ij % 4u;".into());
+            self.body.stmt(format!(
+                "if (row >= {} || col >= {}) {{ continue; }}",
+                u(nn),
+                u(mm)
+            ));
+            self.body.bind(at, "accs[ij]".into())
+        };
+        let saved_epilogue = std::mem::take(&mut self.memo);
+        let oi = self.body.bind(
+            "u32",
+            format!("bz * {} + row * {} + col", u(nn * mm), u(mm)),
+        );
+        let mut res = acc.clone();
+        if let Some((c, beta, alpha)) = extra {
+            let cm = g.meta(c).clone();
+            let out2 = [nn, mm];
+            let ci = self.broadcast_index(&format!("(row * {} + col)", u(mm)), &out2, &cm);
+            let cv = self.value_at(c, &ci)?;
+            let cv = cast(&cv, cm.dtype, acc_dt);
+            res = if beta == 0.0 {
+                self.body
+                    .bind(at, format!("{} * {acc}", literal(alpha, acc_dt)))
+            } else {
+                self.body.bind(
+                    at,
+                    format!(
+                        "{} * {acc} + {} * {cv}",
+                        literal(alpha, acc_dt),
+                        literal(beta, acc_dt)
+                    ),
+                )
+            };
+        }
+        let res = cast(&res, acc_dt, om.dtype);
+        self.store_to(v, &oi, &res)?;
+        self.memo = saved_epilogue;
+        // Both variants end in a loop over the invocation's outputs; a
+        // workgroup covers 64 columns and 64 rows (16 for short tiled
+        // products).
+        self.body.stmt("}".into());
+        let rows = if tiled {
+            16 * matmul_rows_per_invocation(nn)
+        } else {
+            64
+        };
+        let grid = [mm.div_ceil(64) as u32, nn.div_ceil(rows) as u32, nb as u32];
+        if grid.iter().any(|&x| x > 65535) {
+            return Err(EngineError::Unsupported(format!(
+                "{name} of {nb} batches of {nn}x{mm}: too many workgroups"
+            )));
+        }
+        Ok(self.finish(label, grid, [16, 16, 1]))
+    }
+
+    /// Stores element `index` of `v` (zero where `pred` is false) at `slot`
+    /// of workgroup tile `tile`.
+    pub(super) fn load_tile(
+        &mut self,
+        tile: &str,
+        slot: &str,
+        v: ValueId,
+        index: &str,
+        pred: &str,
+        acc_dt: DType,
+    ) -> R<()> {
+        let i = self
+            .body
+            .bind("u32", format!("select(0u, {index}, {pred})"));
+        let x = self.value_at(v, &i)?;
+        let x = cast(&x, self.meta(v).dtype, acc_dt);
+        self.body.stmt(format!(
+            "{tile}[{slot}] = select({}, {x}, {pred});",
+            literal(0.0, acc_dt)
+        ));
+        Ok(())
+    }
+
+    /// The GPU matrix product: a 64x64 output tile per workgroup of 16x16
+    /// invocations, each accumulating a 4x4 block in registers (rows and
+    /// columns strided by 16, so workgroup-memory reads are broadcasts or
+    /// consecutive), K in steps of 16 through workgroup memory. Operand
+    /// tiles are loaded along whichever operand dimension is contiguous, so
+    /// global reads coalesce for row-major and transposed operands alike
+    /// (`linear`'s weight). Opens the epilogue loop over the 16 outputs
+    /// (`row`, `col`, `bz` in scope) and returns its accumulator.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn tiled_product(
+        &mut self,
+        a: &Operand,
+        b: &Operand,
+        batch: &[usize],
+        nn: usize,
+        kk: usize,
+        mm: usize,
+        acc_dt: DType,
+    ) -> R<String> {
+        let at = ty(acc_dt);
+        let zero = literal(0.0, acc_dt);
+        // Rows per invocation: 4 (64-row tiles), or 1 for products of at
+        // most 16 rows (batch-1 inference), where bigger tiles would idle.
+        let tm = matmul_rows_per_invocation(nn);
+        let bm = 16 * tm;
+        // ta[k * bm + row], tb[k * 64 + col]
+        self.shared
+            .push(format!("var<workgroup> ta: array<{at}, {}>;", 16 * bm));
+        self.shared
+            .push(format!("var<workgroup> tb: array<{at}, 1024>;"));
+        self.body.stmt("let bz = wid.z;".into());
+        self.body.stmt("let lin = lid.y * 16u + lid.x;".into());
+        let bzm = self.unravel("bz", batch);
+        let aoff = self.ravel(&bzm, &a.batch, 0);
+        let boff = self.ravel(&bzm, &b.batch, 0);
+        let accs: Vec<String> = (0..4 * tm)
+            .map(|_| self.body.var(at, zero.clone()))
+            .collect();
+        self.body.stmt(format!(
+            "for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{",
+            u(kk)
+        ));
+        // A: bm rows x 16 k, `tm` elements an invocation; along k when k is
+        // contiguous, else along rows.
+        self.body
+            .stmt(format!("for (var e = 0u; e < {}; e = e + 1u) {{", u(tm)));
+        let saved = std::mem::take(&mut self.memo);
+        let idx = self.body.bind("u32", "lin + e * 256u".into());
+        let (r, k) = if a.cs == 1 {
+            (format!("{idx} / 16u"), format!("{idx} % 16u"))
+        } else {
+            (format!("{idx} % {}", u(bm)), format!("{idx} / {}", u(bm)))
+        };
+        let (r, k) = (self.body.bind("u32", r), self.body.bind("u32", k));
+        let (row, ka) = (
+            self.body.bind("u32", format!("wid.y * {} + {r}", u(bm))),
+            self.body.bind("u32", format!("t0 + {k}")),
+        );
+        let pa = self
+            .body
+            .bind("bool", format!("{row} < {} && {ka} < {}", u(nn), u(kk)));
+        let ia = format!("{aoff} + {row} * {} + {ka} * {}", u(a.rs), u(a.cs));
+        let slot = format!("{k} * {} + {r}", u(bm));
+        self.load_tile("ta", &slot, a.v, &ia, &pa, acc_dt)?;
+        self.memo = saved;
+        self.body.stmt("}".into());
+        // B: 16 k x 64 columns, 4 elements an invocation; along columns
+        // when they are contiguous.
+        self.body
+            .stmt("for (var e = 0u; e < 4u; e = e + 1u) {".into());
+        let saved = std::mem::take(&mut self.memo);
+        let idx = self.body.bind("u32", "lin + e * 256u".into());
+        let (k, c) = if b.cs == 1 || b.rs != 1 {
+            (format!("{idx} / 64u"), format!("{idx} % 64u"))
+        } else {
+            (format!("{idx} % 16u"), format!("{idx} / 16u"))
+        };
+        let (k, c) = (self.body.bind("u32", k), self.body.bind("u32", c));
+        let (kb, col) = (
+            self.body.bind("u32", format!("t0 + {k}")),
+            self.body.bind("u32", format!("wid.x * 64u + {c}")),
+        );
+        let pb = self
+            .body
+            .bind("bool", format!("{kb} < {} && {col} < {}", u(kk), u(mm)));
+        let ib = format!("{boff} + {kb} * {} + {col} * {}", u(b.rs), u(b.cs));
+        self.load_tile("tb", &format!("{k} * 64u + {c}"), b.v, &ib, &pb, acc_dt)?;
+        self.memo = saved;
+        self.body.stmt("}".into());
+        self.body.stmt("workgroupBarrier();".into());
+        self.body
+            .stmt("for (var q = 0u; q < 16u; q = q + 1u) {".into());
+        for i in 0..tm {
+            self.body.stmt(format!(
+                "let a{i} = ta[q * {} + lid.y + {}u];",
+                u(bm),
+                16 * i
+            ));
+        }
+        for j in 0..4 {
+            self.body
+                .stmt(format!("let b{j} = tb[q * 64u + lid.x + {}u];", 16 * j));
+        }
+        for i in 0..tm {
+            for j in 0..4 {
+                let c = &accs[i * 4 + j];
+                self.body.stmt(format!("{c} = {c} + a{i} * b{j};"));
+            }
+        }
+        self.body.stmt("}".into());
+        self.body.stmt("workgroupBarrier();".into());
+        self.body.stmt("}".into());
+        // Epilogue over the invocation's outputs; the accumulator picked by
+        // selects (a dynamic index would move the accumulators out of
+        // registers).
+        self.body.stmt(format!(
+            "for (var ij = 0u; ij < {}; ij = ij + 1u) {{",
+            u(4 * tm)
+        ));
+        self.body.stmt(format!(
+            "let row = wid.y * {} + lid.y + 16u * (ij / 4u);",
+            u(bm)
+        ));
+        self.body
+            .stmt("let col = wid.x * 64u + lid.x + 16u * (ij % 4u);".into());
+        self.body.stmt(format!(
+            "if (row >= {} || col >= {}) {{ continue; }}",
+            u(nn),
+            u(mm)
+        ));
+        let mut pick = accs[0].clone();
+        for (i, c) in accs.iter().enumerate().skip(1) {
+            pick = format!("select({pick}, {c}, ij == {i}u)");
+        }
+        Ok(self.body.bind(at, pick))
+    }
+}

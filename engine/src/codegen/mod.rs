@@ -1,0 +1,747 @@
+//! WGSL for each kernel of a schedule. A value is read either from its
+//! buffer or by generating its defining expression at the index wanted
+//! (inlining), so view copies and broadcasts become index arithmetic and
+//! elementwise chains fuse into one kernel.
+
+mod elementwise;
+mod gather;
+mod matmul;
+mod reduction;
+mod scatter;
+
+use crate::schedule::Schedule;
+use crate::wgsl::{self, cast, literal, load, store, ty, Binding, Body, Buf, Slot};
+use crate::EngineError;
+use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
+use kiln_functionalize::meta::{broadcast_strides, contiguous_strides, numel, Meta};
+use kiln_functionalize::ops::args::ArgsExt;
+use kiln_functionalize::ops::pointwise::{Code, Src};
+use kiln_functionalize::ops::{self, Lowering, Rule};
+use kiln_functionalize::schema::Arg;
+use kiln_functionalize::DType;
+use std::collections::HashMap;
+
+/// Where a materialized value lives: a buffer and a word offset in it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Loc {
+    pub buf: Buf,
+    pub word: usize,
+    /// Bools and f16 values packed 4 and 2 to a word (`wgsl::per_word`);
+    /// values written by kernels other than elementwise ones take a word
+    /// per element (their invocations cannot own whole words).
+    pub packed: bool,
+}
+
+/// One generated kernel. Its WGSL names no absolute offset (tensors are
+/// bound range by range), so identical kernels of identical layers or
+/// shape buckets are one pipeline.
+#[derive(Clone, Debug)]
+pub struct KernelCode {
+    pub label: String,
+    pub wgsl: String,
+    pub grid: [u32; 3],
+    /// Storage bindings in binding order.
+    pub bindings: Vec<Binding>,
+}
+
+/// How tensors are bound, from the device's limits.
+#[derive(Clone, Copy, Debug)]
+pub struct BindingRules {
+    /// Words a binding's offset must be a multiple of.
+    pub align_words: usize,
+    /// The most words one binding may cover.
+    pub max_words: usize,
+}
+
+impl Default for BindingRules {
+    /// WebGPU's defaults: 256-byte offsets, 128 MiB bindings.
+    fn default() -> Self {
+        BindingRules {
+            align_words: 64,
+            max_words: (128 << 20) / 4,
+        }
+    }
+}
+
+/// A tensor bound by the kernel being generated.
+struct SlotInfo {
+    loc: Loc,
+    words: usize,
+    /// First word of the first binding (aligned down from `loc.word`).
+    start: usize,
+    chunks: usize,
+    chunk_words: usize,
+    written: bool,
+}
+
+pub struct Gen<'a> {
+    pub g: &'a Graph,
+    pub s: &'a Schedule,
+    pub locs: &'a HashMap<ValueId, Loc>,
+    body: Body,
+    memo: HashMap<(ValueId, String), String>,
+    shared: Vec<String>,
+    /// Values computed by the kernel being generated: readable only at the
+    /// invocation's own index (another invocation's write is not visible).
+    group: Vec<ValueId>,
+    /// The index expression of the element the invocation computes now.
+    own: String,
+    /// See `CompileOptions::tile_min_rows`.
+    pub tile_min_rows: usize,
+    /// Fused kernel members only their own kernel reads: computed, never
+    /// stored.
+    pub registers: std::collections::HashSet<ValueId>,
+    /// See `CompileOptions::workgroup_rows`.
+    pub workgroup_rows: bool,
+    /// Invocations per workgroup of 1-D kernels.
+    pub workgroup: u32,
+    pub rules: BindingRules,
+    slots: Vec<SlotInfo>,
+}
+
+type R<T> = Result<T, EngineError>;
+
+fn bug(msg: impl Into<String>) -> EngineError {
+    EngineError::Internal(msg.into())
+}
+
+fn u(v: usize) -> String {
+    format!("{v}u")
+}
+
+impl<'a> Gen<'a> {
+    pub fn new(g: &'a Graph, s: &'a Schedule, locs: &'a HashMap<ValueId, Loc>) -> Gen<'a> {
+        Gen {
+            g,
+            s,
+            locs,
+            body: Body::default(),
+            memo: HashMap::new(),
+            shared: vec![],
+            group: vec![],
+            own: "gid".into(),
+            tile_min_rows: 0,
+            registers: Default::default(),
+            workgroup_rows: true,
+            workgroup: wgsl::WORKGROUP,
+            rules: BindingRules::default(),
+            slots: vec![],
+        }
+    }
+
+    /// The slot of the tensor at `loc` (`words` long), bound once per kernel.
+    fn slot(&mut self, loc: Loc, words: usize, write: bool) -> Slot {
+        let i = match self
+            .slots
+            .iter()
+            .position(|s| s.loc.buf == loc.buf && s.loc.word == loc.word && s.words == words)
+        {
+            Some(i) => i,
+            None => {
+                let r = self.rules;
+                let start = loc.word / r.align_words * r.align_words;
+                let total = loc.word - start + words.max(1);
+                let chunk_words = (r.max_words / r.align_words * r.align_words).max(r.align_words);
+                let chunks = if total <= r.max_words {
+                    1
+                } else {
+                    total.div_ceil(chunk_words)
+                };
+                self.slots.push(SlotInfo {
+                    loc,
+                    words,
+                    start,
+                    chunks,
+                    chunk_words,
+                    written: false,
+                });
+                self.slots.len() - 1
+            }
+        };
+        let info = &mut self.slots[i];
+        info.written |= write;
+        Slot {
+            var: format!("b{i}"),
+            base: info.loc.word - info.start,
+            chunk: (info.chunks > 1).then_some(info.chunk_words),
+        }
+    }
+
+    /// The slot of materialized value `v`.
+    fn slot_of(&mut self, v: ValueId, write: bool) -> R<(Slot, Loc)> {
+        // Before memory planning (fusion trials) any location will do.
+        let loc = match self.locs.get(&v) {
+            Some(l) => *l,
+            None if self.locs.is_empty() => Loc {
+                buf: Buf::Arena,
+                word: 0,
+                packed: false,
+            },
+            None => return Err(bug("a materialized value without a buffer")),
+        };
+        let m = self.meta(v);
+        let words = wgsl::words(m.dtype, m.numel(), loc.packed);
+        Ok((self.slot(loc, words, write), loc))
+    }
+
+    /// The bindings of the kernel generated so far, with their declarations.
+    fn take_bindings(&mut self) -> (Vec<String>, Vec<Binding>) {
+        let slots = std::mem::take(&mut self.slots);
+        // One buffer is writable in every binding of a dispatch or in none.
+        let writable: Vec<Buf> = slots
+            .iter()
+            .filter(|s| s.written)
+            .map(|s| s.loc.buf)
+            .collect();
+        let mut bindings = vec![];
+        let mut vars = vec![];
+        for (i, s) in slots.iter().enumerate() {
+            let total = s.loc.word - s.start + s.words.max(1);
+            for c in 0..s.chunks {
+                let lo = c * s.chunk_words;
+                let words = if s.chunks == 1 {
+                    total
+                } else {
+                    s.chunk_words.min(total - lo)
+                };
+                bindings.push(Binding {
+                    buf: s.loc.buf,
+                    offset: ((s.start + lo) * 4) as u64,
+                    size: (words * 4) as u64,
+                    write: writable.contains(&s.loc.buf),
+                });
+            }
+            vars.push((
+                format!("b{i}"),
+                s.chunks,
+                (s.chunks > 1).then_some(s.chunk_words),
+            ));
+        }
+        (wgsl::declarations(&vars, &bindings), bindings)
+    }
+
+    fn meta(&self, v: ValueId) -> &'a Meta {
+        self.g.meta(v)
+    }
+
+    fn finish(&mut self, label: String, grid: [u32; 3], wg: [u32; 3]) -> KernelCode {
+        let body = std::mem::take(&mut self.body);
+        let shared = std::mem::take(&mut self.shared);
+        self.memo.clear();
+        let (decls, bindings) = self.take_bindings();
+        KernelCode {
+            label,
+            wgsl: wgsl::shader(&decls, &body.lines, wg, &shared),
+            grid,
+            bindings,
+        }
+    }
+
+    /// Per-dimension indices of flat row-major `idx` over `sizes`.
+    fn unravel(&mut self, idx: &str, sizes: &[usize]) -> Vec<String> {
+        // A shape with no elements has no index to unravel (and `% 0u` is
+        // not valid WGSL): the code runs for no element.
+        if sizes.contains(&0) {
+            return vec!["0u".to_string(); sizes.len()];
+        }
+        let strides = contiguous_strides(sizes);
+        sizes
+            .iter()
+            .zip(&strides)
+            .map(|(&s, &st)| {
+                if s == 1 {
+                    "0u".to_string()
+                } else if st == 1 {
+                    self.body.bind("u32", format!("{idx} % {}", u(s)))
+                } else {
+                    self.body
+                        .bind("u32", format!("({idx} / {}) % {}", u(st), u(s)))
+                }
+            })
+            .collect()
+    }
+
+    /// `offset + Σ m_d * strides_d`.
+    fn ravel(&mut self, m: &[String], strides: &[usize], offset: usize) -> String {
+        let mut terms = vec![];
+        if offset > 0 {
+            terms.push(u(offset));
+        }
+        for (x, &st) in m.iter().zip(strides) {
+            if st != 0 && x != "0u" {
+                terms.push(if st == 1 {
+                    x.clone()
+                } else {
+                    format!("{x} * {}", u(st))
+                });
+            }
+        }
+        if terms.is_empty() {
+            return "0u".into();
+        }
+        self.body.bind("u32", terms.join(" + "))
+    }
+
+    /// The index into `operand` (broadcast to `out`) of output element `idx`.
+    fn broadcast_index(&mut self, idx: &str, out: &[usize], operand: &Meta) -> String {
+        if operand.sizes == out {
+            return idx.to_string();
+        }
+        if operand.numel() == 1 {
+            return "0u".into();
+        }
+        let m = self.unravel(idx, out);
+        let st = broadcast_strides(&Meta::contiguous(operand.dtype, operand.sizes.clone()), out);
+        self.ravel(&m, &st, 0)
+    }
+
+    /// Element `idx` of value `v`, as a shader value of `v`'s dtype.
+    pub fn value_at(&mut self, v: ValueId, idx: &str) -> R<String> {
+        let key = (v, idx.to_string());
+        if let Some(x) = self.memo.get(&key) {
+            return Ok(x.clone());
+        }
+        if idx != self.own && self.group.contains(&self.s.root(v)) {
+            return Err(EngineError::Internal(
+                "a fused kernel reads its own output at another index".into(),
+            ));
+        }
+        let m = self.meta(v);
+        let x = if self.s.is_materialized.contains(&v) {
+            let (slot, loc) = self.slot_of(v, false)?;
+            self.body
+                .bind(ty(m.dtype), load(&slot, idx, m.dtype, loc.packed))
+        } else {
+            let Def::Node(n, k) = self.g.values[v].def else {
+                return Err(bug("an input without a buffer"));
+            };
+            self.node_at(n, k, idx)?
+        };
+        self.memo.insert(key, x.clone());
+        Ok(x)
+    }
+
+    /// Element `idx` of result `k` of node `n`, computed inline.
+    pub fn node_at(&mut self, n: NodeId, k: usize, idx: &str) -> R<String> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let def = node.op.def();
+        let out = g.meta(node.results[k]).clone();
+        let margs: Vec<Arg<&Meta>> = node
+            .args
+            .iter()
+            .map(|a| a.map(&mut |v| g.meta(*v)))
+            .collect();
+        let tensor = |i: usize| -> R<ValueId> {
+            match node.args.get(i) {
+                Some(Arg::Tensor(v)) => Ok(*v),
+                _ => Err(bug(format!("{}: argument {i} is not a tensor", def.name))),
+            }
+        };
+        match (&def.rule, def.name.as_str()) {
+            (Rule::Pointwise(plan), _) => {
+                let p = plan(&margs).map_err(bug)?;
+                let mut vals = vec![];
+                for o in &p.operands {
+                    vals.push(match o.src {
+                        Src::Arg(i) => {
+                            let t = tensor(i)?;
+                            let tm = g.meta(t);
+                            let ti = self.broadcast_index(idx, &out.sizes, tm);
+                            let x = self.value_at(t, &ti)?;
+                            cast(&x, tm.dtype, o.cast)
+                        }
+                        Src::Const { value, .. } => literal(value, o.cast),
+                    });
+                }
+                let compute = p.operands.last().map_or(out.dtype, |o| o.cast);
+                let (e, e_dtype) = pointwise(
+                    p.code,
+                    &vals,
+                    compute,
+                    &p.operands.iter().map(|o| o.cast).collect::<Vec<_>>(),
+                );
+                let r = self.body.bind(ty(e_dtype), e);
+                Ok(self.body.bind(ty(out.dtype), cast(&r, e_dtype, out.dtype)))
+            }
+            (Rule::ViewCopy(view), _) => {
+                let input = tensor(0)?;
+                let im = Meta::contiguous(g.meta(input).dtype, g.meta(input).sizes.clone());
+                let mut va: Vec<Arg<&Meta>> = vec![Arg::Tensor(&im)];
+                va.extend(margs[1..].iter().cloned());
+                let vm = ops::infer(*view, &va).map_err(bug)?.remove(k);
+                let mi = self.unravel(idx, &vm.sizes);
+                let at = self.ravel(&mi, &vm.strides, vm.offset);
+                self.value_at(input, &at)
+            }
+            (_, "clone") => self.value_at(tensor(0)?, idx),
+            (_, "copy") => {
+                let src = tensor(1)?;
+                let sm = g.meta(src);
+                let si = self.broadcast_index(idx, &out.sizes, sm);
+                let x = self.value_at(src, &si)?;
+                Ok(self.body.bind(ty(out.dtype), cast(&x, sm.dtype, out.dtype)))
+            }
+            (_, "fill" | "masked_fill") => {
+                let vi = if def.name == "fill" { 1 } else { 2 };
+                let value = match node.args.get(vi) {
+                    Some(Arg::Tensor(t)) => {
+                        let x = self.value_at(*t, "0u")?;
+                        cast(&x, g.meta(*t).dtype, out.dtype)
+                    }
+                    _ => literal(margs.scalar(vi).map_err(bug)?.to_f64(), out.dtype),
+                };
+                if def.name == "fill" {
+                    return Ok(self.body.bind(ty(out.dtype), value));
+                }
+                let (this, mask) = (tensor(0)?, tensor(1)?);
+                let ti = self.broadcast_index(idx, &out.sizes, g.meta(this));
+                let x = self.value_at(this, &ti)?;
+                let mi = self.broadcast_index(idx, &out.sizes, g.meta(mask));
+                let mv = self.value_at(mask, &mi)?;
+                Ok(self
+                    .body
+                    .bind(ty(out.dtype), format!("select({x}, {value}, {mv})")))
+            }
+            (_, "zero" | "zeros" | "zeros_like") => Ok(literal(0.0, out.dtype)),
+            (_, "ones" | "ones_like") => Ok(literal(1.0, out.dtype)),
+            (_, "full" | "full_like") => {
+                Ok(literal(margs.scalar(1).map_err(bug)?.to_f64(), out.dtype))
+            }
+            (_, "arange") => {
+                let vals: Vec<f64> = (0..node.args.len())
+                    .filter_map(|i| margs.scalar(i).ok())
+                    .map(|s| s.to_f64())
+                    .collect();
+                let (start, step) = match vals[..] {
+                    [_] => (0.0, 1.0),
+                    [s, _] => (s, 1.0),
+                    [s, _, st, ..] => (s, st),
+                    _ => return Err(bug("arange arguments")),
+                };
+                let e = if out.dtype.is_float() {
+                    format!("f32(f64_start) + f32(f64_step) * f32({idx})")
+                        .replace("f32(f64_start)", &literal(start, DType::F32))
+                        .replace("f32(f64_step)", &literal(step, DType::F32))
+                } else {
+                    format!(
+                        "{} + {} * {}({idx})",
+                        literal(start, out.dtype),
+                        literal(step, out.dtype),
+                        ty(out.dtype)
+                    )
+                };
+                let r = self.body.bind(ty(out.dtype), e);
+                Ok(self.body.bind(
+                    ty(out.dtype),
+                    cast(
+                        &r,
+                        if out.dtype.is_float() {
+                            DType::F32
+                        } else {
+                            out.dtype
+                        },
+                        out.dtype,
+                    ),
+                ))
+            }
+            (_, _) if matches!(def.lowering, Lowering::RegionScatter(_)) => {
+                let (base, src) = (tensor(0)?, tensor(1)?);
+                let bv = self.value_at(base, idx)?;
+                let m = self.unravel(idx, &out.sizes);
+                let (pred, src_m) = scatter_predicate(def.name.as_str(), &margs, &out, &m)?;
+                let pred = self.body.bind("bool", pred);
+                let sm = g.meta(src).clone();
+                let si = self.ravel(&src_m, &contiguous_strides(&sm.sizes), 0);
+                let si = self.body.bind("u32", format!("select(0u, {si}, {pred})"));
+                // The same view of the base, read by the source at `si`, is
+                // the base at `idx` (where the predicate holds): a chain of
+                // region updates evaluates each base once per element.
+                let view = def
+                    .lowering
+                    .scatter_view()
+                    .ok_or_else(|| bug("scatter without a view"))?;
+                for &u in self.s.uses.get(&base).map(Vec::as_slice).unwrap_or(&[]) {
+                    let c = &g.nodes[u];
+                    if matches!(c.op.def().rule, Rule::ViewCopy(op) if op == view)
+                        && c.args[1..] == node.args[2..]
+                        && c.results.len() == 1
+                    {
+                        self.memo.insert((c.results[0], si.clone()), bv.clone());
+                    }
+                }
+                let sv = self.value_at(src, &si)?;
+                let sv = cast(&sv, sm.dtype, out.dtype);
+                Ok(self
+                    .body
+                    .bind(ty(out.dtype), format!("select({bv}, {sv}, {pred})")))
+            }
+            _ => Err(bug(format!("{} cannot be computed inline", def.name))),
+        }
+    }
+
+    fn store_to(&mut self, v: ValueId, idx: &str, value: &str) -> R<()> {
+        if !self.locs.contains_key(&v) {
+            return Err(bug("a materialized value without a buffer"));
+        }
+        let (slot, loc) = self.slot_of(v, true)?;
+        if loc.packed {
+            return Err(bug("an element store into a packed buffer"));
+        }
+        let d = self.meta(v).dtype;
+        self.body.stmt(store(&slot, idx, d, value));
+        Ok(())
+    }
+
+    /// The kernel that materializes value `v` (result `k` of node `n`).
+    pub fn kernel(&mut self, v: ValueId) -> R<Vec<KernelCode>> {
+        let g = self.g;
+        let Def::Node(n, k) = g.values[v].def else {
+            return Ok(vec![]);
+        };
+        let node = &g.nodes[n];
+        let name = node.op.name();
+        let out = g.meta(v).clone();
+        let label = format!("{name}#{}", g.values[v].name.clone().unwrap_or_default());
+        if out.numel() == 0 {
+            return Ok(vec![]);
+        }
+        if let Some(&base) = self.s.inplace.get(&v) {
+            // Re-inplaced scatter: write only the region into the base's buffer.
+            return Ok(self
+                .scatter_write(n, base, v, format!("{label} (in place)"))?
+                .into_iter()
+                .collect());
+        }
+        let margs: Vec<Arg<&Meta>> = node
+            .args
+            .iter()
+            .map(|a| a.map(&mut |x| g.meta(*x)))
+            .collect();
+        match node.op.def().lowering {
+            Lowering::StridedScatter(_) => {
+                let base = *node.args[0].tensors()[0];
+                let copy =
+                    self.map_kernel(v, format!("{label} (copy)"), |s, i| s.value_at(base, i))?;
+                let mut ks = vec![copy];
+                ks.extend(self.scatter_write(n, v, v, label)?);
+                Ok(ks)
+            }
+            Lowering::IndexPut => {
+                let base = *node.args[0].tensors()[0];
+                let copy =
+                    self.map_kernel(v, format!("{label} (copy)"), |s, i| s.value_at(base, i))?;
+                Ok(vec![copy, self.index_put(n, v, label)?])
+            }
+            Lowering::Reduce => Ok(vec![self.reduce(n, v, &margs, label)?]),
+            Lowering::Softmax { log } => Ok(vec![self.softmax(n, v, log, label)?]),
+            Lowering::LayerNorm => Ok(vec![self.layer_norm(n, v, label)?]),
+            Lowering::MatMul => Ok(vec![self.matmul(n, v, label)?]),
+            Lowering::Gather => Ok(vec![self.gather(n, v, label)?]),
+            Lowering::Map | Lowering::Free | Lowering::RegionScatter(_) => {
+                Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?])
+            }
+            Lowering::None => Err(EngineError::Unsupported(format!(
+                "`{name}` has no kernel (functionalize first)"
+            ))),
+        }
+    }
+}
+
+/// For a scatter's output multi-index `m`: whether it lies in the region,
+/// and the source multi-index there.
+fn scatter_predicate(
+    name: &str,
+    a: &[Arg<&Meta>],
+    out: &Meta,
+    m: &[String],
+) -> R<(String, Vec<String>)> {
+    let wrap = |d: i64| kiln_functionalize::meta::wrap_dim(d, out.dim()).map_err(bug);
+    match name {
+        "slice_scatter" => {
+            let d = wrap(a.int(2).map_err(bug)?)?;
+            let size = out.sizes[d] as i64;
+            let clampb = |v: i64| -> i64 { (if v < 0 { v + size } else { v }).clamp(0, size) };
+            let start = clampb(a.opt_int(3).map_err(bug)?.unwrap_or(0));
+            let end = clampb(a.opt_int(4).map_err(bug)?.unwrap_or(i64::MAX)).max(start);
+            let step = a.int(5).map_err(bug)?;
+            let x = &m[d];
+            let pred =
+                format!("({x} >= {start}u && {x} < {end}u && ({x} - {start}u) % {step}u == 0u)");
+            let mut sm = m.to_vec();
+            sm[d] = format!("(({x} - {start}u) / {step}u)");
+            Ok((pred, sm))
+        }
+        "select_scatter" => {
+            let d = wrap(a.int(2).map_err(bug)?)?;
+            let size = out.sizes[d] as i64;
+            let i = a.int(3).map_err(bug)?;
+            let i = if i < 0 { i + size } else { i };
+            let pred = format!("({} == {i}u)", m[d]);
+            let mut sm = m.to_vec();
+            sm.remove(d);
+            Ok((pred, sm))
+        }
+        "diagonal_scatter" => {
+            let off = a.int(2).map_err(bug)?;
+            let (d1, d2) = (wrap(a.int(3).map_err(bug)?)?, wrap(a.int(4).map_err(bug)?)?);
+            let (x1, x2) = (&m[d1], &m[d2]);
+            let pred = format!("(i32({x2}) - i32({x1}) == {off}i)");
+            let k = if off >= 0 { x1.clone() } else { x2.clone() };
+            let mut sm: Vec<String> = (0..out.dim())
+                .filter(|&d| d != d1 && d != d2)
+                .map(|d| m[d].clone())
+                .collect();
+            sm.push(k);
+            Ok((pred, sm))
+        }
+        _ => Err(bug(format!("{name} has no predicate"))),
+    }
+}
+
+fn float_ops(code: Code, v: &[String]) -> String {
+    let x = &v[0];
+    match code {
+        Code::Exp => format!("exp({x})"),
+        Code::Log => format!("log({x})"),
+        Code::Sqrt => format!("sqrt({x})"),
+        Code::Rsqrt => format!("inverseSqrt({x})"),
+        Code::Sigmoid => format!("1.0 / (1.0 + exp(-{x}))"),
+        Code::Tanh => format!("tanh({x})"),
+        Code::Sin => format!("sin({x})"),
+        Code::Cos => format!("cos({x})"),
+        Code::Reciprocal => format!("1.0 / {x}"),
+        Code::Erf => format!("k_erf({x})"),
+        Code::Neg => format!("-{x}"),
+        Code::Abs => format!("abs({x})"),
+        Code::Relu => format!("select(0.0, {x}, {x} > 0.0 || k_isnan({x}))"),
+        Code::Gelu { tanh: false } => {
+            format!("0.5 * {x} * (1.0 + k_erf({x} * 0.70710678118654752))")
+        }
+        Code::Gelu { tanh: true } => {
+            format!("0.5 * {x} * (1.0 + tanh(0.79788456080286536 * ({x} + 0.044715 * {x} * {x} * {x})))")
+        }
+        Code::Add { alpha } => format!("{x} + {} * {}", literal(alpha, DType::F32), v[1]),
+        Code::Sub { alpha } => format!("{x} - {} * {}", literal(alpha, DType::F32), v[1]),
+        Code::Mul => format!("{x} * {}", v[1]),
+        Code::Div => format!("{x} / {}", v[1]),
+        Code::DivTrunc => format!("trunc({x} / {})", v[1]),
+        Code::DivFloor => format!("floor({x} / {})", v[1]),
+        Code::Pow => format!("k_powf({x}, {})", v[1]),
+        Code::Maximum => format!(
+            "select(max({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))",
+            y = v[1]
+        ),
+        Code::Minimum => format!(
+            "select(min({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))",
+            y = v[1]
+        ),
+        _ => unreachable!("{code:?} is not a float op"),
+    }
+}
+
+/// The expression of a plan's code over operand values (already cast to
+/// their operand dtypes), and the dtype it has.
+fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> (String, DType) {
+    let x = &v[0];
+    // Comparisons with NaN test the bits: a compiler may assume no NaNs.
+    let float_cmp = matches!(compute, DType::F32 | DType::F16);
+    let cmp = |op: &str| {
+        let e = format!("{x} {op} {}", v[1]);
+        let e = match (float_cmp, op) {
+            (false, _) => e,
+            (true, "!=") => format!("({e} || k_isnan({x}) || k_isnan({}))", v[1]),
+            (true, _) => format!("({e} && !k_isnan({x}) && !k_isnan({}))", v[1]),
+        };
+        (e, DType::Bool)
+    };
+    let cdt = if compute == DType::F16 {
+        DType::F32
+    } else {
+        compute
+    };
+    match code {
+        Code::Eq => cmp("=="),
+        Code::Ne => cmp("!="),
+        Code::Lt => cmp("<"),
+        Code::Le => cmp("<="),
+        Code::Gt => cmp(">"),
+        Code::Ge => cmp(">="),
+        Code::LogicalNot => (
+            match casts[0] {
+                DType::Bool => format!("!{x}"),
+                d => format!("{x} == {}", literal(0.0, d)),
+            },
+            DType::Bool,
+        ),
+        Code::Where => {
+            let d = if casts[1] == DType::F16 {
+                DType::F32
+            } else {
+                casts[1]
+            };
+            (format!("select({}, {}, {x})", v[2], v[1]), d)
+        }
+        Code::Clamp { min, max } => {
+            let mut e = x.clone();
+            let mut k = 1;
+            let float = cdt == DType::F32;
+            if min {
+                e = if float {
+                    format!("select(max({e}, {b}), {b}, k_isnan({b}))", b = v[k])
+                } else {
+                    format!("max({e}, {})", v[k])
+                };
+                k += 1;
+            }
+            if max {
+                e = if float {
+                    format!("select(min({e}, {b}), {b}, k_isnan({b}))", b = v[k])
+                } else {
+                    format!("min({e}, {})", v[k])
+                };
+            }
+            if float {
+                e = format!("select({e}, {x}, k_isnan({x}))");
+            }
+            (e, cdt)
+        }
+        _ if cdt == DType::F32 => (float_ops(code, v), DType::F32),
+        _ if cdt == DType::Bool => {
+            let y = v.get(1).cloned().unwrap_or_default();
+            let e = match code {
+                Code::Add { .. } | Code::Maximum => format!("{x} || {y}"),
+                Code::Mul | Code::Minimum => format!("{x} && {y}"),
+                Code::Abs | Code::Relu => x.clone(),
+                _ => format!("{x} != {y}"),
+            };
+            (e, DType::Bool)
+        }
+        _ => {
+            // i32 / u32.
+            let t = ty(cdt);
+            let y = v.get(1).cloned().unwrap_or_default();
+            let e = match code {
+                Code::Add { alpha } => format!("{x} + {} * {y}", literal(alpha, cdt)),
+                Code::Sub { alpha } => format!("{x} - {} * {y}", literal(alpha, cdt)),
+                Code::Mul => format!("{x} * {y}"),
+                Code::DivTrunc => format!("{x} / {y}"),
+                Code::DivFloor if cdt == DType::I32 => {
+                    format!("select({x} / {y}, {x} / {y} - 1i, ({x} % {y} != 0i) && (({x} < 0i) != ({y} < 0i)))")
+                }
+                Code::DivFloor => format!("{x} / {y}"),
+                Code::Pow if cdt == DType::I32 => format!("k_powi({x}, {y})"),
+                Code::Pow => format!("k_powu({x}, {y})"),
+                Code::Maximum => format!("max({x}, {y})"),
+                Code::Minimum => format!("min({x}, {y})"),
+                Code::Neg => format!("-{x}"),
+                Code::Abs if cdt == DType::I32 => format!("abs({x})"),
+                Code::Abs => x.clone(),
+                Code::Relu if cdt == DType::I32 => format!("max({x}, 0i)"),
+                Code::Relu => x.clone(),
+                other => format!("{t}(0) /* {other:?} */"),
+            };
+            (e, cdt)
+        }
+    }
+}

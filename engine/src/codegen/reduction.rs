@@ -1,0 +1,521 @@
+//! Reductions along dimensions: sums, means, extremes, softmax and layer
+//! norm (a row per invocation, or per 1-64 invocations through workgroup
+//! memory on GPUs).
+
+use super::*;
+
+/// Rows of `width` contiguous elements reduced by `lanes` invocations each
+/// (a power of two up to 64; `64 / lanes` rows per workgroup), every
+/// invocation holding `per` elements (strided by `lanes`) in registers.
+pub(super) struct RowTile {
+    pub(super) width: usize,
+    pub(super) rows: usize,
+    pub(super) lanes: usize,
+    pub(super) per: usize,
+}
+
+impl RowTile {
+    /// Rows up to 1024 wide (16 elements an invocation).
+    pub(super) fn new(width: usize, rows: usize) -> Option<RowTile> {
+        let lanes = width.next_power_of_two().clamp(1, 64);
+        let per = width.div_ceil(lanes);
+        (width > 0 && per <= 16).then_some(RowTile {
+            width,
+            rows,
+            lanes,
+            per,
+        })
+    }
+
+    pub(super) fn workgroups(&self) -> usize {
+        self.rows.div_ceil(64 / self.lanes).max(1)
+    }
+}
+
+/// A row kernel's lane and its elements: (value, in range, column, index).
+pub(super) struct RowCtx {
+    pub(super) lane: String,
+    pub(super) xs: Vec<(String, String, String, String)>,
+}
+
+impl Gen<'_> {
+    pub(super) fn reduce(
+        &mut self,
+        n: NodeId,
+        v: ValueId,
+        margs: &[Arg<&Meta>],
+        label: String,
+    ) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let name = node.op.name();
+        let input = *node.args[0].tensors()[0];
+        let im = g.meta(input).clone();
+        let om = g.meta(v).clone();
+        let dims: Option<Vec<i64>> = match name {
+            "amax" | "amin" => Some(margs.int_list(1).map_err(bug)?),
+            _ if node.args.len() <= 2 => None,
+            _ => margs.opt_int_list(1).map_err(bug)?,
+        };
+        let mut red = vec![im.dim() == 0; im.dim()];
+        match dims {
+            Some(l) if !l.is_empty() => {
+                for d in l {
+                    let d = kiln_functionalize::meta::wrap_dim(d, im.dim()).map_err(bug)?;
+                    if im.dim() > 0 {
+                        red[d] = true;
+                    }
+                }
+            }
+            _ => red.iter_mut().for_each(|x| *x = true),
+        }
+        let kept: Vec<usize> = (0..im.dim()).filter(|&d| !red[d]).collect();
+        let reduced: Vec<usize> = (0..im.dim()).filter(|&d| red[d]).collect();
+        let ks: Vec<usize> = kept.iter().map(|&d| im.sizes[d]).collect();
+        let rs: Vec<usize> = reduced.iter().map(|&d| im.sizes[d]).collect();
+        let istr = contiguous_strides(&im.sizes);
+        let count = numel(&rs);
+        let nout = om.numel();
+        let acc_dt = om.dtype;
+        let acc_ty = ty(acc_dt);
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(nout)));
+        let km = self.unravel("gid", &ks);
+        let kst: Vec<usize> = kept.iter().map(|&d| istr[d]).collect();
+        let kbase = self.ravel(&km, &kst, 0);
+        let float = acc_dt.is_float();
+        let (init, is_sum) = match name {
+            "amax" => (extreme_literal(acc_dt, false), false),
+            "amin" => (extreme_literal(acc_dt, true), false),
+            _ => (literal(0.0, acc_dt), true),
+        };
+        let acc = self.body.var(acc_ty, init);
+        let comp = if is_sum && float {
+            Some(self.body.var("f32", "0.0".into()))
+        } else {
+            None
+        };
+        let nan = if float && !is_sum {
+            Some(self.body.var("bool", "false".into()))
+        } else {
+            None
+        };
+        self.body
+            .stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(count)));
+        let saved = std::mem::take(&mut self.memo);
+        let rm = self.unravel("r", &rs);
+        let rst: Vec<usize> = reduced.iter().map(|&d| istr[d]).collect();
+        let roff = self.ravel(&rm, &rst, 0);
+        let at = self.body.bind("u32", format!("{kbase} + {roff}"));
+        let x = self.value_at(input, &at)?;
+        let x = self.body.bind(acc_ty, cast(&x, im.dtype, acc_dt));
+        match (name, &comp, &nan) {
+            (_, Some(c), _) => {
+                // Kahan summation keeps f32 sums close to the reference.
+                let y = self.body.bind("f32", format!("{x} - {c}"));
+                let t = self.body.bind("f32", format!("{acc} + {y}"));
+                self.body.stmt(format!("{c} = ({t} - {acc}) - {y};"));
+                self.body.stmt(format!("{acc} = {t};"));
+            }
+            (_, None, _) if is_sum => self.body.stmt(format!("{acc} = {acc} + {x};")),
+            ("amax", _, _) if acc_dt == DType::Bool => {
+                self.body.stmt(format!("{acc} = {acc} || {x};"))
+            }
+            (_, _, _) if acc_dt == DType::Bool => self.body.stmt(format!("{acc} = {acc} && {x};")),
+            ("amax", _, _) => self.body.stmt(format!("{acc} = max({acc}, {x});")),
+            _ => self.body.stmt(format!("{acc} = min({acc}, {x});")),
+        }
+        if let Some(nv) = &nan {
+            self.body.stmt(format!("{nv} = {nv} || k_isnan({x});"));
+        }
+        self.body.stmt("}".into());
+        self.memo = saved;
+        let mut res = acc.clone();
+        if name == "mean" {
+            res = self.body.bind(acc_ty, format!("{acc} / f32({})", u(count)));
+        }
+        if let Some(nv) = nan {
+            res = self.body.bind(
+                acc_ty,
+                format!("select({res}, bitcast<f32>(0x7fc00000u), {nv})"),
+            );
+        }
+        self.store_to(v, "gid", &res)?;
+        Ok(self.finish(
+            label,
+            wgsl::grid(nout, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
+    }
+
+    /// One invocation per line along `dim`: max, sum of exponentials, write.
+    pub(super) fn softmax(
+        &mut self,
+        n: NodeId,
+        v: ValueId,
+        log: bool,
+        label: String,
+    ) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let input = *node.args[0].tensors()[0];
+        let im = g.meta(input).clone();
+        let om = g.meta(v).clone();
+        let dim = match node.args[1] {
+            Arg::Int(d) => kiln_functionalize::meta::wrap_dim(d, im.dim()).map_err(bug)?,
+            _ => return Err(bug("softmax dim")),
+        };
+        let len = if im.dim() == 0 { 1 } else { im.sizes[dim] };
+        let inner: usize = if im.dim() == 0 {
+            1
+        } else {
+            im.sizes[dim + 1..].iter().product()
+        };
+        let lines = im.numel() / len.max(1);
+        if let Some(t) = RowTile::new(len, lines).filter(|_| inner == 1 && self.workgroup_rows) {
+            return self.softmax_rows(input, v, log, t, label);
+        }
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(lines)));
+        let base = self.body.bind(
+            "u32",
+            format!("(gid / {i}) * {} + gid % {i}", u(len * inner), i = u(inner)),
+        );
+        let read = |s: &mut Self, k: &str| -> R<String> {
+            let at = s.body.bind("u32", format!("{base} + {k} * {}", u(inner)));
+            let x = s.value_at(input, &at)?;
+            Ok(s.body.bind("f32", cast(&x, im.dtype, DType::F32)))
+        };
+        let mx = self.body.var("f32", literal(f64::NEG_INFINITY, DType::F32));
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
+        let saved = std::mem::take(&mut self.memo);
+        let x = read(self, "k")?;
+        self.body.stmt(format!("{mx} = max({mx}, {x});"));
+        self.body.stmt("}".into());
+        self.memo = std::mem::take(&mut HashMap::new());
+        let sum = self.body.var("f32", "0.0".into());
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
+        let x = read(self, "k")?;
+        self.body.stmt(format!("{sum} = {sum} + exp({x} - {mx});"));
+        self.body.stmt("}".into());
+        self.memo.clear();
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
+        let x = read(self, "k")?;
+        let y = if log {
+            format!("{x} - {mx} - log({sum})")
+        } else {
+            format!("exp({x} - {mx}) / {sum}")
+        };
+        let y = self.body.bind("f32", y);
+        let at = self.body.bind("u32", format!("{base} + k * {}", u(inner)));
+        let y = cast(&y, DType::F32, om.dtype);
+        self.store_to(v, &at, &y)?;
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(
+            label,
+            wgsl::grid(lines, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
+    }
+
+    pub(super) fn layer_norm(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let input = *node.args[0].tensors()[0];
+        let im = g.meta(input).clone();
+        let width: usize = match &node.args[1] {
+            Arg::IntList(l) => l.iter().product::<i64>() as usize,
+            _ => return Err(bug("layer_norm shape")),
+        };
+        let weight = node
+            .args
+            .get(2)
+            .and_then(|a| a.tensors().first().map(|x| **x));
+        let bias = node
+            .args
+            .get(3)
+            .and_then(|a| a.tensors().first().map(|x| **x));
+        let eps = match node.args.get(4) {
+            Some(Arg::Float(e)) => *e,
+            _ => 1e-5,
+        };
+        let rows = im.numel() / width.max(1);
+        if let Some(t) = RowTile::new(width, rows).filter(|_| self.workgroup_rows) {
+            return self.layer_norm_rows(input, v, weight, bias, eps, t, label);
+        }
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(rows)));
+        let base = self.body.bind("u32", format!("gid * {}", u(width)));
+        let read = |s: &mut Self| -> R<String> {
+            let at = s.body.bind("u32", format!("{base} + k"));
+            let x = s.value_at(input, &at)?;
+            Ok(s.body.bind("f32", cast(&x, im.dtype, DType::F32)))
+        };
+        let saved = std::mem::take(&mut self.memo);
+        let sum = self.body.var("f32", "0.0".into());
+        let c = self.body.var("f32", "0.0".into());
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
+        let x = read(self)?;
+        let y = self.body.bind("f32", format!("{x} - {c}"));
+        let t = self.body.bind("f32", format!("{sum} + {y}"));
+        self.body.stmt(format!("{c} = ({t} - {sum}) - {y};"));
+        self.body.stmt(format!("{sum} = {t};"));
+        self.body.stmt("}".into());
+        self.memo.clear();
+        let mean0 = self.body.bind("f32", format!("{sum} / f32({})", u(width)));
+        // The corrected two-pass algorithm: the deviations' sum refines the
+        // mean (exact for constant rows), their squares give the variance.
+        let dev = self.body.var("f32", "0.0".into());
+        let sq = self.body.var("f32", "0.0".into());
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
+        let x = read(self)?;
+        let d = self.body.bind("f32", format!("{x} - {mean0}"));
+        self.body.stmt(format!("{dev} = {dev} + {d};"));
+        self.body.stmt(format!("{sq} = {sq} + {d} * {d};"));
+        self.body.stmt("}".into());
+        self.memo.clear();
+        let corr = self.body.bind("f32", format!("{dev} / f32({})", u(width)));
+        let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
+        let var = self.body.bind(
+            "f32",
+            format!("max({sq} / f32({}) - {corr} * {corr}, 0.0)", u(width)),
+        );
+        let rstd = self.body.bind(
+            "f32",
+            format!("inverseSqrt({var} + {})", literal(eps, DType::F32)),
+        );
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
+        let x = read(self)?;
+        let mut y = self.body.bind("f32", format!("({x} - {mean}) * {rstd}"));
+        if let Some(w) = weight {
+            let wv = self.value_at(w, "k")?;
+            y = self.body.bind(
+                "f32",
+                format!("{y} * {}", cast(&wv, g.meta(w).dtype, DType::F32)),
+            );
+        }
+        if let Some(b) = bias {
+            let bv = self.value_at(b, "k")?;
+            y = self.body.bind(
+                "f32",
+                format!("{y} + {}", cast(&bv, g.meta(b).dtype, DType::F32)),
+            );
+        }
+        let at = self.body.bind("u32", format!("{base} + k"));
+        let y = cast(&y, DType::F32, im.dtype);
+        self.store_to(v, &at, &y)?;
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(
+            label,
+            wgsl::grid(rows, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
+    }
+
+    /// Shared setup of a row kernel: this invocation's row (`None` when
+    /// past the last), its lane, and its elements of the row in registers
+    /// as (value, in range, column) triples.
+    pub(super) fn row_elements(&mut self, input: ValueId, t: &RowTile) -> R<RowCtx> {
+        let im = self.meta(input).clone();
+        self.shared
+            .push("var<workgroup> red: array<f32, 64>;".into());
+        let per_wg = 64 / t.lanes;
+        let row = self.body.bind(
+            "u32",
+            format!(
+                "(wid.y * nwg.x + wid.x) * {} + lid.x / {}",
+                u(per_wg),
+                u(t.lanes)
+            ),
+        );
+        let lane = self.body.bind("u32", format!("lid.x % {}", u(t.lanes)));
+        let valid = self.body.bind("bool", format!("{row} < {}", u(t.rows)));
+        let base = self.body.bind("u32", format!("{row} * {}", u(t.width)));
+        let mut xs = vec![];
+        for e in 0..t.per {
+            let k = self
+                .body
+                .bind("u32", format!("{lane} + {}", u(e * t.lanes)));
+            let inr = self
+                .body
+                .bind("bool", format!("{valid} && {k} < {}", u(t.width)));
+            let at = self
+                .body
+                .bind("u32", format!("select(0u, {base} + {k}, {inr})"));
+            let x = self.value_at(input, &at)?;
+            let x = self.body.bind("f32", cast(&x, im.dtype, DType::F32));
+            xs.push((x, inr, k, at));
+        }
+        Ok(RowCtx { lane, xs })
+    }
+
+    /// `partial` combined over the lanes of each row through workgroup
+    /// memory (a tree of `lanes`); every lane gets the result. Barriers
+    /// are reached by every invocation (uniform control flow).
+    pub(super) fn row_reduce(
+        &mut self,
+        t: &RowTile,
+        lane: &str,
+        partial: &str,
+        max: bool,
+    ) -> String {
+        let op = |a: &str, b: &str| {
+            if max {
+                format!("max({a}, {b})")
+            } else {
+                format!("{a} + {b}")
+            }
+        };
+        self.body.stmt(format!("red[lid.x] = {partial};"));
+        self.body.stmt("workgroupBarrier();".into());
+        let mut s = t.lanes / 2;
+        while s >= 1 {
+            self.body.stmt(format!(
+                "if ({lane} < {}) {{ red[lid.x] = {}; }}",
+                u(s),
+                op("red[lid.x]", &format!("red[lid.x + {}]", u(s)))
+            ));
+            self.body.stmt("workgroupBarrier();".into());
+            s /= 2;
+        }
+        let r = self.body.bind("f32", format!("red[lid.x - {lane}]"));
+        // Later reductions reuse `red`.
+        self.body.stmt("workgroupBarrier();".into());
+        r
+    }
+
+    /// Softmax along contiguous rows: a row per `lanes` invocations, its
+    /// elements read once into registers, max and sum reduced across the
+    /// lanes, one write.
+    pub(super) fn softmax_rows(
+        &mut self,
+        input: ValueId,
+        v: ValueId,
+        log: bool,
+        t: RowTile,
+        label: String,
+    ) -> R<KernelCode> {
+        let od = self.meta(v).dtype;
+        let RowCtx { lane, xs } = self.row_elements(input, &t)?;
+        let ninf = literal(f64::NEG_INFINITY, DType::F32);
+        let mut m = ninf.clone();
+        for (x, inr, _, _) in &xs {
+            m = self
+                .body
+                .bind("f32", format!("max({m}, select({ninf}, {x}, {inr}))"));
+        }
+        let mx = self.row_reduce(&t, &lane, &m, true);
+        let mut sum = "0.0".to_string();
+        let mut es = vec![];
+        for (x, inr, _, _) in &xs {
+            let e = self.body.bind("f32", format!("exp({x} - {mx})"));
+            sum = self
+                .body
+                .bind("f32", format!("{sum} + select(0.0, {e}, {inr})"));
+            es.push(e);
+        }
+        let total = self.row_reduce(&t, &lane, &sum, false);
+        for ((x, inr, _, at), e) in xs.iter().zip(&es) {
+            let y = if log {
+                format!("{x} - {mx} - log({total})")
+            } else {
+                format!("{e} / {total}")
+            };
+            let y = self.body.bind("f32", y);
+            self.body.stmt(format!("if ({inr}) {{"));
+            self.store_to(v, at, &cast(&y, DType::F32, od))?;
+            self.body.stmt("}".into());
+        }
+        Ok(self.finish(label, wgsl::fold(t.workgroups()), [64, 1, 1]))
+    }
+
+    /// Layer norm over contiguous rows, a row per `lanes` invocations: the
+    /// row read once into registers, the corrected two-pass mean and
+    /// variance reduced across the lanes, one write.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn layer_norm_rows(
+        &mut self,
+        input: ValueId,
+        v: ValueId,
+        weight: Option<ValueId>,
+        bias: Option<ValueId>,
+        eps: f64,
+        t: RowTile,
+        label: String,
+    ) -> R<KernelCode> {
+        let g = self.g;
+        let od = self.meta(v).dtype;
+        let RowCtx { lane, xs } = self.row_elements(input, &t)?;
+        let w = u(t.width);
+        let mut sum = "0.0".to_string();
+        for (x, inr, _, _) in &xs {
+            sum = self
+                .body
+                .bind("f32", format!("{sum} + select(0.0, {x}, {inr})"));
+        }
+        let total = self.row_reduce(&t, &lane, &sum, false);
+        let mean0 = self.body.bind("f32", format!("{total} / f32({w})"));
+        // The corrected two-pass algorithm: the deviations' sum refines the
+        // mean (exact for constant rows), their squares give the variance.
+        let (mut dev, mut sq) = ("0.0".to_string(), "0.0".to_string());
+        for (x, inr, _, _) in &xs {
+            let d = self
+                .body
+                .bind("f32", format!("select(0.0, {x} - {mean0}, {inr})"));
+            dev = self.body.bind("f32", format!("{dev} + {d}"));
+            sq = self.body.bind("f32", format!("{sq} + {d} * {d}"));
+        }
+        let dev = self.row_reduce(&t, &lane, &dev, false);
+        let sq = self.row_reduce(&t, &lane, &sq, false);
+        let corr = self.body.bind("f32", format!("{dev} / f32({w})"));
+        let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
+        let var = self.body.bind(
+            "f32",
+            format!("max({sq} / f32({w}) - {corr} * {corr}, 0.0)"),
+        );
+        let rstd = self.body.bind(
+            "f32",
+            format!("inverseSqrt({var} + {})", literal(eps, DType::F32)),
+        );
+        for (x, inr, k, at) in &xs {
+            self.body.stmt(format!("if ({inr}) {{"));
+            let saved = std::mem::take(&mut self.memo);
+            let mut y = self.body.bind("f32", format!("({x} - {mean}) * {rstd}"));
+            if let Some(wv) = weight {
+                let c = self.value_at(wv, k)?;
+                let c = cast(&c, g.meta(wv).dtype, DType::F32);
+                y = self.body.bind("f32", format!("{y} * {c}"));
+            }
+            if let Some(bv) = bias {
+                let c = self.value_at(bv, k)?;
+                let c = cast(&c, g.meta(bv).dtype, DType::F32);
+                y = self.body.bind("f32", format!("{y} + {c}"));
+            }
+            self.store_to(v, at, &cast(&y, DType::F32, od))?;
+            self.memo = saved;
+            self.body.stmt("}".into());
+        }
+        Ok(self.finish(label, wgsl::fold(t.workgroups()), [64, 1, 1]))
+    }
+}
+
+/// The identity of `max` (`min` when `high`) in a dtype.
+pub(super) fn extreme_literal(d: DType, high: bool) -> String {
+    match (d, high) {
+        (DType::F32 | DType::F16, false) => literal(f64::NEG_INFINITY, d),
+        (DType::F32 | DType::F16, true) => literal(f64::INFINITY, d),
+        (DType::I32, false) => "(-2147483647i - 1i)".into(),
+        (DType::I32, true) => "2147483647i".into(),
+        (DType::U32, false) => "0u".into(),
+        (DType::U32, true) => "4294967295u".into(),
+        (DType::Bool, high) => high.to_string(),
+    }
+}
