@@ -276,3 +276,25 @@ fn every_hand_written_shader_validates_with_naga() {
     }
     assert!(n >= 1, "no shader in shaders/");
 }
+
+/// The issue's chain (a transpose and 8 elementwise ops over 4096^2): one
+/// kernel, each byte read and written once.
+#[test]
+fn a_transposed_elementwise_chain_is_one_kernel_at_the_minimum() {
+    let p = compiled(
+        "graph chain(%x: f32[4096, 4096], %y: f32[4096, 4096]) {
+           %t = t(%x)
+           %a = mul(%t, 2.0)
+           %b = add(%a, %y)
+           %c = tanh(%b)
+           %d = mul(%c, 0.5)
+           %e = sub(%d, %y)
+           %f = exp(%e)
+           %g = neg(%f)
+           %h = relu(%g)
+           return %h
+         }",
+    );
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert_eq!(p.bytes_moved(), p.min_bytes, "{}", p.stats());
+}

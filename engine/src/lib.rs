@@ -594,11 +594,19 @@ fn lower(
         // once per invocation; other kernels are charged whole buffers.
         let per_thread =
             grp.len() > 1 || is_map(g, &sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
+        // A gather reads of its table only the rows it copies.
+        let table = g.node_of(grp[0]).and_then(|n| {
+            (g.nodes[n].op.def().lowering == kiln_functionalize::ops::Lowering::Gather)
+                .then(|| g.nodes[n].inputs().first().copied())
+                .flatten()
+        });
         let bytes_read: usize = reads
             .iter()
             .map(|&r| {
                 let whole = bytes(r);
-                if per_thread {
+                if Some(r) == table {
+                    whole.min(written)
+                } else if per_thread {
                     whole.min((elements * whole).div_ceil(g.meta(r).numel().max(1)))
                 } else {
                     whole
