@@ -42,6 +42,7 @@ fn every_generated_shader_validates_with_naga() {
                     tile_min_rows: if gpu_variants { 0 } else { usize::MAX },
                     workgroup_rows: gpu_variants,
                     workgroup: if gpu_variants { 256 } else { 64 },
+                    vectorize: gpu_variants,
                     ..Default::default()
                 };
                 let prog = kiln::engine::compile_with(&g, &options).unwrap();

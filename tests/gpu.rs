@@ -154,19 +154,25 @@ fn op_programs_with_one_kib_bindings() {
 }
 
 /// The kernel variants for real GPUs, which a CPU adapter would not pick
-/// (row reductions through workgroup memory, 256-invocation workgroups; the
-/// tiled matrix product is every device's), on every op program.
+/// (row reductions through workgroup memory, 256-invocation workgroups,
+/// vec4 elementwise kernels; the tiled matrix product is every device's),
+/// on every op program and the example programs.
 #[test]
 fn op_programs_with_the_gpu_variants() {
+    for dir in ["tests/programs/ops", "examples/programs"] {
+        check_dir_on(dir, gpu_variants());
+    }
+}
+
+/// The adapter at hand compiling as for a real GPU.
+fn gpu_variants() -> Engine {
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     let mut options = gpu.compile_options();
     options.tile_min_rows = 0;
     options.workgroup_rows = true;
     options.workgroup = 256;
-    check_dir_on(
-        "tests/programs/ops",
-        Engine::on(kiln::engine::Session::with_options(gpu, options)),
-    );
+    options.vectorize = true;
+    Engine::on(kiln::engine::Session::with_options(gpu, options))
 }
 
 /// And with a browser's 8 storage buffers per kernel: fusion stays within
@@ -184,7 +190,8 @@ fn op_programs_with_eight_storage_buffers() {
 #[test]
 fn random_programs_match_the_reference_on_the_gpu() {
     use kiln::functionalize::random::{random_program, Seeded};
-    let mut e = engine();
+    // Odd seeds compile as for a real GPU.
+    let mut engines = [engine(), gpu_variants()];
     let mut checked = 0;
     // KILN_GPU_RANDOM=N runs more.
     let n: u64 = std::env::var("KILN_GPU_RANDOM")
@@ -217,7 +224,7 @@ fn random_programs_match_the_reference_on_the_gpu() {
         if !finite {
             continue;
         }
-        let got = e
+        let got = engines[(seed % 2) as usize]
             .run(&g, ins())
             .unwrap_or_else(|err| panic!("seed {seed}: {err}\n{}", kiln::print(&g)));
         for (i, (a, b)) in got

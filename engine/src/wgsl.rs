@@ -110,11 +110,16 @@ pub struct Binding {
 
 /// The declarations (and accessor functions of split tensors) for the
 /// bindings of a kernel: `vars[i]` is the variable of slot `i`, which
-/// covers `chunks[i]` consecutive bindings of `chunk_words` words each.
-pub fn declarations(vars: &[(String, usize, Option<usize>)], bindings: &[Binding]) -> Vec<String> {
+/// covers `chunks[i]` consecutive bindings of `chunk_words` words each,
+/// as words or (never split) as `vec4<u32>`.
+pub fn declarations(
+    vars: &[(String, usize, Option<usize>, bool)],
+    bindings: &[Binding],
+) -> Vec<String> {
     let mut out = vec![];
     let mut b = 0;
-    for (var, chunks, chunk_words) in vars {
+    for (var, chunks, chunk_words, vec4) in vars {
+        let elem = if *vec4 { "vec4<u32>" } else { "u32" };
         let access = |i: usize| {
             if bindings[i].write {
                 "read_write"
@@ -125,7 +130,7 @@ pub fn declarations(vars: &[(String, usize, Option<usize>)], bindings: &[Binding
         match chunk_words {
             None => {
                 out.push(format!(
-                    "@group(0) @binding({b}) var<storage, {}> {var}: array<u32>;",
+                    "@group(0) @binding({b}) var<storage, {}> {var}: array<{elem}>;",
                     access(b)
                 ));
                 b += 1;
@@ -225,14 +230,30 @@ pub fn pack_lane(dtype: DType, value: &str, lane: usize) -> String {
 /// Writes `value` (in its shader type) as element `index` of a buffer
 /// with a word per element.
 pub fn store(slot: &Slot, index: &str, dtype: DType, value: &str) -> String {
-    let word = match dtype {
+    slot.set_word(index, &word(dtype, value))
+}
+
+/// `value` (in its shader type) as the 32-bit word a buffer with a word
+/// per element stores.
+pub fn word(dtype: DType, value: &str) -> String {
+    match dtype {
         DType::F32 => format!("bitcast<u32>({value})"),
         DType::F16 => format!("bitcast<u32>(k_round_f16({value}))"),
         DType::I32 => format!("bitcast<u32>({value})"),
         DType::U32 => value.to_string(),
         DType::Bool => format!("select(0u, 1u, {value})"),
-    };
-    slot.set_word(index, &word)
+    }
+}
+
+/// Element `index` of a word (unpacked) read as its shader type from the
+/// 32-bit word expression `w`.
+pub fn from_word(dtype: DType, w: &str) -> String {
+    match dtype {
+        DType::F32 | DType::F16 => format!("bitcast<f32>({w})"),
+        DType::I32 => format!("bitcast<i32>({w})"),
+        DType::U32 => w.to_string(),
+        DType::Bool => format!("({w} != 0u)"),
+    }
 }
 
 /// Converts a shader value of dtype `from` to dtype `to` with the store

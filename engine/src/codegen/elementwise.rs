@@ -63,6 +63,11 @@ impl Gen<'_> {
     /// the elements of whole words (4 per bool word, 2 per f16 word), so
     /// no two invocations write one word.
     pub fn map_group(&mut self, group: &[ValueId]) -> R<KernelCode> {
+        if self.vectorize {
+            if let Some(k) = self.map_group_vec4(group)? {
+                return Ok(k);
+            }
+        }
         let g = self.g;
         let count = g.meta(group[0]).numel();
         let packed: Vec<(ValueId, Loc)> = group
@@ -144,6 +149,108 @@ impl Gen<'_> {
             wgsl::grid(count.div_ceil(lanes), self.workgroup),
             [self.workgroup, 1, 1],
         ))
+    }
+
+    /// `map_group` four elements an invocation, with the buffers read and
+    /// written only at those elements bound as `vec4<u32>` (one 16-byte
+    /// load or store instead of four). A trial generation finds those
+    /// buffers; `None` when none qualifies or the group cannot (packed
+    /// values, a count not a multiple of 4).
+    fn map_group_vec4(&mut self, group: &[ValueId]) -> R<Option<KernelCode>> {
+        let g = self.g;
+        let count = g.meta(group[0]).numel();
+        let word_sized = group.iter().all(|&v| {
+            wgsl::per_word(g.meta(v).dtype) == 1 && !self.locs.get(&v).is_some_and(|l| l.packed)
+        });
+        if !word_sized || count < 4 || !count.is_multiple_of(4) {
+            return Ok(None);
+        }
+        let saved = (
+            std::mem::take(&mut self.body),
+            std::mem::take(&mut self.memo),
+            std::mem::take(&mut self.shared),
+            std::mem::take(&mut self.slots),
+        );
+        self.vec.track = Some(vec![]);
+        let trial = self.vec4_body(group, count);
+        let accesses = self.vec.track.take().unwrap_or_default();
+        let lanes = std::mem::take(&mut self.vec.lanes);
+        (self.body, self.memo, self.shared, self.slots) = saved;
+        self.vec = Default::default();
+        trial?;
+        // A buffer qualifies when read and written only at the own four
+        // elements, and never read after this kernel wrote it there (the
+        // vector store comes last: such a read would see the old value).
+        let mut own: HashMap<String, bool> = HashMap::new();
+        let mut stored = std::collections::HashSet::new();
+        for (var, idx, store) in accesses {
+            let fine = lanes.contains_key(&idx)
+                && (store || !stored.contains(&(var.clone(), idx.clone())));
+            if store {
+                stored.insert((var.clone(), idx));
+            }
+            *own.entry(var).or_insert(true) &= fine;
+        }
+        self.vec.slots = own.into_iter().filter(|e| e.1).map(|e| e.0).collect();
+        if self.vec.slots.is_empty() {
+            return Ok(None);
+        }
+        self.vec4_body(group, count)?;
+        let label = group
+            .iter()
+            .map(|&v| g.values[v].name.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("+");
+        Ok(Some(self.finish(
+            label,
+            wgsl::grid(count / 4, self.workgroup),
+            [self.workgroup, 1, 1],
+        )))
+    }
+
+    /// The body of `map_group_vec4` (its trial and its final generation).
+    fn vec4_body(&mut self, group: &[ValueId], count: usize) -> R<()> {
+        let g = self.g;
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(count / 4)));
+        let idx: Vec<String> = (0..4)
+            .map(|l| self.body.bind("u32", format!("gid * 4u + {}", u(l))))
+            .collect();
+        for (l, i) in idx.iter().enumerate() {
+            self.vec.lanes.insert(i.clone(), l);
+        }
+        let mut words: HashMap<ValueId, (String, Vec<String>)> = HashMap::new();
+        for i in &idx {
+            self.own = i.clone();
+            for &v in group {
+                let Def::Node(n, k) = g.values[v].def else {
+                    return Err(bug("a kernel for an input"));
+                };
+                let x = self.node_at(n, k, i)?;
+                if !self.registers.contains(&v) {
+                    let (slot, _) = self.slot_of(v, true)?;
+                    if let Some(t) = &mut self.vec.track {
+                        t.push((slot.var.clone(), i.clone(), true));
+                    }
+                    let d = g.meta(v).dtype;
+                    if self.vec.slots.contains(&slot.var) {
+                        let w = self.body.bind("u32", wgsl::word(d, &x));
+                        words.entry(v).or_insert((slot.var, vec![])).1.push(w);
+                    } else {
+                        self.body.stmt(store(&slot, i, d, &x));
+                    }
+                }
+                self.memo.insert((v, i.clone()), x);
+            }
+        }
+        self.own = "gid".into();
+        for &v in group {
+            if let Some((var, w)) = words.get(&v) {
+                self.body
+                    .stmt(format!("{var}[gid] = vec4<u32>({});", w.join(", ")));
+            }
+        }
+        Ok(())
     }
 
     pub(super) fn map_kernel(

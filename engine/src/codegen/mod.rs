@@ -63,6 +63,31 @@ impl Default for BindingRules {
     }
 }
 
+/// Elementwise kernels reading and writing four consecutive elements an
+/// invocation as `vec4<u32>` (GPUs: wider memory transactions).
+#[derive(Default)]
+pub(crate) struct Vectorize {
+    /// A trial generation records every (binding variable, index, is a
+    /// store) access in order.
+    track: Option<Vec<(String, String, bool)>>,
+    /// Bindings accessed only at the invocation's own four elements.
+    slots: std::collections::HashSet<String>,
+    /// Lane index expressions -> lane.
+    lanes: HashMap<String, usize>,
+    /// Bindings whose vector this invocation has loaded (`<var>v`).
+    loaded: std::collections::HashSet<String>,
+}
+
+impl Vectorize {
+    /// The lane of `idx` when `var` is read as vectors.
+    fn component(&self, var: &str, idx: &str) -> Option<usize> {
+        if !self.slots.contains(var) {
+            return None;
+        }
+        self.lanes.get(idx).copied()
+    }
+}
+
 /// A tensor bound by the kernel being generated.
 struct SlotInfo {
     loc: Loc,
@@ -72,6 +97,9 @@ struct SlotInfo {
     chunks: usize,
     chunk_words: usize,
     written: bool,
+    /// Bound as `array<vec4<u32>>` (an elementwise kernel reading and
+    /// writing it four elements at a time).
+    vec4: bool,
 }
 
 pub struct Gen<'a> {
@@ -93,6 +121,9 @@ pub struct Gen<'a> {
     pub registers: std::collections::HashSet<ValueId>,
     /// See `CompileOptions::workgroup_rows`.
     pub workgroup_rows: bool,
+    /// See `CompileOptions::vectorize`.
+    pub vectorize: bool,
+    vec: Vectorize,
     /// Invocations per workgroup of 1-D kernels.
     pub workgroup: u32,
     pub rules: BindingRules,
@@ -123,6 +154,8 @@ impl<'a> Gen<'a> {
             tile_min_rows: 0,
             registers: Default::default(),
             workgroup_rows: true,
+            vectorize: false,
+            vec: Vectorize::default(),
             workgroup: wgsl::WORKGROUP,
             rules: BindingRules::default(),
             slots: vec![],
@@ -147,6 +180,9 @@ impl<'a> Gen<'a> {
                 } else {
                     total.div_ceil(chunk_words)
                 };
+                let vec4 = chunks == 1
+                    && start == loc.word
+                    && self.vec.slots.contains(&format!("b{}", self.slots.len()));
                 self.slots.push(SlotInfo {
                     loc,
                     words,
@@ -154,6 +190,7 @@ impl<'a> Gen<'a> {
                     chunks,
                     chunk_words,
                     written: false,
+                    vec4,
                 });
                 self.slots.len() - 1
             }
@@ -165,6 +202,15 @@ impl<'a> Gen<'a> {
             base: info.loc.word - info.start,
             chunk: (info.chunks > 1).then_some(info.chunk_words),
         }
+    }
+
+    /// Lane `c` of binding `var`'s vector for this invocation (loaded once).
+    fn vec_word(&mut self, var: &str, c: usize) -> String {
+        if self.vec.loaded.insert(var.to_string()) {
+            self.body
+                .stmt(format!("let {var}v: vec4<u32> = {var}[gid];"));
+        }
+        format!("{var}v.{}", ["x", "y", "z", "w"][c])
     }
 
     /// The slot of materialized value `v`.
@@ -215,6 +261,7 @@ impl<'a> Gen<'a> {
                 format!("b{i}"),
                 s.chunks,
                 (s.chunks > 1).then_some(s.chunk_words),
+                s.vec4,
             ));
         }
         (wgsl::declarations(&vars, &bindings), bindings)
@@ -228,6 +275,7 @@ impl<'a> Gen<'a> {
         let body = std::mem::take(&mut self.body);
         let shared = std::mem::take(&mut self.shared);
         self.memo.clear();
+        self.vec = Vectorize::default();
         let (decls, bindings) = self.take_bindings();
         KernelCode {
             label,
@@ -309,8 +357,20 @@ impl<'a> Gen<'a> {
         let m = self.meta(v);
         let x = if self.s.is_materialized.contains(&v) {
             let (slot, loc) = self.slot_of(v, false)?;
-            self.body
-                .bind(ty(m.dtype), load(&slot, idx, m.dtype, loc.packed))
+            // Packed values (bools, f16) are read by word: never as vectors.
+            if let Some(t) = &mut self.vec.track {
+                let at = if loc.packed { "packed" } else { idx };
+                t.push((slot.var.clone(), at.to_string(), false));
+            }
+            match self.vec.component(&slot.var, idx).filter(|_| !loc.packed) {
+                Some(c) => {
+                    let w = self.vec_word(&slot.var, c);
+                    self.body.bind(ty(m.dtype), wgsl::from_word(m.dtype, &w))
+                }
+                None => self
+                    .body
+                    .bind(ty(m.dtype), load(&slot, idx, m.dtype, loc.packed)),
+            }
         } else {
             let Def::Node(n, k) = self.g.values[v].def else {
                 return Err(bug("an input without a buffer"));
