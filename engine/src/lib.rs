@@ -261,9 +261,9 @@ pub struct CompileOptions {
     /// 256).
     pub workgroup: u32,
     /// Elementwise kernels compute four elements an invocation, binding
-    /// the buffers they touch only there as `vec4<u32>` (GPUs: an H100
-    /// copies 2478 GB/s with vec4 loads, 1868 with one f32 an invocation);
-    /// CPU adapters one element an invocation.
+    /// the buffers they touch only there as `vec4<u32>` (an H100 copies
+    /// 2478 GB/s with vec4 loads, 1868 with one f32 an invocation; lavapipe
+    /// runs a 16M-element chain in 42 ms instead of 51).
     pub vectorize: bool,
     /// Binding offsets and sizes the device allows.
     pub rules: BindingRules,

@@ -149,7 +149,7 @@ impl Gpu {
                 0
             },
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
-            vectorize: self.info.device_type != wgpu::DeviceType::Cpu,
+            vectorize: true,
             workgroup: if self.info.device_type == wgpu::DeviceType::Cpu {
                 64
             } else {
