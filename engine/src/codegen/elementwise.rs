@@ -230,7 +230,8 @@ impl Gen<'_> {
                 if !self.registers.contains(&v) {
                     let (slot, _) = self.slot_of(v, true)?;
                     if let Some(t) = &mut self.vec.track {
-                        t.push((slot.var.clone(), i.clone(), true));
+                        let at = if slot.chunk.is_some() { "scalar" } else { i };
+                        t.push((slot.var.clone(), at.to_string(), true));
                     }
                     let d = g.meta(v).dtype;
                     if self.vec.slots.contains(&slot.var) {

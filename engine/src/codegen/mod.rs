@@ -357,9 +357,14 @@ impl<'a> Gen<'a> {
         let m = self.meta(v);
         let x = if self.s.is_materialized.contains(&v) {
             let (slot, loc) = self.slot_of(v, false)?;
-            // Packed values (bools, f16) are read by word: never as vectors.
+            // Packed values (bools, f16) are read by word, and tensors bound
+            // in pieces through accessors: never as vectors.
             if let Some(t) = &mut self.vec.track {
-                let at = if loc.packed { "packed" } else { idx };
+                let at = if loc.packed || slot.chunk.is_some() {
+                    "scalar"
+                } else {
+                    idx
+                };
                 t.push((slot.var.clone(), at.to_string(), false));
             }
             match self.vec.component(&slot.var, idx).filter(|_| !loc.packed) {
