@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 mod common;
-use common::{ATTENTION, MLP, SENTENCES};
+use common::{ATTENTION, LAYER_NORM, LINEAR, MLP, SENTENCES, SOFTMAX};
 
 const CHAIN_SIZES: [usize; 3] = [1 << 20, 1 << 24, 1 << 26];
 
@@ -89,12 +89,18 @@ fn torch_s(t: &Value, path: &[&str]) -> Result<f64, String> {
         .to_string())
 }
 
-/// pipelines | kernels ms | full ms | full / kernels | uploaded | read back
+/// pipelines | kernels ms | GFLOP/s | GB/s | full ms | full / kernels |
+/// uploaded | read back
 fn runtime_cells(p: &Profile) -> String {
+    let flops: usize = p.kernels.iter().map(|k| k.flops).sum();
+    let bytes: usize = p.kernels.iter().map(|k| k.bytes).sum();
+    let rate = |x: usize| x as f64 / 1e9 / (p.kernels_ms.max(1e-9) * 1e-3);
     format!(
-        "{} | {:.3} | {:.3} | {:.2} | {} | {}",
+        "{} | {:.3} | {:.2} | {:.2} | {:.3} | {:.2} | {} | {}",
         p.pipelines,
         p.kernels_ms,
+        rate(flops),
+        rate(bytes),
         p.full_ms,
         p.full_ms / p.kernels_ms.max(1e-9),
         p.uploaded_bytes,
@@ -148,6 +154,9 @@ fn main() {
     let mut programs: Vec<(String, String)> = vec![
         ("mlp_block_256x512x1024".into(), MLP.into()),
         ("attention_128x256_4heads".into(), ATTENTION.into()),
+        ("linear_4096x384x1536_bias".into(), LINEAR.into()),
+        ("softmax_49152x128".into(), SOFTMAX.into()),
+        ("layer_norm_4096x384".into(), LAYER_NORM.into()),
     ];
     let mut paths: Vec<_> = std::fs::read_dir("examples/programs")
         .unwrap()
@@ -310,7 +319,7 @@ fn main() {
         // parameter of the other programs is an input.
         let constants = matches!(
             name.as_str(),
-            "mlp_block_256x512x1024" | "attention_128x256_4heads"
+            "mlp_block_256x512x1024" | "attention_128x256_4heads" | "linear_4096x384x1536_bias"
         );
         let (exe, ins): (_, Vec<HostTensor>) = if constants {
             let names = kiln::functionalize::text::Names::of(g);
@@ -356,10 +365,13 @@ fn main() {
         if over_eager.is_empty() { "none".into() } else { over_eager.join(", ") }
     );
     let _ = writeln!(md, "## 4. Runtime\n");
-    let _ = writeln!(md, "`kiln profile` figures (medians of 10 runs after a warm-up, through a `Session`): kernels = GPU time of all kernels of a run ({}); full = wall time of a run from host inputs to host outputs (upload, kernels, readback of every output and mutated input); uploaded / read back = bytes per run. The MLP and attention blocks take their weights as session constants (uploaded once); the other programs take every parameter as an input. PyTorch eager: the same program's aten ops from Python, overloads resolved once.\n",
+    let _ = writeln!(md, "`kiln profile` figures (medians of 10 runs after a warm-up, through a `Session`): kernels = GPU time of all kernels of a run ({}); full = wall time of a run from host inputs to host outputs (upload, kernels, readback of every output and mutated input); GFLOP/s and GB/s = the kernels' FLOPs (2 M N K for products, one per element and op otherwise) and bytes read + written over the kernels' time; uploaded / read back = bytes per run. The MLP and attention blocks and the linear take their weights as session constants (uploaded once); the other programs take every parameter as an input. The linear, softmax and layer norm rows are MiniLM's shapes at batch 32 x 128. PyTorch eager: the same program's aten ops from Python, overloads resolved once.\n",
         if gpu.has_timestamps() { "timestamp queries" } else { "wall time around submit and wait: this adapter has no timestamp queries" });
-    let _ = writeln!(md, "| program | kernels | pipelines | kernels ms | full ms | full / kernels | uploaded B | read back B | PyTorch eager ms | Kiln / PyTorch time |");
-    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(md, "| program | kernels | pipelines | kernels ms | GFLOP/s | GB/s | full ms | full / kernels | uploaded B | read back B | PyTorch eager ms | Kiln / PyTorch time |");
+    let _ = writeln!(
+        md,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     md.push_str(&exec_rows);
     for (name, key) in [
         ("mlp_block_256x512x1024", "mlp"),

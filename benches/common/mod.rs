@@ -44,3 +44,21 @@ pub const SENTENCES: [&str; 8] = [
     "Kiln turns programs with views and mutations into pure functions.",
     "Hi",
 ];
+
+/// Kernel-family workloads of MiniLM's shapes (batch 32 x 128 tokens):
+/// the feed-forward product with its bias, the attention softmax over 384
+/// heads' rows, a layer norm.
+pub const LINEAR: &str = "graph linear(%x: f32[4096, 384], %w: f32[1536, 384], %b: f32[1536]) {
+  %y = linear(%x, %w, %b)
+  return %y
+}";
+
+pub const SOFTMAX: &str = "graph softmax(%s: f32[49152, 128]) {
+  %p = softmax(%s, -1)
+  return %p
+}";
+
+pub const LAYER_NORM: &str = "graph layer_norm(%x: f32[4096, 384], %g: f32[384], %b: f32[384]) {
+  %y = layer_norm(%x, [384], %g, %b, 1e-12)
+  return %y
+}";
