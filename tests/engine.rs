@@ -299,3 +299,19 @@ fn a_transposed_elementwise_chain_is_one_kernel_at_the_minimum() {
     assert_eq!(p.kernels.len(), 1, "{}", p.stats());
     assert_eq!(p.bytes_moved(), p.min_bytes, "{}", p.stats());
 }
+
+/// A region update whose function reuses its operand at every step
+/// (`y = y * y`, 40 times): deciding fusion and re-inplacing visits each
+/// value once (it was exponential in the depth).
+#[test]
+fn deep_shared_operands_compile_quickly() {
+    for base in ["%c = clone(%x)", "%c = alias(%x)"] {
+        let mut src = format!("graph f(%x: f32[8, 8]) {{\n  {base}\n  %y0 = slice(%c, 0, 0, 2)\n");
+        for i in 0..40 {
+            src += &format!("  %y{} = mul(%y{i}, %y{i})\n", i + 1);
+        }
+        src += "  %w = copy_(%y0, %y40)\n  return %c\n}";
+        // Finishes (2^40 visits would not).
+        compiled(&src);
+    }
+}

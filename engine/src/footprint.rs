@@ -149,6 +149,7 @@ impl Tracer<'_> {
 /// read of `root`'s buffer in the source `v` is the scatter's own view of
 /// `base` (the same view op and arguments), reached through elementwise
 /// ops of one shape, so element `j` reads only the element it writes.
+#[allow(clippy::too_many_arguments)]
 fn same_view_reads(
     g: &Graph,
     s: &Schedule,
@@ -157,40 +158,45 @@ fn same_view_reads(
     base: ValueId,
     root: ValueId,
     view_args: &[Arg<ValueId>],
+    memo: &mut HashMap<ValueId, bool>,
 ) -> bool {
+    if let Some(&b) = memo.get(&v) {
+        return b;
+    }
     let reads_root = |x: ValueId| {
         crate::schedule::reads_value(g, s, x)
             .iter()
             .any(|&r| s.root(r) == root)
     };
-    if !reads_root(v) {
-        return true;
-    }
-    if s.is_materialized.contains(&v) {
-        return false;
-    }
-    let Def::Node(m, _) = g.values[v].def else {
-        return false;
+    let ok = if !reads_root(v) {
+        true
+    } else if s.is_materialized.contains(&v) {
+        false
+    } else if let Def::Node(m, _) = g.values[v].def {
+        let node = &g.nodes[m];
+        match node.op.def().rule {
+            Rule::ViewCopy(op) => {
+                op == view
+                    && node.args.first() == Some(&Arg::Tensor(base))
+                    && node.args[1..] == *view_args
+            }
+            Rule::Pointwise(_) => {
+                let out = &g.meta(v).sizes;
+                node.args.iter().all(|a| match a {
+                    Arg::Tensor(x) if g.meta(*x).sizes == *out => {
+                        same_view_reads(g, s, *x, view, base, root, view_args, memo)
+                    }
+                    Arg::Tensor(x) => !reads_root(*x),
+                    _ => true,
+                })
+            }
+            _ => false,
+        }
+    } else {
+        false
     };
-    let node = &g.nodes[m];
-    match node.op.def().rule {
-        Rule::ViewCopy(op) => {
-            op == view
-                && node.args.first() == Some(&Arg::Tensor(base))
-                && node.args[1..] == *view_args
-        }
-        Rule::Pointwise(_) => {
-            let out = &g.meta(v).sizes;
-            node.args.iter().all(|a| match a {
-                Arg::Tensor(x) if g.meta(*x).sizes == *out => {
-                    same_view_reads(g, s, *x, view, base, root, view_args)
-                }
-                Arg::Tensor(x) => !reads_root(*x),
-                _ => true,
-            })
-        }
-        _ => false,
-    }
+    memo.insert(v, ok);
+    ok
 }
 
 pub fn inplace_race_free(g: &Graph, s: &Schedule, n: NodeId, base: ValueId, root: ValueId) -> bool {
@@ -207,7 +213,16 @@ pub fn inplace_race_free(g: &Graph, s: &Schedule, n: NodeId, base: ValueId, root
     let Some(view) = crate::schedule::scatter_view(g, n) else {
         return false;
     };
-    if same_view_reads(g, s, src, view, base, root, &node.args[2..]) {
+    if same_view_reads(
+        g,
+        s,
+        src,
+        view,
+        base,
+        root,
+        &node.args[2..],
+        &mut HashMap::new(),
+    ) {
         return true;
     }
     let Some(vm) = view_meta(g, view, g.meta(base), &node.args[2..], 0) else {

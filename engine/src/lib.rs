@@ -380,20 +380,41 @@ enum Lowered {
     Materialize(ValueId),
 }
 
-/// The inlined producer of kernel value `v` whose materialization saves
-/// the most bindings (it reads at least two buffers).
-fn producer_to_materialize(g: &Graph, sched: &schedule::Schedule, v: ValueId) -> Option<ValueId> {
-    let n = g.node_of(v)?;
+/// The inlined producer, in the kernel computing `grp`, whose
+/// materialization saves the most bindings: the buffers it reads that the
+/// kernel does not otherwise read directly, less the one it adds. `None`
+/// when no producer saves any.
+fn producer_to_materialize(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    grp: &[ValueId],
+) -> Option<ValueId> {
+    let mut direct: HashSet<ValueId> = grp.iter().map(|&v| sched.root(v)).collect();
+    let mut stack = vec![];
+    for &v in grp {
+        if let Some(n) = g.node_of(v) {
+            for u in g.nodes[n].inputs() {
+                if sched.is_materialized.contains(&u) {
+                    direct.insert(sched.root(u));
+                } else {
+                    stack.push(u);
+                }
+            }
+        }
+    }
     let mut best: Option<(usize, ValueId)> = None;
-    let mut stack = g.nodes[n].inputs();
     let mut seen = HashSet::new();
     while let Some(u) = stack.pop() {
-        if sched.is_materialized.contains(&u) || !seen.insert(u) {
+        if sched.is_materialized.contains(&u) || grp.contains(&u) || !seen.insert(u) {
             continue;
         }
-        let reads = schedule::reads_value(g, sched, u).len();
-        if reads >= 2 && best.is_none_or(|(r, _)| reads > r) {
-            best = Some((reads, u));
+        let own: HashSet<ValueId> = schedule::reads_value(g, sched, u)
+            .into_iter()
+            .map(|r| sched.root(r))
+            .filter(|r| !direct.contains(r))
+            .collect();
+        if own.len() >= 2 && best.is_none_or(|(b, _)| own.len() > b) {
+            best = Some((own.len(), u));
         }
         if let Some(m) = g.node_of(u) {
             stack.extend(g.nodes[m].inputs());
@@ -632,7 +653,7 @@ fn lower(
         let flops = kernel_flops(g, grp, ops.len(), elements);
         for code in codes {
             if code.bindings.len() > options.max_bindings {
-                if let Some(u) = producer_to_materialize(g, &sched, grp[0]) {
+                if let Some(u) = producer_to_materialize(g, &sched, grp) {
                     return Ok(Lowered::Materialize(u));
                 }
                 return Err(EngineError::Unsupported(format!(

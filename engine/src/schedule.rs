@@ -74,6 +74,8 @@ pub struct Schedule {
     pub uses: HashMap<ValueId, Vec<NodeId>>,
     /// Buffers no kernel may write (parameters bound to constants).
     pub pinned: HashSet<ValueId>,
+    /// Each node's position in program order.
+    pub pos: HashMap<NodeId, usize>,
 }
 
 pub fn schedule(
@@ -97,6 +99,7 @@ pub fn schedule(
         host_views: HashMap::new(),
         uses,
         pinned,
+        pos: g.order.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
     };
     for &v in &g.inputs {
         s.is_materialized.insert(v);
@@ -201,73 +204,86 @@ pub fn chain_link(g: &Graph, s: &Schedule, r: ValueId) -> bool {
         return false;
     }
     let mut inside = HashSet::new();
-    elementwise_over(g, src, r, &copies, &mut inside)
-        && copies.iter().all(|c| {
-            s.uses
-                .get(c)
-                .is_some_and(|us| us.iter().all(|u| inside.contains(u)))
+    let dependents = dependents_before(s, g, r, s.pos.get(&sc).copied().unwrap_or(0));
+    elementwise_over(
+        g,
+        src,
+        &dependents,
+        &copies,
+        &mut inside,
+        &mut HashMap::new(),
+    ) && copies.iter().all(|c| {
+        s.uses
+            .get(c)
+            .is_some_and(|us| us.iter().all(|u| inside.contains(u)))
+    }) && inside.iter().all(|&m| {
+        g.nodes[m].results.iter().all(|x| {
+            copies.contains(x)
+                || x == &src
+                || s.uses
+                    .get(x)
+                    .is_some_and(|us| us.iter().all(|u| inside.contains(u) || *u == sc))
         })
-        && inside.iter().all(|&m| {
-            g.nodes[m].results.iter().all(|x| {
-                copies.contains(x)
-                    || x == &src
-                    || s.uses
-                        .get(x)
-                        .is_some_and(|us| us.iter().all(|u| inside.contains(u) || *u == sc))
-            })
-        })
-}
-
-/// Is `v` an elementwise function (ops of `v`'s shape) of the `copies` and
-/// of values that do not depend on `r`? Collects the nodes on the way.
-fn elementwise_over(
-    g: &Graph,
-    v: ValueId,
-    r: ValueId,
-    copies: &[ValueId],
-    inside: &mut HashSet<NodeId>,
-) -> bool {
-    if copies.contains(&v) {
-        if let Some(n) = g.node_of(v) {
-            inside.insert(n);
-        }
-        return true;
-    }
-    if !depends_on(g, v, r) {
-        return true;
-    }
-    let Some(n) = g.node_of(v) else {
-        return false;
-    };
-    let node = &g.nodes[n];
-    if !matches!(node.op.def().rule, Rule::Pointwise(_)) {
-        return false;
-    }
-    inside.insert(n);
-    let out = &g.meta(v).sizes;
-    node.args.iter().all(|a| match a {
-        Arg::Tensor(x) if g.meta(*x).sizes == *out => elementwise_over(g, *x, r, copies, inside),
-        Arg::Tensor(x) => !depends_on(g, *x, r),
-        _ => true,
     })
 }
 
-/// Does computing `v` read `r` (through any ops)?
-fn depends_on(g: &Graph, v: ValueId, r: ValueId) -> bool {
-    let mut stack = vec![v];
-    let mut seen = HashSet::new();
+/// Is `v` an elementwise function (ops of `v`'s shape) of the `copies` and
+/// of values that do not depend on `r` (not in `dependents`)? Collects the
+/// nodes on the way; `memo` visits shared operands once.
+fn elementwise_over(
+    g: &Graph,
+    v: ValueId,
+    dependents: &HashSet<ValueId>,
+    copies: &[ValueId],
+    inside: &mut HashSet<NodeId>,
+    memo: &mut HashMap<ValueId, bool>,
+) -> bool {
+    if let Some(&b) = memo.get(&v) {
+        return b;
+    }
+    let ok = if copies.contains(&v) {
+        if let Some(n) = g.node_of(v) {
+            inside.insert(n);
+        }
+        true
+    } else if !dependents.contains(&v) {
+        true
+    } else if let Some(n) = g
+        .node_of(v)
+        .filter(|&n| matches!(g.nodes[n].op.def().rule, Rule::Pointwise(_)))
+    {
+        inside.insert(n);
+        let out = &g.meta(v).sizes;
+        g.nodes[n].args.iter().all(|a| match a {
+            Arg::Tensor(x) if g.meta(*x).sizes == *out => {
+                elementwise_over(g, *x, dependents, copies, inside, memo)
+            }
+            Arg::Tensor(x) => !dependents.contains(x),
+            _ => true,
+        })
+    } else {
+        false
+    };
+    memo.insert(v, ok);
+    ok
+}
+
+/// Values computed from `r` by nodes before position `limit`.
+fn dependents_before(s: &Schedule, g: &Graph, r: ValueId, limit: usize) -> HashSet<ValueId> {
+    let mut out = HashSet::from([r]);
+    let mut stack = vec![r];
     while let Some(x) = stack.pop() {
-        if x == r {
-            return true;
-        }
-        if !seen.insert(x) {
-            continue;
-        }
-        if let Some(n) = g.node_of(x) {
-            stack.extend(g.nodes[n].inputs());
+        for &u in s.uses.get(&x).map(Vec::as_slice).unwrap_or(&[]) {
+            if s.pos.get(&u).is_some_and(|&p| p < limit) {
+                for &y in &g.nodes[u].results {
+                    if out.insert(y) {
+                        stack.push(y);
+                    }
+                }
+            }
         }
     }
-    false
+    out
 }
 
 /// Walking back through chain links from `r`, is the first base a fresh
@@ -370,7 +386,7 @@ fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) 
         sharing.push(base);
     }
     let region = inlined_region(g, s, n);
-    let pos: HashMap<NodeId, usize> = g.order.iter().enumerate().map(|(i, &m)| (m, i)).collect();
+    let pos = &s.pos;
     let alias_nodes: HashSet<NodeId> = s.alias_of.keys().filter_map(|&a| g.node_of(a)).collect();
     for &w in &sharing {
         if outputs.contains(&w) {
@@ -387,7 +403,7 @@ fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) 
                 // decides) and, through any chain of inlined ops, by
                 // nothing outside it.
                 || (w == base && region.contains(&u) && feeds_only(g, s, u, n, &region))
-                || computed_before(g, s, &pos, u, pos[&n])
+                || computed_before(g, s, pos, u, pos[&n])
         });
         if !ok {
             return None;

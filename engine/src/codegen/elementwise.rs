@@ -230,7 +230,8 @@ impl Gen<'_> {
                 if !self.registers.contains(&v) {
                     let (slot, _) = self.slot_of(v, true)?;
                     if let Some(t) = &mut self.vec.track {
-                        let at = if slot.chunk.is_some() { "scalar" } else { i };
+                        let vectorable = slot.chunk.is_none() && slot.base == 0;
+                        let at = if vectorable { i.as_str() } else { "scalar" };
                         t.push((slot.var.clone(), at.to_string(), true));
                     }
                     let d = g.meta(v).dtype;

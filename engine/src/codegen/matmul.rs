@@ -309,11 +309,13 @@ impl Gen<'_> {
         // most 16 rows (batch-1 inference), where bigger tiles would idle.
         let tm = matmul_rows_per_invocation(nn);
         let bm = 16 * tm;
-        // ta[k * bm + row], tb[k * 64 + col]
+        // ta[k * (bm + 1) + row], tb[k * 65 + col]: rows padded by one so
+        // the invocations storing one row's 16 k values hit 16 banks.
+        let (sa, sb) = (bm + 1, 65);
         self.shared
-            .push(format!("var<workgroup> ta: array<{at}, {}>;", 16 * bm));
+            .push(format!("var<workgroup> ta: array<{at}, {}>;", 16 * sa));
         self.shared
-            .push(format!("var<workgroup> tb: array<{at}, 1024>;"));
+            .push(format!("var<workgroup> tb: array<{at}, {}>;", 16 * sb));
         self.body.stmt("let bz = wid.z;".into());
         self.body.stmt("let lin = lid.y * 16u + lid.x;".into());
         let bzm = self.unravel("bz", batch);
@@ -346,7 +348,7 @@ impl Gen<'_> {
             .body
             .bind("bool", format!("{row} < {} && {ka} < {}", u(nn), u(kk)));
         let ia = format!("{aoff} + {row} * {} + {ka} * {}", u(a.rs), u(a.cs));
-        let slot = format!("{k} * {} + {r}", u(bm));
+        let slot = format!("{k} * {} + {r}", u(sa));
         self.load_tile("ta", &slot, a.v, &ia, &pa, acc_dt)?;
         self.memo = saved;
         self.body.stmt("}".into());
@@ -370,7 +372,14 @@ impl Gen<'_> {
             .body
             .bind("bool", format!("{kb} < {} && {col} < {}", u(kk), u(mm)));
         let ib = format!("{boff} + {kb} * {} + {col} * {}", u(b.rs), u(b.cs));
-        self.load_tile("tb", &format!("{k} * 64u + {c}"), b.v, &ib, &pb, acc_dt)?;
+        self.load_tile(
+            "tb",
+            &format!("{k} * {} + {c}", u(sb)),
+            b.v,
+            &ib,
+            &pb,
+            acc_dt,
+        )?;
         self.memo = saved;
         self.body.stmt("}".into());
         self.body.stmt("workgroupBarrier();".into());
@@ -379,13 +388,13 @@ impl Gen<'_> {
         for i in 0..tm {
             self.body.stmt(format!(
                 "let a{i} = ta[q * {} + lid.y + {}u];",
-                u(bm),
+                u(sa),
                 16 * i
             ));
         }
         for j in 0..4 {
             self.body
-                .stmt(format!("let b{j} = tb[q * 64u + lid.x + {}u];", 16 * j));
+                .stmt(format!("let b{j} = tb[q * 65u + lid.x + {}u];", 16 * j));
         }
         for i in 0..tm {
             for j in 0..4 {

@@ -360,7 +360,7 @@ impl<'a> Gen<'a> {
             // Packed values (bools, f16) are read by word, and tensors bound
             // in pieces through accessors: never as vectors.
             if let Some(t) = &mut self.vec.track {
-                let at = if loc.packed || slot.chunk.is_some() {
+                let at = if loc.packed || slot.chunk.is_some() || slot.base != 0 {
                     "scalar"
                 } else {
                     idx
