@@ -15,16 +15,22 @@ pub(super) struct RowTile {
 }
 
 impl RowTile {
-    /// Rows up to 1024 wide (16 elements an invocation).
+    /// Rows up to 1024 wide keep their elements in registers (16 an
+    /// invocation); wider rows (`looped`) are read in passes by 64 lanes.
     pub(super) fn new(width: usize, rows: usize) -> Option<RowTile> {
         let lanes = width.next_power_of_two().clamp(1, 64);
         let per = width.div_ceil(lanes);
-        (width > 0 && per <= 16).then_some(RowTile {
+        (width > 0).then_some(RowTile {
             width,
             rows,
             lanes,
             per,
         })
+    }
+
+    /// Too wide for registers: each pass loops over the row.
+    pub(super) fn looped(&self) -> bool {
+        self.per > 16
     }
 
     pub(super) fn workgroups(&self) -> usize {
@@ -173,6 +179,9 @@ impl Gen<'_> {
         };
         let lines = im.numel() / len.max(1);
         if let Some(t) = RowTile::new(len, lines).filter(|_| inner == 1 && self.workgroup_rows) {
+            if t.looped() {
+                return self.softmax_wide(input, v, log, t, label);
+            }
             return self.softmax_rows(input, v, log, t, label);
         }
         self.body
@@ -245,6 +254,9 @@ impl Gen<'_> {
         };
         let rows = im.numel() / width.max(1);
         if let Some(t) = RowTile::new(width, rows).filter(|_| self.workgroup_rows) {
+            if t.looped() {
+                return self.layer_norm_wide(input, v, weight, bias, eps, t, label);
+            }
             return self.layer_norm_rows(input, v, weight, bias, eps, t, label);
         }
         self.body
@@ -435,6 +447,137 @@ impl Gen<'_> {
             self.body.stmt("}".into());
         }
         Ok(self.finish(label, wgsl::fold(t.workgroups()), [64, 1, 1]))
+    }
+
+    /// A wide row's setup: the row of this workgroup (64 lanes), whether
+    /// it exists, and its first element.
+    fn wide_row(&mut self, t: &RowTile) -> (String, String) {
+        self.shared
+            .push("var<workgroup> red: array<f32, 64>;".into());
+        let row = self.body.bind("u32", "wid.y * nwg.x + wid.x".into());
+        let valid = self.body.bind("bool", format!("{row} < {}", u(t.rows)));
+        let end = self
+            .body
+            .bind("u32", format!("select(0u, {}, {valid})", u(t.width)));
+        let base = self.body.bind("u32", format!("{row} * {}", u(t.width)));
+        (end, base)
+    }
+
+    /// Opens `for (k = lane; k < end; k += 64)` and reads the element there.
+    fn wide_pass(&mut self, input: ValueId, end: &str, base: &str) -> R<String> {
+        let im = self.meta(input).dtype;
+        self.body
+            .stmt(format!("for (var k = lid.x; k < {end}; k = k + 64u) {{"));
+        let at = self.body.bind("u32", format!("{base} + k"));
+        let x = self.value_at(input, &at)?;
+        Ok(self.body.bind("f32", cast(&x, im, DType::F32)))
+    }
+
+    /// Softmax over rows wider than 1024: a row per workgroup of 64, three
+    /// coalesced passes (max, sum, write) with reductions between.
+    fn softmax_wide(
+        &mut self,
+        input: ValueId,
+        v: ValueId,
+        log: bool,
+        t: RowTile,
+        label: String,
+    ) -> R<KernelCode> {
+        let od = self.meta(v).dtype;
+        let (end, base) = self.wide_row(&t);
+        let lane = "lid.x".to_string();
+        let m = self.body.var("f32", literal(f64::NEG_INFINITY, DType::F32));
+        let saved = std::mem::take(&mut self.memo);
+        let x = self.wide_pass(input, &end, &base)?;
+        self.body.stmt(format!("{m} = max({m}, {x});"));
+        self.body.stmt("}".into());
+        self.memo.clear();
+        let mx = self.row_reduce(&t, &lane, &m, true);
+        let sum = self.body.var("f32", "0.0".into());
+        let x = self.wide_pass(input, &end, &base)?;
+        self.body.stmt(format!("{sum} = {sum} + exp({x} - {mx});"));
+        self.body.stmt("}".into());
+        self.memo.clear();
+        let total = self.row_reduce(&t, &lane, &sum, false);
+        let x = self.wide_pass(input, &end, &base)?;
+        let y = if log {
+            format!("{x} - {mx} - log({total})")
+        } else {
+            format!("exp({x} - {mx}) / {total}")
+        };
+        let y = self.body.bind("f32", y);
+        let at = self.body.bind("u32", format!("{base} + k"));
+        self.store_to(v, &at, &cast(&y, DType::F32, od))?;
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(label, wgsl::fold(t.rows), [64, 1, 1]))
+    }
+
+    /// Layer norm over rows wider than 1024: a row per workgroup of 64,
+    /// the corrected two-pass statistics and the write in coalesced passes.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_wide(
+        &mut self,
+        input: ValueId,
+        v: ValueId,
+        weight: Option<ValueId>,
+        bias: Option<ValueId>,
+        eps: f64,
+        t: RowTile,
+        label: String,
+    ) -> R<KernelCode> {
+        let g = self.g;
+        let od = self.meta(v).dtype;
+        let w = u(t.width);
+        let (end, base) = self.wide_row(&t);
+        let lane = "lid.x".to_string();
+        let saved = std::mem::take(&mut self.memo);
+        let sum = self.body.var("f32", "0.0".into());
+        let x = self.wide_pass(input, &end, &base)?;
+        self.body.stmt(format!("{sum} = {sum} + {x};"));
+        self.body.stmt("}".into());
+        self.memo.clear();
+        let total = self.row_reduce(&t, &lane, &sum, false);
+        let mean0 = self.body.bind("f32", format!("{total} / f32({w})"));
+        let (dev, sq) = (
+            self.body.var("f32", "0.0".into()),
+            self.body.var("f32", "0.0".into()),
+        );
+        let x = self.wide_pass(input, &end, &base)?;
+        let d = self.body.bind("f32", format!("{x} - {mean0}"));
+        self.body.stmt(format!("{dev} = {dev} + {d};"));
+        self.body.stmt(format!("{sq} = {sq} + {d} * {d};"));
+        self.body.stmt("}".into());
+        self.memo.clear();
+        let dev = self.row_reduce(&t, &lane, &dev, false);
+        let sq = self.row_reduce(&t, &lane, &sq, false);
+        let corr = self.body.bind("f32", format!("{dev} / f32({w})"));
+        let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
+        let var = self.body.bind(
+            "f32",
+            format!("max({sq} / f32({w}) - {corr} * {corr}, 0.0)"),
+        );
+        let rstd = self.body.bind(
+            "f32",
+            format!("inverseSqrt({var} + {})", literal(eps, DType::F32)),
+        );
+        let x = self.wide_pass(input, &end, &base)?;
+        let mut y = self.body.bind("f32", format!("({x} - {mean}) * {rstd}"));
+        if let Some(wv) = weight {
+            let c = self.value_at(wv, "k")?;
+            let c = cast(&c, g.meta(wv).dtype, DType::F32);
+            y = self.body.bind("f32", format!("{y} * {c}"));
+        }
+        if let Some(bv) = bias {
+            let c = self.value_at(bv, "k")?;
+            let c = cast(&c, g.meta(bv).dtype, DType::F32);
+            y = self.body.bind("f32", format!("{y} + {c}"));
+        }
+        let at = self.body.bind("u32", format!("{base} + k"));
+        self.store_to(v, &at, &cast(&y, DType::F32, od))?;
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(label, wgsl::fold(t.rows), [64, 1, 1]))
     }
 
     /// Layer norm over contiguous rows, a row per `lanes` invocations: the
