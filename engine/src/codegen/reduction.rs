@@ -338,7 +338,7 @@ impl Gen<'_> {
     pub(super) fn row_elements(&mut self, input: ValueId, t: &RowTile) -> R<RowCtx> {
         let im = self.meta(input).clone();
         self.shared
-            .push("var<workgroup> red: array<f32, 64>;".into());
+            .push("var<workgroup> red: array<f32, 128>;".into());
         let per_wg = 64 / t.lanes;
         let row = self.body.bind(
             "u32",
@@ -369,16 +369,17 @@ impl Gen<'_> {
         Ok(RowCtx { lane, xs })
     }
 
-    /// `partial` combined over the lanes of each row through workgroup
-    /// memory (a tree of `lanes`); every lane gets the result. Barriers
-    /// are reached by every invocation (uniform control flow).
+    /// Each of `partials` combined over the lanes of each row through
+    /// workgroup memory (one tree of `lanes` for all of them: `red` holds
+    /// 64 floats per partial); every lane gets the results. Barriers are
+    /// reached by every invocation (uniform control flow).
     pub(super) fn row_reduce(
         &mut self,
         t: &RowTile,
         lane: &str,
-        partial: &str,
+        partials: &[&str],
         max: bool,
-    ) -> String {
+    ) -> Vec<String> {
         let op = |a: &str, b: &str| {
             if max {
                 format!("max({a}, {b})")
@@ -386,19 +387,32 @@ impl Gen<'_> {
                 format!("{a} + {b}")
             }
         };
-        self.body.stmt(format!("red[lid.x] = {partial};"));
+        for (i, p) in partials.iter().enumerate() {
+            self.body.stmt(format!("red[{}u + lid.x] = {p};", 64 * i));
+        }
         self.body.stmt("workgroupBarrier();".into());
         let mut s = t.lanes / 2;
         while s >= 1 {
-            self.body.stmt(format!(
-                "if ({lane} < {}) {{ red[lid.x] = {}; }}",
-                u(s),
-                op("red[lid.x]", &format!("red[lid.x + {}]", u(s)))
-            ));
+            let steps: Vec<String> = (0..partials.len())
+                .map(|i| {
+                    let at = format!("red[{}u + lid.x]", 64 * i);
+                    format!(
+                        "{at} = {};",
+                        op(&at, &format!("red[{}u + lid.x + {}]", 64 * i, u(s)))
+                    )
+                })
+                .collect();
+            self.body
+                .stmt(format!("if ({lane} < {}) {{ {} }}", u(s), steps.join(" ")));
             self.body.stmt("workgroupBarrier();".into());
             s /= 2;
         }
-        let r = self.body.bind("f32", format!("red[lid.x - {lane}]"));
+        let r = (0..partials.len())
+            .map(|i| {
+                self.body
+                    .bind("f32", format!("red[{}u + lid.x - {lane}]", 64 * i))
+            })
+            .collect();
         // Later reductions reuse `red`.
         self.body.stmt("workgroupBarrier();".into());
         r
@@ -424,7 +438,7 @@ impl Gen<'_> {
                 .body
                 .bind("f32", format!("max({m}, select({ninf}, {x}, {inr}))"));
         }
-        let mx = self.row_reduce(&t, &lane, &m, true);
+        let mx = self.row_reduce(&t, &lane, &[&m], true).remove(0);
         let mut sum = "0.0".to_string();
         let mut es = vec![];
         for (x, inr, _, _) in &xs {
@@ -434,7 +448,7 @@ impl Gen<'_> {
                 .bind("f32", format!("{sum} + select(0.0, {e}, {inr})"));
             es.push(e);
         }
-        let total = self.row_reduce(&t, &lane, &sum, false);
+        let total = self.row_reduce(&t, &lane, &[&sum], false).remove(0);
         for ((x, inr, _, at), e) in xs.iter().zip(&es) {
             let y = if log {
                 format!("{x} - {mx} - log({total})")
@@ -453,7 +467,7 @@ impl Gen<'_> {
     /// it exists, and its first element.
     fn wide_row(&mut self, t: &RowTile) -> (String, String) {
         self.shared
-            .push("var<workgroup> red: array<f32, 64>;".into());
+            .push("var<workgroup> red: array<f32, 128>;".into());
         let row = self.body.bind("u32", "wid.y * nwg.x + wid.x".into());
         let valid = self.body.bind("bool", format!("{row} < {}", u(t.rows)));
         let end = self
@@ -492,13 +506,13 @@ impl Gen<'_> {
         self.body.stmt(format!("{m} = max({m}, {x});"));
         self.body.stmt("}".into());
         self.memo.clear();
-        let mx = self.row_reduce(&t, &lane, &m, true);
+        let mx = self.row_reduce(&t, &lane, &[&m], true).remove(0);
         let sum = self.body.var("f32", "0.0".into());
         let x = self.wide_pass(input, &end, &base)?;
         self.body.stmt(format!("{sum} = {sum} + exp({x} - {mx});"));
         self.body.stmt("}".into());
         self.memo.clear();
-        let total = self.row_reduce(&t, &lane, &sum, false);
+        let total = self.row_reduce(&t, &lane, &[&sum], false).remove(0);
         let x = self.wide_pass(input, &end, &base)?;
         let y = if log {
             format!("{x} - {mx} - log({total})")
@@ -537,7 +551,7 @@ impl Gen<'_> {
         self.body.stmt(format!("{sum} = {sum} + {x};"));
         self.body.stmt("}".into());
         self.memo.clear();
-        let total = self.row_reduce(&t, &lane, &sum, false);
+        let total = self.row_reduce(&t, &lane, &[&sum], false).remove(0);
         let mean0 = self.body.bind("f32", format!("{total} / f32({w})"));
         let (dev, sq) = (
             self.body.var("f32", "0.0".into()),
@@ -549,8 +563,10 @@ impl Gen<'_> {
         self.body.stmt(format!("{sq} = {sq} + {d} * {d};"));
         self.body.stmt("}".into());
         self.memo.clear();
-        let dev = self.row_reduce(&t, &lane, &dev, false);
-        let sq = self.row_reduce(&t, &lane, &sq, false);
+        let [dev, sq] = &self.row_reduce(&t, &lane, &[&dev, &sq], false)[..] else {
+            return Err(bug("row reduction"));
+        };
+        let (dev, sq) = (dev.clone(), sq.clone());
         let corr = self.body.bind("f32", format!("{dev} / f32({w})"));
         let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
         let var = self.body.bind(
@@ -604,7 +620,7 @@ impl Gen<'_> {
                 .body
                 .bind("f32", format!("{sum} + select(0.0, {x}, {inr})"));
         }
-        let total = self.row_reduce(&t, &lane, &sum, false);
+        let total = self.row_reduce(&t, &lane, &[&sum], false).remove(0);
         let mean0 = self.body.bind("f32", format!("{total} / f32({w})"));
         // The corrected two-pass algorithm: the deviations' sum refines the
         // mean (exact for constant rows), their squares give the variance.
@@ -616,8 +632,10 @@ impl Gen<'_> {
             dev = self.body.bind("f32", format!("{dev} + {d}"));
             sq = self.body.bind("f32", format!("{sq} + {d} * {d}"));
         }
-        let dev = self.row_reduce(&t, &lane, &dev, false);
-        let sq = self.row_reduce(&t, &lane, &sq, false);
+        let [dev, sq] = &self.row_reduce(&t, &lane, &[&dev, &sq], false)[..] else {
+            return Err(bug("row reduction"));
+        };
+        let (dev, sq) = (dev.clone(), sq.clone());
         let corr = self.body.bind("f32", format!("{dev} / f32({w})"));
         let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
         let var = self.body.bind(
