@@ -21,20 +21,7 @@ impl Gen<'_> {
         {
             return false;
         }
-        let saved = (
-            std::mem::take(&mut self.body),
-            std::mem::take(&mut self.memo),
-            std::mem::take(&mut self.shared),
-            std::mem::take(&mut self.slots),
-        );
-        self.group = group.to_vec();
-        for &m in group {
-            self.memo.insert((m, "gid".into()), "0".into());
-        }
-        let ok = self.node_at(n, k, "gid").is_ok();
-        self.group.clear();
-        (self.body, self.memo, self.shared, self.slots) = saved;
-        ok
+        self.computable_reading_own(n, k, group)
     }
 
     /// Does computing `v` read the buffer of `root` only at the
@@ -43,18 +30,36 @@ impl Gen<'_> {
         let Def::Node(n, k) = self.g.values[v].def else {
             return false;
         };
+        self.computable_reading_own(n, k, &[root])
+    }
+
+    /// Can result `k` of node `n` be computed inline when `members` (kernel
+    /// outputs, or a buffer written in place) may be read only at the
+    /// invocation's own index? A trial generation, discarded.
+    fn computable_reading_own(&mut self, n: NodeId, k: usize, members: &[ValueId]) -> bool {
+        self.trial(|s| {
+            s.group = members.to_vec();
+            for &m in members {
+                s.memo.insert((m, "gid".into()), "0".into());
+            }
+            let ok = s.node_at(n, k, "gid").is_ok();
+            s.group.clear();
+            ok
+        })
+    }
+
+    /// Runs `f` on a fresh kernel body, then restores the kernel being
+    /// generated (body, memo, workgroup declarations, bindings).
+    pub(super) fn trial<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
         let saved = (
             std::mem::take(&mut self.body),
             std::mem::take(&mut self.memo),
             std::mem::take(&mut self.shared),
             std::mem::take(&mut self.slots),
         );
-        self.group = vec![root];
-        self.memo.insert((root, "gid".into()), "0".into());
-        let ok = self.node_at(n, k, "gid").is_ok();
-        self.group.clear();
+        let r = f(self);
         (self.body, self.memo, self.shared, self.slots) = saved;
-        ok
+        r
     }
 
     /// One kernel computing every value of `group` (elementwise values of
@@ -165,17 +170,12 @@ impl Gen<'_> {
         if !word_sized || count < 4 || !count.is_multiple_of(4) {
             return Ok(None);
         }
-        let saved = (
-            std::mem::take(&mut self.body),
-            std::mem::take(&mut self.memo),
-            std::mem::take(&mut self.shared),
-            std::mem::take(&mut self.slots),
-        );
-        self.vec.track = Some(vec![]);
-        let trial = self.vec4_body(group, count);
-        let accesses = self.vec.track.take().unwrap_or_default();
-        let lanes = std::mem::take(&mut self.vec.lanes);
-        (self.body, self.memo, self.shared, self.slots) = saved;
+        let (trial, accesses, lanes) = self.trial(|s| {
+            s.vec.track = Some(vec![]);
+            let r = s.vec4_body(group, count);
+            let accesses = s.vec.track.take().unwrap_or_default();
+            (r, accesses, std::mem::take(&mut s.vec.lanes))
+        });
         self.vec = Default::default();
         trial?;
         // A buffer qualifies when read and written only at the own four

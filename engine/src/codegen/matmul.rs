@@ -112,24 +112,12 @@ impl Gen<'_> {
                     cs: if ym.dim() == 1 { 0 } else { 1 },
                 };
                 let extra = if name == "addmm" {
-                    let beta = node.args.get(3).and_then(|a| {
-                        if let Arg::Int(i) = a {
-                            Some(*i as f64)
-                        } else if let Arg::Float(f) = a {
-                            Some(*f)
-                        } else {
-                            None
-                        }
-                    });
-                    let alpha = node.args.get(4).and_then(|a| {
-                        if let Arg::Int(i) = a {
-                            Some(*i as f64)
-                        } else if let Arg::Float(f) = a {
-                            Some(*f)
-                        } else {
-                            None
-                        }
-                    });
+                    let number = |i: usize| match node.args.get(i) {
+                        Some(Arg::Int(x)) => Some(*x as f64),
+                        Some(Arg::Float(x)) => Some(*x),
+                        _ => None,
+                    };
+                    let (beta, alpha) = (number(3), number(4));
                     Some((t(0), beta.unwrap_or(1.0), alpha.unwrap_or(1.0)))
                 } else {
                     None

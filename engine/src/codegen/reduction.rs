@@ -292,34 +292,11 @@ impl Gen<'_> {
         self.body.stmt(format!("{sq} = {sq} + {d} * {d};"));
         self.body.stmt("}".into());
         self.memo.clear();
-        let corr = self.body.bind("f32", format!("{dev} / f32({})", u(width)));
-        let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
-        let var = self.body.bind(
-            "f32",
-            format!("max({sq} / f32({}) - {corr} * {corr}, 0.0)", u(width)),
-        );
-        let rstd = self.body.bind(
-            "f32",
-            format!("inverseSqrt({var} + {})", literal(eps, DType::F32)),
-        );
+        let (mean, rstd) = self.norm_stats(&mean0, &dev, &sq, width, eps);
         self.body
             .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
         let x = read(self)?;
-        let mut y = self.body.bind("f32", format!("({x} - {mean}) * {rstd}"));
-        if let Some(w) = weight {
-            let wv = self.value_at(w, "k")?;
-            y = self.body.bind(
-                "f32",
-                format!("{y} * {}", cast(&wv, g.meta(w).dtype, DType::F32)),
-            );
-        }
-        if let Some(b) = bias {
-            let bv = self.value_at(b, "k")?;
-            y = self.body.bind(
-                "f32",
-                format!("{y} + {}", cast(&bv, g.meta(b).dtype, DType::F32)),
-            );
-        }
+        let y = self.norm_affine(&x, &mean, &rstd, weight, bias, "k")?;
         let at = self.body.bind("u32", format!("{base} + k"));
         let y = cast(&y, DType::F32, im.dtype);
         self.store_to(v, &at, &y)?;
@@ -463,6 +440,54 @@ impl Gen<'_> {
         Ok(self.finish(label, wgsl::fold(t.workgroups()), [64, 1, 1]))
     }
 
+    /// Layer norm's statistics from the first-pass mean and the second
+    /// pass's deviation and square sums (the corrected two-pass algorithm:
+    /// the deviations' sum refines the mean, exact for constant rows):
+    /// the mean and the reciprocal standard deviation.
+    fn norm_stats(
+        &mut self,
+        mean0: &str,
+        dev: &str,
+        sq: &str,
+        width: usize,
+        eps: f64,
+    ) -> (String, String) {
+        let w = u(width);
+        let corr = self.body.bind("f32", format!("{dev} / f32({w})"));
+        let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
+        let var = self.body.bind(
+            "f32",
+            format!("max({sq} / f32({w}) - {corr} * {corr}, 0.0)"),
+        );
+        let rstd = self.body.bind(
+            "f32",
+            format!("inverseSqrt({var} + {})", literal(eps, DType::F32)),
+        );
+        (mean, rstd)
+    }
+
+    /// `(x - mean) * rstd`, times the weight and plus the bias at column
+    /// `k` when given.
+    fn norm_affine(
+        &mut self,
+        x: &str,
+        mean: &str,
+        rstd: &str,
+        weight: Option<ValueId>,
+        bias: Option<ValueId>,
+        k: &str,
+    ) -> R<String> {
+        let mut y = self.body.bind("f32", format!("({x} - {mean}) * {rstd}"));
+        for (t, op) in [(weight, "*"), (bias, "+")] {
+            if let Some(t) = t {
+                let c = self.value_at(t, k)?;
+                let c = cast(&c, self.meta(t).dtype, DType::F32);
+                y = self.body.bind("f32", format!("{y} {op} {c}"));
+            }
+        }
+        Ok(y)
+    }
+
     /// A wide row's setup: the row of this workgroup (64 lanes), whether
     /// it exists, and its first element.
     fn wide_row(&mut self, t: &RowTile) -> (String, String) {
@@ -540,7 +565,6 @@ impl Gen<'_> {
         t: RowTile,
         label: String,
     ) -> R<KernelCode> {
-        let g = self.g;
         let od = self.meta(v).dtype;
         let w = u(t.width);
         let (end, base) = self.wide_row(&t);
@@ -567,28 +591,9 @@ impl Gen<'_> {
             return Err(bug("row reduction"));
         };
         let (dev, sq) = (dev.clone(), sq.clone());
-        let corr = self.body.bind("f32", format!("{dev} / f32({w})"));
-        let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
-        let var = self.body.bind(
-            "f32",
-            format!("max({sq} / f32({w}) - {corr} * {corr}, 0.0)"),
-        );
-        let rstd = self.body.bind(
-            "f32",
-            format!("inverseSqrt({var} + {})", literal(eps, DType::F32)),
-        );
+        let (mean, rstd) = self.norm_stats(&mean0, &dev, &sq, t.width, eps);
         let x = self.wide_pass(input, &end, &base)?;
-        let mut y = self.body.bind("f32", format!("({x} - {mean}) * {rstd}"));
-        if let Some(wv) = weight {
-            let c = self.value_at(wv, "k")?;
-            let c = cast(&c, g.meta(wv).dtype, DType::F32);
-            y = self.body.bind("f32", format!("{y} * {c}"));
-        }
-        if let Some(bv) = bias {
-            let c = self.value_at(bv, "k")?;
-            let c = cast(&c, g.meta(bv).dtype, DType::F32);
-            y = self.body.bind("f32", format!("{y} + {c}"));
-        }
+        let y = self.norm_affine(&x, &mean, &rstd, weight, bias, "k")?;
         let at = self.body.bind("u32", format!("{base} + k"));
         self.store_to(v, &at, &cast(&y, DType::F32, od))?;
         self.body.stmt("}".into());
@@ -610,7 +615,6 @@ impl Gen<'_> {
         t: RowTile,
         label: String,
     ) -> R<KernelCode> {
-        let g = self.g;
         let od = self.meta(v).dtype;
         let RowCtx { lane, xs } = self.row_elements(input, &t)?;
         let w = u(t.width);
@@ -636,30 +640,11 @@ impl Gen<'_> {
             return Err(bug("row reduction"));
         };
         let (dev, sq) = (dev.clone(), sq.clone());
-        let corr = self.body.bind("f32", format!("{dev} / f32({w})"));
-        let mean = self.body.bind("f32", format!("{mean0} + {corr}"));
-        let var = self.body.bind(
-            "f32",
-            format!("max({sq} / f32({w}) - {corr} * {corr}, 0.0)"),
-        );
-        let rstd = self.body.bind(
-            "f32",
-            format!("inverseSqrt({var} + {})", literal(eps, DType::F32)),
-        );
+        let (mean, rstd) = self.norm_stats(&mean0, &dev, &sq, t.width, eps);
         for (x, inr, k, at) in &xs {
             self.body.stmt(format!("if ({inr}) {{"));
             let saved = std::mem::take(&mut self.memo);
-            let mut y = self.body.bind("f32", format!("({x} - {mean}) * {rstd}"));
-            if let Some(wv) = weight {
-                let c = self.value_at(wv, k)?;
-                let c = cast(&c, g.meta(wv).dtype, DType::F32);
-                y = self.body.bind("f32", format!("{y} * {c}"));
-            }
-            if let Some(bv) = bias {
-                let c = self.value_at(bv, k)?;
-                let c = cast(&c, g.meta(bv).dtype, DType::F32);
-                y = self.body.bind("f32", format!("{y} + {c}"));
-            }
+            let y = self.norm_affine(x, &mean, &rstd, weight, bias, k)?;
             self.store_to(v, at, &cast(&y, DType::F32, od))?;
             self.memo = saved;
             self.body.stmt("}".into());
