@@ -155,7 +155,8 @@ fn op_programs_with_one_kib_bindings() {
 
 /// The kernel variants for real GPUs, which a CPU adapter would not pick
 /// (row reductions through workgroup memory, 256-invocation workgroups,
-/// vec4 elementwise kernels; the tiled matrix product is every device's),
+/// vec4 elementwise kernels looping over the grid; the tiled matrix
+/// product is every device's),
 /// on every op program and the example programs.
 #[test]
 fn op_programs_with_the_gpu_variants() {
@@ -172,6 +173,8 @@ fn gpu_variants() -> Engine {
     options.workgroup_rows = true;
     options.workgroup = 256;
     options.vectorize = true;
+    // Few workgroups, so invocations loop over the grid several times.
+    options.grid_stride = Some(3);
     Engine::on(kiln::engine::Session::with_options(gpu, options))
 }
 
@@ -480,5 +483,89 @@ fn fused_region_updates_match_the_reference() {
         {
             close_gpu(base, a, b, 1e-6).unwrap();
         }
+    }
+}
+
+/// `softmax(Q K^T * scale + mask) V` compiles to one attention kernel (no
+/// score tensor in memory) and matches the reference at awkward sizes:
+/// one query, fewer keys than a tile, keys past a tile, head widths 1 to
+/// 128, rows masked with -inf entirely (NaN, as eager gives, not
+/// compared), a value operand broadcast over the batch; on both variants.
+#[test]
+fn attention_is_one_kernel_at_awkward_sizes() {
+    let mut engines = [engine(), gpu_variants()];
+    for (b, h, sq, sk, d, dv) in [
+        (1, 1, 1, 1, 1, 1),
+        (2, 3, 3, 17, 5, 7),
+        (1, 2, 17, 33, 64, 64),
+        (2, 2, 70, 40, 128, 3),
+    ] {
+        let src = format!(
+            "graph attn(%q: f32[{b}, {h}, {sq}, {d}], %k: f32[{b}, {h}, {sk}, {d}], %v: f32[{b}, {h}, {sk}, {dv}], %m: bool[{b}, 1, {sq}, {sk}], %w: f32[{sk}, {dv}]) {{
+  %kt = transpose(%k, -1, -2)
+  %s = matmul(%q, %kt)
+  %t = mul(%s, 0.125)
+  %u = masked_fill(%t, %m, -inf)
+  %p = softmax(%u, -1)
+  %o = matmul(%p, %v)
+  %s2 = matmul(%q, %kt)
+  %p2 = softmax(%s2, 3)
+  %o2 = matmul(%p2, %w)
+  %r = add(%o2, 1.0)
+  return (%o, %r)
+}}"
+        );
+        let g = parse(&src).unwrap();
+        let p = kiln::engine::compile(&g).unwrap();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        assert_eq!(
+            labels.iter().filter(|l| l.starts_with("attention")).count(),
+            2,
+            "{labels:?}"
+        );
+        assert_eq!(p.kernels.len(), 3, "{labels:?}");
+        // Nothing of [b, h, sq, sk] is written.
+        let out = 4 * b * h * sq * dv;
+        assert_eq!(p.kernels[0].bytes_written, out, "{labels:?}");
+        let ins = kiln::functionalize::random::random_inputs(&g, (sq * sk) as u64, 2.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        for e in &mut engines {
+            let got = e.run(&g, ins.clone()).unwrap();
+            for (a, w) in got.outputs.iter().zip(&want.outputs) {
+                close_gpu(&format!("attention {b}x{h}x{sq}x{sk}x{d}x{dv}"), a, w, 1e-5).unwrap();
+            }
+        }
+    }
+}
+
+/// Elementwise tails of matrix products run in the product's epilogue: a
+/// GELU feeding another product is computed once per element (not once
+/// per tile of the next product), a residual add that is an output is
+/// stored by the product kernel, and the products' own results never
+/// reach memory.
+#[test]
+fn product_epilogues_fuse() {
+    let src = "graph ffn(%x: f32[37, 24], %w1: f32[70, 24], %b1: f32[70], %w2: f32[24, 70], %b2: f32[24]) {
+  %h = linear(%x, %w1, %b1)
+  %g = gelu(%h)
+  %y = linear(%g, %w2, %b2)
+  %r = add(%y, %x)
+  %z = mul(%r, 0.5)
+  return %z
+}";
+    let g = parse(src).unwrap();
+    let p = kiln::engine::compile(&g).unwrap();
+    let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    assert!(p.kernels[0].code.wgsl.contains("k_erf(t"), "{labels:?}");
+    assert!(!p.kernels[1].code.wgsl.contains("k_erf(t"), "{labels:?}");
+    // Each kernel writes only its tail: [37, 70] then [37, 24].
+    assert_eq!(p.kernels[0].bytes_written, 4 * 37 * 70);
+    assert_eq!(p.kernels[1].bytes_written, 4 * 37 * 24);
+    let ins = kiln::functionalize::random::random_inputs(&g, 3, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    for mut e in [engine(), gpu_variants()] {
+        let got = e.run(&g, ins.clone()).unwrap();
+        close_gpu("ffn", &got.outputs[0], &want.outputs[0], 1e-5).unwrap();
     }
 }

@@ -76,6 +76,24 @@ pub struct Schedule {
     pub pinned: HashSet<ValueId>,
     /// Each node's position in program order.
     pub pos: HashMap<NodeId, usize>,
+    /// Materialized values computed in one kernel with matrix products
+    /// whose results never reach memory.
+    pub fused: HashMap<ValueId, Fused>,
+}
+
+/// A kernel computing a value together with products it absorbs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fused {
+    /// An elementwise tail of a product (bias, GELU, residual add,
+    /// scale) applied in the product's epilogue.
+    Epilogue { product: NodeId },
+    /// `softmax(f(Q K)) V` with `f` elementwise (scale, mask): tiles of
+    /// keys with an online softmax, no score tensor in memory.
+    Attention {
+        scores: NodeId,
+        softmax: NodeId,
+        product: NodeId,
+    },
 }
 
 pub fn schedule(
@@ -100,6 +118,7 @@ pub fn schedule(
         uses,
         pinned,
         pos: g.order.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
+        fused: HashMap::new(),
     };
     for &v in &g.inputs {
         s.is_materialized.insert(v);
@@ -156,7 +175,192 @@ pub fn schedule(
             }
         }
     }
+    fuse_products(g, &mut s, &out_set, force);
     Ok(s)
+}
+
+/// The end of the chain of elementwise ops that starts at `r`: each link
+/// is `r`'s shape, reads the previous link at its own index and is its
+/// only use. A link with a buffer ends the chain; `r` when there is none.
+fn elementwise_tail(g: &Graph, s: &Schedule, r: ValueId) -> ValueId {
+    let sizes = &g.meta(r).sizes;
+    let mut x = r;
+    loop {
+        if x != r && s.is_materialized.contains(&x) {
+            return x;
+        }
+        let [u] = s.uses.get(&x).map(Vec::as_slice).unwrap_or(&[])[..] else {
+            return x;
+        };
+        let node = &g.nodes[u];
+        match node.results[..] {
+            [y] if node.op.def().lowering == Lowering::Map && g.meta(y).sizes == *sizes => x = y,
+            _ => return x,
+        }
+    }
+}
+
+/// Does `v` reach only matrix-product operands, through index maps? Such
+/// a product reads each operand element many times (once per tile), so
+/// an expression inlined there is recomputed each time.
+fn feeds_products_only(g: &Graph, s: &Schedule, v: ValueId) -> bool {
+    let uses = s.uses.get(&v).map(Vec::as_slice).unwrap_or(&[]);
+    !uses.is_empty()
+        && uses.iter().all(|&u| {
+            let node = &g.nodes[u];
+            match node.op.def().lowering {
+                Lowering::MatMul => true,
+                Lowering::Free => node
+                    .results
+                    .iter()
+                    .all(|&y| !s.is_materialized.contains(&y) && feeds_products_only(g, s, y)),
+                _ => false,
+            }
+        })
+}
+
+/// Fuses matrix products with what follows them: `softmax(f(Q K)) V`
+/// into one attention kernel, and an elementwise tail into the product's
+/// epilogue when the tail has a buffer anyway (an output, several
+/// readers) or feeds only other products (which would recompute it per
+/// tile). The absorbed products' results lose their buffers.
+fn fuse_products(g: &Graph, s: &mut Schedule, out: &HashSet<ValueId>, force: &HashSet<ValueId>) {
+    let mut absorbed: Vec<ValueId> = vec![];
+    let mut added: Vec<ValueId> = vec![];
+    let mut claimed = HashSet::new();
+    for &n in &g.order {
+        if g.nodes[n].op.def().lowering != Lowering::MatMul {
+            continue;
+        }
+        let Some(r) = absorbable(g, s, out, force, n) else {
+            continue;
+        };
+        if absorbed.contains(&r) || s.fused.contains_key(&r) {
+            continue;
+        }
+        let t = elementwise_tail(g, s, r);
+        // A tail two products reach stays with the first.
+        if !claimed.insert(t) {
+            continue;
+        }
+        if let Some((p, o, on)) = attention_of(g, s, out, force, n, t) {
+            s.fused.insert(
+                o,
+                Fused::Attention {
+                    scores: n,
+                    softmax: p,
+                    product: on,
+                },
+            );
+            absorbed.extend([r, g.nodes[p].results[0]]);
+            continue;
+        }
+        if t == r {
+            continue;
+        }
+        if !s.is_materialized.contains(&t) {
+            if !feeds_products_only(g, s, t) {
+                continue;
+            }
+            added.push(t);
+        }
+        s.fused.insert(t, Fused::Epilogue { product: n });
+        absorbed.push(r);
+    }
+    for v in &absorbed {
+        s.is_materialized.remove(v);
+    }
+    s.materialized.retain(|v| !absorbed.contains(v));
+    for &t in &added {
+        s.is_materialized.insert(t);
+        s.materialized.push(t);
+    }
+    // Kernels run in program order.
+    let pos = |v: &ValueId| match g.values[*v].def {
+        Def::Node(n, k) => (s.pos[&n], k),
+        Def::Input(_) => (0, 0),
+    };
+    s.materialized.sort_by_key(pos);
+}
+
+/// The largest query and value width an attention kernel holds in
+/// registers.
+pub const ATTENTION_MAX_HEAD: usize = 128;
+
+/// `o = softmax(t) V` where `t` ends the elementwise chain of the product
+/// at node `scores`: the softmax over the last dimension, its result used
+/// only as the second product's left operand, f32 throughout. Returns the
+/// softmax node, `o` and `o`'s node.
+fn attention_of(
+    g: &Graph,
+    s: &Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+    scores: NodeId,
+    t: ValueId,
+) -> Option<(NodeId, ValueId, NodeId)> {
+    let is_bmm = |n: NodeId| matches!(g.nodes[n].op.name(), "matmul" | "bmm");
+    let sm = g.meta(t);
+    if !is_bmm(scores)
+        || sm.dim() < 2
+        || (t != g.nodes[scores].results[0] && s.is_materialized.contains(&t))
+    {
+        return None;
+    }
+    let [p] = s.uses.get(&t)?[..] else {
+        return None;
+    };
+    let pnode = &g.nodes[p];
+    let dim_last =
+        matches!(pnode.args.get(1), Some(Arg::Int(d)) if (*d == -1 || *d == sm.dim() as i64 - 1));
+    if pnode.op.def().lowering != (Lowering::Softmax { log: false }) || !dim_last {
+        return None;
+    }
+    let pr = absorbable(g, s, out, force, p)?;
+    let [on] = s.uses.get(&pr)?[..] else {
+        return None;
+    };
+    let onode = &g.nodes[on];
+    let [o] = onode.results[..] else {
+        return None;
+    };
+    let f32s = [g.nodes[scores].results[0], t, pr, o]
+        .iter()
+        .all(|&v| g.meta(v).dtype == kiln_functionalize::DType::F32);
+    // The query row and the output row live in registers.
+    let head = |v: &Arg<ValueId>| match v {
+        Arg::Tensor(x) => g.meta(*x).sizes.last().copied().unwrap_or(0),
+        _ => 0,
+    };
+    let (dk, dv) = (head(g.nodes[scores].args.first()?), head(&Arg::Tensor(o)));
+    let om = g.meta(o);
+    let batches: usize = om.sizes[..om.dim().saturating_sub(2)].iter().product();
+    let fits = (1..=ATTENTION_MAX_HEAD).contains(&dk)
+        && (1..=ATTENTION_MAX_HEAD).contains(&dv)
+        && batches <= 65535
+        && om.dim() == sm.dim()
+        && sm.numel() > 0;
+    (is_bmm(on) && onode.args.first() == Some(&Arg::Tensor(pr)) && f32s && fits)
+        .then_some((p, o, on))
+}
+
+/// `n`'s single result when it is materialized, used once, and neither an
+/// output nor forced: it may stay out of memory.
+fn absorbable(
+    g: &Graph,
+    s: &Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+    n: NodeId,
+) -> Option<ValueId> {
+    let [r] = g.nodes[n].results[..] else {
+        return None;
+    };
+    (s.is_materialized.contains(&r)
+        && s.uses.get(&r).is_some_and(|u| u.len() == 1)
+        && !out.contains(&r)
+        && !force.contains(&r))
+    .then_some(r)
 }
 
 /// Is `r` the base of a region update `S = <view>_scatter(r, f(<view>_copy(r, args)), args)`

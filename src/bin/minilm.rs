@@ -38,6 +38,17 @@ struct Args {
     /// Only find (or fetch) the model and print its folder.
     #[arg(long)]
     print_model_dir: bool,
+    /// Profile one bucket instead (`BATCHxTOKENS`, e.g. `32x128`): the
+    /// sentences repeated to fill the batch, padded to the tokens; prints
+    /// each kernel's GPU time, bytes and FLOPs (`--json` for one object).
+    #[arg(long, value_parser = parse_bucket)]
+    profile: Option<(usize, usize)>,
+    /// With `--profile`: runs timed after a warm-up.
+    #[arg(long, default_value = "5")]
+    runs: usize,
+    /// With `--profile`: print JSON.
+    #[arg(long)]
+    json: bool,
     sentences: Vec<String>,
 }
 
@@ -49,6 +60,50 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn parse_bucket(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("`{s}`: expected BATCHxTOKENS, e.g. 32x128");
+    let (b, t) = s.split_once('x').ok_or_else(bad)?;
+    let (b, t): (usize, usize) = (b.parse().map_err(|_| bad())?, t.parse().map_err(|_| bad())?);
+    if b == 0 || t == 0 || t > kiln::minilm::MAX_LEN {
+        return Err(format!(
+            "`{s}`: batch and tokens from 1, tokens at most {}",
+            kiln::minilm::MAX_LEN
+        ));
+    }
+    Ok((b, t))
+}
+
+/// Profiles the model at `batch` sentences of `seq` tokens.
+fn profile_bucket(
+    model: &mut MiniLm,
+    sentences: &[String],
+    (batch, seq): (usize, usize),
+    runs: usize,
+    json: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let session = Session::open()?;
+    model.upload_weights(&session)?;
+    let ids = (0..batch)
+        .map(|i| {
+            let mut t = model.tokenize(&sentences[i % sentences.len()])?;
+            t.truncate(seq);
+            Ok(t)
+        })
+        .collect::<Result<Vec<_>, kiln::minilm::ModelError>>()?;
+    let [id, mask] = MiniLm::token_inputs(&ids, batch, seq)?;
+    let t = std::time::Instant::now();
+    let exe = session.compile(model.graph(batch, seq)?)?;
+    let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+    let p = kiln::profile::profile(&session, &exe, &[id, mask], runs, compile_ms)?;
+    if json {
+        println!("{}", p.to_json());
+    } else {
+        println!("adapter: {}", session.gpu().describe());
+        print!("{}", p.table());
+    }
+    Ok(())
 }
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
@@ -66,6 +121,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let mut model = MiniLm::load(&dir)?;
+    if let Some(bucket) = args.profile {
+        return profile_bucket(&mut model, &sentences, bucket, args.runs, args.json);
+    }
     let texts: Vec<&str> = sentences.iter().map(String::as_str).collect();
     let rows: Vec<Vec<f32>> = match args.backend {
         Backend::Gpu => {

@@ -57,8 +57,10 @@ impl Gen<'_> {
             std::mem::take(&mut self.shared),
             std::mem::take(&mut self.slots),
         );
+        let stride_over = self.stride_over.take();
         let r = f(self);
         (self.body, self.memo, self.shared, self.slots) = saved;
+        self.stride_over = stride_over;
         r
     }
 
@@ -84,10 +86,7 @@ impl Gen<'_> {
             .map(|(v, _)| wgsl::per_word(g.meta(*v).dtype))
             .max()
             .unwrap_or(1);
-        self.body.stmt(format!(
-            "if (gid >= {}) {{ return; }}",
-            u(count.div_ceil(lanes))
-        ));
+        self.guard(count.div_ceil(lanes));
         // One accumulator per packed output word this invocation writes.
         let mut acc: HashMap<ValueId, Vec<String>> = HashMap::new();
         for (v, _) in &packed {
@@ -211,8 +210,7 @@ impl Gen<'_> {
     /// The body of `map_group_vec4` (its trial and its final generation).
     fn vec4_body(&mut self, group: &[ValueId], count: usize) -> R<()> {
         let g = self.g;
-        self.body
-            .stmt(format!("if (gid >= {}) {{ return; }}", u(count / 4)));
+        self.guard(count / 4);
         let idx: Vec<String> = (0..4)
             .map(|l| self.body.bind("u32", format!("gid * 4u + {}", u(l))))
             .collect();
@@ -262,8 +260,7 @@ impl Gen<'_> {
         f: impl FnOnce(&mut Self, &str) -> R<String>,
     ) -> R<KernelCode> {
         let n = self.meta(v).numel();
-        self.body
-            .stmt(format!("if (gid >= {}) {{ return; }}", u(n)));
+        self.guard(n);
         let x = f(self, "gid")?;
         self.store_to(v, "gid", &x)?;
         Ok(self.finish(label, wgsl::grid(n, self.workgroup), [self.workgroup, 1, 1]))

@@ -8,8 +8,7 @@ impl Gen<'_> {
         let node = &g.nodes[n];
         let om = g.meta(v).clone();
         let count = om.numel();
-        self.body
-            .stmt(format!("if (gid >= {}) {{ return; }}", u(count)));
+        self.guard(count);
         let (src, idx, dim) = match node.op.name() {
             "embedding" => (
                 *node.args[0].tensors()[0],

@@ -23,14 +23,25 @@ pub(super) struct Operand {
     pub(super) cs: usize,
 }
 
+/// A matrix op as a batched `C = A B` over `batch`: `nn` x `mm` outputs,
+/// `kk` contracted, plus an addend `(c, beta, alpha)`: `alpha A B + beta c`
+/// (addmm; `linear`'s bias with both 1).
+pub(super) struct Product {
+    pub(super) a: Operand,
+    pub(super) b: Operand,
+    pub(super) batch: Vec<usize>,
+    pub(super) nn: usize,
+    pub(super) kk: usize,
+    pub(super) mm: usize,
+    pub(super) extra: Option<(ValueId, f64, f64)>,
+}
+
 impl Gen<'_> {
-    /// Element `(b, i, j)` accessors of a batched product `C = A B`, with
-    /// every matrix op lowered onto it; tiles of 16x16 in workgroup memory.
-    pub(super) fn matmul(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
+    /// Node `n` (any matrix op) as a batched product.
+    pub(super) fn product(&self, n: NodeId) -> R<Product> {
         let g = self.g;
         let node = &g.nodes[n];
         let name = node.op.name();
-        let om = g.meta(v).clone();
         let t = |i: usize| *node.args[i].tensors()[0];
         let (a, b, batch, nn, kk, mm, extra) = match name {
             "linear" => {
@@ -125,6 +136,36 @@ impl Gen<'_> {
                 (xa, yo, batch, n_, k_, m_, extra)
             }
         };
+        Ok(Product {
+            a,
+            b,
+            batch,
+            nn,
+            kk,
+            mm,
+            extra,
+        })
+    }
+
+    /// The kernel of product node `n` storing `target`: the product's own
+    /// result, or the end of an elementwise chain over it computed in the
+    /// epilogue (`Fused::Epilogue`). Tiles of 64x64 through workgroup
+    /// memory, or 4x4 blocks per invocation (`tile_min_rows`).
+    pub(super) fn matmul(&mut self, n: NodeId, target: ValueId, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let name = node.op.name();
+        let v = node.results[0];
+        let om = g.meta(v).clone();
+        let Product {
+            a,
+            b,
+            batch,
+            nn,
+            kk,
+            mm,
+            extra,
+        } = self.product(n)?;
         let acc_dt = if om.dtype.is_float() {
             DType::F32
         } else {
@@ -229,7 +270,18 @@ impl Gen<'_> {
             };
         }
         let res = cast(&res, acc_dt, om.dtype);
-        self.store_to(v, &oi, &res)?;
+        let res = if target == v {
+            res
+        } else {
+            // The chain reads the product at this element only.
+            let res = self.body.bind(ty(om.dtype), res);
+            self.memo.insert((v, oi.clone()), res);
+            let Def::Node(tn, tk) = g.values[target].def else {
+                return Err(bug("an epilogue without a node"));
+            };
+            self.node_at(tn, tk, &oi)?
+        };
+        self.store_to(target, &oi, &res)?;
         self.memo = saved_epilogue;
         // Both variants end in a loop over the invocation's outputs; a
         // workgroup covers 64 columns and 64 rows (16 for short tiled

@@ -3,13 +3,14 @@
 //! (inlining), so view copies and broadcasts become index arithmetic and
 //! elementwise chains fuse into one kernel.
 
+mod attention;
 mod elementwise;
 mod gather;
 mod matmul;
 mod reduction;
 mod scatter;
 
-use crate::schedule::Schedule;
+use crate::schedule::{Fused, Schedule};
 use crate::wgsl::{self, cast, literal, load, store, ty, Binding, Body, Buf, Slot};
 use crate::EngineError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
@@ -126,6 +127,11 @@ pub struct Gen<'a> {
     vec: Vectorize,
     /// Invocations per workgroup of 1-D kernels.
     pub workgroup: u32,
+    /// See `CompileOptions::grid_stride`.
+    pub grid_stride: Option<usize>,
+    /// The element count of the 1-D kernel being generated when its
+    /// invocations loop over the grid (`guard`).
+    stride_over: Option<usize>,
     pub rules: BindingRules,
     slots: Vec<SlotInfo>,
 }
@@ -157,6 +163,8 @@ impl<'a> Gen<'a> {
             vectorize: false,
             vec: Vectorize::default(),
             workgroup: wgsl::WORKGROUP,
+            grid_stride: None,
+            stride_over: None,
             rules: BindingRules::default(),
             slots: vec![],
         }
@@ -271,8 +279,34 @@ impl<'a> Gen<'a> {
         self.g.meta(v)
     }
 
-    fn finish(&mut self, label: String, grid: [u32; 3], wg: [u32; 3]) -> KernelCode {
-        let body = std::mem::take(&mut self.body);
+    /// Guards a 1-D kernel over `n` invocation indices (`gid`): each
+    /// invocation handles one, or, with `grid_stride`, loops over the grid
+    /// (`finish` wraps the body and caps the workgroups).
+    fn guard(&mut self, n: usize) {
+        if self.grid_stride.is_some() {
+            self.stride_over = Some(n);
+        } else {
+            self.body
+                .stmt(format!("if (gid >= {}) {{ return; }}", u(n)));
+        }
+    }
+
+    fn finish(&mut self, label: String, mut grid: [u32; 3], wg: [u32; 3]) -> KernelCode {
+        let mut body = std::mem::take(&mut self.body);
+        if let (Some(n), Some(cap)) = (self.stride_over.take(), self.grid_stride) {
+            // Enough workgroups to fill the device, each invocation
+            // striding over the rest: fewer workgroups to schedule, and
+            // index setup amortized over several elements.
+            grid = wgsl::fold(n.div_ceil(wg[0] as usize).min(cap.max(1)));
+            let stride = "nwg.x * nwg.y * nwg.z";
+            let mut lines = vec![format!(
+                "for (var gid: u32 = (wid.y * nwg.x + wid.x) * {w}u + lid.x; gid < {n}u; gid = gid + {stride} * {w}u) {{",
+                w = wg[0]
+            )];
+            lines.append(&mut body.lines);
+            lines.push("}".into());
+            body.lines = lines;
+        }
         let shared = std::mem::take(&mut self.shared);
         self.memo.clear();
         self.vec = Vectorize::default();
@@ -570,6 +604,20 @@ impl<'a> Gen<'a> {
         let label = format!("{name}#{}", g.values[v].name.clone().unwrap_or_default());
         if out.numel() == 0 {
             return Ok(vec![]);
+        }
+        match self.s.fused.get(&v) {
+            Some(&Fused::Epilogue { product }) => {
+                let label = format!("{}+{label}", g.nodes[product].op.name());
+                return Ok(vec![self.matmul(product, v, label)?]);
+            }
+            Some(&Fused::Attention {
+                scores,
+                softmax,
+                product,
+            }) => {
+                return Ok(vec![self.attention(scores, softmax, product, label)?]);
+            }
+            None => {}
         }
         if let Some(&base) = self.s.inplace.get(&v) {
             // Re-inplaced scatter: write only the region into the base's buffer.

@@ -31,8 +31,7 @@ impl Gen<'_> {
         if count == 0 {
             return Ok(None);
         }
-        self.body
-            .stmt(format!("if (gid >= {}) {{ return; }}", u(count)));
+        self.guard(count);
         let x = self.value_at(src, "gid")?;
         let x = cast(&x, sm.dtype, tm.dtype);
         let m = self.unravel("gid", &vm.sizes);

@@ -150,6 +150,11 @@ impl Gpu {
             },
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
             vectorize: true,
+            grid_stride: if self.info.device_type == wgpu::DeviceType::Cpu {
+                None
+            } else {
+                Some(2048)
+            },
             workgroup: if self.info.device_type == wgpu::DeviceType::Cpu {
                 64
             } else {
