@@ -362,19 +362,33 @@ fn kernels_over_the_storage_buffer_limit_materialize_producers() {
 /// short product (9 rows: 16-row tiles), on both variants.
 #[test]
 fn matrix_products_at_awkward_sizes_on_both_variants() {
-    let src = "graph f(%x: f32[3, 70, 37], %w: f32[130, 37], %b: f32[130], %p: f32[3, 17, 66], %q: f32[65, 17], %r: f32[9, 37]) {
+    // K = 36: vec4 loads of the blocks (B along K, then along columns).
+    let src = "graph f(%x: f32[3, 70, 37], %w: f32[130, 37], %b: f32[130], %p: f32[3, 17, 66], %q: f32[65, 17], %r: f32[9, 37], %x4: f32[3, 70, 36], %w4: f32[130, 36], %p4: f32[3, 36, 68]) {
   %y = linear(%x, %w, %b)
   %s = linear(%r, %w, %b)
   %z = matmul(%q, %p)
   %t = transpose(%p, 1, 2)
   %v = matmul(%t, %p)
-  return (%y, %z, %v, %s)
+  %y4 = linear(%x4, %w4, %b)
+  %z4 = matmul(%x4, %p4)
+  %e = exp(%x4)
+  %u4 = matmul(%e, %p4)
+  return (%y, %z, %v, %s, %y4, %z4, %u4)
 }";
     let g = parse(src).unwrap();
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     for tiled in [true, false] {
         let mut options = gpu.compile_options();
         options.tile_min_rows = if tiled { 0 } else { usize::MAX };
+        options.contiguous_operands = false;
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let vec4 = p
+            .kernels
+            .iter()
+            .filter(|k| k.code.wgsl.contains("bitcast<vec4<f32>>"))
+            .count();
+        // y4 and z4; u4 reads exp(x4) inline, element by element.
+        assert_eq!(vec4, if tiled { 0 } else { 2 });
         let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
         let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
         let want = kiln::run(&g, ins.clone()).unwrap();

@@ -245,10 +245,11 @@ fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
     /// Matrix products with at least this many output rows run in 64x64
-    /// tiles through workgroup memory; fewer loop over K in each invocation
-    /// (4x4 outputs, no workgroup memory or barriers). GPUs: 0 (always
-    /// tiled). lavapipe: 64 (tiles win at 256 rows, MLP 256x512x1024 4.1 vs
-    /// 3.6 GFLOP/s, and lose at 16: MiniLM 1 x 16 takes 3x longer).
+    /// tiles through workgroup memory; fewer give each invocation a 4x4
+    /// block, looping over K (no workgroup memory or barriers; `vec4`
+    /// loads of f32 operands laid out for them). GPUs: 0 (always tiled).
+    /// CPU adapters: never tiled (lavapipe, linear 128x384x1536: 11.5
+    /// GFLOP/s in vec4 blocks, 4.0 tiled, 3.6 in scalar blocks).
     pub tile_min_rows: usize,
     /// Softmax and layer norm over contiguous rows of up to 1024: a row per
     /// 1-64 invocations reducing through workgroup memory (GPUs: coalesced
@@ -266,6 +267,14 @@ pub struct CompileOptions {
     /// 2478 GB/s with vec4 loads, 1868 with one f32 an invocation; lavapipe
     /// runs a 16M-element chain in 42 ms instead of 51).
     pub vectorize: bool,
+    /// Matrix-product operands that would be computed inline (a
+    /// transpose, a head merge, an elementwise expression) get a buffer of
+    /// their own first, so the product reads contiguous rows (CPU
+    /// adapters, whose register blocks load those as `vec4`: MiniLM's
+    /// attention-output projection on lavapipe 12.8 ms -> 3.4 ms plus a
+    /// copy). GPUs: `false` (tiles stage any layout through workgroup
+    /// memory).
+    pub contiguous_operands: bool,
     /// Elementwise, gather and scatter-copy kernels launch at most this
     /// many workgroups, each invocation looping over the grid (GPUs: 2048,
     /// about 16 workgroups of 256 per multiprocessor of an H100, where a
@@ -288,6 +297,7 @@ impl Default for CompileOptions {
             workgroup: wgsl::WORKGROUP,
             vectorize: true,
             grid_stride: Some(2048),
+            contiguous_operands: false,
             rules: BindingRules::default(),
             max_bindings: 8,
             constants: vec![],
@@ -358,7 +368,11 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
     let mutated_inputs: Vec<usize> = f.mutated_inputs.iter().map(|m| m.input).collect();
     // A kernel binding more buffers than the device allows gets one of its
     // inlined producers computed by a kernel of its own, until all fit.
-    let mut force: HashSet<ValueId> = HashSet::new();
+    let mut force: HashSet<ValueId> = if options.contiguous_operands {
+        schedule::inline_product_operands(&g)
+    } else {
+        HashSet::new()
+    };
     loop {
         let lowered = lower(
             &g,

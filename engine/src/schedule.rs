@@ -283,6 +283,35 @@ fn fuse_products(g: &Graph, s: &mut Schedule, out: &HashSet<ValueId>, force: &Ha
     s.materialized.sort_by_key(pos);
 }
 
+/// Matrix-product operands computed inline (index maps such as a
+/// transpose or a head merge, elementwise expressions): given a buffer of
+/// their own, the product reads them as contiguous rows.
+pub fn inline_product_operands(g: &Graph) -> HashSet<ValueId> {
+    let mut out = HashSet::new();
+    for &n in &g.order {
+        let node = &g.nodes[n];
+        if node.op.def().lowering != Lowering::MatMul {
+            continue;
+        }
+        // `addmm`'s addend (argument 0) and `linear`'s bias (2) are read
+        // once per output, not per tile.
+        let operands = match node.op.name() {
+            "addmm" => [1, 2],
+            _ => [0, 1],
+        };
+        for i in operands {
+            if let Some(&Arg::Tensor(v)) = node.args.get(i) {
+                if g.node_of(v).is_some_and(|m| {
+                    matches!(g.nodes[m].op.def().lowering, Lowering::Free | Lowering::Map)
+                }) {
+                    out.insert(v);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The largest query and value width an attention kernel holds in
 /// registers.
 pub const ATTENTION_MAX_HEAD: usize = 128;

@@ -68,6 +68,8 @@ pub struct Slot {
     pub var: String,
     pub base: usize,
     pub chunk: Option<usize>,
+    /// Bound as `array<vec4<u32>>`: a word is a component of a vector.
+    pub vec4: bool,
 }
 
 impl Slot {
@@ -82,6 +84,10 @@ impl Slot {
     /// The 32-bit word at element-word `index` of the tensor.
     pub fn word(&self, index: &str) -> String {
         match self.chunk {
+            None if self.vec4 => {
+                let at = self.at(index);
+                format!("{}[({at}) >> 2u][({at}) & 3u]", self.var)
+            }
             None => format!("{}[{}]", self.var, self.at(index)),
             Some(_) => format!("{}_ld({})", self.var, self.at(index)),
         }
@@ -90,6 +96,10 @@ impl Slot {
     /// A statement storing `value` (a u32) at word `index`.
     pub fn set_word(&self, index: &str, value: &str) -> String {
         match self.chunk {
+            None if self.vec4 => {
+                let at = self.at(index);
+                format!("{}[({at}) >> 2u][({at}) & 3u] = {value};", self.var)
+            }
             None => format!("{}[{}] = {value};", self.var, self.at(index)),
             Some(_) => format!("{}_st({}, {value});", self.var, self.at(index)),
         }

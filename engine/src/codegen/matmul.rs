@@ -193,45 +193,9 @@ impl Gen<'_> {
             let aoff = self.ravel(&bm, &a.batch, 0);
             let boff = self.ravel(&bm, &b.batch, 0);
             self.body.stmt(format!("var accs: array<{at}, 16>;"));
-            self.body.stmt(format!("var av: array<{at}, 4>;"));
-            self.body.stmt(format!("var bv: array<{at}, 4>;"));
-            self.body
-                .stmt(format!("for (var q = 0u; q < {}; q = q + 1u) {{", u(kk)));
-            self.body
-                .stmt("for (var i = 0u; i < 4u; i = i + 1u) {".into());
-            let saved = std::mem::take(&mut self.memo);
-            let ia = self.body.bind(
-                "u32",
-                format!(
-                    "{aoff} + min(r0 + i, {}) * {} + q * {}",
-                    u(nn - 1),
-                    u(a.rs),
-                    u(a.cs)
-                ),
-            );
-            let xa = self.value_at(a.v, &ia)?;
-            let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
-            self.body.stmt(format!("av[i] = {xa};"));
-            self.memo.clear();
-            let ib = self.body.bind(
-                "u32",
-                format!(
-                    "{boff} + q * {} + min(c0 + i, {}) * {}",
-                    u(b.rs),
-                    u(mm - 1),
-                    u(b.cs)
-                ),
-            );
-            let xb = self.value_at(b.v, &ib)?;
-            let xb = cast(&xb, g.meta(b.v).dtype, acc_dt);
-            self.body.stmt(format!("bv[i] = {xb};"));
-            self.body.stmt("}".into());
-            self.memo = saved;
-            self.body.stmt(
-                "for (var i = 0u; i < 4u; i = i + 1u) { for (var j = 0u; j < 4u; j = j + 1u) { accs[i * 4u + j] = accs[i * 4u + j] + av[i] * bv[j]; } }"
-                    .into(),
-            );
-            self.body.stmt("}".into());
+            if !self.vec4_blocks(&a, &b, &aoff, &boff, nn, kk, mm, acc_dt)? {
+                self.scalar_blocks(&a, &b, &aoff, &boff, nn, kk, mm, acc_dt)?;
+            }
             self.body
                 .stmt("for (var ij = 0u; ij < 16u; ij = ij + 1u) {".into());
             self.body.stmt("let row = r0 + ij / 4u;".into());
@@ -299,6 +263,154 @@ impl Gen<'_> {
             )));
         }
         Ok(self.finish(label, grid, [16, 16, 1]))
+    }
+
+    /// The 4x4 block of invocation (`r0`, `c0`) into `accs`, one k at a
+    /// time, operands through `value_at` (any layout, inlined producers).
+    #[allow(clippy::too_many_arguments)]
+    fn scalar_blocks(
+        &mut self,
+        a: &Operand,
+        b: &Operand,
+        aoff: &str,
+        boff: &str,
+        nn: usize,
+        kk: usize,
+        mm: usize,
+        acc_dt: DType,
+    ) -> R<()> {
+        let g = self.g;
+        let at = ty(acc_dt);
+        self.body.stmt(format!("var av: array<{at}, 4>;"));
+        self.body.stmt(format!("var bv: array<{at}, 4>;"));
+        self.body
+            .stmt(format!("for (var q = 0u; q < {}; q = q + 1u) {{", u(kk)));
+        self.body
+            .stmt("for (var i = 0u; i < 4u; i = i + 1u) {".into());
+        let saved = std::mem::take(&mut self.memo);
+        let ia = self.body.bind(
+            "u32",
+            format!(
+                "{aoff} + min(r0 + i, {}) * {} + q * {}",
+                u(nn - 1),
+                u(a.rs),
+                u(a.cs)
+            ),
+        );
+        let xa = self.value_at(a.v, &ia)?;
+        let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
+        self.body.stmt(format!("av[i] = {xa};"));
+        self.memo.clear();
+        let ib = self.body.bind(
+            "u32",
+            format!(
+                "{boff} + q * {} + min(c0 + i, {}) * {}",
+                u(b.rs),
+                u(mm - 1),
+                u(b.cs)
+            ),
+        );
+        let xb = self.value_at(b.v, &ib)?;
+        let xb = cast(&xb, g.meta(b.v).dtype, acc_dt);
+        self.body.stmt(format!("bv[i] = {xb};"));
+        self.body.stmt("}".into());
+        self.memo = saved;
+        self.body.stmt(
+            "for (var i = 0u; i < 4u; i = i + 1u) { for (var j = 0u; j < 4u; j = j + 1u) { accs[i * 4u + j] = accs[i * 4u + j] + av[i] * bv[j]; } }"
+                .into(),
+        );
+        self.body.stmt("}".into());
+        Ok(())
+    }
+
+    /// The 4x4 block of invocation (`r0`, `c0`) into `accs`, four k at a
+    /// time through `vec4` loads of buffers bound as vectors: A's rows
+    /// along k, B along k (`linear`'s weight) or along its columns. CPU
+    /// adapters execute invocations as SIMD lanes, where every load is a
+    /// gather: a vector load brings four values for the price of one.
+    /// `false` (nothing generated) unless both operands are f32 buffers
+    /// laid out for it.
+    #[allow(clippy::too_many_arguments)]
+    fn vec4_blocks(
+        &mut self,
+        a: &Operand,
+        b: &Operand,
+        aoff: &str,
+        boff: &str,
+        nn: usize,
+        kk: usize,
+        mm: usize,
+        acc_dt: DType,
+    ) -> R<bool> {
+        let quad = |x: usize| x.is_multiple_of(4);
+        let a_ok = a.cs == 1 && quad(a.rs) && a.batch.iter().all(|&x| quad(x));
+        let b_along_k = b.rs == 1 && quad(b.cs);
+        let b_along_cols = b.cs == 1 && quad(b.rs) && quad(mm);
+        if acc_dt != DType::F32
+            || !self.vectorize
+            || !quad(kk)
+            || kk == 0
+            || !a_ok
+            || !(b_along_k || b_along_cols)
+            || !b.batch.iter().all(|&x| quad(x))
+        {
+            return Ok(false);
+        }
+        let (Some(sa), Some(sb)) = (self.vec4_slot_of(a.v)?, self.vec4_slot_of(b.v)?) else {
+            return Ok(false);
+        };
+        let va =
+            |s: &Slot, i: &str| format!("bitcast<vec4<f32>>({}[({}u + {i}) >> 2u])", s.var, s.base);
+        self.body
+            .stmt(format!("for (var q = 0u; q < {}; q = q + 4u) {{", u(kk)));
+        for i in 0..4 {
+            let row = format!("min(r0 + {i}u, {})", u(nn - 1));
+            self.body.stmt(format!(
+                "let qa{i} = {};",
+                va(&sa, &format!("{aoff} + {row} * {} + q", u(a.rs)))
+            ));
+        }
+        if b_along_k {
+            for j in 0..4 {
+                let col = format!("min(c0 + {j}u, {})", u(mm - 1));
+                self.body.stmt(format!(
+                    "let qb{j} = {};",
+                    va(&sb, &format!("{boff} + {col} * {} + q", u(b.cs)))
+                ));
+            }
+            for i in 0..4 {
+                for j in 0..4 {
+                    let k = i * 4 + j;
+                    self.body
+                        .stmt(format!("accs[{k}] = accs[{k}] + dot(qa{i}, qb{j});"));
+                }
+            }
+        } else {
+            // c0 is a multiple of 4 below mm (a multiple of 4): the four
+            // columns are one vector of each of B's rows q..q+3.
+            for kq in 0..4 {
+                self.body.stmt(format!(
+                    "let qb{kq} = {};",
+                    va(&sb, &format!("{boff} + (q + {kq}u) * {} + c0", u(b.rs)))
+                ));
+            }
+            for i in 0..4 {
+                let sum = (0..4)
+                    .map(|kq| format!("qa{i}.{} * qb{kq}", ["x", "y", "z", "w"][kq]))
+                    .collect::<Vec<_>>()
+                    .join(" + ");
+                self.body.stmt(format!("let qr{i} = {sum};"));
+                for j in 0..4 {
+                    let k = i * 4 + j;
+                    self.body.stmt(format!(
+                        "accs[{k}] = accs[{k}] + qr{i}.{};",
+                        ["x", "y", "z", "w"][j]
+                    ));
+                }
+            }
+        }
+        self.body.stmt("}".into());
+        Ok(true)
     }
 
     /// Stores element `index` of `v` (zero where `pred` is false) at `slot`

@@ -172,6 +172,12 @@ impl<'a> Gen<'a> {
 
     /// The slot of the tensor at `loc` (`words` long), bound once per kernel.
     fn slot(&mut self, loc: Loc, words: usize, write: bool) -> Slot {
+        self.slot_as(loc, words, write, false)
+    }
+
+    /// `slot`, bound as `vec4<u32>` when `vec4` is asked for (and the
+    /// tensor is new to this kernel, in one binding).
+    fn slot_as(&mut self, loc: Loc, words: usize, write: bool, vec4: bool) -> Slot {
         let i = match self
             .slots
             .iter()
@@ -189,8 +195,9 @@ impl<'a> Gen<'a> {
                     total.div_ceil(chunk_words)
                 };
                 let vec4 = chunks == 1
-                    && start == loc.word
-                    && self.vec.slots.contains(&format!("b{}", self.slots.len()));
+                    && (vec4 && (loc.word - start).is_multiple_of(4) && words.is_multiple_of(4)
+                        || start == loc.word
+                            && self.vec.slots.contains(&format!("b{}", self.slots.len())));
                 self.slots.push(SlotInfo {
                     loc,
                     words,
@@ -209,7 +216,33 @@ impl<'a> Gen<'a> {
             var: format!("b{i}"),
             base: info.loc.word - info.start,
             chunk: (info.chunks > 1).then_some(info.chunk_words),
+            vec4: info.vec4,
         }
+    }
+
+    /// The slot of materialized f32 value `v` bound as `vec4<u32>`, when it
+    /// can be: `None` for inlined values, packed or split tensors, and
+    /// tensors this kernel already binds as words.
+    fn vec4_slot_of(&mut self, v: ValueId) -> R<Option<Slot>> {
+        if !self.s.is_materialized.contains(&v) || self.meta(v).dtype != DType::F32 {
+            return Ok(None);
+        }
+        let loc = match self.locs.get(&v) {
+            Some(l) => *l,
+            None if self.locs.is_empty() => Loc {
+                buf: Buf::Arena,
+                word: 0,
+                packed: false,
+            },
+            None => return Err(bug("a materialized value without a buffer")),
+        };
+        let words = self.meta(v).numel();
+        let known = self
+            .slots
+            .iter()
+            .any(|s| s.loc.buf == loc.buf && s.loc.word == loc.word && s.words == words);
+        let slot = self.slot_as(loc, words, false, !known);
+        Ok(slot.vec4.then_some(slot))
     }
 
     /// Lane `c` of binding `var`'s vector for this invocation (loaded once).

@@ -144,12 +144,13 @@ impl Gpu {
         let l = &self.limits;
         CompileOptions {
             tile_min_rows: if self.info.device_type == wgpu::DeviceType::Cpu {
-                64
+                usize::MAX
             } else {
                 0
             },
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
             vectorize: true,
+            contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
             grid_stride: if self.info.device_type == wgpu::DeviceType::Cpu {
                 None
             } else {
