@@ -492,7 +492,13 @@ impl<'a> Gen<'a> {
                     &vals,
                     compute,
                     &p.operands.iter().map(|o| o.cast).collect::<Vec<_>>(),
-                );
+                )
+                .ok_or_else(|| {
+                    EngineError::Unsupported(format!(
+                        "`{}` on {compute:?} tensors has no GPU kernel yet",
+                        def.name
+                    ))
+                })?;
                 let r = self.body.bind(ty(e_dtype), e);
                 Ok(self.body.bind(ty(out.dtype), cast(&r, e_dtype, out.dtype)))
             }
@@ -745,9 +751,9 @@ fn scatter_predicate(
     }
 }
 
-fn float_ops(code: Code, v: &[String]) -> String {
+fn float_ops(code: Code, v: &[String]) -> Option<String> {
     let x = &v[0];
-    match code {
+    Some(match code {
         Code::Exp => format!("exp({x})"),
         Code::Log => format!("log({x})"),
         Code::Sqrt => format!("sqrt({x})"),
@@ -782,13 +788,14 @@ fn float_ops(code: Code, v: &[String]) -> String {
             "select(min({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))",
             y = v[1]
         ),
-        _ => unreachable!("{code:?} is not a float op"),
-    }
+        _ => return None,
+    })
 }
 
 /// The expression of a plan's code over operand values (already cast to
 /// their operand dtypes), and the dtype it has.
-fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> (String, DType) {
+/// `None` for a code this dtype has no expression for.
+fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Option<(String, DType)> {
     let x = &v[0];
     // Comparisons with NaN test the bits: a compiler may assume no NaNs.
     let float_cmp = matches!(compute, DType::F32 | DType::F16);
@@ -807,26 +814,26 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> (Stri
         compute
     };
     match code {
-        Code::Eq => cmp("=="),
-        Code::Ne => cmp("!="),
-        Code::Lt => cmp("<"),
-        Code::Le => cmp("<="),
-        Code::Gt => cmp(">"),
-        Code::Ge => cmp(">="),
-        Code::LogicalNot => (
+        Code::Eq => Some(cmp("==")),
+        Code::Ne => Some(cmp("!=")),
+        Code::Lt => Some(cmp("<")),
+        Code::Le => Some(cmp("<=")),
+        Code::Gt => Some(cmp(">")),
+        Code::Ge => Some(cmp(">=")),
+        Code::LogicalNot => Some((
             match casts[0] {
                 DType::Bool => format!("!{x}"),
                 d => format!("{x} == {}", literal(0.0, d)),
             },
             DType::Bool,
-        ),
+        )),
         Code::Where => {
             let d = if casts[1] == DType::F16 {
                 DType::F32
             } else {
                 casts[1]
             };
-            (format!("select({}, {}, {x})", v[2], v[1]), d)
+            Some((format!("select({}, {}, {x})", v[2], v[1]), d))
         }
         Code::Clamp { min, max } => {
             let mut e = x.clone();
@@ -850,22 +857,23 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> (Stri
             if float {
                 e = format!("select({e}, {x}, k_isnan({x}))");
             }
-            (e, cdt)
+            Some((e, cdt))
         }
-        _ if cdt == DType::F32 => (float_ops(code, v), DType::F32),
+        _ if cdt == DType::F32 => Some((float_ops(code, v)?, DType::F32)),
         _ if cdt == DType::Bool => {
             let y = v.get(1).cloned().unwrap_or_default();
             let e = match code {
                 Code::Add { .. } | Code::Maximum => format!("{x} || {y}"),
                 Code::Mul | Code::Minimum => format!("{x} && {y}"),
                 Code::Abs | Code::Relu => x.clone(),
-                _ => format!("{x} != {y}"),
+                // x ** y: false only for false ** true.
+                Code::Pow => format!("{x} || !{y}"),
+                _ => return None,
             };
-            (e, DType::Bool)
+            Some((e, DType::Bool))
         }
         _ => {
             // i32 / u32.
-            let t = ty(cdt);
             let y = v.get(1).cloned().unwrap_or_default();
             let e = match code {
                 Code::Add { alpha } => format!("{x} + {} * {y}", literal(alpha, cdt)),
@@ -885,9 +893,9 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> (Stri
                 Code::Abs => x.clone(),
                 Code::Relu if cdt == DType::I32 => format!("max({x}, 0i)"),
                 Code::Relu => x.clone(),
-                other => format!("{t}(0) /* {other:?} */"),
+                _ => return None,
             };
-            (e, cdt)
+            Some((e, cdt))
         }
     }
 }
