@@ -3,63 +3,35 @@
 //! base's buffer) is race-free when every invocation reads that buffer
 //! only at the element it writes itself, or at elements no invocation
 //! writes. This module checks exactly that by following the index
-//! arithmetic of the inlined ops (the same arithmetic the code generator
-//! emits) for each invocation, so a read through `t_copy` of the written
+//! maps of the inlined ops (`index`, the maps the code generator emits)
+//! for each invocation, so a read through `t_copy` of the written
 //! slice is caught and a read of another row is allowed.
 
+use crate::index::{self, Affine, Read};
 use crate::schedule::Schedule;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
-use kiln_functionalize::meta::{broadcast_strides, Meta};
-use kiln_functionalize::ops::{self, Lowering, Rule};
+use kiln_functionalize::meta::contiguous_strides;
+use kiln_functionalize::ops::{self, Rule};
 use kiln_functionalize::schema::Arg;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 
 /// Kernels above this many invocations are not traced (compile time):
 /// their scatters stay out of place when they read their own base.
 const MAX_TRACED: usize = 1 << 22;
 
-/// The storage offset of element `i` (row-major over `sizes`) of a view
-/// with `strides` and `offset`.
-fn ravel(mut i: usize, sizes: &[usize], strides: &[usize], offset: usize) -> usize {
-    let mut at = offset;
-    for (&s, &st) in sizes.iter().zip(strides).rev() {
-        if s > 0 {
-            at += (i % s) * st;
-            i /= s;
-        }
-    }
-    at
-}
-
-/// The view `view` (an op id) with `args` applied to a contiguous tensor
-/// of `base`'s shape: result `k`'s sizes, strides and offset.
-fn view_meta(
-    g: &Graph,
-    view: ops::OpId,
-    base: &Meta,
-    args: &[Arg<ValueId>],
-    k: usize,
-) -> Option<Meta> {
-    let cm = Meta::contiguous(base.dtype, base.sizes.clone());
-    let mut va: Vec<Arg<&Meta>> = vec![Arg::Tensor(&cm)];
-    va.extend(args.iter().map(|a| a.map(&mut |v| g.meta(*v))));
-    let mut metas = ops::infer(view, &va).ok()?;
-    (k < metas.len()).then(|| metas.swap_remove(k))
-}
-
 struct Tracer<'a> {
     g: &'a Graph,
     s: &'a Schedule,
     root: ValueId,
-    views: HashMap<(NodeId, usize), Meta>,
-    /// For inlined scatters: output element -> source element.
-    scatters: HashMap<NodeId, HashMap<usize, usize>>,
+    /// Each inlined node result's reads (`index::reads`), computed once.
+    maps: HashMap<(NodeId, usize), Rc<[Read]>>,
 }
 
 impl Tracer<'_> {
     /// Pushes the elements of `root`'s buffer read to compute element
-    /// `idx` of `v`; `None` when an op's index arithmetic is not known here.
+    /// `idx` of `v`; `None` when an op is not computed inline.
     fn reads(&mut self, v: ValueId, idx: usize, out: &mut Vec<usize>) -> Option<()> {
         let g = self.g;
         if self.s.is_materialized.contains(&v) {
@@ -73,72 +45,38 @@ impl Tracer<'_> {
         let Def::Node(n, k) = g.values[v].def else {
             return Some(());
         };
-        let node = &g.nodes[n];
-        let def = node.op.def();
-        let om = g.meta(v);
-        let tensor = |i: usize| match node.args.get(i) {
-            Some(Arg::Tensor(t)) => Some(*t),
-            _ => None,
-        };
-        // Element `idx` of the result read from operand `t` broadcast to it.
-        let bcast = |t: ValueId| -> usize {
-            let tm = g.meta(t);
-            if tm.sizes == om.sizes {
-                idx
-            } else if tm.numel() == 1 {
-                0
-            } else {
-                let st =
-                    broadcast_strides(&Meta::contiguous(tm.dtype, tm.sizes.clone()), &om.sizes);
-                ravel(idx, &om.sizes, &st, 0)
-            }
-        };
-        match (&def.rule, def.name.as_str()) {
-            (Rule::Pointwise(_), _) | (_, "copy" | "masked_fill") => {
-                let skip = usize::from(def.name == "copy");
-                for t in node.args.iter().skip(skip).filter_map(|a| match a {
-                    Arg::Tensor(t) => Some(*t),
-                    _ => None,
-                }) {
-                    let i = bcast(t);
-                    self.reads(t, i, out)?;
-                }
-                Some(())
-            }
-            (Rule::ViewCopy(view), _) => {
-                let input = tensor(0)?;
-                let key = (n, k);
-                if let Entry::Vacant(e) = self.views.entry(key) {
-                    e.insert(view_meta(g, *view, g.meta(input), &node.args[1..], k)?);
-                }
-                let vm = &self.views[&key];
-                let at = ravel(idx, &vm.sizes, &vm.strides, vm.offset);
-                self.reads(input, at, out)
-            }
-            (_, "clone") => self.reads(tensor(0)?, idx, out),
-            (_, "fill") => match tensor(1) {
-                Some(t) => self.reads(t, 0, out),
-                None => Some(()),
-            },
-            // Factories and fills of a literal read nothing.
-            _ if def.lowering == Lowering::Free => Some(()),
-            (_, _) if matches!(def.lowering, Lowering::RegionScatter(_)) => {
-                let (base, src) = (tensor(0)?, tensor(1)?);
-                if let Entry::Vacant(e) = self.scatters.entry(n) {
-                    let view = def.lowering.scatter_view()?;
-                    let vm = view_meta(g, view, om, &node.args[2..], 0)?;
-                    let map = (0..vm.numel())
-                        .map(|j| (ravel(j, &vm.sizes, &vm.strides, vm.offset), j))
-                        .collect();
-                    e.insert(map);
-                }
-                match self.scatters[&n].get(&idx).copied() {
-                    Some(j) => self.reads(src, j, out),
-                    None => self.reads(base, idx, out),
-                }
-            }
-            _ => None,
+        if let Entry::Vacant(e) = self.maps.entry((n, k)) {
+            e.insert(index::reads(g, n, k).ok()?.into());
         }
+        let maps = self.maps[&(n, k)].clone();
+        // A region scatter reads its source inside the region and its
+        // base outside (the kernel loads the base everywhere, but inside
+        // the region discards it).
+        if let Some((src, region)) = maps.iter().find_map(|r| match r {
+            Read::Source(src, region) => Some((*src, region)),
+            _ => None,
+        }) {
+            let m = index::unravel(idx, &g.meta(v).sizes);
+            return match region.eval(&m) {
+                Some(sm) => {
+                    let st = contiguous_strides(&g.meta(src).sizes);
+                    let si = sm.iter().zip(&st).map(|(a, b)| a * b).sum();
+                    self.reads(src, si, out)
+                }
+                None => match maps.first() {
+                    Some(Read::At(base, _)) => self.reads(*base, idx, out),
+                    _ => None,
+                },
+            };
+        }
+        for r in maps.iter() {
+            match r {
+                Read::At(t, a) => self.reads(*t, a.eval(idx), out)?,
+                Read::First(t) => self.reads(*t, 0, out)?,
+                Read::Source(..) => return None,
+            }
+        }
+        Some(())
     }
 }
 
@@ -225,21 +163,20 @@ pub fn inplace_race_free(g: &Graph, s: &Schedule, n: NodeId, base: ValueId, root
     ) {
         return true;
     }
-    let Some(vm) = view_meta(g, view, g.meta(base), &node.args[2..], 0) else {
+    let Ok(vm) = Affine::view(g, view, g.meta(base), &node.args[2..], 0) else {
         return false;
     };
-    let count = vm.numel();
+    let count = vm.sizes.iter().product::<usize>();
     if count > MAX_TRACED || g.meta(base).numel() > MAX_TRACED {
         return false;
     }
-    let target = |j: usize| ravel(j, &vm.sizes, &vm.strides, vm.offset);
+    let target = |j: usize| vm.eval(j);
     let written: HashSet<usize> = (0..count).map(target).collect();
     let mut t = Tracer {
         g,
         s,
         root,
-        views: HashMap::new(),
-        scatters: HashMap::new(),
+        maps: HashMap::new(),
     };
     let mut seen = vec![];
     (0..count).all(|j| {
@@ -248,19 +185,4 @@ pub fn inplace_race_free(g: &Graph, s: &Schedule, n: NodeId, base: ValueId, root
         t.reads(src, j, &mut seen).is_some()
             && seen.iter().all(|&e| e == mine || !written.contains(&e))
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ravel;
-
-    #[test]
-    fn ravel_follows_strides() {
-        // Column 1 of a 3x4 row-major matrix.
-        let at: Vec<usize> = (0..3).map(|i| ravel(i, &[3], &[4], 1)).collect();
-        assert_eq!(at, vec![1, 5, 9]);
-        // A transposed 2x3 view of a 3x2 matrix.
-        let at: Vec<usize> = (0..6).map(|i| ravel(i, &[2, 3], &[1, 2], 0)).collect();
-        assert_eq!(at, vec![0, 2, 4, 1, 3, 5]);
-    }
 }

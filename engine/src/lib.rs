@@ -7,6 +7,7 @@
 
 pub mod codegen;
 mod footprint;
+pub mod index;
 pub mod plan;
 pub mod runtime;
 pub mod schedule;

@@ -6,7 +6,8 @@ use super::*;
 
 impl Gen<'_> {
     /// Whether elementwise value `v` can join the fused kernel computing
-    /// `group` (same shape; reads group members only at its own index).
+    /// `group` (same shape; reads group members only at its own index,
+    /// decided on the index maps).
     pub fn fits_group(&mut self, group: &[ValueId], v: ValueId) -> bool {
         let Some(&first) = group.first() else {
             return true;
@@ -21,7 +22,7 @@ impl Gen<'_> {
         {
             return false;
         }
-        self.computable_reading_own(n, k, group)
+        crate::index::reads_own_only(g, self.s, n, k, group)
     }
 
     /// Does computing `v` read the buffer of `root` only at the
@@ -30,22 +31,7 @@ impl Gen<'_> {
         let Def::Node(n, k) = self.g.values[v].def else {
             return false;
         };
-        self.computable_reading_own(n, k, &[root])
-    }
-
-    /// Can result `k` of node `n` be computed inline when `members` (kernel
-    /// outputs, or a buffer written in place) may be read only at the
-    /// invocation's own index? A trial generation, discarded.
-    fn computable_reading_own(&mut self, n: NodeId, k: usize, members: &[ValueId]) -> bool {
-        self.trial(|s| {
-            s.group = members.to_vec();
-            for &m in members {
-                s.memo.insert((m, "gid".into()), "0".into());
-            }
-            let ok = s.node_at(n, k, "gid").is_ok();
-            s.group.clear();
-            ok
-        })
+        crate::index::reads_own_only(self.g, self.s, n, k, &[root])
     }
 
     /// Runs `f` on a fresh kernel body, then restores the kernel being
@@ -70,6 +56,15 @@ impl Gen<'_> {
     /// the elements of whole words (4 per bool word, 2 per f16 word), so
     /// no two invocations write one word.
     pub fn map_group(&mut self, group: &[ValueId]) -> R<KernelCode> {
+        // Codegen's own check of what `fits_group` decided: members are
+        // read only at the invocation's element.
+        self.group = group.to_vec();
+        let k = self.map_group_inner(group);
+        self.group.clear();
+        k
+    }
+
+    fn map_group_inner(&mut self, group: &[ValueId]) -> R<KernelCode> {
         if self.vectorize {
             if let Some(k) = self.map_group_vec4(group)? {
                 return Ok(k);

@@ -10,11 +10,12 @@ mod matmul;
 mod reduction;
 mod scatter;
 
+use crate::index::{Affine, Region};
 use crate::schedule::{Fused, Schedule};
 use crate::wgsl::{self, cast, literal, load, store, ty, Binding, Body, Buf, Slot};
 use crate::EngineError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
-use kiln_functionalize::meta::{broadcast_strides, contiguous_strides, numel, Meta};
+use kiln_functionalize::meta::{contiguous_strides, numel, Meta};
 use kiln_functionalize::ops::args::ArgsExt;
 use kiln_functionalize::ops::pointwise::{Code, Src};
 use kiln_functionalize::ops::{self, Lowering, Rule};
@@ -110,8 +111,9 @@ pub struct Gen<'a> {
     body: Body,
     memo: HashMap<(ValueId, String), String>,
     shared: Vec<String>,
-    /// Values computed by the kernel being generated: readable only at the
-    /// invocation's own index (another invocation's write is not visible).
+    /// Values computed by the elementwise kernel being generated: readable
+    /// only at the invocation's own index (another invocation's write is
+    /// not visible); `fits_group` decides, this checks.
     group: Vec<ValueId>,
     /// The index expression of the element the invocation computes now.
     own: String,
@@ -399,15 +401,23 @@ impl<'a> Gen<'a> {
 
     /// The index into `operand` (broadcast to `out`) of output element `idx`.
     fn broadcast_index(&mut self, idx: &str, out: &[usize], operand: &Meta) -> String {
-        if operand.sizes == out {
+        self.index_at(&Affine::broadcast(out, operand), idx)
+    }
+
+    /// Index map `a` applied to element `idx`, as WGSL.
+    pub(crate) fn index_at(&mut self, a: &Affine, idx: &str) -> String {
+        if a.is_identity() {
             return idx.to_string();
         }
-        if operand.numel() == 1 {
-            return "0u".into();
+        if a.is_constant() {
+            return if a.offset == 0 {
+                "0u".into()
+            } else {
+                u(a.offset)
+            };
         }
-        let m = self.unravel(idx, out);
-        let st = broadcast_strides(&Meta::contiguous(operand.dtype, operand.sizes.clone()), out);
-        self.ravel(&m, &st, 0)
+        let m = self.unravel(idx, &a.sizes);
+        self.ravel(&m, &a.strides, a.offset)
     }
 
     /// Element `idx` of value `v`, as a shader value of `v`'s dtype.
@@ -504,12 +514,8 @@ impl<'a> Gen<'a> {
             }
             (Rule::ViewCopy(view), _) => {
                 let input = tensor(0)?;
-                let im = Meta::contiguous(g.meta(input).dtype, g.meta(input).sizes.clone());
-                let mut va: Vec<Arg<&Meta>> = vec![Arg::Tensor(&im)];
-                va.extend(margs[1..].iter().cloned());
-                let vm = ops::infer(*view, &va).map_err(bug)?.remove(k);
-                let mi = self.unravel(idx, &vm.sizes);
-                let at = self.ravel(&mi, &vm.strides, vm.offset);
+                let a = Affine::view(g, *view, g.meta(input), &node.args[1..], k).map_err(bug)?;
+                let at = self.index_at(&a, idx);
                 self.value_at(input, &at)
             }
             (_, "clone") => self.value_at(tensor(0)?, idx),
@@ -587,7 +593,7 @@ impl<'a> Gen<'a> {
                 let (base, src) = (tensor(0)?, tensor(1)?);
                 let bv = self.value_at(base, idx)?;
                 let m = self.unravel(idx, &out.sizes);
-                let (pred, src_m) = scatter_predicate(def.name.as_str(), &margs, &out, &m)?;
+                let (pred, src_m) = Region::of(g, n, &out).map_err(bug)?.emit(&m);
                 let pred = self.body.bind("bool", pred);
                 let sm = g.meta(src).clone();
                 let si = self.ravel(&src_m, &contiguous_strides(&sm.sizes), 0);
@@ -697,57 +703,6 @@ impl<'a> Gen<'a> {
                 "`{name}` has no kernel (functionalize first)"
             ))),
         }
-    }
-}
-
-/// For a scatter's output multi-index `m`: whether it lies in the region,
-/// and the source multi-index there.
-fn scatter_predicate(
-    name: &str,
-    a: &[Arg<&Meta>],
-    out: &Meta,
-    m: &[String],
-) -> R<(String, Vec<String>)> {
-    let wrap = |d: i64| kiln_functionalize::meta::wrap_dim(d, out.dim()).map_err(bug);
-    match name {
-        "slice_scatter" => {
-            let d = wrap(a.int(2).map_err(bug)?)?;
-            let size = out.sizes[d] as i64;
-            let clampb = |v: i64| -> i64 { (if v < 0 { v + size } else { v }).clamp(0, size) };
-            let start = clampb(a.opt_int(3).map_err(bug)?.unwrap_or(0));
-            let end = clampb(a.opt_int(4).map_err(bug)?.unwrap_or(i64::MAX)).max(start);
-            let step = a.int(5).map_err(bug)?;
-            let x = &m[d];
-            let pred =
-                format!("({x} >= {start}u && {x} < {end}u && ({x} - {start}u) % {step}u == 0u)");
-            let mut sm = m.to_vec();
-            sm[d] = format!("(({x} - {start}u) / {step}u)");
-            Ok((pred, sm))
-        }
-        "select_scatter" => {
-            let d = wrap(a.int(2).map_err(bug)?)?;
-            let size = out.sizes[d] as i64;
-            let i = a.int(3).map_err(bug)?;
-            let i = if i < 0 { i + size } else { i };
-            let pred = format!("({} == {i}u)", m[d]);
-            let mut sm = m.to_vec();
-            sm.remove(d);
-            Ok((pred, sm))
-        }
-        "diagonal_scatter" => {
-            let off = a.int(2).map_err(bug)?;
-            let (d1, d2) = (wrap(a.int(3).map_err(bug)?)?, wrap(a.int(4).map_err(bug)?)?);
-            let (x1, x2) = (&m[d1], &m[d2]);
-            let pred = format!("(i32({x2}) - i32({x1}) == {off}i)");
-            let k = if off >= 0 { x1.clone() } else { x2.clone() };
-            let mut sm: Vec<String> = (0..out.dim())
-                .filter(|&d| d != d1 && d != d2)
-                .map(|d| m[d].clone())
-                .collect();
-            sm.push(k);
-            Ok((pred, sm))
-        }
-        _ => Err(bug(format!("{name} has no predicate"))),
     }
 }
 

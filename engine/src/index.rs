@@ -1,0 +1,469 @@
+//! Index maps: how element `i` of an inlined op's result reads its
+//! operands. One description serves the code generator (which emits it as
+//! WGSL arithmetic), the scatter race check (which evaluates it for each
+//! invocation) and fusion legality (which asks whether a chain of maps is
+//! the identity, i.e. whether a kernel reads a value only at the element
+//! it computes).
+
+use crate::schedule::Schedule;
+use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
+use kiln_functionalize::meta::{broadcast_strides, contiguous_strides, wrap_dim, Meta};
+use kiln_functionalize::ops::args::ArgsExt;
+use kiln_functionalize::ops::{self, Lowering, Rule};
+use kiln_functionalize::schema::Arg;
+use std::collections::HashMap;
+
+/// `offset + Σ_d m_d * strides_d` where `m` is flat index `i` unravelled
+/// row-major over `sizes`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Affine {
+    pub sizes: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub offset: usize,
+}
+
+impl Affine {
+    pub fn identity(sizes: &[usize]) -> Affine {
+        Affine {
+            sizes: sizes.to_vec(),
+            strides: contiguous_strides(sizes),
+            offset: 0,
+        }
+    }
+
+    /// Element `i` of `out` reads `operand` (broadcast to `out`) here.
+    pub fn broadcast(out: &[usize], operand: &Meta) -> Affine {
+        if operand.sizes == out {
+            return Affine::identity(out);
+        }
+        let st = broadcast_strides(&Meta::contiguous(operand.dtype, operand.sizes.clone()), out);
+        Affine {
+            sizes: out.to_vec(),
+            strides: st,
+            offset: 0,
+        }
+    }
+
+    /// Result `k` of view op `view` (with `args` after the tensor) over a
+    /// contiguous tensor of `base`'s shape.
+    pub fn view(
+        g: &Graph,
+        view: ops::OpId,
+        base: &Meta,
+        args: &[Arg<ValueId>],
+        k: usize,
+    ) -> Result<Affine, String> {
+        let cm = Meta::contiguous(base.dtype, base.sizes.clone());
+        let mut va: Vec<Arg<&Meta>> = vec![Arg::Tensor(&cm)];
+        va.extend(args.iter().map(|a| a.map(&mut |v| g.meta(*v))));
+        let mut metas = ops::infer(view, &va)?;
+        if k >= metas.len() {
+            return Err(format!("{} has no result {k}", view.name()));
+        }
+        let m = metas.swap_remove(k);
+        Ok(Affine {
+            sizes: m.sizes,
+            strides: m.strides,
+            offset: m.offset,
+        })
+    }
+
+    /// Reads element `i` itself (dimensions of size 1 aside).
+    pub fn is_identity(&self) -> bool {
+        let want = contiguous_strides(&self.sizes);
+        self.offset == 0
+            && self
+                .sizes
+                .iter()
+                .zip(self.strides.iter().zip(&want))
+                .all(|(&s, (a, b))| s <= 1 || a == b)
+    }
+
+    /// Reads one element whatever `i` is.
+    pub fn is_constant(&self) -> bool {
+        self.sizes
+            .iter()
+            .zip(&self.strides)
+            .all(|(&s, &st)| s <= 1 || st == 0)
+    }
+
+    pub fn eval(&self, mut i: usize) -> usize {
+        let mut at = self.offset;
+        for (&s, &st) in self.sizes.iter().zip(&self.strides).rev() {
+            if s > 0 {
+                at += (i % s) * st;
+                i /= s;
+            }
+        }
+        at
+    }
+}
+
+/// The region a `<view>_scatter` writes, in closed form over the output's
+/// multi-index (so a kernel tests membership without searching).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Region {
+    /// `start <= m[dim] < end`, `(m[dim] - start) % step == 0`.
+    Slice {
+        dim: usize,
+        start: usize,
+        end: usize,
+        step: usize,
+    },
+    Select {
+        dim: usize,
+        index: usize,
+    },
+    /// `m[d2] - m[d1] == offset`.
+    Diagonal {
+        offset: i64,
+        d1: usize,
+        d2: usize,
+    },
+}
+
+impl Region {
+    /// The region of scatter node `n` over its output `out`.
+    pub fn of(g: &Graph, n: NodeId, out: &Meta) -> Result<Region, String> {
+        let node = &g.nodes[n];
+        let a: Vec<Arg<&Meta>> = node
+            .args
+            .iter()
+            .map(|a| a.map(&mut |v| g.meta(*v)))
+            .collect();
+        let wrap = |d: i64| wrap_dim(d, out.dim());
+        let name = node.op.name();
+        Ok(match name {
+            "slice_scatter" => {
+                let dim = wrap(a.int(2)?)?;
+                let size = out.sizes[dim] as i64;
+                let clampb = |v: i64| -> i64 { (if v < 0 { v + size } else { v }).clamp(0, size) };
+                let start = clampb(a.opt_int(3)?.unwrap_or(0));
+                let end = clampb(a.opt_int(4)?.unwrap_or(i64::MAX)).max(start);
+                Region::Slice {
+                    dim,
+                    start: start as usize,
+                    end: end as usize,
+                    step: a.int(5)?.max(1) as usize,
+                }
+            }
+            "select_scatter" => {
+                let dim = wrap(a.int(2)?)?;
+                let i = a.int(3)?;
+                let size = out.sizes[dim] as i64;
+                Region::Select {
+                    dim,
+                    index: (if i < 0 { i + size } else { i }) as usize,
+                }
+            }
+            "diagonal_scatter" => Region::Diagonal {
+                offset: a.int(2)?,
+                d1: wrap(a.int(3)?)?,
+                d2: wrap(a.int(4)?)?,
+            },
+            _ => return Err(format!("{name} has no closed-form region")),
+        })
+    }
+
+    /// Whether multi-index `m` (expressions) lies in the region, and the
+    /// source multi-index there, as WGSL.
+    pub fn emit(&self, m: &[String]) -> (String, Vec<String>) {
+        match *self {
+            Region::Slice {
+                dim,
+                start,
+                end,
+                step,
+            } => {
+                let x = &m[dim];
+                let pred = format!(
+                    "({x} >= {start}u && {x} < {end}u && ({x} - {start}u) % {step}u == 0u)"
+                );
+                let mut sm = m.to_vec();
+                sm[dim] = format!("(({x} - {start}u) / {step}u)");
+                (pred, sm)
+            }
+            Region::Select { dim, index } => {
+                let pred = format!("({} == {index}u)", m[dim]);
+                let mut sm = m.to_vec();
+                sm.remove(dim);
+                (pred, sm)
+            }
+            Region::Diagonal { offset, d1, d2 } => {
+                let (x1, x2) = (&m[d1], &m[d2]);
+                let pred = format!("(i32({x2}) - i32({x1}) == {offset}i)");
+                let k = if offset >= 0 { x1.clone() } else { x2.clone() };
+                let mut sm: Vec<String> = (0..m.len())
+                    .filter(|&d| d != d1 && d != d2)
+                    .map(|d| m[d].clone())
+                    .collect();
+                sm.push(k);
+                (pred, sm)
+            }
+        }
+    }
+
+    /// `emit` evaluated: the source multi-index when `m` is in the region.
+    pub fn eval(&self, m: &[usize]) -> Option<Vec<usize>> {
+        match *self {
+            Region::Slice {
+                dim,
+                start,
+                end,
+                step,
+            } => {
+                let x = m[dim];
+                (x >= start && x < end && (x - start).is_multiple_of(step)).then(|| {
+                    let mut sm = m.to_vec();
+                    sm[dim] = (x - start) / step;
+                    sm
+                })
+            }
+            Region::Select { dim, index } => (m[dim] == index).then(|| {
+                let mut sm = m.to_vec();
+                sm.remove(dim);
+                sm
+            }),
+            Region::Diagonal { offset, d1, d2 } => {
+                (m[d2] as i64 - m[d1] as i64 == offset).then(|| {
+                    let mut sm: Vec<usize> = (0..m.len())
+                        .filter(|&d| d != d1 && d != d2)
+                        .map(|d| m[d])
+                        .collect();
+                    sm.push(if offset >= 0 { m[d1] } else { m[d2] });
+                    sm
+                })
+            }
+        }
+    }
+}
+
+/// Row-major multi-index of flat `i` over `sizes`.
+pub fn unravel(mut i: usize, sizes: &[usize]) -> Vec<usize> {
+    let mut m = vec![0; sizes.len()];
+    for (d, &s) in sizes.iter().enumerate().rev() {
+        if s > 0 {
+            m[d] = i % s;
+            i /= s;
+        }
+    }
+    m
+}
+
+/// How an inlined op's element reads one operand.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Read {
+    /// At an affine map of the element.
+    At(ValueId, Affine),
+    /// Only at element 0 (a fill value).
+    First(ValueId),
+    /// A region scatter's source: at the source index where the element is
+    /// in `region`, nowhere else.
+    Source(ValueId, Region),
+}
+
+/// The operand reads of result `k` of node `n`, computed inline at its
+/// element `i`; `Err` when the op is not computed inline (a kernel of its
+/// own, or a view left in the program).
+pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
+    let node = &g.nodes[n];
+    let def = node.op.def();
+    let out = g.meta(node.results[k]);
+    let tensors = |skip: usize| -> Vec<ValueId> {
+        node.args
+            .iter()
+            .skip(skip)
+            .filter_map(|a| match a {
+                Arg::Tensor(t) => Some(*t),
+                _ => None,
+            })
+            .collect()
+    };
+    let at = |t: ValueId| Read::At(t, Affine::broadcast(&out.sizes, g.meta(t)));
+    match (&def.rule, def.lowering, def.name.as_str()) {
+        (Rule::Pointwise(_), _, _) | (_, _, "clone" | "masked_fill") => {
+            Ok(tensors(0).into_iter().map(at).collect())
+        }
+        // `copy(self, src)` reads only `src`.
+        (_, _, "copy") => Ok(tensors(1).into_iter().map(at).collect()),
+        (Rule::ViewCopy(view), _, _) => {
+            let [input] = tensors(0)[..1] else {
+                return Err(format!("{}: no input", def.name));
+            };
+            Ok(vec![Read::At(
+                input,
+                Affine::view(g, *view, g.meta(input), &node.args[1..], k)?,
+            )])
+        }
+        (_, _, "fill") => Ok(tensors(1).into_iter().map(Read::First).collect()),
+        // Factories and fills of a literal read nothing.
+        (_, Lowering::Free, _) => Ok(vec![]),
+        (_, Lowering::RegionScatter(_), _) => {
+            let t = tensors(0);
+            let (base, src) = (t[0], t[1]);
+            Ok(vec![
+                Read::At(base, Affine::identity(&out.sizes)),
+                Read::Source(src, Region::of(g, n, out)?),
+            ])
+        }
+        _ => Err(format!("{} is not computed inline", def.name)),
+    }
+}
+
+/// Where an inlined value is read, relative to the element a kernel
+/// invocation computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Pos {
+    /// At the invocation's own element.
+    Own,
+    /// At the source index of region scatter `n`, itself read at `Own`:
+    /// there the scatter's own view of its base is the base at `Own`.
+    Source(NodeId),
+    Elsewhere,
+}
+
+/// Can result `k` of node `n` be computed inline by an invocation that may
+/// read the buffers of `members` (kernel outputs, a buffer written in
+/// place) only at its own element, with every op on the way computed
+/// inline? Decided on the index maps, for any size.
+pub fn reads_own_only(g: &Graph, s: &Schedule, n: NodeId, k: usize, members: &[ValueId]) -> bool {
+    let roots: Vec<ValueId> = members.iter().map(|&m| s.root(m)).collect();
+    let mut memo = HashMap::new();
+    match reads(g, n, k) {
+        Ok(rs) => rs
+            .iter()
+            .all(|r| read_ok(g, s, n, r, Pos::Own, &roots, &mut memo)),
+        Err(_) => false,
+    }
+}
+
+fn read_ok(
+    g: &Graph,
+    s: &Schedule,
+    n: NodeId,
+    r: &Read,
+    pos: Pos,
+    roots: &[ValueId],
+    memo: &mut HashMap<(ValueId, Pos), bool>,
+) -> bool {
+    match r {
+        Read::At(t, a) if a.is_identity() => value_ok(g, s, *t, pos, roots, memo),
+        Read::At(t, _) | Read::First(t) => value_ok(g, s, *t, Pos::Elsewhere, roots, memo),
+        Read::Source(t, _) => {
+            let p = if pos == Pos::Own {
+                Pos::Source(n)
+            } else {
+                Pos::Elsewhere
+            };
+            value_ok(g, s, *t, p, roots, memo)
+        }
+    }
+}
+
+fn value_ok(
+    g: &Graph,
+    s: &Schedule,
+    v: ValueId,
+    pos: Pos,
+    roots: &[ValueId],
+    memo: &mut HashMap<(ValueId, Pos), bool>,
+) -> bool {
+    if s.is_materialized.contains(&v) {
+        return pos == Pos::Own || !roots.contains(&s.root(v));
+    }
+    if let Some(&b) = memo.get(&(v, pos)) {
+        return b;
+    }
+    let Def::Node(m, k) = g.values[v].def else {
+        return true;
+    };
+    // The scatter's own view of its base, read at the source index, is the
+    // base at the scatter's element (the code generator reuses that load).
+    if let Pos::Source(sc) = pos {
+        let node = &g.nodes[sc];
+        let here = &g.nodes[m];
+        if let (Some(view), Rule::ViewCopy(op), Some(Arg::Tensor(base))) = (
+            node.op.def().lowering.scatter_view(),
+            &here.op.def().rule,
+            node.args.first(),
+        ) {
+            if *op == view
+                && here.args.first() == Some(&Arg::Tensor(*base))
+                && here.args[1..] == node.args[2..]
+            {
+                return value_ok(g, s, *base, Pos::Own, roots, memo);
+            }
+        }
+    }
+    let ok = match reads(g, m, k) {
+        Ok(rs) => rs.iter().all(|r| read_ok(g, s, m, r, pos, roots, memo)),
+        Err(_) => false,
+    };
+    memo.insert((v, pos), ok);
+    ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn affine_maps_follow_strides() {
+        // Column 1 of a 3x4 row-major matrix.
+        let col = Affine {
+            sizes: vec![3],
+            strides: vec![4],
+            offset: 1,
+        };
+        assert_eq!((0..3).map(|i| col.eval(i)).collect::<Vec<_>>(), [1, 5, 9]);
+        // A transposed 2x3 view of a 3x2 matrix.
+        let t = Affine {
+            sizes: vec![2, 3],
+            strides: vec![1, 2],
+            offset: 0,
+        };
+        assert_eq!(
+            (0..6).map(|i| t.eval(i)).collect::<Vec<_>>(),
+            [0, 2, 4, 1, 3, 5]
+        );
+        assert!(!t.is_identity());
+        // Size-1 dimensions do not matter.
+        let r = Affine {
+            sizes: vec![3, 1],
+            strides: vec![1, 7],
+            offset: 0,
+        };
+        assert!(r.is_identity());
+        let b = Affine::broadcast(
+            &[4, 3],
+            &Meta::contiguous(kiln_functionalize::DType::F32, vec![3]),
+        );
+        assert_eq!(
+            (0..6).map(|i| b.eval(i)).collect::<Vec<_>>(),
+            [0, 1, 2, 0, 1, 2]
+        );
+        assert!(!b.is_identity() && !b.is_constant());
+    }
+
+    #[test]
+    fn regions_evaluate_as_they_emit() {
+        let s = Region::Slice {
+            dim: 0,
+            start: 1,
+            end: 7,
+            step: 3,
+        };
+        assert_eq!(s.eval(&[4, 2]), Some(vec![1, 2]));
+        assert_eq!(s.eval(&[5, 2]), None);
+        let d = Region::Diagonal {
+            offset: -1,
+            d1: 0,
+            d2: 1,
+        };
+        assert_eq!(d.eval(&[3, 2]), Some(vec![2]));
+        assert_eq!(d.eval(&[2, 2]), None);
+        let (pred, sm) = d.emit(&["a".into(), "b".into()]);
+        assert_eq!(pred, "(i32(b) - i32(a) == -1i)");
+        assert_eq!(sm, ["b"]);
+    }
+}
