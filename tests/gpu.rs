@@ -583,3 +583,46 @@ fn product_epilogues_fuse() {
         close_gpu("ffn", &got.outputs[0], &want.outputs[0], 1e-5).unwrap();
     }
 }
+
+/// Elementwise tails of row kernels, reductions and gathers are stored by
+/// those kernels (the softmax, norm, sum and embedding results themselves
+/// never reach memory), in every row-kernel variant: one row per
+/// invocation, rows through workgroup memory, wide rows in passes.
+#[test]
+fn row_kernel_and_reduction_epilogues_fuse() {
+    for w in [5usize, 300, 1500] {
+        let src = format!(
+            "graph f(%x: f32[7, {w}], %g: f32[{w}], %b: f32[{w}], %t: f32[9, {w}], %i: i32[4]) {{
+  %s = softmax(%x, -1)
+  %s2 = mul(%s, 2.0)
+  %n = layer_norm(%x, [{w}], %g, %b, 1e-05)
+  %r = relu(%n)
+  %m = sum(%x, [1])
+  %q = sqrt(%m)
+  %e = embedding(%t, %i)
+  %e2 = mul(%e, 3.0)
+  return (%s2, %r, %q, %e2)
+}}"
+        );
+        let g = parse(&src).unwrap();
+        let p = kiln::engine::compile(&g).unwrap();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        assert_eq!(labels.len(), 4, "{labels:?}");
+        assert!(
+            labels.iter().all(|l| l.contains('+')),
+            "every kernel stores a tail: {labels:?}"
+        );
+        let mut ins = kiln::functionalize::random::random_inputs(&g, w as u64, 2.0);
+        ins[4] = RTensor::from_values(
+            kiln::functionalize::Meta::contiguous(DType::I32, vec![4]),
+            &[0.0, 8.0, 3.0, 3.0],
+        );
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        for mut e in [engine(), gpu_variants()] {
+            let got = e.run(&g, ins.clone()).unwrap();
+            for (a, b) in got.outputs.iter().zip(&want.outputs) {
+                close_gpu(&format!("width {w}"), a, b, 1e-5).unwrap();
+            }
+        }
+    }
+}

@@ -776,7 +776,10 @@ fn kernel_flops(
     if let [v] = grp {
         match sched.fused.get(v) {
             Some(&schedule::Fused::Epilogue { product }) => {
-                return product_flops(g, product).unwrap_or(0) + ops.saturating_sub(1) * elements;
+                // A product's 2 M N K, or one operation per element for a
+                // row kernel or reduction; then one per element and tail op.
+                return product_flops(g, product).unwrap_or(elements)
+                    + ops.saturating_sub(1) * elements;
             }
             Some(&schedule::Fused::Attention {
                 scores, product, ..

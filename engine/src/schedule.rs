@@ -84,8 +84,9 @@ pub struct Schedule {
 /// A kernel computing a value together with products it absorbs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fused {
-    /// An elementwise tail of a product (bias, GELU, residual add,
-    /// scale) applied in the product's epilogue.
+    /// An elementwise tail of a kernel's result (a product's bias, GELU,
+    /// residual add or scale; a scale after a softmax or a norm) computed
+    /// where the kernel stores, in place of its result.
     Epilogue { product: NodeId },
     /// `softmax(f(Q K)) V` with `f` elementwise (scale, mask): tiles of
     /// keys with an online softmax, no score tensor in memory.
@@ -219,17 +220,24 @@ fn feeds_products_only(g: &Graph, s: &Schedule, v: ValueId) -> bool {
         })
 }
 
-/// Fuses matrix products with what follows them: `softmax(f(Q K)) V`
-/// into one attention kernel, and an elementwise tail into the product's
-/// epilogue when the tail has a buffer anyway (an output, several
-/// readers) or feeds only other products (which would recompute it per
-/// tile). The absorbed products' results lose their buffers.
+/// Fuses kernels with what follows them: `softmax(f(Q K)) V` into one
+/// attention kernel, and an elementwise tail into the epilogue of a
+/// product, row kernel, reduction or gather when the tail has a buffer
+/// anyway (an output, several readers) or feeds only products (which
+/// would recompute it per tile). The absorbed results lose their buffers.
 fn fuse_products(g: &Graph, s: &mut Schedule, out: &HashSet<ValueId>, force: &HashSet<ValueId>) {
     let mut absorbed: Vec<ValueId> = vec![];
     let mut added: Vec<ValueId> = vec![];
     let mut claimed = HashSet::new();
     for &n in &g.order {
-        if g.nodes[n].op.def().lowering != Lowering::MatMul {
+        if !matches!(
+            g.nodes[n].op.def().lowering,
+            Lowering::MatMul
+                | Lowering::Softmax { .. }
+                | Lowering::LayerNorm
+                | Lowering::Reduce
+                | Lowering::Gather
+        ) {
             continue;
         }
         let Some(r) = absorbable(g, s, out, force, n) else {

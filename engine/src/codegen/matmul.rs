@@ -147,11 +147,9 @@ impl Gen<'_> {
         })
     }
 
-    /// The kernel of product node `n` storing `target`: the product's own
-    /// result, or the end of an elementwise chain over it computed in the
-    /// epilogue (`Fused::Epilogue`). Tiles of 64x64 through workgroup
+    /// The kernel of product node `n`: tiles of 64x64 through workgroup
     /// memory, or 4x4 blocks per invocation (`tile_min_rows`).
-    pub(super) fn matmul(&mut self, n: NodeId, target: ValueId, label: String) -> R<KernelCode> {
+    pub(super) fn matmul(&mut self, n: NodeId, label: String) -> R<KernelCode> {
         let g = self.g;
         let node = &g.nodes[n];
         let name = node.op.name();
@@ -234,18 +232,7 @@ impl Gen<'_> {
             };
         }
         let res = cast(&res, acc_dt, om.dtype);
-        let res = if target == v {
-            res
-        } else {
-            // The chain reads the product at this element only.
-            let res = self.body.bind(ty(om.dtype), res);
-            self.memo.insert((v, oi.clone()), res);
-            let Def::Node(tn, tk) = g.values[target].def else {
-                return Err(bug("an epilogue without a node"));
-            };
-            self.node_at(tn, tk, &oi)?
-        };
-        self.store_to(target, &oi, &res)?;
+        self.store_to(v, &oi, &res)?;
         self.memo = saved_epilogue;
         // Both variants end in a loop over the invocation's outputs; a
         // workgroup covers 64 columns and 64 rows (16 for short tiled

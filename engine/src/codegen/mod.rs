@@ -131,6 +131,9 @@ pub struct Gen<'a> {
     pub workgroup: u32,
     /// See `CompileOptions::grid_stride`.
     pub grid_stride: Option<usize>,
+    /// In an epilogue kernel: (the kernel's own result, the elementwise
+    /// tail stored in its place).
+    epilogue: Option<(ValueId, ValueId)>,
     /// The element count of the 1-D kernel being generated when its
     /// invocations loop over the grid (`guard`).
     stride_over: Option<usize>,
@@ -166,6 +169,7 @@ impl<'a> Gen<'a> {
             vec: Vectorize::default(),
             workgroup: wgsl::WORKGROUP,
             grid_stride: None,
+            epilogue: None,
             stride_over: None,
             rules: BindingRules::default(),
             slots: vec![],
@@ -624,7 +628,26 @@ impl<'a> Gen<'a> {
         }
     }
 
+    /// Stores element `idx` of `v`; in an epilogue kernel (`Fused::Epilogue`)
+    /// the elementwise tail over `v` at `idx` instead, into the tail's
+    /// buffer (`v` itself never reaches memory).
     fn store_to(&mut self, v: ValueId, idx: &str, value: &str) -> R<()> {
+        if let Some((_, target)) = self.epilogue.filter(|(src, _)| *src == v) {
+            let saved = self.memo.clone();
+            let x = self.body.bind(ty(self.meta(v).dtype), value.to_string());
+            // The tail reads `v` at this element only (`schedule`).
+            self.memo.insert((v, idx.to_string()), x);
+            let Def::Node(tn, tk) = self.g.values[target].def else {
+                return Err(bug("an epilogue without a node"));
+            };
+            let y = self.node_at(tn, tk, idx)?;
+            self.memo = saved;
+            return self.store_plain(target, idx, &y);
+        }
+        self.store_plain(v, idx, value)
+    }
+
+    fn store_plain(&mut self, v: ValueId, idx: &str, value: &str) -> R<()> {
         if !self.locs.contains_key(&v) {
             return Err(bug("a materialized value without a buffer"));
         }
@@ -637,10 +660,10 @@ impl<'a> Gen<'a> {
         Ok(())
     }
 
-    /// The kernel that materializes value `v` (result `k` of node `n`).
+    /// The kernels that materialize value `v`.
     pub fn kernel(&mut self, v: ValueId) -> R<Vec<KernelCode>> {
         let g = self.g;
-        let Def::Node(n, k) = g.values[v].def else {
+        let Def::Node(n, _) = g.values[v].def else {
             return Ok(vec![]);
         };
         let node = &g.nodes[n];
@@ -652,8 +675,12 @@ impl<'a> Gen<'a> {
         }
         match self.s.fused.get(&v) {
             Some(&Fused::Epilogue { product }) => {
+                let r = g.nodes[product].results[0];
+                self.epilogue = Some((r, v));
                 let label = format!("{}+{label}", g.nodes[product].op.name());
-                return Ok(vec![self.matmul(product, v, label)?]);
+                let ks = self.kernel_of(product, r, label);
+                self.epilogue = None;
+                return ks;
             }
             Some(&Fused::Attention {
                 scores,
@@ -663,6 +690,21 @@ impl<'a> Gen<'a> {
                 return Ok(vec![self.attention(scores, softmax, product, label)?]);
             }
             None => {}
+        }
+        self.kernel_of(n, v, label)
+    }
+
+    /// The kernels computing `v`, result `k` of node `n`.
+    fn kernel_of(&mut self, n: NodeId, v: ValueId, label: String) -> R<Vec<KernelCode>> {
+        let g = self.g;
+        let Def::Node(_, k) = g.values[v].def else {
+            return Ok(vec![]);
+        };
+        let node = &g.nodes[n];
+        let name = node.op.name();
+        let out = g.meta(v).clone();
+        if out.numel() == 0 {
+            return Ok(vec![]);
         }
         if let Some(&base) = self.s.inplace.get(&v) {
             // Re-inplaced scatter: write only the region into the base's buffer.
@@ -694,7 +736,7 @@ impl<'a> Gen<'a> {
             Lowering::Reduce => Ok(vec![self.reduce(n, v, &margs, label)?]),
             Lowering::Softmax { log } => Ok(vec![self.softmax(n, v, log, label)?]),
             Lowering::LayerNorm => Ok(vec![self.layer_norm(n, v, label)?]),
-            Lowering::MatMul => Ok(vec![self.matmul(n, v, label)?]),
+            Lowering::MatMul => Ok(vec![self.matmul(n, label)?]),
             Lowering::Gather => Ok(vec![self.gather(n, v, label)?]),
             Lowering::Map | Lowering::Free | Lowering::RegionScatter(_) => {
                 Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?])
