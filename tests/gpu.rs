@@ -175,6 +175,8 @@ fn gpu_variants() -> Engine {
     options.vectorize = true;
     // Few workgroups, so invocations loop over the grid several times.
     options.grid_stride = Some(3);
+    options.fuse_attention = true;
+    options.contiguous_operands = false;
     Engine::on(kiln::engine::Session::with_options(gpu, options))
 }
 
@@ -504,7 +506,8 @@ fn fused_region_updates_match_the_reference() {
 /// score tensor in memory) and matches the reference at awkward sizes:
 /// one query, fewer keys than a tile, keys past a tile, head widths 1 to
 /// 128, rows masked with -inf entirely (NaN, as eager gives, not
-/// compared), a value operand broadcast over the batch; on both variants.
+/// compared), a value operand broadcast over the batch; fused (the GPU
+/// variants) and unfused (a CPU adapter's choice).
 #[test]
 fn attention_is_one_kernel_at_awkward_sizes() {
     let mut engines = [engine(), gpu_variants()];

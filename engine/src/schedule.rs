@@ -97,11 +97,14 @@ pub enum Fused {
     },
 }
 
+/// `attention`: fuse `softmax(f(Q K)) V` into attention kernels
+/// (`CompileOptions::fuse_attention`).
 pub fn schedule(
     g: &Graph,
     outputs: &[ValueId],
     pinned: HashSet<ValueId>,
     force: &HashSet<ValueId>,
+    attention: bool,
 ) -> Result<Schedule, EngineError> {
     let mut uses: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
     for &n in &g.order {
@@ -176,7 +179,7 @@ pub fn schedule(
             }
         }
     }
-    fuse_products(g, &mut s, &out_set, force);
+    fuse_products(g, &mut s, &out_set, force, attention);
     Ok(s)
 }
 
@@ -225,7 +228,13 @@ fn feeds_products_only(g: &Graph, s: &Schedule, v: ValueId) -> bool {
 /// product, row kernel, reduction or gather when the tail has a buffer
 /// anyway (an output, several readers) or feeds only products (which
 /// would recompute it per tile). The absorbed results lose their buffers.
-fn fuse_products(g: &Graph, s: &mut Schedule, out: &HashSet<ValueId>, force: &HashSet<ValueId>) {
+fn fuse_products(
+    g: &Graph,
+    s: &mut Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+    attention: bool,
+) {
     let mut absorbed: Vec<ValueId> = vec![];
     let mut added: Vec<ValueId> = vec![];
     let mut claimed = HashSet::new();
@@ -251,7 +260,10 @@ fn fuse_products(g: &Graph, s: &mut Schedule, out: &HashSet<ValueId>, force: &Ha
         if !claimed.insert(t) {
             continue;
         }
-        if let Some((p, o, on)) = attention_of(g, s, out, force, n, t) {
+        if let Some((p, o, on)) = attention
+            .then(|| attention_of(g, s, out, force, n, t))
+            .flatten()
+        {
             s.fused.insert(
                 o,
                 Fused::Attention {
@@ -292,13 +304,25 @@ fn fuse_products(g: &Graph, s: &mut Schedule, out: &HashSet<ValueId>, force: &Ha
 }
 
 /// Matrix-product operands computed inline (index maps such as a
-/// transpose or a head merge, elementwise expressions): given a buffer of
-/// their own, the product reads them as contiguous rows.
-pub fn inline_product_operands(g: &Graph) -> HashSet<ValueId> {
+/// transpose or a head merge, elementwise expressions) in schedule `s`:
+/// given a buffer of their own, the product reads them as contiguous rows.
+/// Attention kernels stage their operands through workgroup memory
+/// anyway: theirs are left alone.
+pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
+    let attention: HashSet<NodeId> = s
+        .fused
+        .values()
+        .flat_map(|f| match *f {
+            Fused::Attention {
+                scores, product, ..
+            } => vec![scores, product],
+            Fused::Epilogue { .. } => vec![],
+        })
+        .collect();
     let mut out = HashSet::new();
     for &n in &g.order {
         let node = &g.nodes[n];
-        if node.op.def().lowering != Lowering::MatMul {
+        if node.op.def().lowering != Lowering::MatMul || attention.contains(&n) {
             continue;
         }
         // `addmm`'s addend (argument 0) and `linear`'s bias (2) are read

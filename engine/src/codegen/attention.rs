@@ -56,18 +56,17 @@ impl Gen<'_> {
         let koff = self.ravel(&bm, &k.batch, 0);
         let voff = self.ravel(&bm, &v.batch, 0);
         // The query row, in registers.
+        // Loops over the head width are unrolled: constant indices keep
+        // `q` and `acc` in registers (a dynamic index puts them in memory).
         self.body.stmt(format!("var q: array<f32, {dk}>;"));
-        self.body
-            .stmt(format!("for (var d = 0u; d < {}; d = d + 1u) {{", u(dk)));
         self.memo.clear();
-        let qi = self.body.bind(
-            "u32",
-            format!("{qoff} + ic * {} + d * {}", u(q.rs), u(q.cs)),
-        );
-        let x = self.value_at(q.v, &qi)?;
-        let x = cast(&x, g.meta(q.v).dtype, DType::F32);
-        self.body.stmt(format!("q[d] = {x};"));
-        self.body.stmt("}".into());
+        let qrow = self.body.bind("u32", format!("{qoff} + ic * {}", u(q.rs)));
+        for d in 0..dk {
+            let qi = self.body.bind("u32", format!("{qrow} + {}", u(d * q.cs)));
+            let x = self.value_at(q.v, &qi)?;
+            let x = cast(&x, g.meta(q.v).dtype, DType::F32);
+            self.body.stmt(format!("q[{d}] = {x};"));
+        }
         self.memo.clear();
         self.body.stmt(format!("var acc: array<f32, {dv}>;"));
         self.body.stmt(format!("var m: f32 = {ninf};"));
@@ -114,11 +113,11 @@ impl Gen<'_> {
             u(KEYS)
         ));
         self.body.stmt("var s: f32 = 0.0;".into());
-        self.body.stmt(format!(
-            "for (var d = 0u; d < {}; d = d + 1u) {{ s = s + q[d] * ks[jj * {} + d]; }}",
-            u(dk),
-            u(dk)
-        ));
+        self.body.stmt(format!("let kb = jj * {};", u(dk)));
+        for d in 0..dk {
+            self.body
+                .stmt(format!("s = s + q[{d}] * ks[kb + {}];", u(d)));
+        }
         self.body.stmt("let j = j0 + jj;".into());
         let si = self.body.bind(
             "u32",
@@ -146,10 +145,9 @@ impl Gen<'_> {
         self.body
             .stmt("let alpha = select(exp(m - mn), 1.0, dead);".into());
         self.body.stmt("l = l * alpha;".into());
-        self.body.stmt(format!(
-            "for (var c = 0u; c < {}; c = c + 1u) {{ acc[c] = acc[c] * alpha; }}",
-            u(dv)
-        ));
+        for c in 0..dv {
+            self.body.stmt(format!("acc[{c}] = acc[{c}] * alpha;"));
+        }
         self.body.stmt(format!(
             "for (var jj = 0u; jj < {}; jj = jj + 1u) {{",
             u(KEYS)
@@ -157,25 +155,25 @@ impl Gen<'_> {
         self.body
             .stmt("let p = select(exp(sc[jj] - mn), 0.0, dead);".into());
         self.body.stmt("l = l + p;".into());
-        self.body.stmt(format!(
-            "for (var c = 0u; c < {}; c = c + 1u) {{ acc[c] = acc[c] + p * vs[jj * {} + c]; }}",
-            u(dv),
-            u(dv)
-        ));
+        self.body.stmt(format!("let vb = jj * {};", u(dv)));
+        for c in 0..dv {
+            self.body
+                .stmt(format!("acc[{c}] = acc[{c}] + p * vs[vb + {}];", u(c)));
+        }
         self.body.stmt("}".into());
         self.body.stmt("m = mn;".into());
         self.body.stmt("workgroupBarrier();".into());
         self.body.stmt("}".into());
         self.body.stmt(format!("if (i >= {}) {{ return; }}", u(sq)));
-        self.body
-            .stmt(format!("for (var c = 0u; c < {}; c = c + 1u) {{", u(dv)));
-        let oi = self
+        let orow = self
             .body
-            .bind("u32", format!("bz * {} + i * {} + c", u(sq * dv), u(dv)));
+            .bind("u32", format!("bz * {} + i * {}", u(sq * dv), u(dv)));
         let od = g.meta(o).dtype;
-        let y = cast("(acc[c] / l)", DType::F32, od);
-        self.store_to(o, &oi, &y)?;
-        self.body.stmt("}".into());
+        for c in 0..dv {
+            let oi = self.body.bind("u32", format!("{orow} + {}", u(c)));
+            let y = cast(&format!("(acc[{c}] / l)"), DType::F32, od);
+            self.store_to(o, &oi, &y)?;
+        }
         if nb > 65535 {
             return Err(EngineError::Unsupported(format!(
                 "attention over {nb} batch entries: too many workgroups"

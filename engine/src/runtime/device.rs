@@ -151,6 +151,7 @@ impl Gpu {
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
             vectorize: true,
             contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
+            fuse_attention: self.info.device_type != wgpu::DeviceType::Cpu,
             grid_stride: if self.info.device_type == wgpu::DeviceType::Cpu {
                 None
             } else {
