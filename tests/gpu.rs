@@ -403,14 +403,25 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
 
 /// Softmax, log_softmax and layer norm along contiguous rows at awkward
 /// widths: a row per 1 to 64 invocations reducing through workgroup
-/// memory (in registers up to 1024 wide, in passes past that), and the
-/// CPU adapters' row per invocation.
+/// memory (in registers up to 1024 wide, in passes past that), the same
+/// combining lanes by subgroup shuffles first (the adapter has them:
+/// lavapipe does), and the CPU adapters' row per invocation.
 #[test]
 fn row_kernels_at_awkward_widths() {
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     let mut options = gpu.compile_options();
     options.workgroup_rows = true;
-    let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+    let sg = options.subgroup;
+    assert!(sg.is_some(), "the adapter has no subgroup operations");
+    let mut shuffled = Engine::on(kiln::engine::Session::with_options(
+        gpu.clone(),
+        options.clone(),
+    ));
+    options.subgroup = None;
+    let mut e = Engine::on(kiln::engine::Session::with_options(
+        gpu.clone(),
+        options.clone(),
+    ));
     let mut looped = Engine::on(kiln::engine::Session::new(gpu));
     for w in [1usize, 3, 17, 64, 65, 384, 783, 1024, 1025, 5000] {
         let src = format!(
@@ -430,9 +441,23 @@ fn row_kernels_at_awkward_widths() {
             .filter(|k| k.code.wgsl.contains("red["))
             .count();
         assert_eq!(rows, 3, "width {w}");
+        let with_sg = kiln::engine::compile_with(
+            &g,
+            &kiln::engine::CompileOptions {
+                subgroup: sg,
+                ..options.clone()
+            },
+        )
+        .unwrap();
+        let shuffles = with_sg
+            .kernels
+            .iter()
+            .filter(|k| k.code.wgsl.contains("subgroupShuffleXor("))
+            .count();
+        assert_eq!(shuffles, if w > 1 { 3 } else { 0 }, "width {w}");
         let ins = kiln::functionalize::random::random_inputs(&g, w as u64, 2.0);
         let want = kiln::run(&g, ins.clone()).unwrap();
-        for e in [&mut e, &mut looped] {
+        for e in [&mut e, &mut shuffled, &mut looped] {
             let got = e.run(&g, ins.clone()).unwrap();
             for (a, b) in got.outputs.iter().zip(&want.outputs) {
                 close_gpu(&format!("width {w}"), a, b, 1e-5).unwrap();

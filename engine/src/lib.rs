@@ -268,6 +268,11 @@ pub struct CompileOptions {
     /// 2478 GB/s with vec4 loads, 1868 with one f32 an invocation; lavapipe
     /// runs a 16M-element chain in 42 ms instead of 51).
     pub vectorize: bool,
+    /// Row reductions combine lanes with subgroup shuffles (no workgroup
+    /// memory, no barrier) within blocks of this many invocations, the
+    /// device's smallest subgroup size; `None` where the device has no
+    /// subgroup operations (workgroup memory throughout).
+    pub subgroup: Option<usize>,
     /// `softmax(f(Q K)) V` as one attention kernel (online softmax over
     /// tiles of keys; no score tensor in memory). GPUs: `true`. CPU
     /// adapters: `false` (lavapipe runs a query row per SIMD lane, its
@@ -307,6 +312,7 @@ impl Default for CompileOptions {
             grid_stride: Some(2048),
             contiguous_operands: false,
             fuse_attention: true,
+            subgroup: None,
             rules: BindingRules::default(),
             max_bindings: 8,
             constants: vec![],
@@ -645,6 +651,7 @@ fn lower(
     gen.workgroup_rows = options.workgroup_rows;
     gen.workgroup = options.workgroup;
     gen.grid_stride = options.grid_stride;
+    gen.subgroup = options.subgroup;
     gen.vectorize = options.vectorize;
     gen.rules = options.rules;
     for grp in &groups {

@@ -131,6 +131,8 @@ pub struct Gen<'a> {
     pub workgroup: u32,
     /// See `CompileOptions::grid_stride`.
     pub grid_stride: Option<usize>,
+    /// See `CompileOptions::subgroup`.
+    pub subgroup: Option<usize>,
     /// In an epilogue kernel: (the kernel's own result, the elementwise
     /// tail stored in its place).
     epilogue: Option<(ValueId, ValueId)>,
@@ -169,6 +171,7 @@ impl<'a> Gen<'a> {
             vec: Vectorize::default(),
             workgroup: wgsl::WORKGROUP,
             grid_stride: None,
+            subgroup: None,
             epilogue: None,
             stride_over: None,
             rules: BindingRules::default(),

@@ -349,7 +349,10 @@ impl Gen<'_> {
     /// Each of `partials` combined over the lanes of each row through
     /// workgroup memory (one tree of `lanes` for all of them: `red` holds
     /// 64 floats per partial); every lane gets the results. Barriers are
-    /// reached by every invocation (uniform control flow).
+    /// reached by every invocation (uniform control flow). With subgroups,
+    /// butterfly shuffles combine blocks of up to the subgroup size first
+    /// (a row's lanes are consecutive invocations), and workgroup memory
+    /// only the blocks' results.
     pub(super) fn row_reduce(
         &mut self,
         t: &RowTile,
@@ -364,6 +367,51 @@ impl Gen<'_> {
                 format!("{a} + {b}")
             }
         };
+        if let Some(sg) = self.subgroup.filter(|&sg| t.lanes > 1 && sg <= 64) {
+            // Native WGSL (naga) takes subgroup builtins without an
+            // `enable` directive.
+            let block = t.lanes.min(sg);
+            let mut vals: Vec<String> = partials
+                .iter()
+                .map(|p| self.body.var("f32", p.to_string()))
+                .collect();
+            let mut mask = block / 2;
+            while mask >= 1 {
+                for v in &vals {
+                    let other = format!("subgroupShuffleXor({v}, {}u)", mask);
+                    self.body.stmt(format!("{v} = {};", op(v, &other)));
+                }
+                mask /= 2;
+            }
+            if block == t.lanes {
+                return vals;
+            }
+            // Blocks of the row: one result each through workgroup memory.
+            let blocks = t.lanes / block;
+            for (i, v) in vals.iter().enumerate() {
+                self.body.stmt(format!(
+                    "if (lid.x % {} == 0u) {{ red[{}u + lid.x / {}] = {v}; }}",
+                    u(block),
+                    64 * i,
+                    u(block)
+                ));
+            }
+            self.body.stmt("workgroupBarrier();".into());
+            let first = self
+                .body
+                .bind("u32", format!("(lid.x - {lane}) / {}", u(block)));
+            vals = (0..partials.len())
+                .map(|i| {
+                    let mut acc = format!("red[{}u + {first}]", 64 * i);
+                    for b in 1..blocks {
+                        acc = op(&acc, &format!("red[{}u + {first} + {}]", 64 * i, u(b)));
+                    }
+                    self.body.bind("f32", acc)
+                })
+                .collect();
+            self.body.stmt("workgroupBarrier();".into());
+            return vals;
+        }
         for (i, p) in partials.iter().enumerate() {
             self.body.stmt(format!("red[{}u + lid.x] = {p};", 64 * i));
         }

@@ -68,8 +68,10 @@ impl Gpu {
         let info = adapter.get_info();
         let mut limits = adapter.limits();
         adjust(&mut limits);
-        // GPU time comes from timestamp queries where the adapter has them.
-        let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        // GPU time comes from timestamp queries where the adapter has them;
+        // row reductions use subgroup operations where it has those.
+        let features =
+            adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP);
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kiln"),
@@ -152,6 +154,10 @@ impl Gpu {
             vectorize: true,
             contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
             fuse_attention: self.info.device_type != wgpu::DeviceType::Cpu,
+            subgroup: (self.features.contains(wgpu::Features::SUBGROUP)
+                && self.info.subgroup_min_size.is_power_of_two()
+                && self.info.subgroup_min_size >= 4)
+                .then_some(self.info.subgroup_min_size as usize),
             grid_stride: if self.info.device_type == wgpu::DeviceType::Cpu {
                 None
             } else {
