@@ -68,6 +68,35 @@ impl Affine {
         })
     }
 
+    /// The same map over the fewest dimensions: size-1 dimensions dropped,
+    /// neighbours merged where the outer stride is the inner dimension's
+    /// extent (a contiguous run, or a run of broadcast zeros), so emitted
+    /// code divides once per remaining dimension.
+    pub fn simplified(&self) -> Affine {
+        let mut sizes: Vec<usize> = vec![];
+        let mut strides: Vec<usize> = vec![];
+        for (&s, &st) in self.sizes.iter().zip(&self.strides) {
+            if s == 1 {
+                continue;
+            }
+            match (sizes.last_mut(), strides.last_mut()) {
+                (Some(ps), Some(pst)) if *pst == st * s => {
+                    *ps *= s;
+                    *pst = st;
+                }
+                _ => {
+                    sizes.push(s);
+                    strides.push(st);
+                }
+            }
+        }
+        Affine {
+            sizes,
+            strides,
+            offset: self.offset,
+        }
+    }
+
     /// Reads element `i` itself (dimensions of size 1 aside).
     pub fn is_identity(&self) -> bool {
         let want = contiguous_strides(&self.sizes);

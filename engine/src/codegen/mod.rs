@@ -423,6 +423,7 @@ impl<'a> Gen<'a> {
                 u(a.offset)
             };
         }
+        let a = a.simplified();
         let m = self.unravel(idx, &a.sizes);
         self.ravel(&m, &a.strides, a.offset)
     }
