@@ -389,8 +389,9 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
             .iter()
             .filter(|k| k.code.wgsl.contains("bitcast<vec4<f32>>"))
             .count();
-        // y4 and z4; u4 reads exp(x4) inline, element by element.
-        assert_eq!(vec4, if tiled { 0 } else { 2 });
+        // y4 and z4; u4 reads exp(x4) inline, element by element (its
+        // B tiles, staged through workgroup memory, are still vectors).
+        assert_eq!(vec4, if tiled { 3 } else { 2 });
         let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
         let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
         let want = kiln::run(&g, ins.clone()).unwrap();

@@ -252,6 +252,146 @@ impl Gen<'_> {
         Ok(self.finish(label, grid, [16, 16, 1]))
     }
 
+    /// Whether operand `x` (f32) can be read as vectors of four along
+    /// `inner` (stride 1) with `outer` and batch strides multiples of 4;
+    /// its vec4-bound slot then.
+    fn vec4_operand(
+        &mut self,
+        x: &Operand,
+        outer: usize,
+        inner: usize,
+        extent: usize,
+    ) -> R<Option<Slot>> {
+        let quad = |v: usize| v.is_multiple_of(4);
+        if !self.vectorize
+            || inner != 1
+            || !quad(outer)
+            || !quad(extent)
+            || extent == 0
+            || !x.batch.iter().all(|&b| quad(b))
+        {
+            return Ok(None);
+        }
+        self.vec4_slot_of(x.v)
+    }
+
+    /// A's tile (`bm` rows x 16 k) by vec4 loads along k: one vector an
+    /// invocation for 64-row tiles. `false` (nothing generated) when A is
+    /// not laid out for it.
+    fn vec4_tile_a(
+        &mut self,
+        a: &Operand,
+        aoff: &str,
+        bm: usize,
+        nn: usize,
+        kk: usize,
+        acc_dt: DType,
+    ) -> R<bool> {
+        if acc_dt != DType::F32 || nn == 0 || kk == 0 {
+            return Ok(false);
+        }
+        let Some(sa) = self.vec4_operand(a, a.rs, a.cs, kk)? else {
+            return Ok(false);
+        };
+        let sa_pad = bm + 1;
+        let n = bm * 4;
+        self.body.stmt(format!(
+            "for (var e = lid.y * 16u + lid.x; e < {}; e = e + 256u) {{",
+            u(n)
+        ));
+        self.body.stmt("let r = e / 4u;".into());
+        self.body.stmt("let kq = (e % 4u) * 4u;".into());
+        self.body.stmt(format!("let row = wid.y * {} + r;", u(bm)));
+        self.body.stmt("let ka = t0 + kq;".into());
+        self.body
+            .stmt(format!("let ok = row < {} && ka < {};", u(nn), u(kk)));
+        self.body.stmt(format!(
+            "let x = select(vec4<f32>(0.0), bitcast<vec4<f32>>({}[({}u + {aoff} + min(row, {}) * {} + min(ka, {})) >> 2u]), ok);",
+            sa.var,
+            sa.base,
+            u(nn - 1),
+            u(a.rs),
+            u(kk - 4)
+        ));
+        for (j, c) in ["x", "y", "z", "w"].iter().enumerate() {
+            self.body
+                .stmt(format!("ta[(kq + {j}u) * {} + r] = x.{c};", u(sa_pad)));
+        }
+        self.body.stmt("}".into());
+        Ok(true)
+    }
+
+    /// B's tile (16 k x 64 columns) by vec4 loads, along k (`linear`'s
+    /// weight) or along columns: one vector an invocation.
+    fn vec4_tile_b(
+        &mut self,
+        b: &Operand,
+        boff: &str,
+        kk: usize,
+        mm: usize,
+        acc_dt: DType,
+    ) -> R<bool> {
+        if acc_dt != DType::F32 || mm == 0 || kk == 0 {
+            return Ok(false);
+        }
+        let along_k = b.rs == 1;
+        let slot = if along_k {
+            self.vec4_operand(b, b.cs, b.rs, kk)?
+        } else {
+            self.vec4_operand(b, b.rs, b.cs, mm)?
+        };
+        let Some(sb) = slot else {
+            return Ok(false);
+        };
+        self.body.stmt("{".into());
+        self.body.stmt("let e = lid.y * 16u + lid.x;".into());
+        let load = |kb: &str, col: &str| {
+            format!(
+                "bitcast<vec4<f32>>({}[({}u + {boff} + {kb} * {} + {col} * {}) >> 2u])",
+                sb.var,
+                sb.base,
+                u(b.rs),
+                u(b.cs)
+            )
+        };
+        if along_k {
+            self.body.stmt("let c = e / 4u;".into());
+            self.body.stmt("let kq = (e % 4u) * 4u;".into());
+            self.body.stmt("let col = wid.x * 64u + c;".into());
+            self.body.stmt("let kb = t0 + kq;".into());
+            self.body
+                .stmt(format!("let ok = col < {} && kb < {};", u(mm), u(kk)));
+            let x = load(
+                &format!("min(kb, {})", u(kk - 4)),
+                &format!("min(col, {})", u(mm - 1)),
+            );
+            self.body
+                .stmt(format!("let x = select(vec4<f32>(0.0), {x}, ok);"));
+            for (j, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                self.body
+                    .stmt(format!("tb[(kq + {j}u) * 65u + c] = x.{c};"));
+            }
+        } else {
+            self.body.stmt("let kr = e / 16u;".into());
+            self.body.stmt("let cq = (e % 16u) * 4u;".into());
+            self.body.stmt("let col = wid.x * 64u + cq;".into());
+            self.body.stmt("let kb = t0 + kr;".into());
+            self.body
+                .stmt(format!("let ok = col < {} && kb < {};", u(mm), u(kk)));
+            let x = load(
+                &format!("min(kb, {})", u(kk - 1)),
+                &format!("min(col, {})", u(mm - 4)),
+            );
+            self.body
+                .stmt(format!("let x = select(vec4<f32>(0.0), {x}, ok);"));
+            for (j, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                self.body.stmt(format!("tb[kr * 65u + cq + {j}u] = x.{c};"));
+            }
+        }
+        self.body.stmt("}".into());
+        Ok(true)
+    }
+
     /// The 4x4 block of invocation (`r0`, `c0`) into `accs`, one k at a
     /// time, operands through `value_at` (any layout, inlined producers).
     #[allow(clippy::too_many_arguments)]
@@ -467,60 +607,67 @@ impl Gen<'_> {
             "for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{",
             u(kk)
         ));
-        // A: bm rows x 16 k, `tm` elements an invocation; along k when k is
-        // contiguous, else along rows.
-        self.body
-            .stmt(format!("for (var e = 0u; e < {}; e = e + 1u) {{", u(tm)));
-        let saved = std::mem::take(&mut self.memo);
-        let idx = self.body.bind("u32", "lin + e * 256u".into());
-        let (r, k) = if a.cs == 1 {
-            (format!("{idx} / 16u"), format!("{idx} % 16u"))
-        } else {
-            (format!("{idx} % {}", u(bm)), format!("{idx} / {}", u(bm)))
-        };
-        let (r, k) = (self.body.bind("u32", r), self.body.bind("u32", k));
-        let (row, ka) = (
-            self.body.bind("u32", format!("wid.y * {} + {r}", u(bm))),
-            self.body.bind("u32", format!("t0 + {k}")),
-        );
-        let pa = self
-            .body
-            .bind("bool", format!("{row} < {} && {ka} < {}", u(nn), u(kk)));
-        let ia = format!("{aoff} + {row} * {} + {ka} * {}", u(a.rs), u(a.cs));
-        let slot = format!("{k} * {} + {r}", u(sa));
-        self.load_tile("ta", &slot, a.v, &ia, &pa, acc_dt)?;
-        self.memo = saved;
-        self.body.stmt("}".into());
-        // B: 16 k x 64 columns, 4 elements an invocation; along columns
-        // when they are contiguous.
-        self.body
-            .stmt("for (var e = 0u; e < 4u; e = e + 1u) {".into());
-        let saved = std::mem::take(&mut self.memo);
-        let idx = self.body.bind("u32", "lin + e * 256u".into());
-        let (k, c) = if b.cs == 1 || b.rs != 1 {
-            (format!("{idx} / 64u"), format!("{idx} % 64u"))
-        } else {
-            (format!("{idx} % 16u"), format!("{idx} / 16u"))
-        };
-        let (k, c) = (self.body.bind("u32", k), self.body.bind("u32", c));
-        let (kb, col) = (
-            self.body.bind("u32", format!("t0 + {k}")),
-            self.body.bind("u32", format!("wid.x * 64u + {c}")),
-        );
-        let pb = self
-            .body
-            .bind("bool", format!("{kb} < {} && {col} < {}", u(kk), u(mm)));
-        let ib = format!("{boff} + {kb} * {} + {col} * {}", u(b.rs), u(b.cs));
-        self.load_tile(
-            "tb",
-            &format!("{k} * {} + {c}", u(sb)),
-            b.v,
-            &ib,
-            &pb,
-            acc_dt,
-        )?;
-        self.memo = saved;
-        self.body.stmt("}".into());
+        // Operand tiles: vec4 loads of buffers laid out for them (four
+        // consecutive k of A, of B along k or along its columns), else
+        // element by element through `value_at`.
+        if !self.vec4_tile_a(a, &aoff, bm, nn, kk, acc_dt)? {
+            // A: bm rows x 16 k, `tm` elements an invocation; along k when k is
+            // contiguous, else along rows.
+            self.body
+                .stmt(format!("for (var e = 0u; e < {}; e = e + 1u) {{", u(tm)));
+            let saved = std::mem::take(&mut self.memo);
+            let idx = self.body.bind("u32", "lin + e * 256u".into());
+            let (r, k) = if a.cs == 1 {
+                (format!("{idx} / 16u"), format!("{idx} % 16u"))
+            } else {
+                (format!("{idx} % {}", u(bm)), format!("{idx} / {}", u(bm)))
+            };
+            let (r, k) = (self.body.bind("u32", r), self.body.bind("u32", k));
+            let (row, ka) = (
+                self.body.bind("u32", format!("wid.y * {} + {r}", u(bm))),
+                self.body.bind("u32", format!("t0 + {k}")),
+            );
+            let pa = self
+                .body
+                .bind("bool", format!("{row} < {} && {ka} < {}", u(nn), u(kk)));
+            let ia = format!("{aoff} + {row} * {} + {ka} * {}", u(a.rs), u(a.cs));
+            let slot = format!("{k} * {} + {r}", u(sa));
+            self.load_tile("ta", &slot, a.v, &ia, &pa, acc_dt)?;
+            self.memo = saved;
+            self.body.stmt("}".into());
+        }
+        if !self.vec4_tile_b(b, &boff, kk, mm, acc_dt)? {
+            // B: 16 k x 64 columns, 4 elements an invocation; along columns
+            // when they are contiguous.
+            self.body
+                .stmt("for (var e = 0u; e < 4u; e = e + 1u) {".into());
+            let saved = std::mem::take(&mut self.memo);
+            let idx = self.body.bind("u32", "lin + e * 256u".into());
+            let (k, c) = if b.cs == 1 || b.rs != 1 {
+                (format!("{idx} / 64u"), format!("{idx} % 64u"))
+            } else {
+                (format!("{idx} % 16u"), format!("{idx} / 16u"))
+            };
+            let (k, c) = (self.body.bind("u32", k), self.body.bind("u32", c));
+            let (kb, col) = (
+                self.body.bind("u32", format!("t0 + {k}")),
+                self.body.bind("u32", format!("wid.x * 64u + {c}")),
+            );
+            let pb = self
+                .body
+                .bind("bool", format!("{kb} < {} && {col} < {}", u(kk), u(mm)));
+            let ib = format!("{boff} + {kb} * {} + {col} * {}", u(b.rs), u(b.cs));
+            self.load_tile(
+                "tb",
+                &format!("{k} * {} + {c}", u(sb)),
+                b.v,
+                &ib,
+                &pb,
+                acc_dt,
+            )?;
+            self.memo = saved;
+            self.body.stmt("}".into());
+        }
         self.body.stmt("workgroupBarrier();".into());
         self.body
             .stmt("for (var q = 0u; q < 16u; q = q + 1u) {".into());
