@@ -287,6 +287,50 @@ impl Pass<'_> {
         }
     }
 
+    /// The op and arguments computing view `op` on `args`: the view itself,
+    /// or in views mode its ATen `_copy` form. `chunk` and the list form of
+    /// `split` have none of their own: `split_copy` by the chunk size, or
+    /// `split_with_sizes_copy` by the pieces' sizes.
+    fn view_call(&self, op: OpId, args: Vec<Arg<ValueId>>) -> Result<(OpId, Vec<Arg<ValueId>>)> {
+        if self.mode == Remove::Mutations {
+            return Ok((op, args));
+        }
+        let lookup =
+            |n: &str| ops::lookup(n).ok_or_else(|| self.err(format!("internal error: no op {n}")));
+        let list = matches!(args.get(1), Some(Arg::IntList(_)));
+        match op.name() {
+            "chunk" => {
+                let metas: Vec<Arg<&Meta>> = args
+                    .iter()
+                    .map(|a| a.map(&mut |v| self.out.meta(*v)))
+                    .collect();
+                let pieces = ops::infer(op, &metas).map_err(|m| self.err(m))?;
+                let Some(Arg::Int(dim)) = args.get(2) else {
+                    return Err(self.err("internal error: chunk without a dim"));
+                };
+                let d = wrap_dim(*dim, self.out.meta(*args[0].tensors()[0]).dim())
+                    .map_err(|m| self.err(m))?;
+                let sizes: Vec<i64> = pieces.iter().map(|m| m.sizes[d] as i64).collect();
+                let first = sizes.first().copied().unwrap_or(0);
+                let total: i64 = sizes.iter().sum();
+                // `split_copy(x, s)` gives the same pieces when `s` is the
+                // first piece's size (all but the last equal to it).
+                let uniform = first > 0 && (total + first - 1) / first == sizes.len() as i64;
+                let (name, size) = if uniform {
+                    ("split_copy", Arg::Int(first))
+                } else {
+                    ("split_with_sizes_copy", Arg::IntList(sizes))
+                };
+                Ok((
+                    lookup(name)?,
+                    vec![args[0].clone(), size, Arg::Int(d as i64)],
+                ))
+            }
+            "split" if list => Ok((lookup("split_with_sizes_copy")?, args)),
+            _ => Ok((self.view_op(op), args)),
+        }
+    }
+
     fn apply_step(
         &mut self,
         storage: usize,
@@ -297,7 +341,8 @@ impl Pass<'_> {
     ) -> Result<ValueId> {
         let mut args = vec![Arg::Tensor(input)];
         args.extend(step.args.iter().cloned());
-        let res = self.emit_id(self.view_op(step.op), args)?;
+        let (op, args) = self.view_call(step.op, args)?;
+        let res = self.emit_id(op, args)?;
         // Multi-output views give every piece at once: remember them all.
         for (j, &r) in res.iter().enumerate() {
             let key = format!(
@@ -736,11 +781,7 @@ impl Pass<'_> {
                 let metas = vec![Arg::Tensor(parent_meta)];
                 let mut args: Vec<Arg<&Meta>> = metas;
                 args.extend(a.iter().map(|x| x.map(&mut |_| parent_meta)));
-                let pieces = match name {
-                    "split" => views::split(&args),
-                    _ => views::chunk(&args),
-                }
-                .map_err(|m| self.err(m))?;
+                let pieces = ops::infer(step.op, &args).map_err(|m| self.err(m))?;
                 let Arg::Int(dim) = &a[1] else { unreachable!() };
                 let d = wrap_dim(*dim, parent_meta.dim()).map_err(|m| self.err(m))?;
                 let start: usize = pieces[..step.index].iter().map(|m| m.sizes[d]).sum();
@@ -845,7 +886,7 @@ fn inverse_kind(view: &str) -> Option<Inverse> {
         "select" => Inverse::Scatter("select_scatter"),
         "diagonal" => Inverse::Scatter("diagonal_scatter"),
         "narrow" => Inverse::Narrow,
-        "split" | "chunk" => Inverse::Piece,
+        "split" | "split_with_sizes" | "chunk" => Inverse::Piece,
         "unbind" => Inverse::Unbind,
         "as_strided" => Inverse::AsStrided,
         "transpose" | "t" => Inverse::Involution,

@@ -7,9 +7,8 @@
 
 The op list comes from the "Op names" section of shared/spec/program-format.md
 (found beside the repository, or given with --spec; a built-in copy is used if
-the spec cannot be found). `<view>_copy` and `<elementwise>_` are expanded; an
-in-place name that has no aten op (maximum_, minimum_, where_) is listed
-separately and not required. Exit status 1 if a required op is unused.
+the spec cannot be found). `<elementwise>_` is expanded; a name that has no
+aten op (maximum_, minimum_, where_) is listed separately and not required. Exit status 1 if a required op is unused.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 BUILTIN = {
     "views": "view reshape slice select transpose t permute expand diagonal as_strided unsqueeze squeeze alias narrow unfold split chunk unbind",
+    "view copies": "view_copy slice_copy select_copy transpose_copy t_copy permute_copy expand_copy diagonal_copy as_strided_copy unsqueeze_copy squeeze_copy alias_copy narrow_copy unfold_copy split_copy split_with_sizes_copy unbind_copy",
     "scatters": "slice_scatter select_scatter diagonal_scatter as_strided_scatter",
     "elementwise": "add sub mul div neg exp log sqrt rsqrt abs relu sigmoid tanh gelu pow maximum minimum where clamp eq ne lt le gt ge logical_not sin cos reciprocal erf",
     "mutations": "copy_ fill_ zero_ masked_fill_ index_put_ copy fill zero masked_fill index_put",
@@ -54,7 +54,10 @@ def spec_groups(spec: Path | None) -> dict[str, list[str]]:
         key = bullet.split(":", 1)[0].strip()
         names = _names(bullet)
         if key.startswith("view copies"):
-            groups["view copies"] = []  # expanded below
+            # The list itself (the longest quoted run); the prose around
+            # it quotes other spellings.
+            run = max(re.findall(r"`([^`]*)`", bullet), key=len)
+            groups["view copies"] = _names(f"`{run}`")
         elif key.startswith("in place"):
             groups["mutations"] = [n for n in names if n not in ("name", "_")]
         else:
@@ -63,14 +66,10 @@ def spec_groups(spec: Path | None) -> dict[str, list[str]]:
 
 
 def all_ops(groups: dict[str, list[str]]):
-    views = groups.get("views", [])
     elem = groups.get("elementwise", [])
     required = []
     for k, v in groups.items():
-        if k == "view copies":
-            continue
         required += v
-    required += [v + "_copy" for v in views]
     required += [e + "_" for e in elem]
     seen = set()
     required = [x for x in required if not (x in seen or seen.add(x))]
@@ -84,13 +83,13 @@ def all_ops(groups: dict[str, list[str]]):
             except Exception:
                 return False
     except ImportError:  # without torch: the known gaps of torch 2.x
-        gaps = {"maximum_", "minimum_", "where_", "reshape_copy", "chunk_copy"}
+        gaps = {"maximum_", "minimum_", "where_"}
 
         def in_aten(n):
             return n not in gaps
     no_aten = [n for n in required if not in_aten(n)]
-    # `<view>_copy` missing from aten is run as view + clone by the runner: still required.
-    optional = [n for n in no_aten if not n.endswith("_copy")]
+    # Names ATen lacks (PyTorch cannot run them) are not required.
+    optional = no_aten
     required = [n for n in required if n not in optional]
     return required, optional, no_aten
 
@@ -131,7 +130,7 @@ def main(argv=None) -> int:
     print(f"{len(required)} spec ops required; programs in: {', '.join(str(d.relative_to(REPO)) if d.is_relative_to(REPO) else str(d) for d in dirs)}")
     if no_aten:
         print("spec names with no aten op: " + " ".join(no_aten)
-              + "  (the *_copy ones run as view + clone; the others are not required)")
+              + "  (not required)")
     extra = sorted(n for n in used if n not in required and n not in optional)
     if extra:
         print("ops used that the spec does not name: " + " ".join(extra))

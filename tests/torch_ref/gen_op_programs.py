@@ -476,11 +476,25 @@ MULTI_VIEW_CASES = [
     ("chunk", "uneven", ["%x: f32[783]"], "chunk(%x, 4)", 4),
     ("chunk", "more_chunks_than_size", ["%x: f32[5, 3]"], "chunk(%x, 4)", 3),
     ("chunk", "last_dim", ["%x: f32[3, 50]"], "chunk(%x, 2, -1)", 2),
+    ("chunk", "empty_dim", ["%x: f32[0, 3]"], "chunk(%x, 3)", 3),
+    ("split_with_sizes", "last_dim", ["%x: f32[3, 50]"], "split_with_sizes(%x, [10, 15, 25], -1)", 3),
+    ("split_with_sizes", "with_empty", ["%x: f32[7, 2]"], "split_with_sizes(%x, [3, 0, 4])", 3),
     ("unbind", "dim0", ["%x: f32[3, 50]"], "unbind(%x)", 3),
     ("unbind", "negative_dim", ["%x: f32[50, 3]"], "unbind(%x, -1)", 3),
     ("unbind", "of_transposed", ["%x: f32[2, 3]"], "unbind(%t, 0)", 3, ["%t = t(%x)"]),
     ("unbind", "size1", ["%x: f32[1, 783]"], "unbind(%x, 0)", 1),
 ]
+
+
+# ATen has no `reshape_copy` or `chunk_copy` (a functional program spells
+# them `view_copy` / `split_copy`), and the list form of `split` copies as
+# `split_with_sizes_copy`.
+NO_ATEN_COPY = {"reshape", "chunk"}
+
+
+def copy_form(op: str, call: str) -> tuple[str, str]:
+    cop = "split_with_sizes_copy" if op == "split" and "[" in call else op + "_copy"
+    return cop, cop + call[len(op):]
 
 
 def gen_views():
@@ -490,9 +504,10 @@ def gen_views():
         # read
         add(op, case, params, pre + [f"%v = {call}"], ["%v"])
         # the _copy form with the same args
-        cop = op + "_copy"
-        add(cop, case, params, pre + [f"%v = {cop}{call[len(op):]}", "%z = zero_(%x)"], ["%v", "%x"],
-            None, "the copy does not see the later write to %x")
+        if op not in NO_ATEN_COPY:
+            cop, ccall = copy_form(op, call)
+            add(cop, case, params, pre + [f"%v = {ccall}", "%z = zero_(%x)"], ["%v", "%x"],
+                None, "the copy does not see the later write to %x")
         # write through the view into a parameter
         if writable:
             add(op, case + "__write_through", params,
@@ -506,9 +521,10 @@ def gen_views():
         pre = c[5] if len(c) > 5 else []
         names = [f"%p{i}" for i in range(n)]
         add(op, case, params, pre + [f"{', '.join(names)} = {call}"], names)
-        cop = op + "_copy"
-        add(cop, case, params, pre + [f"{', '.join(names)} = {cop}{call[len(op):]}", "%z = zero_(%x)"],
-            names + ["%x"], None, "the copies do not see the later write to %x")
+        if op not in NO_ATEN_COPY:
+            cop, ccall = copy_form(op, call)
+            add(cop, case, params, pre + [f"{', '.join(names)} = {ccall}", "%z = zero_(%x)"],
+                names + ["%x"], None, "the copies do not see the later write to %x")
         body = pre + [f"{', '.join(names)} = {call}"]
         for i, nm in enumerate(names):
             body.append(f"%w{i} = mul_({nm}, {i + 2}.0)")

@@ -446,13 +446,6 @@ def describe(v) -> str:
     return repr(v)
 
 
-# View ops of the spec; `<view>_copy` that aten lacks runs the view, then a
-# contiguous clone of each result.
-VIEW_OPS = {
-    "view", "reshape", "slice", "select", "transpose", "t", "permute", "expand",
-    "diagonal", "as_strided", "unsqueeze", "squeeze", "alias", "narrow",
-    "unfold", "split", "chunk", "unbind",
-}
 
 
 def resolve_and_call(opname: str, args: list):
@@ -469,11 +462,6 @@ def resolve_and_call(opname: str, args: list):
         except NoBind:
             continue
         return op(*pos, **kw)
-    if opname.endswith("_copy") and opname[: -len("_copy")] in VIEW_OPS:
-        res = resolve_and_call(opname[: -len("_copy")], args)
-        if isinstance(res, (list, tuple)):
-            return [r.clone(memory_format=torch.contiguous_format) for r in res]
-        return res.clone(memory_format=torch.contiguous_format)
     if not cands:
         raise KilnError(f"unknown op {opname!r} (no aten.{opname} tensor overload)")
     sigs = "\n    ".join(str(op._schema) for op in cands)

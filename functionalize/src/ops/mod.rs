@@ -152,6 +152,14 @@ struct Builder {
 }
 
 impl Builder {
+    /// The index of op `name` (building only).
+    fn by_name_slow(&self, name: &str) -> usize {
+        self.ops
+            .iter()
+            .position(|o| o.name == name)
+            .unwrap_or_else(|| panic!("no op {name} yet"))
+    }
+
     fn add(&mut self, name: &str, kind: OpKind, schemas: &[&str], rule: Rule) -> OpId {
         let id = OpId(self.ops.len() as u16);
         let schemas = schemas.iter().map(|s| Schema::parse(s)).collect::<Vec<_>>();
@@ -264,7 +272,17 @@ fn build() -> Table {
         &["reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)"],
         Rule::ViewOrCopy(views::reshape),
     );
-    b.copy_of(reshape);
+    // ATen has no `reshape_copy`: a functional program's values are
+    // contiguous, where `view_copy` is the same thing.
+    let view = OpId(b.by_name_slow("view") as u16);
+    b.ops[reshape.0 as usize].counterpart = b.ops[view.0 as usize].counterpart;
+    // ATen's always-copying reshape.
+    b.add(
+        "_reshape_copy",
+        Functional,
+        &["_reshape_copy(Tensor self, SymInt[] size) -> Tensor"],
+        Rule::ViewCopy(reshape),
+    );
     b.view(
         "slice",
         false,
@@ -352,10 +370,18 @@ fn build() -> Table {
         views::split,
     );
     b.view(
-        "chunk",
+        "split_with_sizes",
         true,
+        &["split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]"],
+        views::split,
+    );
+    // ATen has no `chunk_copy`: functional programs spell a chunk's
+    // pieces with `split_copy` / `split_with_sizes_copy` (the pass).
+    b.add(
+        "chunk",
+        MultiView,
         &["chunk(Tensor(a -> *) self, int chunks, int dim=0) -> Tensor(a)[]"],
-        views::chunk,
+        Rule::View(views::chunk),
     );
     b.view(
         "unbind",
