@@ -6,6 +6,7 @@ mod common;
 
 use common::{programs, root};
 use kiln::engine::{Engine, EngineError};
+use kiln::functionalize::compare::Tolerance;
 use kiln::functionalize::{parse, DType, RTensor};
 
 fn engine() -> Engine {
@@ -15,28 +16,29 @@ fn engine() -> Engine {
     }
 }
 
-/// Float tolerance: relative to the largest expected magnitude, since GPU
-/// transcendentals and f32 accumulation differ from the f64 reference by
-/// a few ulps. Elements PyTorch computes as inf or NaN are not compared:
-/// WGSL lets shader compilers assume finite arithmetic (lavapipe folds
-/// `inf - inf` and `x / 0`), so Kiln guarantees finite results only.
-fn close_gpu(what: &str, a: &RTensor, b: &RTensor, rtol: f64) -> Result<(), String> {
+/// `assert_close`'s tolerances (`kiln::functionalize::compare`): the
+/// dtype's defaults for `rel == 0`; for results accumulated over many
+/// terms (products, reductions: GPU f32 against the f64 reference), `rel`
+/// of the largest expected magnitude as well. Elements PyTorch computes as
+/// inf or NaN are not compared: WGSL lets shader compilers assume finite
+/// arithmetic (lavapipe folds `inf - inf` and `x / 0`), so Kiln guarantees
+/// finite results only.
+fn close_gpu(what: &str, a: &RTensor, b: &RTensor, rel: f64) -> Result<(), String> {
     common::same_type(what, a, b)?;
     let bv = b.values();
     let scale = bv
         .iter()
         .filter(|x| x.is_finite())
         .fold(1.0f64, |m, x| m.max(x.abs()));
-    let tol = match a.dtype() {
-        DType::F32 => rtol * scale,
-        DType::F16 => 2e-3 * scale,
-        _ => 0.0,
+    let tol = if rel == 0.0 {
+        Tolerance::of(a.dtype())
+    } else {
+        Tolerance::accumulated(a.dtype(), rel, scale)
     };
     for (i, (x, y)) in a.values().iter().zip(&bv).enumerate() {
-        let ok = !y.is_finite() || x == y || (x - y).abs() <= tol;
-        if !ok {
+        if y.is_finite() && !tol.accepts(*x, *y) {
             return Err(format!(
-                "{what}: element {i} is {x}, expected {y} (tolerance {tol:e})"
+                "{what}: element {i} is {x}, expected {y} ({tol:?})"
             ));
         }
     }
@@ -84,20 +86,8 @@ fn check_dir_on(dir: &str, mut e: Engine) {
                 .map(|(&v, t)| (names.get(v), t)),
         );
         got.sort_by(|a, b| a.0.cmp(&b.0));
-        let heavy = [
-            "matmul",
-            "mm(",
-            "bmm",
-            "linear",
-            "addmm",
-            "softmax",
-            "layer_norm",
-            "sum(",
-            "mean(",
-        ]
-        .iter()
-        .any(|k| std::fs::read_to_string(&prog).unwrap().contains(k));
-        let rtol = if heavy { 1e-4 } else { 1e-5 };
+        let heavy = common::accumulates(&std::fs::read_to_string(&prog).unwrap());
+        let rtol = if heavy { 1e-4 } else { 0.0 };
         for ((n1, a), (n2, b)) in got.iter().zip(&want) {
             if n1 != n2 {
                 failures.push(format!("{}: tensor {n1} vs {n2}", rel.display()));

@@ -7,7 +7,7 @@ use kiln::engine::{
     DeviceTensor, EngineError, Fetch, Gpu, HostTensor, Input, Output, RunOptions, Session, Timing,
 };
 use kiln::functionalize::random::random_inputs;
-use kiln::functionalize::{parse, Graph};
+use kiln::functionalize::{parse, DType, Graph};
 use std::sync::Arc;
 
 fn session() -> Session {
@@ -18,12 +18,16 @@ fn host(o: Output) -> HostTensor<'static> {
     o.host().expect("read back")
 }
 
-fn close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+/// `assert_close` for f32 results accumulated on the GPU (products,
+/// softmax): `rel` of the largest expected magnitude allowed as well.
+fn close(got: &[f32], want: &[f64], rel: f64, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+    let tol = kiln::functionalize::compare::Tolerance::accumulated(DType::F32, rel, scale);
     for (i, (a, b)) in got.iter().zip(want).enumerate() {
         assert!(
-            (*a as f64 - b).abs() <= tol * b.abs().max(1.0),
-            "{what}: element {i} is {a}, expected {b}"
+            tol.accepts(*a as f64, *b),
+            "{what}: element {i} is {a}, expected {b} ({tol:?})"
         );
     }
 }

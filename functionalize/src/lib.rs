@@ -2,6 +2,7 @@
 //! and its text format, the Rust tracer, the eager reference interpreter
 //! and the functionalization pass. No GPU dependency.
 
+pub mod compare;
 pub mod dtype;
 pub mod error;
 pub mod graph;

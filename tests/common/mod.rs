@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use kiln::functionalize::compare;
 use kiln::functionalize::{DType, RTensor};
 use std::path::{Path, PathBuf};
 
@@ -42,22 +43,46 @@ pub fn same_type(what: &str, a: &RTensor, b: &RTensor) -> Result<(), String> {
     Ok(())
 }
 
-/// Compares two tensors: exact for integers and bools, `atol + rtol * |b|`
-/// for floats (1e-5 for f32, 1e-3 for f16); NaN matches NaN.
+/// Compares two tensors with `assert_close`'s default tolerances for
+/// their dtype (`kiln::functionalize::compare`); NaN matches NaN.
 pub fn close(what: &str, a: &RTensor, b: &RTensor) -> Result<(), String> {
     same_type(what, a, b)?;
-    let tol = match a.dtype() {
-        DType::F32 => 1e-5,
-        DType::F16 => 1e-3,
-        _ => 0.0,
-    };
-    for (i, (x, y)) in a.values().iter().zip(b.values()).enumerate() {
-        let ok = (x.is_nan() && y.is_nan()) || x == &y || (x - y).abs() <= tol + tol * y.abs();
-        if !ok {
-            return Err(format!("{what}: element {i} is {x}, expected {y}"));
-        }
-    }
-    Ok(())
+    compare::assert_close(what, a, b, compare::Tolerance::of(a.dtype()))
+}
+
+/// Does program text `src` sum over many terms (products, reductions,
+/// normalizations), where two correct implementations round differently?
+pub fn accumulates(src: &str) -> bool {
+    [
+        "matmul",
+        "mm(",
+        "bmm",
+        "linear",
+        "addmm",
+        "softmax",
+        "layer_norm",
+        "sum(",
+        "mean(",
+    ]
+    .iter()
+    .any(|k| src.contains(k))
+}
+
+/// `close`, or for accumulated results (`accumulates`) the f32 rounding
+/// of a sum in another order: `rel` of the largest expected magnitude.
+pub fn close_accumulated(what: &str, a: &RTensor, b: &RTensor, rel: f64) -> Result<(), String> {
+    same_type(what, a, b)?;
+    let scale = b
+        .values()
+        .iter()
+        .filter(|x| x.is_finite())
+        .fold(1.0f64, |m, x| m.max(x.abs()));
+    compare::assert_close(
+        what,
+        a,
+        b,
+        compare::Tolerance::accumulated(a.dtype(), rel, scale),
+    )
 }
 
 /// Parses `src` and runs it on the reference interpreter.
