@@ -315,3 +315,46 @@ fn deep_shared_operands_compile_quickly() {
         compiled(&src);
     }
 }
+
+/// Tensors too large for the machine are refused before anything is
+/// allocated, naming the size and the limit: on the reference (8 bytes an
+/// element against physical memory), on the GPU (32-bit indices, the
+/// device's largest buffer), and absurd shapes at parse time.
+#[test]
+fn tensors_too_large_are_refused_not_allocated() {
+    let prog = |shape: &str| {
+        format!(
+            "graph big(%x: f32[3]) {{\n  %z = zeros({shape}, f32)\n  %s = softmax(%z, 0)\n  return %s\n}}"
+        )
+    };
+    let x = || {
+        vec![kiln::functionalize::RTensor::new(
+            kiln::functionalize::DType::F32,
+            vec![3],
+            &[0.0; 3],
+        )]
+    };
+    // 2^40 elements: 8 TiB as the reference holds them.
+    let g = kiln::functionalize::parse(&prog("[1099511627776]")).unwrap();
+    let e = kiln::run(&g, x()).err().unwrap().to_string();
+    assert!(
+        e.contains("needs 8192.0 GiB") && e.contains("this machine has"),
+        "{e}"
+    );
+    let e = kiln::engine::compile(&g).err().unwrap().to_string();
+    assert!(e.contains("GPU kernels index at most 4294967295"), "{e}");
+    // 2^28 elements: 1 GiB, over WebGPU's default 256 MiB buffer.
+    let g = kiln::functionalize::parse(&prog("[268435456]")).unwrap();
+    let e = kiln::engine::compile(&g).err().unwrap().to_string();
+    assert!(
+        e.contains("takes 1073741824 bytes") && e.contains("largest buffer is 268435456"),
+        "{e}"
+    );
+    // More than 2^48 elements, or a shape whose product overflows.
+    for shape in ["[4294967296, 4294967296]", "[281474976710656, 2]"] {
+        let e = kiln::functionalize::parse(&prog(shape))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("too large"), "{e}");
+    }
+}

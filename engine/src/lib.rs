@@ -294,6 +294,8 @@ pub struct CompileOptions {
     /// vec4 copy reaches 2778 GB/s this way and 2488 with one workgroup
     /// per 1024 elements); `None`: one invocation per element (or four).
     pub grid_stride: Option<usize>,
+    /// The largest buffer the device allows: no tensor may be larger.
+    pub max_buffer_bytes: usize,
     /// Binding offsets and sizes the device allows.
     pub rules: BindingRules,
     /// Storage buffers a kernel may bind (WebGPU's default, and browsers: 8).
@@ -313,6 +315,7 @@ impl Default for CompileOptions {
             contiguous_operands: false,
             fuse_attention: true,
             subgroup: None,
+            max_buffer_bytes: 256 << 20,
             rules: BindingRules::default(),
             max_bindings: 8,
             constants: vec![],
@@ -369,6 +372,26 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
         });
     }
     let mut g = f.graph;
+    // Refused before anything is allocated: kernels index elements with
+    // 32-bit integers (and a buffer's size is checked once scheduled).
+    for (v, val) in g.values.iter() {
+        let n = val.meta.numel();
+        let name = || {
+            format!(
+                "%{} ({})",
+                kiln_functionalize::text::Names::of(&g).get(v),
+                val.meta.type_string()
+            )
+        };
+        if n > u32::MAX as usize {
+            return Err(EngineError::Unsupported(format!(
+                "{} has {n} elements; GPU kernels index at most {} (split the tensor, \
+                 or run it with --backend reference)",
+                name(),
+                u32::MAX
+            )));
+        }
+    }
     // The copy_ epilogue becomes extra outputs the runtime writes back.
     let epilogue: Vec<_> = g
         .order
@@ -508,6 +531,19 @@ fn lower(
 ) -> Result<Lowered, EngineError> {
     let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
     let mut sched = schedule::schedule(g, outputs, pinned, force, options.fuse_attention)?;
+    // Every tensor with a buffer fits in one.
+    for &v in g.inputs.iter().chain(&sched.materialized) {
+        let bytes = g.meta(v).numel().saturating_mul(4);
+        if bytes > options.max_buffer_bytes {
+            return Err(EngineError::Unsupported(format!(
+                "%{} ({}) takes {bytes} bytes on the GPU (4 an element); this device's largest \
+                 buffer is {} bytes",
+                kiln_functionalize::text::Names::of(g).get(v),
+                g.meta(v).type_string(),
+                options.max_buffer_bytes
+            )));
+        }
+    }
 
     // Kernels: consecutive elementwise values of one shape fuse into one
     // multi-output kernel; everything else is a kernel of its own.

@@ -88,6 +88,9 @@ impl Graph {
             .map(|a| a.map(&mut |v| &self.values[*v].meta))
             .collect();
         let outs = ops::infer(op, &metas)?;
+        for m in &outs {
+            crate::meta::check_size(&m.sizes)?;
+        }
         let node = self.nodes.insert(Node {
             op,
             overload,

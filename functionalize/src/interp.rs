@@ -28,6 +28,47 @@ pub struct RunResult {
 }
 
 /// Runs `g` on `inputs` (one per parameter, matching its dtype and shape).
+/// The reference holds every element as an f64: a result needing more
+/// than the machine's memory is refused before anything is allocated.
+fn check_memory(m: &Meta) -> std::result::Result<(), String> {
+    let bytes = m.storage_numel.saturating_mul(8);
+    let limit = memory_limit();
+    if bytes > limit {
+        return Err(format!(
+            "the result {} needs {} of memory in the reference interpreter (8 bytes an element); \
+             this machine has {}",
+            m.type_string(),
+            human_bytes(bytes),
+            human_bytes(limit)
+        ));
+    }
+    Ok(())
+}
+
+/// Physical memory (Linux: `MemTotal`), else 16 GiB.
+fn memory_limit() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|t| {
+                let line = t.lines().find(|l| l.starts_with("MemTotal:"))?;
+                let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+                kib.checked_mul(1024)
+            })
+            .unwrap_or(16 << 30)
+    })
+}
+
+fn human_bytes(b: usize) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    if b as f64 >= GIB {
+        format!("{:.1} GiB", b as f64 / GIB)
+    } else {
+        format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+    }
+}
+
 pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
     if inputs.len() != g.inputs.len() {
         return Err(Error::Input {
@@ -67,6 +108,13 @@ pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
             .iter()
             .map(|a| a.map(&mut |v| env[v].clone()))
             .collect();
+        for &r in &node.results {
+            check_memory(g.meta(r)).map_err(|msg| Error::Runtime {
+                line: node.line,
+                stmt: fmt_node(g, n, &names),
+                msg,
+            })?;
+        }
         let outs = eval_node(g, n, &args).map_err(|msg| Error::Runtime {
             line: node.line,
             stmt: fmt_node(g, n, &names),

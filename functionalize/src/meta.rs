@@ -130,16 +130,36 @@ impl fmt::Display for ShapeFmt<'_> {
     }
 }
 
+/// Saturating: an absurd shape gives `usize::MAX`, which `check_size`
+/// refuses, never an overflow.
 pub fn numel(sizes: &[usize]) -> usize {
-    sizes.iter().product()
+    sizes.iter().fold(1usize, |a, &s| a.saturating_mul(s))
+}
+
+/// The most elements a tensor may have (2^48: beyond any machine's memory,
+/// far from overflowing index arithmetic).
+pub const MAX_ELEMENTS: usize = 1 << 48;
+
+/// `Ok` when a tensor of `sizes` has at most `MAX_ELEMENTS` elements.
+pub fn check_size(sizes: &[usize]) -> Result<(), String> {
+    let n = sizes
+        .iter()
+        .try_fold(1usize, |acc, &s| acc.checked_mul(s))
+        .filter(|&n| n <= MAX_ELEMENTS);
+    match n {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "a tensor of shape {sizes:?} is too large: more than 2^48 elements"
+        )),
+    }
 }
 
 pub fn contiguous_strides(sizes: &[usize]) -> Vec<usize> {
     let mut strides = vec![0; sizes.len()];
-    let mut acc = 1;
+    let mut acc: usize = 1;
     for i in (0..sizes.len()).rev() {
         strides[i] = acc;
-        acc *= sizes[i].max(1);
+        acc = acc.saturating_mul(sizes[i].max(1));
     }
     strides
 }

@@ -168,6 +168,7 @@ impl Gpu {
             } else {
                 256
             },
+            max_buffer_bytes: usize::try_from(l.max_buffer_size).unwrap_or(usize::MAX),
             rules: BindingRules {
                 align_words: (l.min_storage_buffer_offset_alignment as usize / 4).max(1),
                 max_words: (l.max_storage_buffer_binding_size as usize / 4).max(1),
