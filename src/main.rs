@@ -243,6 +243,9 @@ fn profile(
     Ok(())
 }
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     match main_result(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,

@@ -129,7 +129,7 @@ impl Graph {
     /// arguments and result types in the same order, same outputs. Value
     /// names do not matter.
     pub fn same_as(&self, other: &Graph) -> bool {
-        let mut map = std::collections::HashMap::new();
+        let mut map = rustc_hash::FxHashMap::default();
         if self.inputs.len() != other.inputs.len() || self.order.len() != other.order.len() {
             return false;
         }
@@ -191,9 +191,9 @@ impl Graph {
     /// numbered in definition order. Names do not count, so two traces of
     /// one program (or one program printed and parsed back) hash alike.
     pub fn structural_hash(&self) -> u128 {
-        use std::collections::HashMap;
+        use rustc_hash::FxHashMap as HashMap;
         use std::hash::{Hash, Hasher};
-        let mut num: HashMap<ValueId, usize> = HashMap::new();
+        let mut num: HashMap<ValueId, usize> = HashMap::default();
         let (mut a, mut b) = (
             std::collections::hash_map::DefaultHasher::new(),
             std::collections::hash_map::DefaultHasher::new(),

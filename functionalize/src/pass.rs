@@ -27,7 +27,7 @@ use crate::ops::layout::is_non_overlapping_and_dense;
 use crate::ops::{self, views, OpId, OpKind, Rule};
 use crate::schema::Arg;
 use crate::text::{fmt_node, Names};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::rc::Rc;
 
 /// What functionalization removes.
@@ -123,7 +123,7 @@ impl Cache {
         let (newest, m) = self
             .0
             .entry(storage)
-            .or_insert_with(|| (gen, HashMap::new()));
+            .or_insert_with(|| (gen, HashMap::default()));
         if gen > *newest {
             *newest = gen;
             m.retain(|(g, _), _| g + 1 >= gen);
@@ -152,10 +152,10 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         src: g,
         mode,
         out: Graph::new(&g.name),
-        aliases: HashMap::new(),
+        aliases: HashMap::default(),
         storages: vec![],
         cache: Cache::default(),
-        names: HashMap::new(),
+        names: HashMap::default(),
         src_names: Names::of(g),
         at: None,
     };

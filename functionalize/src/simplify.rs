@@ -2,7 +2,7 @@
 
 use crate::graph::{Graph, ValueId};
 use crate::ops::OpKind;
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 
 /// Removes nodes none of whose results is used (in-place nodes, the
 /// `copy_` epilogue, are always kept), and their values.

@@ -8,7 +8,7 @@ use crate::graph::{Graph, NodeId, ValueId};
 use crate::meta::{Meta, ShapeFmt};
 use crate::ops;
 use crate::schema::Arg;
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt::Write;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -449,7 +449,7 @@ pub fn parse(src: &str) -> Result<Graph> {
         toks,
         pos: 0,
         graph: Graph::default(),
-        names: HashMap::new(),
+        names: HashMap::default(),
     };
     let (kw, t) = p.ident("`graph`")?;
     if kw != "graph" {
@@ -548,8 +548,8 @@ impl Names {
             .values()
             .filter_map(|v| v.name.as_deref())
             .collect();
-        let mut map = HashMap::new();
-        let mut taken: HashSet<String> = HashSet::new();
+        let mut map = HashMap::default();
+        let mut taken: HashSet<String> = HashSet::default();
         let mut next = 0;
         let mut order: Vec<ValueId> = g.inputs.clone();
         for &n in &g.order {
