@@ -49,24 +49,23 @@ impl Tracer<'_> {
             e.insert(index::reads(g, n, k).ok()?.into());
         }
         let maps = self.maps[&(n, k)].clone();
-        // A region scatter reads its source inside the region and its
-        // base outside (the kernel loads the base everywhere, but inside
-        // the region discards it).
-        if let Some((src, region)) = maps.iter().find_map(|r| match r {
-            Read::Source(src, region) => Some((*src, region)),
-            _ => None,
-        }) {
+        // Region reads (a scatter's source, a join's inputs): the source
+        // whose region holds the element; else a scatter's base (the kernel
+        // loads the others too, but discards them).
+        if maps.iter().any(|r| matches!(r, Read::Source(..))) {
             let m = index::unravel(idx, &g.meta(v).sizes);
-            return match region.eval(&m) {
-                Some(sm) => {
-                    let st = contiguous_strides(&g.meta(src).sizes);
-                    let si = sm.iter().zip(&st).map(|(a, b)| a * b).sum();
-                    self.reads(src, si, out)
+            for r in maps.iter() {
+                if let Read::Source(src, region) = r {
+                    if let Some(sm) = region.eval(&m) {
+                        let st = contiguous_strides(&g.meta(*src).sizes);
+                        let si = sm.iter().zip(&st).map(|(a, b)| a * b).sum();
+                        return self.reads(*src, si, out);
+                    }
                 }
-                None => match maps.first() {
-                    Some(Read::At(base, _)) => self.reads(*base, idx, out),
-                    _ => None,
-                },
+            }
+            return match maps.first() {
+                Some(Read::At(base, _)) => self.reads(*base, idx, out),
+                _ => Some(()),
             };
         }
         for r in maps.iter() {

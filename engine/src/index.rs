@@ -310,8 +310,38 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
     };
     let at = |t: ValueId| Read::At(t, Affine::broadcast(&out.sizes, g.meta(t)));
     match (&def.rule, def.lowering, def.name.as_str()) {
-        (Rule::Pointwise(_), _, _) | (_, _, "clone" | "masked_fill") => {
+        (Rule::Pointwise(_), _, _)
+        | (_, _, "clone" | "masked_fill" | "_to_copy" | "tril" | "triu") => {
             Ok(tensors(0).into_iter().map(at).collect())
+        }
+        // Each input fills a region of the result: a slice along `dim`
+        // (`cat`), one index of a new `dim` (`stack`).
+        (_, _, "cat" | "stack") => {
+            let d = match node.args.get(1) {
+                Some(Arg::Int(d)) => wrap_dim(*d, out.dim())?,
+                _ => return Err(format!("{}: no dim", def.name)),
+            };
+            let mut start = 0;
+            let mut out_reads = vec![];
+            for (i, t) in node.args[0].tensors().into_iter().copied().enumerate() {
+                let tm = g.meta(t);
+                let region = if def.name == "stack" {
+                    Region::Select { dim: d, index: i }
+                } else if tm.dim() == 1 && tm.sizes[0] == 0 {
+                    continue;
+                } else {
+                    let len = tm.sizes[d];
+                    start += len;
+                    Region::Slice {
+                        dim: d,
+                        start: start - len,
+                        end: start,
+                        step: 1,
+                    }
+                };
+                out_reads.push(Read::Source(t, region));
+            }
+            Ok(out_reads)
         }
         // `copy(self, src)` reads only `src`.
         (_, _, "copy") => Ok(tensors(1).into_iter().map(at).collect()),
@@ -358,49 +388,51 @@ enum Pos {
 pub fn reads_own_only(g: &Graph, s: &Schedule, n: NodeId, k: usize, members: &[ValueId]) -> bool {
     let roots: Vec<ValueId> = members.iter().map(|&m| s.root(m)).collect();
     let mut memo = HashMap::new();
+    let mut w = Walk {
+        members,
+        roots: &roots,
+        memo: &mut memo,
+    };
     match reads(g, n, k) {
-        Ok(rs) => rs
-            .iter()
-            .all(|r| read_ok(g, s, n, r, Pos::Own, &roots, &mut memo)),
+        Ok(rs) => rs.iter().all(|r| read_ok(g, s, n, r, Pos::Own, &mut w)),
         Err(_) => false,
     }
 }
 
-fn read_ok(
-    g: &Graph,
-    s: &Schedule,
-    n: NodeId,
-    r: &Read,
-    pos: Pos,
-    roots: &[ValueId],
-    memo: &mut HashMap<(ValueId, Pos), bool>,
-) -> bool {
+struct Walk<'a> {
+    members: &'a [ValueId],
+    roots: &'a [ValueId],
+    memo: &'a mut HashMap<(ValueId, Pos), bool>,
+}
+
+fn read_ok(g: &Graph, s: &Schedule, n: NodeId, r: &Read, pos: Pos, w: &mut Walk) -> bool {
     match r {
-        Read::At(t, a) if a.is_identity() => value_ok(g, s, *t, pos, roots, memo),
-        Read::At(t, _) | Read::First(t) => value_ok(g, s, *t, Pos::Elsewhere, roots, memo),
+        Read::At(t, a) if a.is_identity() => value_ok(g, s, *t, pos, w),
+        Read::At(t, _) | Read::First(t) => value_ok(g, s, *t, Pos::Elsewhere, w),
         Read::Source(t, _) => {
             let p = if pos == Pos::Own {
                 Pos::Source(n)
             } else {
                 Pos::Elsewhere
             };
-            value_ok(g, s, *t, p, roots, memo)
+            value_ok(g, s, *t, p, w)
         }
     }
 }
 
-fn value_ok(
-    g: &Graph,
-    s: &Schedule,
-    v: ValueId,
-    pos: Pos,
-    roots: &[ValueId],
-    memo: &mut HashMap<(ValueId, Pos), bool>,
-) -> bool {
+fn value_ok(g: &Graph, s: &Schedule, v: ValueId, pos: Pos, w: &mut Walk) -> bool {
     if s.is_materialized.contains(&v) {
-        return pos == Pos::Own || !roots.contains(&s.root(v));
+        // A member is read from the invocation's registers (at its own
+        // element only); another value in a member's buffer would be read
+        // from memory, where the kernel's stores may not have landed yet
+        // (packed and vector stores come last).
+        return if w.members.contains(&v) {
+            pos == Pos::Own
+        } else {
+            !w.roots.contains(&s.root(v))
+        };
     }
-    if let Some(&b) = memo.get(&(v, pos)) {
+    if let Some(&b) = w.memo.get(&(v, pos)) {
         return b;
     }
     let Def::Node(m, k) = g.values[v].def else {
@@ -420,15 +452,15 @@ fn value_ok(
                 && here.args.first() == Some(&Arg::Tensor(*base))
                 && here.args[1..] == node.args[2..]
             {
-                return value_ok(g, s, *base, Pos::Own, roots, memo);
+                return value_ok(g, s, *base, Pos::Own, w);
             }
         }
     }
     let ok = match reads(g, m, k) {
-        Ok(rs) => rs.iter().all(|r| read_ok(g, s, m, r, pos, roots, memo)),
+        Ok(rs) => rs.iter().all(|r| read_ok(g, s, m, r, pos, w)),
         Err(_) => false,
     };
-    memo.insert((v, pos), ok);
+    w.memo.insert((v, pos), ok);
     ok
 }
 

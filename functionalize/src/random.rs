@@ -310,7 +310,7 @@ impl<C: Choices> Gen<'_, C> {
 
     fn functional(&mut self, v: ValueId) {
         let t = Arg::Tensor(v);
-        match self.pick(7) {
+        match self.pick(9) {
             0 | 1 => {
                 let op = ["add", "mul", "sub", "maximum"][self.pick(4)];
                 let other = Arg::Tensor(self.value().0);
@@ -333,6 +333,28 @@ impl<C: Choices> Gen<'_, C> {
                 let d = self.dim(&m);
                 let keep = Arg::Bool(self.pick(2) == 0);
                 self.call("sum", vec![t, Arg::IntList(vec![d]), keep], 0);
+            }
+            6 => {
+                // Joins of this value with itself or another of its shape.
+                let m = self.meta(v);
+                let (w, _) = self.value();
+                let w = if self.meta(w).sizes == m.sizes { w } else { v };
+                let d = self.dim(&m);
+                let list = Arg::TensorList(vec![Some(v), Some(w)]);
+                let op = ["cat", "stack"][self.pick(2)];
+                self.call(op, vec![list, Arg::Int(d)], 0);
+            }
+            7 => {
+                let m = self.meta(v);
+                match self.pick(4) {
+                    0 if m.dim() >= 2 => {
+                        let op = ["tril", "triu"][self.pick(2)];
+                        let k = Arg::Int(self.pick(3) as i64 - 1);
+                        self.call(op, vec![t, k], 0);
+                    }
+                    1 => self.call("_to_copy", vec![t, Arg::Dtype(crate::DType::F16)], 0),
+                    _ => self.call("silu", vec![t], 0),
+                }
             }
             _ => {
                 let (a, _) = self.value();

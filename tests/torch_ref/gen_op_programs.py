@@ -105,6 +105,7 @@ UNARY = {
     "abs": (None, True, None, False),
     "relu": (None, True, None, True),
     "sigmoid": (None, True, None, True),
+    "silu": (None, False, None, False),
     "tanh": (None, True, None, True),
     "gelu": (None, False, None, False),
     "sin": (None, True, None, True),
@@ -920,7 +921,62 @@ def generate():
     gen_factories()
     gen_reductions()
     gen_linalg()
+    gen_decoder_ops()
     return CASES
+
+
+# ---------------------------------------------------------------------------
+# Ops a decoder block needs: logical and/or, remainder, floor_divide, tril,
+# triu, cat, stack, _to_copy
+# ---------------------------------------------------------------------------
+
+
+def gen_decoder_ops():
+    for op in ("logical_and", "logical_or"):
+        add(op, "f32_f32", ["%a: f32[783]", "%b: f32[783]"], [f"%y = {op}(%a, %b)"], ["%y"],
+            ["%a: int -1..2", "%b: int -1..2"], "nonzero is true")
+        add(op, "bool_broadcast", ["%a: bool[50, 1]", "%b: bool[1, 50]"], [f"%y = {op}(%a, %b)"], ["%y"])
+        add(op, "i32_transposed", ["%a: i32[50, 3]", "%b: i32[3, 50]"],
+            ["%t = t(%a)", f"%y = {op}(%t, %b)"], ["%y"], ["%a: int 0..2", "%b: int 0..2"])
+        add(op + "_", "bool_in_place", ["%a: bool[50]", "%b: bool[50]"],
+            ["%c = clone(%a)", f"%y = {op}_(%c, %b)"], ["%c"])
+    for op in ("remainder", "floor_divide"):
+        add(op, "f32_f32", ["%a: f32[783]", "%b: f32[783]"], [f"%y = {op}(%a, %b)"], ["%y"],
+            ["%a: uniform -5.0..5.0", "%b: uniform 0.5..2.0"])
+        add(op, "negative_divisor_broadcast", ["%a: f32[3, 50]", "%b: f32[50]"],
+            ["%n = neg(%b)", f"%y = {op}(%a, %n)"], ["%y"], ["%a: uniform -5.0..5.0", "%b: uniform 0.5..2.0"])
+        add(op, "i32_scalar", ["%a: i32[50]"], [f"%y = {op}(%a, 3)"], ["%y"], ["%a: int -9..9"])
+        add(op, "i32_i32", ["%a: i32[3, 50]", "%b: i32[50]"], ["%n = neg(%b)", f"%y = {op}(%a, %n)"], ["%y"],
+            ["%a: int -9..9", "%b: int 1..4"])
+        add(op, "f32_scalar_transposed", ["%a: f32[50, 3]"], ["%t = t(%a)", f"%y = {op}(%t, 0.75)"], ["%y"],
+            ["%a: uniform -5.0..5.0"])
+        add(op + "_", "param", ["%a: f32[783]"], [f"%y = {op}_(%a, 1.5)"], ["%a"], ["%a: uniform -5.0..5.0"])
+    for op in ("tril", "triu"):
+        for k in (0, 2, -1):
+            add(op, f"diagonal_{k}".replace("-", "m"), ["%x: f32[5, 7]"], [f"%y = {op}(%x, {k})"], ["%y"])
+        add(op, "batched_transposed", ["%x: f32[2, 7, 5]"], ["%t = transpose(%x, 1, 2)", f"%y = {op}(%t, 1)"],
+            ["%y"])
+        add(op, "i32", ["%x: i32[6, 6]"], [f"%y = {op}(%x)"], ["%y"])
+        add(op, "bool", ["%x: bool[4, 9]"], [f"%y = {op}(%x, -2)"], ["%y"])
+        add(op + "_", "view_of_param", ["%x: f32[3, 6, 6]"], ["%s = select(%x, 0, 1)", f"%y = {op}_(%s)"],
+            ["%x"], None, "mutates one matrix of the parameter")
+    add("cat", "dim0", ["%a: f32[3, 50]", "%b: f32[2, 50]"], ["%y = cat([%a, %b])"], ["%y"])
+    add("cat", "last_dim_three", ["%a: f32[3, 5]", "%b: f32[3, 1]", "%c: f32[3, 17]"],
+        ["%y = cat([%a, %b, %c], -1)"], ["%y"])
+    add("cat", "transposed_and_mixed_dtypes", ["%a: f32[50, 3]", "%b: i32[3, 7]"],
+        ["%t = t(%a)", "%y = cat([%t, %b], 1)"], ["%y"], None, "i32 promotes to f32")
+    add("cat", "skips_empty_1d", ["%a: f32[4, 3]", "%e: f32[0]"], ["%y = cat([%e, %a, %e], 0)"], ["%y"])
+    add("cat", "rotary_halves", ["%x: f32[2, 5, 8]"],
+        ["%a = slice(%x, -1, 0, 4)", "%b = slice(%x, -1, 4, 8)", "%n = neg(%b)", "%y = cat([%n, %a], -1)"],
+        ["%y"], None, "rotate_half of rotary embeddings")
+    add("stack", "dim0", ["%a: f32[3, 50]", "%b: f32[3, 50]"], ["%y = stack([%a, %b])"], ["%y"])
+    add("stack", "last_dim_transposed", ["%a: f32[50, 3]", "%b: f32[3, 50]"],
+        ["%t = t(%a)", "%y = stack([%t, %b, %t], -1)"], ["%y"])
+    add("stack", "mixed_dtypes", ["%a: i32[7]", "%b: f16[7]"], ["%y = stack([%a, %b], 0)"], ["%y"])
+    for src, dst, ann in (("f32", "i32", "uniform -5.0..5.0"), ("i32", "f32", None), ("f32", "f16", None),
+                          ("f32", "bool", "int -1..2"), ("bool", "f32", None)):
+        add("_to_copy", f"{src}_to_{dst}", [f"%x: {src}[3, 50]"], ["%t = t(%x)", f"%y = _to_copy(%t, {dst})"],
+            ["%y"], [f"%x: {ann}"] if ann else None)
 
 
 def main(argv=None) -> int:

@@ -31,7 +31,9 @@ impl Gen<'_> {
         let Def::Node(n, k) = self.g.values[v].def else {
             return false;
         };
-        crate::index::reads_own_only(self.g, self.s, n, k, &[root])
+        // Every value living in the buffer is read from it, before this
+        // invocation's store: at the own element only is fine.
+        crate::index::reads_own_only(self.g, self.s, n, k, &self.s.sharing(root))
     }
 
     /// Runs `f` on a fresh kernel body, then restores the kernel being

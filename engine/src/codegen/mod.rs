@@ -527,6 +527,29 @@ impl<'a> Gen<'a> {
                 self.value_at(input, &at)
             }
             (_, "clone") => self.value_at(tensor(0)?, idx),
+            (_, "_to_copy") => {
+                let x = tensor(0)?;
+                let v = self.value_at(x, idx)?;
+                let d = g.meta(x).dtype;
+                Ok(self.body.bind(ty(out.dtype), cast(&v, d, out.dtype)))
+            }
+            (_, "tril" | "triu") => {
+                let x = tensor(0)?;
+                let v = self.value_at(x, idx)?;
+                let k = margs.opt_int(1).map_err(bug)?.unwrap_or(0);
+                let (r, c) = (out.sizes[out.dim() - 2], out.sizes[out.dim() - 1]);
+                let i = self
+                    .body
+                    .bind("i32", format!("i32(({idx} / {}) % {})", u(c), u(r)));
+                let j = self.body.bind("i32", format!("i32({idx} % {})", u(c)));
+                let op = if def.name == "tril" { "<=" } else { ">=" };
+                let keep = format!("{j} - {i} {op} {k}i");
+                Ok(self.body.bind(
+                    ty(out.dtype),
+                    format!("select({}, {v}, {keep})", literal(0.0, out.dtype)),
+                ))
+            }
+            (_, "cat" | "stack") => self.join_at(n, idx),
             (_, "copy") => {
                 let src = tensor(1)?;
                 let sm = g.meta(src);
@@ -635,6 +658,31 @@ impl<'a> Gen<'a> {
     /// Stores element `idx` of `v`; in an epilogue kernel (`Fused::Epilogue`)
     /// the elementwise tail over `v` at `idx` instead, into the tail's
     /// buffer (`v` itself never reaches memory).
+    /// Element `idx` of a `cat` or `stack` result: the input whose region
+    /// holds it (`index::reads`), the others' loads discarded by selects.
+    fn join_at(&mut self, n: NodeId, idx: &str) -> R<String> {
+        let g = self.g;
+        let out = g.meta(g.nodes[n].results[0]).clone();
+        let m = self.unravel(idx, &out.sizes);
+        let mut acc = literal(0.0, out.dtype);
+        for r in crate::index::reads(g, n, 0).map_err(bug)? {
+            let crate::index::Read::Source(src, region) = r else {
+                return Err(bug("a join read that is not a region"));
+            };
+            let (pred, sm) = region.emit(&m);
+            let pred = self.body.bind("bool", pred);
+            let smeta = g.meta(src).clone();
+            let si = self.ravel(&sm, &contiguous_strides(&smeta.sizes), 0);
+            let si = self.body.bind("u32", format!("select(0u, {si}, {pred})"));
+            let x = self.value_at(src, &si)?;
+            let x = cast(&x, smeta.dtype, out.dtype);
+            acc = self
+                .body
+                .bind(ty(out.dtype), format!("select({acc}, {x}, {pred})"));
+        }
+        Ok(acc)
+    }
+
     fn store_to(&mut self, v: ValueId, idx: &str, value: &str) -> R<()> {
         if let Some((_, target)) = self.epilogue.filter(|(src, _)| *src == v) {
             let saved = self.memo.clone();
@@ -760,6 +808,8 @@ fn float_ops(code: Code, v: &[String]) -> Option<String> {
         Code::Sqrt => format!("sqrt({x})"),
         Code::Rsqrt => format!("inverseSqrt({x})"),
         Code::Sigmoid => format!("1.0 / (1.0 + exp(-{x}))"),
+        Code::Silu => format!("{x} / (1.0 + exp(-{x}))"),
+        Code::Remainder => format!("{x} - floor({x} / {y}) * {y}", y = v[1]),
         Code::Tanh => format!("tanh({x})"),
         Code::Sin => format!("sin({x})"),
         Code::Cos => format!("cos({x})"),
@@ -821,6 +871,17 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Optio
         Code::Le => Some(cmp("<=")),
         Code::Gt => Some(cmp(">")),
         Code::Ge => Some(cmp(">=")),
+        Code::LogicalAnd | Code::LogicalOr => {
+            let truth = |e: &String, d: DType| match d {
+                DType::Bool => e.clone(),
+                d => format!("({e} != {})", literal(0.0, d)),
+            };
+            let op = if code == Code::LogicalAnd { "&&" } else { "||" };
+            Some((
+                format!("({} {op} {})", truth(x, casts[0]), truth(&v[1], casts[1])),
+                DType::Bool,
+            ))
+        }
         Code::LogicalNot => Some((
             match casts[0] {
                 DType::Bool => format!("!{x}"),
@@ -885,6 +946,10 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Optio
                     format!("select({x} / {y}, {x} / {y} - 1i, ({x} % {y} != 0i) && (({x} < 0i) != ({y} < 0i)))")
                 }
                 Code::DivFloor => format!("{x} / {y}"),
+                Code::Remainder if cdt == DType::I32 => {
+                    format!("select({x} % {y}, {x} % {y} + {y}, ({x} % {y} != 0i) && (({x} % {y} < 0i) != ({y} < 0i)))")
+                }
+                Code::Remainder => format!("{x} % {y}"),
                 Code::Pow if cdt == DType::I32 => format!("k_powi({x}, {y})"),
                 Code::Pow => format!("k_powu({x}, {y})"),
                 Code::Maximum => format!("max({x}, {y})"),

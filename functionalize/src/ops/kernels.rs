@@ -1088,3 +1088,174 @@ pub fn index_select_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 /// Re-exported for the view-copy and scatter entries of the table.
 pub use views::A as ViewArgs;
+
+// ------------------------------------------------- joins, masks, casts
+
+/// `cat(tensors, dim)`: joined along `dim`, dtypes promoted. As in
+/// PyTorch, 1-D empty tensors are skipped (legacy behaviour).
+pub fn cat_infer(a: &A) -> Res<Vec<Meta>> {
+    let all: Vec<&Meta> = a.tensor_list(0)?.into_iter().flatten().copied().collect();
+    if all.is_empty() {
+        return Err("torch.cat(): expected a non-empty list of Tensors".into());
+    }
+    let dtype = all[1..]
+        .iter()
+        .try_fold(all[0].dtype, |d, m| crate::dtype::promote_types(d, m.dtype))?;
+    let parts: Vec<&Meta> = all
+        .iter()
+        .copied()
+        .filter(|m| !(m.dim() == 1 && m.sizes[0] == 0))
+        .collect();
+    let Some(first) = parts.first() else {
+        return Ok(vec![Meta::contiguous(dtype, vec![0])]);
+    };
+    if first.dim() == 0 {
+        return Err("zero-dimensional tensor (at position 0) cannot be concatenated".into());
+    }
+    let d = wrap_dim(a.int(1)?, first.dim())?;
+    let mut sizes = first.sizes.clone();
+    sizes[d] = 0;
+    for (i, m) in parts.iter().enumerate() {
+        if m.dim() != first.dim() {
+            return Err(format!(
+                "Tensors must have same number of dimensions: got {} and {}",
+                first.dim(),
+                m.dim()
+            ));
+        }
+        for k in 0..m.dim() {
+            if k != d && m.sizes[k] != first.sizes[k] {
+                return Err(format!(
+                    "Sizes of tensors must match except in dimension {d}. Expected size {} but got size {} for tensor number {i} in the list.",
+                    first.sizes[k], m.sizes[k]
+                ));
+            }
+        }
+        sizes[d] += m.sizes[d];
+    }
+    Ok(vec![Meta::contiguous(dtype, sizes)])
+}
+
+pub fn cat_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let parts: Vec<&RTensor> = a
+        .tensor_list(0)?
+        .into_iter()
+        .flatten()
+        .filter(|t| !(t.meta.dim() == 1 && t.meta.sizes[0] == 0))
+        .collect();
+    let out = &o[0];
+    if parts.is_empty() {
+        return one(out.clone(), &[]);
+    }
+    let d = wrap_dim(a.int(1)?, out.dim())?;
+    let outer: usize = out.sizes[..d].iter().product();
+    let inner: usize = out.sizes[d + 1..].iter().product();
+    let values: Vec<Vec<f64>> = parts.iter().map(|t| t.values()).collect();
+    let mut vals = Vec::with_capacity(out.numel());
+    for o_ in 0..outer {
+        for (t, v) in parts.iter().zip(&values) {
+            let run = t.meta.sizes[d] * inner;
+            vals.extend_from_slice(&v[o_ * run..(o_ + 1) * run]);
+        }
+    }
+    one(out.clone(), &vals)
+}
+
+/// `stack(tensors, dim)`: equal shapes joined along a new `dim`.
+pub fn stack_infer(a: &A) -> Res<Vec<Meta>> {
+    let all: Vec<&Meta> = a.tensor_list(0)?.into_iter().flatten().copied().collect();
+    let Some(first) = all.first() else {
+        return Err("stack expects a non-empty TensorList".into());
+    };
+    for (i, m) in all.iter().enumerate() {
+        if m.sizes != first.sizes {
+            return Err(format!(
+                "stack expects each tensor to be equal size, but got {} at entry 0 and {} at entry {i}",
+                ShapeFmt(&first.sizes),
+                ShapeFmt(&m.sizes)
+            ));
+        }
+    }
+    let dtype = all[1..]
+        .iter()
+        .try_fold(first.dtype, |d, m| crate::dtype::promote_types(d, m.dtype))?;
+    let d = wrap_dim(a.int(1)?, first.dim() + 1)?;
+    let mut sizes = first.sizes.clone();
+    sizes.insert(d, all.len());
+    Ok(vec![Meta::contiguous(dtype, sizes)])
+}
+
+pub fn stack_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let parts: Vec<&RTensor> = a.tensor_list(0)?.into_iter().flatten().collect();
+    let out = &o[0];
+    let d = wrap_dim(a.int(1)?, out.dim())?;
+    let outer: usize = out.sizes[..d].iter().product();
+    let inner: usize = out.sizes[d + 1..].iter().product();
+    let values: Vec<Vec<f64>> = parts.iter().map(|t| t.values()).collect();
+    let mut vals = Vec::with_capacity(out.numel());
+    for o_ in 0..outer {
+        for v in &values {
+            vals.extend_from_slice(&v[o_ * inner..(o_ + 1) * inner]);
+        }
+    }
+    one(out.clone(), &vals)
+}
+
+/// `tril` / `triu(self, diagonal)`: the matrices of the last two
+/// dimensions with the elements above (tril) or below (triu) the diagonal
+/// zeroed.
+pub fn triangle_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    if m.dim() < 2 {
+        return Err("tril/triu: input tensor must have at least 2 dimensions".into());
+    }
+    Ok(vec![Meta::contiguous(m.dtype, m.sizes.clone())])
+}
+
+/// Whether element (row `i`, column `j`) survives `tril` (`upper` false) or
+/// `triu` with diagonal `k`.
+pub fn triangle_keeps(upper: bool, k: i64, i: usize, j: usize) -> bool {
+    let off = j as i64 - i as i64;
+    if upper {
+        off >= k
+    } else {
+        off <= k
+    }
+}
+
+fn triangle_eval(a: &R, o: &[Meta], upper: bool) -> Res<Vec<RTensor>> {
+    let t = a.tensor(0)?;
+    let k = a.opt_int(1)?.unwrap_or(0);
+    let out = &o[0];
+    let (r, c) = (out.sizes[out.dim() - 2], out.sizes[out.dim() - 1]);
+    let mut vals = t.values();
+    for (e, v) in vals.iter_mut().enumerate() {
+        let (i, j) = ((e / c.max(1)) % r.max(1), e % c.max(1));
+        if !triangle_keeps(upper, k, i, j) {
+            *v = 0.0;
+        }
+    }
+    one(out.clone(), &vals)
+}
+
+pub fn tril_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    triangle_eval(a, o, false)
+}
+
+pub fn triu_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    triangle_eval(a, o, true)
+}
+
+/// `_to_copy(self, dtype)`: a contiguous copy, converted to `dtype`.
+pub fn to_copy_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    Ok(vec![Meta::contiguous(
+        a.opt_dtype(1)?.unwrap_or(m.dtype),
+        m.sizes.clone(),
+    )])
+}
+
+pub fn to_copy_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    // `from_values` converts (floats to integers toward zero, as C casts).
+    one(o[0].clone(), &a.tensor(0)?.values())
+}

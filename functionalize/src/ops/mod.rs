@@ -475,7 +475,8 @@ fn build() -> Table {
         p::div,
         true,
     );
-    let unaries: [(&str, pointwise::PlanFn); 14] = [
+    let unaries: [(&str, pointwise::PlanFn); 15] = [
+        ("silu", p::silu),
         ("neg", p::neg),
         ("exp", p::exp),
         ("log", p::log),
@@ -554,6 +555,36 @@ fn build() -> Table {
         let [s0, s1] = bin(n);
         b.pointwise(n, &[&s0, &s1], plan, true);
     }
+    for (n, plan) in [
+        ("logical_and", p::logical_and as pointwise::PlanFn),
+        ("logical_or", p::logical_or),
+    ] {
+        b.pointwise(
+            n,
+            &[&format!("{n}(Tensor self, Tensor other) -> Tensor")],
+            plan,
+            true,
+        );
+    }
+    b.pointwise(
+        "remainder",
+        &[
+            "remainder.Tensor(Tensor self, Tensor other) -> Tensor",
+            "remainder.Scalar(Tensor self, Scalar other) -> Tensor",
+            "remainder.Scalar_Tensor(Scalar self, Tensor other) -> Tensor",
+        ],
+        p::remainder,
+        true,
+    );
+    b.pointwise(
+        "floor_divide",
+        &[
+            "floor_divide(Tensor self, Tensor other) -> Tensor",
+            "floor_divide.Scalar(Tensor self, Scalar other) -> Tensor",
+        ],
+        p::floor_divide,
+        true,
+    );
 
     // Copies and fills, each with its in-place form.
     b.with_inplace(
@@ -784,6 +815,46 @@ fn build() -> Table {
         k::embedding_eval,
     );
     b.kernel(
+        "cat",
+        Functional,
+        &["cat(Tensor[] tensors, int dim=0) -> Tensor"],
+        k::cat_infer,
+        k::cat_eval,
+    );
+    b.kernel(
+        "stack",
+        Functional,
+        &["stack(Tensor[] tensors, int dim=0) -> Tensor"],
+        k::stack_infer,
+        k::stack_eval,
+    );
+    for (name, eval) in [("tril", k::tril_eval as EvalFn), ("triu", k::triu_eval)] {
+        let f = b.kernel(
+            name,
+            Functional,
+            &[&format!("{name}(Tensor self, int diagonal=0) -> Tensor")],
+            k::triangle_infer,
+            eval,
+        );
+        let ip = b.add(
+            &format!("{name}_"),
+            InPlace,
+            &[&format!(
+                "{name}_(Tensor(a!) self, int diagonal=0) -> Tensor(a!)"
+            )],
+            Rule::InPlace(f),
+        );
+        b.ops[f.0 as usize].counterpart = Some(ip);
+        b.ops[ip.0 as usize].counterpart = Some(f);
+    }
+    b.kernel(
+        "_to_copy",
+        Functional,
+        &["_to_copy(Tensor self, *, ScalarType? dtype=None) -> Tensor"],
+        k::to_copy_infer,
+        k::to_copy_eval,
+    );
+    b.kernel(
         "index_select",
         Functional,
         &["index_select(Tensor self, int dim, Tensor index) -> Tensor"],
@@ -795,7 +866,19 @@ fn build() -> Table {
     // or scatters.
     use Lowering as L;
     for (names, lowering) in [
-        (&["clone", "copy", "masked_fill"][..], L::Map),
+        (
+            &[
+                "clone",
+                "copy",
+                "masked_fill",
+                "_to_copy",
+                "tril",
+                "triu",
+                "cat",
+                "stack",
+            ][..],
+            L::Map,
+        ),
         (
             &[
                 "fill",

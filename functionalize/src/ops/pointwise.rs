@@ -35,6 +35,7 @@ pub enum Code {
     Sqrt,
     Rsqrt,
     Sigmoid,
+    Silu,
     Tanh,
     Sin,
     Cos,
@@ -68,6 +69,10 @@ pub enum Code {
     Le,
     Gt,
     Ge,
+    LogicalAnd,
+    LogicalOr,
+    /// Python's `%`: the sign of the divisor.
+    Remainder,
     /// `condition ? self : other`
     Where,
     /// `clamp(x, min?, max?)`: the bounds present follow `x`.
@@ -205,6 +210,7 @@ float_unary! {
     sqrt, Sqrt => f64::sqrt;
     rsqrt, Rsqrt => |x| 1.0 / x.sqrt();
     sigmoid, Sigmoid => |x| 1.0 / (1.0 + (-x).exp());
+    silu, Silu => |x| x / (1.0 + (-x).exp());
     tanh, Tanh => f64::tanh;
     sin, Sin => f64::sin;
     cos, Cos => f64::cos;
@@ -503,6 +509,69 @@ pub fn gt(a: &A) -> Result<PwPlan, String> {
 }
 pub fn ge(a: &A) -> Result<PwPlan, String> {
     compare(a, Code::Ge, |x, y| x >= y)
+}
+
+/// `logical_and` / `logical_or`: nonzero is true, the result is bool.
+fn logical(a: &A, code: Code, f: fn(bool, bool) -> bool) -> Result<PwPlan, String> {
+    binary(
+        a,
+        code,
+        |d| Ok((d, DType::Bool)),
+        move |_, x, y| Ok(f(x != 0.0, y != 0.0) as i32 as f64),
+    )
+}
+
+pub fn logical_and(a: &A) -> Result<PwPlan, String> {
+    logical(a, Code::LogicalAnd, |x, y| x && y)
+}
+pub fn logical_or(a: &A) -> Result<PwPlan, String> {
+    logical(a, Code::LogicalOr, |x, y| x || y)
+}
+
+/// `remainder`: `x - floor(x / y) * y`, the divisor's sign (Python's `%`).
+pub fn remainder(a: &A) -> Result<PwPlan, String> {
+    if common_of(a)? == DType::Bool {
+        return Err("\"remainder_cpu\" not implemented for 'Bool'".into());
+    }
+    binary(a, Code::Remainder, same, |dt, x, y| {
+        if dt.is_integral() {
+            if y == 0.0 {
+                return Err("ZeroDivisionError".into());
+            }
+            let (x, y) = (x as i64, y as i64);
+            let r = x % y;
+            Ok(if r != 0 && ((r < 0) != (y < 0)) {
+                r + y
+            } else {
+                r
+            } as f64)
+        } else {
+            Ok(x - (x / y).floor() * y)
+        }
+    })
+}
+
+/// `floor_divide`: `div` with `rounding_mode="floor"`.
+pub fn floor_divide(a: &A) -> Result<PwPlan, String> {
+    if common_of(a)? == DType::Bool {
+        return Err("\"div_floor_cpu\" not implemented for 'Bool'".into());
+    }
+    binary(a, Code::DivFloor, same, |dt, x, y| {
+        if dt.is_integral() {
+            if y == 0.0 {
+                return Err("ZeroDivisionError".into());
+            }
+            let (x, y) = (x as i64, y as i64);
+            let q = x / y;
+            Ok(if (x % y != 0) && ((x < 0) != (y < 0)) {
+                q - 1
+            } else {
+                q
+            } as f64)
+        } else {
+            Ok((x / y).floor())
+        }
+    })
 }
 
 // ---------------------------------------------------------------- others
