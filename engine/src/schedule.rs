@@ -263,6 +263,7 @@ fn fuse_products(
         if let Some((p, o, on)) = attention
             .then(|| attention_of(g, s, out, force, n, t))
             .flatten()
+            .filter(|&(p, _, on)| !written_between(g, s, &[n, p, on], on))
         {
             s.fused.insert(
                 o,
@@ -275,7 +276,10 @@ fn fuse_products(
             absorbed.extend([r, g.nodes[p].results[0]]);
             continue;
         }
-        if t == r {
+        // The fused kernel runs where the tail is: no kernel in between may
+        // write a buffer the product reads (a re-inplaced scatter).
+        let tail_node = g.node_of(t).unwrap_or(n);
+        if t == r || written_between(g, s, &[n], tail_node) {
             continue;
         }
         if !s.is_materialized.contains(&t) {
@@ -347,6 +351,24 @@ pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
 /// The largest query and value width an attention kernel holds in
 /// registers.
 pub const ATTENTION_MAX_HEAD: usize = 128;
+
+/// Does a kernel between the first of `nodes` and `until` (program order)
+/// write in place into a buffer that `nodes` read?
+fn written_between(g: &Graph, s: &Schedule, nodes: &[NodeId], until: NodeId) -> bool {
+    let roots: HashSet<ValueId> = nodes
+        .iter()
+        .flat_map(|&m| reads(g, s, m))
+        .map(|r| s.root(r))
+        .collect();
+    let from = s.pos[&nodes[0]];
+    let to = s.pos[&until];
+    g.order[from + 1..to].iter().any(|&m| {
+        g.nodes[m]
+            .results
+            .iter()
+            .any(|r| s.inplace.contains_key(r) && roots.contains(&s.root(*r)))
+    })
+}
 
 /// `o = softmax(t) V` where `t` ends the elementwise chain of the product
 /// at node `scores`: the softmax over the last dimension, its result used
