@@ -136,7 +136,7 @@ fn main() {
     eprintln!("adapter: {}", gpu.describe());
 
     // Workloads, and their inputs written for the PyTorch side.
-    let func_sizes = [1_000usize, 10_000, 100_000];
+    let func_sizes = [1_000usize, 10_000, 100_000, 1_000_000];
     let func_programs: Vec<Graph> = func_sizes
         .iter()
         .map(|&n| random_program(&mut Seeded(42), n))
@@ -255,13 +255,15 @@ fn main() {
         md,
         "## 1. Functionalization (random programs of views and mutations)\n"
     );
-    let _ = writeln!(md, "PyTorch: `make_fx(torch.func.functionalize(f, remove=mode))` tracing the same program (one run; not run at 100k).\n");
+    let _ = writeln!(md, "Kiln library: `functionalize` on the parsed graph. Kiln CLI: `kiln functionalize PROG --remove MODE` as a process, wall time including start-up, reading, parsing, the pass and printing. PyTorch: `make_fx(torch.func.functionalize(f, remove=mode))` tracing the same program (one run; not run past 10k).\n");
     let _ = writeln!(
         md,
-        "| statements | mode | Kiln ms | Kiln statements/s | PyTorch ms | PyTorch / Kiln time |"
+        "| statements | mode | library ms | library statements/s | CLI ms | CLI statements/s | PyTorch ms | PyTorch / CLI time |"
     );
-    let _ = writeln!(md, "|---:|---|---:|---:|---:|---:|");
+    let _ = writeln!(md, "|---:|---|---:|---:|---:|---:|---:|---:|");
     for (&n, g) in func_sizes.iter().zip(&func_programs) {
+        let text = tmp.join(format!("cli{n}.txt"));
+        std::fs::write(&text, kiln::print(g)).unwrap();
         for (mode, remove) in [
             ("mutations", Remove::Mutations),
             ("mutations_and_views", Remove::MutationsAndViews),
@@ -270,15 +272,25 @@ fn main() {
             let s = best(reps, 30.0, || {
                 functionalize(g, remove).unwrap();
             });
+            let cli = best(reps.max(2), 60.0, || {
+                let ok = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+                    .args(["functionalize", &text.to_string_lossy(), "--remove", mode])
+                    .stdout(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(ok, "kiln functionalize failed on {}", text.display());
+            });
             let t = torch_s(&torch, &["functionalize", &n.to_string(), mode]);
             let _ = writeln!(
                 md,
-                "| {} | {mode} | {:.1} | {:.0} | {} | {} |",
+                "| {} | {mode} | {:.1} | {:.0} | {:.1} | {:.0} | {} | {} |",
                 g.order.len(),
                 s * 1e3,
                 g.order.len() as f64 / s,
+                cli * 1e3,
+                g.order.len() as f64 / cli,
                 cell(t.clone(), 1e3, 0),
-                t.map_or("-".into(), |t| ratio(t, s)),
+                t.map_or("-".into(), |t| ratio(t, cli)),
             );
         }
     }
