@@ -871,6 +871,16 @@ fn kernel_flops(
 /// contracted size); `None` for other nodes.
 fn product_flops(g: &Graph, n: kiln_functionalize::graph::NodeId) -> Option<usize> {
     let node = &g.nodes[n];
+    if node.op.def().lowering == kiln_functionalize::ops::Lowering::Attention {
+        // q k^T and p v: 2 L S (E + Ev) per batch entry.
+        let (q, k) = (*node.args[0].tensors()[0], *node.args[1].tensors()[0]);
+        let (qm, km) = (g.meta(q), g.meta(k));
+        let om = g.meta(node.results[0]);
+        let s = km.sizes[km.dim() - 2];
+        let e = qm.sizes[qm.dim() - 1];
+        let ev = om.sizes[om.dim() - 1];
+        return Some(2 * (om.numel() / ev.max(1)) * s * (e + ev));
+    }
     if node.op.def().lowering != kiln_functionalize::ops::Lowering::MatMul {
         return None;
     }

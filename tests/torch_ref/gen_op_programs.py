@@ -973,6 +973,18 @@ def gen_decoder_ops():
     add("stack", "last_dim_transposed", ["%a: f32[50, 3]", "%b: f32[3, 50]"],
         ["%t = t(%a)", "%y = stack([%t, %b, %t], -1)"], ["%y"])
     add("stack", "mixed_dtypes", ["%a: i32[7]", "%b: f16[7]"], ["%y = stack([%a, %b], 0)"], ["%y"])
+    sd = "scaled_dot_product_attention"
+    add(sd, "plain", ["%q: f32[2, 3, 5, 8]", "%k: f32[2, 3, 7, 8]", "%v: f32[2, 3, 7, 4]"],
+        [f"%y = {sd}(%q, %k, %v)"], ["%y"])
+    add(sd, "causal_broadcast_value", ["%q: f32[2, 3, 17, 8]", "%k: f32[2, 3, 17, 8]", "%v: f32[2, 1, 17, 5]"],
+        [f"%y = {sd}(%q, %k, %v, none, 0.0, true)"], ["%y"])
+    add(sd, "bool_mask_and_scale", ["%q: f32[3, 5, 16]", "%k: f32[3, 33, 16]", "%v: f32[3, 33, 16]", "%m: bool[5, 33]"],
+        ["%t = fill_(%m, true)", f"%y = {sd}(%q, %k, %v, %m, 0.0, false, 0.5)"], ["%y"], None,
+        "every key allowed (rows with none give NaN)")
+    add(sd, "float_mask_transposed_heads", ["%x: f32[1, 9, 2, 8]", "%m: f32[9, 9]"],
+        ["%h = transpose(%x, 1, 2)", f"%y = {sd}(%h, %h, %h, %m)"], ["%y"])
+    add(sd, "one_query", ["%q: f32[4, 1, 32]", "%k: f32[4, 20, 32]", "%v: f32[4, 20, 32]"],
+        [f"%y = {sd}(%q, %k, %v)"], ["%y"], None, "a decoding step")
     for src, dst, ann in (("f32", "i32", "uniform -5.0..5.0"), ("i32", "f32", None), ("f32", "f16", None),
                           ("f32", "bool", "int -1..2"), ("bool", "f32", None)):
         add("_to_copy", f"{src}_to_{dst}", [f"%x: {src}[3, 50]"], ["%t = t(%x)", f"%y = _to_copy(%t, {dst})"],

@@ -5,7 +5,7 @@
 //! sum, accumulator rescaled per tile), so neither the scores nor the
 //! probabilities reach memory.
 
-use super::matmul::Product;
+use super::matmul::Operand;
 use super::*;
 
 /// Keys per tile.
@@ -17,7 +17,36 @@ fn rows_per_workgroup(rows: usize, workgroup: u32) -> usize {
     rows.next_power_of_two().clamp(8, workgroup.max(8) as usize)
 }
 
+/// An attention kernel's operands: `q` as [sq, dk], `k` as [dk, sk] (the
+/// right operand of `q k`), `v` as [sk, dv], over `batch`, into `o`.
+struct Spec {
+    q: Operand,
+    k: Operand,
+    v: Operand,
+    batch: Vec<usize>,
+    sq: usize,
+    dk: usize,
+    sk: usize,
+    dv: usize,
+    o: ValueId,
+}
+
+/// How a score becomes the softmax's input.
+enum Score {
+    /// The fused program's elementwise chain `x_val` over the product
+    /// `s_val` (`Fused::Attention`).
+    Chain { s_val: ValueId, x_val: ValueId },
+    /// `scaled_dot_product_attention`: scale, causal mask, attention mask
+    /// (bool: allowed positions; float: added).
+    Sdpa {
+        scale: f64,
+        causal: bool,
+        mask: Option<ValueId>,
+    },
+}
+
 impl Gen<'_> {
+    /// The fused `softmax(f(Q K)) V` of a program.
     pub(super) fn attention(
         &mut self,
         scores: NodeId,
@@ -34,13 +63,115 @@ impl Gen<'_> {
             .first()
             .ok_or_else(|| bug("softmax without input"))?;
         let o = g.nodes[product].results[0];
-        let (sq, dk, sk, dv) = (qk.nn, qk.kk, qk.mm, pv.mm);
-        if qk.extra.is_some() || pv.extra.is_some() || qk.batch != pv.batch || pv.kk != sk {
+        if qk.extra.is_some() || pv.extra.is_some() || qk.batch != pv.batch || pv.kk != qk.mm {
             return Err(bug("attention products do not chain"));
         }
-        let Product { a: q, b: k, .. } = qk;
-        let v = pv.b;
-        let batch = pv.batch;
+        let spec = Spec {
+            sq: qk.nn,
+            dk: qk.kk,
+            sk: qk.mm,
+            dv: pv.mm,
+            q: qk.a,
+            k: qk.b,
+            v: pv.b,
+            batch: pv.batch,
+            o,
+        };
+        self.attention_kernel(spec, Score::Chain { s_val, x_val }, label)
+    }
+
+    /// `scaled_dot_product_attention(q, k, v, attn_mask, dropout_p,
+    /// is_causal, scale)` node `n`.
+    pub(super) fn sdpa(&mut self, n: NodeId, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let t = |i: usize| -> R<ValueId> {
+            match node.args.get(i) {
+                Some(Arg::Tensor(v)) => Ok(*v),
+                _ => Err(bug("sdpa operand")),
+            }
+        };
+        let (q, k, v) = (t(0)?, t(1)?, t(2)?);
+        let mask = t(3).ok();
+        let causal = matches!(node.args.get(5), Some(Arg::Bool(true)));
+        let (qm, km, vm) = (g.meta(q), g.meta(k), g.meta(v));
+        let (sq, dk) = (qm.sizes[qm.dim() - 2], qm.sizes[qm.dim() - 1]);
+        let sk = km.sizes[km.dim() - 2];
+        let dv = vm.sizes[vm.dim() - 1];
+        let scale = match node.args.get(6) {
+            Some(Arg::Float(s)) => *s,
+            Some(Arg::Int(s)) => *s as f64,
+            _ => 1.0 / (dk as f64).sqrt(),
+        };
+        let o = node.results[0];
+        let om = g.meta(o);
+        let batch = om.sizes[..om.dim() - 2].to_vec();
+        // Strides of an operand's own batch dims over the output batch (0
+        // where it broadcasts).
+        let bstr = |m: &Meta| -> Vec<usize> {
+            let own = &m.sizes[..m.dim() - 2];
+            let st = contiguous_strides(&m.sizes);
+            let lead = batch.len() - own.len();
+            (0..batch.len())
+                .map(|i| {
+                    if i < lead || own[i - lead] == 1 {
+                        0
+                    } else {
+                        st[i - lead]
+                    }
+                })
+                .collect()
+        };
+        let spec = Spec {
+            q: Operand {
+                v: q,
+                batch: bstr(qm),
+                rs: dk,
+                cs: 1,
+            },
+            k: Operand {
+                v: k,
+                batch: bstr(km),
+                rs: 1,
+                cs: dk,
+            },
+            v: Operand {
+                v,
+                batch: bstr(vm),
+                rs: dv,
+                cs: 1,
+            },
+            batch,
+            sq,
+            dk,
+            sk,
+            dv,
+            o,
+        };
+        self.attention_kernel(
+            spec,
+            Score::Sdpa {
+                scale,
+                causal,
+                mask,
+            },
+            label,
+        )
+    }
+
+    fn attention_kernel(&mut self, spec: Spec, score: Score, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let Spec {
+            q,
+            k,
+            v,
+            batch,
+            sq,
+            dk,
+            sk,
+            dv,
+            o,
+        } = spec;
         let nb = numel(&batch).max(1);
         let w = rows_per_workgroup(sq, self.workgroup);
         let ninf = literal(f64::NEG_INFINITY, DType::F32);
@@ -129,9 +260,41 @@ impl Gen<'_> {
             ),
         );
         let s = self.body.bind("f32", "s".into());
-        self.memo.insert((s_val, si.clone()), s);
-        let x = self.value_at(x_val, &si)?;
-        let x = cast(&x, g.meta(x_val).dtype, DType::F32);
+        let x = match score {
+            Score::Chain { s_val, x_val } => {
+                self.memo.insert((s_val, si.clone()), s);
+                let x = self.value_at(x_val, &si)?;
+                cast(&x, g.meta(x_val).dtype, DType::F32)
+            }
+            Score::Sdpa {
+                scale,
+                causal,
+                mask,
+            } => {
+                let mut x = self
+                    .body
+                    .bind("f32", format!("{s} * {}", literal(scale, DType::F32)));
+                if causal {
+                    x = self
+                        .body
+                        .bind("f32", format!("select({ninf}, {x}, j <= ic)"));
+                }
+                if let Some(mv) = mask {
+                    let mm = g.meta(mv).clone();
+                    let mut shape = batch.clone();
+                    shape.extend([sq, sk]);
+                    let mi = self.broadcast_index(&si, &shape, &mm);
+                    let m = self.value_at(mv, &mi)?;
+                    x = if mm.dtype == DType::Bool {
+                        self.body.bind("f32", format!("select({ninf}, {x}, {m})"))
+                    } else {
+                        let m = cast(&m, mm.dtype, DType::F32);
+                        self.body.bind("f32", format!("{x} + {m}"))
+                    };
+                }
+                x
+            }
+        };
         self.body
             .stmt(format!("sc[jj] = select({ninf}, {x}, j < {});", u(sk)));
         self.body.stmt(format!("{bmax} = max({bmax}, sc[jj]);"));

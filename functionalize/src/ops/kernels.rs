@@ -1259,3 +1259,129 @@ pub fn to_copy_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     // `from_values` converts (floats to integers toward zero, as C casts).
     one(o[0].clone(), &a.tensor(0)?.values())
 }
+
+/// `scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
+/// scale, enable_gqa)`: `softmax(q k^T * scale + bias) v` over broadcast
+/// batch dimensions; `bias` is -inf above the diagonal (`is_causal`) and
+/// where a bool mask is false, or a float mask's values. Deterministic:
+/// `dropout_p` must be 0.
+pub fn sdpa_infer(a: &A) -> Res<Vec<Meta>> {
+    let (q, k, v) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
+    if q.dim() < 2 || k.dim() < 2 || v.dim() < 2 {
+        return Err(
+            "scaled_dot_product_attention expects query, key and value with at least 2 dimensions"
+                .into(),
+        );
+    }
+    if !q.dtype.is_float() || k.dtype != q.dtype || v.dtype != q.dtype {
+        return Err(format!(
+            "Expected query, key, and value to have the same floating dtype, but got query.dtype: {}, key.dtype: {}, and value.dtype: {}",
+            q.dtype, k.dtype, v.dtype
+        ));
+    }
+    let (l, e) = (q.sizes[q.dim() - 2], q.sizes[q.dim() - 1]);
+    let (s, ek) = (k.sizes[k.dim() - 2], k.sizes[k.dim() - 1]);
+    let (sv, ev) = (v.sizes[v.dim() - 2], v.sizes[v.dim() - 1]);
+    if ek != e || sv != s {
+        return Err(format!(
+            "scaled_dot_product_attention: query {}, key {} and value {} do not fit (query and key share the last size, key and value the one before)",
+            ShapeFmt(&q.sizes),
+            ShapeFmt(&k.sizes),
+            ShapeFmt(&v.sizes)
+        ));
+    }
+    let qb = &q.sizes[..q.dim() - 2];
+    let kb = &k.sizes[..k.dim() - 2];
+    let vb = &v.sizes[..v.dim() - 2];
+    let mut batch = broadcast_shapes(&broadcast_shapes(qb, kb)?, vb)?;
+    if let Ok(m) = a.tensor(3) {
+        let mut full = batch.clone();
+        full.extend([l, s]);
+        if broadcast_shapes(&m.sizes, &full)? != full {
+            return Err(format!(
+                "attn_mask {} does not broadcast to the scores {}",
+                ShapeFmt(&m.sizes),
+                ShapeFmt(&full)
+            ));
+        }
+        if m.dtype != DType::Bool && m.dtype != q.dtype {
+            return Err(format!(
+                "Expected attn_mask dtype to be bool or {} to match query dtype, but got attn_mask.dtype: {}",
+                q.dtype, m.dtype
+            ));
+        }
+        if a.bool(5)? {
+            return Err("_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True".into());
+        }
+    }
+    if a.float(4)? != 0.0 {
+        return Err("scaled_dot_product_attention with dropout_p > 0 is random; Kiln runs deterministic programs only (pass 0.0)".into());
+    }
+    if a.bool(7)? {
+        return Err(
+            "scaled_dot_product_attention with enable_gqa=True is not supported yet".into(),
+        );
+    }
+    batch.extend([l, ev]);
+    Ok(vec![Meta::contiguous(q.dtype, batch)])
+}
+
+pub fn sdpa_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let (q, k, v) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
+    let mask = a.tensor(3).ok();
+    let causal = a.bool(5)?;
+    let out = &o[0];
+    let (l, ev) = (out.sizes[out.dim() - 2], out.sizes[out.dim() - 1]);
+    let e = q.meta.sizes[q.meta.dim() - 1];
+    let s = k.meta.sizes[k.meta.dim() - 2];
+    let scale = a
+        .opt_scalar(6)?
+        .map_or(1.0 / (e as f64).sqrt(), |s| s.to_f64());
+    let batch = out.sizes[..out.dim() - 2].to_vec();
+    let full = |last: [usize; 2]| {
+        let mut f = batch.clone();
+        f.extend(last);
+        f
+    };
+    let qv = q.values_broadcast(&full([l, e]));
+    let kv = k.values_broadcast(&full([s, e]));
+    let vv = v.values_broadcast(&full([s, ev]));
+    let mv = mask.map(|m| (m.meta.dtype, m.values_broadcast(&full([l, s]))));
+    let nb: usize = batch.iter().product();
+    let mut vals = vec![0.0; out.numel()];
+    let mut row = vec![0.0; s];
+    for b in 0..nb {
+        for i in 0..l {
+            for (j, r) in row.iter_mut().enumerate() {
+                let dot: f64 = (0..e)
+                    .map(|d| qv[(b * l + i) * e + d] * kv[(b * s + j) * e + d])
+                    .sum();
+                let mut x = dot * scale;
+                if causal && j > i {
+                    x = f64::NEG_INFINITY;
+                }
+                if let Some((dt, m)) = &mv {
+                    let mval = m[(b * l + i) * s + j];
+                    x = if *dt == DType::Bool {
+                        if mval != 0.0 {
+                            x
+                        } else {
+                            f64::NEG_INFINITY
+                        }
+                    } else {
+                        x + mval
+                    };
+                }
+                *r = x;
+            }
+            let mx = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let ex: Vec<f64> = row.iter().map(|x| (x - mx).exp()).collect();
+            let sum: f64 = ex.iter().sum();
+            for c in 0..ev {
+                let acc: f64 = (0..s).map(|j| ex[j] * vv[(b * s + j) * ev + c]).sum();
+                vals[(b * l + i) * ev + c] = acc / sum;
+            }
+        }
+    }
+    one(out.clone(), &vals)
+}

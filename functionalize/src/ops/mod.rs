@@ -81,6 +81,8 @@ pub enum Lowering {
     LayerNorm,
     /// A batched matrix product (with bias / scaled addend).
     MatMul,
+    /// `softmax(q k^T * scale + bias) v` in one kernel.
+    Attention,
     Gather,
     IndexPut,
 }
@@ -855,6 +857,13 @@ fn build() -> Table {
         k::to_copy_eval,
     );
     b.kernel(
+        "scaled_dot_product_attention",
+        Functional,
+        &["scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor"],
+        k::sdpa_infer,
+        k::sdpa_eval,
+    );
+    b.kernel(
         "index_select",
         Functional,
         &["index_select(Tensor self, int dim, Tensor index) -> Tensor"],
@@ -897,6 +906,7 @@ fn build() -> Table {
         (&["softmax", "_softmax"], L::Softmax { log: false }),
         (&["log_softmax", "_log_softmax"], L::Softmax { log: true }),
         (&["layer_norm"], L::LayerNorm),
+        (&["scaled_dot_product_attention"], L::Attention),
         (&["mm", "bmm", "matmul", "addmm", "linear"], L::MatMul),
         (&["embedding", "index_select"], L::Gather),
         (&["index_put"], L::IndexPut),
