@@ -72,11 +72,31 @@ struct Step {
     index: usize,
     /// The result's metadata in the source graph.
     meta: Meta,
+    /// `key()`, formatted once.
+    key: std::cell::OnceCell<Rc<str>>,
 }
 
 impl Step {
-    fn key(&self) -> String {
-        format!("{}{:?}#{}", self.op.name(), self.args, self.index)
+    fn new(op: OpId, args: Vec<Arg<ValueId>>, index: usize, meta: Meta) -> Step {
+        Step {
+            op,
+            args,
+            index,
+            meta,
+            key: Default::default(),
+        }
+    }
+
+    /// Identifies the step (op, arguments, result) within a chain.
+    fn key(&self) -> Rc<str> {
+        self.key
+            .get_or_init(|| format!("{}{:?}#{}", self.op.name(), self.args, self.index).into())
+            .clone()
+    }
+
+    /// The same view, taking result `index`.
+    fn with_index(&self, index: usize) -> Step {
+        Step::new(self.op, self.args.clone(), index, self.meta.clone())
     }
 }
 
@@ -109,17 +129,17 @@ struct StorageState {
 #[derive(Default)]
 struct Cache(HashMap<usize, Generations>);
 
-/// The newest generation cached, and values by (generation, prefix).
-type Generations = (u64, HashMap<(u64, String), ValueId>);
+/// The newest generation cached, and values by (generation, prefix id).
+type Generations = (u64, HashMap<(u64, u32), ValueId>);
 
 impl Cache {
-    fn get(&self, storage: usize, gen: u64, key: &str) -> Option<ValueId> {
+    fn get(&self, storage: usize, gen: u64, key: u32) -> Option<ValueId> {
         self.0
             .get(&storage)
-            .and_then(|(_, m)| m.get(&(gen, key.to_string())).copied())
+            .and_then(|(_, m)| m.get(&(gen, key)).copied())
     }
 
-    fn insert(&mut self, storage: usize, gen: u64, key: String, v: ValueId) {
+    fn insert(&mut self, storage: usize, gen: u64, key: u32, v: ValueId) {
         let (newest, m) = self
             .0
             .entry(storage)
@@ -137,6 +157,8 @@ struct Pass<'g> {
     mode: Remove,
     out: Graph,
     aliases: HashMap<ValueId, Alias>,
+    /// Interned view-chain prefixes (`extend_prefix`).
+    prefixes: HashMap<(u32, Rc<str>), u32>,
     storages: Vec<StorageState>,
     cache: Cache,
     names: HashMap<String, usize>,
@@ -153,6 +175,7 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         mode,
         out: Graph::new(&g.name),
         aliases: HashMap::default(),
+        prefixes: HashMap::default(),
         storages: vec![],
         cache: Cache::default(),
         names: HashMap::default(),
@@ -331,11 +354,29 @@ impl Pass<'_> {
         }
     }
 
+    /// The id of chain prefix `parent` extended by `step` (interned: equal
+    /// chains get equal ids; 0 is the empty chain).
+    fn extend_prefix(&mut self, parent: u32, step: &Step) -> u32 {
+        let next = self.prefixes.len() as u32 + 1;
+        *self.prefixes.entry((parent, step.key())).or_insert(next)
+    }
+
+    /// The ids of every prefix of `chain`, the empty one first.
+    fn prefix_ids(&mut self, chain: &[Step]) -> Vec<u32> {
+        let mut ids = Vec::with_capacity(chain.len() + 1);
+        ids.push(0);
+        for s in chain {
+            let p = ids[ids.len() - 1];
+            ids.push(self.extend_prefix(p, s));
+        }
+        ids
+    }
+
     fn apply_step(
         &mut self,
         storage: usize,
         gen: u64,
-        prefix: &str,
+        parent: u32,
         input: ValueId,
         step: &Step,
     ) -> Result<ValueId> {
@@ -345,35 +386,46 @@ impl Pass<'_> {
         let res = self.emit_id(op, args)?;
         // Multi-output views give every piece at once: remember them all.
         for (j, &r) in res.iter().enumerate() {
-            let key = format!(
-                "{prefix}/{}",
-                Step {
-                    index: j,
-                    ..step.clone()
-                }
-                .key()
-            );
+            let key = if j == step.index {
+                self.extend_prefix(parent, step)
+            } else {
+                self.extend_prefix(parent, &step.with_index(j))
+            };
             self.cache.insert(storage, gen, key, r);
         }
         Ok(res[step.index])
     }
 
+    /// The value of the first `k` steps of `chain` (prefix ids `ids`) over
+    /// the current base: from the longest cached prefix on.
+    fn regen_ids(
+        &mut self,
+        storage: usize,
+        chain: &[Step],
+        ids: &[u32],
+        k: usize,
+    ) -> Result<ValueId> {
+        let gen = self.storages[storage].gen;
+        let mut j = k;
+        let mut val = loop {
+            if j == 0 {
+                break self.base(storage)?;
+            }
+            if let Some(v) = self.cache.get(storage, gen, ids[j]) {
+                break v;
+            }
+            j -= 1;
+        };
+        for i in j..k {
+            val = self.apply_step(storage, gen, ids[i], val, &chain[i])?;
+        }
+        Ok(val)
+    }
+
     /// The value of the first `k` steps of `chain` over the current base.
     fn regen(&mut self, storage: usize, chain: &[Step], k: usize) -> Result<ValueId> {
-        if k == 0 {
-            return self.base(storage);
-        }
-        let gen = self.storages[storage].gen;
-        let prefix: String = chain[..k - 1]
-            .iter()
-            .map(|s| format!("/{}", s.key()))
-            .collect();
-        let key = format!("{prefix}/{}", chain[k - 1].key());
-        if let Some(v) = self.cache.get(storage, gen, &key) {
-            return Ok(v);
-        }
-        let parent = self.regen(storage, chain, k - 1)?;
-        self.apply_step(storage, gen, &prefix, parent, &chain[k - 1])
+        let ids = self.prefix_ids(&chain[..k]);
+        self.regen_ids(storage, chain, &ids, k)
     }
 
     /// The up-to-date value of source value `v`.
@@ -481,12 +533,12 @@ impl Pass<'_> {
             0,
         );
         let op = ops::lookup("permute").expect("permute is in the table");
-        Ok(vec![Step {
+        Ok(vec![Step::new(
             op,
-            args: vec![Arg::IntList(perm.iter().map(|&d| d as i64).collect())],
-            index: 0,
+            vec![Arg::IntList(perm.iter().map(|&d| d as i64).collect())],
+            0,
             meta,
-        }])
+        )])
     }
 
     /// `as_strided_copy(self, ...)` and `as_strided_scatter(self, ...)`
@@ -550,18 +602,13 @@ impl Pass<'_> {
         } else {
             ((*a.chain).clone(), self.read(this)?)
         };
-        let prefix: String = chain.iter().map(|s| format!("/{}", s.key())).collect();
+        let prefix = *self.prefix_ids(&chain).last().expect("the empty prefix");
         for (i, &r) in node.results.iter().enumerate() {
-            let step = Step {
-                op: node.op,
-                args: rest.clone(),
-                index: i,
-                meta: self.src.meta(r).clone(),
-            };
-            let key = format!("{prefix}/{}", step.key());
-            let value = match self.cache.get(a.storage, gen, &key) {
+            let step = Step::new(node.op, rest.clone(), i, self.src.meta(r).clone());
+            let key = self.extend_prefix(prefix, &step);
+            let value = match self.cache.get(a.storage, gen, key) {
                 Some(v) => v,
-                None => self.apply_step(a.storage, gen, &prefix, input, &step)?,
+                None => self.apply_step(a.storage, gen, prefix, input, &step)?,
             };
             let mut c = chain.clone();
             c.push(step);
@@ -642,8 +689,9 @@ impl Pass<'_> {
         } else if invertible {
             let mut val = r;
             let new_gen = self.storages[a.storage].gen + 1;
+            let ids = self.prefix_ids(&chain);
             for k in (0..chain.len()).rev() {
-                let parent = self.regen(a.storage, &chain, k)?;
+                let parent = self.regen_ids(a.storage, &chain, &ids, k)?;
                 let parent_meta = if k == 0 {
                     base_meta.clone()
                 } else {
@@ -653,8 +701,7 @@ impl Pass<'_> {
                 // `val` is the new value of the chain's first k steps: reads
                 // of that view after this write need not regenerate it.
                 if k > 0 && self.out.meta(val) == &self.expected_meta(&parent_meta) {
-                    let key: String = chain[..k].iter().map(|s| format!("/{}", s.key())).collect();
-                    self.cache.insert(a.storage, new_gen, key, val);
+                    self.cache.insert(a.storage, new_gen, ids[k], val);
                 }
             }
             val
