@@ -32,6 +32,17 @@ pub struct TensorSpec {
     pub name: String,
     pub dtype: DType,
     pub sizes: Vec<usize>,
+    /// Set for an input that shares another input's memory.
+    pub view_of: Option<ViewOf>,
+}
+
+/// Where an aliasing input lives in its base input: element `i` (row-major
+/// over the input's sizes) is the base's element `offset + Σ i_d strides_d`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ViewOf {
+    pub base: String,
+    pub strides: Vec<usize>,
+    pub offset: usize,
 }
 
 impl TensorSpec {
@@ -40,6 +51,32 @@ impl TensorSpec {
             name: name.to_string(),
             dtype,
             sizes: sizes.to_vec(),
+            view_of: None,
+        }
+    }
+
+    /// An input that is a view of input `base` (a contiguous input of the
+    /// same dtype, listed anywhere): the traced program takes only the
+    /// base, and this input is `as_strided(base, sizes, strides, offset)`
+    /// in it, so a write through one input shows in every input sharing
+    /// its memory (a synthetic base, as in PyTorch's AOTAutograd).
+    pub fn view(
+        name: &str,
+        base: &str,
+        dtype: DType,
+        sizes: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> TensorSpec {
+        TensorSpec {
+            name: name.to_string(),
+            dtype,
+            sizes: sizes.to_vec(),
+            view_of: Some(ViewOf {
+                base: base.to_string(),
+                strides: strides.to_vec(),
+                offset,
+            }),
         }
     }
 }
@@ -71,19 +108,28 @@ pub fn trace(
         graph: Graph::new(name),
         error: None,
     }));
-    let inputs: Vec<Tensor> = specs
-        .iter()
-        .map(|s| {
-            let v = state.borrow_mut().graph.add_input(
+    // Parameters: the inputs that are not views of another.
+    let mut params: Vec<Option<ValueId>> = vec![None; specs.len()];
+    for (i, s) in specs.iter().enumerate() {
+        if s.view_of.is_none() {
+            params[i] = Some(state.borrow_mut().graph.add_input(
                 Some(s.name.clone()),
                 Meta::contiguous(s.dtype, s.sizes.clone()),
-            );
-            Tensor {
-                state: state.clone(),
-                id: Some(v),
-            }
-        })
-        .collect();
+            ));
+        }
+    }
+    let mut inputs: Vec<Tensor> = vec![];
+    for (i, s) in specs.iter().enumerate() {
+        let id = match (&s.view_of, params[i]) {
+            (_, Some(v)) => v,
+            (Some(view), None) => synthetic_view(&state, specs, &params, s, view)?,
+            (None, None) => unreachable!("parameters were added above"),
+        };
+        inputs.push(Tensor {
+            state: state.clone(),
+            id: Some(id),
+        });
+    }
     let prev = CURRENT.with(|c| c.replace(Some(state.clone())));
     let outs = f(&inputs);
     CURRENT.with(|c| *c.borrow_mut() = prev);
@@ -105,6 +151,55 @@ pub fn trace(
     }
     st.graph.outputs = outputs;
     Ok(std::mem::take(&mut st.graph))
+}
+
+/// Aliasing input `s` as `as_strided` of its base parameter.
+fn synthetic_view(
+    state: &Rc<RefCell<State>>,
+    specs: &[TensorSpec],
+    params: &[Option<ValueId>],
+    s: &TensorSpec,
+    view: &ViewOf,
+) -> Result<ValueId> {
+    let err = |msg: String| Error::Input {
+        name: s.name.clone(),
+        msg,
+    };
+    let b = specs
+        .iter()
+        .position(|x| x.name == view.base)
+        .ok_or_else(|| err(format!("its base `{}` is not an input", view.base)))?;
+    let base = params[b].ok_or_else(|| {
+        err(format!(
+            "its base `{}` is itself a view; name the input that owns the memory",
+            view.base
+        ))
+    })?;
+    if specs[b].dtype != s.dtype {
+        return Err(err(format!(
+            "a {} view of the {} input `{}`; views keep their base's dtype",
+            s.dtype, specs[b].dtype, view.base
+        )));
+    }
+    if view.strides.len() != s.sizes.len() {
+        return Err(err(format!(
+            "{} sizes but {} strides",
+            s.sizes.len(),
+            view.strides.len()
+        )));
+    }
+    let ints = |v: &[usize]| Arg::IntList(v.iter().map(|&x| x as i64).collect());
+    let id = ops::lookup("as_strided").expect("as_strided is in the table");
+    let args = [
+        Arg::Tensor(base),
+        ints(&s.sizes),
+        ints(&view.strides),
+        Arg::Int(view.offset as i64),
+    ];
+    let mut st = state.borrow_mut();
+    let r = st.graph.call(id, &args).map_err(err)?;
+    st.graph.values[r[0]].name = Some(s.name.clone());
+    Ok(r[0])
 }
 
 /// Calls any op of the table by name on the trace in progress (for

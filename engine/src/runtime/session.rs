@@ -658,6 +658,32 @@ impl Executable {
         for (&i, input) in wanted.iter().zip(inputs) {
             self.check_input(session, i, input)?;
         }
+        // The program was compiled for distinct parameters: one device
+        // tensor passed for two, one of them written, would hide the write
+        // from the other (eager would show it).
+        for (a, (&i, x)) in wanted.iter().zip(inputs).enumerate() {
+            for (&j, y) in wanted.iter().zip(inputs).skip(a + 1) {
+                let same = match (x, y) {
+                    (Input::Device(x), Input::Device(y)) => std::ptr::eq(x.buffer(), y.buffer()),
+                    _ => false,
+                };
+                let written = p.mutated_inputs.contains(&i) || p.mutated_inputs.contains(&j);
+                if same && written {
+                    let g = &p.graph;
+                    let name = |k: usize| g.values[g.inputs[k]].name.clone().unwrap_or_default();
+                    return Err(EngineError::Input {
+                        index: j,
+                        msg: format!(
+                            "%{} and %{} are the same device tensor and the program writes one \
+                             of them; trace them as views of one input (TensorSpec::view) or \
+                             pass a copy",
+                            name(i),
+                            name(j)
+                        ),
+                    });
+                }
+            }
+        }
         let mut stats = RunStats {
             kernels: p.kernels.len(),
             ..Default::default()
