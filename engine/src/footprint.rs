@@ -72,7 +72,7 @@ impl Tracer<'_> {
             match r {
                 Read::At(t, a) => self.reads(*t, a.eval(idx), out)?,
                 Read::First(t) => self.reads(*t, 0, out)?,
-                Read::Source(..) => return None,
+                Read::Source(..) | Read::Other(_) => return None,
             }
         }
         Some(())

@@ -267,17 +267,7 @@ impl Region {
     }
 }
 
-/// Row-major multi-index of flat `i` over `sizes`.
-pub fn unravel(mut i: usize, sizes: &[usize]) -> Vec<usize> {
-    let mut m = vec![0; sizes.len()];
-    for (d, &s) in sizes.iter().enumerate().rev() {
-        if s > 0 {
-            m[d] = i % s;
-            i /= s;
-        }
-    }
-    m
-}
+pub use kiln_functionalize::meta::unravel;
 
 /// How an inlined op's element reads one operand.
 #[derive(Clone, Debug, PartialEq)]
@@ -289,6 +279,8 @@ pub enum Read {
     /// A region scatter's source: at the source index where the element is
     /// in `region`, nowhere else.
     Source(ValueId, Region),
+    /// At an index no affine map describes (`flip`, `repeat`, padding).
+    Other(ValueId),
 }
 
 /// The operand reads of result `k` of node `n`, computed inline at its
@@ -355,6 +347,9 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
             )])
         }
         (_, _, "fill") => Ok(tensors(1).into_iter().map(Read::First).collect()),
+        (_, _, "flip" | "repeat" | "constant_pad_nd") => {
+            Ok(tensors(0).into_iter().map(Read::Other).collect())
+        }
         // Factories and fills of a literal read nothing.
         (_, Lowering::Free, _) => Ok(vec![]),
         (_, Lowering::RegionScatter(_), _) => {
@@ -408,7 +403,7 @@ struct Walk<'a> {
 fn read_ok(g: &Graph, s: &Schedule, n: NodeId, r: &Read, pos: Pos, w: &mut Walk) -> bool {
     match r {
         Read::At(t, a) if a.is_identity() => value_ok(g, s, *t, pos, w),
-        Read::At(t, _) | Read::First(t) => value_ok(g, s, *t, Pos::Elsewhere, w),
+        Read::At(t, _) | Read::First(t) | Read::Other(t) => value_ok(g, s, *t, Pos::Elsewhere, w),
         Read::Source(t, _) => {
             let p = if pos == Pos::Own {
                 Pos::Source(n)

@@ -885,7 +885,7 @@ fn product_flops(g: &Graph, n: kiln_functionalize::graph::NodeId) -> Option<usiz
         return None;
     }
     // The first matrix operand (after `addmm`'s addend) holds K last.
-    let a = usize::from(node.op.name() == "addmm");
+    let a = usize::from(matches!(node.op.name(), "addmm" | "baddbmm"));
     let x = *node.args.get(a)?.tensors().first()?;
     let k = g.meta(*x).sizes.last().copied()?;
     Some(2 * g.meta(node.results[0]).numel() * k)

@@ -332,7 +332,7 @@ pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
         // `addmm`'s addend (argument 0) and `linear`'s bias (2) are read
         // once per output, not per tile.
         let operands = match node.op.name() {
-            "addmm" => [1, 2],
+            "addmm" | "baddbmm" => [1, 2],
             _ => [0, 1],
         };
         for i in operands {

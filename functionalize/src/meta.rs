@@ -280,6 +280,18 @@ impl Iterator for OffsetIter<'_> {
     }
 }
 
+/// Row-major multi-index of flat `i` over `sizes`.
+pub fn unravel(mut i: usize, sizes: &[usize]) -> Vec<usize> {
+    let mut m = vec![0; sizes.len()];
+    for (d, &s) in sizes.iter().enumerate().rev() {
+        if s > 0 {
+            m[d] = i % s;
+            i /= s;
+        }
+    }
+    m
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

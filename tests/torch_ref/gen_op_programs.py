@@ -985,6 +985,21 @@ def gen_decoder_ops():
         ["%h = transpose(%x, 1, 2)", f"%y = {sd}(%h, %h, %h, %m)"], ["%y"])
     add(sd, "one_query", ["%q: f32[4, 1, 32]", "%k: f32[4, 20, 32]", "%v: f32[4, 20, 32]"],
         [f"%y = {sd}(%q, %k, %v)"], ["%y"], None, "a decoding step")
+    add("flip", "two_dims", ["%x: f32[3, 50]"], ["%y = flip(%x, [0, -1])"], ["%y"])
+    add("flip", "transposed_i32", ["%x: i32[3, 5, 7]"], ["%t = transpose(%x, 0, 2)", "%y = flip(%t, [1])"], ["%y"])
+    add("flip", "no_dims", ["%x: f32[783]"], ["%y = flip(%x, [])"], ["%y"])
+    add("repeat", "leading_dims", ["%x: f32[3, 5]"], ["%y = repeat(%x, [2, 1, 3])"], ["%y"])
+    add("repeat", "transposed_bool", ["%x: bool[3, 5]"], ["%t = t(%x)", "%y = repeat(%t, [2, 2])"], ["%y"])
+    add("constant_pad_nd", "both_sides", ["%x: f32[3, 5]"], ["%y = constant_pad_nd(%x, [1, 2, 3, 0], 0.5)"], ["%y"])
+    add("constant_pad_nd", "negative_crops", ["%x: f32[4, 9]"], ["%y = constant_pad_nd(%x, [-2, 1])"], ["%y"])
+    add("constant_pad_nd", "i32_transposed", ["%x: i32[5, 3]"], ["%t = t(%x)", "%y = constant_pad_nd(%t, [2, 2], 7)"],
+        ["%y"])
+    add("baddbmm", "default_beta_alpha", ["%s: f32[2, 3, 5]", "%a: f32[2, 3, 4]", "%b: f32[2, 4, 5]"],
+        ["%y = baddbmm(%s, %a, %b)"], ["%y"])
+    add("baddbmm", "broadcast_addend_scaled", ["%s: f32[5]", "%a: f32[3, 17, 33]", "%b: f32[3, 33, 5]"],
+        ["%y = baddbmm(%s, %a, %b, 0.5, -2.0)"], ["%y"])
+    add("baddbmm", "beta0_transposed", ["%s: f32[2, 6, 6]", "%a: f32[2, 7, 6]"],
+        ["%t = transpose(%a, 1, 2)", "%y = baddbmm(%s, %t, %a, 0, 1)"], ["%y"])
     for src, dst, ann in (("f32", "i32", "uniform -5.0..5.0"), ("i32", "f32", None), ("f32", "f16", None),
                           ("f32", "bool", "int -1..2"), ("bool", "f32", None)):
         add("_to_copy", f"{src}_to_{dst}", [f"%x: {src}[3, 50]"], ["%t = t(%x)", f"%y = _to_copy(%t, {dst})"],

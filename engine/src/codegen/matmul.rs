@@ -75,7 +75,8 @@ impl Gen<'_> {
                 )
             }
             _ => {
-                let (xi, yi) = if name == "addmm" { (1, 2) } else { (0, 1) };
+                let addend = matches!(name, "addmm" | "baddbmm");
+                let (xi, yi) = if addend { (1, 2) } else { (0, 1) };
                 let (x, y) = (t(xi), t(yi));
                 let (xm, ym) = (g.meta(x).clone(), g.meta(y).clone());
                 let (xb, n_, k_) = if xm.dim() == 1 {
@@ -122,7 +123,7 @@ impl Gen<'_> {
                     rs: if ym.dim() == 1 { 1 } else { m_ },
                     cs: if ym.dim() == 1 { 0 } else { 1 },
                 };
-                let extra = if name == "addmm" {
+                let extra = if addend {
                     let number = |i: usize| match node.args.get(i) {
                         Some(Arg::Int(x)) => Some(*x as f64),
                         Some(Arg::Float(x)) => Some(*x),
@@ -213,8 +214,10 @@ impl Gen<'_> {
         let mut res = acc.clone();
         if let Some((c, beta, alpha)) = extra {
             let cm = g.meta(c).clone();
-            let out2 = [nn, mm];
-            let ci = self.broadcast_index(&format!("(row * {} + col)", u(mm)), &out2, &cm);
+            // The addend broadcast to the whole (batched) result.
+            let mut full = batch.clone();
+            full.extend([nn, mm]);
+            let ci = self.broadcast_index(&oi, &full, &cm);
             let cv = self.value_at(c, &ci)?;
             let cv = cast(&cv, cm.dtype, acc_dt);
             res = if beta == 0.0 {

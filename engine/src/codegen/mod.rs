@@ -550,6 +550,7 @@ impl<'a> Gen<'a> {
                 ))
             }
             (_, "cat" | "stack") => self.join_at(n, idx),
+            (_, "flip" | "repeat" | "constant_pad_nd") => self.remap_at(n, idx),
             (_, "copy") => {
                 let src = tensor(1)?;
                 let sm = g.meta(src);
@@ -658,6 +659,66 @@ impl<'a> Gen<'a> {
     /// Stores element `idx` of `v`; in an epilogue kernel (`Fused::Epilogue`)
     /// the elementwise tail over `v` at `idx` instead, into the tail's
     /// buffer (`v` itself never reaches memory).
+    /// Element `idx` of a `flip`, `repeat` or `constant_pad_nd` result: the
+    /// input at the multi-index `Remap` gives (the pad value outside it).
+    fn remap_at(&mut self, n: NodeId, idx: &str) -> R<String> {
+        use kiln_functionalize::ops::kernels::Remap;
+        let g = self.g;
+        let node = &g.nodes[n];
+        let margs: Vec<Arg<&Meta>> = node
+            .args
+            .iter()
+            .map(|a| a.map(&mut |v| g.meta(*v)))
+            .collect();
+        let x = *node.args[0].tensors()[0];
+        let xm = g.meta(x).clone();
+        let out = g.meta(node.results[0]).clone();
+        let r = Remap::of(node.op.name(), &margs).map_err(bug)?;
+        let m = self.unravel(idx, &out.sizes);
+        let mut inside = vec![];
+        let sm: Vec<String> = match &r {
+            Remap::Flip(dims) => (0..m.len())
+                .map(|d| {
+                    if dims.contains(&d) {
+                        format!("({} - {})", u(xm.sizes[d].max(1) - 1), m[d])
+                    } else {
+                        m[d].clone()
+                    }
+                })
+                .collect(),
+            Remap::Repeat { lead } => (0..xm.dim())
+                .map(|d| format!("({} % {})", m[lead + d], u(xm.sizes[d].max(1))))
+                .collect(),
+            Remap::Pad { before } => (0..xm.dim())
+                .map(|d| {
+                    let s = self
+                        .body
+                        .bind("i32", format!("i32({}) - {}i", m[d], before[d]));
+                    inside.push(format!("({s} >= 0i && {s} < {}i)", xm.sizes[d]));
+                    format!("u32(clamp({s}, 0i, {}i))", xm.sizes[d].max(1) - 1)
+                })
+                .collect(),
+        };
+        let si = self.ravel(&sm, &contiguous_strides(&xm.sizes), 0);
+        let v = self.value_at(x, &si)?;
+        let v = cast(&v, xm.dtype, out.dtype);
+        if inside.is_empty() {
+            return Ok(v);
+        }
+        let fill = margs
+            .opt_scalar(2)
+            .map_err(bug)?
+            .map_or(0.0, |s| s.to_f64());
+        Ok(self.body.bind(
+            ty(out.dtype),
+            format!(
+                "select({}, {v}, {})",
+                literal(fill, out.dtype),
+                inside.join(" && ")
+            ),
+        ))
+    }
+
     /// Element `idx` of a `cat` or `stack` result: the input whose region
     /// holds it (`index::reads`), the others' loads discarded by selects.
     fn join_at(&mut self, n: NodeId, idx: &str) -> R<String> {

@@ -1385,3 +1385,183 @@ pub fn sdpa_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     }
     one(out.clone(), &vals)
 }
+
+/// `baddbmm(self, batch1, batch2, beta, alpha)`: `beta self + alpha
+/// batch1 @ batch2`, `self` broadcast to the product.
+pub fn baddbmm_infer(a: &A) -> Res<Vec<Meta>> {
+    let s = a.tensor(0)?;
+    let out = bmm_infer(&a[1..])?;
+    same_dtype(s, &out[0], "baddbmm")?;
+    expandable(&s.sizes, &out[0].sizes)?;
+    Ok(out)
+}
+
+pub fn baddbmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let (beta, alpha) = (a.scalar(3)?.to_f64(), a.scalar(4)?.to_f64());
+    let prod = bmm_eval(&a[1..], o)?.remove(0).values();
+    let s = a.tensor(0)?.values_broadcast(&o[0].sizes);
+    let vals: Vec<f64> = prod
+        .iter()
+        .zip(s)
+        .map(|(p, s)| alpha * p + if beta == 0.0 { 0.0 } else { beta * s })
+        .collect();
+    one(o[0].clone(), &vals)
+}
+
+/// Element `m` of an index-map op's result: the input's multi-index it
+/// reads, or `None` for a padding element (`flip`, `repeat`,
+/// `constant_pad_nd`; shared by the reference and the code generator).
+pub enum Remap {
+    /// Dimensions reversed.
+    Flip(Vec<usize>),
+    /// Input dimension `d` (aligned to the result's last dimensions) read at
+    /// `m % size`.
+    Repeat { lead: usize },
+    /// Input at `m - before` where that is in range, else the fill value.
+    Pad { before: Vec<i64> },
+}
+
+impl Remap {
+    pub fn of(name: &str, a: &A) -> Res<Remap> {
+        let m = a.tensor(0)?;
+        Ok(match name {
+            "flip" => {
+                let dims = a
+                    .int_list(1)?
+                    .iter()
+                    .map(|&d| wrap_dim(d, m.dim()))
+                    .collect::<Res<Vec<_>>>()?;
+                Remap::Flip(dims)
+            }
+            "repeat" => Remap::Repeat {
+                lead: a.int_list(1)?.len().saturating_sub(m.dim()),
+            },
+            _ => {
+                let pad = a.int_list(1)?;
+                let mut before = vec![0i64; m.dim()];
+                for (k, p) in pad.chunks(2).enumerate() {
+                    before[m.dim() - 1 - k] = p[0];
+                }
+                Remap::Pad { before }
+            }
+        })
+    }
+
+    /// The input multi-index of result element `out` (input sizes `inp`).
+    pub fn source(&self, out: &[usize], inp: &[usize]) -> Option<Vec<usize>> {
+        match self {
+            Remap::Flip(dims) => {
+                let mut m = out.to_vec();
+                for &d in dims {
+                    m[d] = inp[d] - 1 - out[d];
+                }
+                Some(m)
+            }
+            Remap::Repeat { lead } => Some(
+                inp.iter()
+                    .enumerate()
+                    .map(|(d, &s)| out[lead + d] % s.max(1))
+                    .collect(),
+            ),
+            Remap::Pad { before } => inp
+                .iter()
+                .enumerate()
+                .map(|(d, &s)| {
+                    let x = out[d] as i64 - before[d];
+                    (x >= 0 && x < s as i64).then_some(x as usize)
+                })
+                .collect(),
+        }
+    }
+}
+
+pub fn flip_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    let mut seen = vec![false; m.dim().max(1)];
+    for &d in &a.int_list(1)? {
+        let d = wrap_dim(d, m.dim())?;
+        if std::mem::replace(&mut seen[d], true) {
+            return Err(format!(
+                "dims has duplicates, original flip dims size={}",
+                a.int_list(1)?.len()
+            ));
+        }
+    }
+    Ok(vec![Meta::contiguous(m.dtype, m.sizes.clone())])
+}
+
+pub fn repeat_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    let reps = a.int_list(1)?;
+    if reps.len() < m.dim() {
+        return Err("Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor".into());
+    }
+    let lead = reps.len() - m.dim();
+    let sizes = reps
+        .iter()
+        .enumerate()
+        .map(|(d, &r)| {
+            let r = usize::try_from(r)
+                .map_err(|_| format!("Trying to create tensor with negative dimension {r}"))?;
+            Ok(r * if d < lead { 1 } else { m.sizes[d - lead] })
+        })
+        .collect::<Res<Vec<_>>>()?;
+    Ok(vec![Meta::contiguous(m.dtype, sizes)])
+}
+
+pub fn pad_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    let pad = a.int_list(1)?;
+    if pad.len() % 2 != 0 || pad.len() / 2 > m.dim() {
+        return Err(format!(
+            "Length of pad must be even but instead it equals {}, and at most twice the number of dimensions ({})",
+            pad.len(),
+            m.dim()
+        ));
+    }
+    let mut sizes = m.sizes.clone();
+    for (k, p) in pad.chunks(2).enumerate() {
+        let d = m.dim() - 1 - k;
+        let s = sizes[d] as i64 + p[0] + p[1];
+        if s < 0 {
+            return Err(format!(
+                "The input size {}, plus negative padding {} and {} resulted in a negative output size, which is invalid. Check dimension {d} of your input.",
+                sizes[d], p[0], p[1]
+            ));
+        }
+        sizes[d] = s as usize;
+    }
+    Ok(vec![Meta::contiguous(m.dtype, sizes)])
+}
+
+fn remap_eval(name: &str, a: &R, o: &[Meta], fill: f64) -> Res<Vec<RTensor>> {
+    let t = a.tensor(0)?;
+    let metas: Vec<Arg<&Meta>> = a.iter().map(|x| x.map(&mut |t| &t.meta)).collect();
+    let r = Remap::of(name, &metas)?;
+    let vals = t.values();
+    let inp = t.meta.sizes.clone();
+    let st = crate::meta::contiguous_strides(&inp);
+    let out = &o[0];
+    let mut res = Vec::with_capacity(out.numel());
+    for i in 0..out.numel() {
+        let m = crate::meta::unravel(i, &out.sizes);
+        res.push(match r.source(&m, &inp) {
+            Some(sm) => vals[sm.iter().zip(&st).map(|(a, b)| a * b).sum::<usize>()],
+            None => fill,
+        });
+    }
+    one(out.clone(), &res)
+}
+
+pub fn flip_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    remap_eval("flip", a, o, 0.0)
+}
+
+pub fn repeat_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    remap_eval("repeat", a, o, 0.0)
+}
+
+pub fn pad_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let fill = a.opt_scalar(2)?.map_or(0.0, |s| s.to_f64());
+    remap_eval("constant_pad_nd", a, o, fill)
+}

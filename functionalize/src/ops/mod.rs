@@ -857,6 +857,34 @@ fn build() -> Table {
         k::to_copy_eval,
     );
     b.kernel(
+        "baddbmm",
+        Functional,
+        &["baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"],
+        k::baddbmm_infer,
+        k::baddbmm_eval,
+    );
+    b.kernel(
+        "flip",
+        Functional,
+        &["flip(Tensor self, int[] dims) -> Tensor"],
+        k::flip_infer,
+        k::flip_eval,
+    );
+    b.kernel(
+        "repeat",
+        Functional,
+        &["repeat(Tensor self, SymInt[] repeats) -> Tensor"],
+        k::repeat_infer,
+        k::repeat_eval,
+    );
+    b.kernel(
+        "constant_pad_nd",
+        Functional,
+        &["constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor"],
+        k::pad_infer,
+        k::pad_eval,
+    );
+    b.kernel(
         "scaled_dot_product_attention",
         Functional,
         &["scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor"],
@@ -885,6 +913,9 @@ fn build() -> Table {
                 "triu",
                 "cat",
                 "stack",
+                "flip",
+                "repeat",
+                "constant_pad_nd",
             ][..],
             L::Map,
         ),
@@ -907,7 +938,10 @@ fn build() -> Table {
         (&["log_softmax", "_log_softmax"], L::Softmax { log: true }),
         (&["layer_norm"], L::LayerNorm),
         (&["scaled_dot_product_attention"], L::Attention),
-        (&["mm", "bmm", "matmul", "addmm", "linear"], L::MatMul),
+        (
+            &["mm", "bmm", "matmul", "addmm", "baddbmm", "linear"],
+            L::MatMul,
+        ),
         (&["embedding", "index_select"], L::Gather),
         (&["index_put"], L::IndexPut),
     ] {
