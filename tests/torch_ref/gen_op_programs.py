@@ -985,6 +985,12 @@ def gen_decoder_ops():
         ["%h = transpose(%x, 1, 2)", f"%y = {sd}(%h, %h, %h, %m)"], ["%y"])
     add(sd, "one_query", ["%q: f32[4, 1, 32]", "%k: f32[4, 20, 32]", "%v: f32[4, 20, 32]"],
         [f"%y = {sd}(%q, %k, %v)"], ["%y"], None, "a decoding step")
+    for op in ("var", "std"):
+        add(op, "all", ["%x: f32[783]"], [f"%y = {op}(%x)"], ["%y"])
+        add(op, "dim_keepdim_correction0", ["%x: f32[3, 50]"], [f"%y = {op}(%x, [1], 0, true)"], ["%y"])
+        add(op, "two_dims_transposed", ["%x: f32[4, 6, 5]"], ["%t = transpose(%x, 0, 2)", f"%y = {op}(%t, [0, 2])"],
+            ["%y"])
+        add(op, "f16", ["%x: f16[7, 9]"], [f"%y = {op}(%x, [-1])"], ["%y"])
     add("flip", "two_dims", ["%x: f32[3, 50]"], ["%y = flip(%x, [0, -1])"], ["%y"])
     add("flip", "transposed_i32", ["%x: i32[3, 5, 7]"], ["%t = transpose(%x, 0, 2)", "%y = flip(%t, [1])"], ["%y"])
     add("flip", "no_dims", ["%x: f32[783]"], ["%y = flip(%x, [])"], ["%y"])

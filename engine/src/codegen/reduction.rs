@@ -60,6 +60,7 @@ impl Gen<'_> {
         let om = g.meta(v).clone();
         let dims: Option<Vec<i64>> = match name {
             "amax" | "amin" => Some(margs.int_list(1).map_err(bug)?),
+            "var" | "std" => margs.opt_int_list(1).map_err(bug)?,
             _ if node.args.len() <= 2 => None,
             _ => margs.opt_int_list(1).map_err(bug)?,
         };
@@ -139,6 +140,39 @@ impl Gen<'_> {
         let mut res = acc.clone();
         if name == "mean" {
             res = self.body.bind(acc_ty, format!("{acc} / f32({})", u(count)));
+        }
+        if matches!(name, "var" | "std") {
+            // A second pass: squared deviations from the mean (the
+            // corrected two-pass algorithm, as the reference computes).
+            let mean = self.body.bind("f32", format!("{acc} / f32({})", u(count)));
+            let ss = self.body.var("f32", "0.0".into());
+            let sc = self.body.var("f32", "0.0".into());
+            self.body
+                .stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(count)));
+            let saved = std::mem::take(&mut self.memo);
+            let rm = self.unravel("r", &rs);
+            let rst: Vec<usize> = reduced.iter().map(|&d| istr[d]).collect();
+            let roff = self.ravel(&rm, &rst, 0);
+            let at = self.body.bind("u32", format!("{kbase} + {roff}"));
+            let x = self.value_at(input, &at)?;
+            let x = self.body.bind("f32", cast(&x, im.dtype, DType::F32));
+            let d = self
+                .body
+                .bind("f32", format!("({x} - {mean}) * ({x} - {mean})"));
+            let y = self.body.bind("f32", format!("{d} - {sc}"));
+            let t = self.body.bind("f32", format!("{ss} + {y}"));
+            self.body.stmt(format!("{sc} = ({t} - {ss}) - {y};"));
+            self.body.stmt(format!("{ss} = {t};"));
+            self.body.stmt("}".into());
+            self.memo = saved;
+            let c = kiln_functionalize::ops::kernels::var_correction(margs).map_err(bug)?;
+            let denom = (count as f64 - c).max(0.0);
+            res = self
+                .body
+                .bind("f32", format!("{ss} / {}", literal(denom, DType::F32)));
+            if name == "std" {
+                res = self.body.bind("f32", format!("sqrt({res})"));
+            }
         }
         if let Some(nv) = nan {
             res = self.body.bind(

@@ -1565,3 +1565,41 @@ pub fn pad_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let fill = a.opt_scalar(2)?.map_or(0.0, |s| s.to_f64());
     remap_eval("constant_pad_nd", a, o, fill)
 }
+
+/// `var` / `std(self, dim?, *, correction=1, keepdim=False)`: the mean
+/// squared deviation over `dim`, divided by `N - correction`.
+pub fn var_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    if !m.dtype.is_float() {
+        return Err(format!(
+            "std and var only support floating point and complex dtypes, got {}",
+            m.dtype
+        ));
+    }
+    let r = reduced_dims(m, a.opt_int_list(1)?)?;
+    Ok(vec![Meta::contiguous(
+        m.dtype,
+        reduced_shape(m, &r, a.bool(3)?),
+    )])
+}
+
+/// The correction (Bessel's by default) of a `var` / `std` call.
+pub fn var_correction<T>(a: &[Arg<T>]) -> Res<f64> {
+    Ok(a.opt_scalar(2)?.map_or(1.0, |s| s.to_f64()))
+}
+
+fn variance(g: &[f64], correction: f64) -> f64 {
+    let n = g.len() as f64;
+    let mean = g.iter().sum::<f64>() / n;
+    g.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - correction).max(0.0)
+}
+
+pub fn var_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let c = var_correction(a)?;
+    reduce_eval(a, o, a.opt_int_list(1)?, |g| Ok(variance(g, c)))
+}
+
+pub fn std_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let c = var_correction(a)?;
+    reduce_eval(a, o, a.opt_int_list(1)?, |g| Ok(variance(g, c).sqrt()))
+}

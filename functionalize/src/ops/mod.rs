@@ -723,6 +723,15 @@ fn build() -> Table {
         k::mean_infer,
         k::mean_eval,
     );
+    for (name, eval) in [("var", k::var_eval as EvalFn), ("std", k::std_eval)] {
+        b.kernel(
+            name,
+            Functional,
+            &[&format!("{name}.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor")],
+            k::var_infer,
+            eval,
+        );
+    }
     b.kernel(
         "amax",
         Functional,
@@ -933,7 +942,7 @@ fn build() -> Table {
             ],
             L::Free,
         ),
-        (&["sum", "mean", "amax", "amin"], L::Reduce),
+        (&["sum", "mean", "amax", "amin", "var", "std"], L::Reduce),
         (&["softmax", "_softmax"], L::Softmax { log: false }),
         (&["log_softmax", "_log_softmax"], L::Softmax { log: true }),
         (&["layer_norm"], L::LayerNorm),
