@@ -67,6 +67,19 @@ impl Graph {
         }
     }
 
+    /// An empty graph with room for about `nodes` statements (growing a
+    /// large graph statement by statement copies it at every doubling).
+    pub fn with_capacity(name: &str, nodes: usize) -> Graph {
+        Graph {
+            name: name.to_string(),
+            values: SlotMap::with_capacity_and_key(nodes + nodes / 4),
+            nodes: SlotMap::with_capacity_and_key(nodes),
+            order: Vec::with_capacity(nodes),
+            inputs: vec![],
+            outputs: vec![],
+        }
+    }
+
     /// Adds a parameter (a distinct, contiguous tensor).
     pub fn add_input(&mut self, name: Option<String>, meta: Meta) -> ValueId {
         let i = self.inputs.len();

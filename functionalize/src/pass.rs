@@ -173,7 +173,7 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
     let mut p = Pass {
         src: g,
         mode,
-        out: Graph::new(&g.name),
+        out: Graph::with_capacity(&g.name, 2 * g.order.len()),
         aliases: HashMap::default(),
         prefixes: HashMap::default(),
         storages: vec![],

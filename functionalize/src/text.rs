@@ -11,25 +11,26 @@ use crate::schema::Arg;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt::Write;
 
-#[derive(Clone, Debug, PartialEq)]
-enum Tok {
-    Ident(String),
-    Value(String),
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Tok<'a> {
+    Ident(&'a str),
+    Value(&'a str),
     Int(i64),
     Float(f64),
-    Str(String),
+    Str(&'a str),
     Punct(char),
     Eof,
 }
 
-#[derive(Clone, Debug)]
-struct Token {
-    tok: Tok,
+/// A token borrowing its text from the source (no allocation per token).
+#[derive(Clone, Copy, Debug)]
+struct Token<'a> {
+    tok: Tok<'a>,
     line: usize,
     col: usize,
 }
 
-fn describe(t: &Tok) -> String {
+fn describe(t: &Tok<'_>) -> String {
     match t {
         Tok::Ident(s) => format!("`{s}`"),
         Tok::Value(s) => format!("`%{s}`"),
@@ -41,13 +42,20 @@ fn describe(t: &Tok) -> String {
     }
 }
 
-fn lex(src: &str) -> Result<Vec<Token>> {
-    let chars: Vec<char> = src.chars().collect();
-    let mut out = vec![];
+fn lex(src: &str) -> Result<Vec<Token<'_>>> {
+    // Bytes: every token character is ASCII (a string or comment may hold
+    // other UTF-8, sliced at its ASCII delimiters).
+    let chars = src.as_bytes();
+    let mut out = Vec::with_capacity(src.len() / 4);
     let (mut i, mut line, mut col) = (0, 1, 1);
     let err = |line, col, msg: String| Error::Parse { line, col, msg };
     while i < chars.len() {
-        let c = chars[i];
+        let c = chars[i] as char;
+        if !c.is_ascii() {
+            // The whole character, for the message.
+            let ch = src[i..].chars().next().unwrap_or('?');
+            return Err(err(line, col, format!("unexpected character `{ch}`")));
+        }
         let (tl, tc) = (line, col);
         let advance = |n: usize, i: &mut usize, col: &mut usize| {
             *i += n;
@@ -64,14 +72,14 @@ fn lex(src: &str) -> Result<Vec<Token>> {
             continue;
         }
         if c == '#' {
-            while i < chars.len() && chars[i] != '\n' {
+            while i < chars.len() && chars[i] != b'\n' {
                 i += 1;
             }
             continue;
         }
         let word_end = |start: usize| {
             let mut j = start;
-            while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == '_') {
+            while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == b'_') {
                 j += 1;
             }
             j
@@ -82,7 +90,7 @@ fn lex(src: &str) -> Result<Vec<Token>> {
                 return Err(err(tl, tc, "expected a value name after `%`".into()));
             }
             out.push(Token {
-                tok: Tok::Value(chars[i + 1..j].iter().collect()),
+                tok: Tok::Value(&src[i + 1..j]),
                 line: tl,
                 col: tc,
             });
@@ -91,8 +99,8 @@ fn lex(src: &str) -> Result<Vec<Token>> {
         }
         if c.is_ascii_alphabetic() || c == '_' {
             let j = word_end(i);
-            let w: String = chars[i..j].iter().collect();
-            let tok = match w.as_str() {
+            let w = &src[i..j];
+            let tok = match w {
                 "inf" => Tok::Float(f64::INFINITY),
                 "nan" => Tok::Float(f64::NAN),
                 _ => Tok::Ident(w),
@@ -108,13 +116,13 @@ fn lex(src: &str) -> Result<Vec<Token>> {
         if c.is_ascii_digit()
             || (c == '-' || c == '.')
                 && i + 1 < chars.len()
-                && (chars[i + 1].is_ascii_digit() || chars[i + 1] == 'i' || chars[i + 1] == '.')
+                && (chars[i + 1].is_ascii_digit() || chars[i + 1] == b'i' || chars[i + 1] == b'.')
         {
             let mut j = i;
-            if chars[j] == '-' {
+            if chars[j] == b'-' {
                 j += 1;
             }
-            if chars[j..].starts_with(&['i', 'n', 'f']) {
+            if chars[j..].starts_with(b"inf") {
                 out.push(Token {
                     tok: Tok::Float(f64::NEG_INFINITY),
                     line: tl,
@@ -128,20 +136,20 @@ fn lex(src: &str) -> Result<Vec<Token>> {
                 let d = chars[j];
                 if d.is_ascii_digit() {
                     j += 1;
-                } else if d == '.' {
+                } else if d == b'.' {
                     is_float = true;
                     j += 1;
-                } else if (d == 'e' || d == 'E') && !chars[i..j].contains(&'e') {
+                } else if (d == b'e' || d == b'E') && !chars[i..j].contains(&b'e') {
                     is_float = true;
                     j += 1;
-                    if j < chars.len() && (chars[j] == '-' || chars[j] == '+') {
+                    if j < chars.len() && (chars[j] == b'-' || chars[j] == b'+') {
                         j += 1;
                     }
                 } else {
                     break;
                 }
             }
-            let text: String = chars[i..j].iter().collect();
+            let text = &src[i..j];
             let tok = if is_float {
                 Tok::Float(
                     text.parse()
@@ -162,18 +170,21 @@ fn lex(src: &str) -> Result<Vec<Token>> {
         }
         if c == '"' {
             let mut j = i + 1;
-            while j < chars.len() && chars[j] != '"' && chars[j] != '\n' {
+            while j < chars.len() && chars[j] != b'"' && chars[j] != b'\n' {
                 j += 1;
             }
-            if j >= chars.len() || chars[j] != '"' {
+            if j >= chars.len() || chars[j] != b'"' {
                 return Err(err(tl, tc, "unterminated string".into()));
             }
+            let text = &src[i + 1..j];
             out.push(Token {
-                tok: Tok::Str(chars[i + 1..j].iter().collect()),
+                tok: Tok::Str(text),
                 line: tl,
                 col: tc,
             });
-            advance(j + 1 - i, &mut i, &mut col);
+            // Columns count characters.
+            i = j + 1;
+            col += text.chars().count() + 2;
             continue;
         }
         if "()[]{},:=".contains(c) {
@@ -195,32 +206,32 @@ fn lex(src: &str) -> Result<Vec<Token>> {
     Ok(out)
 }
 
-struct Parser {
-    toks: Vec<Token>,
+struct Parser<'a> {
+    toks: Vec<Token<'a>>,
     pos: usize,
     graph: Graph,
     names: HashMap<String, ValueId>,
 }
 
-impl Parser {
-    fn peek(&self) -> &Token {
+impl<'a> Parser<'a> {
+    fn peek(&self) -> &Token<'a> {
         &self.toks[self.pos]
     }
-    fn next(&mut self) -> Token {
-        let t = self.toks[self.pos].clone();
+    fn next(&mut self) -> Token<'a> {
+        let t = self.toks[self.pos];
         if self.pos + 1 < self.toks.len() {
             self.pos += 1;
         }
         t
     }
-    fn fail<T>(&self, t: &Token, msg: impl Into<String>) -> Result<T> {
+    fn fail<T>(&self, t: &Token<'_>, msg: impl Into<String>) -> Result<T> {
         Err(Error::Parse {
             line: t.line,
             col: t.col,
             msg: msg.into(),
         })
     }
-    fn expect(&mut self, c: char) -> Result<Token> {
+    fn expect(&mut self, c: char) -> Result<Token<'a>> {
         let t = self.next();
         if t.tok != Tok::Punct(c) {
             return self.fail(&t, format!("expected `{c}`, found {}", describe(&t.tok)));
@@ -235,30 +246,30 @@ impl Parser {
             false
         }
     }
-    fn ident(&mut self, what: &str) -> Result<(String, Token)> {
+    fn ident(&mut self, what: &str) -> Result<(String, Token<'a>)> {
         let t = self.next();
         match &t.tok {
-            Tok::Ident(s) => Ok((s.clone(), t.clone())),
+            Tok::Ident(s) => Ok((s.to_string(), t)),
             other => self.fail(&t, format!("expected {what}, found {}", describe(other))),
         }
     }
-    fn value_name(&mut self) -> Result<(String, Token)> {
+    fn value_name(&mut self) -> Result<(String, Token<'a>)> {
         let t = self.next();
         match &t.tok {
-            Tok::Value(s) => Ok((s.clone(), t.clone())),
+            Tok::Value(s) => Ok((s.to_string(), t)),
             other => self.fail(
                 &t,
                 format!("expected a value like `%x`, found {}", describe(other)),
             ),
         }
     }
-    fn lookup(&self, name: &str, t: &Token) -> Result<ValueId> {
+    fn lookup(&self, name: &str, t: &Token<'_>) -> Result<ValueId> {
         match self.names.get(name) {
             Some(&v) => Ok(v),
             None => self.fail(t, format!("`%{name}` is not defined")),
         }
     }
-    fn define(&mut self, name: String, v: ValueId, t: &Token) -> Result<()> {
+    fn define(&mut self, name: String, v: ValueId, t: &Token<'_>) -> Result<()> {
         if self.names.contains_key(&name) {
             return self.fail(t, format!("`%{name}` is defined twice"));
         }
@@ -313,8 +324,8 @@ impl Parser {
             Tok::Value(n) => Arg::Tensor(self.lookup(n, &t)?),
             Tok::Int(i) => Arg::Int(*i),
             Tok::Float(f) => Arg::Float(*f),
-            Tok::Str(s) => Arg::Str(s.clone()),
-            Tok::Ident(w) => match w.as_str() {
+            Tok::Str(s) => Arg::Str(s.to_string()),
+            Tok::Ident(w) => match *w {
                 "true" => Arg::Bool(true),
                 "false" => Arg::Bool(false),
                 "none" => Arg::None,
@@ -341,8 +352,8 @@ impl Parser {
     }
 
     fn statement(&mut self) -> Result<bool> {
-        let start = self.peek().clone();
-        if start.tok == Tok::Ident("return".into()) {
+        let start = *self.peek();
+        if start.tok == Tok::Ident("return") {
             self.next();
             let mut outs = vec![];
             if self.eat('(') {
@@ -426,7 +437,12 @@ fn unknown_op_message(name: &str) -> String {
 }
 
 /// The statement as written, for error messages.
-fn source_stmt(p: &Parser, lhs: &[(String, Token)], op: &str, args: &[Arg<ValueId>]) -> String {
+fn source_stmt(
+    p: &Parser<'_>,
+    lhs: &[(String, Token<'_>)],
+    op: &str,
+    args: &[Arg<ValueId>],
+) -> String {
     let names: HashMap<ValueId, String> = p.names.iter().map(|(k, v)| (*v, k.clone())).collect();
     let mut s = String::new();
     if !lhs.is_empty() {
@@ -445,11 +461,13 @@ fn source_stmt(p: &Parser, lhs: &[(String, Token)], op: &str, args: &[Arg<ValueI
 /// Parses a program. Errors carry line and column, or name the statement.
 pub fn parse(src: &str) -> Result<Graph> {
     let toks = lex(src)?;
+    // About one statement a line.
+    let lines = src.bytes().filter(|&b| b == b'\n').count();
     let mut p = Parser {
         toks,
         pos: 0,
-        graph: Graph::default(),
-        names: HashMap::default(),
+        graph: Graph::with_capacity("", lines),
+        names: HashMap::with_capacity_and_hasher(lines, Default::default()),
     };
     let (kw, t) = p.ident("`graph`")?;
     if kw != "graph" {
@@ -470,11 +488,11 @@ pub fn parse(src: &str) -> Result<Graph> {
     p.expect('{')?;
     loop {
         if p.peek().tok == Tok::Punct('}') {
-            let t = p.peek().clone();
+            let t = *p.peek();
             return p.fail(&t, "the graph has no `return` statement");
         }
         if p.peek().tok == Tok::Eof {
-            let t = p.peek().clone();
+            let t = *p.peek();
             return p.fail(&t, "unexpected end of file: missing `return` and `}`");
         }
         if p.statement()? {
