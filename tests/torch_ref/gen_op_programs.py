@@ -985,6 +985,11 @@ def gen_decoder_ops():
         ["%h = transpose(%x, 1, 2)", f"%y = {sd}(%h, %h, %h, %m)"], ["%y"])
     add(sd, "one_query", ["%q: f32[4, 1, 32]", "%k: f32[4, 20, 32]", "%v: f32[4, 20, 32]"],
         [f"%y = {sd}(%q, %k, %v)"], ["%y"], None, "a decoding step")
+    add("cumsum", "last_dim", ["%x: f32[3, 783]"], ["%y = cumsum(%x, -1)"], ["%y"])
+    add("cumsum", "middle_dim_transposed", ["%x: f32[4, 5, 6]"], ["%t = transpose(%x, 0, 2)", "%y = cumsum(%t, 1)"],
+        ["%y"])
+    add("cumsum", "f16", ["%x: f16[50]"], ["%y = cumsum(%x, 0)"], ["%y"])
+    add("cumsum", "0d", ["%x: f32[]"], ["%y = cumsum(%x, 0)"], ["%y"])
     for op in ("var", "std"):
         add(op, "all", ["%x: f32[783]"], [f"%y = {op}(%x)"], ["%y"])
         add(op, "dim_keepdim_correction0", ["%x: f32[3, 50]"], [f"%y = {op}(%x, [1], 0, true)"], ["%y"])

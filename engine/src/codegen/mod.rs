@@ -851,6 +851,7 @@ impl<'a> Gen<'a> {
             Lowering::LayerNorm => Ok(vec![self.layer_norm(n, v, label)?]),
             Lowering::MatMul => Ok(vec![self.matmul(n, label)?]),
             Lowering::Attention => Ok(vec![self.sdpa(n, label)?]),
+            Lowering::Scan => Ok(vec![self.cumsum(n, v, label)?]),
             Lowering::Gather => Ok(vec![self.gather(n, v, label)?]),
             Lowering::Map | Lowering::Free | Lowering::RegionScatter(_) => {
                 Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?])

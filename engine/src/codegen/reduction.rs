@@ -188,6 +188,62 @@ impl Gen<'_> {
         ))
     }
 
+    /// `cumsum`: one invocation per line along `dim`, a running (Kahan,
+    /// for floats) sum stored at every element.
+    pub(super) fn cumsum(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let input = *node.args[0].tensors()[0];
+        let im = g.meta(input).clone();
+        let om = g.meta(v).clone();
+        let dim = match node.args[1] {
+            Arg::Int(d) if im.dim() > 0 => {
+                kiln_functionalize::meta::wrap_dim(d, im.dim()).map_err(bug)?
+            }
+            _ => 0,
+        };
+        let len = if im.dim() == 0 { 1 } else { im.sizes[dim] };
+        let inner: usize = if im.dim() == 0 {
+            1
+        } else {
+            im.sizes[dim + 1..].iter().product()
+        };
+        let lines = im.numel() / len.max(1);
+        let (t, dt) = (ty(om.dtype), om.dtype);
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(lines)));
+        let base = self.body.bind(
+            "u32",
+            format!("(gid / {i}) * {} + gid % {i}", u(len * inner), i = u(inner)),
+        );
+        let acc = self.body.var(t, literal(0.0, dt));
+        let comp = dt.is_float().then(|| self.body.var("f32", "0.0".into()));
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
+        let saved = std::mem::take(&mut self.memo);
+        let at = self.body.bind("u32", format!("{base} + k * {}", u(inner)));
+        let x = self.value_at(input, &at)?;
+        let x = self.body.bind(t, cast(&x, im.dtype, dt));
+        match &comp {
+            Some(c) => {
+                let y = self.body.bind("f32", format!("{x} - {c}"));
+                let s = self.body.bind("f32", format!("{acc} + {y}"));
+                self.body.stmt(format!("{c} = ({s} - {acc}) - {y};"));
+                self.body.stmt(format!("{acc} = {s};"));
+            }
+            None => self.body.stmt(format!("{acc} = {acc} + {x};")),
+        }
+        // f16 results are rounded where stored; the sum runs in f32.
+        self.store_to(v, &at, &acc)?;
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(
+            label,
+            wgsl::grid(lines, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
+    }
+
     /// One invocation per line along `dim`: max, sum of exponentials, write.
     pub(super) fn softmax(
         &mut self,

@@ -1603,3 +1603,44 @@ pub fn std_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let c = var_correction(a)?;
     reduce_eval(a, o, a.opt_int_list(1)?, |g| Ok(variance(g, c).sqrt()))
 }
+
+/// `cumsum(self, dim, dtype?)`: running sums along `dim` (integers stay
+/// 32-bit: Kiln has no int64).
+pub fn cumsum_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    wrap_dim(a.int(1)?, m.dim())?;
+    Ok(vec![Meta::contiguous(
+        sum_dtype(m, a.opt_dtype(2)?),
+        m.sizes.clone(),
+    )])
+}
+
+pub fn cumsum_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let t = a.tensor(0)?;
+    let out = &o[0];
+    let vals: Vec<f64> = t.values().iter().map(|&v| out.dtype.cast(v)).collect();
+    if out.dim() == 0 {
+        return one(out.clone(), &vals);
+    }
+    let d = wrap_dim(a.int(1)?, out.dim())?;
+    let len = out.sizes[d];
+    let inner: usize = out.sizes[d + 1..].iter().product();
+    let mut res = vals.clone();
+    for line in 0..out.numel() / (len * inner).max(1) {
+        for i in 0..inner {
+            let mut acc = 0.0;
+            for k in 0..len {
+                let at = line * len * inner + k * inner + i;
+                // Floats accumulate wide (as eager's f16 does in f32),
+                // integers wrap at every step.
+                acc = if out.dtype.is_float() {
+                    acc + vals[at]
+                } else {
+                    out.dtype.cast(acc + vals[at])
+                };
+                res[at] = out.dtype.cast(acc);
+            }
+        }
+    }
+    one(out.clone(), &res)
+}

@@ -83,6 +83,8 @@ pub enum Lowering {
     MatMul,
     /// `softmax(q k^T * scale + bias) v` in one kernel.
     Attention,
+    /// Running sums along a dimension: a line per invocation.
+    Scan,
     Gather,
     IndexPut,
 }
@@ -733,6 +735,13 @@ fn build() -> Table {
         );
     }
     b.kernel(
+        "cumsum",
+        Functional,
+        &["cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"],
+        k::cumsum_infer,
+        k::cumsum_eval,
+    );
+    b.kernel(
         "amax",
         Functional,
         &["amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"],
@@ -946,6 +955,7 @@ fn build() -> Table {
         (&["softmax", "_softmax"], L::Softmax { log: false }),
         (&["log_softmax", "_log_softmax"], L::Softmax { log: true }),
         (&["layer_norm"], L::LayerNorm),
+        (&["cumsum"], L::Scan),
         (&["scaled_dot_product_attention"], L::Attention),
         (
             &["mm", "bmm", "matmul", "addmm", "baddbmm", "linear"],
