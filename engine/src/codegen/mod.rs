@@ -236,15 +236,7 @@ impl<'a> Gen<'a> {
         if !self.s.is_materialized.contains(&v) || self.meta(v).dtype != DType::F32 {
             return Ok(None);
         }
-        let loc = match self.locs.get(&v) {
-            Some(l) => *l,
-            None if self.locs.is_empty() => Loc {
-                buf: Buf::Arena,
-                word: 0,
-                packed: false,
-            },
-            None => return Err(bug("a materialized value without a buffer")),
-        };
+        let loc = self.loc_of(v)?;
         let words = self.meta(v).numel();
         let known = self
             .slots
@@ -263,18 +255,23 @@ impl<'a> Gen<'a> {
         format!("{var}v.{}", ["x", "y", "z", "w"][c])
     }
 
-    /// The slot of materialized value `v`.
-    fn slot_of(&mut self, v: ValueId, write: bool) -> R<(Slot, Loc)> {
-        // Before memory planning (fusion trials) any location will do.
-        let loc = match self.locs.get(&v) {
-            Some(l) => *l,
-            None if self.locs.is_empty() => Loc {
+    /// Where materialized value `v` lives; before memory planning (fusion
+    /// trials) any location will do.
+    fn loc_of(&self, v: ValueId) -> R<Loc> {
+        match self.locs.get(&v) {
+            Some(l) => Ok(*l),
+            None if self.locs.is_empty() => Ok(Loc {
                 buf: Buf::Arena,
                 word: 0,
                 packed: false,
-            },
-            None => return Err(bug("a materialized value without a buffer")),
-        };
+            }),
+            None => Err(bug("a materialized value without a buffer")),
+        }
+    }
+
+    /// The slot of materialized value `v`.
+    fn slot_of(&mut self, v: ValueId, write: bool) -> R<(Slot, Loc)> {
+        let loc = self.loc_of(v)?;
         let m = self.meta(v);
         let words = wgsl::words(m.dtype, m.numel(), loc.packed);
         Ok((self.slot(loc, words, write), loc))

@@ -45,6 +45,15 @@ pub(super) struct RowCtx {
 }
 
 impl Gen<'_> {
+    /// `acc += x` with Kahan compensation `c` (keeps f32 sums close to the
+    /// reference's f64).
+    fn kahan_add(&mut self, acc: &str, c: &str, x: &str) {
+        let y = self.body.bind("f32", format!("{x} - {c}"));
+        let t = self.body.bind("f32", format!("{acc} + {y}"));
+        self.body.stmt(format!("{c} = ({t} - {acc}) - {y};"));
+        self.body.stmt(format!("{acc} = {t};"));
+    }
+
     pub(super) fn reduce(
         &mut self,
         n: NodeId,
@@ -117,13 +126,7 @@ impl Gen<'_> {
         let x = self.value_at(input, &at)?;
         let x = self.body.bind(acc_ty, cast(&x, im.dtype, acc_dt));
         match (name, &comp, &nan) {
-            (_, Some(c), _) => {
-                // Kahan summation keeps f32 sums close to the reference.
-                let y = self.body.bind("f32", format!("{x} - {c}"));
-                let t = self.body.bind("f32", format!("{acc} + {y}"));
-                self.body.stmt(format!("{c} = ({t} - {acc}) - {y};"));
-                self.body.stmt(format!("{acc} = {t};"));
-            }
+            (_, Some(c), _) => self.kahan_add(&acc, c, &x),
             (_, None, _) if is_sum => self.body.stmt(format!("{acc} = {acc} + {x};")),
             ("amax", _, _) if acc_dt == DType::Bool => {
                 self.body.stmt(format!("{acc} = {acc} || {x};"))
@@ -159,10 +162,7 @@ impl Gen<'_> {
             let d = self
                 .body
                 .bind("f32", format!("({x} - {mean}) * ({x} - {mean})"));
-            let y = self.body.bind("f32", format!("{d} - {sc}"));
-            let t = self.body.bind("f32", format!("{ss} + {y}"));
-            self.body.stmt(format!("{sc} = ({t} - {ss}) - {y};"));
-            self.body.stmt(format!("{ss} = {t};"));
+            self.kahan_add(&ss, &sc, &d);
             self.body.stmt("}".into());
             self.memo = saved;
             let c = kiln_functionalize::ops::kernels::var_correction(margs).map_err(bug)?;
@@ -225,12 +225,7 @@ impl Gen<'_> {
         let x = self.value_at(input, &at)?;
         let x = self.body.bind(t, cast(&x, im.dtype, dt));
         match &comp {
-            Some(c) => {
-                let y = self.body.bind("f32", format!("{x} - {c}"));
-                let s = self.body.bind("f32", format!("{acc} + {y}"));
-                self.body.stmt(format!("{c} = ({s} - {acc}) - {y};"));
-                self.body.stmt(format!("{acc} = {s};"));
-            }
+            Some(c) => self.kahan_add(&acc, c, &x),
             None => self.body.stmt(format!("{acc} = {acc} + {x};")),
         }
         // f16 results are rounded where stored; the sum runs in f32.

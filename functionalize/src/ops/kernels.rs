@@ -895,17 +895,24 @@ pub fn matmul_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     )
 }
 
-pub fn addmm_infer(a: &A) -> Res<Vec<Meta>> {
+/// `addmm` / `baddbmm(self, x, y, beta, alpha)`: the product of `x` and `y`
+/// (`product`'s shape rule), `self` broadcast to it.
+fn with_addend_infer(a: &A, product: fn(&A) -> Res<Vec<Meta>>, name: &str) -> Res<Vec<Meta>> {
     let s = a.tensor(0)?;
-    let out = mm_infer(&a[1..])?;
-    same_dtype(s, &out[0], "addmm")?;
+    let out = product(&a[1..])?;
+    same_dtype(s, &out[0], name)?;
     expandable(&s.sizes, &out[0].sizes)?;
     Ok(out)
 }
 
-pub fn addmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+/// `alpha x y + beta self` (`self` ignored, NaNs too, when `beta` is 0).
+fn with_addend_eval(
+    a: &R,
+    o: &[Meta],
+    product: fn(&R, &[Meta]) -> Res<Vec<RTensor>>,
+) -> Res<Vec<RTensor>> {
     let (beta, alpha) = (a.scalar(3)?.to_f64(), a.scalar(4)?.to_f64());
-    let prod = mm_eval(&a[1..], o)?.remove(0).values();
+    let prod = product(&a[1..], o)?.remove(0).values();
     let s = a.tensor(0)?.values_broadcast(&o[0].sizes);
     let vals: Vec<f64> = prod
         .iter()
@@ -913,6 +920,14 @@ pub fn addmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
         .map(|(p, s)| alpha * p + if beta == 0.0 { 0.0 } else { beta * s })
         .collect();
     one(o[0].clone(), &vals)
+}
+
+pub fn addmm_infer(a: &A) -> Res<Vec<Meta>> {
+    with_addend_infer(a, mm_infer, "addmm")
+}
+
+pub fn addmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    with_addend_eval(a, o, mm_eval)
 }
 
 pub fn linear_infer(a: &A) -> Res<Vec<Meta>> {
@@ -1389,23 +1404,11 @@ pub fn sdpa_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 /// `baddbmm(self, batch1, batch2, beta, alpha)`: `beta self + alpha
 /// batch1 @ batch2`, `self` broadcast to the product.
 pub fn baddbmm_infer(a: &A) -> Res<Vec<Meta>> {
-    let s = a.tensor(0)?;
-    let out = bmm_infer(&a[1..])?;
-    same_dtype(s, &out[0], "baddbmm")?;
-    expandable(&s.sizes, &out[0].sizes)?;
-    Ok(out)
+    with_addend_infer(a, bmm_infer, "baddbmm")
 }
 
 pub fn baddbmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
-    let (beta, alpha) = (a.scalar(3)?.to_f64(), a.scalar(4)?.to_f64());
-    let prod = bmm_eval(&a[1..], o)?.remove(0).values();
-    let s = a.tensor(0)?.values_broadcast(&o[0].sizes);
-    let vals: Vec<f64> = prod
-        .iter()
-        .zip(s)
-        .map(|(p, s)| alpha * p + if beta == 0.0 { 0.0 } else { beta * s })
-        .collect();
-    one(o[0].clone(), &vals)
+    with_addend_eval(a, o, bmm_eval)
 }
 
 /// Element `m` of an index-map op's result: the input's multi-index it
