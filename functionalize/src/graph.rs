@@ -244,3 +244,51 @@ impl Graph {
         ((a.finish() as u128) << 64) | b.finish() as u128
     }
 }
+
+impl Graph {
+    /// This program called with parameter `j` being the very tensor passed
+    /// as parameter `i` (same dtype and shape), for each `(i, j)` of
+    /// `pairs`: parameter `j` is gone and reads `alias(i)` instead, so a
+    /// write through either shows in both, as in eager. Parameters keep
+    /// their order otherwise.
+    pub fn with_aliased_params(&self, pairs: &[(usize, usize)]) -> Result<Graph, String> {
+        let dropped: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
+        let mut g = Graph::with_capacity(&self.name, self.order.len() + pairs.len());
+        let mut map: rustc_hash::FxHashMap<ValueId, ValueId> = Default::default();
+        for (k, &v) in self.inputs.iter().enumerate() {
+            if !dropped.contains(&k) {
+                let nv = g.add_input(self.values[v].name.clone(), self.meta(v).clone());
+                map.insert(v, nv);
+            }
+        }
+        let alias = ops::lookup("alias").ok_or("no alias op")?;
+        for &(i, j) in pairs {
+            let (vi, vj) = (self.inputs[i], self.inputs[j]);
+            if self.meta(vi).dtype != self.meta(vj).dtype
+                || self.meta(vi).sizes != self.meta(vj).sizes
+            {
+                return Err(format!(
+                    "parameters {i} and {j} have different types: one tensor cannot be both"
+                ));
+            }
+            let base = *map
+                .get(&vi)
+                .ok_or("an aliased parameter is itself dropped")?;
+            let r = g.call(alias, &[Arg::Tensor(base)])?;
+            g.values[r[0]].name = self.values[vj].name.clone();
+            map.insert(vj, r[0]);
+        }
+        for &n in &self.order {
+            let node = &self.nodes[n];
+            let args: Vec<Arg<ValueId>> =
+                node.args.iter().map(|a| a.map(&mut |v| map[v])).collect();
+            let rs = g.call(node.op, &args)?;
+            for (&old, &new) in node.results.iter().zip(&rs) {
+                g.values[new].name = self.values[old].name.clone();
+                map.insert(old, new);
+            }
+        }
+        g.outputs = self.outputs.iter().map(|v| map[v]).collect();
+        Ok(g)
+    }
+}

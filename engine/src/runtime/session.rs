@@ -42,7 +42,7 @@ pub enum Fetch {
 }
 
 /// A run's result.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Output {
     Host(HostTensor<'static>),
     Device(DeviceTensor),
@@ -238,7 +238,9 @@ impl Session {
         let mut options = self.options.clone();
         options.constants = bound.iter().map(|(i, _)| *i).collect();
         let program = compile_with(g, &options)?;
-        let exe = Arc::new(self.load_with(program, bound).await?);
+        let mut exe = self.load_with(program, bound).await?;
+        exe.source = Some(Arc::new(g.clone()));
+        let exe = Arc::new(exe);
         if let Ok(mut p) = self.programs.lock() {
             p.insert(key, exe.clone());
         }
@@ -378,6 +380,7 @@ impl Session {
             staging_at,
             staging_bytes: total,
             contexts: Mutex::new(vec![]),
+            source: None,
         })
     }
 
@@ -405,6 +408,11 @@ impl Session {
                 .into(),
             ));
         }
+        if let Some(pairs) = exe.shared_written_inputs(inputs) {
+            if let Some(src) = exe.source.clone() {
+                return Box::pin(self.run_aliased(exe, &src, &pairs, inputs, options)).await;
+            }
+        }
         let mut ctx = exe.take_context().await?;
         let r = exe.run_in(&mut ctx, self.id, inputs, options).await;
         // A failed run may leave a buffer mapped: its context is dropped.
@@ -418,6 +426,69 @@ impl Session {
             t.kernels += r.stats.kernels as u64;
         }
         r
+    }
+}
+
+impl Session {
+    /// Runs `exe`'s program with parameter pairs `(i, j)` given one device
+    /// tensor: the program recompiled with `j` an alias of `i` (cached like
+    /// any program), its results mapped back to `exe`'s signature.
+    async fn run_aliased(
+        &self,
+        exe: &Executable,
+        src: &Graph,
+        pairs: &[(usize, usize)],
+        inputs: &[Input<'_>],
+        options: &RunOptions,
+    ) -> Result<RunResult, EngineError> {
+        let p = &exe.program;
+        let variant = src.with_aliased_params(pairs).map_err(EngineError::Usage)?;
+        let vexe = self.compile_async(&variant).await?;
+        let dropped: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
+        // Variant parameter index of original parameter `k` (a dropped one
+        // maps to its partner).
+        let vindex = |k: usize| -> usize {
+            let k = pairs.iter().find(|&&(_, j)| j == k).map_or(k, |&(i, _)| i);
+            k - dropped.iter().filter(|&&d| d < k).count()
+        };
+        let wanted = exe.input_params();
+        let vinputs: Vec<Input> = wanted
+            .iter()
+            .zip(inputs)
+            .filter(|(k, _)| !dropped.contains(k))
+            .map(|(_, x)| *x)
+            .collect();
+        let vm = &vexe.program.mutated_inputs;
+        let slot = |t: usize| vm.iter().position(|&m| m == vindex(p.mutated_inputs[t]));
+        let mut mutated = vec![Fetch::Skip; vm.len()];
+        for (t, &f) in options.mutated.iter().enumerate() {
+            if let Some(s) = slot(t) {
+                if mutated[s] == Fetch::Skip {
+                    mutated[s] = f;
+                }
+            }
+        }
+        let vopts = RunOptions {
+            outputs: options.outputs.clone(),
+            mutated,
+            ..options.clone()
+        };
+        let r = self.run_async(&vexe, &vinputs, &vopts).await?;
+        let by_slot: Vec<Output> = r.mutated.into_iter().map(|(_, o)| o).collect();
+        let mutated = (0..p.mutated_inputs.len())
+            .map(|t| {
+                let o = match (slot(t), options.mutated[t]) {
+                    (_, Fetch::Skip) | (None, _) => Output::Skipped,
+                    (Some(s), _) => by_slot[s].clone(),
+                };
+                (p.mutated_inputs[t], o)
+            })
+            .collect();
+        Ok(RunResult {
+            outputs: r.outputs,
+            mutated,
+            stats: r.stats,
+        })
     }
 }
 
@@ -460,9 +531,35 @@ pub struct Executable {
     staging_at: HashMap<ValueId, u64>,
     staging_bytes: u64,
     contexts: Mutex<Vec<RunContext>>,
+    /// The program as compiled (`Session::compile`), for variants: a run
+    /// passing one device tensor as two written parameters recompiles it
+    /// with those parameters aliased.
+    source: Option<Arc<Graph>>,
 }
 
 impl Executable {
+    /// Pairs of parameters `(i, j)`, `i < j`, given the same device tensor
+    /// where the program writes either: eager would show the write through
+    /// the other. `None` when there are none.
+    fn shared_written_inputs(&self, inputs: &[Input]) -> Option<Vec<(usize, usize)>> {
+        let wanted = self.input_params();
+        let p = &self.program;
+        let mut pairs: Vec<(usize, usize)> = vec![];
+        for (a, (&i, x)) in wanted.iter().zip(inputs).enumerate() {
+            for (&j, y) in wanted.iter().zip(inputs).skip(a + 1) {
+                let same = match (x, y) {
+                    (Input::Device(x), Input::Device(y)) => std::ptr::eq(x.buffer(), y.buffer()),
+                    _ => false,
+                };
+                let written = p.mutated_inputs.contains(&i) || p.mutated_inputs.contains(&j);
+                if same && written && !pairs.iter().any(|&(_, d)| d == j || d == i) {
+                    pairs.push((i, j));
+                }
+            }
+        }
+        (!pairs.is_empty()).then_some(pairs)
+    }
+
     /// Parameters a run takes as inputs (those not bound to constants).
     pub fn input_params(&self) -> Vec<usize> {
         (0..self.constants.len())
