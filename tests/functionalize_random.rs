@@ -52,5 +52,11 @@ proptest! {
         if let Err(e) = check(&g, seed) {
             prop_assert!(false, "{e}\n{}", kiln::print(&g));
         }
+        // The same program given one tensor for two of its parameters.
+        if let Some(a) = common::aliased_variant(&g) {
+            if let Err(e) = check(&a, seed) {
+                prop_assert!(false, "aliased: {e}\n{}", kiln::print(&a));
+            }
+        }
     }
 }

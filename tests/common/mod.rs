@@ -104,3 +104,16 @@ pub fn iota(sizes: &[usize]) -> RTensor {
 pub fn t(dtype: DType, sizes: &[usize], vals: &[f64]) -> RTensor {
     RTensor::new(dtype, sizes.to_vec(), vals)
 }
+
+/// `g` called with one tensor for its first two parameters of equal type
+/// (a write through either shows in both), when it has such a pair.
+pub fn aliased_variant(g: &kiln::functionalize::Graph) -> Option<kiln::functionalize::Graph> {
+    let n = g.inputs.len();
+    let (i, j) = (0..n)
+        .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+        .find(|&(i, j)| {
+            let (a, b) = (g.meta(g.inputs[i]), g.meta(g.inputs[j]));
+            a.dtype == b.dtype && a.sizes == b.sizes
+        })?;
+    g.with_aliased_params(&[(i, j)]).ok()
+}
