@@ -350,6 +350,15 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
         (_, _, "flip" | "repeat" | "constant_pad_nd") => {
             Ok(tensors(0).into_iter().map(Read::Other).collect())
         }
+        // `self` at the element; the index and the source anywhere.
+        (_, _, "index_add") => {
+            let t = tensors(0);
+            Ok(vec![
+                Read::At(t[0], Affine::identity(&out.sizes)),
+                Read::Other(t[1]),
+                Read::Other(t[2]),
+            ])
+        }
         // Factories and fills of a literal read nothing.
         (_, Lowering::Free, _) => Ok(vec![]),
         (_, Lowering::RegionScatter(_), _) => {

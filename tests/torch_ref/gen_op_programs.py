@@ -985,6 +985,15 @@ def gen_decoder_ops():
         ["%h = transpose(%x, 1, 2)", f"%y = {sd}(%h, %h, %h, %m)"], ["%y"])
     add(sd, "one_query", ["%q: f32[4, 1, 32]", "%k: f32[4, 20, 32]", "%v: f32[4, 20, 32]"],
         [f"%y = {sd}(%q, %k, %v)"], ["%y"], None, "a decoding step")
+    add("index_add", "repeated_rows", ["%x: f32[6, 50]", "%i: i32[9]", "%s: f32[9, 50]"],
+        ["%y = index_add(%x, 0, %i, %s)"], ["%y"], ["%i: int 0..6"], "repeated indices accumulate in order")
+    add("index_add", "last_dim_alpha_transposed", ["%x: f32[50, 3]", "%i: i32[4]", "%s: f32[3, 4]"],
+        ["%t = t(%x)", "%y = index_add(%t, -1, %i, %s, 0.5)"], ["%y"], ["%i: int 0..50"])
+    add("index_add", "i32", ["%x: i32[5, 4]", "%i: i32[3]", "%s: i32[3, 4]"],
+        ["%y = index_add(%x, 0, %i, %s, 2)"], ["%y"], ["%i: int 0..5"])
+    add("index_add_", "slice_of_param", ["%x: f32[8, 6]", "%i: i32[5]", "%s: f32[4, 5]"],
+        ["%v = slice(%x, 0, 2, 6)", "%y = index_add_(%v, 1, %i, %s)"], ["%x"], ["%i: int 0..6"],
+        "mutates the parameter through the slice")
     add("cumsum", "last_dim", ["%x: f32[3, 783]"], ["%y = cumsum(%x, -1)"], ["%y"])
     add("cumsum", "middle_dim_transposed", ["%x: f32[4, 5, 6]"], ["%t = transpose(%x, 0, 2)", "%y = cumsum(%t, 1)"],
         ["%y"])

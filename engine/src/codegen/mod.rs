@@ -548,6 +548,36 @@ impl<'a> Gen<'a> {
             }
             (_, "cat" | "stack") => self.join_at(n, idx),
             (_, "flip" | "repeat" | "constant_pad_nd") => self.remap_at(n, idx),
+            (_, "index_add") => {
+                // self + alpha * the source rows whose index is this row, in
+                // index order.
+                let (x, index, src) = (tensor(0)?, tensor(2)?, tensor(3)?);
+                let d = kiln_functionalize::meta::wrap_dim(margs.int(1).map_err(bug)?, out.dim())
+                    .map_err(bug)?;
+                let alpha = margs.scalar(4).map_err(bug)?.to_f64();
+                let sm = g.meta(src).clone();
+                let nidx = g.meta(index).numel();
+                let m = self.unravel(idx, &out.sizes);
+                let base = self.value_at(x, idx)?;
+                let t = ty(out.dtype);
+                let acc = self.body.var(t, base);
+                self.body
+                    .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(nidx)));
+                let saved = std::mem::take(&mut self.memo);
+                let iv = self.value_at(index, "k")?;
+                let mut sm_idx = m.clone();
+                sm_idx[d] = "k".into();
+                let si = self.ravel(&sm_idx, &contiguous_strides(&sm.sizes), 0);
+                let sv = self.value_at(src, &si)?;
+                let add = format!("{} * {sv}", literal(alpha, out.dtype));
+                self.body.stmt(format!(
+                    "if (u32({iv}) == {}) {{ {acc} = {acc} + {add}; }}",
+                    m[d]
+                ));
+                self.body.stmt("}".into());
+                self.memo = saved;
+                Ok(self.body.bind(t, acc))
+            }
             (_, "copy") => {
                 let src = tensor(1)?;
                 let sm = g.meta(src);

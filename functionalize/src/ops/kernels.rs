@@ -1647,3 +1647,58 @@ pub fn cumsum_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     }
     one(out.clone(), &res)
 }
+
+/// `index_add(self, dim, index, source, alpha)`: `self` with `alpha *
+/// source[.., k, ..]` added at `[.., index[k], ..]` along `dim`, in order of
+/// `k` (repeated indices accumulate).
+pub fn index_add_infer(a: &A) -> Res<Vec<Meta>> {
+    let (m, idx, src) = (a.tensor(0)?, a.tensor(2)?, a.tensor(3)?);
+    check_index_dtype(idx, "index_add_(): index")?;
+    if idx.dim() > 1 {
+        return Err("index_add_(): Index is supposed to be a vector".into());
+    }
+    if m.dim() == 0 {
+        return Err("index_add on a 0-d tensor is not supported".into());
+    }
+    let d = wrap_dim(a.int(1)?, m.dim())?;
+    let mut want = m.sizes.clone();
+    want[d] = idx.numel();
+    if src.sizes != want || src.dtype != m.dtype {
+        return Err(format!(
+            "index_add_(): source must be {}{} (self's type with dim {d} of the index's length), got {}{}",
+            m.dtype,
+            ShapeFmt(&want),
+            src.dtype,
+            ShapeFmt(&src.sizes)
+        ));
+    }
+    Ok(vec![Meta::contiguous(m.dtype, m.sizes.clone())])
+}
+
+pub fn index_add_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let (t, idx, src) = (a.tensor(0)?, a.tensor(2)?, a.tensor(3)?);
+    let alpha = a.scalar(4)?.to_f64();
+    let out = &o[0];
+    let d = wrap_dim(a.int(1)?, out.dim())?;
+    let (len, inner) = (out.sizes[d], out.sizes[d + 1..].iter().product::<usize>());
+    let outer = out.numel() / (len * inner).max(1);
+    let mut vals = t.values();
+    let sv = src.values();
+    let n = idx.meta.numel();
+    for (k, &i) in idx.values().iter().enumerate() {
+        if i < 0.0 || i as usize >= len {
+            return Err(format!(
+                "index_add_(): index {i} out of range for dimension {d} of size {len}"
+            ));
+        }
+        for o_ in 0..outer {
+            for j in 0..inner {
+                let at = (o_ * len + i as usize) * inner + j;
+                vals[at] = out
+                    .dtype
+                    .cast(vals[at] + alpha * sv[(o_ * n + k) * inner + j]);
+            }
+        }
+    }
+    one(out.clone(), &vals)
+}

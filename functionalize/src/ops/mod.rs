@@ -734,6 +734,21 @@ fn build() -> Table {
             eval,
         );
     }
+    let f = b.kernel(
+        "index_add",
+        Functional,
+        &["index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor"],
+        k::index_add_infer,
+        k::index_add_eval,
+    );
+    let ip = b.add(
+        "index_add_",
+        InPlace,
+        &["index_add_(Tensor(a!) self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor(a!)"],
+        Rule::InPlace(f),
+    );
+    b.ops[f.0 as usize].counterpart = Some(ip);
+    b.ops[ip.0 as usize].counterpart = Some(f);
     b.kernel(
         "cumsum",
         Functional,
@@ -934,6 +949,7 @@ fn build() -> Table {
                 "flip",
                 "repeat",
                 "constant_pad_nd",
+                "index_add",
             ][..],
             L::Map,
         ),
