@@ -415,6 +415,9 @@ fn int_pow(b: i64, e: i64) -> Result<f64, String> {
 
 /// `pow(Tensor, Tensor)`, `pow(Tensor, Scalar)` and `pow(Scalar, Tensor)`.
 pub fn pow(a: &A) -> Result<PwPlan, String> {
+    if common_of(a)? == DType::Bool {
+        return Err("\"pow\" not implemented for 'Bool'".into());
+    }
     let f = |dt: DType, x: f64, y: f64| {
         if dt.is_integral() {
             int_pow(x as i64, y as i64)
