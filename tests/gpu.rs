@@ -45,6 +45,26 @@ fn close_gpu(what: &str, a: &RTensor, b: &RTensor, rel: f64) -> Result<(), Strin
     Ok(())
 }
 
+/// Every output and final input of a GPU run against the reference's
+/// (`close_gpu`), the first mismatch named `what` and its position.
+fn close_run(
+    what: &str,
+    got: &kiln::engine::EngineRun,
+    want: &kiln::functionalize::RunResult,
+    rel: f64,
+) -> Result<(), String> {
+    for (i, (a, b)) in got
+        .outputs
+        .iter()
+        .zip(&want.outputs)
+        .chain(got.inputs.iter().zip(&want.inputs))
+        .enumerate()
+    {
+        close_gpu(&format!("{what}: value {i}"), a, b, rel)?;
+    }
+    Ok(())
+}
+
 fn check_dir(dir: &str) {
     check_dir_on(dir, engine());
 }
@@ -227,16 +247,8 @@ fn random_programs_match_the_reference_on_the_gpu() {
         let got = engines[(seed % 2) as usize]
             .run(&g, ins())
             .unwrap_or_else(|err| panic!("seed {seed}: {err}\n{}", kiln::print(&g)));
-        for (i, (a, b)) in got
-            .outputs
-            .iter()
-            .zip(&want.outputs)
-            .chain(got.inputs.iter().zip(&want.inputs))
-            .enumerate()
-        {
-            close_gpu(&format!("value {i}"), a, b, 1e-4)
-                .unwrap_or_else(|m| panic!("seed {seed}: {m}\n{}", kiln::print(&g)));
-        }
+        close_run("random", &got, &want, 1e-4)
+            .unwrap_or_else(|m| panic!("seed {seed}: {m}\n{}", kiln::print(&g)));
         checked += 1;
     }
     assert!(
@@ -312,14 +324,7 @@ fn large_operands_match_the_reference() {
         };
         let want = kiln::run(&g, ins()).unwrap();
         let got = e.run(&g, ins()).unwrap();
-        for (a, b) in got
-            .outputs
-            .iter()
-            .zip(&want.outputs)
-            .chain(got.inputs.iter().zip(&want.inputs))
-        {
-            close_gpu(body, a, b, 1e-4).unwrap();
-        }
+        close_run(body, &got, &want, 1e-4).unwrap();
     }
 }
 
@@ -512,14 +517,7 @@ fn fused_region_updates_match_the_reference() {
         let ins = || kiln::functionalize::random::random_inputs(&g, 9, 1.0);
         let want = kiln::run(&g, ins()).unwrap();
         let got = e.run(&g, ins()).unwrap();
-        for (a, b) in got
-            .outputs
-            .iter()
-            .zip(&want.outputs)
-            .chain(got.inputs.iter().zip(&want.inputs))
-        {
-            close_gpu(base, a, b, 1e-6).unwrap();
-        }
+        close_run(base, &got, &want, 1e-6).unwrap();
     }
 }
 

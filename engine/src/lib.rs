@@ -881,11 +881,8 @@ fn product_flops(g: &Graph, n: kiln_functionalize::graph::NodeId) -> Option<usiz
         let ev = om.sizes[om.dim() - 1];
         return Some(2 * (om.numel() / ev.max(1)) * s * (e + ev));
     }
-    if node.op.def().lowering != kiln_functionalize::ops::Lowering::MatMul {
-        return None;
-    }
-    // The first matrix operand (after `addmm`'s addend) holds K last.
-    let a = usize::from(matches!(node.op.name(), "addmm" | "baddbmm"));
+    // The left operand holds K last.
+    let a = kiln_functionalize::ops::product_form(node.op)?.left;
     let x = *node.args.get(a)?.tensors().first()?;
     let k = g.meta(*x).sizes.last().copied()?;
     Some(2 * g.meta(node.results[0]).numel() * k)

@@ -326,16 +326,14 @@ pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
     let mut out = HashSet::new();
     for &n in &g.order {
         let node = &g.nodes[n];
-        if node.op.def().lowering != Lowering::MatMul || attention.contains(&n) {
+        let Some(form) = kiln_functionalize::ops::product_form(node.op) else {
+            continue;
+        };
+        if attention.contains(&n) {
             continue;
         }
-        // `addmm`'s addend (argument 0) and `linear`'s bias (2) are read
-        // once per output, not per tile.
-        let operands = match node.op.name() {
-            "addmm" | "baddbmm" => [1, 2],
-            _ => [0, 1],
-        };
-        for i in operands {
+        // An addend or bias is read once per output, not per tile.
+        for i in [form.left, form.right] {
             if let Some(&Arg::Tensor(v)) = node.args.get(i) {
                 if g.node_of(v).is_some_and(|m| {
                     matches!(g.nodes[m].op.def().lowering, Lowering::Free | Lowering::Map)

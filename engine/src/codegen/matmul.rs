@@ -41,18 +41,19 @@ impl Gen<'_> {
     pub(super) fn product(&self, n: NodeId) -> R<Product> {
         let g = self.g;
         let node = &g.nodes[n];
-        let name = node.op.name();
+        let form = kiln_functionalize::ops::product_form(node.op)
+            .ok_or_else(|| bug(format!("{} is no matrix product", node.op.name())))?;
         let t = |i: usize| *node.args[i].tensors()[0];
-        let (a, b, batch, nn, kk, mm, extra) = match name {
-            "linear" => {
+        let (a, b, batch, nn, kk, mm, extra) = match form {
+            f if f.linear => {
                 let (x, w) = (t(0), t(1));
                 let (xm, wm) = (g.meta(x), g.meta(w));
                 let k = *wm.sizes.last().unwrap();
                 let rows = xm.numel() / k.max(1);
                 let outf = if wm.dim() == 2 { wm.sizes[0] } else { 1 };
-                let bias = node
-                    .args
-                    .get(2)
+                let bias = form
+                    .addend
+                    .and_then(|i| node.args.get(i))
                     .and_then(|a| a.tensors().first().map(|x| **x));
                 (
                     Operand {
@@ -75,9 +76,7 @@ impl Gen<'_> {
                 )
             }
             _ => {
-                let addend = matches!(name, "addmm" | "baddbmm");
-                let (xi, yi) = if addend { (1, 2) } else { (0, 1) };
-                let (x, y) = (t(xi), t(yi));
+                let (x, y) = (t(form.left), t(form.right));
                 let (xm, ym) = (g.meta(x).clone(), g.meta(y).clone());
                 let (xb, n_, k_) = if xm.dim() == 1 {
                     (vec![], 1, xm.sizes[0])
@@ -123,17 +122,20 @@ impl Gen<'_> {
                     rs: if ym.dim() == 1 { 1 } else { m_ },
                     cs: if ym.dim() == 1 { 0 } else { 1 },
                 };
-                let extra = if addend {
+                // `beta` and `alpha` follow the product's operands.
+                let extra = form.addend.map(|c| {
                     let number = |i: usize| match node.args.get(i) {
                         Some(Arg::Int(x)) => Some(*x as f64),
                         Some(Arg::Float(x)) => Some(*x),
                         _ => None,
                     };
-                    let (beta, alpha) = (number(3), number(4));
-                    Some((t(0), beta.unwrap_or(1.0), alpha.unwrap_or(1.0)))
-                } else {
-                    None
-                };
+                    let after = form.right + 1;
+                    (
+                        t(c),
+                        number(after).unwrap_or(1.0),
+                        number(after + 1).unwrap_or(1.0),
+                    )
+                });
                 (xa, yo, batch, n_, k_, m_, extra)
             }
         };
@@ -348,48 +350,44 @@ impl Gen<'_> {
         };
         self.body.stmt("{".into());
         self.body.stmt("let e = lid.y * 16u + lid.x;".into());
-        let load = |kb: &str, col: &str| {
-            format!(
-                "bitcast<vec4<f32>>({}[({}u + {boff} + {kb} * {} + {col} * {}) >> 2u])",
-                sb.var,
-                sb.base,
-                u(b.rs),
-                u(b.cs)
+        // The vector this invocation loads: its first k (`k0`) and column
+        // (`c`) within the tile, the last valid first element along the
+        // vector's dimension, and where lane `j` goes in `tb`.
+        let (k0, c, last_k, last_col, lane) = if along_k {
+            (
+                "(e % 4u) * 4u",
+                "e / 4u",
+                kk - 4,
+                mm - 1,
+                "(k0 + {j}u) * 65u + c",
+            )
+        } else {
+            (
+                "e / 16u",
+                "(e % 16u) * 4u",
+                kk - 1,
+                mm - 4,
+                "k0 * 65u + c + {j}u",
             )
         };
-        if along_k {
-            self.body.stmt("let c = e / 4u;".into());
-            self.body.stmt("let kq = (e % 4u) * 4u;".into());
-            self.body.stmt("let col = wid.x * 64u + c;".into());
-            self.body.stmt("let kb = t0 + kq;".into());
-            self.body
-                .stmt(format!("let ok = col < {} && kb < {};", u(mm), u(kk)));
-            let x = load(
-                &format!("min(kb, {})", u(kk - 4)),
-                &format!("min(col, {})", u(mm - 1)),
-            );
-            self.body
-                .stmt(format!("let x = select(vec4<f32>(0.0), {x}, ok);"));
-            for (j, c) in ["x", "y", "z", "w"].iter().enumerate() {
-                self.body
-                    .stmt(format!("tb[(kq + {j}u) * 65u + c] = x.{c};"));
-            }
-        } else {
-            self.body.stmt("let kr = e / 16u;".into());
-            self.body.stmt("let cq = (e % 16u) * 4u;".into());
-            self.body.stmt("let col = wid.x * 64u + cq;".into());
-            self.body.stmt("let kb = t0 + kr;".into());
-            self.body
-                .stmt(format!("let ok = col < {} && kb < {};", u(mm), u(kk)));
-            let x = load(
-                &format!("min(kb, {})", u(kk - 1)),
-                &format!("min(col, {})", u(mm - 4)),
-            );
-            self.body
-                .stmt(format!("let x = select(vec4<f32>(0.0), {x}, ok);"));
-            for (j, c) in ["x", "y", "z", "w"].iter().enumerate() {
-                self.body.stmt(format!("tb[kr * 65u + cq + {j}u] = x.{c};"));
-            }
+        self.body.stmt(format!("let k0 = {k0};"));
+        self.body.stmt(format!("let c = {c};"));
+        self.body.stmt("let col = wid.x * 64u + c;".into());
+        self.body.stmt("let kb = t0 + k0;".into());
+        self.body
+            .stmt(format!("let ok = col < {} && kb < {};", u(mm), u(kk)));
+        self.body.stmt(format!(
+            "let x = select(vec4<f32>(0.0), bitcast<vec4<f32>>({}[({}u + {boff} + min(kb, {}) * {} + min(col, {}) * {}) >> 2u]), ok);",
+            sb.var,
+            sb.base,
+            u(last_k),
+            u(b.rs),
+            u(last_col),
+            u(b.cs)
+        ));
+        for (j, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+            let at = lane.replace("{j}", &j.to_string());
+            self.body.stmt(format!("tb[{at}] = x.{comp};"));
         }
         self.body.stmt("}".into());
         Ok(true)

@@ -38,6 +38,13 @@ impl RowTile {
     }
 }
 
+/// Lines of `len` elements along a dimension, `inner` apart.
+struct Lines {
+    len: usize,
+    inner: usize,
+    lines: usize,
+}
+
 /// A row kernel's lane and its elements: (value, in range, column, index).
 pub(super) struct RowCtx {
     pub(super) lane: String,
@@ -188,34 +195,42 @@ impl Gen<'_> {
         ))
     }
 
+    /// The input of node `n` (softmax, cumsum: `(self, dim, ...)`) and its
+    /// lines along `dim`.
+    fn lines(&self, n: NodeId) -> R<(ValueId, Meta, Lines)> {
+        let node = &self.g.nodes[n];
+        let input = *node.args[0].tensors()[0];
+        let im = self.meta(input).clone();
+        let (len, inner) = match node.args[1] {
+            _ if im.dim() == 0 => (1, 1),
+            Arg::Int(d) => {
+                let d = kiln_functionalize::meta::wrap_dim(d, im.dim()).map_err(bug)?;
+                (im.sizes[d], im.sizes[d + 1..].iter().product())
+            }
+            _ => return Err(bug(format!("{}: no dim", node.op.name()))),
+        };
+        let lines = im.numel() / len.max(1);
+        Ok((input, im, Lines { len, inner, lines }))
+    }
+
+    /// Guards a line-per-invocation kernel; the first element of this
+    /// invocation's line (elements `base + k * inner`).
+    fn line_base(&mut self, len: usize, inner: usize, lines: usize) -> String {
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(lines)));
+        self.body.bind(
+            "u32",
+            format!("(gid / {i}) * {} + gid % {i}", u(len * inner), i = u(inner)),
+        )
+    }
+
     /// `cumsum`: one invocation per line along `dim`, a running (Kahan,
     /// for floats) sum stored at every element.
     pub(super) fn cumsum(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
-        let g = self.g;
-        let node = &g.nodes[n];
-        let input = *node.args[0].tensors()[0];
-        let im = g.meta(input).clone();
-        let om = g.meta(v).clone();
-        let dim = match node.args[1] {
-            Arg::Int(d) if im.dim() > 0 => {
-                kiln_functionalize::meta::wrap_dim(d, im.dim()).map_err(bug)?
-            }
-            _ => 0,
-        };
-        let len = if im.dim() == 0 { 1 } else { im.sizes[dim] };
-        let inner: usize = if im.dim() == 0 {
-            1
-        } else {
-            im.sizes[dim + 1..].iter().product()
-        };
-        let lines = im.numel() / len.max(1);
+        let (input, im, Lines { len, inner, lines }) = self.lines(n)?;
+        let om = self.meta(v).clone();
         let (t, dt) = (ty(om.dtype), om.dtype);
-        self.body
-            .stmt(format!("if (gid >= {}) {{ return; }}", u(lines)));
-        let base = self.body.bind(
-            "u32",
-            format!("(gid / {i}) * {} + gid % {i}", u(len * inner), i = u(inner)),
-        );
+        let base = self.line_base(len, inner, lines);
         let acc = self.body.var(t, literal(0.0, dt));
         let comp = dt.is_float().then(|| self.body.var("f32", "0.0".into()));
         self.body
@@ -247,34 +262,15 @@ impl Gen<'_> {
         log: bool,
         label: String,
     ) -> R<KernelCode> {
-        let g = self.g;
-        let node = &g.nodes[n];
-        let input = *node.args[0].tensors()[0];
-        let im = g.meta(input).clone();
-        let om = g.meta(v).clone();
-        let dim = match node.args[1] {
-            Arg::Int(d) => kiln_functionalize::meta::wrap_dim(d, im.dim()).map_err(bug)?,
-            _ => return Err(bug("softmax dim")),
-        };
-        let len = if im.dim() == 0 { 1 } else { im.sizes[dim] };
-        let inner: usize = if im.dim() == 0 {
-            1
-        } else {
-            im.sizes[dim + 1..].iter().product()
-        };
-        let lines = im.numel() / len.max(1);
+        let (input, im, Lines { len, inner, lines }) = self.lines(n)?;
+        let om = self.meta(v).clone();
         if let Some(t) = RowTile::new(len, lines).filter(|_| inner == 1 && self.workgroup_rows) {
             if t.looped() {
                 return self.softmax_wide(input, v, log, t, label);
             }
             return self.softmax_rows(input, v, log, t, label);
         }
-        self.body
-            .stmt(format!("if (gid >= {}) {{ return; }}", u(lines)));
-        let base = self.body.bind(
-            "u32",
-            format!("(gid / {i}) * {} + gid % {i}", u(len * inner), i = u(inner)),
-        );
+        let base = self.line_base(len, inner, lines);
         let read = |s: &mut Self, k: &str| -> R<String> {
             let at = s.body.bind("u32", format!("{base} + {k} * {}", u(inner)));
             let x = s.value_at(input, &at)?;

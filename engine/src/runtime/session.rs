@@ -757,29 +757,25 @@ impl Executable {
         }
         // The program was compiled for distinct parameters: one device
         // tensor passed for two, one of them written, would hide the write
-        // from the other (eager would show it).
-        for (a, (&i, x)) in wanted.iter().zip(inputs).enumerate() {
-            for (&j, y) in wanted.iter().zip(inputs).skip(a + 1) {
-                let same = match (x, y) {
-                    (Input::Device(x), Input::Device(y)) => std::ptr::eq(x.buffer(), y.buffer()),
-                    _ => false,
-                };
-                let written = p.mutated_inputs.contains(&i) || p.mutated_inputs.contains(&j);
-                if same && written {
-                    let g = &p.graph;
-                    let name = |k: usize| g.values[g.inputs[k]].name.clone().unwrap_or_default();
-                    return Err(EngineError::Input {
-                        index: j,
-                        msg: format!(
-                            "%{} and %{} are the same device tensor and the program writes one \
-                             of them; trace them as views of one input (TensorSpec::view) or \
-                             pass a copy",
-                            name(i),
-                            name(j)
-                        ),
-                    });
-                }
-            }
+        // from the other (eager would show it). Session-compiled programs
+        // are recompiled for it before this (`run_aliased`).
+        if let Some(&(i, j)) = self
+            .shared_written_inputs(inputs)
+            .as_deref()
+            .and_then(|p| p.first())
+        {
+            let g = &p.graph;
+            let name = |k: usize| g.values[g.inputs[k]].name.clone().unwrap_or_default();
+            return Err(EngineError::Input {
+                index: j,
+                msg: format!(
+                    "%{} and %{} are the same device tensor and the program writes one of them; \
+                     trace them as views of one input (TensorSpec::view), compile the program \
+                     with Session::compile, or pass a copy",
+                    name(i),
+                    name(j)
+                ),
+            });
         }
         let mut stats = RunStats {
             kernels: p.kernels.len(),

@@ -1165,15 +1165,21 @@ pub fn cat_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let d = wrap_dim(a.int(1)?, out.dim())?;
     let outer: usize = out.sizes[..d].iter().product();
     let inner: usize = out.sizes[d + 1..].iter().product();
+    let runs: Vec<usize> = parts.iter().map(|t| t.meta.sizes[d] * inner).collect();
+    one(out.clone(), &interleave(&parts, &runs, outer))
+}
+
+/// The parts' values joined run by run: for each of `outer` blocks, the
+/// next `runs[i]` values of each part `i` in turn (`cat`, `stack`).
+fn interleave(parts: &[&RTensor], runs: &[usize], outer: usize) -> Vec<f64> {
     let values: Vec<Vec<f64>> = parts.iter().map(|t| t.values()).collect();
-    let mut vals = Vec::with_capacity(out.numel());
-    for o_ in 0..outer {
-        for (t, v) in parts.iter().zip(&values) {
-            let run = t.meta.sizes[d] * inner;
-            vals.extend_from_slice(&v[o_ * run..(o_ + 1) * run]);
+    let mut vals = Vec::with_capacity(outer * runs.iter().sum::<usize>());
+    for o in 0..outer {
+        for (v, &run) in values.iter().zip(runs) {
+            vals.extend_from_slice(&v[o * run..(o + 1) * run]);
         }
     }
-    one(out.clone(), &vals)
+    vals
 }
 
 /// `stack(tensors, dim)`: equal shapes joined along a new `dim`.
@@ -1206,13 +1212,7 @@ pub fn stack_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let d = wrap_dim(a.int(1)?, out.dim())?;
     let outer: usize = out.sizes[..d].iter().product();
     let inner: usize = out.sizes[d + 1..].iter().product();
-    let values: Vec<Vec<f64>> = parts.iter().map(|t| t.values()).collect();
-    let mut vals = Vec::with_capacity(out.numel());
-    for o_ in 0..outer {
-        for v in &values {
-            vals.extend_from_slice(&v[o_ * inner..(o_ + 1) * inner]);
-        }
-    }
+    let vals = interleave(&parts, &vec![inner; parts.len()], outer);
     one(out.clone(), &vals)
 }
 

@@ -89,6 +89,35 @@ pub enum Lowering {
     IndexPut,
 }
 
+/// Where a matrix op (`Lowering::MatMul`) keeps its operands: `left @
+/// right`, plus an addend (`addmm`/`baddbmm`'s self, `linear`'s bias);
+/// `linear`'s right operand is a weight stored transposed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProductForm {
+    pub left: usize,
+    pub right: usize,
+    pub addend: Option<usize>,
+    pub linear: bool,
+}
+
+/// The operand positions of matrix op `op` (`None` for other ops).
+pub fn product_form(op: OpId) -> Option<ProductForm> {
+    let form = |left, right, addend, linear| ProductForm {
+        left,
+        right,
+        addend,
+        linear,
+    };
+    match op.def().lowering {
+        Lowering::MatMul => Some(match op.name() {
+            "addmm" | "baddbmm" => form(1, 2, Some(0), false),
+            "linear" => form(0, 1, Some(2), true),
+            _ => form(0, 1, None, false),
+        }),
+        _ => None,
+    }
+}
+
 impl Lowering {
     /// The view op a scatter writes through.
     pub fn scatter_view(self) -> Option<OpId> {
@@ -734,21 +763,15 @@ fn build() -> Table {
             eval,
         );
     }
-    let f = b.kernel(
+    b.with_inplace(
         "index_add",
         Functional,
         &["index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor"],
-        k::index_add_infer,
-        k::index_add_eval,
+        Rule::Kernel {
+            infer: k::index_add_infer,
+            eval: k::index_add_eval,
+        },
     );
-    let ip = b.add(
-        "index_add_",
-        InPlace,
-        &["index_add_(Tensor(a!) self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor(a!)"],
-        Rule::InPlace(f),
-    );
-    b.ops[f.0 as usize].counterpart = Some(ip);
-    b.ops[ip.0 as usize].counterpart = Some(f);
     b.kernel(
         "cumsum",
         Functional,
@@ -864,23 +887,15 @@ fn build() -> Table {
         k::stack_eval,
     );
     for (name, eval) in [("tril", k::tril_eval as EvalFn), ("triu", k::triu_eval)] {
-        let f = b.kernel(
+        b.with_inplace(
             name,
             Functional,
             &[&format!("{name}(Tensor self, int diagonal=0) -> Tensor")],
-            k::triangle_infer,
-            eval,
+            Rule::Kernel {
+                infer: k::triangle_infer,
+                eval,
+            },
         );
-        let ip = b.add(
-            &format!("{name}_"),
-            InPlace,
-            &[&format!(
-                "{name}_(Tensor(a!) self, int diagonal=0) -> Tensor(a!)"
-            )],
-            Rule::InPlace(f),
-        );
-        b.ops[f.0 as usize].counterpart = Some(ip);
-        b.ops[ip.0 as usize].counterpart = Some(f);
     }
     b.kernel(
         "_to_copy",
