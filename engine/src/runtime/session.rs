@@ -381,6 +381,7 @@ impl Session {
             staging_bytes: total,
             contexts: Mutex::new(vec![]),
             source: None,
+            variants: Default::default(),
         })
     }
 
@@ -442,8 +443,18 @@ impl Session {
         options: &RunOptions,
     ) -> Result<RunResult, EngineError> {
         let p = &exe.program;
-        let variant = src.with_aliased_params(pairs).map_err(EngineError::Usage)?;
-        let vexe = self.compile_async(&variant).await?;
+        let known = exe.variants.lock().ok().and_then(|v| v.get(pairs).cloned());
+        let vexe = match known {
+            Some(v) => v,
+            None => {
+                let variant = src.with_aliased_params(pairs).map_err(EngineError::Usage)?;
+                let v = self.compile_async(&variant).await?;
+                if let Ok(mut m) = exe.variants.lock() {
+                    m.insert(pairs.to_vec(), v.clone());
+                }
+                v
+            }
+        };
         let dropped: Vec<usize> = pairs.iter().map(|&(_, j)| j).collect();
         // Variant parameter index of original parameter `k` (a dropped one
         // maps to its partner).
@@ -535,6 +546,8 @@ pub struct Executable {
     /// passing one device tensor as two written parameters recompiles it
     /// with those parameters aliased.
     source: Option<Arc<Graph>>,
+    /// The recompiled variants, by aliased parameter pairs.
+    variants: Mutex<HashMap<Vec<(usize, usize)>, Arc<Executable>>>,
 }
 
 impl Executable {
