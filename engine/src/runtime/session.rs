@@ -531,6 +531,9 @@ struct Timer {
     count: u32,
 }
 
+/// Recompiled programs by the parameter pairs they alias.
+type Variants = HashMap<Vec<(usize, usize)>, Arc<Executable>>;
+
 /// A program loaded on a session's device.
 pub struct Executable {
     session: u64,
@@ -547,7 +550,7 @@ pub struct Executable {
     /// with those parameters aliased.
     source: Option<Arc<Graph>>,
     /// The recompiled variants, by aliased parameter pairs.
-    variants: Mutex<HashMap<Vec<(usize, usize)>, Arc<Executable>>>,
+    variants: Mutex<Variants>,
 }
 
 impl Executable {
