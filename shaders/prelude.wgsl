@@ -24,6 +24,16 @@ fn k_powi(x: i32, y: i32) -> i32 {
     if (y < 0i) { return select(select(0i, 1i, x == 1i), select(-1i, 1i, (y % 2i) == 0i), x == -1i); }
     return r;
 }
+// i64 values are held in i32 (engine/src/wgsl.rs `ty`): these say when an
+// i64 result (r) left the 32-bit range, so the run reports it.
+fn k_add_ovf(x: i32, y: i32, r: i32) -> bool { return ((x ^ r) & (y ^ r)) < 0i; }
+fn k_sub_ovf(x: i32, y: i32, r: i32) -> bool { return ((x ^ y) & (x ^ r)) < 0i; }
+fn k_mul_ovf(x: i32, y: i32) -> bool {
+    if (x == 0i || y == 0i) { return false; }
+    let lo = -2147483647i - 1i;
+    if ((x == -1i && y == lo) || (y == -1i && x == lo)) { return true; }
+    return (x * y) / y != x;
+}
 fn k_powu(x: u32, y: u32) -> u32 {
     var r = 1u;
     for (var i = 0u; i < min(y, 64u); i = i + 1u) { r = r * x; }

@@ -33,6 +33,7 @@ fn st_dtype(d: DType) -> Dtype {
         DType::F32 => Dtype::F32,
         DType::F16 => Dtype::F16,
         DType::I32 => Dtype::I32,
+        DType::I64 => Dtype::I64,
         DType::U32 => Dtype::U32,
         DType::Bool => Dtype::BOOL,
     }
@@ -53,12 +54,33 @@ pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
             .chunks_exact(4)
             .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
             .collect(),
+        DType::I64 => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
         DType::U32 => bytes
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f64)
             .collect(),
         DType::Bool => bytes.iter().map(|&b| (b != 0) as u8 as f64).collect(),
     }
+}
+
+/// `decode`, refusing i64 values the reference cannot hold exactly.
+fn decode_exact(dtype: DType, bytes: &[u8]) -> Result<Vec<f64>, String> {
+    let vals = decode(dtype, bytes);
+    if dtype == DType::I64 {
+        if let Some(i) = vals
+            .iter()
+            .position(|v| v.abs() > kiln_functionalize::dtype::I64_EXACT)
+        {
+            let v = i64::from_le_bytes(bytes[8 * i..8 * i + 8].try_into().unwrap());
+            return Err(format!(
+                "holds {v} at element {i}; Kiln computes i64 exactly within +-2^53 only"
+            ));
+        }
+    }
+    Ok(vals)
 }
 
 fn read(path: &Path) -> Result<(String, Vec<u8>), IoError> {
@@ -117,11 +139,8 @@ pub fn load_inputs(g: &Graph, path: &Path) -> Result<Vec<RTensor>, IoError> {
                 want.type_string()
             )));
         }
-        out.push(RTensor::new(
-            want.dtype,
-            want.sizes.clone(),
-            &decode(want.dtype, t.data()),
-        ));
+        let vals = decode_exact(want.dtype, t.data()).map_err(err)?;
+        out.push(RTensor::new(want.dtype, want.sizes.clone(), &vals));
     }
     Ok(out)
 }
@@ -151,24 +170,19 @@ pub fn load_all(path: &Path) -> Result<Vec<(String, RTensor)>, IoError> {
     let st = parse(&p, &bytes)?;
     let mut out = vec![];
     for (name, t) in st.tensors() {
-        let dtype = match t.dtype() {
-            Dtype::F32 => DType::F32,
-            Dtype::F16 => DType::F16,
-            Dtype::I32 => DType::I32,
-            Dtype::U32 => DType::U32,
-            Dtype::BOOL => DType::Bool,
-            other => {
-                return Err(IoError::Input {
-                    path: p,
-                    name,
-                    msg: format!("has dtype {other:?}, which Kiln does not support"),
-                })
-            }
+        let Some(dtype) = kiln_dtype(t.dtype()) else {
+            return Err(IoError::Input {
+                path: p,
+                name,
+                msg: format!("has dtype {:?}, which Kiln does not support", t.dtype()),
+            });
         };
-        out.push((
-            name,
-            RTensor::new(dtype, t.shape().to_vec(), &decode(dtype, t.data())),
-        ));
+        let vals = decode_exact(dtype, t.data()).map_err(|msg| IoError::Input {
+            path: p.clone(),
+            name: name.clone(),
+            msg,
+        })?;
+        out.push((name, RTensor::new(dtype, t.shape().to_vec(), &vals)));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(out)
@@ -188,6 +202,7 @@ fn kiln_dtype(d: Dtype) -> Option<DType> {
         Dtype::F32 => DType::F32,
         Dtype::F16 => DType::F16,
         Dtype::I32 => DType::I32,
+        Dtype::I64 => DType::I64,
         Dtype::U32 => DType::U32,
         Dtype::BOOL => DType::Bool,
         _ => return None,
@@ -196,7 +211,7 @@ fn kiln_dtype(d: Dtype) -> Option<DType> {
 
 /// A safetensors file mapped in memory: its tensors are host tensors
 /// borrowing the mapped bytes (no copy, no conversion). Tensors of dtypes
-/// Kiln lacks (int64 buffers and such) are listed apart.
+/// Kiln lacks (f64 buffers and such) are listed apart.
 pub struct MappedTensors {
     path: String,
     map: memmap2::Mmap,

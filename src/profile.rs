@@ -81,6 +81,10 @@ pub fn random_inputs(g: &Graph, which: &[usize], seed: u64) -> Vec<HostTensor<'s
                     &sizes,
                     &(0..n).map(|_| (next() % 2) as i32).collect::<Vec<_>>(),
                 ),
+                DType::I64 => HostTensor::from_slice(
+                    &sizes,
+                    &(0..n).map(|_| (next() % 2) as i64).collect::<Vec<_>>(),
+                ),
                 DType::U32 => HostTensor::from_slice(
                     &sizes,
                     &(0..n).map(|_| (next() % 2) as u32).collect::<Vec<_>>(),

@@ -155,7 +155,10 @@ fn promotion_and_integer_semantics() {
     );
     assert_eq!(run("%o = div(%i, 2, \"trunc\")").1[..3], [-3.0, 0.0, 2.0]);
     assert_eq!(run("%o = div(%i, 2, \"floor\")").1[..3], [-4.0, -1.0, 2.0]);
-    assert_eq!(run("%o = sum(%i)"), (DType::I32, vec![2147483644.0]));
+    // Integer sums are i64, as in eager: no wrap.
+    assert_eq!(run("%o = sum(%i)"), (DType::I64, vec![2147483644.0]));
+    assert_eq!(run("%o = arange(0, 4)").0, DType::I64);
+    assert_eq!(run("%o = full([2], 3)").0, DType::I64);
     assert_eq!(
         run("%o = gt(%i, 0)"),
         (DType::Bool, vec![0.0, 0.0, 1.0, 1.0])

@@ -44,6 +44,9 @@ pub enum EngineError {
     Tensor(String),
     #[error("{0}")]
     Usage(String),
+    /// A run's i64 value left the device's 32-bit range (`wgsl::ty`).
+    #[error("{0}")]
+    Range(String),
     #[error("internal error in the gpu backend: {0}")]
     Internal(String),
 }
@@ -110,6 +113,10 @@ pub struct Program {
     /// dying input): a run fills them anew each time.
     pub written_params: Vec<usize>,
     pub arena_words: usize,
+    /// The arena word where kernels record the 1-based position of a
+    /// statement whose i64 result left the device's 32-bit range; `None`
+    /// when no kernel computes i64 arithmetic.
+    pub status_word: Option<usize>,
     pub memory: MemoryStats,
     /// Bytes a run must move at least: every parameter read once, every
     /// output written once.
@@ -690,6 +697,10 @@ fn lower(
     gen.subgroup = options.subgroup;
     gen.vectorize = options.vectorize;
     gen.rules = options.rules;
+    // The i64 overflow word (`wgsl::ty`) in a binding-aligned slot of its
+    // own after the intermediates.
+    let align = options.rules.align_words;
+    gen.status = Some(mp.arena_bytes.div_ceil(4).div_ceil(align) * align);
     for grp in &groups {
         let mut ops: Vec<String> = vec![];
         let mut reads: Vec<ValueId> = vec![];
@@ -804,6 +815,7 @@ fn lower(
         naive_unfused,
         eager_peak: kiln_functionalize::interp::eager_peak_bytes(src),
     };
+    let status_word = gen.status.filter(|_| gen.status_used);
     Ok(Lowered::Done(Box::new(Program {
         graph: g.clone(),
         outputs: outputs.to_vec(),
@@ -816,7 +828,11 @@ fn lower(
         param_words,
         constants: options.constants.clone(),
         written_params,
-        arena_words: mp.arena_bytes.div_ceil(4),
+        arena_words: match status_word {
+            Some(w) => w + 1,
+            None => mp.arena_bytes.div_ceil(4),
+        },
+        status_word,
         memory,
         min_bytes,
     })))

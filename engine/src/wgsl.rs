@@ -7,10 +7,14 @@ use std::fmt::Write;
 
 /// The type a value of a dtype has inside a shader: floats compute in
 /// f32 (f16 values are rounded to f16 after every op), booleans as bool.
+/// i64 is held as i32 (WGSL has no 64-bit integers on WebGPU): values are
+/// narrowed with a check where they enter (uploads, literals) and i64
+/// arithmetic that leaves the 32-bit range is reported, never wrapped
+/// silently.
 pub fn ty(d: DType) -> &'static str {
     match d {
         DType::F32 | DType::F16 => "f32",
-        DType::I32 => "i32",
+        DType::I32 | DType::I64 => "i32",
         DType::U32 => "u32",
         DType::Bool => "bool",
     }
@@ -188,7 +192,7 @@ pub fn per_word(d: DType) -> usize {
     match d {
         DType::Bool => 4,
         DType::F16 => 2,
-        DType::F32 | DType::I32 | DType::U32 => 1,
+        DType::F32 | DType::I32 | DType::I64 | DType::U32 => 1,
     }
 }
 
@@ -217,7 +221,7 @@ pub fn load(slot: &Slot, index: &str, dtype: DType, packed: bool) -> String {
             let word = slot.word(index);
             match dtype {
                 DType::F32 | DType::F16 => format!("bitcast<f32>({word})"),
-                DType::I32 => format!("bitcast<i32>({word})"),
+                DType::I32 | DType::I64 => format!("bitcast<i32>({word})"),
                 DType::U32 => word,
                 DType::Bool => format!("({word} != 0u)"),
             }
@@ -249,7 +253,7 @@ pub fn word(dtype: DType, value: &str) -> String {
     match dtype {
         DType::F32 => format!("bitcast<u32>({value})"),
         DType::F16 => format!("bitcast<u32>(k_round_f16({value}))"),
-        DType::I32 => format!("bitcast<u32>({value})"),
+        DType::I32 | DType::I64 => format!("bitcast<u32>({value})"),
         DType::U32 => value.to_string(),
         DType::Bool => format!("select(0u, 1u, {value})"),
     }
@@ -260,7 +264,7 @@ pub fn word(dtype: DType, value: &str) -> String {
 pub fn from_word(dtype: DType, w: &str) -> String {
     match dtype {
         DType::F32 | DType::F16 => format!("bitcast<f32>({w})"),
-        DType::I32 => format!("bitcast<i32>({w})"),
+        DType::I32 | DType::I64 => format!("bitcast<i32>({w})"),
         DType::U32 => w.to_string(),
         DType::Bool => format!("({w} != 0u)"),
     }
@@ -271,6 +275,12 @@ pub fn from_word(dtype: DType, w: &str) -> String {
 /// f16 rounding).
 pub fn cast(value: &str, from: DType, to: DType) -> String {
     use DType::*;
+    if from == to {
+        return value.to_string();
+    }
+    // i64 is an i32 on the device (see `ty`).
+    let dev = |d: DType| if d == I64 { I32 } else { d };
+    let (from, to) = (dev(from), dev(to));
     if from == to {
         return value.to_string();
     }
@@ -311,7 +321,9 @@ pub fn literal(v: f64, dtype: DType) -> String {
                 format!("bitcast<f32>({}u)", (v as f32).to_bits())
             }
         }
-        DType::I32 => format!("{}i", v as i32),
+        // Out-of-range i64 literals are refused before codegen
+        // (`check_i64_literals`).
+        DType::I32 | DType::I64 => format!("{}i", v as i32),
         DType::U32 => format!("{}u", v as u32),
         DType::Bool => (v != 0.0).to_string(),
     }

@@ -1,16 +1,23 @@
 //! Element types and PyTorch's type promotion rules.
 //!
-//! Kiln has no 64-bit types: where PyTorch would produce `int64` (an integer
-//! literal's default type, `sum` of integers, `arange` of integers) Kiln uses
-//! `i32`, and the default float type is `f32`.
+//! `i64` is PyTorch's index and default integer type (an integer literal's
+//! tensor type, `sum` of integers, `arange` of integers, `argmax`). The
+//! reference holds elements as `f64`, exact for i64 values within 2^53
+//! (`I64_EXACT`); values beyond are refused where they enter. The default
+//! float type is `f32` (Kiln has no f64).
 
 use std::fmt;
+
+/// The largest magnitude up to which every integer is an `f64`: the range of
+/// i64 values the reference holds exactly.
+pub const I64_EXACT: f64 = 9_007_199_254_740_992.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     Bool,
     U32,
     I32,
+    I64,
     F16,
     F32,
 }
@@ -24,13 +31,21 @@ pub enum Category {
 }
 
 impl DType {
-    pub const ALL: [DType; 5] = [DType::F32, DType::F16, DType::I32, DType::U32, DType::Bool];
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F16,
+        DType::I32,
+        DType::I64,
+        DType::U32,
+        DType::Bool,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::F16 => "f16",
             DType::I32 => "i32",
+            DType::I64 => "i64",
             DType::U32 => "u32",
             DType::Bool => "bool",
         }
@@ -42,6 +57,7 @@ impl DType {
 
     pub fn size_bytes(self) -> usize {
         match self {
+            DType::I64 => 8,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 => 2,
             DType::Bool => 1,
@@ -51,7 +67,7 @@ impl DType {
     pub fn category(self) -> Category {
         match self {
             DType::Bool => Category::Bool,
-            DType::U32 | DType::I32 => Category::Int,
+            DType::U32 | DType::I32 | DType::I64 => Category::Int,
             DType::F16 | DType::F32 => Category::Float,
         }
     }
@@ -72,6 +88,8 @@ impl DType {
             DType::F32 => v as f32 as f64,
             DType::F16 => half::f16::from_f64(v).to_f64(),
             DType::I32 => (v as i64) as i32 as f64,
+            // Saturating: beyond 2^53 the reference refuses values anyway.
+            DType::I64 => (v as i64) as f64,
             DType::U32 => (v as i64) as u32 as f64,
             DType::Bool => {
                 if v != 0.0 {
@@ -106,14 +124,15 @@ pub fn promote_types(a: DType, b: DType) -> Result<DType, String> {
     }
     Ok(match (a.min(b), a.max(b)) {
         (Bool, x) => x,
-        (U32, I32) => {
-            return Err(
-                "promoting u32 with i32 needs int64, which Kiln does not have; \
-                 convert one operand first"
-                    .into(),
-            )
+        (U32, I32 | I64) => {
+            return Err(format!(
+                "promotion of u32 with {} is not supported (as in PyTorch); convert one \
+                 operand with _to_copy first",
+                a.max(b)
+            ))
         }
-        (U32 | I32, F16) => F16,
+        (I32, I64) => I64,
+        (U32 | I32 | I64, F16) => F16,
         (_, F32) => F32,
         (x, y) => unreachable!("promote_types({x}, {y}) is covered above"),
     })
@@ -149,7 +168,7 @@ pub fn result_type(ops: &[PromoOperand]) -> Result<DType, String> {
                 &mut wrapped,
                 match c {
                     Category::Bool => DType::Bool,
-                    Category::Int => DType::I32,
+                    Category::Int => DType::I64,
                     Category::Float => DType::F32,
                 },
             )?,
@@ -187,11 +206,15 @@ mod tests {
         assert_eq!(result_type(&[Dim(F16), Scalar(C::Float)]), Ok(F16));
         assert_eq!(result_type(&[Dim(I32), Scalar(C::Int)]), Ok(I32));
         assert_eq!(result_type(&[Dim(U32), Scalar(C::Int)]), Ok(U32));
-        assert_eq!(result_type(&[Dim(Bool), Scalar(C::Int)]), Ok(I32));
+        assert_eq!(result_type(&[Dim(Bool), Scalar(C::Int)]), Ok(I64));
+        assert_eq!(result_type(&[Dim(I64), Scalar(C::Float)]), Ok(F32));
+        assert_eq!(result_type(&[Dim(I32), Dim(I64)]), Ok(I64));
+        assert_eq!(result_type(&[Dim(I32), ZeroDim(I64)]), Ok(I32));
         assert_eq!(result_type(&[Dim(F16), ZeroDim(F32)]), Ok(F16));
         assert_eq!(result_type(&[Dim(I32), ZeroDim(F16)]), Ok(F16));
         assert_eq!(result_type(&[Dim(F16), Dim(F32)]), Ok(F32));
         assert!(result_type(&[Dim(I32), Dim(U32)]).is_err());
+        assert!(result_type(&[Dim(I64), Dim(U32)]).is_err());
     }
 
     #[test]

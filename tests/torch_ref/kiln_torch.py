@@ -9,9 +9,9 @@ in-place ops mutate exactly as PyTorch does. Writes ``output.0``, ``output.1``,
 ... for the returned values (made contiguous) plus the final value of every
 parameter under its own name.
 
-Kiln has no 64-bit types: every int64 tensor written out is converted to int32
-and every float64 tensor to float32 (only at the output; inside the program
-the values keep whatever dtype eager gives them).
+Kiln has no 64-bit floats: every float64 tensor written out is converted to
+float32 (only at the output; inside the program the values keep whatever
+dtype eager gives them). int64 is Kiln's i64.
 
 Also usable as a library: ``parse_program(text)``, ``run_program(prog, inputs)``.
 """
@@ -35,6 +35,7 @@ DTYPES = {
     "f32": torch.float32,
     "f16": torch.float16,
     "i32": torch.int32,
+    "i64": torch.int64,
     "u32": torch.uint32,
     "bool": torch.bool,
 }
@@ -208,7 +209,7 @@ class Parser:
             self.expect_punct(":")
             dt = self.peek()
             if not ((dt.kind == "ident") and dt.text in DTYPES):
-                self.err("expected a dtype (f32, f16, i32, u32, bool)")
+                self.err("expected a dtype (f32, f16, i32, i64, u32, bool)")
             self.next()
             self.expect_punct("[")
             shape: list[int] = []
@@ -528,11 +529,9 @@ def run_program(prog: Program, inputs: dict[str, torch.Tensor]):
 
 
 def to_kiln(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous, unaliased copy in a Kiln dtype (int64->int32, float64->float32)."""
+    """Contiguous, unaliased copy in a Kiln dtype (float64->float32)."""
     t = t.detach()
-    if t.dtype == torch.int64:
-        t = t.to(torch.int32)
-    elif t.dtype == torch.float64:
+    if t.dtype == torch.float64:
         t = t.to(torch.float32)
     return t.clone(memory_format=torch.contiguous_format)
 

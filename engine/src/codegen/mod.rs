@@ -141,6 +141,11 @@ pub struct Gen<'a> {
     stride_over: Option<usize>,
     pub rules: BindingRules,
     slots: Vec<SlotInfo>,
+    /// The arena word where kernels record i64 overflow (see `wgsl::ty`):
+    /// the 1-based position of the statement, read back after the run.
+    pub status: Option<usize>,
+    /// Some kernel records i64 overflow in the status word.
+    pub status_used: bool,
 }
 
 type R<T> = Result<T, EngineError>;
@@ -176,7 +181,31 @@ impl<'a> Gen<'a> {
             stride_over: None,
             rules: BindingRules::default(),
             slots: vec![],
+            // `lower` places it; trial generations never run.
+            status: Some(0),
+            status_used: false,
         }
+    }
+
+    /// Records at run time that statement `n` produced an i64 value outside
+    /// the device's 32-bit range where `cond` holds (`wgsl::ty`).
+    pub(super) fn flag_overflow(&mut self, n: NodeId, cond: &str) -> R<()> {
+        let word = self
+            .status
+            .ok_or_else(|| bug("i64 arithmetic in a program without a status word"))?;
+        self.status_used = true;
+        let pos = self.g.order.iter().position(|&m| m == n).unwrap_or(0) + 1;
+        let loc = Loc {
+            buf: Buf::Arena,
+            word,
+            packed: false,
+        };
+        let slot = self.slot(loc, 1, true);
+        self.body.stmt(format!(
+            "if ({cond}) {{ {} }}",
+            slot.set_word("0u", &u(pos))
+        ));
+        Ok(())
     }
 
     /// The slot of the tensor at `loc` (`words` long), bound once per kernel.
@@ -426,6 +455,19 @@ impl<'a> Gen<'a> {
     }
 
     /// Element `idx` of value `v`, as a shader value of `v`'s dtype.
+    /// `r` (of dtype `from`) converted to `to`, flagging values an i64
+    /// result cannot hold on the device (`wgsl::ty`).
+    fn narrowed(&mut self, n: NodeId, r: &str, from: DType, to: DType) -> R<String> {
+        if to == DType::I64 {
+            if from.is_float() {
+                self.flag_overflow(n, &format!("!({r} >= -2147483648.0 && {r} < 2147483648.0)"))?;
+            } else if from == DType::U32 {
+                self.flag_overflow(n, &format!("{r} > 2147483647u"))?;
+            }
+        }
+        Ok(self.body.bind(ty(to), cast(r, from, to)))
+    }
+
     pub fn value_at(&mut self, v: ValueId, idx: &str) -> R<String> {
         let key = (v, idx.to_string());
         if let Some(x) = self.memo.get(&key) {
@@ -498,7 +540,7 @@ impl<'a> Gen<'a> {
                             let x = self.value_at(t, &ti)?;
                             cast(&x, tm.dtype, o.cast)
                         }
-                        Src::Const { value, .. } => literal(value, o.cast),
+                        Src::Const { value, .. } => lit(value, o.cast)?,
                     });
                 }
                 let compute = p.operands.last().map_or(out.dtype, |o| o.cast);
@@ -515,7 +557,12 @@ impl<'a> Gen<'a> {
                     ))
                 })?;
                 let r = self.body.bind(ty(e_dtype), e);
-                Ok(self.body.bind(ty(out.dtype), cast(&r, e_dtype, out.dtype)))
+                if compute == DType::I64 {
+                    if let Some(c) = i64_overflow(p.code, &vals, &r) {
+                        self.flag_overflow(n, &c)?;
+                    }
+                }
+                self.narrowed(n, &r, e_dtype, out.dtype)
             }
             (Rule::ViewCopy(view), _) => {
                 let input = tensor(0)?;
@@ -527,8 +574,7 @@ impl<'a> Gen<'a> {
             (_, "_to_copy") => {
                 let x = tensor(0)?;
                 let v = self.value_at(x, idx)?;
-                let d = g.meta(x).dtype;
-                Ok(self.body.bind(ty(out.dtype), cast(&v, d, out.dtype)))
+                self.narrowed(n, &v, g.meta(x).dtype, out.dtype)
             }
             (_, "tril" | "triu") => {
                 let x = tensor(0)?;
@@ -592,7 +638,7 @@ impl<'a> Gen<'a> {
                         let x = self.value_at(*t, "0u")?;
                         cast(&x, g.meta(*t).dtype, out.dtype)
                     }
-                    _ => literal(margs.scalar(vi).map_err(bug)?.to_f64(), out.dtype),
+                    _ => lit(margs.scalar(vi).map_err(bug)?.to_f64(), out.dtype)?,
                 };
                 if def.name == "fill" {
                     return Ok(self.body.bind(ty(out.dtype), value));
@@ -608,9 +654,7 @@ impl<'a> Gen<'a> {
             }
             (_, "zero" | "zeros" | "zeros_like") => Ok(literal(0.0, out.dtype)),
             (_, "ones" | "ones_like") => Ok(literal(1.0, out.dtype)),
-            (_, "full" | "full_like") => {
-                Ok(literal(margs.scalar(1).map_err(bug)?.to_f64(), out.dtype))
-            }
+            (_, "full" | "full_like") => lit(margs.scalar(1).map_err(bug)?.to_f64(), out.dtype),
             (_, "arange") => {
                 let vals: Vec<f64> = (0..node.args.len())
                     .filter_map(|i| margs.scalar(i).ok())
@@ -622,6 +666,10 @@ impl<'a> Gen<'a> {
                     [s, _, st, ..] => (s, st),
                     _ => return Err(bug("arange arguments")),
                 };
+                lit(
+                    start + step * out.numel().saturating_sub(1) as f64,
+                    out.dtype,
+                )?;
                 let e = if out.dtype.is_float() {
                     format!("f32(f64_start) + f32(f64_step) * f32({idx})")
                         .replace("f32(f64_start)", &literal(start, DType::F32))
@@ -629,8 +677,8 @@ impl<'a> Gen<'a> {
                 } else {
                     format!(
                         "{} + {} * {}({idx})",
-                        literal(start, out.dtype),
-                        literal(step, out.dtype),
+                        lit(start, out.dtype)?,
+                        lit(step, out.dtype)?,
                         ty(out.dtype)
                     )
                 };
@@ -936,6 +984,47 @@ fn float_ops(code: Code, v: &[String]) -> Option<String> {
 /// The expression of a plan's code over operand values (already cast to
 /// their operand dtypes), and the dtype it has.
 /// `None` for a code this dtype has no expression for.
+/// `literal`, refusing i64 constants the device's i32 cannot hold
+/// (`wgsl::ty`).
+fn lit(v: f64, d: DType) -> R<String> {
+    if d == DType::I64 && !(i32::MIN as f64..=i32::MAX as f64).contains(&v) {
+        return Err(EngineError::Unsupported(format!(
+            "the i64 constant {v} is outside the range {} to {} in which GPU kernels compute \
+             i64 (WGSL has no 64-bit integers); run the program with the reference backend",
+            i32::MIN,
+            i32::MAX
+        )));
+    }
+    Ok(literal(v, d))
+}
+
+/// When an i64 `code` over `v` (computed in i32 as `r`) overflowed.
+fn i64_overflow(code: Code, v: &[String], r: &str) -> Option<String> {
+    let x = &v[0];
+    let y = v.get(1).cloned().unwrap_or_default();
+    let scaled = |alpha: f64| {
+        let a = literal(alpha, DType::I64);
+        (alpha != 1.0).then(|| format!("k_mul_ovf({a}, {y}) || "))
+    };
+    Some(match code {
+        Code::Add { alpha } => format!(
+            "{}k_add_ovf({x}, {} * {y}, {r})",
+            scaled(alpha).unwrap_or_default(),
+            literal(alpha, DType::I64)
+        ),
+        Code::Sub { alpha } => format!(
+            "{}k_sub_ovf({x}, {} * {y}, {r})",
+            scaled(alpha).unwrap_or_default(),
+            literal(alpha, DType::I64)
+        ),
+        Code::Mul => format!("k_mul_ovf({x}, {y})"),
+        Code::Neg | Code::Abs => format!("{x} == (-2147483647i - 1i)"),
+        Code::DivTrunc | Code::DivFloor => format!("{x} == (-2147483647i - 1i) && {y} == -1i"),
+        Code::Pow => format!("abs(pow(f32({x}), f32({y}))) >= 2147483648.0"),
+        _ => return None,
+    })
+}
+
 fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Option<(String, DType)> {
     let x = &v[0];
     // Comparisons with NaN test the bits: a compiler may assume no NaNs.
@@ -1025,29 +1114,29 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Optio
             Some((e, DType::Bool))
         }
         _ => {
-            // i32 / u32.
+            // i32 (and i64, held as i32) / u32.
             let y = v.get(1).cloned().unwrap_or_default();
             let e = match code {
                 Code::Add { alpha } => format!("{x} + {} * {y}", literal(alpha, cdt)),
                 Code::Sub { alpha } => format!("{x} - {} * {y}", literal(alpha, cdt)),
                 Code::Mul => format!("{x} * {y}"),
                 Code::DivTrunc => format!("{x} / {y}"),
-                Code::DivFloor if cdt == DType::I32 => {
+                Code::DivFloor if cdt != DType::U32 => {
                     format!("select({x} / {y}, {x} / {y} - 1i, ({x} % {y} != 0i) && (({x} < 0i) != ({y} < 0i)))")
                 }
                 Code::DivFloor => format!("{x} / {y}"),
-                Code::Remainder if cdt == DType::I32 => {
+                Code::Remainder if cdt != DType::U32 => {
                     format!("select({x} % {y}, {x} % {y} + {y}, ({x} % {y} != 0i) && (({x} % {y} < 0i) != ({y} < 0i)))")
                 }
                 Code::Remainder => format!("{x} % {y}"),
-                Code::Pow if cdt == DType::I32 => format!("k_powi({x}, {y})"),
+                Code::Pow if cdt != DType::U32 => format!("k_powi({x}, {y})"),
                 Code::Pow => format!("k_powu({x}, {y})"),
                 Code::Maximum => format!("max({x}, {y})"),
                 Code::Minimum => format!("min({x}, {y})"),
                 Code::Neg => format!("-{x}"),
-                Code::Abs if cdt == DType::I32 => format!("abs({x})"),
+                Code::Abs if cdt != DType::U32 => format!("abs({x})"),
                 Code::Abs => x.clone(),
-                Code::Relu if cdt == DType::I32 => format!("max({x}, 0i)"),
+                Code::Relu if cdt != DType::U32 => format!("max({x}, 0i)"),
                 Code::Relu => x.clone(),
                 _ => return None,
             };

@@ -61,6 +61,17 @@ impl Gen<'_> {
         self.body.stmt(format!("{acc} = {t};"));
     }
 
+    /// `acc += x` for an integer sum; an i64 sum flags leaving the
+    /// device's 32-bit range (`wgsl::ty`).
+    fn checked_add(&mut self, n: NodeId, acc: &str, x: &str, dt: DType) -> R<()> {
+        if dt == DType::I64 {
+            let r = self.body.bind("i32", format!("{acc} + {x}"));
+            self.flag_overflow(n, &format!("k_add_ovf({acc}, {x}, {r})"))?;
+        }
+        self.body.stmt(format!("{acc} = {acc} + {x};"));
+        Ok(())
+    }
+
     pub(super) fn reduce(
         &mut self,
         n: NodeId,
@@ -134,7 +145,7 @@ impl Gen<'_> {
         let x = self.body.bind(acc_ty, cast(&x, im.dtype, acc_dt));
         match (name, &comp, &nan) {
             (_, Some(c), _) => self.kahan_add(&acc, c, &x),
-            (_, None, _) if is_sum => self.body.stmt(format!("{acc} = {acc} + {x};")),
+            (_, None, _) if is_sum => self.checked_add(n, &acc, &x, acc_dt)?,
             ("amax", _, _) if acc_dt == DType::Bool => {
                 self.body.stmt(format!("{acc} = {acc} || {x};"))
             }
@@ -241,7 +252,7 @@ impl Gen<'_> {
         let x = self.body.bind(t, cast(&x, im.dtype, dt));
         match &comp {
             Some(c) => self.kahan_add(&acc, c, &x),
-            None => self.body.stmt(format!("{acc} = {acc} + {x};")),
+            None => self.checked_add(n, &acc, &x, dt)?,
         }
         // f16 results are rounded where stored; the sum runs in f32.
         self.store_to(v, &at, &acc)?;
@@ -787,8 +798,8 @@ pub(super) fn extreme_literal(d: DType, high: bool) -> String {
     match (d, high) {
         (DType::F32 | DType::F16, false) => literal(f64::NEG_INFINITY, d),
         (DType::F32 | DType::F16, true) => literal(f64::INFINITY, d),
-        (DType::I32, false) => "(-2147483647i - 1i)".into(),
-        (DType::I32, true) => "2147483647i".into(),
+        (DType::I32 | DType::I64, false) => "(-2147483647i - 1i)".into(),
+        (DType::I32 | DType::I64, true) => "2147483647i".into(),
         (DType::U32, false) => "0u".into(),
         (DType::U32, true) => "4294967295u".into(),
         (DType::Bool, high) => high.to_string(),

@@ -1,7 +1,7 @@
 //! Device tensors: a GPU buffer with a dtype and shape that stays on the
 //! device, so one run can feed the next; read back typed when wanted.
 
-use super::host::{from_words, padded, HostTensor};
+use super::host::{device_bytes, from_words, HostTensor};
 use super::Gpu;
 use crate::EngineError;
 use kiln_functionalize::DType;
@@ -133,7 +133,7 @@ pub(crate) async fn upload_in(
     session: u64,
     t: &HostTensor<'_>,
 ) -> Result<DeviceTensor, EngineError> {
-    let bytes = padded(t.bytes());
+    let bytes = device_bytes(t)?;
     let limit = gpu.limits.max_buffer_size;
     if bytes.len() as u64 > limit {
         return Err(EngineError::Unsupported(format!(

@@ -18,6 +18,9 @@ impl Element for f32 {
 impl Element for i32 {
     const DTYPE: DType = DType::I32;
 }
+impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+}
 impl Element for u32 {
     const DTYPE: DType = DType::U32;
 }
@@ -26,7 +29,7 @@ impl Element for half::f16 {
 }
 
 /// Elements as bytes in eager memory's layout: bools a byte, f16 two bytes,
-/// the others four.
+/// i64 eight, the others four.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor<'a> {
     dtype: DType,
@@ -135,6 +138,7 @@ impl<'a> HostTensor<'a> {
                 DType::F32 => bytes.extend((v as f32).to_le_bytes()),
                 DType::F16 => bytes.extend(half::f16::from_f64(v).to_le_bytes()),
                 DType::I32 => bytes.extend((v as i32).to_le_bytes()),
+                DType::I64 => bytes.extend((v as i64).to_le_bytes()),
                 DType::U32 => bytes.extend((v as u32).to_le_bytes()),
                 DType::Bool => bytes.push((v != 0.0) as u8),
             }
@@ -154,6 +158,7 @@ impl<'a> HostTensor<'a> {
             DType::F32 => f32::from_le_bytes(w4(i)) as f64,
             DType::I32 => i32::from_le_bytes(w4(i)) as f64,
             DType::U32 => u32::from_le_bytes(w4(i)) as f64,
+            DType::I64 => i64::from_le_bytes(std::array::from_fn(|k| b[8 * i + k])) as f64,
             DType::F16 => half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f64(),
             DType::Bool => (b[i] != 0) as u8 as f64,
         }
@@ -195,6 +200,32 @@ impl<'a> HostTensor<'a> {
     }
 }
 
+/// The bytes of `t` as a device buffer holds them: i64 narrowed to i32
+/// (see `wgsl::ty`), refused with the element and its value where one does
+/// not fit, and padded to whole words.
+pub(crate) fn device_bytes<'b>(t: &'b HostTensor<'_>) -> Result<Cow<'b, [u8]>, EngineError> {
+    if t.dtype != DType::I64 {
+        return Ok(padded(t.bytes()));
+    }
+    let mut out = Vec::with_capacity(t.bytes.len() / 2);
+    for (i, c) in t.bytes.chunks_exact(8).enumerate() {
+        let v = i64::from_le_bytes(c.try_into().expect("8 bytes"));
+        let n = i32::try_from(v).map_err(|_| {
+            EngineError::Tensor(format!(
+                "element {i} of an i64{:?} tensor is {v}, outside the 32-bit range this                  device computes i64 in ({} to {}); run it with the reference backend",
+                t.sizes,
+                i32::MIN,
+                i32::MAX
+            ))
+        })?;
+        out.extend(n.to_le_bytes());
+    }
+    if out.is_empty() {
+        out.resize(4, 0);
+    }
+    Ok(Cow::Owned(out))
+}
+
 /// `bytes` padded with zeros to whole 32-bit words (buffer writes and
 /// copies move whole words).
 pub(crate) fn padded(bytes: &[u8]) -> Cow<'_, [u8]> {
@@ -209,7 +240,7 @@ pub(crate) fn padded(bytes: &[u8]) -> Cow<'_, [u8]> {
 
 /// Decodes a buffer's words into host bytes: packed bools and f16 are
 /// already eager's layout; unpacked ones (a word per element, f16 as f32
-/// bits) are narrowed.
+/// bits) are narrowed, i64 (an i32 on the device) widened.
 pub(crate) fn from_words(
     dtype: DType,
     sizes: Vec<usize>,
@@ -218,7 +249,7 @@ pub(crate) fn from_words(
 ) -> HostTensor<'static> {
     let n: usize = sizes.iter().product();
     let es = dtype.size_bytes();
-    let bytes: Vec<u8> = if packed || es == 4 {
+    let bytes: Vec<u8> = if (packed || es == 4) && dtype != DType::I64 {
         words[..n * es].to_vec()
     } else {
         let word = |i: usize| {
@@ -233,6 +264,9 @@ pub(crate) fn from_words(
             DType::Bool => (0..n).map(|i| (word(i) != 0) as u8).collect(),
             DType::F16 => (0..n)
                 .flat_map(|i| half::f16::from_f32(f32::from_bits(word(i))).to_le_bytes())
+                .collect(),
+            DType::I64 => (0..n)
+                .flat_map(|i| (word(i) as i32 as i64).to_le_bytes())
                 .collect(),
             _ => unreachable!("4-byte dtypes are handled above"),
         }
@@ -261,5 +295,11 @@ mod tests {
         let tr = x.gather(&[3, 2], &[1, 3], 0);
         assert_eq!(tr.to_vec::<f32>().unwrap(), vec![0., 3., 1., 4., 2., 5.]);
         assert_eq!(HostTensor::from_rtensor(&x.to_rtensor()), x);
+        let l = HostTensor::from_slice(&[3], &[-5i64, 0, 2147483647]).unwrap();
+        let d = device_bytes(&l).unwrap();
+        assert_eq!(from_words(DType::I64, vec![3], &d, false), l);
+        let big = HostTensor::from_slice(&[2], &[1i64, 1 << 31]).unwrap();
+        let e = device_bytes(&big).unwrap_err().to_string();
+        assert!(e.contains("element 1") && e.contains("2147483648"), "{e}");
     }
 }

@@ -9,7 +9,7 @@
 //! buffers; the pool grows to the number of concurrent runs.
 
 use super::buffers::DeviceTensor;
-use super::host::{from_words, padded, HostTensor};
+use super::host::{device_bytes, from_words, HostTensor};
 use super::Gpu;
 use crate::wgsl::{self, Binding, Buf};
 use crate::{compile_with, EngineError, Program};
@@ -182,7 +182,7 @@ impl Session {
         self.gpu.check()?;
         let d = super::buffers::upload_in(&self.gpu, self.id, t).await?;
         if let Ok(mut tot) = self.totals.lock() {
-            tot.uploaded_bytes += padded(t.bytes()).len() as u64;
+            tot.uploaded_bytes += d.buffer().size();
         }
         Ok(d)
     }
@@ -371,6 +371,9 @@ impl Session {
             staging_at.insert(v, total);
             total += value_bytes(&program, v)?;
         }
+        // The i64 overflow word last: every run reads it back.
+        let status_at = program.status_word.map(|_| total);
+        total += status_at.map_or(0, |_| 4);
         Ok(Executable {
             session: self.id,
             gpu: self.gpu.clone(),
@@ -378,6 +381,7 @@ impl Session {
             pipelines,
             constants: consts,
             staging_at,
+            status_at,
             staging_bytes: total,
             contexts: Mutex::new(vec![]),
             source: None,
@@ -543,6 +547,8 @@ pub struct Executable {
     /// The constant bound to each parameter, if any.
     constants: Vec<Option<DeviceTensor>>,
     staging_at: HashMap<ValueId, u64>,
+    /// Where the i64 overflow word lands in the staging buffer.
+    status_at: Option<u64>,
     staging_bytes: u64,
     contexts: Mutex<Vec<RunContext>>,
     /// The program as compiled (`Session::compile`), for variants: a run
@@ -806,7 +812,16 @@ impl Executable {
             let bytes = p.param_words[i] as u64 * 4;
             match input {
                 Input::Host(t) => {
-                    let data = padded(t.bytes());
+                    let data = device_bytes(t).map_err(|e| EngineError::Input {
+                        index: i,
+                        msg: format!(
+                            "%{}: {e}",
+                            p.graph.values[p.graph.inputs[i]]
+                                .name
+                                .as_deref()
+                                .unwrap_or("?")
+                        ),
+                    })?;
                     if !t.bytes().is_empty() {
                         gpu.queue.write_buffer(dst, 0, &data);
                         stats.uploaded_bytes += data.len() as u64;
@@ -842,7 +857,8 @@ impl Executable {
             .iter()
             .chain(&options.mutated)
             .any(|&f| f == Fetch::Host)
-            || !p.host_views.is_empty() && options.outputs.contains(&Fetch::Device);
+            || !p.host_views.is_empty() && options.outputs.contains(&Fetch::Device)
+            || self.status_at.is_some();
         if reads_host && ctx.staging.is_none() {
             let limit = gpu.limits.max_buffer_size;
             if self.staging_bytes > limit {
@@ -869,6 +885,9 @@ impl Executable {
         } else {
             None
         };
+        if let Some(w) = p.status_word {
+            enc.clear_buffer(&ctx.arena, (w * 4) as u64, Some(4));
+        }
         self.encode(&mut enc, ctx, timing, timer);
         if let Some(t) = timer {
             enc.resolve_query_set(&t.queries, 0..t.count, &t.resolve, 0);
@@ -942,6 +961,10 @@ impl Executable {
             }
             read_end = read_end.max(at + bytes);
         }
+        if let (Some(w), Some(at), Some(staging)) = (p.status_word, self.status_at, staging) {
+            enc.copy_buffer_to_buffer(&ctx.arena, (w * 4) as u64, staging, at, 4);
+            read_end = read_end.max(at + 4);
+        }
         // Encoding errors surface when the command buffer is finished.
         gpu.scoped("a run was rejected", || {
             gpu.queue.submit([enc.finish()]);
@@ -990,12 +1013,16 @@ impl Executable {
             }
         }
         let mut read: HashMap<ValueId, HostTensor<'static>> = HashMap::new();
+        let mut overflow = 0u32;
         if let Some(staging) = staging.filter(|_| read_end > 0) {
             {
                 let view = staging
                     .slice(..read_end)
                     .get_mapped_range()
                     .map_err(|e| EngineError::Device(e.to_string()))?;
+                if let Some(at) = self.status_at.map(|a| a as usize) {
+                    overflow = u32::from_le_bytes(view[at..at + 4].try_into().expect("4 bytes"));
+                }
                 for &v in &to_read {
                     let at = self.staging_at[&v] as usize;
                     let bytes = value_bytes(p, v)? as usize;
@@ -1012,6 +1039,9 @@ impl Executable {
                 }
             }
             staging.unmap();
+            if overflow > 0 {
+                return Err(i64_overflow(&p.graph, overflow as usize - 1));
+            }
         } else {
             for &v in &to_read {
                 let m = p.graph.meta(v);
@@ -1141,4 +1171,25 @@ impl Timer {
             count,
         }
     }
+}
+
+/// The error of a run whose statement at `pos` (in `graph.order`) computed
+/// an i64 value outside the device's 32-bit range (`wgsl::ty`).
+fn i64_overflow(graph: &kiln_functionalize::Graph, pos: usize) -> EngineError {
+    let names = kiln_functionalize::text::Names::of(graph);
+    let what = graph
+        .order
+        .get(pos)
+        .map(|&n| {
+            let node = &graph.nodes[n];
+            let res: Vec<String> = node.results.iter().map(|&v| names.get(v)).collect();
+            format!("%{} = {}(...)", res.join(", %"), node.op.name())
+        })
+        .unwrap_or_else(|| "a statement".into());
+    EngineError::Range(format!(
+        "{what}: an i64 result left the range {} to {} in which this device computes i64 \
+         (WGSL has no 64-bit integers); run the program with the reference backend",
+        i32::MIN,
+        i32::MAX
+    ))
 }

@@ -34,7 +34,7 @@ impl Scalar {
     /// The dtype a tensor filled with this scalar gets by default.
     pub fn default_dtype(self) -> DType {
         match self {
-            Scalar::Int(_) => DType::I32,
+            Scalar::Int(_) => DType::I64,
             Scalar::Float(_) => DType::F32,
             Scalar::Bool(_) => DType::Bool,
         }

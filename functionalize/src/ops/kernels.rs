@@ -83,7 +83,7 @@ fn arange_range<T>(a: &[Arg<T>]) -> Res<(f64, f64, f64, usize, DType)> {
     let any_float = [start, end, step]
         .iter()
         .any(|s| matches!(s, Scalar::Float(_)));
-    let dt = dtype.unwrap_or(if any_float { DType::F32 } else { DType::I32 });
+    let dt = dtype.unwrap_or(if any_float { DType::F32 } else { DType::I64 });
     let (s, e, st) = (start.to_f64(), end.to_f64(), step.to_f64());
     if st == 0.0 {
         return Err("step must be nonzero".into());
@@ -250,8 +250,11 @@ pub fn masked_fill_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 }
 
 fn check_index_dtype(m: &Meta, what: &str) -> Res<()> {
-    if m.dtype != DType::I32 {
-        return Err(format!("{what} must be an i32 tensor, got {}", m.dtype));
+    if !matches!(m.dtype, DType::I64 | DType::I32) {
+        return Err(format!(
+            "{what} must be an i64 or i32 tensor, got {}",
+            m.dtype
+        ));
     }
     Ok(())
 }
@@ -509,7 +512,7 @@ fn sum_dtype(m: &Meta, dtype: Option<DType>) -> DType {
     dtype.unwrap_or(if m.dtype.is_float() {
         m.dtype
     } else {
-        DType::I32
+        DType::I64
     })
 }
 
