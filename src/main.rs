@@ -96,9 +96,17 @@ enum Cmd {
     Print { prog: PathBuf },
 }
 
+/// Reads and parses a program; `-` is standard input (the spec's CLI).
 fn read_program(path: &Path) -> Result<Graph, String> {
-    let src = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let src = if path == Path::new("-") {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+            .map_err(|e| format!("cannot read standard input: {e}"))?;
+        s
+    } else {
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+    };
     parse(&src).map_err(|e| format!("{}:{e}", path.display()))
 }
 

@@ -318,3 +318,25 @@ fn functionalize_prints_a_program_that_runs_to_the_same_result() {
         "{err}"
     );
 }
+
+/// `-` reads the program from standard input, as the spec says.
+#[test]
+fn a_program_is_read_from_standard_input() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["functionalize", "-", "--remove", "mutations_and_views"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"graph f(%x: i64[4]) {\n  %y = view(%x, [2, 2])\n  %z = add_(%y, 1)\n  return %x\n}\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("graph f(%x: i64[4])") && text.contains("view_copy"), "{text}");
+}

@@ -373,3 +373,59 @@ fn one_device_tensor_for_two_written_parameters_aliases_them() {
     let y = r.outputs.into_iter().next().unwrap().host().unwrap();
     assert_eq!(y.to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0, 8.0]);
 }
+
+/// i64 on a device whose kernels compute it in 32 bits: exact within the
+/// range, and every way out of it (an input, a constant, arithmetic, a sum,
+/// a float conversion) an error naming the value or the statement.
+#[test]
+fn i64_is_exact_in_range_and_refused_beyond() {
+    let s = session();
+    let g: Graph = parse(
+        "graph f(%i: i64[4], %x: f32[4]) {
+  %a = mul(%i, 3)
+  %b = add(%a, %i)
+  %p = cumsum(%i, 0)
+  %n = sum(%b)
+  %c = _to_copy(%x, i64)
+  return (%b, %p, %n, %c)
+}",
+    )
+    .unwrap();
+    let exe = s.compile(&g).unwrap();
+    let all = exe.options(Fetch::Host, Fetch::Host);
+    let run = |i: &[i64], x: &[f32]| {
+        let i = HostTensor::from_slice(&[4], i).unwrap();
+        let x = HostTensor::from_slice(&[4], x).unwrap();
+        s.run(&exe, &[Input::Host(&i), Input::Host(&x)], &all)
+    };
+    let r = run(&[1, -2, 100_000_000, 7], &[1.5, -2.5, 3e9 / 4.0, 0.0]).unwrap();
+    let outs: Vec<Vec<i64>> = r
+        .outputs
+        .into_iter()
+        .map(|o| host(o).to_vec::<i64>().unwrap())
+        .collect();
+    assert_eq!(outs[0], vec![4, -8, 400_000_000, 28]);
+    assert_eq!(outs[1], vec![1, -1, 99_999_999, 100_000_006]);
+    assert_eq!(outs[2], vec![400_000_024]);
+    assert_eq!(outs[3], vec![1, -2, 750_000_000, 0]);
+    // An input that does not fit.
+    let e = err_of(run(&[1, 1 << 40, 0, 0], &[0.0; 4]));
+    assert!(e.contains("%i") && e.contains("1099511627776"), "{e}");
+    // Arithmetic leaving the range: 3 * 800M, then 3 * 600M + 600M.
+    let e = err_of(run(&[800_000_000, 0, 0, 0], &[0.0; 4]));
+    assert!(e.contains("%mul = mul") && e.contains("2147483647"), "{e}");
+    let e = err_of(run(&[600_000_000, 0, 0, 0], &[0.0; 4]));
+    assert!(e.contains("%add = add"), "{e}");
+    // A sum leaving it (each term fits).
+    let e = err_of(run(&[500_000_000, 500_000_000, 0, 0], &[0.0; 4]));
+    assert!(e.contains("= sum("), "{e}");
+    // A float beyond it converted.
+    let e = err_of(run(&[0; 4], &[0.0, 3e9, 0.0, 0.0]));
+    assert!(e.contains("= _to_copy("), "{e}");
+    // The same program runs again after errors.
+    assert!(run(&[1, 2, 3, 4], &[0.0; 4]).is_ok());
+    // A constant beyond the range is refused at compile time.
+    let big = parse("graph f(%i: i64[2]) {\n  %y = add(%i, 3000000000)\n  return %y\n}").unwrap();
+    let e = err_of(s.compile(&big));
+    assert!(e.contains("3000000000"), "{e}");
+}

@@ -4,7 +4,7 @@
 //!
 //! Elements are held as `f64` and rounded to the storage's dtype on every
 //! store (`DType::cast`), which represents every f32, f16, i32, u32 and bool
-//! value exactly.
+//! value exactly, and i64 values within 2^53 (`dtype::I64_EXACT`).
 
 use crate::dtype::DType;
 use crate::meta::Meta;

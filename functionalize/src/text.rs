@@ -287,7 +287,7 @@ impl<'a> Parser<'a> {
             None => {
                 return self.fail(
                     &dt_tok,
-                    format!("unknown dtype `{dt}` (expected f32, f16, i32, u32 or bool)"),
+                    format!("unknown dtype `{dt}` (expected f32, f16, i32, i64, u32 or bool)"),
                 )
             }
         };

@@ -1183,7 +1183,11 @@ fn i64_overflow(graph: &kiln_functionalize::Graph, pos: usize) -> EngineError {
         .map(|&n| {
             let node = &graph.nodes[n];
             let res: Vec<String> = node.results.iter().map(|&v| names.get(v)).collect();
-            format!("%{} = {}(...)", res.join(", %"), node.op.name())
+            format!(
+                "statement `%{} = {}(...)` of the functionalized program",
+                res.join(", %"),
+                node.op.name()
+            )
         })
         .unwrap_or_else(|| "a statement".into());
     EngineError::Range(format!(

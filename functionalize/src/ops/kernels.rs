@@ -1610,8 +1610,8 @@ pub fn std_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     reduce_eval(a, o, a.opt_int_list(1)?, |g| Ok(variance(g, c).sqrt()))
 }
 
-/// `cumsum(self, dim, dtype?)`: running sums along `dim` (integers stay
-/// 32-bit: Kiln has no int64).
+/// `cumsum(self, dim, dtype?)`: running sums along `dim` (integers and
+/// bools sum to i64, as in eager).
 pub fn cumsum_infer(a: &A) -> Res<Vec<Meta>> {
     let m = a.tensor(0)?;
     wrap_dim(a.int(1)?, m.dim())?;
