@@ -104,8 +104,7 @@ fn read_program(path: &Path) -> Result<Graph, String> {
             .map_err(|e| format!("cannot read standard input: {e}"))?;
         s
     } else {
-        std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
     };
     parse(&src).map_err(|e| format!("{}:{e}", path.display()))
 }

@@ -333,10 +333,15 @@ fn a_program_is_read_from_standard_input() {
         .stdin
         .take()
         .unwrap()
-        .write_all(b"graph f(%x: i64[4]) {\n  %y = view(%x, [2, 2])\n  %z = add_(%y, 1)\n  return %x\n}\n")
+        .write_all(
+            b"graph f(%x: i64[4]) {\n  %y = view(%x, [2, 2])\n  %z = add_(%y, 1)\n  return %x\n}\n",
+        )
         .unwrap();
     let out = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("graph f(%x: i64[4])") && text.contains("view_copy"), "{text}");
+    assert!(
+        text.contains("graph f(%x: i64[4])") && text.contains("view_copy"),
+        "{text}"
+    );
 }

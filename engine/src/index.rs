@@ -350,14 +350,17 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
         (_, _, "flip" | "repeat" | "constant_pad_nd") => {
             Ok(tensors(0).into_iter().map(Read::Other).collect())
         }
-        // `self` at the element; the index and the source anywhere.
-        (_, _, "index_add") => {
+        // The index at the element (broadcast), self anywhere.
+        (_, _, "gather" | "take_along_dim") => {
             let t = tensors(0);
-            Ok(vec![
-                Read::At(t[0], Affine::identity(&out.sizes)),
-                Read::Other(t[1]),
-                Read::Other(t[2]),
-            ])
+            Ok(vec![Read::Other(t[0]), at(t[1])])
+        }
+        // `self` at the element; the index and the source anywhere.
+        (_, _, "index_add" | "index_copy" | "scatter" | "scatter_add") => {
+            let t = tensors(0);
+            let mut r = vec![Read::At(t[0], Affine::identity(&out.sizes))];
+            r.extend(t[1..].iter().map(|&x| Read::Other(x)));
+            Ok(r)
         }
         // Factories and fills of a literal read nothing.
         (_, Lowering::Free, _) => Ok(vec![]),

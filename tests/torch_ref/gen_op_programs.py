@@ -1020,6 +1020,46 @@ def gen_decoder_ops():
         ["%y = baddbmm(%s, %a, %b, 0.5, -2.0)"], ["%y"])
     add("baddbmm", "beta0_transposed", ["%s: f32[2, 6, 6]", "%a: f32[2, 7, 6]"],
         ["%t = transpose(%a, 1, 2)", "%y = baddbmm(%s, %t, %a, 0, 1)"], ["%y"])
+    # Data-dependent selection (i64 indices, as eager requires).
+    add("gather", "dim1", ["%x: f32[4, 50]", "%i: i64[4, 7]"], ["%y = gather(%x, 1, %i)"], ["%y"], ["%i: int 0..50"])
+    add("gather", "dim0_smaller_index_transposed", ["%x: f32[5, 6]", "%i: i64[3, 2]"],
+        ["%t = t(%x)", "%y = gather(%t, 0, %i)"], ["%y"], ["%i: int 0..6"])
+    add("gather", "i64_values_0d", ["%x: i64[]", "%i: i64[]"], ["%y = gather(%x, 0, %i)"], ["%y"], ["%i: int 0..1"])
+    add("take_along_dim", "dim1", ["%x: f32[3, 50]", "%i: i64[3, 9]"], ["%y = take_along_dim(%x, %i, 1)"], ["%y"],
+        ["%i: int 0..50"])
+    add("take_along_dim", "broadcast", ["%x: f32[4, 1, 5]", "%i: i64[2, 3, 5]"], ["%y = take_along_dim(%x, %i, 0)"],
+        ["%y"], ["%i: int 0..4"])
+    add("take_along_dim", "flattened", ["%x: f32[3, 5]", "%i: i64[7]"], ["%y = take_along_dim(%x, %i)"], ["%y"],
+        ["%i: int 0..15"])
+    add("scatter", "src_dim1", ["%x: f32[3, 50]", "%i: i64[3, 4]", "%s: f32[3, 6]"], ["%y = scatter(%x, 1, %i, %s)"],
+        ["%y"], ["%i: perm 0..50"])
+    add("scatter", "value_dim0", ["%x: f32[6, 5]", "%i: i64[2, 3]"], ["%y = scatter(%x, 0, %i, 2.5)"], ["%y"],
+        ["%i: perm 0..6"])
+    add("scatter_", "param_transposed", ["%x: f32[5, 8]", "%i: i64[1, 3]", "%s: f32[2, 3]"],
+        ["%t = t(%x)", "%y = scatter_(%t, 1, %i, %s)"], ["%x"], ["%i: perm 0..5"], "mutates the parameter through t")
+    add("scatter_add", "duplicates_accumulate", ["%x: f32[5, 4]", "%i: i64[7, 4]", "%s: f32[7, 4]"],
+        ["%y = scatter_add(%x, 0, %i, %s)"], ["%y"], ["%i: int 0..5"])
+    add("scatter_add_", "i64_histogram", ["%i: i64[50]"],
+        ["%h = zeros([10], i64)", "%o = ones([50], i64)", "%y = scatter_add_(%h, 0, %i, %o)"], ["%h"],
+        ["%i: int 0..10"], "counts are i64")
+    add("index_copy", "rows", ["%x: f32[6, 5]", "%i: i64[3]", "%s: f32[3, 5]"], ["%y = index_copy(%x, 0, %i, %s)"],
+        ["%y"], ["%i: perm 0..6"])
+    add("index_copy_", "kv_cache_param", ["%c: f32[2, 16, 8]", "%i: i64[3]", "%s: f32[2, 3, 8]"],
+        ["%y = index_copy_(%c, 1, %i, %s)"], ["%c"], ["%i: perm 0..16"], "a cache updated in place")
+    add("argmax", "dim1", ["%x: f32[3, 783]"], ["%y = argmax(%x, 1)"], ["%y"])
+    add("argmax", "all", ["%x: f32[50, 7]"], ["%y = argmax(%x)"], ["%y"])
+    add("argmax", "i32_ties_keepdim", ["%x: i32[5, 6]"], ["%y = argmax(%x, 0, true)"], ["%y"], None,
+        "the first of equal maxima")
+    add("argmin", "transposed", ["%x: f32[4, 50]"], ["%t = t(%x)", "%y = argmin(%t, 1)"], ["%y"])
+    add("max", "dim", ["%x: f32[3, 50]"], ["%v, %i = max(%x, 1)"], ["%v", "%i"])
+    add("max", "all_i64", ["%x: i64[7, 3]"], ["%y = max(%x)"], ["%y"])
+    add("min", "dim_keepdim_transposed", ["%x: f32[6, 4]"], ["%t = t(%x)", "%v, %i = min(%t, 0, true)"],
+        ["%v", "%i"])
+    add("sort", "last_dim", ["%x: f32[3, 50]"], ["%v, %i = sort(%x)"], ["%v", "%i"])
+    add("sort", "descending_dim0", ["%x: f32[20, 3]"], ["%v, %i = sort(%x, 0, true)"], ["%v", "%i"])
+    add("sort", "i64_distinct", ["%x: i64[40]"], ["%v, %i = sort(%x)"], ["%v", "%i"], ["%x: perm -20..20"])
+    add("topk", "k5", ["%x: f32[3, 50]"], ["%v, %i = topk(%x, 5)"], ["%v", "%i"])
+    add("topk", "smallest_dim0", ["%x: f32[20, 4]"], ["%v, %i = topk(%x, 3, 0, false)"], ["%v", "%i"])
     for src, dst, ann in (("f32", "i32", "uniform -5.0..5.0"), ("i32", "f32", None), ("f32", "f16", None),
                           ("f32", "bool", "int -1..2"), ("bool", "f32", None)):
         add("_to_copy", f"{src}_to_{dst}", [f"%x: {src}[3, 50]"], ["%t = t(%x)", f"%y = _to_copy(%t, {dst})"],

@@ -9,6 +9,7 @@ mod gather;
 mod matmul;
 mod reduction;
 mod scatter;
+mod select;
 
 use crate::index::{Affine, Region};
 use crate::schedule::{Fused, Schedule};
@@ -624,6 +625,107 @@ impl<'a> Gen<'a> {
                 self.memo = saved;
                 Ok(self.body.bind(t, acc))
             }
+            (_, "gather" | "take_along_dim") => {
+                // self at the own position with `dim` replaced by the index
+                // there (the flattened self without a dim).
+                let (x, index) = (
+                    tensor(0)?,
+                    tensor(if def.name == "gather" { 2 } else { 1 })?,
+                );
+                let xm = g.meta(x).clone();
+                let dim = match node.args.get(if def.name == "gather" { 1 } else { 2 }) {
+                    Some(Arg::Int(d)) => {
+                        Some(kiln_functionalize::meta::wrap_dim(*d, xm.dim()).map_err(bug)?)
+                    }
+                    _ => None,
+                };
+                let ii = self.broadcast_index(idx, &out.sizes, g.meta(index));
+                let iv = self.value_at(index, &ii)?;
+                let at = match dim.filter(|_| xm.dim() > 0) {
+                    None => format!("u32({iv})"),
+                    Some(d) => {
+                        let mut m = self.unravel(idx, &out.sizes);
+                        m[d] = format!("u32({iv})");
+                        for (k, mk) in m.iter_mut().enumerate() {
+                            if k != d && xm.sizes[k] == 1 {
+                                *mk = "0u".into();
+                            }
+                        }
+                        self.ravel(&m, &contiguous_strides(&xm.sizes), 0)
+                    }
+                };
+                let at = self.body.bind("u32", at);
+                self.value_at(x, &at)
+            }
+            (_, "scatter" | "scatter_add" | "index_copy") => {
+                // self, then every source element whose index names this
+                // position, in eager's order (the last write wins).
+                let (x, index, src) = (tensor(0)?, tensor(2)?, node.args.get(3));
+                let d = if out.dim() == 0 {
+                    0
+                } else {
+                    kiln_functionalize::meta::wrap_dim(margs.int(1).map_err(bug)?, out.dim())
+                        .map_err(bug)?
+                };
+                let im = g.meta(index).clone();
+                let copy = def.name == "index_copy";
+                let steps = if copy || im.dim() == 0 {
+                    im.numel()
+                } else {
+                    im.sizes[d]
+                };
+                let m = self.unravel(idx, &out.sizes);
+                let base = self.value_at(x, idx)?;
+                let t = ty(out.dtype);
+                let acc = self.body.var(t, base);
+                // A smaller index tensor reaches only part of self.
+                let inside: Vec<String> = (0..im.dim())
+                    .filter(|&k| !copy && k != d && im.sizes[k] < out.sizes[k])
+                    .map(|k| format!("{} < {}", m[k], u(im.sizes[k])))
+                    .collect();
+                if !inside.is_empty() {
+                    self.body.stmt(format!("if ({}) {{", inside.join(" && ")));
+                }
+                self.body
+                    .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(steps)));
+                let saved = std::mem::take(&mut self.memo);
+                let mut q = m.clone();
+                if !q.is_empty() {
+                    q[d] = "k".into();
+                }
+                let ii = if copy || im.dim() == 0 {
+                    "k".to_string()
+                } else {
+                    self.ravel(&q, &contiguous_strides(&im.sizes), 0)
+                };
+                let iv = self.value_at(index, &ii)?;
+                let sv = match src {
+                    Some(Arg::Tensor(s)) => {
+                        let sm = g.meta(*s).clone();
+                        let si = if sm.dim() == 0 {
+                            "0u".to_string()
+                        } else {
+                            self.ravel(&q, &contiguous_strides(&sm.sizes), 0)
+                        };
+                        self.value_at(*s, &si)?
+                    }
+                    _ => lit(margs.scalar(3).map_err(bug)?.to_f64(), out.dtype)?,
+                };
+                let here = m.get(d).cloned().unwrap_or_else(|| "0u".into());
+                let update = if def.name == "scatter_add" {
+                    format!("{acc} + {sv}")
+                } else {
+                    sv
+                };
+                self.body
+                    .stmt(format!("if (u32({iv}) == {here}) {{ {acc} = {update}; }}"));
+                self.body.stmt("}".into());
+                if !inside.is_empty() {
+                    self.body.stmt("}".into());
+                }
+                self.memo = saved;
+                Ok(self.body.bind(t, acc))
+            }
             (_, "copy") => {
                 let src = tensor(1)?;
                 let sm = g.meta(src);
@@ -928,6 +1030,8 @@ impl<'a> Gen<'a> {
             Lowering::Attention => Ok(vec![self.sdpa(n, label)?]),
             Lowering::Scan => Ok(vec![self.cumsum(n, v, label)?]),
             Lowering::Gather => Ok(vec![self.gather(n, v, label)?]),
+            Lowering::Extreme => Ok(vec![self.extreme(n, v, label)?]),
+            Lowering::Sort => Ok(vec![self.sort(n, v, label)?]),
             Lowering::Map | Lowering::Free | Lowering::RegionScatter(_) => {
                 Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?])
             }

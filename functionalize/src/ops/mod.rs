@@ -7,6 +7,7 @@ pub mod args;
 pub mod kernels;
 pub mod layout;
 pub mod pointwise;
+pub mod select;
 pub mod views;
 
 use crate::meta::Meta;
@@ -87,6 +88,11 @@ pub enum Lowering {
     Scan,
     Gather,
     IndexPut,
+    /// The extreme of each line and its index (`argmax`, `max.dim`): an
+    /// output element per invocation.
+    Extreme,
+    /// Sorting lines (`sort`, `topk`): each element's rank in its line.
+    Sort,
 }
 
 /// Where a matrix op (`Lowering::MatMul`) keeps its operands: `left @
@@ -947,6 +953,93 @@ fn build() -> Table {
         k::index_select_eval,
     );
 
+    // Data-dependent selection.
+    use select as sel;
+    b.kernel(
+        "gather",
+        Functional,
+        &["gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor"],
+        sel::gather_infer,
+        sel::gather_eval,
+    );
+    b.kernel(
+        "take_along_dim",
+        Functional,
+        &["take_along_dim(Tensor self, Tensor indices, int? dim=None) -> Tensor"],
+        sel::take_along_dim_infer,
+        sel::take_along_dim_eval,
+    );
+    b.with_inplace(
+        "scatter",
+        Functional,
+        &[
+            "scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor",
+            "scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor",
+        ],
+        Rule::Kernel {
+            infer: sel::scatter_infer,
+            eval: sel::scatter_eval,
+        },
+    );
+    b.with_inplace(
+        "scatter_add",
+        Functional,
+        &["scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor"],
+        Rule::Kernel {
+            infer: sel::scatter_infer,
+            eval: sel::scatter_add_eval,
+        },
+    );
+    b.with_inplace(
+        "index_copy",
+        Functional,
+        &["index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor"],
+        Rule::Kernel {
+            infer: sel::index_copy_infer,
+            eval: sel::index_copy_eval,
+        },
+    );
+    for (name, eval) in [
+        ("argmax", sel::argmax_eval as EvalFn),
+        ("argmin", sel::argmin_eval),
+    ] {
+        b.kernel(
+            name,
+            Functional,
+            &[&format!(
+                "{name}(Tensor self, int? dim=None, bool keepdim=False) -> Tensor"
+            )],
+            sel::argmax_infer,
+            eval,
+        );
+    }
+    for (name, eval) in [("max", sel::max_eval as EvalFn), ("min", sel::min_eval)] {
+        b.kernel(
+            name,
+            Functional,
+            &[
+                &format!("{name}(Tensor self) -> Tensor"),
+                &format!("{name}.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)"),
+            ],
+            sel::max_infer,
+            eval,
+        );
+    }
+    b.kernel(
+        "sort",
+        Functional,
+        &["sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)"],
+        sel::sort_infer,
+        sel::sort_eval,
+    );
+    b.kernel(
+        "topk",
+        Functional,
+        &["topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)"],
+        sel::topk_infer,
+        sel::topk_eval,
+    );
+
     // Lowering classes of the ops that are not elementwise, view copies
     // or scatters.
     use Lowering as L;
@@ -965,6 +1058,11 @@ fn build() -> Table {
                 "repeat",
                 "constant_pad_nd",
                 "index_add",
+                "index_copy",
+                "gather",
+                "take_along_dim",
+                "scatter",
+                "scatter_add",
             ][..],
             L::Map,
         ),
@@ -994,6 +1092,8 @@ fn build() -> Table {
         ),
         (&["embedding", "index_select"], L::Gather),
         (&["index_put"], L::IndexPut),
+        (&["argmax", "argmin", "max", "min"], L::Extreme),
+        (&["sort", "topk"], L::Sort),
     ] {
         for n in names {
             let o = b.ops.iter_mut().find(|o| o.name == *n);
