@@ -367,7 +367,72 @@ impl<C: Choices> Gen<'_, C> {
     }
 }
 
-/// A random program over 1-3 f32 parameters with about `statements`
+impl<C: Choices> Gen<'_, C> {
+    /// i64 indices in range by construction (a sort or an argmax of a
+    /// value of `v`'s shape) feeding the index ops, functional or in place
+    /// (through whatever views `v` is).
+    fn selection(&mut self, v: ValueId, depth: usize) {
+        let m = self.meta(v);
+        if m.dim() == 0 || m.numel() == 0 {
+            return;
+        }
+        let d = self.dim(&m);
+        let (w, _) = self.value();
+        let w = if self.meta(w).sizes == m.sizes { w } else { v };
+        let t = Arg::Tensor(v);
+        let sort = ops::lookup("sort").unwrap();
+        let desc = Arg::Bool(self.pick(2) == 0);
+        let Ok(sorted) = self.g.call(sort, &[Arg::Tensor(w), Arg::Int(d), desc]) else {
+            return;
+        };
+        let idx = Arg::Tensor(sorted[1]);
+        self.vals.push((sorted[0], 0));
+        match self.pick(7) {
+            0 => self.call("gather", vec![t, Arg::Int(d), idx], 0),
+            1 => self.call("take_along_dim", vec![t, idx, Arg::Int(d)], 0),
+            2 => {
+                let op = ["scatter", "scatter_add"][self.pick(2)];
+                self.call(op, vec![t, Arg::Int(d), idx, Arg::Tensor(w)], 0);
+            }
+            3 => {
+                let op = ["scatter_", "scatter_add_"][self.pick(2)];
+                self.call(op, vec![t, Arg::Int(d), idx, Arg::Tensor(w)], depth);
+            }
+            4 => {
+                let op = ["argmax", "argmin"][self.pick(2)];
+                let keep = Arg::Bool(self.pick(2) == 0);
+                self.call(op, vec![t, Arg::Int(d), keep], 0);
+            }
+            5 => {
+                let op = ["max", "min"][self.pick(2)];
+                self.call(op, vec![t, Arg::Int(d), Arg::Bool(false)], 0);
+            }
+            _ => {
+                // A row permutation written back row by row.
+                let len = m.sizes[crate::meta::wrap_dim(d, m.dim()).unwrap_or(0)];
+                let ar = ops::lookup("arange").unwrap();
+                let Ok(r) = self.g.call(ar, &[Arg::Int(len as i64)]) else {
+                    return;
+                };
+                let flip = ops::lookup("flip").unwrap();
+                let Ok(p) = self
+                    .g
+                    .call(flip, &[Arg::Tensor(r[0]), Arg::IntList(vec![0])])
+                else {
+                    return;
+                };
+                let op = ["index_copy", "index_copy_"][self.pick(2)];
+                self.call(
+                    op,
+                    vec![t, Arg::Int(d), Arg::Tensor(p[0]), Arg::Tensor(w)],
+                    depth,
+                );
+            }
+        }
+    }
+}
+
+/// A random program over 1-3 f32 (now and then i64) parameters with about `statements`
 /// statements (views, in-place and elementwise ops mixed), returning a few
 /// of its values.
 pub fn random_program(c: &mut impl Choices, statements: usize) -> Graph {
@@ -380,9 +445,16 @@ pub fn random_program(c: &mut impl Choices, statements: usize) -> Graph {
     let n_inputs = 1 + gen.pick(3);
     for i in 0..n_inputs {
         let shape = SHAPES[gen.pick(SHAPES.len())].to_vec();
+        // Now and then an i64 parameter (small integers), PyTorch's index
+        // and default integer type.
+        let dtype = if i > 0 && gen.pick(4) == 0 {
+            DType::I64
+        } else {
+            DType::F32
+        };
         let v = gen
             .g
-            .add_input(Some(format!("x{i}")), Meta::contiguous(DType::F32, shape));
+            .add_input(Some(format!("x{i}")), Meta::contiguous(dtype, shape));
         gen.vals.push((v, 0));
     }
     // Calls the op table refuses add nothing: bound the attempts.
@@ -393,6 +465,7 @@ pub fn random_program(c: &mut impl Choices, statements: usize) -> Graph {
         match gen.pick(10) {
             0..=3 if depth < MAX_DEPTH => gen.view_step(v, depth),
             4..=6 => gen.mutation(v, depth),
+            7 if gen.pick(3) == 0 => gen.selection(v, depth),
             _ => gen.functional(v),
         }
         // Keep the pool small, so values are reused and chains stay short.
