@@ -159,6 +159,13 @@ fn promotion_and_integer_semantics() {
     assert_eq!(run("%o = sum(%i)"), (DType::I64, vec![2147483644.0]));
     assert_eq!(run("%o = arange(0, 4)").0, DType::I64);
     assert_eq!(run("%o = full([2], 3)").0, DType::I64);
+    // A bool mask's result shape depends on its values: refused clearly.
+    let e = kiln::functionalize::parse(
+        "graph f(%x: f32[4], %m: bool[4]) {\n %o = index(%x, [%m])\n return %o\n}",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("bool mask") && e.contains("line 2"), "{e}");
     assert_eq!(
         run("%o = gt(%i, 0)"),
         (DType::Bool, vec![0.0, 0.0, 1.0, 1.0])

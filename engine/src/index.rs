@@ -351,6 +351,7 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
             Ok(tensors(0).into_iter().map(Read::Other).collect())
         }
         // The index at the element (broadcast), self anywhere.
+        (_, _, "index") => Ok(tensors(0).into_iter().map(Read::Other).collect()),
         (_, _, "gather" | "take_along_dim") => {
             let t = tensors(0);
             Ok(vec![Read::Other(t[0]), at(t[1])])

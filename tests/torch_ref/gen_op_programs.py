@@ -1021,6 +1021,15 @@ def gen_decoder_ops():
     add("baddbmm", "beta0_transposed", ["%s: f32[2, 6, 6]", "%a: f32[2, 7, 6]"],
         ["%t = transpose(%a, 1, 2)", "%y = baddbmm(%s, %t, %a, 0, 1)"], ["%y"])
     # Data-dependent selection (i64 indices, as eager requires).
+    add("index", "rows_i64", ["%x: f32[6, 50]", "%i: i64[4]"], ["%y = index(%x, [%i])"], ["%y"], ["%i: int -6..6"],
+        "negative indices wrap")
+    add("index", "middle_dim_2d_index", ["%x: f32[3, 7, 5]", "%i: i64[2, 4]"], ["%y = index(%x, [none, %i])"], ["%y"],
+        ["%i: int 0..7"])
+    add("index", "two_separated_indices_transposed", ["%x: f32[4, 5, 6]", "%i: i64[3]", "%j: i64[2, 1]"],
+        ["%t = transpose(%x, 0, 1)", "%y = index(%t, [%i, none, %j])"], ["%y"], ["%i: int 0..5", "%j: int 0..6"],
+        "the index block goes first")
+    add("index", "adjacent_broadcast_i32", ["%x: i32[4, 5, 6]", "%i: i64[3, 1]", "%j: i64[2]"],
+        ["%y = index(%x, [none, %i, %j])"], ["%y"], ["%i: int 0..5", "%j: int 0..6"])
     add("gather", "dim1", ["%x: f32[4, 50]", "%i: i64[4, 7]"], ["%y = gather(%x, 1, %i)"], ["%y"], ["%i: int 0..50"])
     add("gather", "dim0_smaller_index_transposed", ["%x: f32[5, 6]", "%i: i64[3, 2]"],
         ["%t = t(%x)", "%y = gather(%t, 0, %i)"], ["%y"], ["%i: int 0..6"])

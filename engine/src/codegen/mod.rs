@@ -18,6 +18,7 @@ use crate::EngineError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::{contiguous_strides, numel, Meta};
 use kiln_functionalize::ops::args::ArgsExt;
+use kiln_functionalize::ops::kernels::Advanced;
 use kiln_functionalize::ops::pointwise::{Code, Src};
 use kiln_functionalize::ops::{self, Lowering, Rule};
 use kiln_functionalize::schema::Arg;
@@ -624,6 +625,18 @@ impl<'a> Gen<'a> {
                 self.body.stmt("}".into());
                 self.memo = saved;
                 Ok(self.body.bind(t, acc))
+            }
+            (_, "index") => {
+                let x = tensor(0)?;
+                let list: Vec<Option<ValueId>> = match &node.args[1] {
+                    Arg::TensorList(l) => l.clone(),
+                    _ => return Err(bug("index: no index list")),
+                };
+                let xm = g.meta(x).clone();
+                let lay = scatter::layout(g, &xm, &list)?;
+                let m = self.unravel(idx, &lay.rshape);
+                let at = self.indexed_at(&m, &lay, &list, &xm.sizes)?;
+                self.value_at(x, &at)
             }
             (_, "gather" | "take_along_dim") => {
                 // self at the own position with `dim` replaced by the index

@@ -71,53 +71,54 @@ impl Gen<'_> {
             return self.index_put_mask(n, out, &idx, values, label);
         }
         let accumulate = matches!(node.args.get(3), Some(Arg::Bool(true)));
-        let mut bshape: Vec<usize> = vec![];
-        for t in idx.iter().flatten() {
-            bshape = kiln_functionalize::meta::broadcast_shapes(&bshape, &g.meta(*t).sizes)
-                .map_err(bug)?;
-        }
-        let dims = om.dim();
-        let adv: Vec<usize> = (0..dims)
-            .filter(|&d| idx.get(d).copied().flatten().is_some())
-            .collect();
-        let rest: Vec<usize> = (0..dims).filter(|d| !adv.contains(d)).collect();
-        let adjacent = adv.windows(2).all(|w| w[1] == w[0] + 1);
-        let (before, after): (Vec<usize>, Vec<usize>) = if adjacent && !adv.is_empty() {
-            (
-                rest.iter().copied().filter(|&d| d < adv[0]).collect(),
-                rest.iter().copied().filter(|&d| d > adv[0]).collect(),
-            )
-        } else {
-            (vec![], rest.clone())
-        };
-        let mut rshape: Vec<usize> = before.iter().map(|&d| om.sizes[d]).collect();
-        rshape.extend(&bshape);
-        rshape.extend(after.iter().map(|&d| om.sizes[d]));
-        let total = numel(&rshape);
-        let cstr = contiguous_strides(&om.sizes);
+        let lay = layout(g, &om, &idx)?;
+        let rshape = &lay.rshape;
+        let total = numel(rshape);
         self.body.stmt("if (gid != 0u) { return; }".into());
         self.body
             .stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(total)));
         let saved = std::mem::take(&mut self.memo);
-        let m = self.unravel("r", &rshape);
+        let m = self.unravel("r", rshape);
         let vm = g.meta(values).clone();
-        let vi = self.broadcast_index("r", &rshape, &vm);
+        let vi = self.broadcast_index("r", rshape, &vm);
         let val = self.value_at(values, &vi)?;
         let val = cast(&val, vm.dtype, om.dtype);
-        let nb = before.len();
-        let bpos = self.ravel(&m[nb..nb + bshape.len()], &contiguous_strides(&bshape), 0);
+        let at = self.indexed_at(&m, &lay, &idx, &om.sizes)?;
+        self.put(out, &at, &val, accumulate)?;
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.finish(label, [1, 1, 1], [self.workgroup, 1, 1]))
+    }
+
+    /// The element of a tensor of `sizes` that position `m` of
+    /// `self[idx]` (laid out as `lay`) names; negative indices wrap.
+    pub(super) fn indexed_at(
+        &mut self,
+        m: &[String],
+        lay: &Advanced,
+        idx: &[Option<ValueId>],
+        sizes: &[usize],
+    ) -> R<String> {
+        let g = self.g;
+        let cstr = contiguous_strides(sizes);
+        let nb = lay.before.len();
+        let bpos = self.ravel(
+            &m[nb..nb + lay.bshape.len()],
+            &contiguous_strides(&lay.bshape),
+            0,
+        );
         let mut terms = vec![];
-        for (j, &d) in before.iter().enumerate() {
+        for (j, &d) in lay.before.iter().enumerate() {
             terms.push(format!("{} * {}", m[j], u(cstr[d])));
         }
-        for (j, &d) in after.iter().enumerate() {
-            terms.push(format!("{} * {}", m[nb + bshape.len() + j], u(cstr[d])));
+        for (j, &d) in lay.after.iter().enumerate() {
+            terms.push(format!("{} * {}", m[nb + lay.bshape.len() + j], u(cstr[d])));
         }
-        for &d in &adv {
-            let t = idx[d].expect("advanced dim has an index");
-            let ti = self.broadcast_index(&bpos, &bshape, g.meta(t));
+        for &d in &lay.adv {
+            let t = idx[d].ok_or_else(|| bug("advanced dim without an index"))?;
+            let ti = self.broadcast_index(&bpos, &lay.bshape, g.meta(t));
             let iv = self.value_at(t, &ti)?;
-            let size = om.sizes[d] as i32;
+            let size = sizes[d] as i32;
             let w = self
                 .body
                 .bind("i32", format!("select({iv}, {iv} + {size}i, {iv} < 0i)"));
@@ -127,18 +128,14 @@ impl Gen<'_> {
                 u(cstr[d])
             ));
         }
-        let at = self.body.bind(
+        Ok(self.body.bind(
             "u32",
             if terms.is_empty() {
                 "0u".into()
             } else {
                 terms.join(" + ")
             },
-        );
-        self.put(out, &at, &val, accumulate)?;
-        self.body.stmt("}".into());
-        self.memo = saved;
-        Ok(self.finish(label, [1, 1, 1], [self.workgroup, 1, 1]))
+        ))
     }
 
     /// `out[at] = val`, or `out[at] += val` when accumulating.
@@ -240,4 +237,13 @@ impl Gen<'_> {
         self.memo = saved;
         Ok(self.finish(label, [1, 1, 1], [self.workgroup, 1, 1]))
     }
+}
+
+/// The advanced-indexing layout of `self[idx]` for `self` of `om`.
+pub(super) fn layout(g: &Graph, om: &Meta, idx: &[Option<ValueId>]) -> R<Advanced> {
+    let shapes: Vec<Option<&[usize]>> = idx
+        .iter()
+        .map(|t| t.map(|t| &g.meta(t).sizes[..]))
+        .collect();
+    Advanced::of(&om.sizes, &shapes).map_err(bug)
 }

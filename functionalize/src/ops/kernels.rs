@@ -296,6 +296,119 @@ fn wrap_index(i: f64, size: usize, dim: usize) -> Res<usize> {
     Ok(if i < 0 { i + s } else { i } as usize)
 }
 
+/// The layout of advanced indexing `self[indices]` (eager's rules): the
+/// index tensors broadcast to `bshape`; that block of dimensions stands
+/// where the indexed dimensions were when they are adjacent, else first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Advanced {
+    pub bshape: Vec<usize>,
+    /// Indexed dimensions of self.
+    pub adv: Vec<usize>,
+    /// Self's other dimensions before and after the index block.
+    pub before: Vec<usize>,
+    pub after: Vec<usize>,
+    /// The shape of `self[indices]`.
+    pub rshape: Vec<usize>,
+}
+
+impl Advanced {
+    /// `sizes`: self's; `idx`: the shape of each dimension's index tensor
+    /// (`None`: the whole dimension).
+    pub fn of(sizes: &[usize], idx: &[Option<&[usize]>]) -> Res<Advanced> {
+        if idx.len() > sizes.len() {
+            return Err(format!(
+                "too many indices for tensor of dimension {} (got {})",
+                sizes.len(),
+                idx.len()
+            ));
+        }
+        let mut bshape: Vec<usize> = vec![];
+        for s in idx.iter().flatten() {
+            bshape = broadcast_shapes(&bshape, s)?;
+        }
+        let adv: Vec<usize> = (0..idx.len()).filter(|&d| idx[d].is_some()).collect();
+        let adjacent = adv.windows(2).all(|w| w[1] == w[0] + 1);
+        let rest: Vec<usize> = (0..sizes.len()).filter(|d| !adv.contains(d)).collect();
+        let (before, after): (Vec<usize>, Vec<usize>) = if adjacent && !adv.is_empty() {
+            (
+                rest.iter().copied().filter(|&d| d < adv[0]).collect(),
+                rest.iter().copied().filter(|&d| d > adv[0]).collect(),
+            )
+        } else {
+            (vec![], rest)
+        };
+        let mut rshape: Vec<usize> = before.iter().map(|&d| sizes[d]).collect();
+        rshape.extend(&bshape);
+        rshape.extend(after.iter().map(|&d| sizes[d]));
+        Ok(Advanced {
+            bshape,
+            adv,
+            before,
+            after,
+            rshape,
+        })
+    }
+}
+
+/// `index.Tensor(self, indices)`: `self[indices]` with integer index
+/// tensors (a bool mask's result shape depends on its values, which static
+/// shapes cannot express).
+pub fn index_infer(a: &A) -> Res<Vec<Meta>> {
+    let m = a.tensor(0)?;
+    let idx = a.tensor_list(1)?;
+    for t in idx.iter().flatten() {
+        if t.dtype == DType::Bool {
+            return Err(
+                "indexing with a bool mask gives a shape that depends on the mask's \
+                        values, which Kiln's static shapes cannot express; use masked_fill or \
+                        where, or integer indices"
+                    .into(),
+            );
+        }
+        check_index_dtype(t, "tensors used as indices")?;
+    }
+    let shapes: Vec<Option<&[usize]>> = idx.iter().map(|t| t.map(|t| &t.sizes[..])).collect();
+    let lay = Advanced::of(&m.sizes, &shapes)?;
+    Ok(vec![Meta::contiguous(m.dtype, lay.rshape)])
+}
+
+pub fn index_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let this = a.tensor(0)?;
+    let sizes = this.sizes().to_vec();
+    let idx = a.tensor_list(1)?;
+    let shapes: Vec<Option<&[usize]>> = idx.iter().map(|t| t.map(|t| t.sizes())).collect();
+    let lay = Advanced::of(&sizes, &shapes)?;
+    let idx_b: Vec<Option<Vec<f64>>> = idx
+        .iter()
+        .map(|t| t.map(|t| t.values_broadcast(&lay.bshape)))
+        .collect();
+    let tv = this.values();
+    let cstr = crate::meta::contiguous_strides(&sizes);
+    let rstr = crate::meta::contiguous_strides(&lay.rshape);
+    let bstr = crate::meta::contiguous_strides(&lay.bshape);
+    let (nb, nbs) = (lay.before.len(), lay.bshape.len());
+    let mut out = Vec::with_capacity(o[0].numel());
+    for r in 0..o[0].numel() {
+        let ridx: Vec<usize> = (0..lay.rshape.len())
+            .map(|j| (r / rstr[j]) % lay.rshape[j].max(1))
+            .collect();
+        let bpos: usize = (0..nbs).map(|j| ridx[nb + j] * bstr[j]).sum();
+        let mut off = 0;
+        for (j, &d) in lay.before.iter().enumerate() {
+            off += ridx[j] * cstr[d];
+        }
+        for (j, &d) in lay.after.iter().enumerate() {
+            off += ridx[nb + nbs + j] * cstr[d];
+        }
+        for &d in &lay.adv {
+            let i = idx_b[d].as_ref().map(|v| v[bpos]).unwrap_or(0.0);
+            off += wrap_index(i, sizes[d], d)? * cstr[d];
+        }
+        out.push(tv[off]);
+    }
+    one(o[0].clone(), &out)
+}
+
 /// Advanced indexing `self[indices] = values` (or `+=` when accumulating)
 /// on a row-major logical copy of `self`.
 pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -330,51 +443,33 @@ pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
             Some(t) => idx.push(Some((t.sizes().to_vec(), t.values()))),
         }
     }
-    if idx.len() > sizes.len() {
-        return Err(format!(
-            "too many indices for tensor of dimension {}",
-            sizes.len()
-        ));
-    }
+    let shapes: Vec<Option<&[usize]>> = idx
+        .iter()
+        .map(|x| x.as_ref().map(|(s, _)| &s[..]))
+        .collect();
+    let lay = Advanced::of(&sizes, &shapes)?;
     idx.resize(sizes.len(), None);
-    let mut bshape: Vec<usize> = vec![];
-    for (s, _) in idx.iter().flatten() {
-        bshape = broadcast_shapes(&bshape, s)?;
-    }
-    let adv: Vec<usize> = (0..sizes.len()).filter(|&d| idx[d].is_some()).collect();
-    let adjacent = adv.windows(2).all(|w| w[1] == w[0] + 1);
-    let rest: Vec<usize> = (0..sizes.len()).filter(|&d| idx[d].is_none()).collect();
-    // Shape of `self[indices]`.
-    let (before, after): (Vec<usize>, Vec<usize>) = if adjacent && !adv.is_empty() {
-        (
-            rest.iter().copied().filter(|&d| d < adv[0]).collect(),
-            rest.iter().copied().filter(|&d| d > adv[0]).collect(),
-        )
-    } else {
-        (vec![], rest.clone())
-    };
-    let mut rshape: Vec<usize> = before.iter().map(|&d| sizes[d]).collect();
-    rshape.extend(&bshape);
-    rshape.extend(after.iter().map(|&d| sizes[d]));
-    expandable(values.sizes(), &rshape).map_err(|_| {
-        format!("shape mismatch: value tensor of shape {} cannot be broadcast to indexing result of shape {}", ShapeFmt(values.sizes()), ShapeFmt(&rshape))
+    let (bshape, rshape, before, after, adv) =
+        (&lay.bshape, &lay.rshape, &lay.before, &lay.after, &lay.adv);
+    expandable(values.sizes(), rshape).map_err(|_| {
+        format!("shape mismatch: value tensor of shape {} cannot be broadcast to indexing result of shape {}", ShapeFmt(values.sizes()), ShapeFmt(rshape))
     })?;
-    let vv = values.values_broadcast(&rshape);
+    let vv = values.values_broadcast(rshape);
     let idx_b: Vec<Option<Vec<f64>>> = idx
         .iter()
         .map(|x| {
             x.as_ref().map(|(s, v)| {
                 let m = Meta::contiguous(DType::F32, s.clone());
-                let st = crate::meta::broadcast_strides(&m, &bshape);
-                crate::meta::OffsetIter::new(&bshape, &st, 0)
+                let st = crate::meta::broadcast_strides(&m, bshape);
+                crate::meta::OffsetIter::new(bshape, &st, 0)
                     .map(|o| v[o])
                     .collect()
             })
         })
         .collect();
     let cstr = crate::meta::contiguous_strides(&sizes);
-    let rstr = crate::meta::contiguous_strides(&rshape);
-    let bstr = crate::meta::contiguous_strides(&bshape);
+    let rstr = crate::meta::contiguous_strides(rshape);
+    let bstr = crate::meta::contiguous_strides(bshape);
     let nb = before.len();
     for (r, &value) in vv.iter().enumerate() {
         let ridx: Vec<usize> = (0..rshape.len())
@@ -388,7 +483,7 @@ pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
         for (j, &d) in after.iter().enumerate() {
             off += ridx[nb + bshape.len() + j] * cstr[d];
         }
-        for &d in &adv {
+        for &d in adv {
             let i = idx_b[d].as_ref().map(|v| v[bpos]).unwrap_or(0.0);
             off += wrap_index(i, sizes[d], d)? * cstr[d];
         }

@@ -956,6 +956,13 @@ fn build() -> Table {
     // Data-dependent selection.
     use select as sel;
     b.kernel(
+        "index",
+        Functional,
+        &["index.Tensor(Tensor self, Tensor?[] indices) -> Tensor"],
+        k::index_infer,
+        k::index_eval,
+    );
+    b.kernel(
         "gather",
         Functional,
         &["gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor"],
@@ -1059,6 +1066,7 @@ fn build() -> Table {
                 "constant_pad_nd",
                 "index_add",
                 "index_copy",
+                "index",
                 "gather",
                 "take_along_dim",
                 "scatter",
