@@ -376,9 +376,10 @@ fn one_device_tensor_for_two_written_parameters_aliases_them() {
 
 /// i64 on a device whose kernels compute it in 32 bits: exact within the
 /// range, and every way out of it (an input, a constant, arithmetic, a sum,
-/// a float conversion) an error naming the value or the statement.
+/// a float conversion) an error naming the value or the statement; an
+/// index out of bounds an error too, as in eager, never a result.
 #[test]
-fn i64_is_exact_in_range_and_refused_beyond() {
+fn i64_beyond_32_bits_and_bad_indices_are_errors() {
     let s = session();
     let g: Graph = parse(
         "graph f(%i: i64[4], %x: f32[4]) {
@@ -424,6 +425,30 @@ fn i64_is_exact_in_range_and_refused_beyond() {
     assert!(e.contains("= _to_copy("), "{e}");
     // The same program runs again after errors.
     assert!(run(&[1, 2, 3, 4], &[0.0; 4]).is_ok());
+    // Indices out of bounds: refused as eager refuses them, on every
+    // indexing kernel family.
+    for (body, bad) in [
+        ("%y = gather(%x, 0, %i)", 7i64),
+        ("%y = index_select(%x, 0, %i)", -1),
+        ("%y = index(%x, [%i])", -5),
+        ("%y = scatter(%x, 0, %i, 1.0)", 4),
+        ("%z = zeros([4])\n  %y = index_put_(%z, [%i], %x)", 9),
+    ] {
+        let src = format!("graph f(%x: f32[4], %i: i64[4]) {{\n  {body}\n  return %y\n}}");
+        let g = parse(&src).unwrap();
+        let exe = s.compile(&g).unwrap();
+        let all = exe.options(Fetch::Host, Fetch::Host);
+        let x = HostTensor::from_slice(&[4], &[1f32, 2., 3., 4.]).unwrap();
+        let ok = HostTensor::from_slice(&[4], &[3i64, 0, 1, 2]).unwrap();
+        assert!(
+            s.run(&exe, &[Input::Host(&x), Input::Host(&ok)], &all)
+                .is_ok(),
+            "{body}"
+        );
+        let i = HostTensor::from_slice(&[4], &[0i64, bad, 1, 2]).unwrap();
+        let e = err_of(s.run(&exe, &[Input::Host(&x), Input::Host(&i)], &all));
+        assert!(e.contains("out of bounds"), "{body}: {e}");
+    }
     // A constant beyond the range is refused at compile time.
     let big = parse("graph f(%i: i64[2]) {\n  %y = add(%i, 3000000000)\n  return %y\n}").unwrap();
     let e = err_of(s.compile(&big));

@@ -44,7 +44,8 @@ pub enum EngineError {
     Tensor(String),
     #[error("{0}")]
     Usage(String),
-    /// A run's i64 value left the device's 32-bit range (`wgsl::ty`).
+    /// A run's value left its range: an i64 beyond the device's 32 bits
+    /// (`wgsl::ty`), or an index out of bounds.
     #[error("{0}")]
     Range(String),
     #[error("internal error in the gpu backend: {0}")]
@@ -113,9 +114,9 @@ pub struct Program {
     /// dying input): a run fills them anew each time.
     pub written_params: Vec<usize>,
     pub arena_words: usize,
-    /// The arena word where kernels record the 1-based position of a
-    /// statement whose i64 result left the device's 32-bit range; `None`
-    /// when no kernel computes i64 arithmetic.
+    /// The arena word where kernels record a fault (`codegen::Fault`: an
+    /// i64 result beyond the device's 32 bits, an index out of bounds) and
+    /// the statement's position; `None` when no kernel can fault.
     pub status_word: Option<usize>,
     pub memory: MemoryStats,
     /// Bytes a run must move at least: every parameter read once, every

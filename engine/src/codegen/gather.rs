@@ -48,6 +48,7 @@ impl Gen<'_> {
         let iv = self
             .body
             .bind("i32", cast(&iv, g.meta(idx).dtype, DType::I32));
+        self.flag_index(n, &iv, len, false)?;
         let r = self.body.bind(
             "u32",
             format!("u32(clamp({iv}, 0i, {}i))", len.max(1) as i32 - 1),

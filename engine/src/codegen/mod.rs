@@ -143,14 +143,24 @@ pub struct Gen<'a> {
     stride_over: Option<usize>,
     pub rules: BindingRules,
     slots: Vec<SlotInfo>,
-    /// The arena word where kernels record i64 overflow (see `wgsl::ty`):
-    /// the 1-based position of the statement, read back after the run.
+    /// The arena word where kernels record a fault (`Fault`): see
+    /// `flag`, read back after the run.
     pub status: Option<usize>,
     /// Some kernel records i64 overflow in the status word.
     pub status_used: bool,
 }
 
 type R<T> = Result<T, EngineError>;
+
+/// What a kernel records in the status word: eager raises an error where
+/// these happen, so a run must not return a result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// An i64 value outside the device's 32-bit range (`wgsl::ty`).
+    I64Range = 0,
+    /// An index outside its dimension.
+    IndexRange = 1,
+}
 
 fn bug(msg: impl Into<String>) -> EngineError {
     EngineError::Internal(msg.into())
@@ -192,11 +202,29 @@ impl<'a> Gen<'a> {
     /// Records at run time that statement `n` produced an i64 value outside
     /// the device's 32-bit range where `cond` holds (`wgsl::ty`).
     pub(super) fn flag_overflow(&mut self, n: NodeId, cond: &str) -> R<()> {
+        self.flag(n, cond, Fault::I64Range)
+    }
+
+    /// Records at run time that statement `n` read index `i` (an i32
+    /// expression) outside `lo..len` (`lo` 0, or `-len` where negative
+    /// indices wrap), as eager refuses it.
+    pub(super) fn flag_index(&mut self, n: NodeId, i: &str, len: usize, wraps: bool) -> R<()> {
+        let lo = if wraps { -(len as i64) } else { 0 };
+        self.flag(
+            n,
+            &format!("{i} < {lo}i || {i} >= {}i", len as i64),
+            Fault::IndexRange,
+        )
+    }
+
+    /// Records `fault` of statement `n` in the status word where `cond`
+    /// holds: the statement's 1-based position times 2, plus the fault.
+    fn flag(&mut self, n: NodeId, cond: &str, fault: Fault) -> R<()> {
         let word = self
             .status
             .ok_or_else(|| bug("i64 arithmetic in a program without a status word"))?;
         self.status_used = true;
-        let pos = self.g.order.iter().position(|&m| m == n).unwrap_or(0) + 1;
+        let pos = (self.g.order.iter().position(|&m| m == n).unwrap_or(0) + 1) * 2 + fault as usize;
         let loc = Loc {
             buf: Buf::Arena,
             word,
@@ -635,7 +663,7 @@ impl<'a> Gen<'a> {
                 let xm = g.meta(x).clone();
                 let lay = scatter::layout(g, &xm, &list)?;
                 let m = self.unravel(idx, &lay.rshape);
-                let at = self.indexed_at(&m, &lay, &list, &xm.sizes)?;
+                let at = self.indexed_at(n, &m, &lay, &list, &xm.sizes)?;
                 self.value_at(x, &at)
             }
             (_, "gather" | "take_along_dim") => {
@@ -654,6 +682,11 @@ impl<'a> Gen<'a> {
                 };
                 let ii = self.broadcast_index(idx, &out.sizes, g.meta(index));
                 let iv = self.value_at(index, &ii)?;
+                let len = match dim.filter(|_| xm.dim() > 0) {
+                    Some(d) => xm.sizes[d],
+                    None => xm.numel(),
+                };
+                self.flag_index(n, &iv, len, false)?;
                 let at = match dim.filter(|_| xm.dim() > 0) {
                     None => format!("u32({iv})"),
                     Some(d) => {
@@ -712,6 +745,8 @@ impl<'a> Gen<'a> {
                     self.ravel(&q, &contiguous_strides(&im.sizes), 0)
                 };
                 let iv = self.value_at(index, &ii)?;
+                let len = if out.dim() == 0 { 1 } else { out.sizes[d] };
+                self.flag_index(n, &iv, len, false)?;
                 let sv = match src {
                     Some(Arg::Tensor(s)) => {
                         let sm = g.meta(*s).clone();

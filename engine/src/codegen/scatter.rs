@@ -83,7 +83,7 @@ impl Gen<'_> {
         let vi = self.broadcast_index("r", rshape, &vm);
         let val = self.value_at(values, &vi)?;
         let val = cast(&val, vm.dtype, om.dtype);
-        let at = self.indexed_at(&m, &lay, &idx, &om.sizes)?;
+        let at = self.indexed_at(n, &m, &lay, &idx, &om.sizes)?;
         self.put(out, &at, &val, accumulate)?;
         self.body.stmt("}".into());
         self.memo = saved;
@@ -94,6 +94,7 @@ impl Gen<'_> {
     /// `self[idx]` (laid out as `lay`) names; negative indices wrap.
     pub(super) fn indexed_at(
         &mut self,
+        n: NodeId,
         m: &[String],
         lay: &Advanced,
         idx: &[Option<ValueId>],
@@ -118,6 +119,7 @@ impl Gen<'_> {
             let t = idx[d].ok_or_else(|| bug("advanced dim without an index"))?;
             let ti = self.broadcast_index(&bpos, &lay.bshape, g.meta(t));
             let iv = self.value_at(t, &ti)?;
+            self.flag_index(n, &iv, sizes[d], true)?;
             let size = sizes[d] as i32;
             let w = self
                 .body

@@ -1040,7 +1040,7 @@ impl Executable {
             }
             staging.unmap();
             if overflow > 0 {
-                return Err(i64_overflow(&p.graph, overflow as usize - 1));
+                return Err(fault(&p.graph, overflow as usize));
             }
         } else {
             for &v in &to_read {
@@ -1173,13 +1173,13 @@ impl Timer {
     }
 }
 
-/// The error of a run whose statement at `pos` (in `graph.order`) computed
-/// an i64 value outside the device's 32-bit range (`wgsl::ty`).
-fn i64_overflow(graph: &kiln_functionalize::Graph, pos: usize) -> EngineError {
+/// The error of a run whose status word says `status` (`Gen::flag`: the
+/// statement's 1-based position times 2, plus the fault).
+fn fault(graph: &kiln_functionalize::Graph, status: usize) -> EngineError {
     let names = kiln_functionalize::text::Names::of(graph);
     let what = graph
         .order
-        .get(pos)
+        .get((status / 2).saturating_sub(1))
         .map(|&n| {
             let node = &graph.nodes[n];
             let res: Vec<String> = node.results.iter().map(|&v| names.get(v)).collect();
@@ -1190,6 +1190,11 @@ fn i64_overflow(graph: &kiln_functionalize::Graph, pos: usize) -> EngineError {
             )
         })
         .unwrap_or_else(|| "a statement".into());
+    if status % 2 == crate::codegen::Fault::IndexRange as usize {
+        return EngineError::Range(format!(
+            "{what}: an index is out of bounds for its dimension (as eager reports it)"
+        ));
+    }
     EngineError::Range(format!(
         "{what}: an i64 result left the range {} to {} in which this device computes i64 \
          (WGSL has no 64-bit integers); run the program with the reference backend",
