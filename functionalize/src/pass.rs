@@ -161,8 +161,9 @@ struct Pass<'g> {
     prefixes: HashMap<(u32, Rc<str>), u32>,
     storages: Vec<StorageState>,
     cache: Cache,
-    names: HashMap<String, usize>,
-    src_names: Names,
+    /// FX-style result names taken so far: base name -> uses.
+    names: HashMap<&'g str, usize>,
+    src_names: Names<'g>,
     /// The source statement being rewritten (for messages).
     at: Option<NodeId>,
 }
@@ -185,7 +186,10 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
     for (i, &v) in g.inputs.iter().enumerate() {
         let meta = g.meta(v).clone();
         let nv = p.out.add_input(g.values[v].name.clone(), meta.clone());
-        p.names.insert(p.src_names.get(v), 1);
+        // Emitted results are named after ops: only given names can clash.
+        if let Some(name) = g.values[v].name.as_deref() {
+            p.names.insert(name, 1);
+        }
         p.new_storage(v, nv, meta, Some(i));
     }
     for &n in &g.order {
@@ -275,11 +279,11 @@ impl Pass<'_> {
             .out
             .call(op, &args)
             .map_err(|m| self.err(format!("internal error while emitting {}: {m}", op.name())))?;
-        let base = op.name().trim_end_matches('_').to_string();
+        let base = op.name().trim_end_matches('_');
         for &r in &res {
-            let k = self.names.entry(base.clone()).or_insert(0);
+            let k = self.names.entry(base).or_insert(0);
             let name = if *k == 0 {
-                base.clone()
+                base.to_string()
             } else {
                 format!("{base}_{k}")
             };

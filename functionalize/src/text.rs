@@ -42,189 +42,217 @@ fn describe(t: &Tok<'_>) -> String {
     }
 }
 
-fn lex(src: &str) -> Result<Vec<Token<'_>>> {
-    // Bytes: every token character is ASCII (a string or comment may hold
-    // other UTF-8, sliced at its ASCII delimiters).
-    let chars = src.as_bytes();
-    let mut out = Vec::with_capacity(src.len() / 4);
-    let (mut i, mut line, mut col) = (0, 1, 1);
-    let err = |line, col, msg: String| Error::Parse { line, col, msg };
-    while i < chars.len() {
-        let c = chars[i] as char;
-        if !c.is_ascii() {
-            // The whole character, for the message.
-            let ch = src[i..].chars().next().unwrap_or('?');
-            return Err(err(line, col, format!("unexpected character `{ch}`")));
+/// Tokens on demand (no token list: a million-statement program would
+/// hold ten million of them). A lexing error ends the stream; the parser
+/// reports it as the first error in the file.
+struct Lexer<'a> {
+    src: &'a str,
+    i: usize,
+    line: usize,
+    col: usize,
+    error: Option<Error>,
+}
+
+impl<'a> Lexer<'a> {
+    fn new(src: &'a str) -> Lexer<'a> {
+        Lexer {
+            src,
+            i: 0,
+            line: 1,
+            col: 1,
+            error: None,
         }
-        let (tl, tc) = (line, col);
-        let advance = |n: usize, i: &mut usize, col: &mut usize| {
-            *i += n;
-            *col += n;
-        };
-        if c == '\n' {
-            i += 1;
-            line += 1;
-            col = 1;
-            continue;
+    }
+
+    /// The next token, or `Eof` (after an error too, which is kept).
+    fn token(&mut self) -> Token<'a> {
+        if self.error.is_none() {
+            match self.scan() {
+                Ok(t) => return t,
+                Err(e) => self.error = Some(e),
+            }
         }
-        if c.is_whitespace() {
-            advance(1, &mut i, &mut col);
-            continue;
+        Token {
+            tok: Tok::Eof,
+            line: self.line,
+            col: self.col,
         }
-        if c == '#' {
-            while i < chars.len() && chars[i] != b'\n' {
+    }
+
+    fn scan(&mut self) -> Result<Token<'a>> {
+        // Bytes: every token character is ASCII (a string or comment may
+        // hold other UTF-8, sliced at its ASCII delimiters).
+        let src = self.src;
+        let chars = src.as_bytes();
+        let (mut i, mut line, mut col) = (self.i, self.line, self.col);
+        let err = |line, col, msg: String| Error::Parse { line, col, msg };
+        let tok = loop {
+            if i >= chars.len() {
+                break Token {
+                    tok: Tok::Eof,
+                    line,
+                    col,
+                };
+            }
+            let c = chars[i] as char;
+            if !c.is_ascii() {
+                // The whole character, for the message.
+                let ch = src[i..].chars().next().unwrap_or('?');
+                return Err(err(line, col, format!("unexpected character `{ch}`")));
+            }
+            let (tl, tc) = (line, col);
+            if c == '\n' {
                 i += 1;
-            }
-            continue;
-        }
-        let word_end = |start: usize| {
-            let mut j = start;
-            while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == b'_') {
-                j += 1;
-            }
-            j
-        };
-        if c == '%' {
-            let j = word_end(i + 1);
-            if j == i + 1 {
-                return Err(err(tl, tc, "expected a value name after `%`".into()));
-            }
-            out.push(Token {
-                tok: Tok::Value(&src[i + 1..j]),
-                line: tl,
-                col: tc,
-            });
-            advance(j - i, &mut i, &mut col);
-            continue;
-        }
-        if c.is_ascii_alphabetic() || c == '_' {
-            let j = word_end(i);
-            let w = &src[i..j];
-            let tok = match w {
-                "inf" => Tok::Float(f64::INFINITY),
-                "nan" => Tok::Float(f64::NAN),
-                _ => Tok::Ident(w),
-            };
-            out.push(Token {
-                tok,
-                line: tl,
-                col: tc,
-            });
-            advance(j - i, &mut i, &mut col);
-            continue;
-        }
-        if c.is_ascii_digit()
-            || (c == '-' || c == '.')
-                && i + 1 < chars.len()
-                && (chars[i + 1].is_ascii_digit() || chars[i + 1] == b'i' || chars[i + 1] == b'.')
-        {
-            let mut j = i;
-            if chars[j] == b'-' {
-                j += 1;
-            }
-            if chars[j..].starts_with(b"inf") {
-                out.push(Token {
-                    tok: Tok::Float(f64::NEG_INFINITY),
-                    line: tl,
-                    col: tc,
-                });
-                advance(j + 3 - i, &mut i, &mut col);
+                line += 1;
+                col = 1;
                 continue;
             }
-            let mut is_float = false;
-            while j < chars.len() {
-                let d = chars[j];
-                if d.is_ascii_digit() {
-                    j += 1;
-                } else if d == b'.' {
-                    is_float = true;
-                    j += 1;
-                } else if (d == b'e' || d == b'E') && !chars[i..j].contains(&b'e') {
-                    is_float = true;
-                    j += 1;
-                    if j < chars.len() && (chars[j] == b'-' || chars[j] == b'+') {
-                        j += 1;
-                    }
-                } else {
-                    break;
-                }
+            if c.is_whitespace() {
+                i += 1;
+                col += 1;
+                continue;
             }
-            let text = &src[i..j];
-            let tok = if is_float {
-                Tok::Float(
-                    text.parse()
-                        .map_err(|_| err(tl, tc, format!("bad number `{text}`")))?,
-                )
-            } else {
-                Tok::Int(text.parse().map_err(|_| {
-                    err(tl, tc, format!("integer `{text}` does not fit in 64 bits"))
-                })?)
+            if c == '#' {
+                while i < chars.len() && chars[i] != b'\n' {
+                    i += 1;
+                }
+                continue;
+            }
+            let word_end = |start: usize| {
+                let mut j = start;
+                while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == b'_') {
+                    j += 1;
+                }
+                j
             };
-            out.push(Token {
+            let at = |tok| Token {
                 tok,
                 line: tl,
                 col: tc,
-            });
-            advance(j - i, &mut i, &mut col);
-            continue;
-        }
-        if c == '"' {
-            let mut j = i + 1;
-            while j < chars.len() && chars[j] != b'"' && chars[j] != b'\n' {
-                j += 1;
+            };
+            if c == '%' {
+                let j = word_end(i + 1);
+                if j == i + 1 {
+                    return Err(err(tl, tc, "expected a value name after `%`".into()));
+                }
+                col += j - i;
+                let t = at(Tok::Value(&src[i + 1..j]));
+                i = j;
+                break t;
             }
-            if j >= chars.len() || chars[j] != b'"' {
-                return Err(err(tl, tc, "unterminated string".into()));
+            if c.is_ascii_alphabetic() || c == '_' {
+                let j = word_end(i);
+                let w = &src[i..j];
+                let tok = match w {
+                    "inf" => Tok::Float(f64::INFINITY),
+                    "nan" => Tok::Float(f64::NAN),
+                    _ => Tok::Ident(w),
+                };
+                col += j - i;
+                i = j;
+                break at(tok);
             }
-            let text = &src[i + 1..j];
-            out.push(Token {
-                tok: Tok::Str(text),
-                line: tl,
-                col: tc,
-            });
-            // Columns count characters.
-            i = j + 1;
-            col += text.chars().count() + 2;
-            continue;
-        }
-        if "()[]{},:=".contains(c) {
-            out.push(Token {
-                tok: Tok::Punct(c),
-                line: tl,
-                col: tc,
-            });
-            advance(1, &mut i, &mut col);
-            continue;
-        }
-        return Err(err(tl, tc, format!("unexpected character `{c}`")));
+            if c.is_ascii_digit()
+                || (c == '-' || c == '.')
+                    && i + 1 < chars.len()
+                    && (chars[i + 1].is_ascii_digit()
+                        || chars[i + 1] == b'i'
+                        || chars[i + 1] == b'.')
+            {
+                let mut j = i;
+                if chars[j] == b'-' {
+                    j += 1;
+                }
+                if chars[j..].starts_with(b"inf") {
+                    col += j + 3 - i;
+                    i = j + 3;
+                    break at(Tok::Float(f64::NEG_INFINITY));
+                }
+                let mut is_float = false;
+                while j < chars.len() {
+                    let d = chars[j];
+                    if d.is_ascii_digit() {
+                        j += 1;
+                    } else if d == b'.' {
+                        is_float = true;
+                        j += 1;
+                    } else if (d == b'e' || d == b'E') && !chars[i..j].contains(&b'e') {
+                        is_float = true;
+                        j += 1;
+                        if j < chars.len() && (chars[j] == b'-' || chars[j] == b'+') {
+                            j += 1;
+                        }
+                    } else {
+                        break;
+                    }
+                }
+                let text = &src[i..j];
+                let tok = if is_float {
+                    Tok::Float(
+                        text.parse()
+                            .map_err(|_| err(tl, tc, format!("bad number `{text}`")))?,
+                    )
+                } else {
+                    Tok::Int(text.parse().map_err(|_| {
+                        err(tl, tc, format!("integer `{text}` does not fit in 64 bits"))
+                    })?)
+                };
+                col += j - i;
+                i = j;
+                break at(tok);
+            }
+            if c == '"' {
+                let mut j = i + 1;
+                while j < chars.len() && chars[j] != b'"' && chars[j] != b'\n' {
+                    j += 1;
+                }
+                if j >= chars.len() || chars[j] != b'"' {
+                    return Err(err(tl, tc, "unterminated string".into()));
+                }
+                let text = &src[i + 1..j];
+                // Columns count characters.
+                i = j + 1;
+                col += text.chars().count() + 2;
+                break at(Tok::Str(text));
+            }
+            if "()[]{},:=".contains(c) {
+                i += 1;
+                col += 1;
+                break at(Tok::Punct(c));
+            }
+            return Err(err(tl, tc, format!("unexpected character `{c}`")));
+        };
+        (self.i, self.line, self.col) = (i, line, col);
+        Ok(tok)
     }
-    out.push(Token {
-        tok: Tok::Eof,
-        line,
-        col,
-    });
-    Ok(out)
 }
 
 struct Parser<'a> {
-    toks: Vec<Token<'a>>,
-    pos: usize,
+    lex: Lexer<'a>,
+    /// The next token.
+    cur: Token<'a>,
     graph: Graph,
-    names: HashMap<String, ValueId>,
+    /// Names as written, borrowed from the source.
+    names: HashMap<&'a str, ValueId>,
 }
 
 impl<'a> Parser<'a> {
     fn peek(&self) -> &Token<'a> {
-        &self.toks[self.pos]
+        &self.cur
     }
     fn next(&mut self) -> Token<'a> {
-        let t = self.toks[self.pos];
-        if self.pos + 1 < self.toks.len() {
-            self.pos += 1;
+        let t = self.cur;
+        if t.tok != Tok::Eof {
+            self.cur = self.lex.token();
         }
         t
     }
+    /// An error at `t`; a lexing error met before it comes first (the
+    /// parser only ever sees it as an early end of file).
     fn fail<T>(&self, t: &Token<'_>, msg: impl Into<String>) -> Result<T> {
+        if let Some(e) = &self.lex.error {
+            return Err(e.clone());
+        }
         Err(Error::Parse {
             line: t.line,
             col: t.col,
@@ -246,20 +274,20 @@ impl<'a> Parser<'a> {
             false
         }
     }
-    fn ident(&mut self, what: &str) -> Result<(String, Token<'a>)> {
+    fn ident(&mut self, what: &str) -> Result<(&'a str, Token<'a>)> {
         let t = self.next();
-        match &t.tok {
-            Tok::Ident(s) => Ok((s.to_string(), t)),
-            other => self.fail(&t, format!("expected {what}, found {}", describe(other))),
+        match t.tok {
+            Tok::Ident(s) => Ok((s, t)),
+            other => self.fail(&t, format!("expected {what}, found {}", describe(&other))),
         }
     }
-    fn value_name(&mut self) -> Result<(String, Token<'a>)> {
+    fn value_name(&mut self) -> Result<(&'a str, Token<'a>)> {
         let t = self.next();
-        match &t.tok {
-            Tok::Value(s) => Ok((s.to_string(), t)),
+        match t.tok {
+            Tok::Value(s) => Ok((s, t)),
             other => self.fail(
                 &t,
-                format!("expected a value like `%x`, found {}", describe(other)),
+                format!("expected a value like `%x`, found {}", describe(&other)),
             ),
         }
     }
@@ -269,12 +297,11 @@ impl<'a> Parser<'a> {
             None => self.fail(t, format!("`%{name}` is not defined")),
         }
     }
-    fn define(&mut self, name: String, v: ValueId, t: &Token<'_>) -> Result<()> {
-        if self.names.contains_key(&name) {
+    fn define(&mut self, name: &'a str, v: ValueId, t: &Token<'_>) -> Result<()> {
+        if self.names.insert(name, v).is_some() {
             return self.fail(t, format!("`%{name}` is defined twice"));
         }
-        self.graph.values[v].name = Some(name.clone());
-        self.names.insert(name, v);
+        self.graph.values[v].name = Some(name.to_string());
         Ok(())
     }
 
@@ -439,11 +466,11 @@ fn unknown_op_message(name: &str) -> String {
 /// The statement as written, for error messages.
 fn source_stmt(
     p: &Parser<'_>,
-    lhs: &[(String, Token<'_>)],
+    lhs: &[(&str, Token<'_>)],
     op: &str,
     args: &[Arg<ValueId>],
 ) -> String {
-    let names: HashMap<ValueId, String> = p.names.iter().map(|(k, v)| (*v, k.clone())).collect();
+    let names: HashMap<ValueId, String> = p.names.iter().map(|(k, v)| (*v, k.to_string())).collect();
     let mut s = String::new();
     if !lhs.is_empty() {
         let l: Vec<String> = lhs.iter().map(|(n, _)| format!("%{n}")).collect();
@@ -460,12 +487,13 @@ fn source_stmt(
 
 /// Parses a program. Errors carry line and column, or name the statement.
 pub fn parse(src: &str) -> Result<Graph> {
-    let toks = lex(src)?;
     // About one statement a line.
     let lines = src.bytes().filter(|&b| b == b'\n').count();
+    let mut lex = Lexer::new(src);
+    let cur = lex.token();
     let mut p = Parser {
-        toks,
-        pos: 0,
+        lex,
+        cur,
         graph: Graph::with_capacity("", lines),
         names: HashMap::with_capacity_and_hasher(lines, Default::default()),
     };
@@ -474,7 +502,7 @@ pub fn parse(src: &str) -> Result<Graph> {
         return p.fail(&t, format!("expected `graph`, found `{kw}`"));
     }
     let (name, _) = p.ident("the graph's name")?;
-    p.graph.name = name;
+    p.graph.name = name.to_string();
     p.expect('(')?;
     if !p.eat(')') {
         loop {
@@ -509,6 +537,9 @@ pub fn parse(src: &str) -> Result<Graph> {
                 describe(&t.tok)
             ),
         );
+    }
+    if let Some(e) = p.lex.error {
+        return Err(e);
     }
     Ok(p.graph)
 }
@@ -556,88 +587,156 @@ pub fn fmt_arg(a: &Arg<ValueId>, name: &dyn Fn(ValueId) -> String) -> String {
     }
 }
 
-/// Names for printing: the given ones, and fresh `%tN` for the rest.
-pub struct Names(HashMap<ValueId, String>);
+/// Names for printing: the given ones (borrowed from the graph), and fresh
+/// `%tN` for values without one or whose name an earlier value took.
+pub struct Names<'g> {
+    g: &'g Graph,
+    invented: HashMap<ValueId, String>,
+}
 
-impl Names {
-    pub fn of(g: &Graph) -> Names {
-        let used: HashSet<&str> = g
-            .values
-            .values()
-            .filter_map(|v| v.name.as_deref())
-            .collect();
-        let mut map = HashMap::default();
-        let mut taken: HashSet<String> = HashSet::default();
+impl<'g> Names<'g> {
+    pub fn of(g: &'g Graph) -> Names<'g> {
+        let mut taken: HashSet<&str> =
+            HashSet::with_capacity_and_hasher(g.values.len(), Default::default());
+        let mut missing = vec![];
+        let order = g
+            .inputs
+            .iter()
+            .chain(g.order.iter().flat_map(|&n| g.nodes[n].results.iter()));
+        for &v in order {
+            match g.values[v].name.as_deref() {
+                Some(n) if taken.insert(n) => {}
+                _ => missing.push(v),
+            }
+        }
+        let mut invented = HashMap::default();
         let mut next = 0;
-        let mut order: Vec<ValueId> = g.inputs.clone();
-        for &n in &g.order {
-            order.extend(&g.nodes[n].results);
-        }
-        for v in order {
-            let name = match &g.values[v].name {
-                Some(n) if !taken.contains(n) => n.clone(),
-                _ => loop {
-                    let cand = format!("t{next}");
-                    next += 1;
-                    if !used.contains(cand.as_str()) && !taken.contains(&cand) {
-                        break cand;
-                    }
-                },
+        for v in missing {
+            let name = loop {
+                let cand = format!("t{next}");
+                next += 1;
+                // Invented names count up, so only given ones can clash.
+                if !taken.contains(cand.as_str()) {
+                    break cand;
+                }
             };
-            taken.insert(name.clone());
-            map.insert(v, name);
+            invented.insert(v, name);
         }
-        Names(map)
+        Names { g, invented }
     }
 
+    /// The name of `v` (without `%`).
+    pub fn name(&self, v: ValueId) -> &str {
+        match self.invented.get(&v) {
+            Some(n) => n,
+            None => self
+                .g
+                .values
+                .get(v)
+                .and_then(|x| x.name.as_deref())
+                .unwrap_or("?"),
+        }
+    }
+
+    /// `name`, owned.
     pub fn get(&self, v: ValueId) -> String {
-        self.0.get(&v).cloned().unwrap_or_else(|| "?".into())
+        self.name(v).to_string()
     }
 }
 
 /// One statement in the text format.
 pub fn fmt_node(g: &Graph, n: NodeId, names: &Names) -> String {
+    let mut s = String::new();
+    write_node(&mut s, g, n, names);
+    s
+}
+
+/// Appends `arg` as the text format writes it.
+fn write_arg(s: &mut String, a: &Arg<ValueId>, names: &Names) {
+    let list = |s: &mut String, n: usize, item: &mut dyn FnMut(&mut String, usize)| {
+        s.push('[');
+        for i in 0..n {
+            if i > 0 {
+                s.push_str(", ");
+            }
+            item(s, i);
+        }
+        s.push(']');
+    };
+    match a {
+        Arg::Tensor(v) => {
+            s.push('%');
+            s.push_str(names.name(*v));
+        }
+        Arg::TensorList(l) => list(s, l.len(), &mut |s, i| match l[i] {
+            Some(v) => {
+                s.push('%');
+                s.push_str(names.name(v));
+            }
+            None => s.push_str("none"),
+        }),
+        Arg::Int(i) => {
+            let _ = write!(s, "{i}");
+        }
+        Arg::IntList(l) => list(s, l.len(), &mut |s, i| {
+            let _ = write!(s, "{}", l[i]);
+        }),
+        Arg::List(l) => list(s, l.len(), &mut |s, i| write_arg(s, &l[i], names)),
+        other => s.push_str(&fmt_arg(other, &|v| names.get(v))),
+    }
+}
+
+/// Appends one statement (no indent, no newline).
+fn write_node(s: &mut String, g: &Graph, n: NodeId, names: &Names) {
     let node = &g.nodes[n];
     let def = node.op.def();
-    let schema = &def.schemas[node.overload];
-    let k = schema.needed_args(&node.args);
-    let args: Vec<String> = node.args[..k]
-        .iter()
-        .map(|a| fmt_arg(a, &|v| names.get(v)))
-        .collect();
-    let lhs: Vec<String> = node
-        .results
-        .iter()
-        .map(|&r| format!("%{}", names.get(r)))
-        .collect();
-    let call = format!("{}({})", def.name, args.join(", "));
-    if lhs.is_empty() {
-        call
-    } else {
-        format!("{} = {call}", lhs.join(", "))
+    let k = def.schemas[node.overload].needed_args(&node.args);
+    for (i, &r) in node.results.iter().enumerate() {
+        s.push_str(if i == 0 { "%" } else { ", %" });
+        s.push_str(names.name(r));
     }
+    if !node.results.is_empty() {
+        s.push_str(" = ");
+    }
+    s.push_str(&def.name);
+    s.push('(');
+    for (i, a) in node.args[..k].iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        write_arg(s, a, names);
+    }
+    s.push(')');
 }
 
 /// Prints a graph in the text format.
 pub fn print(g: &Graph) -> String {
     let names = Names::of(g);
-    let params: Vec<String> = g
-        .inputs
-        .iter()
-        .map(|&v| format!("%{}: {}", names.get(v), g.values[v].meta.type_string()))
-        .collect();
-    let mut s = format!(
-        "graph {}({}) {{\n",
-        if g.name.is_empty() { "f" } else { &g.name },
-        params.join(", ")
+    let mut s = String::with_capacity(48 * g.order.len() + 64);
+    let _ = write!(
+        s,
+        "graph {}(",
+        if g.name.is_empty() { "f" } else { &g.name }
     );
+    for (i, &v) in g.inputs.iter().enumerate() {
+        let _ = write!(
+            s,
+            "{}%{}: {}",
+            if i > 0 { ", " } else { "" },
+            names.name(v),
+            g.values[v].meta.type_string()
+        );
+    }
+    s.push_str(") {\n");
     for &n in &g.order {
-        let _ = writeln!(s, "  {}", fmt_node(g, n, &names));
+        s.push_str("  ");
+        write_node(&mut s, g, n, &names);
+        s.push('\n');
     }
     let outs: Vec<String> = g
         .outputs
         .iter()
-        .map(|&v| format!("%{}", names.get(v)))
+        .map(|&v| format!("%{}", names.name(v)))
         .collect();
     if outs.len() == 1 {
         let _ = writeln!(s, "  return {}", outs[0]);
