@@ -72,8 +72,8 @@ struct Step {
     index: usize,
     /// The result's metadata in the source graph.
     meta: Meta,
-    /// `key()`, formatted once.
-    key: std::cell::OnceCell<Rc<str>>,
+    /// `key()`, encoded once.
+    key: std::cell::OnceCell<Rc<[u64]>>,
 }
 
 impl Step {
@@ -87,16 +87,55 @@ impl Step {
         }
     }
 
-    /// Identifies the step (op, arguments, result) within a chain.
-    fn key(&self) -> Rc<str> {
+    /// Identifies the step (op, arguments, result) within a chain: the
+    /// words of `encode_arg` after the op and the result index.
+    fn key(&self) -> Rc<[u64]> {
         self.key
-            .get_or_init(|| format!("{}{:?}#{}", self.op.name(), self.args, self.index).into())
+            .get_or_init(|| {
+                let mut k = vec![self.op.0 as u64, self.index as u64];
+                for a in &self.args {
+                    encode_arg(a, &mut k);
+                }
+                k.into()
+            })
             .clone()
     }
 
     /// The same view, taking result `index`.
     fn with_index(&self, index: usize) -> Step {
         Step::new(self.op, self.args.clone(), index, self.meta.clone())
+    }
+}
+
+/// Appends words that tell `a` apart from every other argument: a tag,
+/// then the payload (floats by their bits, lists by length and items).
+fn encode_arg(a: &Arg<ValueId>, k: &mut Vec<u64>) {
+    use slotmap::Key;
+    match a {
+        Arg::Tensor(v) => k.extend([0, v.data().as_ffi()]),
+        Arg::TensorList(l) => {
+            k.extend([1, l.len() as u64]);
+            k.extend(l.iter().map(|x| x.map_or(0, |v| v.data().as_ffi())));
+        }
+        Arg::Int(i) => k.extend([2, *i as u64]),
+        Arg::Float(f) => k.extend([3, f.to_bits()]),
+        Arg::Bool(b) => k.extend([4, *b as u64]),
+        Arg::Str(s) => {
+            k.extend([5, s.len() as u64]);
+            k.extend(s.bytes().map(u64::from));
+        }
+        Arg::Dtype(d) => k.extend([6, *d as u64]),
+        Arg::IntList(l) => {
+            k.extend([7, l.len() as u64]);
+            k.extend(l.iter().map(|&i| i as u64));
+        }
+        Arg::None => k.push(8),
+        Arg::List(l) => {
+            k.extend([9, l.len() as u64]);
+            for x in l {
+                encode_arg(x, k);
+            }
+        }
     }
 }
 
@@ -158,7 +197,7 @@ struct Pass<'g> {
     out: Graph,
     aliases: HashMap<ValueId, Alias>,
     /// Interned view-chain prefixes (`extend_prefix`).
-    prefixes: HashMap<(u32, Rc<str>), u32>,
+    prefixes: HashMap<(u32, Rc<[u64]>), u32>,
     storages: Vec<StorageState>,
     cache: Cache,
     /// FX-style result names taken so far: base name -> uses.

@@ -195,6 +195,20 @@ impl Schema {
     }
 
     /// Binds positional arguments to this overload, filling defaults.
+    /// Would `bind` succeed? (No allocation: overloads are tried with it
+    /// first.)
+    pub fn accepts<V>(&self, args: &[Arg<V>]) -> bool {
+        args.len() <= self.params.len()
+            && self
+                .params
+                .iter()
+                .enumerate()
+                .all(|(i, p)| match args.get(i) {
+                    Some(a) => accepts_one(p, a),
+                    None => p.default.is_some(),
+                })
+    }
+
     pub fn bind<V: Clone>(&self, args: &[Arg<V>]) -> Result<Vec<Arg<V>>, String> {
         if args.len() > self.params.len() {
             return Err(format!(
@@ -250,6 +264,33 @@ fn same_literal<V>(d: &Arg<()>, a: &Arg<V>) -> bool {
         (Arg::Bool(x), Arg::Bool(y)) => x == y,
         (Arg::Str(x), Arg::Str(y)) => x == y,
         (Arg::IntList(x), Arg::IntList(y)) => x == y,
+        _ => false,
+    }
+}
+
+/// `bind_one(p, a).is_some()`, without building the bound argument.
+fn accepts_one<V>(p: &Param, a: &Arg<V>) -> bool {
+    let item = |x: &Arg<V>, tensor: bool| match x {
+        Arg::Tensor(_) | Arg::None => tensor,
+        Arg::Int(_) => !tensor,
+        _ => false,
+    };
+    match (p.ty, a) {
+        (_, Arg::None) => p.optional,
+        (ParamType::Tensor, Arg::Tensor(_)) => true,
+        (ParamType::TensorList, Arg::List(items)) => items.iter().all(|x| item(x, true)),
+        (ParamType::TensorList, Arg::TensorList(_)) => true,
+        (ParamType::Int, Arg::Int(_)) => true,
+        (ParamType::IntList | ParamType::IntListOrInt, Arg::List(items)) => {
+            items.iter().all(|x| matches!(x, Arg::Int(_)))
+        }
+        (ParamType::IntList | ParamType::IntListOrInt, Arg::IntList(_)) => true,
+        (ParamType::IntListOrInt, Arg::Int(_)) => true,
+        (ParamType::Float, Arg::Float(_) | Arg::Int(_)) => true,
+        (ParamType::Scalar, Arg::Int(_) | Arg::Float(_) | Arg::Bool(_)) => true,
+        (ParamType::Bool, Arg::Bool(_)) => true,
+        (ParamType::Str, Arg::Str(_)) => true,
+        (ParamType::Dtype, Arg::Dtype(_)) => true,
         _ => false,
     }
 }

@@ -309,7 +309,7 @@ impl<'a> Parser<'a> {
         let (name, t) = self.value_name()?;
         self.expect(':')?;
         let (dt, dt_tok) = self.ident("a dtype")?;
-        let dtype = match DType::parse(&dt) {
+        let dtype = match DType::parse(dt) {
             Some(d) => d,
             None => {
                 return self.fail(
@@ -387,7 +387,7 @@ impl<'a> Parser<'a> {
                 if !self.eat(')') {
                     loop {
                         let (n, t) = self.value_name()?;
-                        outs.push(self.lookup(&n, &t)?);
+                        outs.push(self.lookup(n, &t)?);
                         if self.eat(')') {
                             break;
                         }
@@ -396,7 +396,7 @@ impl<'a> Parser<'a> {
                 }
             } else {
                 let (n, t) = self.value_name()?;
-                outs.push(self.lookup(&n, &t)?);
+                outs.push(self.lookup(n, &t)?);
             }
             self.graph.outputs = outs;
             return Ok(true);
@@ -425,11 +425,10 @@ impl<'a> Parser<'a> {
         }
         let stmt_err = |msg: String, p: &Parser| Error::Statement {
             line: Some(op_tok.line),
-            stmt: source_stmt(p, &lhs, &op_name, &args),
+            stmt: source_stmt(p, &lhs, op_name, &args),
             msg,
         };
-        let op =
-            ops::lookup(&op_name).ok_or_else(|| stmt_err(unknown_op_message(&op_name), self))?;
+        let op = ops::lookup(op_name).ok_or_else(|| stmt_err(unknown_op_message(op_name), self))?;
         let results = self.graph.call(op, &args).map_err(|m| stmt_err(m, self))?;
         let node = *self.graph.order.last().unwrap();
         self.graph.nodes[node].line = Some(op_tok.line);
@@ -470,7 +469,8 @@ fn source_stmt(
     op: &str,
     args: &[Arg<ValueId>],
 ) -> String {
-    let names: HashMap<ValueId, String> = p.names.iter().map(|(k, v)| (*v, k.to_string())).collect();
+    let names: HashMap<ValueId, String> =
+        p.names.iter().map(|(k, v)| (*v, k.to_string())).collect();
     let mut s = String::new();
     if !lhs.is_empty() {
         let l: Vec<String> = lhs.iter().map(|(n, _)| format!("%{n}")).collect();

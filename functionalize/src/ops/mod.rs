@@ -1124,13 +1124,19 @@ fn build() -> Table {
 /// Picks the first overload whose schema binds `args`.
 pub fn bind<V: Clone>(id: OpId, args: &[Arg<V>]) -> Result<(usize, Vec<Arg<V>>), String> {
     let def = op(id);
-    let mut errors = vec![];
     for (i, s) in def.schemas.iter().enumerate() {
-        match s.bind(args) {
-            Ok(b) => return Ok((i, b)),
-            Err(e) => errors.push(format!("  {}: {e}", s.text)),
+        if s.accepts(args) {
+            if let Ok(b) = s.bind(args) {
+                return Ok((i, b));
+            }
         }
     }
+    // Every overload refused: say why each did.
+    let errors: Vec<String> = def
+        .schemas
+        .iter()
+        .filter_map(|s| s.bind(args).err().map(|e| format!("  {}: {e}", s.text)))
+        .collect();
     Err(format!(
         "no overload of {} accepts these arguments:\n{}",
         def.name,
