@@ -344,7 +344,7 @@ fn main() {
             let mut renamed = g.clone();
             for &v in g.inputs.iter().skip(1) {
                 let c = format!("{name}.{}", names.get(v));
-                renamed.values[v].name = Some(c);
+                renamed.values[v].name = Some(c.into());
             }
             (
                 session.compile(&renamed).unwrap(),

@@ -33,7 +33,7 @@ impl Affine {
 
     /// Element `i` of `out` reads `operand` (broadcast to `out`) here.
     pub fn broadcast(out: &[usize], operand: &Meta) -> Affine {
-        if operand.sizes == out {
+        if operand.sizes[..] == out[..] {
             return Affine::identity(out);
         }
         let st = broadcast_strides(&Meta::contiguous(operand.dtype, operand.sizes.clone()), out);
@@ -62,8 +62,8 @@ impl Affine {
         }
         let m = metas.swap_remove(k);
         Ok(Affine {
-            sizes: m.sizes,
-            strides: m.strides,
+            sizes: m.sizes.to_vec(),
+            strides: m.strides.to_vec(),
             offset: m.offset,
         })
     }

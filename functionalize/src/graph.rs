@@ -19,13 +19,19 @@ pub enum Def {
     Node(NodeId, usize),
 }
 
+/// A value's name: up to 24 bytes inline (no allocation per value).
+pub type Name = compact_str::CompactString;
+
 #[derive(Clone, Debug)]
 pub struct Value {
     /// The name as written (without `%`); printing invents one if absent.
-    pub name: Option<String>,
+    pub name: Option<Name>,
     pub meta: Meta,
     pub def: Def,
 }
+
+/// A node's results: one or two inline (multi-result ops are rare).
+pub type Results = smallvec::SmallVec<[ValueId; 2]>;
 
 #[derive(Clone, Debug)]
 pub struct Node {
@@ -34,7 +40,7 @@ pub struct Node {
     pub overload: usize,
     /// Bound arguments, defaults filled in.
     pub args: Vec<Arg<ValueId>>,
-    pub results: Vec<ValueId>,
+    pub results: Results,
     /// Source line, when parsed from text.
     pub line: Option<usize>,
 }
@@ -81,7 +87,7 @@ impl Graph {
     }
 
     /// Adds a parameter (a distinct, contiguous tensor).
-    pub fn add_input(&mut self, name: Option<String>, meta: Meta) -> ValueId {
+    pub fn add_input(&mut self, name: Option<Name>, meta: Meta) -> ValueId {
         let i = self.inputs.len();
         let v = self.values.insert(Value {
             name,
@@ -94,13 +100,14 @@ impl Graph {
 
     /// Appends `op(args)`: picks the overload, fills defaults, infers the
     /// results' metadata. Errors say what is wrong with the call.
-    pub fn call(&mut self, op: OpId, args: &[Arg<ValueId>]) -> Result<Vec<ValueId>, String> {
+    pub fn call(&mut self, op: OpId, args: &[Arg<ValueId>]) -> Result<Results, String> {
         let (overload, bound) = ops::bind(op, args)?;
-        let metas: Vec<Arg<&Meta>> = bound
+        let metas: smallvec::SmallVec<[Arg<&Meta>; 8]> = bound
             .iter()
             .map(|a| a.map(&mut |v| &self.values[*v].meta))
             .collect();
         let outs = ops::infer(op, &metas)?;
+        drop(metas);
         for m in &outs {
             crate::meta::check_size(&m.sizes)?;
         }
@@ -108,10 +115,10 @@ impl Graph {
             op,
             overload,
             args: bound,
-            results: vec![],
+            results: Default::default(),
             line: None,
         });
-        let results: Vec<ValueId> = outs
+        let results: Results = outs
             .into_iter()
             .enumerate()
             .map(|(i, meta)| {

@@ -6,11 +6,15 @@
 use crate::dtype::DType;
 use std::fmt;
 
+/// Sizes or strides: up to four dimensions inline (no allocation for the
+/// tensors of nearly every program; a graph holds millions of metas).
+pub type Dims = smallvec::SmallVec<[usize; 4]>;
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Meta {
     pub dtype: DType,
-    pub sizes: Vec<usize>,
-    pub strides: Vec<usize>,
+    pub sizes: Dims,
+    pub strides: Dims,
     pub offset: usize,
     /// Elements in the underlying storage (bounds for `as_strided`).
     pub storage_numel: usize,
@@ -18,8 +22,9 @@ pub struct Meta {
 
 impl Meta {
     /// A fresh contiguous tensor with its own storage.
-    pub fn contiguous(dtype: DType, sizes: Vec<usize>) -> Meta {
-        let strides = contiguous_strides(&sizes);
+    pub fn contiguous(dtype: DType, sizes: impl Into<Dims>) -> Meta {
+        let sizes: Dims = sizes.into();
+        let strides = contiguous_dims(&sizes);
         let n = numel(&sizes);
         Meta {
             dtype,
@@ -53,11 +58,16 @@ impl Meta {
     }
 
     /// A view of the same storage with new geometry.
-    pub fn restrided(&self, sizes: Vec<usize>, strides: Vec<usize>, offset: usize) -> Meta {
+    pub fn restrided(
+        &self,
+        sizes: impl Into<Dims>,
+        strides: impl Into<Dims>,
+        offset: usize,
+    ) -> Meta {
         Meta {
             dtype: self.dtype,
-            sizes,
-            strides,
+            sizes: sizes.into(),
+            strides: strides.into(),
             offset,
             storage_numel: self.storage_numel,
         }
@@ -152,6 +162,17 @@ pub fn check_size(sizes: &[usize]) -> Result<(), String> {
             "a tensor of shape {sizes:?} is too large: more than 2^48 elements"
         )),
     }
+}
+
+/// `contiguous_strides` without an allocation.
+pub fn contiguous_dims(sizes: &[usize]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![0; sizes.len()];
+    let mut acc: usize = 1;
+    for i in (0..sizes.len()).rev() {
+        strides[i] = acc;
+        acc = acc.saturating_mul(sizes[i].max(1));
+    }
+    strides
 }
 
 pub fn contiguous_strides(sizes: &[usize]) -> Vec<usize> {

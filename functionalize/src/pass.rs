@@ -21,7 +21,7 @@
 //!   layout (strides, offset, storage size) it had in the source graph.
 
 use crate::error::{Error, Result};
-use crate::graph::{Graph, NodeId, ValueId};
+use crate::graph::{Graph, Name, NodeId, ValueId};
 use crate::meta::{wrap_dim, Meta};
 use crate::ops::layout::is_non_overlapping_and_dense;
 use crate::ops::{self, views, OpId, OpKind, Rule};
@@ -205,6 +205,8 @@ struct Pass<'g> {
     src_names: Names<'g>,
     /// The source statement being rewritten (for messages).
     at: Option<NodeId>,
+    /// The empty chain of every base, shared.
+    no_chain: Rc<Vec<Step>>,
 }
 
 /// Functionalizes `g`. Errors name the statement that cannot be
@@ -221,6 +223,7 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         names: HashMap::default(),
         src_names: Names::of(g),
         at: None,
+        no_chain: Rc::new(vec![]),
     };
     for (i, &v) in g.inputs.iter().enumerate() {
         let meta = g.meta(v).clone();
@@ -305,7 +308,7 @@ impl Pass<'_> {
         });
         let a = Alias {
             storage: self.storages.len() - 1,
-            chain: Rc::new(vec![]),
+            chain: self.no_chain.clone(),
             gen: 0,
             current: Some(value),
         };
@@ -313,7 +316,7 @@ impl Pass<'_> {
     }
 
     /// Appends `op(args)` to the new graph, naming results FX-style.
-    fn emit_id(&mut self, op: OpId, args: Vec<Arg<ValueId>>) -> Result<Vec<ValueId>> {
+    fn emit_id(&mut self, op: OpId, args: Vec<Arg<ValueId>>) -> Result<crate::graph::Results> {
         let res = self
             .out
             .call(op, &args)
@@ -322,9 +325,9 @@ impl Pass<'_> {
         for &r in &res {
             let k = self.names.entry(base).or_insert(0);
             let name = if *k == 0 {
-                base.to_string()
+                Name::from(base)
             } else {
-                format!("{base}_{k}")
+                compact_str::format_compact!("{base}_{k}")
             };
             *k += 1;
             self.out.values[r].name = Some(name);
@@ -571,8 +574,8 @@ impl Pass<'_> {
         let mut perm: Vec<usize> = (0..m.dim()).collect();
         perm.sort_by(|&a, &b| m.strides[b].cmp(&m.strides[a]));
         let meta = m.restrided(
-            perm.iter().map(|&d| m.sizes[d]).collect(),
-            perm.iter().map(|&d| m.strides[d]).collect(),
+            perm.iter().map(|&d| m.sizes[d]).collect::<Vec<_>>(),
+            perm.iter().map(|&d| m.strides[d]).collect::<Vec<_>>(),
             0,
         );
         let op = ops::lookup("permute").expect("permute is in the table");

@@ -454,7 +454,7 @@ pub fn random_program(c: &mut impl Choices, statements: usize) -> Graph {
         };
         let v = gen
             .g
-            .add_input(Some(format!("x{i}")), Meta::contiguous(dtype, shape));
+            .add_input(Some(format!("x{i}").into()), Meta::contiguous(dtype, shape));
         gen.vals.push((v, 0));
     }
     // Calls the op table refuses add nothing: bound the attempts.
@@ -495,7 +495,7 @@ pub fn random_inputs(g: &Graph, seed: u64, scale: f64) -> Vec<crate::RTensor> {
                     (((s >> 33) % 2000) as f64 / 1000.0 - 1.0) * scale
                 })
                 .collect();
-            crate::RTensor::new(m.dtype, m.sizes.clone(), &vals)
+            crate::RTensor::new(m.dtype, m.sizes.to_vec(), &vals)
         })
         .collect()
 }

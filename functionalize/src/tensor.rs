@@ -55,7 +55,7 @@ impl RTensor {
     }
 
     /// A contiguous tensor of the given dtype and shape.
-    pub fn new(dtype: DType, sizes: Vec<usize>, values: &[f64]) -> RTensor {
+    pub fn new(dtype: DType, sizes: impl Into<crate::meta::Dims>, values: &[f64]) -> RTensor {
         RTensor::from_values(Meta::contiguous(dtype, sizes), values)
     }
 

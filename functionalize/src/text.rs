@@ -301,7 +301,7 @@ impl<'a> Parser<'a> {
         if self.names.insert(name, v).is_some() {
             return self.fail(t, format!("`%{name}` is defined twice"));
         }
-        self.graph.values[v].name = Some(name.to_string());
+        self.graph.values[v].name = Some(name.into());
         Ok(())
     }
 

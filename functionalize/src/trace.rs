@@ -113,7 +113,7 @@ pub fn trace(
     for (i, s) in specs.iter().enumerate() {
         if s.view_of.is_none() {
             params[i] = Some(state.borrow_mut().graph.add_input(
-                Some(s.name.clone()),
+                Some(s.name.as_str().into()),
                 Meta::contiguous(s.dtype, s.sizes.clone()),
             ));
         }
@@ -198,7 +198,7 @@ fn synthetic_view(
     ];
     let mut st = state.borrow_mut();
     let r = st.graph.call(id, &args).map_err(err)?;
-    st.graph.values[r[0]].name = Some(s.name.clone());
+    st.graph.values[r[0]].name = Some(s.name.as_str().into());
     Ok(r[0])
 }
 
@@ -405,7 +405,7 @@ impl Tensor {
     }
 
     pub fn sizes(&self) -> Vec<usize> {
-        self.meta().map(|m| m.sizes).unwrap_or_default()
+        self.meta().map(|m| m.sizes.to_vec()).unwrap_or_default()
     }
 
     pub fn dtype(&self) -> Option<DType> {

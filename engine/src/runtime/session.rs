@@ -259,7 +259,7 @@ impl Session {
             let Some(name) = &g.values[v].name else {
                 continue;
             };
-            if let Some(c) = constants.get(name) {
+            if let Some(c) = constants.get(name.as_str()) {
                 let m = g.meta(v);
                 if c.dtype() != m.dtype || c.sizes() != m.sizes.as_slice() {
                     return Err(EngineError::Input {
@@ -704,8 +704,8 @@ impl Executable {
         let m = g.meta(v);
         let name = g.values[v]
             .name
-            .clone()
-            .unwrap_or_else(|| index.to_string());
+            .as_ref()
+            .map_or_else(|| index.to_string(), |n| n.to_string());
         let (dtype, sizes, ty) = match input {
             Input::Host(t) => (t.dtype(), t.sizes().to_vec(), t.type_string()),
             Input::Device(t) => {
@@ -732,7 +732,7 @@ impl Executable {
                 (t.dtype(), t.sizes().to_vec(), t.type_string())
             }
         };
-        if dtype != m.dtype || sizes != m.sizes {
+        if dtype != m.dtype || sizes[..] != m.sizes[..] {
             return Err(EngineError::Input {
                 index,
                 msg: format!("%{name}: expected {}, got {ty}", m.type_string()),
@@ -941,7 +941,7 @@ impl Executable {
                     session,
                     Arc::new(buf),
                     m.dtype,
-                    m.sizes.clone(),
+                    m.sizes.to_vec(),
                     loc.packed,
                 ),
             );
@@ -1031,7 +1031,7 @@ impl Executable {
                         v,
                         from_words(
                             m.dtype,
-                            m.sizes.clone(),
+                            m.sizes.to_vec(),
                             &view[at..at + bytes],
                             p.locs[&v].packed,
                         ),
@@ -1047,7 +1047,7 @@ impl Executable {
                 let m = p.graph.meta(v);
                 read.insert(
                     v,
-                    HostTensor::new(m.dtype, m.sizes.clone(), vec![])?.into_owned(),
+                    HostTensor::new(m.dtype, m.sizes.to_vec(), vec![])?.into_owned(),
                 );
             }
         }

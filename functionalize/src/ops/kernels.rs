@@ -1100,7 +1100,7 @@ pub fn layer_norm_infer(a: &A) -> Res<Vec<Meta>> {
     }
     for i in [2, 3] {
         if let Some(w) = a.opt_tensor(i)? {
-            if w.sizes != ns {
+            if w.sizes[..] != ns[..] {
                 return Err(format!(
                     "Expected weight and bias to be of the same shape as normalized_shape {}, but got {}",
                     ShapeFmt(&ns),

@@ -57,12 +57,12 @@ pub fn iterator_output(shape: &[usize], inputs: &[&Meta], dtype: crate::dtype::D
     let n = shape.len();
     let fresh = |strides: Vec<usize>| Meta {
         dtype,
-        sizes: shape.to_vec(),
-        strides,
+        sizes: shape.into(),
+        strides: strides.into(),
         offset: 0,
         storage_numel: numel(shape),
     };
-    let same_shape = inputs.iter().all(|m| m.sizes == shape);
+    let same_shape = inputs.iter().all(|m| m.sizes[..] == shape[..]);
     if same_shape && !inputs.is_empty() {
         if inputs.iter().all(|m| m.is_contiguous()) {
             return Meta::contiguous(dtype, shape.to_vec());
@@ -72,7 +72,7 @@ pub fn iterator_output(shape: &[usize], inputs: &[&Meta], dtype: crate::dtype::D
             .all(|m| is_non_overlapping_and_dense(&m.sizes, &m.strides))
             && inputs.windows(2).all(|w| w[0].strides == w[1].strides)
         {
-            return fresh(inputs[0].strides.clone());
+            return fresh(inputs[0].strides.to_vec());
         }
     }
     // Strides of each operand over the common shape (0 where broadcast;
@@ -148,14 +148,14 @@ mod tests {
         let x = Meta::contiguous(F32, vec![2, 3]);
         let t = x.restrided(vec![3, 2], vec![1, 3], 0);
         let out = iterator_output(&[3, 2], &[&t], F32);
-        assert_eq!(out.strides, vec![1, 3]);
+        assert_eq!(out.strides[..], [1, 3]);
         let b = Meta::contiguous(F32, vec![2]);
         let out = iterator_output(&[3, 2], &[&t, &b], F32);
-        assert_eq!(out.strides, vec![1, 3]);
+        assert_eq!(out.strides[..], [1, 3]);
         let sliced = Meta::contiguous(F32, vec![6]).restrided(vec![3], vec![2], 0);
         assert_eq!(
-            iterator_output(&[3], &[&sliced], F32).strides,
-            contiguous_strides(&[3])
+            iterator_output(&[3], &[&sliced], F32).strides[..],
+            contiguous_strides(&[3])[..]
         );
     }
 }

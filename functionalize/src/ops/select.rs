@@ -145,7 +145,7 @@ pub fn take_along_dim_infer(a: &A) -> Res<Vec<Meta>> {
     let sizes = if a.opt_int(2)?.is_some() {
         si
     } else {
-        idx.sizes.clone()
+        idx.sizes.to_vec()
     };
     Ok(vec![Meta::contiguous(m.dtype, sizes)])
 }
@@ -317,7 +317,7 @@ fn reduced(m: &Meta, dim: Option<usize>, keep: bool) -> Vec<usize> {
             } else {
                 s.remove(d);
             }
-            s
+            s.to_vec()
         }
     }
 }
