@@ -5,6 +5,7 @@
 //! the stages live in [`kiln_functionalize`] (graph, ops, tracer, reference
 //! interpreter, the pass) and [`kiln_engine`] (the GPU engine).
 
+pub mod export;
 pub mod io;
 pub mod minilm;
 pub mod profile;

@@ -94,6 +94,31 @@ enum Cmd {
     },
     /// Parse a program and print it back in canonical form.
     Print { prog: PathBuf },
+    /// Compile a program for the GPU at hand into one file with its
+    /// weights (parameters found in the weights file become constants).
+    Export {
+        prog: PathBuf,
+        #[arg(long)]
+        weights: PathBuf,
+        #[arg(long)]
+        output: PathBuf,
+        /// Store f32 weights as f16 (half the file; widened at load).
+        #[arg(long, value_enum)]
+        weights_dtype: Option<WeightsDtype>,
+    },
+    /// Print an export's manifest and program.
+    Inspect {
+        file: PathBuf,
+        /// Print each kernel's WGSL too.
+        #[arg(long)]
+        wgsl: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum WeightsDtype {
+    F32,
+    F16,
 }
 
 /// Reads and parses a program; `-` is standard input (the spec's CLI).
@@ -111,6 +136,32 @@ fn read_program(path: &Path) -> Result<Graph, String> {
 
 fn main_result(cli: Cli) -> Result<(), String> {
     match cli.cmd {
+        Cmd::Export {
+            prog,
+            weights,
+            output,
+            weights_dtype,
+        } => {
+            let g = read_program(&prog)?;
+            let session = kiln::engine::Session::open().map_err(|e| e.to_string())?;
+            let opts = kiln::engine::export::ExportOptions {
+                f16_weights: matches!(weights_dtype, Some(WeightsDtype::F16)),
+            };
+            let n = kiln::export::write(&session, &g, &weights, &output, &opts)
+                .map_err(|e| format!("{}: {e}", prog.display()))?;
+            eprintln!(
+                "wrote {} ({n} bytes, for {})",
+                output.display(),
+                session.gpu().describe()
+            );
+            Ok(())
+        }
+        Cmd::Inspect { file, wgsl } => {
+            let f = kiln::export::ExportFile::open(&file)?;
+            let e = f.read()?;
+            print!("{}", kiln::export::inspect(&e, f.bytes().len(), wgsl));
+            Ok(())
+        }
         Cmd::Print { prog } => {
             print!("{}", print(&read_program(&prog)?));
             Ok(())
@@ -152,6 +203,12 @@ fn main_result(cli: Cli) -> Result<(), String> {
             backend,
             functionalize: mode,
         } => {
+            if kiln::export::is_export(&prog) {
+                let f = kiln::export::ExportFile::open(&prog)?;
+                let e = f.read()?;
+                return kiln::export::run(&e, &inputs, &output, matches!(backend, Backend::Gpu))
+                    .map_err(|e| format!("{}: {e}", prog.display()));
+            }
             let mut g = read_program(&prog)?;
             if let Some(m) = mode {
                 g = functionalize(&g, m.into())
@@ -212,6 +269,35 @@ fn profile(
 ) -> Result<(), String> {
     use kiln::engine::Session;
     let at = |e: &dyn std::fmt::Display| format!("{}: {e}", prog.display());
+    if kiln::export::is_export(prog) {
+        // An export: loading (checks, constants, pipelines) stands where
+        // compiling would.
+        let session = Session::open().map_err(|e| e.to_string())?;
+        let f = kiln::export::ExportFile::open(prog)?;
+        let t = std::time::Instant::now();
+        let e = f.read()?;
+        let exe = session.load_exported(&e).map_err(|e| at(&e))?;
+        let load_ms = t.elapsed().as_secs_f64() * 1e3;
+        let g = &e.program.graph;
+        let wanted = exe.input_params();
+        let file = inputs
+            .map(kiln::io::MappedTensors::open)
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        let ins: Vec<kiln::engine::HostTensor> = match &file {
+            Some(f) => f
+                .inputs_for(g, &|i| !wanted.contains(&i))
+                .map_err(|e| e.to_string())?,
+            None => kiln::profile::random_inputs(g, &wanted, 0x5eed),
+        };
+        let p = kiln::profile::profile(&session, &exe, &ins, runs, load_ms).map_err(|e| at(&e))?;
+        if json {
+            println!("{}", p.to_json());
+        } else {
+            print!("{}", p.table());
+        }
+        return Ok(());
+    }
     let g = read_program(prog)?;
     let session = Session::open().map_err(|e| e.to_string())?;
     let weights = weights

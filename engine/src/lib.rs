@@ -6,6 +6,7 @@
 //! WGSL (`codegen/`, `wgsl.rs`); `runtime/` runs the result.
 
 pub mod codegen;
+pub mod export;
 mod footprint;
 pub mod index;
 pub mod plan;

@@ -165,6 +165,21 @@ impl Session {
         Ok(Session::new(Arc::new(Gpu::new()?)))
     }
 
+    /// The choices programs are compiled with on this session.
+    pub fn compile_options(&self) -> &crate::CompileOptions {
+        &self.options
+    }
+
+    /// Loads `program` with parameters bound to device tensors
+    /// (`program.constants` must list exactly those).
+    pub(crate) async fn load_bound(
+        &self,
+        program: Program,
+        constants: Vec<(usize, DeviceTensor)>,
+    ) -> Result<Executable, EngineError> {
+        self.load_with(program, constants).await
+    }
+
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu
     }

@@ -1,0 +1,837 @@
+//! One file holding a compiled program and its constants
+//! (`docs/export-format.md`): written by `export`, checked by `read`
+//! before anything is allocated on a device, loaded by
+//! `Session::load_exported` without the functionalizer or the fuser.
+//!
+//! Layout: an 80-byte header (magic, format version, the three sections'
+//! offsets, lengths and CRC-32s, the header's own CRC), a JSON manifest,
+//! the functionalized program as text, then the constants, each at a
+//! 256-byte boundary so a mapped file uploads without a copy.
+
+use crate::codegen::{KernelCode, Loc};
+use crate::runtime::{HostTensor, Session};
+use crate::wgsl::{Binding, Buf};
+use crate::{compile_with, EngineError, Kernel, MemoryStats, Program};
+use kiln_functionalize::graph::ValueId;
+use kiln_functionalize::text::Names;
+use kiln_functionalize::{DType, Graph};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+pub const MAGIC: [u8; 8] = *b"KILNPROG";
+/// The format this runtime writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+pub const HEADER_LEN: usize = 80;
+/// Constants start at multiples of this (WebGPU's copy and binding
+/// alignment).
+pub const ALIGN: usize = 256;
+
+/// Why a file cannot be used: it says what is wrong and where.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("not a Kiln export: {0}")]
+    Format(String),
+    #[error("{0}")]
+    Version(String),
+    #[error("the export is damaged: {0}")]
+    Corrupt(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// The manifest: everything a runtime needs besides the program text and
+/// the constants' bytes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    /// `kiln <version>`.
+    pub producer: String,
+    pub name: String,
+    /// Every parameter in order; constants carry where their bytes are.
+    pub params: Vec<ParamEntry>,
+    /// What a run returns, by value name: the outputs, then the final value
+    /// of each mutated parameter.
+    pub outputs: Vec<String>,
+    pub n_outputs: usize,
+    /// The parameter each extra output writes back to.
+    pub mutated_inputs: Vec<usize>,
+    pub readback: Vec<String>,
+    /// (output, the buffer it is a view of).
+    pub host_views: Vec<(String, String)>,
+    pub locs: Vec<LocEntry>,
+    pub param_words: Vec<usize>,
+    pub written_params: Vec<usize>,
+    pub arena_words: usize,
+    pub status_word: Option<usize>,
+    pub min_bytes: usize,
+    pub memory: [usize; 6],
+    pub kernels: Vec<KernelEntry>,
+    pub requires: Requirements,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ParamEntry {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub constant: Option<ConstantEntry>,
+}
+
+/// A constant's bytes: `bytes` at `offset` in the data section, stored as
+/// `stored` (the parameter's dtype, or f16 for an f32 parameter).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ConstantEntry {
+    pub offset: u64,
+    pub bytes: u64,
+    pub stored: String,
+    pub crc32: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct LocEntry {
+    pub value: String,
+    /// The parameter whose buffer holds it; `None`: the arena.
+    pub param: Option<usize>,
+    pub word: usize,
+    pub packed: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct KernelEntry {
+    pub label: String,
+    pub wgsl: String,
+    pub grid: [u32; 3],
+    pub bindings: Vec<BindingEntry>,
+    pub ops: Vec<String>,
+    pub bytes_read: usize,
+    pub bytes_written: usize,
+    pub flops: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct BindingEntry {
+    /// `None`: the arena.
+    pub param: Option<usize>,
+    pub offset: u64,
+    pub size: u64,
+    pub write: bool,
+}
+
+/// What the kernels need of an adapter: features by name and the limits
+/// the compiling device's choices assumed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Requirements {
+    pub features: Vec<String>,
+    pub min_storage_buffer_offset_alignment: u32,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_storage_buffers_per_shader_stage: u32,
+    pub max_buffer_size: u64,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroup_storage_size: u32,
+    pub max_compute_workgroups_per_dimension: u32,
+}
+
+/// How `export` stores things.
+#[derive(Clone, Debug, Default)]
+pub struct ExportOptions {
+    /// Store f32 constants as f16 (half the file; converted back at load).
+    pub f16_weights: bool,
+}
+
+/// Compiles `g` for `session`'s device with the parameters found in
+/// `weights` as constants and writes the export file's bytes.
+pub fn export(
+    session: &Session,
+    g: &Graph,
+    weights: &[(String, HostTensor<'_>)],
+    opts: &ExportOptions,
+) -> Result<Vec<u8>, EngineError> {
+    let by_name: HashMap<&str, &HostTensor> =
+        weights.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let mut bound = vec![];
+    for (i, &v) in g.inputs.iter().enumerate() {
+        let Some(name) = g.values[v].name.as_deref() else {
+            continue;
+        };
+        if let Some(t) = by_name.get(name) {
+            let m = g.meta(v);
+            if t.dtype() != m.dtype || t.sizes() != &m.sizes[..] {
+                return Err(EngineError::Input {
+                    index: i,
+                    msg: format!(
+                        "%{name} is {}, but the weights file holds {}",
+                        m.type_string(),
+                        t.type_string()
+                    ),
+                });
+            }
+            bound.push((i, *t));
+        }
+    }
+    let mut options = session.compile_options().clone();
+    options.constants = bound.iter().map(|(i, _)| *i).collect();
+    let program = compile_with(g, &options)?;
+    let gpu = session.gpu();
+    write(&program, &bound, gpu, opts)
+}
+
+fn buf_param(b: Buf) -> Option<usize> {
+    match b {
+        Buf::Param(i) => Some(i),
+        Buf::Arena => None,
+    }
+}
+
+fn write(
+    p: &Program,
+    constants: &[(usize, &HostTensor<'_>)],
+    gpu: &crate::Gpu,
+    opts: &ExportOptions,
+) -> Result<Vec<u8>, EngineError> {
+    // The text returns what a run returns: the outputs, then the mutated
+    // parameters' final values (so the reference can run it too).
+    let mut shown = p.graph.clone();
+    shown.outputs = p.outputs.clone();
+    let text = kiln_functionalize::text::print(&shown);
+    let names = Names::of(&p.graph);
+    let name = |v: ValueId| names.get(v);
+    // Constants: their bytes, each at a 256-byte boundary of the data.
+    let mut data: Vec<u8> = vec![];
+    let mut entries: HashMap<usize, ConstantEntry> = HashMap::new();
+    for (i, t) in constants {
+        let (bytes, stored): (Vec<u8>, DType) = if opts.f16_weights && t.dtype() == DType::F32 {
+            let v: Vec<f32> = t.to_vec::<f32>()?;
+            (
+                v.iter()
+                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                    .collect(),
+                DType::F16,
+            )
+        } else {
+            (t.bytes().to_vec(), t.dtype())
+        };
+        data.resize(data.len().next_multiple_of(ALIGN), 0);
+        entries.insert(
+            *i,
+            ConstantEntry {
+                offset: data.len() as u64,
+                bytes: bytes.len() as u64,
+                stored: stored.name().into(),
+                crc32: crc32fast::hash(&bytes),
+            },
+        );
+        data.extend(bytes);
+    }
+    let g = &p.graph;
+    let params = g
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let m = g.meta(v);
+            ParamEntry {
+                name: name(v),
+                dtype: m.dtype.name().into(),
+                shape: m.sizes.to_vec(),
+                constant: entries.remove(&i),
+            }
+        })
+        .collect();
+    let mut locs: Vec<LocEntry> = p
+        .locs
+        .iter()
+        .map(|(&v, l)| LocEntry {
+            value: name(v),
+            param: buf_param(l.buf),
+            word: l.word,
+            packed: l.packed,
+        })
+        .collect();
+    locs.sort_by(|a, b| a.value.cmp(&b.value));
+    let kernels = p
+        .kernels
+        .iter()
+        .map(|k| KernelEntry {
+            label: k.code.label.clone(),
+            wgsl: k.code.wgsl.clone(),
+            grid: k.code.grid,
+            bindings: k
+                .code
+                .bindings
+                .iter()
+                .map(|b| BindingEntry {
+                    param: buf_param(b.buf),
+                    offset: b.offset,
+                    size: b.size,
+                    write: b.write,
+                })
+                .collect(),
+            ops: k.ops.clone(),
+            bytes_read: k.bytes_read,
+            bytes_written: k.bytes_written,
+            flops: k.flops,
+        })
+        .collect::<Vec<_>>();
+    let mem = &p.memory;
+    let l = &gpu.limits;
+    let needs = kernels
+        .iter()
+        .map(|k| shader_needs(&k.wgsl))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(EngineError::Internal)?;
+    let manifest = Manifest {
+        producer: format!("kiln {}", env!("CARGO_PKG_VERSION")),
+        name: g.name.clone(),
+        params,
+        outputs: p.outputs.iter().map(|&v| name(v)).collect(),
+        n_outputs: p.n_outputs,
+        mutated_inputs: p.mutated_inputs.clone(),
+        readback: p.readback.iter().map(|&v| name(v)).collect(),
+        host_views: p
+            .host_views
+            .iter()
+            .map(|(&o, &b)| (name(o), name(b)))
+            .collect(),
+        locs,
+        param_words: p.param_words.clone(),
+        written_params: p.written_params.clone(),
+        arena_words: p.arena_words,
+        status_word: p.status_word,
+        min_bytes: p.min_bytes,
+        memory: [
+            mem.io,
+            mem.arena,
+            mem.lower_bound,
+            mem.naive,
+            mem.naive_unfused,
+            mem.eager_peak,
+        ],
+        requires: Requirements {
+            features: if kernels.iter().any(|k| k.wgsl.contains("subgroup")) {
+                vec!["subgroup".to_string()]
+            } else {
+                vec![]
+            },
+            min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
+            max_storage_buffer_binding_size: kernels
+                .iter()
+                .flat_map(|k| k.bindings.iter().map(|b| b.size))
+                .max()
+                .unwrap_or(0),
+            max_storage_buffers_per_shader_stage: kernels
+                .iter()
+                .map(|k| k.bindings.len() as u32)
+                .max()
+                .unwrap_or(0),
+            max_buffer_size: ((p.arena_words as u64 + 1) * 4).max(
+                p.param_words
+                    .iter()
+                    .map(|&w| w as u64 * 4)
+                    .max()
+                    .unwrap_or(0),
+            ),
+            max_compute_invocations_per_workgroup: needs.iter().map(|n| n.0).max().unwrap_or(1),
+            max_compute_workgroup_storage_size: needs.iter().map(|n| n.1).max().unwrap_or(0),
+            max_compute_workgroups_per_dimension: kernels
+                .iter()
+                .flat_map(|k| k.grid)
+                .max()
+                .unwrap_or(1),
+        },
+        kernels,
+    };
+    let json = serde_json::to_vec(&manifest)
+        .map_err(|e| EngineError::Internal(format!("writing the manifest: {e}")))?;
+    let man_off = HEADER_LEN;
+    let prog_off = man_off + json.len();
+    let data_off = (prog_off + text.len()).next_multiple_of(ALIGN);
+    let mut out = Vec::with_capacity(data_off + data.len());
+    out.extend(MAGIC);
+    out.extend(FORMAT_VERSION.to_le_bytes());
+    out.extend(0u32.to_le_bytes());
+    out.extend((man_off as u64).to_le_bytes());
+    out.extend((json.len() as u64).to_le_bytes());
+    out.extend(crc32fast::hash(&json).to_le_bytes());
+    out.extend((prog_off as u64).to_le_bytes());
+    out.extend((text.len() as u64).to_le_bytes());
+    out.extend(crc32fast::hash(text.as_bytes()).to_le_bytes());
+    out.extend((data_off as u64).to_le_bytes());
+    out.extend((data.len() as u64).to_le_bytes());
+    out.resize(HEADER_LEN - 4, 0);
+    let crc = crc32fast::hash(&out);
+    out.extend(crc.to_le_bytes());
+    out.extend(&json);
+    out.extend(text.as_bytes());
+    out.resize(data_off, 0);
+    out.extend(&data);
+    Ok(out)
+}
+
+/// The header's fields.
+#[derive(Clone, Copy, Debug)]
+pub struct Header {
+    pub version: u32,
+    pub manifest: (usize, usize, u32),
+    pub program: (usize, usize, u32),
+    pub data: (usize, usize),
+}
+
+fn corrupt<T>(msg: impl Into<String>) -> Result<T, ExportError> {
+    Err(ExportError::Corrupt(msg.into()))
+}
+
+/// Reads and checks the header: every range inside the file.
+pub fn header(bytes: &[u8]) -> Result<Header, ExportError> {
+    if bytes.len() < HEADER_LEN || bytes[..8] != MAGIC {
+        return Err(ExportError::Format(format!(
+            "the file is {} bytes and does not start with {:?}",
+            bytes.len(),
+            std::str::from_utf8(&MAGIC).unwrap_or("KILNPROG")
+        )));
+    }
+    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
+    let version = u32_at(8);
+    if version != FORMAT_VERSION {
+        return Err(ExportError::Version(format!(
+            "the file is export format version {version}; this runtime reads version \
+             {FORMAT_VERSION} (re-export the program with this kiln, or use the kiln that \
+             wrote it)"
+        )));
+    }
+    if crc32fast::hash(&bytes[..76]) != u32_at(76) {
+        return corrupt("the header's checksum does not match");
+    }
+    let range = |off: u64, len: u64, what: &str| -> Result<(usize, usize), ExportError> {
+        match off.checked_add(len) {
+            Some(end) if end <= bytes.len() as u64 => Ok((off as usize, len as usize)),
+            _ => corrupt(format!(
+                "the {what} section ({len} bytes at {off}) runs past the end of the {}-byte file",
+                bytes.len()
+            )),
+        }
+    };
+    let (mo, ml) = range(u64_at(16), u64_at(24), "manifest")?;
+    let (po, pl) = range(u64_at(36), u64_at(44), "program")?;
+    let (d_o, dl) = range(u64_at(56), u64_at(64), "data")?;
+    if d_o % ALIGN != 0 {
+        return corrupt(format!(
+            "the data section starts at {d_o}, not a multiple of {ALIGN}"
+        ));
+    }
+    Ok(Header {
+        version,
+        manifest: (mo, ml, u32_at(32)),
+        program: (po, pl, u32_at(52)),
+        data: (d_o, dl),
+    })
+}
+
+/// A checked export: its manifest, the program it runs (parsed from the
+/// text section) and the constants' bytes (borrowed from the file).
+pub struct Exported<'a> {
+    pub manifest: Manifest,
+    pub text: &'a str,
+    pub program: Program,
+    /// (parameter, stored dtype, bytes).
+    pub constants: Vec<(usize, DType, &'a [u8])>,
+}
+
+/// Parses and checks every part of an export file: checksums, the
+/// manifest against the program text, every range and index, every
+/// shader (naga). A damaged or hostile file is an error, never a panic.
+pub fn read(bytes: &[u8]) -> Result<Exported<'_>, ExportError> {
+    let h = header(bytes)?;
+    let section = |(o, l): (usize, usize), crc: u32, what: &str| -> Result<&[u8], ExportError> {
+        let s = &bytes[o..o + l];
+        if crc32fast::hash(s) != crc {
+            return corrupt(format!("the {what} section's checksum does not match"));
+        }
+        Ok(s)
+    };
+    let json = section((h.manifest.0, h.manifest.1), h.manifest.2, "manifest")?;
+    let manifest: Manifest = serde_json::from_slice(json)
+        .map_err(|e| ExportError::Corrupt(format!("the manifest does not parse: {e}")))?;
+    let text = std::str::from_utf8(section((h.program.0, h.program.1), h.program.2, "program")?)
+        .map_err(|_| ExportError::Corrupt("the program text is not UTF-8".into()))?;
+    let graph = kiln_functionalize::parse(text)
+        .map_err(|e| ExportError::Corrupt(format!("the program text does not parse: {e}")))?;
+    let data = &bytes[h.data.0..h.data.0 + h.data.1];
+    let (program, constants) = rebuild(&manifest, graph, data)?;
+    Ok(Exported {
+        manifest,
+        text,
+        program,
+        constants,
+    })
+}
+
+type Rebuilt<'a> = (Program, Vec<(usize, DType, &'a [u8])>);
+
+/// The program the manifest describes over `graph`, every reference
+/// checked.
+fn rebuild<'a>(m: &Manifest, graph: Graph, data: &'a [u8]) -> Result<Rebuilt<'a>, ExportError> {
+    let g = &graph;
+    let names = Names::of(g);
+    let mut by_name: HashMap<&str, ValueId> = HashMap::new();
+    for &v in g
+        .inputs
+        .iter()
+        .chain(g.order.iter().flat_map(|&n| g.nodes[n].results.iter()))
+    {
+        by_name.insert(names.name(v), v);
+    }
+    let value = |n: &str| -> Result<ValueId, ExportError> {
+        by_name.get(n).copied().ok_or_else(|| {
+            ExportError::Corrupt(format!("the manifest names %{n}, which the program lacks"))
+        })
+    };
+    let np = g.inputs.len();
+    if m.params.len() != np || m.param_words.len() != np {
+        return corrupt(format!(
+            "the manifest lists {} parameters ({} buffer sizes), the program has {np}",
+            m.params.len(),
+            m.param_words.len()
+        ));
+    }
+    let mut constants = vec![];
+    for (i, (p, &v)) in m.params.iter().zip(&g.inputs).enumerate() {
+        let meta = g.meta(v);
+        if names.name(v) != p.name || meta.dtype.name() != p.dtype || meta.sizes[..] != p.shape[..]
+        {
+            return corrupt(format!(
+                "parameter {i} is %{} {} in the manifest but %{} {} in the program",
+                p.name,
+                p.dtype,
+                names.name(v),
+                meta.type_string()
+            ));
+        }
+        let words = crate::wgsl::words(meta.dtype, meta.numel(), true);
+        if m.param_words[i] < words {
+            return corrupt(format!("parameter {i}'s buffer is smaller than its tensor"));
+        }
+        if let Some(c) = &p.constant {
+            let stored = DType::parse(&c.stored)
+                .filter(|&s| s == meta.dtype || (s == DType::F16 && meta.dtype == DType::F32))
+                .ok_or_else(|| {
+                    ExportError::Corrupt(format!(
+                        "constant %{} is stored as `{}`, which cannot hold a {} tensor",
+                        p.name, c.stored, meta.dtype
+                    ))
+                })?;
+            let want = (meta.numel() as u64).checked_mul(stored.size_bytes() as u64);
+            let end = c.offset.checked_add(c.bytes);
+            match (want, end) {
+                (Some(w), Some(e)) if w == c.bytes && e <= data.len() as u64 && c.offset % ALIGN as u64 == 0 => {}
+                _ => {
+                    return corrupt(format!(
+                        "constant %{} ({} bytes at {}) does not fit its type or the {}-byte data section",
+                        p.name,
+                        c.bytes,
+                        c.offset,
+                        data.len()
+                    ))
+                }
+            }
+            let bytes = &data[c.offset as usize..(c.offset + c.bytes) as usize];
+            if crc32fast::hash(bytes) != c.crc32 {
+                return corrupt(format!("constant %{}'s checksum does not match", p.name));
+            }
+            constants.push((i, stored, bytes));
+        }
+    }
+    // Buffer sizes in words: parameters, then the arena (plus the spare
+    // word every arena has). Bounded so that no size computation wraps.
+    const MAX_WORDS: usize = 1 << 40;
+    if m.arena_words > MAX_WORDS || m.param_words.iter().any(|&w| w > MAX_WORDS) {
+        return corrupt("a buffer size is out of range");
+    }
+    let words_of = |param: Option<usize>| -> Result<usize, ExportError> {
+        match param {
+            None => Ok(m.arena_words + 1),
+            Some(i) if i < np => Ok(m.param_words[i]),
+            Some(i) => corrupt(format!("parameter {i} does not exist")),
+        }
+    };
+    if m.status_word.is_some_and(|w| w >= m.arena_words) {
+        return corrupt("the status word lies outside the arena");
+    }
+    let index_ok = |l: &[usize]| l.iter().all(|&i| i < np);
+    if !index_ok(&m.mutated_inputs) || !index_ok(&m.written_params) {
+        return corrupt("a mutated or written parameter index is out of range");
+    }
+    let outputs = m
+        .outputs
+        .iter()
+        .map(|n| value(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    if m.n_outputs > outputs.len() || outputs.len() - m.n_outputs != m.mutated_inputs.len() {
+        return corrupt("the output counts do not agree");
+    }
+    let mut locs = HashMap::new();
+    for l in &m.locs {
+        let v = value(&l.value)?;
+        let meta = g.meta(v);
+        let words = crate::wgsl::words(meta.dtype, meta.numel(), l.packed);
+        match l.word.checked_add(words) {
+            Some(end) if end <= words_of(l.param)? => {}
+            _ => return corrupt(format!("%{} lies outside its buffer", l.value)),
+        }
+        let buf = l.param.map_or(Buf::Arena, Buf::Param);
+        locs.insert(
+            v,
+            Loc {
+                buf,
+                word: l.word,
+                packed: l.packed,
+            },
+        );
+    }
+    let readback = m
+        .readback
+        .iter()
+        .map(|n| value(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    for &v in outputs.iter().chain(&readback) {
+        if !locs.contains_key(&v)
+            && !m
+                .host_views
+                .iter()
+                .any(|(o, _)| by_name.get(o.as_str()) == Some(&v))
+        {
+            return corrupt(format!("%{} has no buffer", names.name(v)));
+        }
+    }
+    let mut host_views = HashMap::new();
+    for (o, b) in &m.host_views {
+        let b = value(b)?;
+        if !locs.contains_key(&b) {
+            return corrupt(format!("the base of host view %{o} has no buffer"));
+        }
+        host_views.insert(value(o)?, b);
+    }
+    let mut kernels = vec![];
+    for (k, e) in m.kernels.iter().enumerate() {
+        let mut bindings = vec![];
+        for b in &e.bindings {
+            let limit = words_of(b.param)? as u64 * 4;
+            match b.offset.checked_add(b.size) {
+                Some(end) if end <= limit && b.size > 0 && b.offset % 4 == 0 && b.size % 4 == 0 => {
+                }
+                _ => {
+                    return corrupt(format!(
+                        "kernel {k} ({}) binds {} bytes at {} of a {limit}-byte buffer",
+                        e.label, b.size, b.offset
+                    ))
+                }
+            }
+            bindings.push(Binding {
+                buf: b.param.map_or(Buf::Arena, Buf::Param),
+                offset: b.offset,
+                size: b.size,
+                write: b.write,
+            });
+        }
+        if e.grid.contains(&0) {
+            return corrupt(format!("kernel {k} ({}) has an empty grid", e.label));
+        }
+        validate_wgsl(&e.wgsl, bindings.len())
+            .map_err(|msg| ExportError::Corrupt(format!("kernel {k} ({}): {msg}", e.label)))?;
+        kernels.push(Kernel {
+            code: KernelCode {
+                label: e.label.clone(),
+                wgsl: e.wgsl.clone(),
+                grid: e.grid,
+                bindings,
+            },
+            ops: e.ops.clone(),
+            bytes_read: e.bytes_read,
+            bytes_written: e.bytes_written,
+            flops: e.flops,
+        });
+    }
+    let mem = m.memory;
+    let program = Program {
+        outputs,
+        readback,
+        host_views,
+        n_outputs: m.n_outputs,
+        mutated_inputs: m.mutated_inputs.clone(),
+        kernels,
+        locs,
+        param_words: m.param_words.clone(),
+        constants: constants.iter().map(|c| c.0).collect(),
+        written_params: m.written_params.clone(),
+        arena_words: m.arena_words,
+        status_word: m.status_word,
+        memory: MemoryStats {
+            io: mem[0],
+            arena: mem[1],
+            lower_bound: mem[2],
+            naive: mem[3],
+            naive_unfused: mem[4],
+            eager_peak: mem[5],
+        },
+        min_bytes: m.min_bytes,
+        graph,
+    };
+    Ok((program, constants))
+}
+
+/// A kernel's invocations per workgroup and workgroup memory in bytes.
+fn shader_needs(src: &str) -> Result<(u32, u32), String> {
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| format!("shader: {e}"))?;
+    let invocations = module
+        .entry_points
+        .iter()
+        .map(|e| e.workgroup_size.iter().product::<u32>())
+        .max()
+        .unwrap_or(1);
+    let shared = module
+        .global_variables
+        .iter()
+        .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()))
+        .sum();
+    Ok((invocations, shared))
+}
+
+/// naga's verdict on a kernel: it parses, validates, has the entry point
+/// `main` and declares exactly the bindings the manifest gives it.
+fn validate_wgsl(src: &str, bindings: usize) -> Result<(), String> {
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| format!("shader: {e}"))?;
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| format!("shader does not validate: {e:?}"))?;
+    if !module.entry_points.iter().any(|e| e.name == "main") {
+        return Err("shader has no entry point `main`".into());
+    }
+    let declared = module
+        .global_variables
+        .iter()
+        .filter(|(_, v)| v.binding.is_some())
+        .count();
+    if declared != bindings {
+        return Err(format!(
+            "shader declares {declared} bindings, the manifest gives {bindings}"
+        ));
+    }
+    Ok(())
+}
+
+impl Requirements {
+    /// What `gpu` lacks of these, in words; `None` when it has all.
+    pub fn missing(&self, gpu: &crate::Gpu) -> Option<String> {
+        let l = &gpu.limits;
+        let mut miss = vec![];
+        for f in &self.features {
+            let has = match f.as_str() {
+                "subgroup" => gpu.features.contains(wgpu::Features::SUBGROUP),
+                _ => false,
+            };
+            if !has {
+                miss.push(format!("feature `{f}`"));
+            }
+        }
+        let mut need = |what: &str, want: u64, have: u64, at_most: bool| {
+            let ok = if at_most { have <= want } else { have >= want };
+            if !ok {
+                miss.push(format!("{what} {want} (the device: {have})"));
+            }
+        };
+        need(
+            "storage buffer offsets aligned to",
+            self.min_storage_buffer_offset_alignment as u64,
+            l.min_storage_buffer_offset_alignment as u64,
+            true,
+        );
+        need(
+            "storage bindings of",
+            self.max_storage_buffer_binding_size,
+            l.max_storage_buffer_binding_size,
+            false,
+        );
+        need(
+            "storage buffers per stage:",
+            self.max_storage_buffers_per_shader_stage as u64,
+            l.max_storage_buffers_per_shader_stage as u64,
+            false,
+        );
+        need("buffers of", self.max_buffer_size, l.max_buffer_size, false);
+        need(
+            "invocations per workgroup:",
+            self.max_compute_invocations_per_workgroup as u64,
+            l.max_compute_invocations_per_workgroup as u64,
+            false,
+        );
+        need(
+            "workgroup memory of",
+            self.max_compute_workgroup_storage_size as u64,
+            l.max_compute_workgroup_storage_size as u64,
+            false,
+        );
+        need(
+            "workgroups per dimension:",
+            self.max_compute_workgroups_per_dimension as u64,
+            l.max_compute_workgroups_per_dimension as u64,
+            false,
+        );
+        (!miss.is_empty()).then(|| miss.join(", "))
+    }
+}
+
+impl Session {
+    /// Loads a checked export: its requirements met by this device, its
+    /// constants uploaded (f16-stored ones widened), its kernels made
+    /// pipelines. Runs take the parameters that are not constants.
+    pub fn load_exported(&self, e: &Exported<'_>) -> Result<crate::Executable, ExportError> {
+        if let Some(miss) = e.manifest.requires.missing(self.gpu()) {
+            return Err(ExportError::Engine(EngineError::Unsupported(format!(
+                "the export needs {miss}; it was compiled for another device: re-export it \
+                 on this one"
+            ))));
+        }
+        let g = &e.program.graph;
+        let mut bound = vec![];
+        for &(i, stored, bytes) in &e.constants {
+            let m = g.meta(g.inputs[i]);
+            let t = if stored == m.dtype {
+                HostTensor::new(m.dtype, m.sizes.to_vec(), bytes)?
+            } else {
+                let wide: Vec<f32> = bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect();
+                HostTensor::from_slice(&m.sizes, &wide)?
+            };
+            bound.push((i, self.upload(&t)?));
+        }
+        let program = clone_program(&e.program);
+        Ok(pollster::block_on(self.load_bound(program, bound))?)
+    }
+}
+
+/// A copy of a program (the graph cloned): an export's stays readable
+/// while a session loads it.
+fn clone_program(p: &Program) -> Program {
+    Program {
+        graph: p.graph.clone(),
+        outputs: p.outputs.clone(),
+        readback: p.readback.clone(),
+        host_views: p.host_views.clone(),
+        n_outputs: p.n_outputs,
+        mutated_inputs: p.mutated_inputs.clone(),
+        kernels: p.kernels.clone(),
+        locs: p.locs.clone(),
+        param_words: p.param_words.clone(),
+        constants: p.constants.clone(),
+        written_params: p.written_params.clone(),
+        arena_words: p.arena_words,
+        status_word: p.status_word,
+        memory: p.memory.clone(),
+        min_bytes: p.min_bytes,
+    }
+}
