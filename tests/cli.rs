@@ -345,3 +345,92 @@ fn a_program_is_read_from_standard_input() {
         "{text}"
     );
 }
+
+/// `export`, `inspect`, then `run` on the export (GPU and reference) and
+/// the runtime-only `kiln-run`: the GPU results bit for bit those of
+/// running the program, the reference's within tolerance, constants
+/// written back unchanged.
+#[test]
+fn exports_run_from_the_command_line() {
+    let prog = root().join("examples/programs/llama_block.txt");
+    let fix = root().join("tests/fixtures/examples/programs/llama_block.inputs.safetensors");
+    let all = kiln::io::load_all(&fix).unwrap();
+    let weights: Vec<(String, kiln::RTensor)> = all
+        .iter()
+        .filter(|(n, _)| n.starts_with('w') || n.ends_with("norm"))
+        .cloned()
+        .collect();
+    let w = dir().join("llama_weights.safetensors");
+    kiln::io::save_all(&w, &weights).unwrap();
+    let model = dir().join("llama.kiln");
+    let (ok, _, err) = kiln(&[
+        "export",
+        s(&prog),
+        "--weights",
+        s(&w),
+        "--output",
+        s(&model),
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = kiln(&["inspect", s(&model)]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("%wq: f32[16, 16]  constant")
+            && out.contains("%k_cache")
+            && out.contains("kernels:"),
+        "{out}"
+    );
+    let run = |args: &[&str], name: &str| -> Vec<(String, kiln::RTensor)> {
+        let o = dir().join(name);
+        let mut a = args.to_vec();
+        a.extend(["--inputs", s(&fix), "--output", s(&o)]);
+        let (ok, _, err) = kiln(&a);
+        assert!(ok, "{args:?}: {err}");
+        kiln::io::load_all(&o).unwrap()
+    };
+    let want = run(&["run", s(&prog), "--backend", "gpu"], "prog.safetensors");
+    let got = run(
+        &["run", s(&model), "--backend", "gpu"],
+        "export.safetensors",
+    );
+    assert_eq!(want.len(), got.len());
+    for ((n, a), (_, b)) in want.iter().zip(&got) {
+        assert_eq!(a.values(), b.values(), "{n}: the export differs on the GPU");
+    }
+    let refr = run(&["run", s(&model)], "export_ref.safetensors");
+    for ((n, a), (_, b)) in want.iter().zip(&refr) {
+        common::close_accumulated(n, a, b, 1e-5).unwrap();
+    }
+    // The runtime alone (built beside the tests by `cargo test --workspace`).
+    let exe = std::env::current_exe().unwrap();
+    let kr = exe.parent().unwrap().parent().unwrap().join("kiln-run");
+    assert!(
+        kr.exists(),
+        "{} is not built: cargo build -p kiln-runtime",
+        kr.display()
+    );
+    let o = dir().join("kiln_run.safetensors");
+    let out = Command::new(&kr)
+        .args([s(&model), "--inputs", s(&fix), "--output", s(&o)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for ((n, a), (_, b)) in want.iter().zip(&kiln::io::load_all(&o).unwrap()) {
+        assert_eq!(a.values(), b.values(), "{n}: kiln-run differs");
+    }
+    // A damaged file: a clear error, no panic.
+    let mut bytes = std::fs::read(&model).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x40;
+    let bad = dir().join("bad.kiln");
+    std::fs::write(&bad, &bytes).unwrap();
+    let (ok, _, err) = kiln(&["run", s(&bad), "--inputs", s(&fix), "--output", s(&o)]);
+    assert!(
+        !ok && err.contains("damaged") && !err.contains("panicked"),
+        "{err}"
+    );
+}

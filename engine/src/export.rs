@@ -9,9 +9,11 @@
 //! 256-byte boundary so a mapped file uploads without a copy.
 
 use crate::codegen::{KernelCode, Loc};
+#[cfg(feature = "compiler")]
+use crate::compile_with;
 use crate::runtime::{HostTensor, Session};
 use crate::wgsl::{Binding, Buf};
-use crate::{compile_with, EngineError, Kernel, MemoryStats, Program};
+use crate::{EngineError, Kernel, MemoryStats, Program};
 use kiln_functionalize::graph::ValueId;
 use kiln_functionalize::text::Names;
 use kiln_functionalize::{DType, Graph};
@@ -139,6 +141,7 @@ pub struct ExportOptions {
 
 /// Compiles `g` for `session`'s device with the parameters found in
 /// `weights` as constants and writes the export file's bytes.
+#[cfg(feature = "compiler")]
 pub fn export(
     session: &Session,
     g: &Graph,

@@ -4,6 +4,8 @@
 //! `compile` functionalizes (`mutations_and_views`), schedules (fusion and
 //! re-inplacing, `schedule.rs`), plans memory (`plan.rs`) and generates
 //! WGSL (`codegen/`, `wgsl.rs`); `runtime/` runs the result.
+// Without the compiler, its passes are unused: the linker drops them.
+#![cfg_attr(not(feature = "compiler"), allow(dead_code, unused_imports))]
 
 pub mod codegen;
 pub mod export;
@@ -350,11 +352,13 @@ fn buffers_touched(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> u
 }
 
 /// Compiles `src` (any program: it is functionalized first).
+#[cfg(feature = "compiler")]
 pub fn compile(src: &Graph) -> Result<Program, EngineError> {
     compile_with(src, &CompileOptions::default())
 }
 
 /// Compiles `src` with device-specific choices.
+#[cfg(feature = "compiler")]
 pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, EngineError> {
     if let Some(&i) = options.constants.iter().find(|&&i| i >= src.inputs.len()) {
         return Err(EngineError::Input {

@@ -50,7 +50,7 @@ impl Engine {
     }
 
     /// Compiles (once per program) and runs `g` on `inputs`.
-    #[cfg(not(target_arch = "wasm32"))]
+    #[cfg(all(not(target_arch = "wasm32"), feature = "compiler"))]
     pub fn run(&mut self, g: &Graph, inputs: Vec<RTensor>) -> Result<EngineRun, EngineError> {
         let exe = self.session.compile(g)?;
         if exe.input_params().len() != g.inputs.len() {

@@ -11,8 +11,10 @@
 use super::buffers::DeviceTensor;
 use super::host::{device_bytes, from_words, HostTensor};
 use super::Gpu;
+#[cfg(feature = "compiler")]
+use crate::compile_with;
 use crate::wgsl::{self, Binding, Buf};
-use crate::{compile_with, EngineError, Program};
+use crate::{EngineError, Program};
 use kiln_functionalize::{Graph, ValueId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -237,10 +239,12 @@ impl Session {
     /// Compiles `g` for this device (once: later calls with the same
     /// program find it by its structural hash). Parameters named like a
     /// constant of the session are bound to it.
+    #[cfg(feature = "compiler")]
     pub fn compile(&self, g: &Graph) -> Result<Arc<Executable>, EngineError> {
         pollster::block_on(self.compile_async(g))
     }
 
+    #[cfg(feature = "compiler")]
     pub async fn compile_async(&self, g: &Graph) -> Result<Arc<Executable>, EngineError> {
         let bound = self.bind_constants(g)?;
         let key: ProgramKey = (
@@ -428,6 +432,7 @@ impl Session {
                 .into(),
             ));
         }
+        #[cfg(feature = "compiler")]
         if let Some(pairs) = exe.shared_written_inputs(inputs) {
             if let Some(src) = exe.source.clone() {
                 return Box::pin(self.run_aliased(exe, &src, &pairs, inputs, options)).await;
@@ -453,6 +458,7 @@ impl Session {
     /// Runs `exe`'s program with parameter pairs `(i, j)` given one device
     /// tensor: the program recompiled with `j` an alias of `i` (cached like
     /// any program), its results mapped back to `exe`'s signature.
+    #[cfg(feature = "compiler")]
     async fn run_aliased(
         &self,
         exe: &Executable,
