@@ -2,6 +2,7 @@
 //!
 //!     cargo run --release --bin minilm -- [--backend gpu|reference] [--model DIR] [--output FILE] SENTENCE...
 //!     cargo run --release --bin minilm -- --print-model-dir [--model DIR]
+//!     cargo run --release --bin minilm -- --export FILE [--bucket BxT] [--f16-weights] SENTENCE...
 //!
 //! Finds the model (`--model DIR`, `KILN_MODEL_DIR`, or the per-user
 //! cache) and fetches it there when missing, prints the adapter, the
@@ -49,6 +50,18 @@ struct Args {
     /// With `--profile`: print JSON.
     #[arg(long)]
     json: bool,
+    /// Compile the model for one bucket (`--bucket`) into this export file
+    /// (every weight inside), and write the sentences' token inputs beside
+    /// it (`FILE.inputs.safetensors`) for `kiln run` or `kiln-run`.
+    #[arg(long)]
+    export: Option<PathBuf>,
+    /// With `--export`: the bucket, `BATCHxTOKENS` (default: the
+    /// sentences' own).
+    #[arg(long, value_parser = parse_bucket)]
+    bucket: Option<(usize, usize)>,
+    /// With `--export`: store the weights as f16 (half the file).
+    #[arg(long)]
+    f16_weights: bool,
     sentences: Vec<String>,
 }
 
@@ -73,6 +86,55 @@ fn parse_bucket(s: &str) -> Result<(usize, usize), String> {
         ));
     }
     Ok((b, t))
+}
+
+/// `--export`: the model for one bucket in one file, and the sentences'
+/// token inputs beside it.
+fn export(
+    model: &mut MiniLm,
+    sentences: &[String],
+    bucket: Option<(usize, usize)>,
+    f16: bool,
+    path: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let session = Session::open()?;
+    let mut ids = sentences
+        .iter()
+        .map(|s| model.tokenize(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (batch, seq) = bucket.unwrap_or_else(|| MiniLm::bucket_of(&ids));
+    if ids.len() > batch {
+        return Err(format!("{} sentences do not fit a batch of {batch}", ids.len()).into());
+    }
+    for t in &mut ids {
+        t.truncate(seq);
+    }
+    let t = std::time::Instant::now();
+    let opts = kiln::engine::export::ExportOptions { f16_weights: f16 };
+    let bytes = model.export(&session, batch, seq, &opts)?;
+    std::fs::write(path, &bytes)?;
+    println!(
+        "wrote {} ({} bytes, {batch} x {seq} tokens, weights {}, for {}) in {:.0} ms",
+        path.display(),
+        bytes.len(),
+        if f16 { "f16" } else { "f32" },
+        session.gpu().describe(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    let [id, mask] = MiniLm::token_inputs(&ids, batch, seq)?;
+    let inputs = path.with_extension("inputs.safetensors");
+    kiln::io::save_host(
+        &inputs,
+        &[
+            ("input_ids".to_string(), id),
+            ("attention_mask".to_string(), mask),
+        ],
+    )?;
+    println!(
+        "wrote {} (the sentences' token ids and mask)",
+        inputs.display()
+    );
+    Ok(())
 }
 
 /// Profiles the model at `batch` sentences of `seq` tokens.
@@ -123,6 +185,9 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut model = MiniLm::load(&dir)?;
     if let Some(bucket) = args.profile {
         return profile_bucket(&mut model, &sentences, bucket, args.runs, args.json);
+    }
+    if let Some(path) = &args.export {
+        return export(&mut model, &sentences, args.bucket, args.f16_weights, path);
     }
     let texts: Vec<&str> = sentences.iter().map(String::as_str).collect();
     let rows: Vec<Vec<f32>> = match args.backend {

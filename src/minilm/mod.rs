@@ -113,6 +113,25 @@ impl MiniLm {
         Ok(())
     }
 
+    /// The model for `batch` sentences of `seq` tokens compiled on
+    /// `session`'s device into an export file's bytes, every weight a
+    /// constant: runs take `input_ids` and `attention_mask` and return the
+    /// embeddings.
+    pub fn export(
+        &mut self,
+        session: &Session,
+        batch: usize,
+        seq: usize,
+        opts: &kiln_engine::export::ExportOptions,
+    ) -> Result<Vec<u8>, ModelError> {
+        let g = self.graph(batch, seq)?.clone();
+        let weights = Self::weight_names()
+            .into_iter()
+            .map(|n| Ok((n.clone(), self.weight(&n)?)))
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(kiln_engine::export::export(session, &g, &weights, opts)?)
+    }
+
     /// Token ids of one sentence ([CLS] ... [SEP]), at most `MAX_LEN`.
     pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, ModelError> {
         let enc = self
