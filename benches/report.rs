@@ -14,7 +14,11 @@
 //!    and read back per run; an elementwise chain over 1M, 16M, 64M
 //!    elements in GB/s;
 //! 5. MiniLM: the same figures at batch 1, 8, 32 (real lengths) and
-//!    32 x 128, sentences per second, compile time.
+//!    32 x 128, sentences per second, compile time;
+//! 6. export: MiniLM's file size (f32, f16 weights), time from the file to
+//!    the first result (warm and cold page cache), loading against
+//!    compiling, f16's effect on the embeddings, the runtime-only binary's
+//!    size beside the CLI's.
 
 use kiln::engine::{compile_with, HostTensor, Session};
 use kiln::functionalize::random::{random_inputs, random_program, Seeded};
@@ -482,11 +486,138 @@ fn main() {
     if software {
         let _ = writeln!(md, "\nOn a software adapter every Kiln time above is lavapipe running the shaders on the same CPU cores PyTorch uses: the ratios compare two CPU implementations, not a GPU with a CPU.");
     }
+    export_section(&mut md, &mut model, &tmp);
     std::fs::create_dir_all(out_path.parent().unwrap_or(Path::new("."))).unwrap();
     std::fs::write(&out_path, &md).unwrap();
     let _ = std::fs::remove_dir_all(&tmp);
     println!("{md}");
     eprintln!("wrote {}", out_path.display());
+}
+
+/// Section 6: MiniLM at 8 x 16 written to a file (f32 and f16 weights),
+/// then from the file to the first result on a fresh session.
+fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
+    use kiln::engine::export::{self, ExportOptions};
+    use kiln::engine::{Fetch, Input};
+    eprintln!("export ...");
+    let (b, texts) = (8, &SENTENCES[..]);
+    let ids: Vec<Vec<u32>> = (0..b)
+        .map(|i| model.tokenize(texts[i % texts.len()]).unwrap())
+        .collect();
+    let (_, seq) = MiniLm::bucket_of(&ids);
+    let [id, mask] = MiniLm::token_inputs(&ids, b, seq).unwrap();
+    let _ = writeln!(md, "\n## 6. Export (MiniLM, {b} x {seq} tokens)\n");
+    let _ = writeln!(md, "`minilm --export` / `kiln export`: one file, every weight a constant (`docs/export-format.md`). From file to first result: a new session (device), `export::read` (checksums, the manifest, the program text parsed, every shader validated by naga), `load_exported` (constants uploaded, pipelines made) and one run with a read-back; cold: after dropping the page cache. Compile: the same on a new session from the traced model (weights uploaded as constants, then trace + functionalize + schedule + codegen + pipelines), no file. Cosine: the f16-weights file's embeddings against the f32 file's (the lowest of the batch).\n");
+    let _ = writeln!(md, "| weights | file MB | file to first result, warm ms | cold ms | of which read + load ms | compile instead, ms | min cosine to f32 |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|");
+    let gpu = Session::open().unwrap().gpu().clone();
+    let first = |path: &Path| -> (f64, f64, Vec<f32>) {
+        let t = Instant::now();
+        let s = Session::new(gpu.clone());
+        let bytes = std::fs::read(path).unwrap();
+        let e = export::read(&bytes).unwrap();
+        let exe = s.load_exported(&e).unwrap();
+        let load = t.elapsed().as_secs_f64() * 1e3;
+        let r = s
+            .run(
+                &exe,
+                &[Input::Host(&id), Input::Host(&mask)],
+                &exe.options(Fetch::Host, Fetch::Skip),
+            )
+            .unwrap();
+        let out = r
+            .outputs
+            .into_iter()
+            .next()
+            .unwrap()
+            .host()
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap();
+        (t.elapsed().as_secs_f64() * 1e3, load, out)
+    };
+    let compile_ms = {
+        let t = Instant::now();
+        let s = Session::new(gpu.clone());
+        model.upload_weights(&s).unwrap();
+        let g = model.graph(b, seq).unwrap().clone();
+        let exe = s.compile(&g).unwrap();
+        let _ = s.run(
+            &exe,
+            &[Input::Host(&id), Input::Host(&mask)],
+            &exe.options(Fetch::Host, Fetch::Skip),
+        );
+        t.elapsed().as_secs_f64() * 1e3
+    };
+    let mut f32_emb: Vec<f32> = vec![];
+    for f16 in [false, true] {
+        let path = tmp.join(format!("minilm_{f16}.kiln"));
+        let s = Session::new(gpu.clone());
+        let bytes = model
+            .export(&s, b, seq, &ExportOptions { f16_weights: f16 })
+            .unwrap();
+        std::fs::write(&path, &bytes).unwrap();
+        let (warm, load, emb) = {
+            let _ = first(&path);
+            first(&path)
+        };
+        // Dropping the page cache needs root; without it, say so.
+        let cold = std::fs::write("/proc/sys/vm/drop_caches", "3")
+            .ok()
+            .map(|_| first(&path).0);
+        let cos = if f16 {
+            (0..b)
+                .map(|i| {
+                    let (x, y) = (
+                        &f32_emb[i * 384..(i + 1) * 384],
+                        &emb[i * 384..(i + 1) * 384],
+                    );
+                    let n = |v: &[f32]| v.iter().map(|a| a * a).sum::<f32>().sqrt();
+                    x.iter().zip(y).map(|(a, c)| a * c).sum::<f32>() / (n(x) * n(y))
+                })
+                .fold(1f32, f32::min)
+                .to_string()
+        } else {
+            f32_emb = emb;
+            "1 (itself)".into()
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {:.1} | {warm:.0} | {} | {load:.0} | {compile_ms:.0} | {cos} |",
+            if f16 { "f16" } else { "f32" },
+            bytes.len() as f64 / 1e6,
+            cold.map_or("n/a (needs root)".into(), |c| format!("{c:.0}")),
+        );
+    }
+    // The binaries, stripped copies measured where `strip` exists.
+    let size = |name: &str| -> String {
+        let p = Path::new("target/release").join(name);
+        if !p.exists() {
+            return format!(
+                "n/a (not built: cargo build --release -p {})",
+                if name == "kiln" {
+                    "kiln"
+                } else {
+                    "kiln-runtime"
+                }
+            );
+        }
+        let copy = tmp.join(format!("{name}.stripped"));
+        let stripped = std::fs::copy(&p, &copy).is_ok()
+            && std::process::Command::new("strip")
+                .arg(&copy)
+                .status()
+                .is_ok_and(|s| s.success());
+        let f = if stripped { &copy } else { &p };
+        let mb = std::fs::metadata(f).map_or(0.0, |m| m.len() as f64 / 1e6);
+        format!("{mb:.1} MB{}", if stripped { " stripped" } else { "" })
+    };
+    let _ = writeln!(
+        md,
+        "\nBinaries: `kiln-run` (the runtime alone: loader, session, wgpu; the engine without its `compiler` feature) {}; the `kiln` CLI {}.",
+        size("kiln-run"),
+        size("kiln")
+    );
 }
 
 /// Today's date (UTC) from the system clock, as YYYY-MM-DD.
