@@ -27,6 +27,8 @@ pub const HEADER_LEN: usize = 80;
 /// Constants start at multiples of this (WebGPU's copy and binding
 /// alignment).
 pub const ALIGN: usize = 256;
+/// Every kernel's entry point.
+const ENTRY: &str = "main";
 
 /// Why a file cannot be used: it says what is wrong and where.
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +103,8 @@ pub struct LocEntry {
 pub struct KernelEntry {
     pub label: String,
     pub wgsl: String,
+    /// The shader's entry point (Kiln's kernels: `main`).
+    pub entry: String,
     pub grid: [u32; 3],
     pub bindings: Vec<BindingEntry>,
     pub ops: Vec<String>,
@@ -256,6 +260,7 @@ fn write(
         .map(|k| KernelEntry {
             label: k.code.label.clone(),
             wgsl: k.code.wgsl.clone(),
+            entry: ENTRY.into(),
             grid: k.code.grid,
             bindings: k
                 .code
@@ -635,6 +640,12 @@ fn rebuild<'a>(m: &Manifest, graph: Graph, data: &'a [u8]) -> Result<Rebuilt<'a>
                 write: b.write,
             });
         }
+        if e.entry != ENTRY {
+            return corrupt(format!(
+                "kernel {k} ({}) names entry point `{}`; this runtime runs `{ENTRY}`",
+                e.label, e.entry
+            ));
+        }
         if e.grid.contains(&0) {
             return corrupt(format!("kernel {k} ({}) has an empty grid", e.label));
         }
@@ -709,8 +720,8 @@ fn validate_wgsl(src: &str, bindings: usize) -> Result<(), String> {
     )
     .validate(&module)
     .map_err(|e| format!("shader does not validate: {e:?}"))?;
-    if !module.entry_points.iter().any(|e| e.name == "main") {
-        return Err("shader has no entry point `main`".into());
+    if !module.entry_points.iter().any(|e| e.name == ENTRY) {
+        return Err(format!("shader has no entry point `{ENTRY}`"));
     }
     let declared = module
         .global_variables

@@ -79,6 +79,46 @@ impl Meta {
     }
 
     /// Does any storage element appear twice in this view?
+    /// ATen's `is_non_overlapping_and_dense`: the elements fill a block of
+    /// the storage exactly, in some order of the dimensions.
+    pub fn is_non_overlapping_and_dense(&self) -> bool {
+        let mut dims: Vec<(usize, usize)> = self
+            .sizes
+            .iter()
+            .zip(&self.strides)
+            .filter(|(&s, _)| s != 1)
+            .map(|(&s, &st)| (st, s))
+            .collect();
+        dims.sort();
+        let mut expected = 1;
+        for (st, s) in dims {
+            if st != expected {
+                return false;
+            }
+            expected *= s;
+        }
+        true
+    }
+
+    /// ATen's `get_overlap_status(a, b) == Partial` for two views of one
+    /// storage: the same block with other strides, or blocks that
+    /// intersect. (Views too irregular to tell are "too hard" there: not
+    /// partial.)
+    pub fn partially_overlaps(&self, other: &Meta) -> bool {
+        if self.numel() == 0 || other.numel() == 0 {
+            return false;
+        }
+        if !self.is_non_overlapping_and_dense() || !other.is_non_overlapping_and_dense() {
+            return false;
+        }
+        let (a0, a1) = (self.offset, self.offset + self.numel());
+        let (b0, b1) = (other.offset, other.offset + other.numel());
+        if a0 == b0 && a1 == b1 {
+            return self.strides != other.strides;
+        }
+        a0 < b1 && b0 < a1
+    }
+
     pub fn has_internal_overlap(&self) -> bool {
         if self.numel() <= 1 {
             return false;

@@ -154,6 +154,10 @@ pub struct OpDef {
     /// In-place ops that may write through a self-overlapping view because
     /// every element gets the same value (`fill_`, `zero_`).
     pub overlap_ok: bool,
+    /// Functional op whose tensor operands are read anywhere (gathered), not
+    /// position by position: its in-place form refuses any operand sharing
+    /// memory with the written tensor, as eager does.
+    pub gathers: bool,
 }
 
 impl OpDef {
@@ -218,6 +222,7 @@ impl Builder {
             lowering,
             counterpart: None,
             overlap_ok: false,
+            gathers: false,
         });
         id
     }
@@ -1109,6 +1114,17 @@ fn build() -> Table {
                 .lowering = lowering;
         }
     }
+    for n in [
+        "index_put",
+        "index_add",
+        "index_copy",
+        "scatter",
+        "scatter_add",
+    ] {
+        let o = b.ops.iter_mut().find(|o| o.name == n);
+        o.unwrap_or_else(|| panic!("gathering op {n} is not in the table"))
+            .gathers = true;
+    }
     let by_name = b
         .ops
         .iter()
@@ -1200,14 +1216,19 @@ pub const HAZARD_MESSAGE: &str =
 /// Does the in-place form of `functional` read its tensor operands by
 /// gathering (anywhere) rather than position by position?
 pub fn reads_gathered(functional: OpId) -> bool {
-    functional.name() == "index_put"
+    functional.def().gathers
 }
 
-/// Would writing through `this` while reading `other` (same storage) give a
-/// result that depends on the order elements are visited? Positional
-/// operands (broadcast against `this`) may read a written element only at
-/// the position that writes it; gathered ones may not overlap at all.
+/// Is writing through `this` while reading `other` (same storage)
+/// refused? Eager refuses partial overlap (`partially_overlaps`); beyond
+/// eager, Kiln refuses what would depend on the order elements are
+/// visited: positional operands (broadcast against `this`) may read a
+/// written element only at the position that writes it; gathered ones may
+/// not overlap at all.
 pub fn write_hazard(this: &Meta, other: &Meta, gathered: bool) -> bool {
+    if this.partially_overlaps(other) {
+        return true;
+    }
     let written: HashMap<usize, usize> = this.offsets().enumerate().map(|(i, o)| (o, i)).collect();
     if gathered {
         return other.offsets().any(|o| written.contains_key(&o));

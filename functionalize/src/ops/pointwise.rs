@@ -210,12 +210,21 @@ float_unary! {
     sqrt, Sqrt => f64::sqrt;
     rsqrt, Rsqrt => |x| 1.0 / x.sqrt();
     sigmoid, Sigmoid => |x| 1.0 / (1.0 + (-x).exp());
-    silu, Silu => |x| x / (1.0 + (-x).exp());
     tanh, Tanh => f64::tanh;
     sin, Sin => f64::sin;
     cos, Cos => f64::cos;
     reciprocal, Reciprocal => |x| 1.0 / x;
     erf, Erf => libm::erf;
+}
+
+/// `silu`: floats only (eager: "silu_cpu" not implemented for integers
+/// and bools, unlike `sigmoid`, which promotes).
+pub fn silu(a: &A) -> Result<PwPlan, String> {
+    let d = a.tensor(0)?.dtype;
+    if !d.is_float() {
+        return Err(format!("silu is not implemented for {d} tensors"));
+    }
+    unary(a, Code::Silu, true, false, |x| x / (1.0 + (-x).exp()))
 }
 
 pub fn neg(a: &A) -> Result<PwPlan, String> {
