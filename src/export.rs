@@ -7,7 +7,7 @@ use crate::io::{save_host, MappedTensors};
 use kiln_engine::export::{self, ExportOptions, Exported};
 use kiln_engine::{Fetch, HostTensor, Input, Output, Session};
 use kiln_functionalize::text::Names;
-use kiln_functionalize::{DType, Graph, RTensor};
+use kiln_functionalize::{Graph, RTensor};
 use std::path::Path;
 
 /// Does the file start like an export (so `run` and `profile` take it)?
@@ -74,40 +74,20 @@ impl ExportFile {
     }
 }
 
-/// A constant's bytes as the parameter's host tensor (f16-stored f32
-/// widened).
-fn constant_tensor(
-    g: &Graph,
-    i: usize,
-    stored: DType,
-    bytes: &[u8],
-) -> Result<HostTensor<'static>, String> {
-    let m = g.meta(g.inputs[i]);
-    if stored == m.dtype {
-        return HostTensor::new(m.dtype, m.sizes.to_vec(), bytes.to_vec())
-            .map_err(|e| e.to_string());
-    }
-    let wide: Vec<f32> = bytes
-        .chunks_exact(2)
-        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-        .collect();
-    HostTensor::from_slice(&m.sizes, &wide).map_err(|e| e.to_string())
-}
-
 /// `run model.kiln`: the inputs from `inputs` (by parameter name), results
 /// written as `run` writes them for a program, constants included.
 pub fn run(e: &Exported<'_>, inputs: &Path, output: &Path, gpu: bool) -> Result<(), String> {
     let g = &e.program.graph;
-    let constant = |i: usize| e.constants.iter().find(|c| c.0 == i);
+    let mut constants = e.constant_tensors().map_err(|e| e.to_string())?;
     let file = MappedTensors::open(inputs).map_err(|e| e.to_string())?;
     let fed = file
-        .inputs_for(g, &|i| constant(i).is_some())
+        .inputs_for(g, &|i| constants.iter().any(|c| c.0 == i))
         .map_err(|e| e.to_string())?;
     let mut params: Vec<HostTensor> = vec![];
     let mut fed_iter = fed.into_iter();
     for i in 0..g.inputs.len() {
-        params.push(match constant(i) {
-            Some(&(_, stored, bytes)) => constant_tensor(g, i, stored, bytes)?,
+        params.push(match constants.iter().position(|c| c.0 == i) {
+            Some(k) => constants.swap_remove(k).1.into_owned(),
             None => fed_iter.next().ok_or("an input went missing")?.into_owned(),
         });
     }

@@ -278,25 +278,16 @@ fn profile(
         let e = f.read()?;
         let exe = session.load_exported(&e).map_err(|e| at(&e))?;
         let load_ms = t.elapsed().as_secs_f64() * 1e3;
-        let g = &e.program.graph;
-        let wanted = exe.input_params();
-        let file = inputs
-            .map(kiln::io::MappedTensors::open)
-            .transpose()
-            .map_err(|e| e.to_string())?;
-        let ins: Vec<kiln::engine::HostTensor> = match &file {
-            Some(f) => f
-                .inputs_for(g, &|i| !wanted.contains(&i))
-                .map_err(|e| e.to_string())?,
-            None => kiln::profile::random_inputs(g, &wanted, 0x5eed),
-        };
-        let p = kiln::profile::profile(&session, &exe, &ins, runs, load_ms).map_err(|e| at(&e))?;
-        if json {
-            println!("{}", p.to_json());
-        } else {
-            print!("{}", p.table());
-        }
-        return Ok(());
+        return measure(
+            &session,
+            &exe,
+            &e.program.graph,
+            inputs,
+            runs,
+            load_ms,
+            json,
+        )
+        .map_err(|e| at(&e));
     }
     let g = read_program(prog)?;
     let session = Session::open().map_err(|e| e.to_string())?;
@@ -316,6 +307,20 @@ fn profile(
     let t = std::time::Instant::now();
     let exe = session.compile(&g).map_err(|e| at(&e))?;
     let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+    measure(&session, &exe, &g, inputs, runs, compile_ms, json).map_err(|e| at(&e))
+}
+
+/// Runs `exe` (the program `g`) `runs` times on the inputs from the file or
+/// seeded random ones, and prints `kiln profile`'s table or JSON.
+fn measure(
+    session: &kiln::engine::Session,
+    exe: &kiln::engine::Executable,
+    g: &Graph,
+    inputs: Option<&Path>,
+    runs: usize,
+    prepare_ms: f64,
+    json: bool,
+) -> Result<(), String> {
     let wanted = exe.input_params();
     let file = inputs
         .map(kiln::io::MappedTensors::open)
@@ -323,11 +328,12 @@ fn profile(
         .map_err(|e| e.to_string())?;
     let ins: Vec<kiln::engine::HostTensor> = match &file {
         Some(f) => f
-            .inputs_for(&g, &|i| !wanted.contains(&i))
+            .inputs_for(g, &|i| !wanted.contains(&i))
             .map_err(|e| e.to_string())?,
-        None => kiln::profile::random_inputs(&g, &wanted, 0x5eed),
+        None => kiln::profile::random_inputs(g, &wanted, 0x5eed),
     };
-    let p = kiln::profile::profile(&session, &exe, &ins, runs, compile_ms).map_err(|e| at(&e))?;
+    let p =
+        kiln::profile::profile(session, exe, &ins, runs, prepare_ms).map_err(|e| e.to_string())?;
     if json {
         println!("{}", p.to_json());
     } else {

@@ -358,8 +358,10 @@ fn damaged_exports_are_errors_not_panics() {
             match export::read(&m) {
                 Ok(e) => {
                     // Structurally sound: loading must still be safe (a
-                    // hostile value within range loads or is refused).
-                    let loaded = s.load_exported(&e).is_ok();
+                    // hostile value within range loads or is refused). A
+                    // session of its own: a session keeps every pipeline
+                    // it made, and mutated shaders are new ones.
+                    let loaded = Session::new(s.gpu().clone()).load_exported(&e).is_ok();
                     (true, loaded)
                 }
                 Err(ExportError::Engine(e)) => panic!("read gave an engine error: {e}"),

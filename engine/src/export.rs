@@ -473,6 +473,30 @@ pub fn read(bytes: &[u8]) -> Result<Exported<'_>, ExportError> {
     })
 }
 
+impl<'a> Exported<'a> {
+    /// Every constant as its parameter's tensor: (parameter, tensor),
+    /// f16-stored f32 widened, the others borrowing the file.
+    pub fn constant_tensors(&self) -> Result<Vec<(usize, HostTensor<'a>)>, EngineError> {
+        let g = &self.program.graph;
+        self.constants
+            .iter()
+            .map(|&(i, stored, bytes)| {
+                let m = g.meta(g.inputs[i]);
+                let t = if stored == m.dtype {
+                    HostTensor::new(m.dtype, m.sizes.to_vec(), bytes)?
+                } else {
+                    let wide: Vec<f32> = bytes
+                        .chunks_exact(2)
+                        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                        .collect();
+                    HostTensor::from_slice(&m.sizes, &wide)?
+                };
+                Ok((i, t))
+            })
+            .collect()
+    }
+}
+
 type Rebuilt<'a> = (Program, Vec<(usize, DType, &'a [u8])>);
 
 /// The program the manifest describes over `graph`, every reference
@@ -808,19 +832,8 @@ impl Session {
                  on this one"
             ))));
         }
-        let g = &e.program.graph;
         let mut bound = vec![];
-        for &(i, stored, bytes) in &e.constants {
-            let m = g.meta(g.inputs[i]);
-            let t = if stored == m.dtype {
-                HostTensor::new(m.dtype, m.sizes.to_vec(), bytes)?
-            } else {
-                let wide: Vec<f32> = bytes
-                    .chunks_exact(2)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect();
-                HostTensor::from_slice(&m.sizes, &wide)?
-            };
+        for (i, t) in e.constant_tensors()? {
             bound.push((i, self.upload(&t)?));
         }
         let program = clone_program(&e.program);

@@ -94,17 +94,8 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
     for (i, o) in r.mutated {
         finals[i] = o.host();
     }
-    for &(i, stored, bytes) in &e.constants {
-        let m = g.meta(g.inputs[i]);
-        finals[i] = Some(if stored == m.dtype {
-            HostTensor::new(m.dtype, m.sizes.to_vec(), bytes).map_err(|e| e.to_string())?
-        } else {
-            let wide: Vec<f32> = bytes
-                .chunks_exact(2)
-                .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]])))
-                .collect();
-            HostTensor::from_slice(&m.sizes, &wide).map_err(|e| e.to_string())?
-        });
+    for (i, t) in e.constant_tensors().map_err(|e| e.to_string())? {
+        finals[i] = Some(t);
     }
     for (i, t) in finals.into_iter().enumerate() {
         if let Some(t) = t {
@@ -121,26 +112,6 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
         .collect::<Result<_, _>>()?;
     safetensors::serialize_to_file(views, None, output)
         .map_err(|e| format!("{}: {e}", output.display()))
-}
-
-/// IEEE half to single (the runtime avoids a dependency for this one use).
-fn f16_to_f32(h: u16) -> f32 {
-    let (sign, exp, man) = (
-        (h >> 15) as u32,
-        ((h >> 10) & 0x1f) as u32,
-        (h & 0x3ff) as u32,
-    );
-    let bits = match (exp, man) {
-        (0, 0) => sign << 31,
-        (0, m) => {
-            // Subnormal: normalize.
-            let shift = m.leading_zeros() - 21;
-            ((sign << 31) | ((113 - shift) << 23)) | ((m << shift) & 0x3ff) << 13
-        }
-        (0x1f, m) => (sign << 31) | 0x7f80_0000 | (m << 13),
-        (e, m) => (sign << 31) | ((e + 112) << 23) | (m << 13),
-    };
-    f32::from_bits(bits)
 }
 
 fn main() -> ExitCode {
@@ -171,45 +142,5 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn half_widens_like_the_ieee_rules() {
-        for x in [
-            0.0f32,
-            -0.0,
-            1.0,
-            -2.5,
-            65504.0,
-            6.1035156e-5,
-            5.9604645e-8,
-            f32::INFINITY,
-        ] {
-            let h = half_bits(x);
-            assert_eq!(super::f16_to_f32(h).to_bits(), x.to_bits(), "{x}");
-        }
-        assert!(super::f16_to_f32(0x7e00).is_nan());
-    }
-
-    /// f32 -> f16 bits for values exact in f16.
-    fn half_bits(x: f32) -> u16 {
-        let b = x.to_bits();
-        let sign = ((b >> 16) & 0x8000) as u16;
-        let exp = ((b >> 23) & 0xff) as i32;
-        let man = b & 0x7f_ffff;
-        if exp == 0xff {
-            return sign | 0x7c00 | (man >> 13) as u16;
-        }
-        if exp == 0 {
-            return sign;
-        }
-        let e = exp - 127 + 15;
-        if e <= 0 {
-            return sign | (((man | 0x80_0000) >> (14 - e)) as u16);
-        }
-        sign | ((e as u16) << 10) | (man >> 13) as u16
     }
 }
