@@ -401,14 +401,20 @@ fn exports_run_from_the_command_line() {
     for ((n, a), (_, b)) in want.iter().zip(&refr) {
         common::close_accumulated(n, a, b, 1e-5).unwrap();
     }
-    // The runtime alone (built beside the tests by `cargo test --workspace`).
+    // The runtime alone: `cargo test` builds only this package's binaries,
+    // so build kiln-run (same target dir and profile) when it is missing.
     let exe = std::env::current_exe().unwrap();
     let kr = exe.parent().unwrap().parent().unwrap().join("kiln-run");
-    assert!(
-        kr.exists(),
-        "{} is not built: cargo build -p kiln-runtime",
-        kr.display()
-    );
+    if !kr.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.args(["build", "-p", "kiln-runtime", "--bin", "kiln-run"]);
+        if kr.parent().is_some_and(|d| d.ends_with("release")) {
+            build.arg("--release");
+        }
+        let st = build.status().unwrap();
+        assert!(st.success() && kr.exists(), "cannot build {}", kr.display());
+    }
     let o = dir().join("kiln_run.safetensors");
     let out = Command::new(&kr)
         .args([s(&model), "--inputs", s(&fix), "--output", s(&o)])

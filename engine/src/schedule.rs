@@ -729,7 +729,7 @@ fn computed_before(
 /// Nodes inlined into the kernel that computes node `n`'s results.
 pub fn inlined_region(g: &Graph, s: &Schedule, n: NodeId) -> HashSet<NodeId> {
     let mut seen = HashSet::new();
-    let mut stack: Vec<ValueId> = g.nodes[n].inputs();
+    let mut stack: Vec<ValueId> = g.nodes[n].inputs().into_vec();
     while let Some(v) = stack.pop() {
         if s.is_materialized.contains(&v) {
             continue;
@@ -745,7 +745,7 @@ pub fn inlined_region(g: &Graph, s: &Schedule, n: NodeId) -> HashSet<NodeId> {
 
 /// Materialized values a kernel for node `n` reads.
 pub fn reads(g: &Graph, s: &Schedule, n: NodeId) -> Vec<ValueId> {
-    reads_from(g, s, g.nodes[n].inputs())
+    reads_from(g, s, g.nodes[n].inputs().into_vec())
 }
 
 /// Materialized values read to compute `v` inline (`v` itself if it has a

@@ -30,6 +30,42 @@ pub struct Value {
     pub def: Def,
 }
 
+/// A set of one graph's values, indexed by arena slot: no hashing, for
+/// passes that visit every node (dead code, SSA checks).
+#[derive(Default)]
+pub struct ValueSet(Vec<u64>);
+
+impl ValueSet {
+    fn slot(v: ValueId) -> (usize, u64) {
+        use slotmap::Key;
+        let k = v.data().as_ffi();
+        // The low word is the slot; the whole key (with its version, never
+        // 0 for a live value) tells a reused slot apart.
+        ((k & 0xffff_ffff) as usize, k)
+    }
+
+    pub fn insert(&mut self, v: ValueId) {
+        let (i, k) = Self::slot(v);
+        if i >= self.0.len() {
+            self.0.resize((i + 1).max(2 * self.0.len()), 0);
+        }
+        self.0[i] = k;
+    }
+
+    pub fn contains(&self, v: ValueId) -> bool {
+        let (i, k) = Self::slot(v);
+        self.0.get(i) == Some(&k)
+    }
+}
+
+impl Extend<ValueId> for ValueSet {
+    fn extend<I: IntoIterator<Item = ValueId>>(&mut self, it: I) {
+        for v in it {
+            self.insert(v);
+        }
+    }
+}
+
 /// A node's results: one or two inline (multi-result ops are rare).
 pub type Results = smallvec::SmallVec<[ValueId; 2]>;
 
@@ -46,7 +82,7 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn inputs(&self) -> Vec<ValueId> {
+    pub fn inputs(&self) -> smallvec::SmallVec<[ValueId; 4]> {
         self.args
             .iter()
             .flat_map(|a| a.tensors().into_iter().copied())
@@ -102,6 +138,17 @@ impl Graph {
     /// results' metadata. Errors say what is wrong with the call.
     pub fn call(&mut self, op: OpId, args: &[Arg<ValueId>]) -> Result<Results, String> {
         let (overload, bound) = ops::bind(op, args)?;
+        self.call_bound(op, overload, bound)
+    }
+
+    /// Appends `op(args)` where `args` are already bound by `overload` (a
+    /// node's arguments with its values replaced): infers the results.
+    pub fn call_bound(
+        &mut self,
+        op: OpId,
+        overload: usize,
+        bound: Vec<Arg<ValueId>>,
+    ) -> Result<Results, String> {
         let metas: smallvec::SmallVec<[Arg<&Meta>; 8]> = bound
             .iter()
             .map(|a| a.map(&mut |v| &self.values[*v].meta))

@@ -198,7 +198,7 @@ pub fn eager_peak_bytes(g: &Graph) -> usize {
             *refs.entry(s).or_default() += 1;
         }
         peak = peak.max(live(&refs, &bytes));
-        let mut dead: Vec<ValueId> = node.inputs();
+        let mut dead: Vec<ValueId> = node.inputs().into_vec();
         dead.extend(node.results.iter().copied());
         dead.sort();
         dead.dedup();

@@ -64,10 +64,16 @@ pub struct Functionalized {
     pub mutated_inputs: Vec<MutatedInput>,
 }
 
+/// A view chain: the steps from a storage's base to a view, shared
+/// between the chains that extend it.
+type Chain = Vec<Rc<Step>>;
+
 /// One view step: the op, its non-self arguments, which result it takes.
 #[derive(Clone, Debug)]
 struct Step {
     op: OpId,
+    /// The overload that bound `self` and `args` (None: synthesized).
+    overload: Option<usize>,
     args: Vec<Arg<ValueId>>,
     index: usize,
     /// The result's metadata in the source graph.
@@ -77,9 +83,16 @@ struct Step {
 }
 
 impl Step {
-    fn new(op: OpId, args: Vec<Arg<ValueId>>, index: usize, meta: Meta) -> Step {
+    fn new(
+        op: OpId,
+        overload: Option<usize>,
+        args: Vec<Arg<ValueId>>,
+        index: usize,
+        meta: Meta,
+    ) -> Step {
         Step {
             op,
+            overload,
             args,
             index,
             meta,
@@ -103,7 +116,13 @@ impl Step {
 
     /// The same view, taking result `index`.
     fn with_index(&self, index: usize) -> Step {
-        Step::new(self.op, self.args.clone(), index, self.meta.clone())
+        Step::new(
+            self.op,
+            self.overload,
+            self.args.clone(),
+            index,
+            self.meta.clone(),
+        )
     }
 }
 
@@ -142,7 +161,7 @@ fn encode_arg(a: &Arg<ValueId>, k: &mut Vec<u64>) {
 #[derive(Clone, Debug)]
 struct Alias {
     storage: usize,
-    chain: Rc<Vec<Step>>,
+    chain: Rc<Chain>,
     gen: u64,
     /// The value at generation `gen` (None: must be regenerated).
     current: Option<ValueId>,
@@ -206,7 +225,7 @@ struct Pass<'g> {
     /// The source statement being rewritten (for messages).
     at: Option<NodeId>,
     /// The empty chain of every base, shared.
-    no_chain: Rc<Vec<Step>>,
+    no_chain: Rc<Chain>,
 }
 
 /// Functionalizes `g`. Errors name the statement that cannot be
@@ -216,9 +235,10 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         src: g,
         mode,
         out: Graph::with_capacity(&g.name, 2 * g.order.len()),
-        aliases: HashMap::default(),
+        // Sized up front: growing them copies every entry at each doubling.
+        aliases: HashMap::with_capacity_and_hasher(g.values.len(), Default::default()),
         prefixes: HashMap::default(),
-        storages: vec![],
+        storages: Vec::with_capacity(g.values.len() / 2),
         cache: Cache::default(),
         names: HashMap::default(),
         src_names: Names::of(g),
@@ -317,10 +337,22 @@ impl Pass<'_> {
 
     /// Appends `op(args)` to the new graph, naming results FX-style.
     fn emit_id(&mut self, op: OpId, args: Vec<Arg<ValueId>>) -> Result<crate::graph::Results> {
-        let res = self
-            .out
-            .call(op, &args)
-            .map_err(|m| self.err(format!("internal error while emitting {}: {m}", op.name())))?;
+        self.emit_as(op, None, args)
+    }
+
+    /// `emit_id`, with `args` already bound by overload `bound` when given
+    /// (a source node's own arguments, read).
+    fn emit_as(
+        &mut self,
+        op: OpId,
+        bound: Option<usize>,
+        args: Vec<Arg<ValueId>>,
+    ) -> Result<crate::graph::Results> {
+        let res = match bound {
+            Some(overload) => self.out.call_bound(op, overload, args),
+            None => self.out.call(op, &args),
+        }
+        .map_err(|m| self.err(format!("internal error while emitting {}: {m}", op.name())))?;
         let base = op.name().trim_end_matches('_');
         for &r in &res {
             let k = self.names.entry(base).or_insert(0);
@@ -408,7 +440,7 @@ impl Pass<'_> {
     }
 
     /// The ids of every prefix of `chain`, the empty one first.
-    fn prefix_ids(&mut self, chain: &[Step]) -> Vec<u32> {
+    fn prefix_ids(&mut self, chain: &[Rc<Step>]) -> Vec<u32> {
         let mut ids = Vec::with_capacity(chain.len() + 1);
         ids.push(0);
         for s in chain {
@@ -429,7 +461,8 @@ impl Pass<'_> {
         let mut args = vec![Arg::Tensor(input)];
         args.extend(step.args.iter().cloned());
         let (op, args) = self.view_call(step.op, args)?;
-        let res = self.emit_id(op, args)?;
+        let bound = step.overload.filter(|_| op == step.op);
+        let res = self.emit_as(op, bound, args)?;
         // Multi-output views give every piece at once: remember them all.
         for (j, &r) in res.iter().enumerate() {
             let key = if j == step.index {
@@ -447,7 +480,7 @@ impl Pass<'_> {
     fn regen_ids(
         &mut self,
         storage: usize,
-        chain: &[Step],
+        chain: &[Rc<Step>],
         ids: &[u32],
         k: usize,
     ) -> Result<ValueId> {
@@ -469,7 +502,7 @@ impl Pass<'_> {
     }
 
     /// The value of the first `k` steps of `chain` over the current base.
-    fn regen(&mut self, storage: usize, chain: &[Step], k: usize) -> Result<ValueId> {
+    fn regen(&mut self, storage: usize, chain: &[Rc<Step>], k: usize) -> Result<ValueId> {
         let ids = self.prefix_ids(&chain[..k]);
         self.regen_ids(storage, chain, &ids, k)
     }
@@ -557,7 +590,7 @@ impl Pass<'_> {
     /// `permute` of it (a dense base in a permuted layout, as elementwise
     /// ops on transposed inputs give). A base with gaps or an offset (a
     /// scatter into a view) cannot be addressed so.
-    fn storage_order(&self, storage: usize) -> Result<Vec<Step>> {
+    fn storage_order(&self, storage: usize) -> Result<Chain> {
         let m = &self.storages[storage].base_meta;
         if !(m.offset == 0
             && m.storage_numel == m.numel()
@@ -579,12 +612,13 @@ impl Pass<'_> {
             0,
         );
         let op = ops::lookup("permute").expect("permute is in the table");
-        Ok(vec![Step::new(
+        Ok(vec![Rc::new(Step::new(
             op,
+            None,
             vec![Arg::IntList(perm.iter().map(|&d| d as i64).collect())],
             0,
             meta,
-        )])
+        ))])
     }
 
     /// `as_strided_copy(self, ...)` and `as_strided_scatter(self, ...)`
@@ -623,7 +657,8 @@ impl Pass<'_> {
     fn functional(&mut self, n: NodeId, op: OpId) -> Result<()> {
         let node = &self.src.nodes[n];
         let args = self.read_args(&node.args)?;
-        let res = self.emit_id(op, args)?;
+        let bound = (op == node.op).then_some(node.overload);
+        let res = self.emit_as(op, bound, args)?;
         for (&r, v) in node.results.iter().zip(res) {
             self.new_storage(r, v, self.src.meta(r).clone(), None);
         }
@@ -650,7 +685,13 @@ impl Pass<'_> {
         };
         let prefix = *self.prefix_ids(&chain).last().expect("the empty prefix");
         for (i, &r) in node.results.iter().enumerate() {
-            let step = Step::new(node.op, rest.clone(), i, self.src.meta(r).clone());
+            let step = Rc::new(Step::new(
+                node.op,
+                Some(node.overload),
+                rest.clone(),
+                i,
+                self.src.meta(r).clone(),
+            ));
             let key = self.extend_prefix(prefix, &step);
             let value = match self.cache.get(a.storage, gen, key) {
                 Some(v) => v,

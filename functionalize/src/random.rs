@@ -52,6 +52,28 @@ struct Gen<'c, C: Choices> {
     vals: Vec<(ValueId, usize)>,
     /// Which storage each value lives in, to skip writes eager refuses.
     storage: std::collections::HashMap<ValueId, usize>,
+    opts: Options,
+}
+
+/// What random programs may contain beyond the default mix.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Constructs eager PyTorch runs but its functionalize refuses (so
+    /// programs for comparing with it leave them out): `as_strided` (it
+    /// refuses a mutation through one, and one past a view's own bounds),
+    /// `unfold` windows that overlap (it refuses mutating a tensor with
+    /// internal overlap) and `view` (in `mutations` mode its result can
+    /// have another layout than eager's, where a later `view` fails;
+    /// `reshape` stands in).
+    pub torch_refusals: bool,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            torch_refusals: true,
+        }
+    }
 }
 
 const SHAPES: [&[usize]; 6] = [&[4, 6], &[6], &[2, 3, 4], &[4, 1], &[3, 3], &[1, 6]];
@@ -172,7 +194,11 @@ impl<C: Choices> Gen<'_, C> {
                     .filter(|d| n % d == 0)
                     .collect::<Vec<i64>>();
                 let k = a[self.pick(a.len())];
-                let op = if self.pick(2) == 0 { "view" } else { "reshape" };
+                let op = if self.pick(2) == 0 && self.opts.torch_refusals {
+                    "view"
+                } else {
+                    "reshape"
+                };
                 self.call(op, vec![t, il(vec![k, -1])], depth);
             }
             1 => {
@@ -234,7 +260,10 @@ impl<C: Choices> Gen<'_, C> {
                 );
             }
             11 => {
-                let (d, size, step) = (self.dim(&m), self.int(1, 2), self.int(1, 2));
+                let (d, size, mut step) = (self.dim(&m), self.int(1, 2), self.int(1, 2));
+                if !self.opts.torch_refusals {
+                    step = step.max(size);
+                }
                 self.call(
                     "unfold",
                     vec![t, Arg::Int(d), Arg::Int(size), Arg::Int(step)],
@@ -255,7 +284,7 @@ impl<C: Choices> Gen<'_, C> {
                 let len = m.storage_numel as i64;
                 let n = self.int(1, 3.min(len));
                 let off = self.int(0, len - n);
-                if self.pick(2) == 0 {
+                if self.pick(2) == 0 && self.opts.torch_refusals {
                     self.call(
                         "as_strided",
                         vec![t, il(vec![n]), il(vec![1]), Arg::Int(off)],
@@ -436,11 +465,17 @@ impl<C: Choices> Gen<'_, C> {
 /// statements (views, in-place and elementwise ops mixed), returning a few
 /// of its values.
 pub fn random_program(c: &mut impl Choices, statements: usize) -> Graph {
+    random_program_with(c, statements, Options::default())
+}
+
+/// `random_program` with `opts` saying what it may contain.
+pub fn random_program_with(c: &mut impl Choices, statements: usize, opts: Options) -> Graph {
     let mut gen = Gen {
         c,
         g: Graph::new("random"),
         vals: vec![],
         storage: Default::default(),
+        opts,
     };
     let n_inputs = 1 + gen.pick(3);
     for i in 0..n_inputs {

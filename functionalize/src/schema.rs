@@ -43,12 +43,12 @@ impl<V> Arg<V> {
     }
 
     /// Tensors this argument refers to, in order.
-    pub fn tensors(&self) -> Vec<&V> {
+    pub fn tensors(&self) -> smallvec::SmallVec<[&V; 2]> {
         match self {
-            Arg::Tensor(v) => vec![v],
+            Arg::Tensor(v) => smallvec::smallvec![v],
             Arg::TensorList(l) => l.iter().flatten().collect(),
             Arg::List(l) => l.iter().flat_map(|a| a.tensors()).collect(),
-            _ => vec![],
+            _ => Default::default(),
         }
     }
 

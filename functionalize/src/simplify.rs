@@ -1,17 +1,17 @@
 //! Graph clean-ups run after functionalization.
 
-use crate::graph::{Graph, ValueId};
+use crate::graph::{Graph, ValueSet};
 use crate::ops::OpKind;
-use rustc_hash::FxHashSet as HashSet;
 
 /// Removes nodes none of whose results is used (in-place nodes, the
 /// `copy_` epilogue, are always kept), and their values.
 pub fn eliminate_dead_code(g: &mut Graph) {
-    let mut live: HashSet<ValueId> = g.outputs.iter().copied().collect();
+    let mut live = ValueSet::default();
+    live.extend(g.outputs.iter().copied());
     let mut keep = vec![false; g.order.len()];
     for (i, &n) in g.order.iter().enumerate().rev() {
         let node = &g.nodes[n];
-        if node.op.def().kind == OpKind::InPlace || node.results.iter().any(|r| live.contains(r)) {
+        if node.op.def().kind == OpKind::InPlace || node.results.iter().any(|&r| live.contains(r)) {
             keep[i] = true;
             live.extend(node.inputs());
         }

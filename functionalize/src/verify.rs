@@ -1,21 +1,21 @@
 //! Invariants checked between passes.
 
-use crate::graph::{Def, Graph, ValueId};
+use crate::graph::{Def, Graph, ValueSet};
 use crate::ops::OpKind;
 use crate::pass::Remove;
-use std::collections::HashSet;
 
 /// Every value is defined before it is used, by a parameter or an earlier
 /// node.
 pub fn verify_ssa(g: &Graph) -> Result<(), String> {
-    let mut defined: HashSet<ValueId> = g.inputs.iter().copied().collect();
+    let mut defined = ValueSet::default();
+    defined.extend(g.inputs.iter().copied());
     for &n in &g.order {
         let node = g
             .nodes
             .get(n)
             .ok_or("a node in the order is missing from the arena")?;
         for v in node.inputs() {
-            if !defined.contains(&v) {
+            if !defined.contains(v) {
                 return Err(format!(
                     "{} reads a value before it is defined",
                     node.op.name()
@@ -33,7 +33,7 @@ pub fn verify_ssa(g: &Graph) -> Result<(), String> {
         }
     }
     for &o in &g.outputs {
-        if !defined.contains(&o) {
+        if !defined.contains(o) {
             return Err("an output is not defined".into());
         }
     }
