@@ -1,5 +1,8 @@
 // Helper functions every generated kernel may call (prefixed `k_`).
 fn k_round_f16(x: f32) -> f32 { return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x; }
+// A float from its bits at run time: browsers (Tint) refuse NaN and
+// infinity as constant expressions, a function argument is not one.
+fn k_f32_bits(b: u32) -> f32 { return bitcast<f32>(b); }
 fn k_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 fn k_erf(x: f32) -> f32 {
     // erfc by a Chebyshev fit (Numerical Recipes erfcc), |error| < 1.2e-7.
@@ -14,7 +17,7 @@ fn k_powf(x: f32, y: f32) -> f32 {
     if (y == 0.0) { return 1.0; }
     let m = pow(abs(x), y);
     if (x >= 0.0) { return m; }
-    if (floor(y) != y) { return bitcast<f32>(0x7fc00000u); }
+    if (floor(y) != y) { return k_f32_bits(0x7fc00000u); }
     let odd = (abs(y) % 2.0) == 1.0;
     return select(m, -m, odd);
 }

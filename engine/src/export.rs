@@ -573,8 +573,13 @@ fn rebuild<'a>(m: &Manifest, graph: Graph, data: &'a [u8]) -> Result<Rebuilt<'a>
         }
     }
     // Buffer sizes in words: parameters, then the arena (plus the spare
-    // word every arena has). Bounded so that no size computation wraps.
-    const MAX_WORDS: usize = 1 << 40;
+    // word every arena has). Bounded so that no size computation wraps
+    // (on 32-bit targets, wasm32, far below what `usize` holds).
+    const MAX_WORDS: usize = if usize::BITS > 40 {
+        1 << (40 % usize::BITS)
+    } else {
+        usize::MAX / 16
+    };
     if m.arena_words > MAX_WORDS || m.param_words.iter().any(|&w| w > MAX_WORDS) {
         return corrupt("a buffer size is out of range");
     }
@@ -825,7 +830,16 @@ impl Session {
     /// Loads a checked export: its requirements met by this device, its
     /// constants uploaded (f16-stored ones widened), its kernels made
     /// pipelines. Runs take the parameters that are not constants.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn load_exported(&self, e: &Exported<'_>) -> Result<crate::Executable, ExportError> {
+        pollster::block_on(self.load_exported_async(e))
+    }
+
+    /// `load_exported` without blocking (the only form in a browser).
+    pub async fn load_exported_async(
+        &self,
+        e: &Exported<'_>,
+    ) -> Result<crate::Executable, ExportError> {
         if let Some(miss) = e.manifest.requires.missing(self.gpu()) {
             return Err(ExportError::Engine(EngineError::Unsupported(format!(
                 "the export needs {miss}; it was compiled for another device: re-export it \
@@ -834,10 +848,10 @@ impl Session {
         }
         let mut bound = vec![];
         for (i, t) in e.constant_tensors()? {
-            bound.push((i, self.upload(&t)?));
+            bound.push((i, self.upload_async(&t).await?));
         }
         let program = clone_program(&e.program);
-        Ok(pollster::block_on(self.load_bound(program, bound))?)
+        Ok(self.load_bound(program, bound).await?)
     }
 }
 

@@ -308,13 +308,15 @@ pub fn cast(value: &str, from: DType, to: DType) -> String {
 pub fn literal(v: f64, dtype: DType) -> String {
     match dtype {
         DType::F32 | DType::F16 => {
+            // NaN and infinities through the prelude's `k_f32_bits`: a
+            // browser refuses them as constant expressions.
             if v.is_nan() {
-                "bitcast<f32>(0x7fc00000u)".into()
+                "k_f32_bits(0x7fc00000u)".into()
             } else if v.is_infinite() {
                 if v > 0.0 {
-                    "bitcast<f32>(0x7f800000u)"
+                    "k_f32_bits(0x7f800000u)"
                 } else {
-                    "bitcast<f32>(0xff800000u)"
+                    "k_f32_bits(0xff800000u)"
                 }
                 .into()
             } else {

@@ -187,8 +187,13 @@ pub fn numel(sizes: &[usize]) -> usize {
 }
 
 /// The most elements a tensor may have (2^48: beyond any machine's memory,
-/// far from overflowing index arithmetic).
-pub const MAX_ELEMENTS: usize = 1 << 48;
+/// far from overflowing index arithmetic; on 32-bit targets such as wasm32,
+/// what `usize` holds).
+pub const MAX_ELEMENTS: usize = if usize::BITS > 48 {
+    1 << (48 % usize::BITS)
+} else {
+    usize::MAX
+};
 
 /// `Ok` when a tensor of `sizes` has at most `MAX_ELEMENTS` elements.
 pub fn check_size(sizes: &[usize]) -> Result<(), String> {
@@ -199,7 +204,7 @@ pub fn check_size(sizes: &[usize]) -> Result<(), String> {
     match n {
         Some(_) => Ok(()),
         None => Err(format!(
-            "a tensor of shape {sizes:?} is too large: more than 2^48 elements"
+            "a tensor of shape {sizes:?} is too large: more than {MAX_ELEMENTS} elements"
         )),
     }
 }

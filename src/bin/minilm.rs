@@ -2,7 +2,7 @@
 //!
 //!     cargo run --release --bin minilm -- [--backend gpu|reference] [--model DIR] [--output FILE] SENTENCE...
 //!     cargo run --release --bin minilm -- --print-model-dir [--model DIR]
-//!     cargo run --release --bin minilm -- --export FILE [--bucket BxT] [--f16-weights] SENTENCE...
+//!     cargo run --release --bin minilm -- --export FILE [--bucket BxT] [--f16-weights] [--web] SENTENCE...
 //!
 //! Finds the model (`--model DIR`, `KILN_MODEL_DIR`, or the per-user
 //! cache) and fetches it there when missing, prints the adapter, the
@@ -62,6 +62,10 @@ struct Args {
     /// With `--export`: store the weights as f16 (half the file).
     #[arg(long)]
     f16_weights: bool,
+    /// With `--export`: compile for browsers (WebGPU's default limits, no
+    /// optional feature) instead of for this machine's adapter.
+    #[arg(long)]
+    web: bool,
     sentences: Vec<String>,
 }
 
@@ -95,9 +99,14 @@ fn export(
     sentences: &[String],
     bucket: Option<(usize, usize)>,
     f16: bool,
+    web: bool,
     path: &std::path::Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let session = Session::open()?;
+    let session = if web {
+        Session::open_web_like()?
+    } else {
+        Session::open()?
+    };
     let mut ids = sentences
         .iter()
         .map(|s| model.tokenize(s))
@@ -187,7 +196,14 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return profile_bucket(&mut model, &sentences, bucket, args.runs, args.json);
     }
     if let Some(path) = &args.export {
-        return export(&mut model, &sentences, args.bucket, args.f16_weights, path);
+        return export(
+            &mut model,
+            &sentences,
+            args.bucket,
+            args.f16_weights,
+            args.web,
+            path,
+        );
     }
     let texts: Vec<&str> = sentences.iter().map(String::as_str).collect();
     let rows: Vec<Vec<f32>> = match args.backend {

@@ -195,7 +195,7 @@ impl Gen<'_> {
         if let Some(nv) = nan {
             res = self.body.bind(
                 acc_ty,
-                format!("select({res}, bitcast<f32>(0x7fc00000u), {nv})"),
+                format!("select({res}, {}, {nv})", literal(f64::NAN, DType::F32)),
             );
         }
         self.store_to(v, "gid", &res)?;

@@ -36,6 +36,27 @@ impl Gpu {
     /// (lowered, to run as a smaller device would: a browser's 8 storage
     /// buffers, a small binding limit).
     pub async fn with_limits(adjust: impl FnOnce(&mut wgpu::Limits)) -> Result<Gpu, EngineError> {
+        Gpu::open(
+            adjust,
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP,
+        )
+        .await
+    }
+
+    /// The adapter restricted to what every WebGPU browser gives: WebGPU's
+    /// default limits (8 storage buffers per stage, 128 MiB per binding,
+    /// 256-byte offsets) and no optional feature. Programs compiled here
+    /// and exported run in a browser.
+    pub async fn web_like() -> Result<Gpu, EngineError> {
+        Gpu::open(|l| *l = wgpu::Limits::default(), wgpu::Features::empty()).await
+    }
+
+    /// The adapter (`KILN_ADAPTER` or the high-performance one), its limits
+    /// adjusted by `adjust`, with those of `wanted` features it has.
+    async fn open(
+        adjust: impl FnOnce(&mut wgpu::Limits),
+        wanted: wgpu::Features,
+    ) -> Result<Gpu, EngineError> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = match std::env::var("KILN_ADAPTER") {
@@ -70,8 +91,7 @@ impl Gpu {
         adjust(&mut limits);
         // GPU time comes from timestamp queries where the adapter has them;
         // row reductions use subgroup operations where it has those.
-        let features =
-            adapter.features() & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP);
+        let features = adapter.features() & wanted;
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kiln"),

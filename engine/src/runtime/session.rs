@@ -167,6 +167,13 @@ impl Session {
         Ok(Session::new(Arc::new(Gpu::new()?)))
     }
 
+    /// A session on `Gpu::web_like`: what it compiles (and exports) runs
+    /// in a browser's WebGPU.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_web_like() -> Result<Session, EngineError> {
+        Ok(Session::new(Arc::new(pollster::block_on(Gpu::web_like())?)))
+    }
+
     /// The choices programs are compiled with on this session.
     pub fn compile_options(&self) -> &crate::CompileOptions {
         &self.options

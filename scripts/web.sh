@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Kiln in the browser.
+#
+#   scripts/web.sh build         wasm + page + exported MiniLM into web/dist/
+#   scripts/web.sh serve [PORT]  builds if needed, serves web/dist/ (8000)
+#   scripts/web.sh test          builds, then runs the page in headless
+#                                Chromium with WebGPU (tests/web/page.mjs)
+#
+# Installs what it needs when missing: Debian's rustc-web (a rustc that can
+# build std for wasm32), wasm-bindgen-cli at the wasm-bindgen crate's exact
+# version, and for `test` Chromium and playwright-core (npm, with the system
+# Chromium: never a browser download).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DIST=web/dist
+# The native run of the exported model, for the page test (not served).
+CHECK=target/web-check
+WASM_TARGET_DIR=${KILN_WASM_TARGET_DIR:-$ROOT/target/wasm}
+BINDGEN_VERSION=$(sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' web/Cargo.toml)
+BUCKET=${KILN_WEB_BUCKET:-8x32}
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
+
+apt_install() {
+    local missing=()
+    for p in "$@"; do
+        dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "installing ${missing[*]} (apt)"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+}
+
+ensure_toolchain() {
+    # rustup cannot fetch the wasm32 std here; Debian's rustc-web builds it
+    # from source (-Zbuild-std), driven by rustup's cargo.
+    apt_install rustc-web rust-web-llvm rust-web-src lld-22
+    if [ "$(wasm-bindgen --version 2>/dev/null | awk '{print $2}')" != "$BINDGEN_VERSION" ]; then
+        echo "installing wasm-bindgen-cli $BINDGEN_VERSION (cargo, a few minutes, once)"
+        cargo install -q wasm-bindgen-cli --version "$BINDGEN_VERSION"
+    fi
+}
+
+# Newest modification time under the given paths (0 when none).
+newest() {
+    find "$@" -type f -printf '%T@\n' 2>/dev/null | sort -n | tail -1 | cut -d. -f1
+}
+
+build_wasm() {
+    local wasm="$WASM_TARGET_DIR/wasm32-unknown-unknown/release/kiln_web.wasm"
+    local src
+    src=$(newest web/src web/Cargo.toml engine/src engine/Cargo.toml functionalize/src)
+    if [ -f "$DIST/pkg/kiln_web_bg.wasm" ] && [ "$(newest "$DIST/pkg")" -ge "$src" ]; then
+        return
+    fi
+    ensure_toolchain
+    echo "building the wasm module (release)"
+    (cd web && RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 CARGO_TARGET_DIR="$WASM_TARGET_DIR" \
+        cargo build --release -Zbuild-std=std,panic_abort --target wasm32-unknown-unknown)
+    rm -rf "$DIST/pkg"
+    wasm-bindgen --target web --no-typescript --out-dir "$DIST/pkg" "$wasm"
+}
+
+build_model() {
+    # The model for browsers: WebGPU's default limits, f16-stored weights
+    # (half the download; widened to f32 at load, so no shader-f16 needed),
+    # one bucket. Its native run on the same sentences is kept beside it
+    # for the page test.
+    local model_src
+    model_src=$(newest engine/src functionalize/src src)
+    if [ -f "$DIST/minilm.kiln" ] && [ "$(newest "$DIST/minilm.kiln")" -ge "$model_src" ]; then
+        return
+    fi
+    echo "exporting MiniLM for the web ($BUCKET, f16 weights)"
+    cargo build -q --release --bin minilm --bin kiln
+    local sentences=("A man is playing a guitar." "Someone plays a guitar." \
+        "The weather is lovely today." "It's so sunny outside!" \
+        "A woman is slicing an onion in the kitchen." \
+        "The stock market fell sharply after the announcement." \
+        "Kiln turns programs with views and mutations into pure functions." "Hi")
+    ./target/release/minilm --export "$DIST/minilm.kiln" --bucket "$BUCKET" --f16-weights --web \
+        "${sentences[@]}"
+    mkdir -p "$CHECK"
+    mv "$DIST/minilm.inputs.safetensors" "$CHECK/"
+    python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${sentences[@]}" \
+        >"$CHECK/sentences.json"
+    cp "$(./target/release/minilm --print-model-dir)/tokenizer.json" "$DIST/tokenizer.json"
+    ./target/release/kiln run "$DIST/minilm.kiln" --inputs "$CHECK/minilm.inputs.safetensors" \
+        --output "$CHECK/native.safetensors"
+}
+
+build() {
+    mkdir -p "$DIST"
+    build_wasm
+    cp web/index.html web/app.js web/kiln.js web/sentences.js web/style.css "$DIST/"
+    build_model
+    echo "built $DIST/ ($(du -sh "$DIST" | cut -f1)): serve it with scripts/web.sh serve"
+}
+
+ensure_browser() {
+    apt_install chromium
+    if [ ! -d web/node_modules/playwright-core ]; then
+        echo "installing playwright-core (npm; the system Chromium drives it)"
+        (cd web && npm install --no-audit --no-fund --silent)
+    fi
+}
+
+case "${1:-build}" in
+build) build ;;
+serve)
+    build
+    port=${2:-8000}
+    echo "serving $DIST/ on http://localhost:$port/ (Chrome/Edge 113+; on Linux Chromium needs --enable-unsafe-webgpu)"
+    exec python3 -m http.server "$port" --bind 127.0.0.1 --directory "$DIST"
+    ;;
+test)
+    build
+    ensure_browser
+    node --test tests/web/
+    ;;
+*)
+    echo "usage: scripts/web.sh build | serve [PORT] | test" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,150 @@
+// The semantic-search page (web/dist, built by scripts/web.sh build) in
+// headless Chromium with WebGPU (SwiftShader without a GPU), driven by
+// playwright-core with the system Chromium: embeddings equal the native
+// run of the same export, a query typed into the page finds its neighbour,
+// a screenshot goes to docs/web.png, and a second visit loads the model
+// from Cache Storage without downloading it.
+//
+// Run by `scripts/web.sh test` (which builds and installs what it needs).
+
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { createServer } from "node:http";
+import { readFileSync, mkdtempSync, rmSync, existsSync } from "node:fs";
+import { join, extname, dirname } from "node:path";
+import { tmpdir } from "node:os";
+import { fileURLToPath } from "node:url";
+import { createRequire } from "node:module";
+
+const ROOT = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
+const DIST = join(ROOT, "web", "dist");
+const require = createRequire(join(ROOT, "web", "package.json"));
+const { chromium } = require("playwright-core");
+
+const TYPES = {
+  ".html": "text/html",
+  ".js": "text/javascript",
+  ".css": "text/css",
+  ".json": "application/json",
+  ".wasm": "application/wasm",
+};
+
+/** A static server of web/dist on a free loopback port, counting requests. */
+function serve() {
+  const hits = new Map();
+  const server = createServer((req, res) => {
+    const path = decodeURIComponent(new URL(req.url, "http://x").pathname);
+    const file = join(DIST, path === "/" ? "index.html" : path);
+    hits.set(path, (hits.get(path) ?? 0) + 1);
+    if (!file.startsWith(DIST) || !existsSync(file)) {
+      res.writeHead(404).end();
+      return;
+    }
+    const body = readFileSync(file);
+    res.writeHead(200, {
+      "content-type": TYPES[extname(file)] ?? "application/octet-stream",
+      "content-length": body.length,
+    });
+    res.end(body);
+  });
+  return new Promise((ok) =>
+    server.listen(0, "127.0.0.1", () => ok({ server, hits, port: server.address().port })),
+  );
+}
+
+/** Tensor `name` (f32) of a safetensors file: { shape, data }. */
+function readSafetensors(path, name) {
+  const buf = readFileSync(path);
+  const n = Number(buf.readBigUInt64LE(0));
+  const t = JSON.parse(buf.subarray(8, 8 + n).toString("utf8"))[name];
+  assert.ok(t, `${path} has no tensor ${name}`);
+  assert.equal(t.dtype, "F32", `${name} is ${t.dtype}`);
+  const [a, b] = t.data_offsets;
+  const bytes = buf.subarray(8 + n + a, 8 + n + b);
+  const copy = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length);
+  return { shape: t.shape, data: new Float32Array(copy) };
+}
+
+function cosine(a, b) {
+  let ab = 0, aa = 0, bb = 0;
+  for (let i = 0; i < a.length; i++) {
+    ab += a[i] * b[i];
+    aa += a[i] * a[i];
+    bb += b[i] * b[i];
+  }
+  return ab / Math.sqrt(aa * bb);
+}
+
+async function openPage(userDir, port, log) {
+  const ctx = await chromium.launchPersistentContext(userDir, {
+    executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-quic", "--no-first-run"],
+    viewport: { width: 900, height: 900 },
+  });
+  const page = ctx.pages()[0] ?? (await ctx.newPage());
+  page.on("console", (m) => log.push(`[${m.type()}] ${m.text()}`));
+  page.on("pageerror", (e) => log.push(`[pageerror] ${e.message}`));
+  await page.goto(`http://127.0.0.1:${port}/`);
+  await page.waitForFunction(() => window.kiln !== undefined);
+  const ready = await page.evaluate(() =>
+    window.kiln.ready.then(
+      () => "ok",
+      (e) => `error: ${e.message ?? e}`,
+    ),
+  );
+  assert.equal(ready, "ok", `the page did not get ready:\n${log.join("\n")}`);
+  return { ctx, page };
+}
+
+test("the page embeds like the native run, searches, and caches the model", { timeout: 600_000 }, async () => {
+  assert.ok(existsSync(join(DIST, "minilm.kiln")), "web/dist is not built: scripts/web.sh build");
+  // The sentences exported with the model and their native embeddings
+  // (`kiln run` of the same file), written by scripts/web.sh build.
+  const check = join(ROOT, "target", "web-check");
+  const sentences = JSON.parse(readFileSync(join(check, "sentences.json"), "utf8"));
+  const native = readSafetensors(join(check, "native.safetensors"), "output.0");
+  const dim = native.shape[1];
+  const { server, hits, port } = await serve();
+  const userDir = mkdtempSync(join(tmpdir(), "kiln-chromium-"));
+  const log = [];
+  try {
+    // First visit: downloads the model.
+    let { ctx, page } = await openPage(userDir, port, log);
+    const info = await page.evaluate(() => window.kiln.info());
+    console.log(`adapter: ${info.adapter}; model ready in ${info.loadMs.toFixed(0)} ms, corpus in ${info.corpusMs.toFixed(0)} ms`);
+    assert.equal(info.fromCache, false);
+    const rows = await page.evaluate(
+      async (s) => (await window.kiln.embed(s)).map((a) => Array.from(a)),
+      sentences,
+    );
+    assert.equal(rows.length, sentences.length);
+    for (let i = 0; i < sentences.length; i++) {
+      assert.equal(rows[i].length, dim);
+      const want = native.data.subarray(i * dim, (i + 1) * dim);
+      const c = cosine(rows[i], want);
+      assert.ok(c >= 0.9999, `"${sentences[i]}": cosine ${c} with the native run`);
+    }
+    // A query through the page's own search box.
+    await page.fill("#query", "Who is playing the guitar?");
+    await page.click("#go");
+    await page.waitForSelector("#results li");
+    const top = await page.textContent("#results li:first-child .sentence");
+    assert.match(top, /guitar/, `top result: ${top}`);
+    await page.screenshot({ path: join(ROOT, "docs", "web.png") });
+    await ctx.close();
+    assert.equal(hits.get("/minilm.kiln"), 1);
+
+    // Second visit: the model comes from Cache Storage.
+    ({ ctx, page } = await openPage(userDir, port, log));
+    const again = await page.evaluate(() => window.kiln.info());
+    assert.equal(again.fromCache, true);
+    assert.equal(hits.get("/minilm.kiln"), 1, "the second visit downloaded the model again");
+    const [q] = await page.evaluate(async (s) => (await window.kiln.embed(s)).map((a) => Array.from(a)), [sentences[0]]);
+    assert.ok(cosine(q, native.data.subarray(0, dim)) >= 0.9999);
+    await ctx.close();
+  } finally {
+    server.close();
+    rmSync(userDir, { recursive: true, force: true });
+  }
+});

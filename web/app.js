@@ -1,0 +1,114 @@
+// The semantic-search page: downloads the exported MiniLM once (kept in
+// Cache Storage), embeds the built-in sentences, then ranks them by cosine
+// against each query. For automation: window.kiln = { ready, embed, ... }.
+
+import { adapterName, loadEmbedder, webgpuProblem } from "./kiln.js";
+import { SENTENCES } from "./sentences.js";
+
+const $ = (id) => document.getElementById(id);
+const MODEL = "minilm.kiln";
+const TOKENIZER = "tokenizer.json";
+
+function showProblem(msg) {
+  $("problem").textContent = msg;
+  $("problem").hidden = false;
+  $("loading").hidden = true;
+  $("status").textContent = "";
+}
+
+function mb(n) {
+  return (n / 1e6).toFixed(1) + " MB";
+}
+
+function dot(a, b) {
+  let s = 0;
+  for (let i = 0; i < a.length; i++) s += a[i] * b[i];
+  return s;
+}
+
+async function start() {
+  const problem = await webgpuProblem();
+  if (problem) throw new Error(problem);
+  const t0 = performance.now();
+  const { embedder, fromCache } = await loadEmbedder(MODEL, TOKENIZER, (loaded, total) => {
+    $("progress").max = total;
+    $("progress").value = loaded;
+    $("progress-label").textContent = `Downloading the model… ${mb(loaded)} of ${mb(total)}`;
+  });
+  $("progress-label").textContent = fromCache
+    ? "Model loaded from the browser's cache."
+    : "Model downloaded (kept for the next visit).";
+  const adapter = await adapterName();
+  $("adapter").textContent = `WebGPU adapter: ${adapter}`;
+  $("status").textContent = `Embedding ${SENTENCES.length} sentences…`;
+  const t1 = performance.now();
+  const corpus = await embedder.embed(SENTENCES);
+  const t2 = performance.now();
+  $("loading").hidden = true;
+  $("status").textContent =
+    `${SENTENCES.length} sentences embedded in ${(t2 - t1).toFixed(0)} ms ` +
+    `(model ready in ${(t1 - t0).toFixed(0)} ms). Type a query.`;
+  $("query").disabled = false;
+  $("go").disabled = false;
+  $("query").focus();
+  return { embedder, adapter, corpus, fromCache, loadMs: t1 - t0, corpusMs: t2 - t1 };
+}
+
+async function search(state, query) {
+  const t = performance.now();
+  const [q] = await state.embedder.embed([query]);
+  const ms = performance.now() - t;
+  const ranked = SENTENCES.map((s, i) => ({ sentence: s, score: dot(q, state.corpus[i]) }))
+    .sort((a, b) => b.score - a.score);
+  const ol = $("results");
+  ol.replaceChildren(
+    ...ranked.slice(0, 10).map((r) => {
+      const li = document.createElement("li");
+      const score = document.createElement("span");
+      score.className = "score";
+      score.textContent = r.score.toFixed(3);
+      const text = document.createElement("span");
+      text.className = "sentence";
+      text.textContent = r.sentence;
+      li.append(score, text);
+      return li;
+    }),
+  );
+  $("timing").textContent = `${ms.toFixed(1)} ms per query`;
+  return { ranked, ms };
+}
+
+const ready = start();
+window.kiln = {
+  ready: ready.then(() => true),
+  /** One Float32Array of 384 floats per sentence. */
+  embed: async (sentences) => (await ready).embedder.embed(sentences),
+  /** Ranks the built-in sentences for `query` (as the search box does). */
+  search: async (query) => search(await ready, query),
+  /** Whether the model came from Cache Storage, and load timings. */
+  info: async () => {
+    const s = await ready;
+    return {
+      fromCache: s.fromCache,
+      loadMs: s.loadMs,
+      corpusMs: s.corpusMs,
+      adapter: s.adapter,
+      batch: s.embedder.batch,
+      tokens: s.embedder.tokens,
+    };
+  },
+  sentences: SENTENCES,
+};
+
+ready.catch((e) => showProblem(String(e.message ?? e)));
+
+$("search").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const q = $("query").value.trim();
+  if (!q) return;
+  try {
+    await search(await ready, q);
+  } catch (e) {
+    $("status").textContent = `Error: ${e.message ?? e}`;
+  }
+});

@@ -1,0 +1,120 @@
+// Kiln in the browser: the wasm module (pkg/, made by scripts/web.sh) plus
+// downloads with progress that are kept in the browser's Cache Storage.
+//
+//   import { loadProgram, loadEmbedder } from "./kiln.js";
+//   const p = await loadProgram("model.kiln");          // URL or bytes
+//   const outs = await p.run([new Float32Array(...)]);
+//
+// Everything is async; nothing blocks the page.
+
+import init, { Program, Embedder } from "./pkg/kiln_web.js";
+
+export { Program, Embedder };
+
+const CACHE = "kiln-models-v1";
+
+let ready = null;
+/** Instantiates the wasm module once. */
+export function initKiln() {
+  ready ??= init();
+  return ready;
+}
+
+/** The page's WebGPU adapter in words ("vendor architecture, fallback"). */
+export async function adapterName() {
+  const a = await navigator.gpu?.requestAdapter();
+  if (!a) return "none";
+  const i = a.info ?? {};
+  const parts = [i.vendor, i.architecture, i.device, i.description].filter((x) => x);
+  const name = parts.length ? parts.join(" ") : "unnamed adapter";
+  return (a.isFallbackAdapter ?? i.isFallbackAdapter) ? `${name} (software fallback)` : name;
+}
+
+/** Why WebGPU is not usable here, or null when it is. */
+export async function webgpuProblem() {
+  if (!("gpu" in navigator)) {
+    return (
+      "This browser has no WebGPU. Use Chrome or Edge 113 or later, Safari 26 or later, " +
+      "or Firefox 141 or later on Windows; on Linux start Chromium with " +
+      "--enable-unsafe-webgpu (and --enable-features=Vulkan on a GPU). " +
+      (window.isSecureContext ? "" : "WebGPU also needs a secure page (https or localhost).")
+    );
+  }
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) {
+    return (
+      "WebGPU is present but offers no adapter (blocked GPU, or disabled in the " +
+      "browser's settings: see chrome://gpu)."
+    );
+  }
+  return null;
+}
+
+/**
+ * The bytes at `url`, from Cache Storage when a previous visit kept them,
+ * else downloaded (`onProgress(loadedBytes, totalBytes)` as they arrive)
+ * and kept. Returns { bytes: Uint8Array, fromCache: boolean }.
+ */
+export async function fetchCached(url, onProgress = () => {}) {
+  const cache = "caches" in self ? await caches.open(CACHE) : null;
+  const hit = cache && (await cache.match(url));
+  if (hit) {
+    const bytes = new Uint8Array(await hit.arrayBuffer());
+    onProgress(bytes.length, bytes.length);
+    return { bytes, fromCache: true };
+  }
+  const resp = await fetch(url);
+  if (!resp.ok) {
+    throw new Error(`cannot download ${url}: HTTP ${resp.status} ${resp.statusText}`);
+  }
+  const total = Number(resp.headers.get("content-length")) || 0;
+  const reader = resp.body.getReader();
+  const parts = [];
+  let loaded = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    parts.push(value);
+    loaded += value.length;
+    onProgress(loaded, total || loaded);
+  }
+  const bytes = new Uint8Array(loaded);
+  let at = 0;
+  for (const p of parts) {
+    bytes.set(p, at);
+    at += p.length;
+  }
+  if (cache) {
+    await cache.put(
+      url,
+      new Response(bytes, { headers: { "content-type": "application/octet-stream" } }),
+    );
+  }
+  return { bytes, fromCache: false };
+}
+
+async function bytesOf(src, onProgress) {
+  if (src instanceof Uint8Array) return { bytes: src, fromCache: false };
+  if (src instanceof ArrayBuffer) return { bytes: new Uint8Array(src), fromCache: false };
+  return fetchCached(String(src), onProgress);
+}
+
+/** An exported program (URL or bytes) loaded onto this page's WebGPU. */
+export async function loadProgram(src, onProgress) {
+  await initKiln();
+  const { bytes } = await bytesOf(src, onProgress);
+  return Program.load(bytes);
+}
+
+/**
+ * A sentence embedder from an exported MiniLM and its tokenizer.json (URLs
+ * or bytes). Returns { embedder, fromCache }.
+ */
+export async function loadEmbedder(model, tokenizer, onProgress) {
+  await initKiln();
+  const m = await bytesOf(model, onProgress);
+  const t = await bytesOf(tokenizer);
+  const json = new TextDecoder().decode(t.bytes);
+  const embedder = await Embedder.load(m.bytes, json);
+  return { embedder, fromCache: m.fromCache };
+}
