@@ -2,7 +2,10 @@
 # Kiln's whole test suite, as CI runs it on a fresh machine: installs what
 # the GPU tests need (Mesa's software Vulkan driver, lavapipe) when absent,
 # then formatting, lints, and every test of the workspace (debug builds,
-# one target dir).
+# one target dir), then the web page in headless Chromium with WebGPU
+# (scripts/web.sh test: installs the wasm toolchain, Chromium and
+# playwright-core when absent; release builds only for the wasm module and
+# the exported model).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,3 +22,5 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p kiln-runtime -- -D warnings
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+(cd web && cargo fmt -- --check)
+./scripts/web.sh test
