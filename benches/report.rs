@@ -532,6 +532,7 @@ fn main() {
         let _ = writeln!(md, "\nOn a software adapter every Kiln time above is lavapipe running the shaders on the same CPU cores PyTorch uses: the ratios compare two CPU implementations, not a GPU with a CPU.");
     }
     export_section(&mut md, &mut model, &tmp);
+    web_section(&mut md, &model);
     std::fs::create_dir_all(out_path.parent().unwrap_or(Path::new("."))).unwrap();
     std::fs::write(&out_path, &md).unwrap();
     let _ = std::fs::remove_dir_all(&tmp);
@@ -662,6 +663,112 @@ fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
         "\nBinaries: `kiln-run` (the runtime alone: loader, session, wgpu; the engine without its `compiler` feature) {}; the `kiln` CLI {}.",
         size("kiln-run"),
         size("kiln")
+    );
+}
+
+/// Section 7: the web page (`scripts/web.sh bench`: headless Chromium with
+/// WebGPU) beside the native run of the same export file.
+fn web_section(md: &mut String, model: &MiniLm) {
+    use kiln::engine::export;
+    use kiln::engine::{Fetch, Input};
+    eprintln!("web ...");
+    let _ = writeln!(
+        md,
+        "\n## 7. In the browser (MiniLM export of `scripts/web.sh build`)\n"
+    );
+    let _ = writeln!(md, "Browser: `scripts/web.sh bench` (`tests/web/bench.mjs`): the demo page in headless Chromium with `--enable-unsafe-webgpu`, served from localhost. First result: the model's bytes (downloaded, or from Cache Storage when warm), wasm instantiated, the export checked and loaded (weights uploaded, pipelines made), then one query embedded; the page's own corpus (100 sentences) is not counted. Per query: `embed` of 1 and of 32 sentences (batches of the export's bucket, tokenization included), best of 3. Native: the same file on this machine's adapter through the engine (a new session, `export::read`, `load_exported`, one run), queries as in the page.\n");
+    let out = std::process::Command::new("scripts/web.sh")
+        .arg("bench")
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    let web: Result<Value, String> = match out {
+        Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).map_err(|e| e.to_string()),
+        Ok(o) => Err(format!("scripts/web.sh bench failed ({})", o.status)),
+        Err(e) => Err(format!("cannot run scripts/web.sh: {e}")),
+    };
+    let web = match web {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = writeln!(md, "n/a: {e}");
+            return;
+        }
+    };
+    let path = Path::new("web/dist/minilm.kiln");
+    let bytes = std::fs::read(path).unwrap();
+    let gpu = Session::open().unwrap().gpu().clone();
+    let (b, t) = {
+        let e = export::read(&bytes).unwrap();
+        let g = &e.program.graph;
+        let sizes = &g.meta(g.inputs[0]).sizes;
+        (sizes[0], sizes[1])
+    };
+    let embed = |s: &Session, exe: &kiln::engine::Executable, texts: &[&str]| {
+        for chunk in texts.chunks(b) {
+            let ids: Vec<Vec<u32>> = chunk
+                .iter()
+                .map(|x| {
+                    let mut v = model.tokenize(x).unwrap();
+                    if v.len() > t {
+                        let sep = *v.last().unwrap();
+                        v.truncate(t - 1);
+                        v.push(sep);
+                    }
+                    v
+                })
+                .collect();
+            let [id, mask] = MiniLm::token_inputs(&ids, b, t).unwrap();
+            s.run(
+                exe,
+                &[Input::Host(&id), Input::Host(&mask)],
+                &exe.options(Fetch::Host, Fetch::Skip),
+            )
+            .unwrap();
+        }
+    };
+    let first = || {
+        let t = Instant::now();
+        let s = Session::new(gpu.clone());
+        let e = export::read(&bytes).unwrap();
+        let exe = s.load_exported(&e).unwrap();
+        embed(&s, &exe, &["How is the weather today?"]);
+        (t.elapsed().as_secs_f64() * 1e3, s, exe)
+    };
+    let _ = first();
+    let (first_ms, s, exe) = first();
+    let texts: Vec<&str> = (0..32).map(|i| SENTENCES[i % SENTENCES.len()]).collect();
+    let q1 = best(3, 30.0, || embed(&s, &exe, &texts[..1])) * 1e3;
+    let q32 = best(3, 60.0, || embed(&s, &exe, &texts)) * 1e3;
+    let f = |k: &str| web[k].as_f64().map_or("n/a".into(), |x| format!("{x:.0}"));
+    let _ = writeln!(md, "| where | adapter | first result, cold cache ms | warm cache ms | 1 sentence ms | 32 sentences ms |");
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|");
+    let _ = writeln!(
+        md,
+        "| browser (Chromium, WebGPU) | {} | {} | {} | {} | {} |",
+        web["adapter"].as_str().unwrap_or("?"),
+        f("cold_first_result_ms"),
+        f("warm_first_result_ms"),
+        f("query_1_ms"),
+        f("query_32_ms"),
+    );
+    let _ = writeln!(
+        md,
+        "| native (same file) | {} | - | {first_ms:.0} | {q1:.0} | {q32:.0} |",
+        gpu.describe()
+    );
+    let kb = |k: &str| {
+        web[k]
+            .as_f64()
+            .map_or("n/a".into(), |x| format!("{:.0} KB", x / 1e3))
+    };
+    let _ = writeln!(
+        md,
+        "\nDownload: wasm {} ({} gzipped), JavaScript {} ({} gzipped), the model {:.1} MB (weights stored as f16). The second visit read the model from Cache Storage: {}.",
+        kb("wasm_bytes"),
+        kb("wasm_gzip_bytes"),
+        kb("js_bytes"),
+        kb("js_gzip_bytes"),
+        web["model_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        web["warm_from_cache"],
     );
 }
 

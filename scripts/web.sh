@@ -4,7 +4,8 @@
 #   scripts/web.sh build         wasm + page + exported MiniLM into web/dist/
 #   scripts/web.sh serve [PORT]  builds if needed, serves web/dist/ (8000)
 #   scripts/web.sh test          builds, then runs the page in headless
-#                                Chromium with WebGPU (tests/web/page.mjs)
+#                                Chromium with WebGPU (tests/web/*.test.mjs)
+#   scripts/web.sh bench         browser timings as JSON (tests/web/bench.mjs)
 #
 # Installs what it needs when missing: Debian's rustc-web (a rustc that can
 # build std for wasm32), wasm-bindgen-cli at the wasm-bindgen crate's exact
@@ -119,10 +120,16 @@ serve)
 test)
     build
     ensure_browser
-    node --test tests/web/
+    node --test tests/web/*.test.mjs
+    ;;
+bench)
+    # One JSON object on stdout (progress on stderr).
+    build >&2
+    ensure_browser >&2
+    node tests/web/bench.mjs
     ;;
 *)
-    echo "usage: scripts/web.sh build | serve [PORT] | test" >&2
+    echo "usage: scripts/web.sh build | serve [PORT] | test | bench" >&2
     exit 2
     ;;
 esac
