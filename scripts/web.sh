@@ -88,6 +88,13 @@ build_model() {
     mv "$DIST/minilm.inputs.safetensors" "$CHECK/"
     python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${sentences[@]}" \
         >"$CHECK/sentences.json"
+    # The variants the page chooses from by its adapter (one: it needs only
+    # WebGPU's defaults), with what each needs.
+    python3 -c 'import json, os, sys
+print(json.dumps([{"file": "minilm.kiln", "weights": "f16",
+    "bytes": os.path.getsize(sys.argv[1] + "/minilm.kiln"),
+    "requires": json.loads(sys.argv[2])}], indent=1))' \
+        "$DIST" "$(./target/release/kiln inspect "$DIST/minilm.kiln" --requires)" >"$DIST/models.json"
     cp "$(./target/release/minilm --print-model-dir)/tokenizer.json" "$DIST/tokenizer.json"
     ./target/release/kiln run "$DIST/minilm.kiln" --inputs "$CHECK/minilm.inputs.safetensors" \
         --output "$CHECK/native.safetensors"

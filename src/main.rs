@@ -112,6 +112,10 @@ enum Cmd {
         /// Print each kernel's WGSL too.
         #[arg(long)]
         wgsl: bool,
+        /// Print only what the export needs of an adapter, as JSON (the
+        /// manifest's `requires`: features and limits).
+        #[arg(long, conflicts_with = "wgsl")]
+        requires: bool,
     },
 }
 
@@ -156,10 +160,20 @@ fn main_result(cli: Cli) -> Result<(), String> {
             );
             Ok(())
         }
-        Cmd::Inspect { file, wgsl } => {
+        Cmd::Inspect {
+            file,
+            wgsl,
+            requires,
+        } => {
             let f = kiln::export::ExportFile::open(&file)?;
             let e = f.read()?;
-            print!("{}", kiln::export::inspect(&e, f.bytes().len(), wgsl));
+            if requires {
+                let json = serde_json::to_string_pretty(&e.manifest.requires)
+                    .map_err(|e| e.to_string())?;
+                println!("{json}");
+            } else {
+                print!("{}", kiln::export::inspect(&e, f.bytes().len(), wgsl));
+            }
             Ok(())
         }
         Cmd::Print { prog } => {

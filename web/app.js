@@ -2,11 +2,12 @@
 // Cache Storage), embeds the built-in sentences, then ranks them by cosine
 // against each query. For automation: window.kiln = { ready, embed, ... }.
 
-import { adapterName, loadEmbedder, webgpuProblem } from "./kiln.js";
+import { adapterName, chooseVariant, loadEmbedder, webgpuProblem } from "./kiln.js";
 import { SENTENCES } from "./sentences.js";
 
 const $ = (id) => document.getElementById(id);
-const MODEL = "minilm.kiln";
+// The model's variants and what each needs of an adapter.
+const VARIANTS = "models.json";
 const TOKENIZER = "tokenizer.json";
 
 function showProblem(msg) {
@@ -30,7 +31,10 @@ async function start() {
   const problem = await webgpuProblem();
   if (problem) throw new Error(problem);
   const t0 = performance.now();
-  const { embedder, fromCache } = await loadEmbedder(MODEL, TOKENIZER, (loaded, total) => {
+  const resp = await fetch(VARIANTS);
+  if (!resp.ok) throw new Error(`cannot download ${VARIANTS}: HTTP ${resp.status}`);
+  const variant = await chooseVariant(await resp.json());
+  const { embedder, fromCache } = await loadEmbedder(variant.file, TOKENIZER, (loaded, total) => {
     $("progress").max = total;
     $("progress").value = loaded;
     $("progress-label").textContent = `Downloading the model… ${mb(loaded)} of ${mb(total)}`;
@@ -39,7 +43,7 @@ async function start() {
     ? "Model loaded from the browser's cache."
     : "Model downloaded (kept for the next visit).";
   const adapter = await adapterName();
-  $("adapter").textContent = `WebGPU adapter: ${adapter}`;
+  $("adapter").textContent = `WebGPU adapter: ${adapter}; model ${variant.file} (${variant.weights} weights)`;
   $("status").textContent = `Embedding ${SENTENCES.length} sentences…`;
   const t1 = performance.now();
   const corpus = await embedder.embed(SENTENCES);

@@ -51,6 +51,46 @@ export async function webgpuProblem() {
 }
 
 /**
+ * What `adapter` (a GPUAdapter) lacks of an export's needs (`requires`, as
+ * `kiln inspect FILE --requires` prints them), in words; empty when nothing.
+ */
+export function missingFor(requires, adapter) {
+  const l = adapter.limits;
+  const miss = [];
+  for (const f of requires.features) {
+    const name = { subgroup: "subgroups" }[f] ?? f;
+    if (!adapter.features.has(name)) miss.push(`feature ${f}`);
+  }
+  const need = (what, want, have, atMost) => {
+    if (atMost ? have > want : have < want) miss.push(`${what} ${want} (this adapter: ${have})`);
+  };
+  need("storage buffer offsets aligned to", requires.min_storage_buffer_offset_alignment, l.minStorageBufferOffsetAlignment, true);
+  need("storage bindings of", requires.max_storage_buffer_binding_size, l.maxStorageBufferBindingSize);
+  need("storage buffers per stage:", requires.max_storage_buffers_per_shader_stage, l.maxStorageBuffersPerShaderStage);
+  need("buffers of", requires.max_buffer_size, l.maxBufferSize);
+  need("invocations per workgroup:", requires.max_compute_invocations_per_workgroup, l.maxComputeInvocationsPerWorkgroup);
+  need("workgroup memory of", requires.max_compute_workgroup_storage_size, l.maxComputeWorkgroupStorageSize);
+  need("workgroups per dimension:", requires.max_compute_workgroups_per_dimension, l.maxComputeWorkgroupsPerDimension);
+  return miss;
+}
+
+/**
+ * The first of a model's variants (`[{file, requires, ...}]`, the
+ * models.json that scripts/web.sh writes) this page's adapter can run,
+ * chosen before anything large is downloaded.
+ */
+export async function chooseVariant(variants) {
+  const adapter = await navigator.gpu.requestAdapter();
+  const reasons = [];
+  for (const v of variants) {
+    const m = missingFor(v.requires, adapter);
+    if (m.length === 0) return v;
+    reasons.push(`${v.file} needs ${m.join(", ")}`);
+  }
+  throw new Error(`This GPU cannot run the model: ${reasons.join("; ")}.`);
+}
+
+/**
  * The bytes at `url`, from Cache Storage when a previous visit kept them,
  * else downloaded (`onProgress(loadedBytes, totalBytes)` as they arrive)
  * and kept. Returns { bytes: Uint8Array, fromCache: boolean }.

@@ -148,3 +148,25 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     rmSync(userDir, { recursive: true, force: true });
   }
 });
+
+test("without WebGPU the page says so and how to enable it", { timeout: 120_000 }, async () => {
+  const { server, port } = await serve();
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+    headless: true,
+    // No --enable-unsafe-webgpu: headless Chromium on Linux then offers no adapter.
+    args: ["--no-sandbox", "--disable-quic", "--no-first-run"],
+  });
+  try {
+    const page = await browser.newPage();
+    await page.goto(`http://127.0.0.1:${port}/`);
+    await page.waitForSelector("#problem:not([hidden])", { timeout: 60_000 });
+    const msg = await page.textContent("#problem");
+    assert.match(msg, /WebGPU/);
+    assert.match(msg, /enable|Chrome|chrome:\/\/gpu/);
+    assert.equal(await page.isDisabled("#query"), true);
+  } finally {
+    await browser.close();
+    server.close();
+  }
+});
