@@ -638,6 +638,13 @@ fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
     // The binaries, stripped copies measured where `strip` exists.
     let size = |name: &str| -> String {
         let p = Path::new("target/release").join(name);
+        if !p.exists() && name == "kiln-run" {
+            // `cargo bench` builds only this package's binaries.
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let _ = std::process::Command::new(cargo)
+                .args(["build", "--release", "-p", "kiln-runtime"])
+                .status();
+        }
         if !p.exists() {
             return format!(
                 "n/a (not built: cargo build --release -p {})",
