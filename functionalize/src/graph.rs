@@ -7,6 +7,7 @@ use crate::meta::Meta;
 use crate::ops::{self, OpId};
 use crate::schema::Arg;
 use slotmap::{new_key_type, SlotMap};
+use std::sync::Arc;
 
 new_key_type! {
     pub struct ValueId;
@@ -26,8 +27,26 @@ pub type Name = compact_str::CompactString;
 pub struct Value {
     /// The name as written (without `%`); printing invents one if absent.
     pub name: Option<Name>,
-    pub meta: Meta,
+    /// Shared between the graph's values of equal metadata (`MetaPool`):
+    /// most values of a program have one of a few shapes.
+    pub meta: Arc<Meta>,
     pub def: Def,
+}
+
+/// A graph's distinct metadata, each held once.
+#[derive(Clone, Debug, Default)]
+pub struct MetaPool(rustc_hash::FxHashMap<Arc<Meta>, ()>);
+
+impl MetaPool {
+    /// The shared copy of `m`.
+    pub fn intern(&mut self, m: Meta) -> Arc<Meta> {
+        if let Some((k, _)) = self.0.get_key_value(&m) {
+            return k.clone();
+        }
+        let a = Arc::new(m);
+        self.0.insert(a.clone(), ());
+        a
+    }
 }
 
 /// A set of one graph's values, indexed by arena slot: no hashing, for
@@ -99,6 +118,7 @@ pub struct Graph {
     pub order: Vec<NodeId>,
     pub inputs: Vec<ValueId>,
     pub outputs: Vec<ValueId>,
+    pub metas: MetaPool,
 }
 
 impl Graph {
@@ -119,12 +139,14 @@ impl Graph {
             order: Vec::with_capacity(nodes),
             inputs: vec![],
             outputs: vec![],
+            metas: MetaPool::default(),
         }
     }
 
     /// Adds a parameter (a distinct, contiguous tensor).
     pub fn add_input(&mut self, name: Option<Name>, meta: Meta) -> ValueId {
         let i = self.inputs.len();
+        let meta = self.metas.intern(meta);
         let v = self.values.insert(Value {
             name,
             meta,
@@ -151,7 +173,7 @@ impl Graph {
     ) -> Result<Results, String> {
         let metas: smallvec::SmallVec<[Arg<&Meta>; 8]> = bound
             .iter()
-            .map(|a| a.map(&mut |v| &self.values[*v].meta))
+            .map(|a| a.map(&mut |v| &*self.values[*v].meta))
             .collect();
         let outs = ops::infer(op, &metas)?;
         drop(metas);
@@ -169,6 +191,7 @@ impl Graph {
             .into_iter()
             .enumerate()
             .map(|(i, meta)| {
+                let meta = self.metas.intern(meta);
                 self.values.insert(Value {
                     name: None,
                     meta,

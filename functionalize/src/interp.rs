@@ -243,7 +243,7 @@ pub fn eval_node(
     let outs: Vec<Meta> = node
         .results
         .iter()
-        .map(|&r| g.values[r].meta.clone())
+        .map(|&r| (*g.values[r].meta).clone())
         .collect();
     eval(node.op, args, &outs)
 }

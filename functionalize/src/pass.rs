@@ -29,6 +29,7 @@ use crate::schema::Arg;
 use crate::text::{fmt_node, Names};
 use rustc_hash::FxHashMap as HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 /// What functionalization removes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,8 +77,8 @@ struct Step {
     overload: Option<usize>,
     args: Vec<Arg<ValueId>>,
     index: usize,
-    /// The result's metadata in the source graph.
-    meta: Meta,
+    /// The result's metadata in the source graph (shared with it).
+    meta: Arc<Meta>,
     /// `key()`, encoded once.
     key: std::cell::OnceCell<Rc<[u64]>>,
 }
@@ -88,7 +89,7 @@ impl Step {
         overload: Option<usize>,
         args: Vec<Arg<ValueId>>,
         index: usize,
-        meta: Meta,
+        meta: Arc<Meta>,
     ) -> Step {
         Step {
             op,
@@ -171,7 +172,7 @@ struct StorageState {
     /// The base's value at the current generation, in the new graph.
     base: ValueId,
     /// The base's metadata in the source graph.
-    base_meta: Meta,
+    base_meta: Arc<Meta>,
     gen: u64,
     input: Option<usize>,
     /// `Mutations` mode: the last value of the base laid out as in the
@@ -246,8 +247,8 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         no_chain: Rc::new(vec![]),
     };
     for (i, &v) in g.inputs.iter().enumerate() {
-        let meta = g.meta(v).clone();
-        let nv = p.out.add_input(g.values[v].name.clone(), meta.clone());
+        let meta = g.values[v].meta.clone();
+        let nv = p.out.add_input(g.values[v].name.clone(), (*meta).clone());
         // Emitted results are named after ops: only given names can clash.
         if let Some(name) = g.values[v].name.as_deref() {
             p.names.insert(name, 1);
@@ -318,7 +319,13 @@ impl Pass<'_> {
         }
     }
 
-    fn new_storage(&mut self, src: ValueId, value: ValueId, base_meta: Meta, input: Option<usize>) {
+    fn new_storage(
+        &mut self,
+        src: ValueId,
+        value: ValueId,
+        base_meta: Arc<Meta>,
+        input: Option<usize>,
+    ) {
         self.storages.push(StorageState {
             base: value,
             base_meta,
@@ -566,7 +573,7 @@ impl Pass<'_> {
                         self.new_storage(
                             node.results[0],
                             v,
-                            self.src.meta(node.results[0]).clone(),
+                            self.src.values[node.results[0]].meta.clone(),
                             None,
                         );
                         Ok(())
@@ -617,7 +624,7 @@ impl Pass<'_> {
             None,
             vec![Arg::IntList(perm.iter().map(|&d| d as i64).collect())],
             0,
-            meta,
+            Arc::new(meta),
         ))])
     }
 
@@ -648,7 +655,7 @@ impl Pass<'_> {
         self.new_storage(
             node.results[0],
             r,
-            self.src.meta(node.results[0]).clone(),
+            self.src.values[node.results[0]].meta.clone(),
             None,
         );
         Ok(())
@@ -660,7 +667,7 @@ impl Pass<'_> {
         let bound = (op == node.op).then_some(node.overload);
         let res = self.emit_as(op, bound, args)?;
         for (&r, v) in node.results.iter().zip(res) {
-            self.new_storage(r, v, self.src.meta(r).clone(), None);
+            self.new_storage(r, v, self.src.values[r].meta.clone(), None);
         }
         Ok(())
     }
@@ -690,7 +697,7 @@ impl Pass<'_> {
                 Some(node.overload),
                 rest.clone(),
                 i,
-                self.src.meta(r).clone(),
+                self.src.values[r].meta.clone(),
             ));
             let key = self.extend_prefix(prefix, &step);
             let value = match self.cache.get(a.storage, gen, key) {
@@ -797,7 +804,7 @@ impl Pass<'_> {
         };
         // Views and as_strided replay exactly only on the base's source
         // layout: remember the last value that has it.
-        let faithful = self.out.meta(new_base) == &base_meta;
+        let faithful = self.out.meta(new_base) == &*base_meta;
         let s = &mut self.storages[a.storage];
         if faithful {
             s.layout = None;

@@ -401,7 +401,7 @@ impl Tensor {
     /// The value's metadata (`None` after an error).
     pub fn meta(&self) -> Option<Meta> {
         self.id
-            .map(|v| self.state.borrow().graph.values[v].meta.clone())
+            .map(|v| (*self.state.borrow().graph.values[v].meta).clone())
     }
 
     pub fn sizes(&self) -> Vec<usize> {
