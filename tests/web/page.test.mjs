@@ -52,17 +52,18 @@ function serve() {
   );
 }
 
-/** Tensor `name` (f32) of a safetensors file: { shape, data }. */
+/** Tensor `name` (F32 or I32) of a safetensors file: { shape, data }. */
 function readSafetensors(path, name) {
   const buf = readFileSync(path);
   const n = Number(buf.readBigUInt64LE(0));
   const t = JSON.parse(buf.subarray(8, 8 + n).toString("utf8"))[name];
   assert.ok(t, `${path} has no tensor ${name}`);
-  assert.equal(t.dtype, "F32", `${name} is ${t.dtype}`);
+  const Arr = { F32: Float32Array, I32: Int32Array }[t.dtype];
+  assert.ok(Arr, `${name} is ${t.dtype}`);
   const [a, b] = t.data_offsets;
   const bytes = buf.subarray(8 + n + a, 8 + n + b);
   const copy = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length);
-  return { shape: t.shape, data: new Float32Array(copy) };
+  return { shape: t.shape, data: new Arr(copy) };
 }
 
 function cosine(a, b) {
@@ -125,6 +126,37 @@ test("the page embeds like the native run, searches, and caches the model", { ti
       const c = cosine(rows[i], want);
       assert.ok(c >= 0.9999, `"${sentences[i]}": cosine ${c} with the native run`);
     }
+    // The generic runner on the same file: typed arrays in and out, the
+    // export's own token inputs, the native run's output; a wrong array
+    // type is an error that says what the input must be.
+    const ids = readSafetensors(join(check, "minilm.inputs.safetensors"), "input_ids");
+    const mask = readSafetensors(join(check, "minilm.inputs.safetensors"), "attention_mask");
+    const run = await page.evaluate(
+      async ([ids, mask]) => {
+        const { loadProgram } = await import("./kiln.js");
+        const p = await loadProgram("minilm.kiln");
+        const [out] = await p.run([Int32Array.from(ids), Int32Array.from(mask)]);
+        let refused = "";
+        try {
+          await p.run([Float32Array.from(ids), Int32Array.from(mask)]);
+        } catch (e) {
+          refused = String(e.message ?? e);
+        }
+        return { inputs: p.inputs, out: Array.from(out), refused };
+      },
+      [Array.from(ids.data), Array.from(mask.data)],
+    );
+    assert.deepEqual(
+      run.inputs.map((i) => [i.name, i.dtype, i.shape]),
+      [["input_ids", "i32", ids.shape], ["attention_mask", "i32", mask.shape]],
+    );
+    assert.equal(run.out.length, native.data.length);
+    for (let i = 0; i < sentences.length; i++) {
+      const c = cosine(run.out.slice(i * dim, (i + 1) * dim), native.data.subarray(i * dim, (i + 1) * dim));
+      assert.ok(c >= 0.9999, `Program.run row ${i}: cosine ${c}`);
+    }
+    assert.match(run.refused, /input `input_ids` \(i32 \[8, 32\]\) must be an Int32Array of 256 elements/);
+
     // A query through the page's own search box.
     await page.fill("#query", "Who is playing the guitar?");
     await page.click("#go");

@@ -64,56 +64,51 @@ impl Slot {
         let want = self.numel();
         let wrong = |kind: &str| {
             js_err(format!(
-                "input `{}` ({} {:?}) must be a {kind} of {want} elements",
+                "input `{}` ({} {:?}) must be {kind} of {want} elements",
                 self.name,
                 self.dtype.name(),
                 self.sizes
             ))
         };
-        macro_rules! typed {
-            ($arr:ty, $kind:literal, $t:ty) => {{
+        // The elements of `v` as a `$arr` of exactly `want` elements.
+        macro_rules! elements {
+            ($arr:ty, $kind:literal) => {{
                 let a = v.dyn_ref::<$arr>().ok_or_else(|| wrong($kind))?;
                 if a.length() as usize != want {
                     return Err(wrong($kind));
                 }
-                let data: Vec<$t> = a.to_vec();
-                HostTensor::from_slice(&self.sizes, &data).map_err(js_err)
+                a.to_vec()
             }};
         }
-        match self.dtype {
-            DType::F32 => typed!(js_sys::Float32Array, "Float32Array", f32),
-            DType::I32 => typed!(js_sys::Int32Array, "Int32Array", i32),
-            DType::U32 => typed!(js_sys::Uint32Array, "Uint32Array", u32),
-            DType::I64 => typed!(js_sys::BigInt64Array, "BigInt64Array", i64),
+        let t = match self.dtype {
+            DType::F32 => HostTensor::from_slice::<f32>(
+                &self.sizes,
+                &elements!(js_sys::Float32Array, "a Float32Array"),
+            ),
+            DType::I32 => HostTensor::from_slice::<i32>(
+                &self.sizes,
+                &elements!(js_sys::Int32Array, "an Int32Array"),
+            ),
+            DType::U32 => HostTensor::from_slice::<u32>(
+                &self.sizes,
+                &elements!(js_sys::Uint32Array, "a Uint32Array"),
+            ),
+            DType::I64 => HostTensor::from_slice::<i64>(
+                &self.sizes,
+                &elements!(js_sys::BigInt64Array, "a BigInt64Array"),
+            ),
             DType::F16 => {
-                let a = v
-                    .dyn_ref::<js_sys::Uint16Array>()
-                    .ok_or_else(|| wrong("Uint16Array (f16 bits)"))?;
-                if a.length() as usize != want {
-                    return Err(wrong("Uint16Array (f16 bits)"));
-                }
-                let bits = a.to_vec();
-                HostTensor::new(
-                    DType::F16,
-                    self.sizes.clone(),
-                    bits.iter()
-                        .flat_map(|b| b.to_le_bytes())
-                        .collect::<Vec<u8>>(),
-                )
-                .map(HostTensor::into_owned)
-                .map_err(js_err)
+                let bits: Vec<u16> = elements!(js_sys::Uint16Array, "a Uint16Array (f16 bits)");
+                let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+                HostTensor::new(DType::F16, self.sizes.clone(), bytes).map(HostTensor::into_owned)
             }
             DType::Bool => {
-                let a = v
-                    .dyn_ref::<js_sys::Uint8Array>()
-                    .ok_or_else(|| wrong("Uint8Array"))?;
-                if a.length() as usize != want {
-                    return Err(wrong("Uint8Array"));
-                }
-                let b: Vec<bool> = a.to_vec().into_iter().map(|x| x != 0).collect();
-                HostTensor::from_bools(&self.sizes, &b).map_err(js_err)
+                let b: Vec<u8> = elements!(js_sys::Uint8Array, "a Uint8Array");
+                let b: Vec<bool> = b.into_iter().map(|x| x != 0).collect();
+                HostTensor::from_bools(&self.sizes, &b)
             }
-        }
+        };
+        t.map_err(js_err)
     }
 }
 
