@@ -105,6 +105,10 @@ enum Cmd {
         /// Store f32 weights as f16 (half the file; widened at load).
         #[arg(long, value_enum)]
         weights_dtype: Option<WeightsDtype>,
+        /// Compile for browsers (WebGPU's default limits, no optional
+        /// feature) instead of for this machine's adapter.
+        #[arg(long)]
+        web: bool,
     },
     /// Print an export's manifest and program.
     Inspect {
@@ -145,9 +149,15 @@ fn main_result(cli: Cli) -> Result<(), String> {
             weights,
             output,
             weights_dtype,
+            web,
         } => {
             let g = read_program(&prog)?;
-            let session = kiln::engine::Session::open().map_err(|e| e.to_string())?;
+            let session = if web {
+                kiln::engine::Session::open_web_like()
+            } else {
+                kiln::engine::Session::open()
+            }
+            .map_err(|e| e.to_string())?;
             let opts = kiln::engine::export::ExportOptions {
                 f16_weights: matches!(weights_dtype, Some(WeightsDtype::F16)),
             };

@@ -401,6 +401,35 @@ fn exports_run_from_the_command_line() {
     for ((n, a), (_, b)) in want.iter().zip(&refr) {
         common::close_accumulated(n, a, b, 1e-5).unwrap();
     }
+    // For browsers: compiled within WebGPU's default limits, which the
+    // export records, and still the program's results here.
+    let web = dir().join("llama_web.kiln");
+    let (ok, _, err) = kiln(&[
+        "export",
+        s(&prog),
+        "--weights",
+        s(&w),
+        "--output",
+        s(&web),
+        "--web",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = kiln(&["inspect", s(&web), "--requires"]);
+    assert!(ok, "{err}");
+    let req: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(req["features"], serde_json::json!([]), "{out}");
+    assert_eq!(req["min_storage_buffer_offset_alignment"], 256, "{out}");
+    assert!(
+        req["max_storage_buffers_per_shader_stage"]
+            .as_u64()
+            .unwrap()
+            <= 8,
+        "{out}"
+    );
+    let on_web = run(&["run", s(&web), "--backend", "gpu"], "web.safetensors");
+    for ((n, a), (_, b)) in want.iter().zip(&on_web) {
+        common::close_accumulated(n, a, b, 1e-5).unwrap();
+    }
     // The runtime alone: `cargo test` builds only this package's binaries,
     // so build kiln-run (same target dir and profile) when it is missing.
     let exe = std::env::current_exe().unwrap();
