@@ -110,6 +110,7 @@ build() {
 
 ensure_browser() {
     apt_install chromium
+    command -v node >/dev/null || apt_install nodejs npm
     if [ ! -d web/node_modules/playwright-core ]; then
         echo "installing playwright-core (npm; the system Chromium drives it)"
         (cd web && npm install --no-audit --no-fund --silent)

@@ -362,16 +362,14 @@ fn exports_run_from_the_command_line() {
         .collect();
     let w = dir().join("llama_weights.safetensors");
     kiln::io::save_all(&w, &weights).unwrap();
+    let export = |out: &Path, extra: &[&str]| {
+        let mut a = vec!["export", s(&prog), "--weights", s(&w), "--output", s(out)];
+        a.extend(extra);
+        let (ok, _, err) = kiln(&a);
+        assert!(ok, "{a:?}: {err}");
+    };
     let model = dir().join("llama.kiln");
-    let (ok, _, err) = kiln(&[
-        "export",
-        s(&prog),
-        "--weights",
-        s(&w),
-        "--output",
-        s(&model),
-    ]);
-    assert!(ok, "{err}");
+    export(&model, &[]);
     let (ok, out, err) = kiln(&["inspect", s(&model)]);
     assert!(ok, "{err}");
     assert!(
@@ -404,16 +402,7 @@ fn exports_run_from_the_command_line() {
     // For browsers: compiled within WebGPU's default limits, which the
     // export records, and still the program's results here.
     let web = dir().join("llama_web.kiln");
-    let (ok, _, err) = kiln(&[
-        "export",
-        s(&prog),
-        "--weights",
-        s(&w),
-        "--output",
-        s(&web),
-        "--web",
-    ]);
-    assert!(ok, "{err}");
+    export(&web, &["--web"]);
     let (ok, out, err) = kiln(&["inspect", s(&web), "--requires"]);
     assert!(ok, "{err}");
     let req: serde_json::Value = serde_json::from_str(&out).unwrap();

@@ -80,23 +80,17 @@ impl Slot {
                 a.to_vec()
             }};
         }
+        // A host tensor of element type `$t` from a `$arr`.
+        macro_rules! plain {
+            ($arr:ty, $kind:literal, $t:ty) => {
+                HostTensor::from_slice::<$t>(&self.sizes, &elements!($arr, $kind))
+            };
+        }
         let t = match self.dtype {
-            DType::F32 => HostTensor::from_slice::<f32>(
-                &self.sizes,
-                &elements!(js_sys::Float32Array, "a Float32Array"),
-            ),
-            DType::I32 => HostTensor::from_slice::<i32>(
-                &self.sizes,
-                &elements!(js_sys::Int32Array, "an Int32Array"),
-            ),
-            DType::U32 => HostTensor::from_slice::<u32>(
-                &self.sizes,
-                &elements!(js_sys::Uint32Array, "a Uint32Array"),
-            ),
-            DType::I64 => HostTensor::from_slice::<i64>(
-                &self.sizes,
-                &elements!(js_sys::BigInt64Array, "a BigInt64Array"),
-            ),
+            DType::F32 => plain!(js_sys::Float32Array, "a Float32Array", f32),
+            DType::I32 => plain!(js_sys::Int32Array, "an Int32Array", i32),
+            DType::U32 => plain!(js_sys::Uint32Array, "a Uint32Array", u32),
+            DType::I64 => plain!(js_sys::BigInt64Array, "a BigInt64Array", i64),
             DType::F16 => {
                 let bits: Vec<u16> = elements!(js_sys::Uint16Array, "a Uint16Array (f16 bits)");
                 let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
