@@ -94,6 +94,47 @@ enum Cmd {
     },
     /// Parse a program and print it back in canonical form.
     Print { prog: PathBuf },
+    /// Print the vector-Jacobian product program: parameters, then a
+    /// cotangent `%ct_K` per floating output; returns the outputs, then the
+    /// gradient of each `--wrt` parameter (`torch.func.vjp`).
+    Vjp {
+        prog: PathBuf,
+        /// Parameters to differentiate, comma separated (default: every
+        /// floating point one).
+        #[arg(long, value_delimiter = ',')]
+        wrt: Option<Vec<String>>,
+    },
+    /// Print the Jacobian-vector product program: parameters, then a
+    /// tangent `%t_NAME` per `--wrt` parameter; returns the outputs, then a
+    /// tangent per floating output (`torch.func.jvp`).
+    Jvp {
+        prog: PathBuf,
+        #[arg(long, value_delimiter = ',')]
+        wrt: Option<Vec<String>>,
+    },
+    /// Print the gradient program of a program whose first output is a 0-d
+    /// loss (`torch.func.grad`).
+    Grad {
+        prog: PathBuf,
+        #[arg(long, value_delimiter = ',')]
+        wrt: Option<Vec<String>>,
+        /// Return the program's other outputs after the gradients.
+        #[arg(long)]
+        has_aux: bool,
+    },
+    /// Print the batched program (`torch.func.vmap`).
+    Vmap {
+        prog: PathBuf,
+        /// One per parameter: the batch dimension's position (negative
+        /// counts from the end) or `none`, comma separated.
+        #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+        in_dims: Vec<String>,
+        #[arg(long)]
+        batch_size: usize,
+        /// One per output (or one for all); default 0.
+        #[arg(long, value_delimiter = ',', allow_hyphen_values = true)]
+        out_dims: Option<Vec<i64>>,
+    },
     /// Compile a program for the GPU at hand into one file with its
     /// weights (parameters found in the weights file become constants).
     Export {
@@ -140,6 +181,17 @@ fn read_program(path: &Path) -> Result<Graph, String> {
         std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
     };
     parse(&src).map_err(|e| format!("{}:{e}", path.display()))
+}
+
+/// Reads a program, transforms it and prints the result.
+fn transformed(
+    prog: &Path,
+    f: impl FnOnce(&Graph) -> kiln::functionalize::Result<Graph>,
+) -> Result<(), String> {
+    let g = read_program(prog)?;
+    let r = f(&g).map_err(|e| format!("{}:{e}", prog.display()))?;
+    print!("{}", print(&r));
+    Ok(())
 }
 
 fn main_result(cli: Cli) -> Result<(), String> {
@@ -213,6 +265,35 @@ fn main_result(cli: Cli) -> Result<(), String> {
             runs,
             json,
         } => profile(&prog, inputs.as_deref(), weights.as_deref(), runs, json),
+        Cmd::Vjp { prog, wrt } => transformed(&prog, |g| {
+            kiln::functionalize::transform::vjp(g, wrt.as_deref())
+        }),
+        Cmd::Jvp { prog, wrt } => transformed(&prog, |g| {
+            kiln::functionalize::transform::jvp(g, wrt.as_deref())
+        }),
+        Cmd::Grad { prog, wrt, has_aux } => transformed(&prog, |g| {
+            kiln::functionalize::transform::grad(g, wrt.as_deref(), has_aux)
+        }),
+        Cmd::Vmap {
+            prog,
+            in_dims,
+            batch_size,
+            out_dims,
+        } => {
+            let dims = in_dims
+                .iter()
+                .map(|d| match d.trim() {
+                    "none" => Ok(None),
+                    x => x
+                        .parse::<i64>()
+                        .map(Some)
+                        .map_err(|_| format!("--in-dims: `{x}` is neither an integer nor `none`")),
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            transformed(&prog, |g| {
+                kiln::functionalize::transform::vmap(g, &dims, batch_size, out_dims.as_deref())
+            })
+        }
         Cmd::Functionalize { prog, remove } => {
             let g = read_program(&prog)?;
             let f =

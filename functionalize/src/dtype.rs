@@ -85,6 +85,7 @@ impl DType {
     /// zero and wraps, anything non-zero is `true`).
     pub fn cast(self, v: f64) -> f64 {
         match self {
+            DType::F32 | DType::F16 if EXACT.get() => v,
             DType::F32 => v as f32 as f64,
             DType::F16 => half::f16::from_f64(v).to_f64(),
             DType::I32 => (v as i64) as i32 as f64,
@@ -108,6 +109,24 @@ impl DType {
             || self.is_float() && to == DType::Bool
             || self.is_integral() && to == DType::Bool)
     }
+}
+
+thread_local! {
+    static EXACT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with floating point elements held as exact `f64`s (nothing
+/// rounded to f32 or f16 on a store), on this thread: derivatives are
+/// checked against finite differences in f64.
+pub fn with_exact_floats<T>(f: impl FnOnce() -> T) -> T {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            EXACT.set(self.0);
+        }
+    }
+    let _reset = Reset(EXACT.replace(true));
+    f()
 }
 
 impl fmt::Display for DType {

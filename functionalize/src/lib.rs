@@ -16,6 +16,7 @@ pub mod simplify;
 pub mod tensor;
 pub mod text;
 pub mod trace;
+pub mod transform;
 pub mod verify;
 
 pub use dtype::DType;

@@ -1129,6 +1129,29 @@ fn float_ops(code: Code, v: &[String]) -> Option<String> {
             "select(min({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))",
             y = v[1]
         ),
+        Code::Sign => format!("select(select({x}, -1.0, {x} < 0.0), 1.0, {x} > 0.0)"),
+        Code::ThresholdBackward { threshold } => format!(
+            "select({x}, 0.0, {y} <= {})",
+            literal(threshold, DType::F32),
+            y = v[1]
+        ),
+        Code::GeluBackward { tanh: false } => format!(
+            "{x} * (0.5 * (1.0 + k_erf({y} * 0.70710678118654752)) + {y} * exp(-0.5 * {y} * {y}) * 0.39894228040143268)",
+            y = v[1]
+        ),
+        Code::GeluBackward { tanh: true } => {
+            let th = format!("tanh(0.79788456080286536 * ({y} + 0.044715 * {y} * {y} * {y}))", y = v[1]);
+            format!(
+                "{x} * (0.5 * (1.0 + {th}) + 0.5 * {y} * (1.0 - {th} * {th}) * 0.79788456080286536 * (1.0 + 0.134145 * {y} * {y}))",
+                y = v[1]
+            )
+        }
+        Code::SiluBackward => format!(
+            "{x} * (1.0 / (1.0 + exp(-{y}))) * (1.0 + {y} * (1.0 - 1.0 / (1.0 + exp(-{y}))))",
+            y = v[1]
+        ),
+        Code::SigmoidBackward => format!("{x} * {y} * (1.0 - {y})", y = v[1]),
+        Code::TanhBackward => format!("{x} * (1.0 - {y} * {y})", y = v[1]),
         _ => return None,
     })
 }

@@ -4,6 +4,8 @@
 //! an op means adding one entry here.
 
 pub mod args;
+pub mod batching;
+pub mod derivatives;
 pub mod kernels;
 pub mod layout;
 pub mod pointwise;
@@ -158,6 +160,19 @@ pub struct OpDef {
     /// position by position: its in-place form refuses any operand sharing
     /// memory with the written tensor, as eager does.
     pub gathers: bool,
+    /// How function transforms treat the op (`derivatives.rs`,
+    /// `batching.rs`).
+    pub rules: Rules,
+}
+
+/// An op's rules for the transforms; `None` refuses the transform with an
+/// error naming the op. View and in-place ops have none: transforms run on
+/// functionalized programs.
+#[derive(Clone, Copy, Default)]
+pub struct Rules {
+    pub vjp: Option<crate::transform::VjpFn>,
+    pub jvp: Option<crate::transform::JvpFn>,
+    pub batch: Option<crate::transform::BatchFn>,
 }
 
 impl OpDef {
@@ -223,6 +238,7 @@ impl Builder {
             counterpart: None,
             overlap_ok: false,
             gathers: false,
+            rules: Rules::default(),
         });
         id
     }
@@ -619,6 +635,38 @@ fn build() -> Table {
         ],
         p::remainder,
         true,
+    );
+    b.pointwise("sign", &["sign(Tensor self) -> Tensor"], p::sign, true);
+    // Backward ops of derivatives.yaml that transforms emit.
+    b.pointwise(
+        "threshold_backward",
+        &["threshold_backward(Tensor grad_output, Tensor self, Scalar threshold) -> Tensor"],
+        p::threshold_backward,
+        false,
+    );
+    b.pointwise(
+        "gelu_backward",
+        &["gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor"],
+        p::gelu_backward,
+        false,
+    );
+    b.pointwise(
+        "silu_backward",
+        &["silu_backward(Tensor grad_output, Tensor self) -> Tensor"],
+        p::silu_backward,
+        false,
+    );
+    b.pointwise(
+        "sigmoid_backward",
+        &["sigmoid_backward(Tensor grad_output, Tensor output) -> Tensor"],
+        p::sigmoid_backward,
+        false,
+    );
+    b.pointwise(
+        "tanh_backward",
+        &["tanh_backward(Tensor grad_output, Tensor output) -> Tensor"],
+        p::tanh_backward,
+        false,
     );
     b.pointwise(
         "floor_divide",
@@ -1124,6 +1172,13 @@ fn build() -> Table {
         let o = b.ops.iter_mut().find(|o| o.name == n);
         o.unwrap_or_else(|| panic!("gathering op {n} is not in the table"))
             .gathers = true;
+    }
+    for o in &mut b.ops {
+        o.rules = Rules {
+            vjp: derivatives::vjp_rule(&o.name),
+            jvp: derivatives::jvp_rule(&o.name),
+            batch: batching::rule(&o.name),
+        };
     }
     let by_name = b
         .ops

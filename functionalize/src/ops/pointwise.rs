@@ -80,6 +80,20 @@ pub enum Code {
         min: bool,
         max: bool,
     },
+    /// `1`, `-1` or `0` by the sign of `x` (NaN stays NaN).
+    Sign,
+    /// Backward ops (derivatives.yaml), `(grad, x)`: `grad * f'(x)`.
+    /// `threshold_backward`: `x <= threshold ? 0 : grad`.
+    ThresholdBackward {
+        threshold: f64,
+    },
+    GeluBackward {
+        tanh: bool,
+    },
+    SiluBackward,
+    /// `(grad, y)` with `y` the forward result.
+    SigmoidBackward,
+    TanhBackward,
 }
 
 pub struct PwPlan {
@@ -676,4 +690,80 @@ pub fn clamp(a: &A) -> Result<PwPlan, String> {
             Ok(x)
         }),
     })
+}
+
+// ---------------------------------------------------------------- derivatives
+
+pub fn sign(a: &A) -> Result<PwPlan, String> {
+    unary(a, Code::Sign, false, false, |x| {
+        if x > 0.0 {
+            1.0
+        } else if x < 0.0 {
+            -1.0
+        } else {
+            x
+        }
+    })
+}
+
+/// `d/dx gelu(x)`, exact (`erf`) or of the `tanh` approximation.
+pub fn gelu_derivative(x: f64, tanh: bool) -> f64 {
+    if tanh {
+        let k = (2.0 / std::f64::consts::PI).sqrt();
+        let u = k * (x + 0.044715 * x * x * x);
+        let th = u.tanh();
+        0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * x * x)
+    } else {
+        let cdf = 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
+        let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+        cdf + x * pdf
+    }
+}
+
+/// A backward op `(grad, x)`: floating operands promoted together.
+fn backward(a: &A, code: Code, f: fn(f64, f64) -> f64) -> Result<PwPlan, String> {
+    let name = format!("{code:?}");
+    for i in 0..2 {
+        if !a.is_tensor(i) || !a.tensor(i)?.dtype.is_float() {
+            return Err(format!("{name} takes two floating point tensors"));
+        }
+    }
+    binary(a, code, same, move |_, g, x| Ok(f(g, x)))
+}
+
+pub fn threshold_backward(a: &A) -> Result<PwPlan, String> {
+    let threshold = a.scalar(2)?.to_f64();
+    let mut p = backward(a, Code::ThresholdBackward { threshold }, |g, _| g)?;
+    p.f = Box::new(move |v| Ok(if v[1] <= threshold { 0.0 } else { v[0] }));
+    Ok(p)
+}
+
+pub fn gelu_backward(a: &A) -> Result<PwPlan, String> {
+    let tanh = match a.opt_str(2)?.unwrap_or("none") {
+        "none" => false,
+        "tanh" => true,
+        other => {
+            return Err(format!(
+                "approximate argument must be either none or tanh, got \"{other}\""
+            ))
+        }
+    };
+    let mut p = backward(a, Code::GeluBackward { tanh }, |g, _| g)?;
+    p.f = Box::new(move |v| Ok(v[0] * gelu_derivative(v[1], tanh)));
+    Ok(p)
+}
+
+pub fn silu_backward(a: &A) -> Result<PwPlan, String> {
+    backward(a, Code::SiluBackward, |g, x| {
+        let s = 1.0 / (1.0 + (-x).exp());
+        g * s * (1.0 + x * (1.0 - s))
+    })
+}
+
+pub fn sigmoid_backward(a: &A) -> Result<PwPlan, String> {
+    backward(a, Code::SigmoidBackward, |g, y| g * y * (1.0 - y))
+}
+
+pub fn tanh_backward(a: &A) -> Result<PwPlan, String> {
+    backward(a, Code::TanhBackward, |g, y| g * (1.0 - y * y))
 }

@@ -1,0 +1,308 @@
+//! Function transforms (`../shared/spec/transforms.md`) checked on the
+//! reference interpreter with floats held exactly in f64: every op's VJP
+//! and JVP against central finite differences, every batching rule
+//! against a loop over the batch, compositions, and the refusals.
+
+use kiln::functionalize::dtype::with_exact_floats;
+use kiln::functionalize::transform::{grad, jvp, vjp, vmap};
+use kiln::functionalize::{parse, run, DType, Graph, RTensor};
+
+/// One program per op (or overload) with a derivative or batching rule;
+/// views and in-place ops reach the functional ops they become. Shapes
+/// are small and odd; values that must be positive go through `exp`.
+const CASES: &[&str] = &[
+    "graph add(%a: f32[2, 3], %b: f32[3]) { %y = add(%a, %b, 2) %z = add(%y, 1.5) return (%z) }",
+    "graph sub(%a: f32[2, 3], %b: f32[2, 1]) { %y = sub(%a, %b, 3) %z = sub(%y, 1) return (%z) }",
+    "graph mul(%a: f32[2, 3], %b: f32[3]) { %y = mul(%a, %b) %z = mul(%y, 3.0) return (%z) }",
+    "graph div(%a: f32[2, 3], %b: f32[3]) { %e = exp(%b) %y = div(%a, %e) %z = div(%y, 2.0) return (%z) }",
+    "graph div_mode(%a: f32[2, 3], %b: f32[3]) { %e = exp(%b) %y = div(%a, %e, \"floor\") %z = add(%y, %a) return (%z) }",
+    "graph unary(%a: f32[2, 3]) { %n = neg(%a) %e = exp(%n) %l = log(%e) %s = sqrt(%e) %r = rsqrt(%e) %b = abs(%a) %q = reciprocal(%e) %t = cat([%l, %s, %r, %b, %q], 0) return (%t) }",
+    "graph trig(%a: f32[2, 3]) { %s = sin(%a) %c = cos(%a) %t = tanh(%a) %g = sigmoid(%a) %e = erf(%a) %r = relu(%a) return (%s, %c, %t, %g, %e, %r) }",
+    "graph gelus(%a: f32[5]) { %x = mul(%a, 2.0) %g = gelu(%x) %h = gelu(%x, \"tanh\") %s = silu(%x) return (%g, %h, %s) }",
+    "graph pow(%a: f32[2, 3], %b: f32[2, 3]) { %e = exp(%a) %p = pow(%e, 2.5) %q = pow(%e, %b) %r = pow(2.0, %b) return (%p, %q, %r) }",
+    "graph extremes(%a: f32[2, 3], %b: f32[3]) { %x = maximum(%a, %b) %y = minimum(%a, %b) return (%x, %y) }",
+    "graph where(%a: f32[2, 3], %b: f32[3]) { %m = gt(%a, 0) %x = where(%m, %a, %b) %y = where(%m, %a, 0.5) %z = where(%m, 2.0, %b) return (%x, %y, %z) }",
+    "graph clamp(%a: f32[2, 3], %lo: f32[3], %hi: f32[2, 1]) { %x = clamp(%a, -0.3, 0.4) %y = clamp(%a, %lo, %hi) %z = clamp(%a, %lo) return (%x, %y, %z) }",
+    "graph remainder(%a: f32[2, 3], %b: f32[3]) { %e = exp(%b) %x = remainder(%a, %e) %y = remainder(%a, 0.7) return (%x, %y) }",
+    "graph masked_fill(%a: f32[2, 3], %v: f32[]) { %m = lt(%a, 0) %x = masked_fill(%a, %m, 0.5) %y = masked_fill(%a, %m, %v) return (%x, %y) }",
+    "graph backward_ops(%g: f32[5], %x: f32[5]) { %a = threshold_backward(%g, %x, 0.1) %s = sigmoid(%x) %b = sigmoid_backward(%g, %s) %t = tanh(%x) %c = tanh_backward(%g, %t) %d = silu_backward(%g, %x) %e = gelu_backward(%g, %x) %f = gelu_backward(%g, %x, \"tanh\") return (%a, %b, %c, %d, %e, %f) }",
+    "graph copies(%a: f32[2, 3], %b: f32[3], %v: f32[]) { %c = clone(%a) %h = _to_copy(%c, f16) %f = _to_copy(%h, f32) %r = select(%c, 0, 1) %w = copy_(%r, %b) %s = select(%c, 0, 0) %u = fill_(%s, %v) %x = alias(%f) return (%c, %x) }",
+    "graph sums(%a: f32[2, 3, 2]) { %s = sum(%a) %t = sum(%a, [0, 2], true) %u = sum(%a, [1]) %m = mean(%a) %n = mean(%a, [-1]) return (%s, %t, %u, %m, %n) }",
+    "graph var(%a: f32[3, 4]) { %v = var(%a, [1]) %s = std(%a, [0], 0, true) %w = var(%a) return (%v, %s, %w) }",
+    "graph amax(%a: f32[3, 4]) { %x = amax(%a, [1]) %y = amin(%a, [0], true) %z = max(%a) %w = min(%a) return (%x, %y, %z, %w) }",
+    "graph max_dim(%a: f32[3, 4]) { %v, %i = max(%a, 1) %u, %j = min(%a, 0, true) return (%v, %u) }",
+    "graph sort(%a: f32[3, 4]) { %v, %i = sort(%a, 1, true) %w, %j = topk(%a, 2, 0) return (%v, %w) }",
+    "graph softmax(%a: f32[3, 4]) { %s = softmax(%a, 1) %l = log_softmax(%a, 0) %t = _softmax(%a, -1, false) %u = _log_softmax(%a, 1, false) return (%s, %l, %t, %u) }",
+    "graph cumsum(%a: f32[3, 4]) { %c = cumsum(%a, 1) %d = cumsum(%a, 0) return (%c, %d) }",
+    "graph mm(%a: f32[2, 3], %b: f32[3, 4], %c: f32[2, 3, 2], %d: f32[2, 2, 3]) { %x = mm(%a, %b) %y = bmm(%c, %d) return (%x, %y) }",
+    "graph matmul(%a: f32[3], %b: f32[3, 2], %c: f32[2, 2, 3], %d: f32[3]) { %x = matmul(%a, %b) %y = matmul(%c, %d) %z = matmul(%a, %d) %w = matmul(%c, %b) return (%x, %y, %z, %w) }",
+    "graph addmm(%s: f32[4], %a: f32[2, 3], %b: f32[3, 4], %t: f32[2, 2, 2], %c: f32[2, 2, 3], %d: f32[2, 3, 2]) { %x = addmm(%s, %a, %b, 0.5, 2) %y = baddbmm(%t, %c, %d, 1.5, -1) return (%x, %y) }",
+    "graph linear(%x: f32[2, 3], %w: f32[4, 3], %b: f32[4], %v: f32[3]) { %y = linear(%x, %w, %b) %z = linear(%v, %w) return (%y, %z) }",
+    "graph layer_norm(%x: f32[2, 5], %w: f32[5], %b: f32[5], %y: f32[2, 2, 3]) { %n = layer_norm(%x, [5], %w, %b) %m = layer_norm(%y, [2, 3]) return (%n, %m) }",
+    "graph embedding(%w: f32[4, 3]) { %i = arange(5, i64) %j = remainder(%i, 4) %k = view(%j, [5, 1]) %e = embedding(%w, %k) return (%e) }",
+    "graph attention(%q: f32[2, 3, 4], %k: f32[2, 5, 4], %v: f32[2, 5, 2], %m: f32[3, 5]) { %a = scaled_dot_product_attention(%q, %k, %v) %b = scaled_dot_product_attention(%q, %k, %v, %m) %c = scaled_dot_product_attention(%q, %k, %v, none, 0.0, true) %g = gt(%m, -0.5) %d = scaled_dot_product_attention(%q, %k, %v, %g, 0.0, false, 0.3) return (%a, %b, %c, %d) }",
+    "graph views(%a: f32[2, 3, 2]) { %v = view(%a, [3, 4]) %t = transpose(%a, 0, 2) %r = reshape(%t, [4, 3]) %p = permute(%a, [2, 0, 1]) %u = unsqueeze(%a, 1) %s = squeeze(%u) %q = t(%v) %x = cat([%r, %q], 0) %y = mul(%p, 2) return (%x, %y, %s) }",
+    "graph regions(%a: f32[4, 3]) { %s = slice(%a, 0, 1, 4, 2) %e = select(%a, 1, 2) %d = diagonal(%a, -1) %n = narrow(%a, 0, -3, 2) return (%s, %e, %d, %n) }",
+    "graph strided(%a: f32[7]) { %s = as_strided(%a, [3, 2], [2, 1], 1) %u = unfold(%a, 0, 3, 2) %x = mul(%s, %s) return (%x, %u) }",
+    "graph pieces(%a: f32[5, 2]) { %x, %y = split(%a, 3) %p, %q, %r = split_with_sizes(%a, [1, 2, 2]) %c, %d = chunk(%a, 2, 1) %u, %v = unbind(%a, 1) %s = mul(%y, 2) return (%x, %s, %q, %d, %v) }",
+    "graph stack(%a: f32[2, 3], %b: f32[2, 3]) { %s = stack([%a, %b], 1) %c = cat([%a, %b], -1) return (%s, %c) }",
+    "graph shapes(%a: f32[3, 3]) { %l = tril(%a, -1) %u = triu(%a) %f = flip(%a, [0, 1]) %r = repeat(%a, [2, 1, 2]) %p = constant_pad_nd(%a, [1, 0, 0, 2], 0.5) return (%l, %u, %f, %r, %p) }",
+    "graph scatters(%a: f32[4, 3], %b: f32[2, 3], %c: f32[4], %d: f32[3]) { %x = clone(%a) %s = slice(%x, 0, 0, 4, 2) %w = add_(%s, %b) %e = select(%x, 1, 0) %w2 = mul_(%e, %c) %g = diagonal(%x) %w3 = copy_(%g, %d) %h = as_strided(%x, [2], [4], 1) %w4 = mul_(%h, 3) return (%x) }",
+    "graph indexing(%a: f32[4, 3], %b: f32[2, 3]) { %i = arange(2, i64) %j = mul(%i, 2) %s = index_select(%a, 0, %j) %x = index(%a, [%j]) %k = index_add(%a, 0, %j, %b, 0.5) %c = index_copy(%a, 0, %j, %b) return (%s, %x, %k, %c) }",
+    "graph gather(%a: f32[3, 4], %b: f32[2, 4]) { %i = arange(8, i64) %j = remainder(%i, 3) %k = view(%j, [2, 4]) %g = gather(%a, 0, %k) %s = scatter(%a, 0, %k, %b) %t = scatter(%a, 0, %k, 1.5) %u = scatter_add(%a, 0, %k, %b) %v = take_along_dim(%a, %k, 0) %w = take_along_dim(%a, %j) return (%g, %s, %t, %u, %v, %w) }",
+    "graph index_put(%a: f32[4, 3], %v: f32[3]) { %i = arange(3, i64) %j = remainder(%i, 2) %x = index_put(%a, [%j], %v, true) %k = add(%i, 1) %y = index_put(%a, [%k], %v) return (%x, %y) }",
+];
+
+/// Deterministic values in (-1, 1) with all 53 bits random (no ties).
+fn values(n: usize, seed: &mut u64) -> Vec<f64> {
+    (0..n)
+        .map(|_| {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            ((*seed >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn inputs(g: &Graph, seed: u64) -> Vec<RTensor> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    g.inputs
+        .iter()
+        .map(|&v| {
+            let m = g.meta(v);
+            assert!(
+                m.dtype.is_float(),
+                "{}: case parameters are floating",
+                g.name
+            );
+            RTensor::new(m.dtype, m.sizes.to_vec(), &values(m.numel(), &mut s))
+        })
+        .collect()
+}
+
+fn exec(g: &Graph, ins: &[RTensor]) -> Vec<RTensor> {
+    // Fresh storages: a program may write its parameters.
+    with_exact_floats(|| {
+        let ins: Vec<RTensor> = ins
+            .iter()
+            .map(|x| RTensor::new(x.dtype(), x.sizes().to_vec(), &x.values()))
+            .collect();
+        run(g, ins)
+    })
+    .unwrap_or_else(|e| panic!("{}: {e}\n{}", g.name, kiln::functionalize::print(g)))
+    .outputs
+}
+
+fn bumped(ins: &[RTensor], i: usize, dir: &[f64], h: f64) -> Vec<RTensor> {
+    let mut out = ins.to_vec();
+    let v: Vec<f64> = ins[i]
+        .values()
+        .iter()
+        .zip(dir)
+        .map(|(x, d)| x + h * d)
+        .collect();
+    out[i] = with_exact_floats(|| RTensor::new(ins[i].dtype(), ins[i].sizes().to_vec(), &v));
+    out
+}
+
+fn near(what: &str, got: f64, want: f64) {
+    let ok = (got - want).abs() <= 1e-6 + 1e-5 * want.abs() || (got.is_nan() && want.is_nan());
+    assert!(ok, "{what}: got {got}, finite differences give {want}");
+}
+
+const H: f64 = 1e-6;
+
+fn float_outputs(g: &Graph) -> Vec<usize> {
+    (0..g.outputs.len())
+        .filter(|&k| g.meta(g.outputs[k]).dtype.is_float())
+        .collect()
+}
+
+/// VJP: the gradient of `<ct, f(x)>`, element by element, against central
+/// differences; the forward outputs against the program's.
+fn check_vjp(src: &str) {
+    let g = parse(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let v = vjp(&g, None).unwrap_or_else(|e| panic!("{}: vjp: {e}", g.name));
+    let x = inputs(&g, 1);
+    let fouts = float_outputs(&g);
+    let mut s = 77u64;
+    let base = exec(&g, &x);
+    let cts: Vec<RTensor> = fouts
+        .iter()
+        .map(|&k| {
+            RTensor::new(
+                base[k].dtype(),
+                base[k].sizes().to_vec(),
+                &values(base[k].meta.numel(), &mut s),
+            )
+        })
+        .collect();
+    let mut vin = x.clone();
+    vin.extend(cts.iter().cloned());
+    let out = exec(&v, &vin);
+    for (k, b) in base.iter().enumerate() {
+        for (a, w) in out[k].values().iter().zip(b.values()) {
+            near(&format!("{}: forward output {k}", g.name), *a, w);
+        }
+    }
+    let dot = |o: &[RTensor]| -> f64 {
+        fouts
+            .iter()
+            .zip(&cts)
+            .map(|(&k, c)| {
+                o[k].values()
+                    .iter()
+                    .zip(c.values())
+                    .map(|(a, b)| a * b)
+                    .sum::<f64>()
+            })
+            .sum()
+    };
+    for (i, xi) in x.iter().enumerate() {
+        let got = out[g.outputs.len() + i].values();
+        for e in 0..xi.meta.numel() {
+            let mut d = vec![0.0; xi.meta.numel()];
+            d[e] = 1.0;
+            let fd = (dot(&exec(&g, &bumped(&x, i, &d, H)))
+                - dot(&exec(&g, &bumped(&x, i, &d, -H))))
+                / (2.0 * H);
+            near(&format!("{}: d/d param {i} [{e}]", g.name), got[e], fd);
+        }
+    }
+}
+
+/// JVP: the tangent of every floating output against a central
+/// difference along the tangent direction.
+fn check_jvp(src: &str) {
+    let g = parse(src).unwrap();
+    let j = jvp(&g, None).unwrap_or_else(|e| panic!("{}: jvp: {e}", g.name));
+    let x = inputs(&g, 2);
+    let ts = inputs(&g, 3);
+    let mut jin = x.clone();
+    jin.extend(ts.iter().cloned());
+    let out = exec(&j, &jin);
+    let plus: Vec<RTensor> = x
+        .iter()
+        .zip(&ts)
+        .map(|(a, d)| bumped(&[a.clone()], 0, &d.values(), H).remove(0))
+        .collect();
+    let minus: Vec<RTensor> = x
+        .iter()
+        .zip(&ts)
+        .map(|(a, d)| bumped(&[a.clone()], 0, &d.values(), -H).remove(0))
+        .collect();
+    let (p, m) = (exec(&g, &plus), exec(&g, &minus));
+    for (n, &k) in float_outputs(&g).iter().enumerate() {
+        let got = out[g.outputs.len() + n].values();
+        for (e, (a, b)) in p[k].values().iter().zip(m[k].values()).enumerate() {
+            near(
+                &format!("{}: tangent of output {k} [{e}]", g.name),
+                got[e],
+                (a - b) / (2.0 * H),
+            );
+        }
+    }
+}
+
+/// `per[n]` stacked with the new dimension at `d`.
+fn stack_at(per: &[RTensor], d: usize) -> RTensor {
+    let s = per[0].sizes().to_vec();
+    let mut bs = s.clone();
+    bs.insert(d, per.len());
+    let vals: Vec<Vec<f64>> = per.iter().map(|t| t.values()).collect();
+    let outer: usize = s[..d].iter().product();
+    let inner: usize = s[d..].iter().product();
+    let mut out = vec![];
+    for o in 0..outer {
+        for p in &vals {
+            out.extend_from_slice(&p[o * inner..(o + 1) * inner]);
+        }
+    }
+    with_exact_floats(|| RTensor::new(per[0].dtype(), bs, &out))
+}
+
+/// vmap against a loop: each batch element run alone, results stacked.
+fn check_vmap(src: &str, dims: &dyn Fn(usize, usize, usize) -> Option<i64>) {
+    let g = parse(src).unwrap();
+    let n = 3;
+    let in_dims: Vec<Option<i64>> = (0..g.inputs.len())
+        .map(|i| dims(i, g.meta(g.inputs[i]).dim(), g.inputs.len()))
+        .collect();
+    let bg =
+        vmap(&g, &in_dims, n, None).unwrap_or_else(|e| panic!("{}: vmap {in_dims:?}: {e}", g.name));
+    let per: Vec<Vec<RTensor>> = (0..n).map(|k| inputs(&g, 10 + k as u64)).collect();
+    let batched: Vec<RTensor> = (0..g.inputs.len())
+        .map(|i| match in_dims[i] {
+            Some(d) => {
+                let r = g.meta(g.inputs[i]).dim() as i64 + 1;
+                let d = if d < 0 { d + r } else { d } as usize;
+                stack_at(&per.iter().map(|p| p[i].clone()).collect::<Vec<_>>(), d)
+            }
+            None => per[0][i].clone(),
+        })
+        .collect();
+    let got = exec(&bg, &batched);
+    let want: Vec<Vec<RTensor>> = (0..n)
+        .map(|k| {
+            let ins: Vec<RTensor> = (0..g.inputs.len())
+                .map(|i| {
+                    if in_dims[i].is_some() {
+                        per[k][i].clone()
+                    } else {
+                        per[0][i].clone()
+                    }
+                })
+                .collect();
+            exec(&g, &ins)
+        })
+        .collect();
+    for k in 0..g.outputs.len() {
+        let w = stack_at(&want.iter().map(|o| o[k].clone()).collect::<Vec<_>>(), 0);
+        assert_eq!(
+            got[k].sizes(),
+            w.sizes(),
+            "{}: vmap {in_dims:?} output {k} shape",
+            g.name
+        );
+        for (e, (a, b)) in got[k].values().iter().zip(w.values()).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-9 * (1.0 + b.abs()) || (a.is_nan() && b.is_nan()),
+                "{}: vmap {in_dims:?} output {k} [{e}]: got {a}, the loop gives {b}\n{}",
+                g.name,
+                kiln::functionalize::print(&bg)
+            );
+        }
+    }
+}
+
+#[test]
+fn every_vjp_rule_matches_finite_differences() {
+    for src in CASES {
+        check_vjp(src);
+    }
+}
+
+#[test]
+fn every_jvp_rule_matches_finite_differences() {
+    for src in CASES {
+        check_jvp(src);
+    }
+}
+
+#[test]
+fn every_batching_rule_matches_a_loop() {
+    for src in CASES {
+        check_vmap(src, &|_, _, _| Some(0));
+        // First parameter unbatched, the others batched at their last dim.
+        check_vmap(src, &|i, _, n| {
+            if i == 0 && n > 1 {
+                None
+            } else {
+                Some(-1)
+            }
+        });
+        // Every parameter batched in the middle.
+        check_vmap(src, &|_, r, _| Some((r / 2) as i64));
+    }
+}
