@@ -42,6 +42,7 @@ const CASES: &[&str] = &[
     "graph embedding(%w: f32[4, 3]) { %i = arange(5, i64) %j = remainder(%i, 4) %k = view(%j, [5, 1]) %e = embedding(%w, %k) return (%e) }",
     "graph attention(%q: f32[2, 3, 4], %k: f32[2, 5, 4], %v: f32[2, 5, 2], %m: f32[3, 5]) { %a = scaled_dot_product_attention(%q, %k, %v) %b = scaled_dot_product_attention(%q, %k, %v, %m) %c = scaled_dot_product_attention(%q, %k, %v, none, 0.0, true) %g = gt(%m, -0.5) %d = scaled_dot_product_attention(%q, %k, %v, %g, 0.0, false, 0.3) return (%a, %b, %c, %d) }",
     "graph views(%a: f32[2, 3, 2]) { %v = view(%a, [3, 4]) %t = transpose(%a, 0, 2) %r = reshape(%t, [4, 3]) %p = permute(%a, [2, 0, 1]) %u = unsqueeze(%a, 1) %s = squeeze(%u) %q = t(%v) %x = cat([%r, %q], 0) %y = mul(%p, 2) return (%x, %y, %s) }",
+    "graph expand(%a: f32[3, 1], %b: f32[2, 3]) { %e = expand(%a, [2, 3, 4]) %f = mul(%e, 2) %t = t(%b) %r = _reshape_copy(%t, [6]) return (%f, %r) }",
     "graph regions(%a: f32[4, 3]) { %s = slice(%a, 0, 1, 4, 2) %e = select(%a, 1, 2) %d = diagonal(%a, -1) %n = narrow(%a, 0, -3, 2) return (%s, %e, %d, %n) }",
     "graph strided(%a: f32[7]) { %s = as_strided(%a, [3, 2], [2, 1], 1) %u = unfold(%a, 0, 3, 2) %x = mul(%s, %s) return (%x, %u) }",
     "graph pieces(%a: f32[5, 2]) { %x, %y = split(%a, 3) %p, %q, %r = split_with_sizes(%a, [1, 2, 2]) %c, %d = chunk(%a, 2, 1) %u, %v = unbind(%a, 1) %s = mul(%y, 2) return (%x, %s, %q, %d, %v) }",
@@ -52,6 +53,14 @@ const CASES: &[&str] = &[
     "graph gather(%a: f32[3, 4], %b: f32[2, 4]) { %i = arange(8, i64) %j = remainder(%i, 3) %k = view(%j, [2, 4]) %g = gather(%a, 0, %k) %s = scatter(%a, 0, %k, %b) %t = scatter(%a, 0, %k, 1.5) %u = scatter_add(%a, 0, %k, %b) %v = take_along_dim(%a, %k, 0) %w = take_along_dim(%a, %j) return (%g, %s, %t, %u, %v, %w) }",
     "graph index_put(%a: f32[4, 3], %v: f32[3]) { %i = arange(3, i64) %j = remainder(%i, 2) %x = index_put(%a, [%j], %v, true) %k = add(%i, 1) %y = index_put(%a, [%k], %v) return (%x, %y) }",
 ];
+
+fn case(name: &str) -> &'static str {
+    let head = format!("graph {name}(");
+    CASES
+        .iter()
+        .find(|s| s.starts_with(&head))
+        .unwrap_or_else(|| panic!("no case {name}"))
+}
 
 /// Deterministic values in (-1, 1) with all 53 bits random (no ties).
 fn values(n: usize, seed: &mut u64) -> Vec<f64> {
@@ -305,4 +314,358 @@ fn every_batching_rule_matches_a_loop() {
         // Every parameter batched in the middle.
         check_vmap(src, &|_, r, _| Some((r / 2) as i64));
     }
+}
+
+/// Runs a transformed program and returns its outputs' values.
+fn outs(g: &Graph, ins: &[RTensor]) -> Vec<Vec<f64>> {
+    exec(g, ins).iter().map(|t| t.values()).collect()
+}
+
+/// The Jacobian of output `k` by parameter `i`, by central differences.
+fn fd_jacobian(g: &Graph, x: &[RTensor], k: usize, i: usize) -> Vec<f64> {
+    let n = x[i].meta.numel();
+    let m = exec(g, x)[k].meta.numel();
+    let mut jac = vec![0.0; m * n];
+    for e in 0..n {
+        let mut d = vec![0.0; n];
+        d[e] = 1.0;
+        let p = exec(g, &bumped(x, i, &d, H))[k].values();
+        let q = exec(g, &bumped(x, i, &d, -H))[k].values();
+        for r in 0..m {
+            jac[r * n + e] = (p[r] - q[r]) / (2.0 * H);
+        }
+    }
+    jac
+}
+
+#[test]
+fn jacrev_and_jacfwd_are_the_jacobian() {
+    use kiln::functionalize::transform::{jacfwd, jacrev};
+    for name in ["linear", "softmax", "layer_norm", "attention", "views"] {
+        let src = case(name);
+        let g = parse(src).unwrap();
+        let x = inputs(&g, 5);
+        let (r, f) = (jacrev(&g, None).unwrap(), jacfwd(&g, None).unwrap());
+        let (jr, jf) = (outs(&r, &x), outs(&f, &x));
+        let mut n = 0;
+        for k in float_outputs(&g) {
+            for i in 0..g.inputs.len() {
+                let fd = fd_jacobian(&g, &x, k, i);
+                let want_shape: Vec<usize> = exec(&g, &x)[k]
+                    .sizes()
+                    .iter()
+                    .chain(x[i].sizes())
+                    .copied()
+                    .collect();
+                assert_eq!(
+                    exec(&r, &x)[n].sizes(),
+                    &want_shape[..],
+                    "{}: jacrev block {n} shape",
+                    g.name
+                );
+                for (e, w) in fd.iter().enumerate() {
+                    near(
+                        &format!("{}: jacrev d out {k} / d param {i} [{e}]", g.name),
+                        jr[n][e],
+                        *w,
+                    );
+                    near(
+                        &format!("{}: jacfwd d out {k} / d param {i} [{e}]", g.name),
+                        jf[n][e],
+                        *w,
+                    );
+                }
+                n += 1;
+            }
+        }
+    }
+}
+
+const LOSS: &str = "graph loss(%w: f32[3, 2], %b: f32[3], %x: f32[4, 2]) {
+  %h = linear(%x, %w, %b)
+  %a = gelu(%h)
+  %s = softmax(%a, 1)
+  %l = log(%s)
+  %m = mean(%l)
+  %n = neg(%m)
+  return (%n, %a)
+}";
+
+#[test]
+fn hessian_and_hessian_vector_products_match_finite_differences() {
+    use kiln::functionalize::transform::hessian;
+    let g = parse(LOSS).unwrap();
+    let x = inputs(&g, 6);
+    let wrt = ["w".to_string(), "b".to_string()];
+    let gr = grad(&g, Some(&wrt), false).unwrap();
+    // Hessian blocks against differences of the gradient program.
+    let h = outs(&hessian(&g, Some(&wrt)).unwrap(), &x);
+    let mut n = 0;
+    for k in 0..2 {
+        for i in 0..2 {
+            let fd = fd_jacobian(&gr, &x, k, i);
+            for (e, w) in fd.iter().enumerate() {
+                near(&format!("hessian block ({k}, {i}) [{e}]"), h[n][e], *w);
+            }
+            n += 1;
+        }
+    }
+    // jvp(grad): H v in one pass.
+    let hvp = jvp(&gr, Some(&wrt)).unwrap();
+    let v = inputs(&g, 7);
+    let mut ins = x.clone();
+    ins.extend([v[0].clone(), v[1].clone()]);
+    let got = outs(&hvp, &ins);
+    let plus = bumped(&bumped(&x, 0, &v[0].values(), H), 1, &v[1].values(), H);
+    let minus = bumped(&bumped(&x, 0, &v[0].values(), -H), 1, &v[1].values(), -H);
+    let (p, m) = (outs(&gr, &plus), outs(&gr, &minus));
+    for k in 0..2 {
+        for (e, (a, b)) in p[k].iter().zip(&m[k]).enumerate() {
+            near(
+                &format!("hvp {k} [{e}]"),
+                got[2 + k][e],
+                (a - b) / (2.0 * H),
+            );
+        }
+    }
+}
+
+#[test]
+fn grad_of_grad_and_per_example_gradients() {
+    // grad(grad) of a scalar function: d2/dx2 (x^3 sin x).
+    let g =
+        parse("graph f(%x: f32[]) { %c = pow(%x, 3) %s = sin(%x) %y = mul(%c, %s) return (%y) }")
+            .unwrap();
+    let gg = grad(&grad(&g, None, false).unwrap(), None, false).unwrap();
+    for x0 in [-1.3, 0.4, 2.0] {
+        let x = vec![RTensor::new(DType::F32, vec![], &[x0])];
+        let x0 = x[0].values()[0];
+        let want = 6.0 * x0 * x0.sin() + 6.0 * x0 * x0 * x0.cos() - x0.powi(3) * x0.sin();
+        near("grad(grad(x^3 sin x))", outs(&gg, &x)[0][0], want);
+    }
+    // vmap(grad): per-example gradients of the loss over rows of %x.
+    let g = parse(LOSS).unwrap();
+    let gr = grad(&g, Some(&["w".to_string(), "b".to_string()]), true).unwrap();
+    let per = vmap(&gr, &[None, None, Some(0)], 5, None).unwrap();
+    let x = inputs(&g, 8);
+    let rows: Vec<Vec<RTensor>> = (0..5).map(|k| inputs(&g, 20 + k)).collect();
+    let batched = stack_at(&rows.iter().map(|r| r[2].clone()).collect::<Vec<_>>(), 0);
+    let got = outs(&per, &[x[0].clone(), x[1].clone(), batched]);
+    for (k, r) in rows.iter().enumerate() {
+        let want = outs(&gr, &[x[0].clone(), x[1].clone(), r[2].clone()]);
+        for o in 0..3 {
+            let n = want[o].len();
+            for e in 0..n {
+                let a = got[o][k * n + e];
+                assert!(
+                    (a - want[o][e]).abs() <= 1e-9 * (1.0 + a.abs()),
+                    "per-example output {o}, example {k} [{e}]: {a} vs {}",
+                    want[o][e]
+                );
+            }
+        }
+    }
+}
+
+/// A program that mutates its parameters through views.
+const MUTATES: &str = "graph m(%a: f32[3, 4], %b: f32[4]) {
+  %r = select(%a, 0, 1)
+  %w = mul_(%r, %b)
+  %t = transpose(%a, 0, 1)
+  %s = sum(%t, 1)
+  %u = exp_(%b)
+  %y = mul(%s, %u)
+  return (%y)
+}";
+
+#[test]
+fn mutated_parameters_keep_their_epilogue() {
+    let g = parse(MUTATES).unwrap();
+    let x = inputs(&g, 9);
+    let eager = with_exact_floats(|| {
+        let ins: Vec<RTensor> = x
+            .iter()
+            .map(|t| RTensor::new(t.dtype(), t.sizes().to_vec(), &t.values()))
+            .collect();
+        run(&g, ins).unwrap()
+    });
+    // vjp: final parameters as eager's, gradients as finite differences.
+    check_vjp(MUTATES);
+    check_jvp(MUTATES);
+    let v = vjp(&g, None).unwrap();
+    let mut ins = x.clone();
+    ins.push(RTensor::new(DType::F32, vec![4], &[0.5, -1.0, 2.0, 0.25]));
+    let r = with_exact_floats(|| {
+        run(
+            &v,
+            ins.iter()
+                .map(|t| RTensor::new(t.dtype(), t.sizes().to_vec(), &t.values()))
+                .collect(),
+        )
+        .unwrap()
+    });
+    for i in 0..2 {
+        assert_eq!(
+            r.inputs[i].values(),
+            eager.inputs[i].values(),
+            "vjp: final value of parameter {i}"
+        );
+    }
+    // vmap: a batched parameter written back batched, as a loop would.
+    check_vmap(MUTATES, &|_, _, _| Some(0));
+    let b = vmap(&g, &[Some(1), Some(0)], 2, None).unwrap();
+    let per: Vec<Vec<RTensor>> = (0..2).map(|k| inputs(&g, 30 + k)).collect();
+    let ins = vec![
+        stack_at(&[per[0][0].clone(), per[1][0].clone()], 1),
+        stack_at(&[per[0][1].clone(), per[1][1].clone()], 0),
+    ];
+    let r = with_exact_floats(|| run(&b, ins).unwrap());
+    for (k, p) in per.iter().enumerate() {
+        let e = with_exact_floats(|| {
+            run(
+                &g,
+                p.iter()
+                    .map(|t| RTensor::new(t.dtype(), t.sizes().to_vec(), &t.values()))
+                    .collect(),
+            )
+            .unwrap()
+        });
+        let a = r.inputs[0].values();
+        let want = e.inputs[0].values();
+        // Parameter 0 is [3, 2, 4] with the batch at 1.
+        for i in 0..3 {
+            for j in 0..4 {
+                let got = a[i * 8 + k * 4 + j];
+                assert!(
+                    (got - want[i * 4 + j]).abs() < 1e-9,
+                    "vmap: final %a, example {k} [{i}, {j}]"
+                );
+            }
+        }
+    }
+}
+
+fn err_of(r: kiln::functionalize::Result<Graph>) -> String {
+    match r {
+        Ok(g) => panic!(
+            "expected a refusal, got\n{}",
+            kiln::functionalize::print(&g)
+        ),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn refusals_say_what_and_where() {
+    let g = parse(LOSS).unwrap();
+    let e = err_of(grad(&g, Some(&["q".into()]), false));
+    assert!(
+        e.contains("no parameter `q`") && e.contains("w, b, x"),
+        "{e}"
+    );
+    let i = parse(
+        "graph f(%x: f32[3], %i: i64[2]) { %y = index_select(%x, 0, %i) %s = sum(%y) return (%s) }",
+    )
+    .unwrap();
+    let e = err_of(vjp(&i, Some(&["i".into()])));
+    assert!(
+        e.contains("parameter `i` is i64") && e.contains("floating point"),
+        "{e}"
+    );
+    let e = err_of(grad(
+        &parse("graph f(%x: f32[3]) { %y = exp(%x) return (%y) }").unwrap(),
+        None,
+        false,
+    ));
+    assert!(
+        e.contains("0-d floating point") && e.contains("f32[3]"),
+        "{e}"
+    );
+    let d = parse("graph f(%w: f32[4, 2]) { %i = arange(3, i64) %a = embedding(%w, %i, -1, true) return (%a) }").unwrap();
+    let e = err_of(vjp(&d, None));
+    assert!(
+        e.contains("line 1: `%embedding = embedding(%w, %arange, -1, true)`")
+            && e.contains("scale_grad_by_freq")
+            && e.contains("vjp"),
+        "{e}"
+    );
+    let m = parse("graph f(%x: f32[3], %y: f32[3]) { %a = add_(%x, %y) return (%a) }").unwrap();
+    let e = err_of(vmap(&m, &[None, Some(0)], 2, None));
+    assert!(
+        e.contains("parameter `x` is not batched") && e.contains("batched value"),
+        "{e}"
+    );
+    let e = err_of(vmap(&m, &[Some(0)], 2, None));
+    assert!(e.contains("1 in-dims given for 2 parameters"), "{e}");
+    let e = err_of(vmap(&m, &[Some(2), Some(0)], 2, None));
+    assert!(e.contains("in-dim of parameter `x`"), "{e}");
+}
+
+/// Every op a functionalized program can hold has its three rules, and
+/// every op whose derivative flows is exercised by a case above.
+#[test]
+fn every_op_has_rules_and_a_case() {
+    use kiln::functionalize::ops::{OpKind, TABLE};
+    use kiln::functionalize::{functionalize, Remove};
+    let mut seen = std::collections::BTreeSet::new();
+    for src in CASES {
+        let f = functionalize(&parse(src).unwrap(), Remove::MutationsAndViews).unwrap();
+        for &n in &f.graph.order {
+            seen.insert(f.graph.nodes[n].op.name().to_string());
+        }
+    }
+    // Results that are integers, bools or constants: no derivative flows.
+    let constant = [
+        "zeros",
+        "ones",
+        "full",
+        "arange",
+        "zeros_like",
+        "ones_like",
+        "full_like",
+        "zero",
+        "sign",
+        "floor_divide",
+        "argmax",
+        "argmin",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "logical_not",
+        "logical_and",
+        "logical_or",
+    ];
+    let mut missing = vec![];
+    for op in &TABLE.ops {
+        let functional = matches!(op.kind, OpKind::Functional | OpKind::Factory);
+        let r = op.rules;
+        if !functional {
+            assert!(
+                r.vjp.is_none() && r.jvp.is_none() && r.batch.is_none(),
+                "{}: views and in-place ops are functionalized before any transform",
+                op.name
+            );
+            continue;
+        }
+        assert!(
+            r.vjp.is_some() && r.jvp.is_some(),
+            "{} has no derivative rules",
+            op.name
+        );
+        assert!(
+            r.batch.is_some() || op.kind == OpKind::Factory,
+            "{} has no batching rule",
+            op.name
+        );
+        if !constant.contains(&op.name.as_str()) && !seen.contains(&op.name) {
+            missing.push(op.name.clone());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "ops with derivative rules that no case exercises: {missing:?}"
+    );
 }

@@ -360,6 +360,10 @@ impl Pass<'_> {
             None => self.out.call(op, &args),
         }
         .map_err(|m| self.err(format!("internal error while emitting {}: {m}", op.name())))?;
+        // What a statement becomes keeps its source line (for later errors).
+        if let (Some(n), Some(node)) = (self.at, self.out.order.last()) {
+            self.out.nodes[*node].line = self.src.nodes[n].line;
+        }
         let base = op.name().trim_end_matches('_');
         for &r in &res {
             let k = self.names.entry(base).or_insert(0);

@@ -756,3 +756,156 @@ pub fn vmap(
     crate::simplify::eliminate_dead_code(&mut g);
     Ok(g)
 }
+
+/// Copies `g`'s nodes into `e` with its parameters bound to `args`: the
+/// values of its outputs (a program called from a program).
+fn inline(e: &mut Emitter, g: &Graph, args: &[ValueId]) -> R<Vec<ValueId>> {
+    let mut map: HashMap<ValueId, ValueId> =
+        g.inputs.iter().copied().zip(args.iter().copied()).collect();
+    for &n in &g.order {
+        let node = &g.nodes[n];
+        let a = mapped_args(&map, &node.args);
+        let rs = e.call_id(node.op, a)?;
+        for (&old, &new) in node.results.iter().zip(&rs) {
+            map.insert(old, new);
+        }
+    }
+    Ok(g.outputs.iter().map(|v| map[v]).collect())
+}
+
+/// `n` by `n` identity of `dtype`, viewed as `[n, *shape]`.
+fn basis(e: &mut Emitter, shape: &[usize], dtype: crate::DType) -> R<ValueId> {
+    let n: usize = shape.iter().product();
+    let i = e.call(
+        "arange",
+        vec![emit::int(n as i64), Arg::Dtype(crate::DType::I64)],
+    )?;
+    let col = e.view(i, &[n, 1])?;
+    let row = e.view(i, &[1, n])?;
+    let eye = e.call("eq", vec![t(col), t(row)])?;
+    let eye = e.cast(eye, dtype)?;
+    let mut s = vec![n];
+    s.extend_from_slice(shape);
+    e.view(eye, &s)
+}
+
+/// The Jacobians of `g` by reverse mode (`torch.func.jacrev`): for each
+/// floating output K and each `wrt` parameter P, in that order, a tensor of
+/// shape `out_K.shape + P.shape`. Built as `vmap(vjp)` over a basis of
+/// cotangents.
+pub fn jacrev(g: &Graph, wrt: Option<&[String]>) -> Result<Graph> {
+    let v = vjp(g, wrt)?;
+    let p = Prepared::new(g)?;
+    let wrt_idx = p.wrt("jacrev", wrt)?;
+    let fouts = floating_outputs(&p.g);
+    let np = g.inputs.len();
+    let mut e = Emitter::new(&g.name);
+    let params: Vec<ValueId> = g
+        .inputs
+        .iter()
+        .map(|&x| {
+            e.g.add_input(g.values[x].name.clone(), (*g.values[x].meta).clone())
+        })
+        .collect();
+    let fail = |m: String| Error::Statement {
+        line: None,
+        stmt: "jacrev".into(),
+        msg: m,
+    };
+    let mut outs = vec![];
+    for (j, &k) in fouts.iter().enumerate() {
+        let om = p.g.meta(p.g.outputs[k]).clone();
+        let n: usize = om.sizes.iter().product();
+        // Cotangent K batched over the basis, the others zero.
+        let mut dims = vec![None; np + fouts.len()];
+        dims[np + j] = Some(0);
+        let b = vmap(&v, &dims, n.max(1), None)?;
+        let mut args = params.clone();
+        for (jj, &kk) in fouts.iter().enumerate() {
+            let m = p.g.meta(p.g.outputs[kk]).clone();
+            args.push(if jj == j {
+                basis(&mut e, &m.sizes, m.dtype).map_err(fail)?
+            } else {
+                e.zeros(&m.sizes, m.dtype).map_err(fail)?
+            });
+        }
+        let r = inline(&mut e, &b, &args).map_err(fail)?;
+        for (w, &i) in wrt_idx.iter().enumerate() {
+            let gi = r[g.outputs.len() + w];
+            let mut s = om.sizes.to_vec();
+            s.extend(g.meta(g.inputs[i]).sizes.iter());
+            outs.push(e.view(gi, &s).map_err(fail)?);
+        }
+    }
+    e.g.outputs = outs;
+    crate::simplify::eliminate_dead_code(&mut e.g);
+    Ok(e.g)
+}
+
+/// The Jacobians of `g` by forward mode (`torch.func.jacfwd`), in
+/// `jacrev`'s order and shapes: `vmap(jvp)` over a basis of tangents.
+pub fn jacfwd(g: &Graph, wrt: Option<&[String]>) -> Result<Graph> {
+    let j = jvp(g, wrt)?;
+    let p = Prepared::new(g)?;
+    let wrt_idx = p.wrt("jacfwd", wrt)?;
+    let fouts = floating_outputs(&p.g);
+    let np = g.inputs.len();
+    let mut e = Emitter::new(&g.name);
+    let params: Vec<ValueId> = g
+        .inputs
+        .iter()
+        .map(|&x| {
+            e.g.add_input(g.values[x].name.clone(), (*g.values[x].meta).clone())
+        })
+        .collect();
+    let fail = |m: String| Error::Statement {
+        line: None,
+        stmt: "jacfwd".into(),
+        msg: m,
+    };
+    // cols[w][j]: Jacobian of floating output j by parameter w, `[n_w, *out]`.
+    let mut cols = vec![];
+    for (w, &i) in wrt_idx.iter().enumerate() {
+        let pm = g.meta(g.inputs[i]).clone();
+        let n: usize = pm.sizes.iter().product();
+        let mut dims = vec![None; np + wrt_idx.len()];
+        dims[np + w] = Some(0);
+        let b = vmap(&j, &dims, n.max(1), None)?;
+        let mut args = params.clone();
+        for (ww, &ii) in wrt_idx.iter().enumerate() {
+            let m = g.meta(g.inputs[ii]).clone();
+            args.push(if ww == w {
+                basis(&mut e, &m.sizes, m.dtype).map_err(fail)?
+            } else {
+                e.zeros(&m.sizes, m.dtype).map_err(fail)?
+            });
+        }
+        let r = inline(&mut e, &b, &args).map_err(fail)?;
+        cols.push(r[g.outputs.len()..].to_vec());
+    }
+    let mut outs = vec![];
+    for (jj, &k) in fouts.iter().enumerate() {
+        let om = p.g.meta(p.g.outputs[k]).clone();
+        for (w, &i) in wrt_idx.iter().enumerate() {
+            let c = cols[w][jj];
+            // [n, *out] -> [*out, n] -> [*out, *param]
+            let r = e.rank(c);
+            let perm: Vec<usize> = (1..r).chain([0]).collect();
+            let moved = e.permute(c, &perm).map_err(fail)?;
+            let mut s = om.sizes.to_vec();
+            s.extend(g.meta(g.inputs[i]).sizes.iter());
+            outs.push(e.view(moved, &s).map_err(fail)?);
+        }
+    }
+    e.g.outputs = outs;
+    crate::simplify::eliminate_dead_code(&mut e.g);
+    Ok(e.g)
+}
+
+/// The Hessian of a program whose first output is a 0-d loss
+/// (`torch.func.hessian`): `jacfwd(jacrev)`, one `[*P, *Q]` block per pair
+/// of `wrt` parameters.
+pub fn hessian(g: &Graph, wrt: Option<&[String]>) -> Result<Graph> {
+    let gr = grad(g, wrt, false)?;
+    jacfwd(&gr, wrt)
+}
