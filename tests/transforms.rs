@@ -669,3 +669,125 @@ fn every_op_has_rules_and_a_case() {
         "ops with derivative rules that no case exercises: {missing:?}"
     );
 }
+
+/// Random programs of views and mutations: the VJP is the adjoint of the
+/// JVP (`<ct, J t> = <J^T ct, t>`, no differencing), the JVP matches
+/// central differences where the function is smooth, and `vmap` matches a
+/// loop over the batch.
+#[test]
+fn random_programs_through_vjp_jvp_and_vmap() {
+    use kiln::functionalize::random::{random_program, Seeded};
+    let (mut checked, mut kinks, mut refused) = (0, 0, vec![]);
+    for seed in 0..150u64 {
+        let g = random_program(&mut Seeded(seed), 10);
+        if !g.inputs.iter().all(|&v| g.meta(v).dtype.is_float()) {
+            continue;
+        }
+        let (v, j) = match (vjp(&g, None), jvp(&g, None)) {
+            (Ok(v), Ok(j)) => (v, j),
+            (Err(e), _) | (_, Err(e)) => {
+                refused.push(format!("seed {seed}: {e}"));
+                continue;
+            }
+        };
+        let x = inputs(&g, seed);
+        let ts = inputs(&g, seed + 1000);
+        let fo = float_outputs(&g);
+        let base = exec(&g, &x);
+        let mut s = seed | 1;
+        let cts: Vec<RTensor> = fo
+            .iter()
+            .map(|&k| {
+                RTensor::new(
+                    base[k].dtype(),
+                    base[k].sizes().to_vec(),
+                    &values(base[k].meta.numel(), &mut s),
+                )
+            })
+            .collect();
+        let mut vin = x.clone();
+        vin.extend(cts.iter().cloned());
+        let mut jin = x.clone();
+        jin.extend(ts.iter().cloned());
+        let (vo, jo) = (outs(&v, &vin), outs(&j, &jin));
+        let no = g.outputs.len();
+        let lhs: f64 = fo
+            .iter()
+            .enumerate()
+            .map(|(n, _)| {
+                jo[no + n]
+                    .iter()
+                    .zip(cts[n].values())
+                    .map(|(a, b)| a * b)
+                    .sum::<f64>()
+            })
+            .sum();
+        let rhs: f64 = (0..x.len())
+            .map(|i| {
+                vo[no + i]
+                    .iter()
+                    .zip(ts[i].values())
+                    .map(|(a, b)| a * b)
+                    .sum::<f64>()
+            })
+            .sum();
+        let scale = 1.0 + lhs.abs().max(rhs.abs());
+        assert!(
+            (lhs - rhs).abs() <= 1e-9 * scale || (lhs.is_nan() && rhs.is_nan()),
+            "seed {seed}: <ct, J t> = {lhs} but <J^T ct, t> = {rhs}\n{}",
+            kiln::functionalize::print(&g)
+        );
+        let step = |h: f64| -> Vec<Vec<f64>> {
+            let p: Vec<RTensor> = x
+                .iter()
+                .zip(&ts)
+                .map(|(a, d)| bumped(&[a.clone()], 0, &d.values(), h).remove(0))
+                .collect();
+            let m: Vec<RTensor> = x
+                .iter()
+                .zip(&ts)
+                .map(|(a, d)| bumped(&[a.clone()], 0, &d.values(), -h).remove(0))
+                .collect();
+            let (p, m) = (outs(&g, &p), outs(&g, &m));
+            fo.iter()
+                .map(|&k| {
+                    p[k].iter()
+                        .zip(&m[k])
+                        .map(|(a, b)| (a - b) / (2.0 * h))
+                        .collect()
+                })
+                .collect()
+        };
+        let (f1, f2) = (step(1e-6), step(1e-7));
+        for (n, _) in fo.iter().enumerate() {
+            for e in 0..f1[n].len() {
+                let (a, b, got) = (f1[n][e], f2[n][e], jo[no + n][e]);
+                if !a.is_finite() || (a - b).abs() > 1e-4 * (1.0 + a.abs()) {
+                    kinks += 1; // a discontinuity or kink within reach of the step
+                    continue;
+                }
+                near(
+                    &format!("seed {seed}: tangent of floating output {n} [{e}]"),
+                    got,
+                    a,
+                );
+            }
+        }
+        check_vmap_graph(&g, seed);
+        checked += 1;
+    }
+    eprintln!("{checked} random programs checked, {kinks} elements at kinks skipped");
+    assert!(
+        checked >= 100,
+        "only {checked} random programs checked; refused: {refused:#?}"
+    );
+    assert!(refused.is_empty(), "{refused:#?}");
+    assert!(kinks < checked * 4, "{kinks} elements at kinks");
+}
+
+fn check_vmap_graph(g: &Graph, seed: u64) {
+    let src = kiln::functionalize::print(g);
+    let leaked: &'static str = Box::leak(src.into_boxed_str());
+    let _ = seed;
+    check_vmap(leaked, &|_, _, _| Some(0));
+}
