@@ -202,6 +202,46 @@ fn op_programs_with_eight_storage_buffers() {
 
 /// Random programs of views and mutations: eager reference vs GPU, on
 /// outputs and final inputs.
+/// `vjp`, `jvp` and `vmap` of every transform case run on the GPU as
+/// on the reference.
+#[test]
+fn transformed_programs_on_the_gpu() {
+    use kiln::functionalize::transform;
+    let mut e = engine();
+    let mut n = 0;
+    for src in common::transform_cases::CASES {
+        let g = parse(src).unwrap();
+        let dims = vec![Some(0); g.inputs.len()];
+        let programs = [
+            transform::vjp(&g, None),
+            transform::jvp(&g, None),
+            transform::vmap(&g, &dims, 3, None),
+        ];
+        for (k, t) in programs.into_iter().enumerate() {
+            let t = t.unwrap_or_else(|err| panic!("{}: {err}", g.name));
+            let ins = || kiln::functionalize::random::random_inputs(&t, 7 + k as u64, 1.0);
+            let want = kiln::run(&t, ins()).unwrap_or_else(|err| panic!("{}: {err}", g.name));
+            if !want
+                .outputs
+                .iter()
+                .all(|o| o.values().iter().all(|x| x.is_finite()))
+            {
+                continue;
+            }
+            let got = e
+                .run(&t, ins())
+                .unwrap_or_else(|err| panic!("{} ({k}): {err}\n{}", g.name, kiln::print(&t)));
+            close_run(&g.name, &got, &want, 1e-4)
+                .unwrap_or_else(|m| panic!("{} ({k}): {m}\n{}", g.name, kiln::print(&t)));
+            n += 1;
+        }
+    }
+    assert!(
+        n >= 3 * common::transform_cases::CASES.len() - 6,
+        "only {n} transformed programs compared"
+    );
+}
+
 #[test]
 fn random_programs_match_the_reference_on_the_gpu() {
     use kiln::functionalize::random::{random_program, Seeded};

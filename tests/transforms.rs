@@ -7,52 +7,8 @@ use kiln::functionalize::dtype::with_exact_floats;
 use kiln::functionalize::transform::{grad, jvp, vjp, vmap};
 use kiln::functionalize::{parse, run, DType, Graph, RTensor};
 
-/// One program per op (or overload) with a derivative or batching rule;
-/// views and in-place ops reach the functional ops they become. Shapes
-/// are small and odd; values that must be positive go through `exp`.
-const CASES: &[&str] = &[
-    "graph add(%a: f32[2, 3], %b: f32[3]) { %y = add(%a, %b, 2) %z = add(%y, 1.5) return (%z) }",
-    "graph sub(%a: f32[2, 3], %b: f32[2, 1]) { %y = sub(%a, %b, 3) %z = sub(%y, 1) return (%z) }",
-    "graph mul(%a: f32[2, 3], %b: f32[3]) { %y = mul(%a, %b) %z = mul(%y, 3.0) return (%z) }",
-    "graph div(%a: f32[2, 3], %b: f32[3]) { %e = exp(%b) %y = div(%a, %e) %z = div(%y, 2.0) return (%z) }",
-    "graph div_mode(%a: f32[2, 3], %b: f32[3]) { %e = exp(%b) %y = div(%a, %e, \"floor\") %z = add(%y, %a) return (%z) }",
-    "graph unary(%a: f32[2, 3]) { %n = neg(%a) %e = exp(%n) %l = log(%e) %s = sqrt(%e) %r = rsqrt(%e) %b = abs(%a) %q = reciprocal(%e) %t = cat([%l, %s, %r, %b, %q], 0) return (%t) }",
-    "graph trig(%a: f32[2, 3]) { %s = sin(%a) %c = cos(%a) %t = tanh(%a) %g = sigmoid(%a) %e = erf(%a) %r = relu(%a) return (%s, %c, %t, %g, %e, %r) }",
-    "graph gelus(%a: f32[5]) { %x = mul(%a, 2.0) %g = gelu(%x) %h = gelu(%x, \"tanh\") %s = silu(%x) return (%g, %h, %s) }",
-    "graph pow(%a: f32[2, 3], %b: f32[2, 3]) { %e = exp(%a) %p = pow(%e, 2.5) %q = pow(%e, %b) %r = pow(2.0, %b) return (%p, %q, %r) }",
-    "graph extremes(%a: f32[2, 3], %b: f32[3]) { %x = maximum(%a, %b) %y = minimum(%a, %b) return (%x, %y) }",
-    "graph where(%a: f32[2, 3], %b: f32[3]) { %m = gt(%a, 0) %x = where(%m, %a, %b) %y = where(%m, %a, 0.5) %z = where(%m, 2.0, %b) return (%x, %y, %z) }",
-    "graph clamp(%a: f32[2, 3], %lo: f32[3], %hi: f32[2, 1]) { %x = clamp(%a, -0.3, 0.4) %y = clamp(%a, %lo, %hi) %z = clamp(%a, %lo) return (%x, %y, %z) }",
-    "graph remainder(%a: f32[2, 3], %b: f32[3]) { %e = exp(%b) %x = remainder(%a, %e) %y = remainder(%a, 0.7) return (%x, %y) }",
-    "graph masked_fill(%a: f32[2, 3], %v: f32[]) { %m = lt(%a, 0) %x = masked_fill(%a, %m, 0.5) %y = masked_fill(%a, %m, %v) return (%x, %y) }",
-    "graph backward_ops(%g: f32[5], %x: f32[5]) { %a = threshold_backward(%g, %x, 0.1) %s = sigmoid(%x) %b = sigmoid_backward(%g, %s) %t = tanh(%x) %c = tanh_backward(%g, %t) %d = silu_backward(%g, %x) %e = gelu_backward(%g, %x) %f = gelu_backward(%g, %x, \"tanh\") return (%a, %b, %c, %d, %e, %f) }",
-    "graph copies(%a: f32[2, 3], %b: f32[3], %v: f32[]) { %c = clone(%a) %h = _to_copy(%c, f16) %f = _to_copy(%h, f32) %r = select(%c, 0, 1) %w = copy_(%r, %b) %s = select(%c, 0, 0) %u = fill_(%s, %v) %x = alias(%f) return (%c, %x) }",
-    "graph sums(%a: f32[2, 3, 2]) { %s = sum(%a) %t = sum(%a, [0, 2], true) %u = sum(%a, [1]) %m = mean(%a) %n = mean(%a, [-1]) return (%s, %t, %u, %m, %n) }",
-    "graph var(%a: f32[3, 4]) { %v = var(%a, [1]) %s = std(%a, [0], 0, true) %w = var(%a) return (%v, %s, %w) }",
-    "graph amax(%a: f32[3, 4]) { %x = amax(%a, [1]) %y = amin(%a, [0], true) %z = max(%a) %w = min(%a) return (%x, %y, %z, %w) }",
-    "graph max_dim(%a: f32[3, 4]) { %v, %i = max(%a, 1) %u, %j = min(%a, 0, true) return (%v, %u) }",
-    "graph sort(%a: f32[3, 4]) { %v, %i = sort(%a, 1, true) %w, %j = topk(%a, 2, 0) return (%v, %w) }",
-    "graph softmax(%a: f32[3, 4]) { %s = softmax(%a, 1) %l = log_softmax(%a, 0) %t = _softmax(%a, -1, false) %u = _log_softmax(%a, 1, false) return (%s, %l, %t, %u) }",
-    "graph cumsum(%a: f32[3, 4]) { %c = cumsum(%a, 1) %d = cumsum(%a, 0) return (%c, %d) }",
-    "graph mm(%a: f32[2, 3], %b: f32[3, 4], %c: f32[2, 3, 2], %d: f32[2, 2, 3]) { %x = mm(%a, %b) %y = bmm(%c, %d) return (%x, %y) }",
-    "graph matmul(%a: f32[3], %b: f32[3, 2], %c: f32[2, 2, 3], %d: f32[3]) { %x = matmul(%a, %b) %y = matmul(%c, %d) %z = matmul(%a, %d) %w = matmul(%c, %b) return (%x, %y, %z, %w) }",
-    "graph addmm(%s: f32[4], %a: f32[2, 3], %b: f32[3, 4], %t: f32[2, 2, 2], %c: f32[2, 2, 3], %d: f32[2, 3, 2]) { %x = addmm(%s, %a, %b, 0.5, 2) %y = baddbmm(%t, %c, %d, 1.5, -1) return (%x, %y) }",
-    "graph linear(%x: f32[2, 3], %w: f32[4, 3], %b: f32[4], %v: f32[3]) { %y = linear(%x, %w, %b) %z = linear(%v, %w) return (%y, %z) }",
-    "graph layer_norm(%x: f32[2, 5], %w: f32[5], %b: f32[5], %y: f32[2, 2, 3]) { %n = layer_norm(%x, [5], %w, %b) %m = layer_norm(%y, [2, 3]) return (%n, %m) }",
-    "graph embedding(%w: f32[4, 3]) { %i = arange(5, i64) %j = remainder(%i, 4) %k = view(%j, [5, 1]) %e = embedding(%w, %k) return (%e) }",
-    "graph attention(%q: f32[2, 3, 4], %k: f32[2, 5, 4], %v: f32[2, 5, 2], %m: f32[3, 5]) { %a = scaled_dot_product_attention(%q, %k, %v) %b = scaled_dot_product_attention(%q, %k, %v, %m) %c = scaled_dot_product_attention(%q, %k, %v, none, 0.0, true) %g = gt(%m, -0.5) %d = scaled_dot_product_attention(%q, %k, %v, %g, 0.0, false, 0.3) return (%a, %b, %c, %d) }",
-    "graph views(%a: f32[2, 3, 2]) { %v = view(%a, [3, 4]) %t = transpose(%a, 0, 2) %r = reshape(%t, [4, 3]) %p = permute(%a, [2, 0, 1]) %u = unsqueeze(%a, 1) %s = squeeze(%u) %q = t(%v) %x = cat([%r, %q], 0) %y = mul(%p, 2) return (%x, %y, %s) }",
-    "graph expand(%a: f32[3, 1], %b: f32[2, 3]) { %e = expand(%a, [2, 3, 4]) %f = mul(%e, 2) %t = t(%b) %r = _reshape_copy(%t, [6]) return (%f, %r) }",
-    "graph regions(%a: f32[4, 3]) { %s = slice(%a, 0, 1, 4, 2) %e = select(%a, 1, 2) %d = diagonal(%a, -1) %n = narrow(%a, 0, -3, 2) return (%s, %e, %d, %n) }",
-    "graph strided(%a: f32[7]) { %s = as_strided(%a, [3, 2], [2, 1], 1) %u = unfold(%a, 0, 3, 2) %x = mul(%s, %s) return (%x, %u) }",
-    "graph pieces(%a: f32[5, 2]) { %x, %y = split(%a, 3) %p, %q, %r = split_with_sizes(%a, [1, 2, 2]) %c, %d = chunk(%a, 2, 1) %u, %v = unbind(%a, 1) %s = mul(%y, 2) return (%x, %s, %q, %d, %v) }",
-    "graph stack(%a: f32[2, 3], %b: f32[2, 3]) { %s = stack([%a, %b], 1) %c = cat([%a, %b], -1) return (%s, %c) }",
-    "graph shapes(%a: f32[3, 3]) { %l = tril(%a, -1) %u = triu(%a) %f = flip(%a, [0, 1]) %r = repeat(%a, [2, 1, 2]) %p = constant_pad_nd(%a, [1, 0, 0, 2], 0.5) return (%l, %u, %f, %r, %p) }",
-    "graph scatters(%a: f32[4, 3], %b: f32[2, 3], %c: f32[4], %d: f32[3]) { %x = clone(%a) %s = slice(%x, 0, 0, 4, 2) %w = add_(%s, %b) %e = select(%x, 1, 0) %w2 = mul_(%e, %c) %g = diagonal(%x) %w3 = copy_(%g, %d) %h = as_strided(%x, [2], [4], 1) %w4 = mul_(%h, 3) return (%x) }",
-    "graph indexing(%a: f32[4, 3], %b: f32[2, 3]) { %i = arange(2, i64) %j = mul(%i, 2) %s = index_select(%a, 0, %j) %x = index(%a, [%j]) %k = index_add(%a, 0, %j, %b, 0.5) %c = index_copy(%a, 0, %j, %b) return (%s, %x, %k, %c) }",
-    "graph gather(%a: f32[3, 4], %b: f32[2, 4]) { %i = arange(8, i64) %j = remainder(%i, 3) %k = view(%j, [2, 4]) %g = gather(%a, 0, %k) %s = scatter(%a, 0, %k, %b) %t = scatter(%a, 0, %k, 1.5) %u = scatter_add(%a, 0, %k, %b) %v = take_along_dim(%a, %k, 0) %w = take_along_dim(%a, %j) return (%g, %s, %t, %u, %v, %w) }",
-    "graph index_put(%a: f32[4, 3], %v: f32[3]) { %i = arange(3, i64) %j = remainder(%i, 2) %x = index_put(%a, [%j], %v, true) %k = add(%i, 1) %y = index_put(%a, [%k], %v) return (%x, %y) }",
-];
+mod common;
+use common::transform_cases::CASES;
 
 fn case(name: &str) -> &'static str {
     let head = format!("graph {name}(");

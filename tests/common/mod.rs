@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod transform_cases;
+
 use kiln::functionalize::compare;
 use kiln::functionalize::{DType, RTensor};
 use std::path::{Path, PathBuf};
