@@ -242,6 +242,31 @@ fn transformed_programs_on_the_gpu() {
     );
 }
 
+/// `torch.func` on the example programs (fixtures), on the GPU.
+#[test]
+fn torch_func_fixtures_on_the_gpu() {
+    let mut e = engine();
+    let (mut n, mut failures) = (0, vec![]);
+    for name in common::example_names() {
+        let mut exec = |g: &kiln::functionalize::Graph, ins: Vec<RTensor>| {
+            e.run(g, ins)
+                .map(|r| r.outputs)
+                .map_err(|err| err.to_string())
+        };
+        match common::check_torch_transforms(&name, &mut exec, 1e-4) {
+            Ok(k) => n += k,
+            Err(m) => failures.push(m),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} differ from torch.func:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(n >= 100, "only {n} transforms compared");
+}
+
 #[test]
 fn random_programs_match_the_reference_on_the_gpu() {
     use kiln::functionalize::random::{random_program, Seeded};

@@ -747,3 +747,33 @@ fn check_vmap_graph(g: &Graph, seed: u64) {
     let _ = seed;
     check_vmap(leaked, &|_, _, _| Some(0));
 }
+
+/// `torch.func` on the example programs (fixtures), on the reference.
+#[test]
+fn torch_func_fixtures_on_the_reference() {
+    let (mut n, mut failures) = (0, vec![]);
+    for name in common::example_names() {
+        let mut exec = |g: &Graph, ins: Vec<RTensor>| {
+            run(g, ins).map(|r| r.outputs).map_err(|e| e.to_string())
+        };
+        match common::check_torch_transforms(&name, &mut exec, 1e-4) {
+            Ok(k) => n += k,
+            Err(m) => failures.push(m),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} differ from torch.func:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert!(n >= 100, "only {n} transforms compared");
+    // Where torch.func is wrong, finite differences decide.
+    for (name, _) in common::TORCH_FUNC_WRONG {
+        let src =
+            std::fs::read_to_string(common::root().join(format!("examples/programs/{name}.txt")))
+                .unwrap();
+        check_vjp(&src);
+        check_jvp(&src);
+    }
+}

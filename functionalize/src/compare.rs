@@ -36,6 +36,19 @@ impl Tolerance {
         }
     }
 
+    /// The transforms' contract (`shared/spec/transforms.md`): results
+    /// equal `torch.func`'s within rtol 1e-4, atol 1e-5 in f32, and
+    /// `assert_close`'s defaults in f16.
+    pub fn transform(dtype: DType) -> Tolerance {
+        match dtype {
+            DType::F32 => Tolerance {
+                rtol: 1e-4,
+                atol: 1e-5,
+            },
+            d => Tolerance::of(d),
+        }
+    }
+
     /// For results accumulated over many terms in an order other than the
     /// reference's (GPU matrix products and reductions, f32 against the
     /// reference's f64): `of(dtype)`, with `atol` raised to `rel` times the

@@ -119,3 +119,134 @@ pub fn aliased_variant(g: &kiln::functionalize::Graph) -> Option<kiln::functiona
         })?;
     g.with_aliased_params(&[(i, j)]).ok()
 }
+
+/// Transforms where PyTorch 2.15's `torch.func` is wrong and Kiln
+/// follows the mathematics (checked against finite differences in
+/// `tests/transforms.rs`): `as_strided_scatter`'s gradient for `self` has
+/// its mask inverted; a `view_copy`'s forward-mode tangent aliases its
+/// base's, so a later `zero_` of the base zeroes it.
+pub const TORCH_FUNC_WRONG: [(&str, &str); 2] = [("scatter_ops", "vjp"), ("view_copies", "jvp")];
+
+/// Kiln's `vjp`, `jvp` and `vmap` of example program `name` against
+/// `torch.func`'s (`tests/fixtures/transforms/NAME.safetensors`, made by
+/// `tests/torch_ref/make_transform_fixtures.py`), run by `exec` (the
+/// reference or the GPU), within the spec's tolerances
+/// (`Tolerance::transform`); programs that sum many terms (`accumulates`)
+/// within `rel` of their largest magnitude, as two f32 computations
+/// summing in different orders differ. Returns how many transforms were
+/// compared. Programs with f16 values are held to f16's tolerances
+/// throughout.
+pub fn check_torch_transforms(
+    name: &str,
+    exec: &mut dyn FnMut(&kiln::functionalize::Graph, Vec<RTensor>) -> Result<Vec<RTensor>, String>,
+    rel: f64,
+) -> Result<usize, String> {
+    use kiln::functionalize::transform::{jvp, vjp, vmap};
+    let prog = root().join("examples/programs").join(format!("{name}.txt"));
+    let src = std::fs::read_to_string(&prog).unwrap();
+    let g = kiln::functionalize::parse(&src).unwrap();
+    let heavy = accumulates(&src);
+    // f32 results computed from f16 ones carry f16's rounding.
+    let half = src.contains("f16");
+    let tol = |d: DType, scale: f64| {
+        let d = if half && d.is_float() { DType::F16 } else { d };
+        if heavy {
+            compare::Tolerance::accumulated(
+                d,
+                if d == DType::F16 { rel.max(1e-3) } else { rel },
+                scale,
+            )
+        } else {
+            compare::Tolerance::transform(d)
+        }
+    };
+    let wrong = |t: &str| TORCH_FUNC_WRONG.contains(&(name, t));
+    let ins = kiln::io::load_inputs(
+        &g,
+        &root().join(format!(
+            "tests/fixtures/examples/programs/{name}.inputs.safetensors"
+        )),
+    )
+    .map_err(|e| e.to_string())?;
+    let fx: std::collections::HashMap<String, RTensor> =
+        kiln::io::load_all(&root().join(format!("tests/fixtures/transforms/{name}.safetensors")))
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .collect();
+    let names = kiln::functionalize::text::Names::of(&g);
+    let params: Vec<String> = g.inputs.iter().map(|&v| names.get(v)).collect();
+    let floating: Vec<&String> = params
+        .iter()
+        .zip(&ins)
+        .filter(|(_, t)| t.dtype().is_float())
+        .map(|(n, _)| n)
+        .collect();
+    let mut compare_all = |what: &str, got: &[RTensor], want: &[&RTensor]| -> Result<(), String> {
+        for (i, (a, b)) in got.iter().zip(want).enumerate() {
+            same_type(&format!("{name}: {what} {i}"), a, b)?;
+            let scale = b
+                .values()
+                .iter()
+                .filter(|x| x.is_finite())
+                .fold(0.0f64, |m, x| m.max(x.abs()));
+            compare::assert_close(&format!("{name}: {what} {i}"), a, b, tol(a.dtype(), scale))?;
+        }
+        Ok(())
+    };
+    // Deep copies: a run writes mutated parameters back into its inputs.
+    let fresh = |ts: &[RTensor]| -> Vec<RTensor> {
+        ts.iter()
+            .map(|t| RTensor::new(t.dtype(), t.sizes().to_vec(), &t.values()))
+            .collect()
+    };
+    let mut n = 0;
+    let fo: Vec<usize> = (0..g.outputs.len())
+        .filter(|&k| g.meta(g.outputs[k]).dtype.is_float())
+        .collect();
+    if fx.contains_key("vjp.out.0") && !wrong("vjp") {
+        let v = vjp(&g, None).map_err(|e| e.to_string())?;
+        let mut args = fresh(&ins);
+        args.extend(fo.iter().map(|k| fx[&format!("vjp.ct_{k}")].clone()));
+        let got = exec(&v, args)?;
+        let mut want: Vec<&RTensor> = (0..g.outputs.len())
+            .map(|k| &fx[&format!("vjp.out.{k}")])
+            .collect();
+        want.extend(floating.iter().map(|p| &fx[&format!("vjp.grad.{p}")]));
+        compare_all("vjp result", &got, &want)?;
+        n += 1;
+    }
+    if fx.keys().any(|k| k.starts_with("jvp.tangent.")) && !wrong("jvp") {
+        let j = jvp(&g, None).map_err(|e| e.to_string())?;
+        let mut args = fresh(&ins);
+        args.extend(floating.iter().map(|p| fx[&format!("jvp.t_{p}")].clone()));
+        let got = exec(&j, args)?;
+        let want: Vec<&RTensor> = fo
+            .iter()
+            .map(|k| &fx[&format!("jvp.tangent.{k}")])
+            .collect();
+        compare_all("jvp tangent", &got[g.outputs.len()..], &want)?;
+        n += 1;
+    }
+    if fx.contains_key("vmap.out.0") {
+        let b = vmap(&g, &vec![Some(0); g.inputs.len()], 3, None).map_err(|e| e.to_string())?;
+        let args: Vec<RTensor> = params
+            .iter()
+            .map(|p| fx[&format!("vmap.{p}")].clone())
+            .collect();
+        let got = exec(&b, args)?;
+        let want: Vec<&RTensor> = (0..g.outputs.len())
+            .map(|k| &fx[&format!("vmap.out.{k}")])
+            .collect();
+        compare_all("vmap output", &got, &want)?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// The example programs' names (`examples/programs/*.txt`).
+pub fn example_names() -> Vec<String> {
+    programs(&root().join("examples/programs"))
+        .iter()
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
