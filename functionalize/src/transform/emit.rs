@@ -44,6 +44,15 @@ impl Emitter {
         }
     }
 
+    /// Continues building `g` (common subexpressions are found among what
+    /// is emitted from now on).
+    pub fn wrap(g: Graph) -> Emitter {
+        Emitter {
+            g,
+            seen: HashMap::default(),
+        }
+    }
+
     pub fn meta(&self, v: ValueId) -> &Meta {
         self.g.meta(v)
     }

@@ -757,9 +757,17 @@ pub fn vmap(
     Ok(g)
 }
 
-/// Copies `g`'s nodes into `e` with its parameters bound to `args`: the
-/// values of its outputs (a program called from a program).
-fn inline(e: &mut Emitter, g: &Graph, args: &[ValueId]) -> R<Vec<ValueId>> {
+/// Appends `callee`'s statements to `g` with its parameters bound to
+/// `args` (a program called from a program): the values of its outputs.
+/// A `copy_` epilogue of the callee writes into the argument it was given.
+pub fn inline(g: &mut Graph, callee: &Graph, args: &[ValueId]) -> R<Vec<ValueId>> {
+    let mut e = Emitter::wrap(std::mem::take(g));
+    let r = inline_into(&mut e, callee, args);
+    *g = e.g;
+    r
+}
+
+fn inline_into(e: &mut Emitter, g: &Graph, args: &[ValueId]) -> R<Vec<ValueId>> {
     let mut map: HashMap<ValueId, ValueId> =
         g.inputs.iter().copied().zip(args.iter().copied()).collect();
     for &n in &g.order {
@@ -829,7 +837,7 @@ pub fn jacrev(g: &Graph, wrt: Option<&[String]>) -> Result<Graph> {
                 e.zeros(&m.sizes, m.dtype).map_err(fail)?
             });
         }
-        let r = inline(&mut e, &b, &args).map_err(fail)?;
+        let r = inline_into(&mut e, &b, &args).map_err(fail)?;
         for (w, &i) in wrt_idx.iter().enumerate() {
             let gi = r[g.outputs.len() + w];
             let mut s = om.sizes.to_vec();
@@ -880,7 +888,7 @@ pub fn jacfwd(g: &Graph, wrt: Option<&[String]>) -> Result<Graph> {
                 e.zeros(&m.sizes, m.dtype).map_err(fail)?
             });
         }
-        let r = inline(&mut e, &b, &args).map_err(fail)?;
+        let r = inline_into(&mut e, &b, &args).map_err(fail)?;
         cols.push(r[g.outputs.len()..].to_vec());
     }
     let mut outs = vec![];
