@@ -71,6 +71,11 @@ fn bumped(ins: &[RTensor], i: usize, dir: &[f64], h: f64) -> Vec<RTensor> {
     out
 }
 
+/// Every parameter moved by `h` times its direction in `ts`.
+fn along(x: &[RTensor], ts: &[RTensor], h: f64) -> Vec<RTensor> {
+    (0..x.len()).fold(x.to_vec(), |acc, i| bumped(&acc, i, &ts[i].values(), h))
+}
+
 fn near(what: &str, got: f64, want: f64) {
     let ok = (got - want).abs() <= 1e-6 + 1e-5 * want.abs() || (got.is_nan() && want.is_nan());
     assert!(ok, "{what}: got {got}, finite differences give {want}");
@@ -147,16 +152,8 @@ fn check_jvp(src: &str) {
     let mut jin = x.clone();
     jin.extend(ts.iter().cloned());
     let out = exec(&j, &jin);
-    let plus: Vec<RTensor> = x
-        .iter()
-        .zip(&ts)
-        .map(|(a, d)| bumped(&[a.clone()], 0, &d.values(), H).remove(0))
-        .collect();
-    let minus: Vec<RTensor> = x
-        .iter()
-        .zip(&ts)
-        .map(|(a, d)| bumped(&[a.clone()], 0, &d.values(), -H).remove(0))
-        .collect();
+    let plus = along(&x, &ts, H);
+    let minus = along(&x, &ts, -H);
     let (p, m) = (exec(&g, &plus), exec(&g, &minus));
     for (n, &k) in float_outputs(&g).iter().enumerate() {
         let got = out[g.outputs.len() + n].values();
@@ -694,16 +691,8 @@ fn random_programs_through_vjp_jvp_and_vmap() {
             kiln::functionalize::print(&g)
         );
         let step = |h: f64| -> Vec<Vec<f64>> {
-            let p: Vec<RTensor> = x
-                .iter()
-                .zip(&ts)
-                .map(|(a, d)| bumped(&[a.clone()], 0, &d.values(), h).remove(0))
-                .collect();
-            let m: Vec<RTensor> = x
-                .iter()
-                .zip(&ts)
-                .map(|(a, d)| bumped(&[a.clone()], 0, &d.values(), -h).remove(0))
-                .collect();
+            let p = along(&x, &ts, h);
+            let m = along(&x, &ts, -h);
             let (p, m) = (outs(&g, &p), outs(&g, &m));
             fo.iter()
                 .map(|&k| {

@@ -120,6 +120,10 @@ pub fn aliased_variant(g: &kiln::functionalize::Graph) -> Option<kiln::functiona
     g.with_aliased_params(&[(i, j)]).ok()
 }
 
+/// Runs a program on inputs: its outputs.
+pub type Executor<'a> =
+    dyn FnMut(&kiln::functionalize::Graph, Vec<RTensor>) -> Result<Vec<RTensor>, String> + 'a;
+
 /// Transforms where PyTorch 2.15's `torch.func` is wrong and Kiln
 /// follows the mathematics (checked against finite differences in
 /// `tests/transforms.rs`): `as_strided_scatter`'s gradient for `self` has
@@ -136,11 +140,7 @@ pub const TORCH_FUNC_WRONG: [(&str, &str); 2] = [("scatter_ops", "vjp"), ("view_
 /// summing in different orders differ. Returns how many transforms were
 /// compared. Programs with f16 values are held to f16's tolerances
 /// throughout.
-pub fn check_torch_transforms(
-    name: &str,
-    exec: &mut dyn FnMut(&kiln::functionalize::Graph, Vec<RTensor>) -> Result<Vec<RTensor>, String>,
-    rel: f64,
-) -> Result<usize, String> {
+pub fn check_torch_transforms(name: &str, exec: &mut Executor, rel: f64) -> Result<usize, String> {
     use kiln::functionalize::transform::{jvp, vjp, vmap};
     let prog = root().join("examples/programs").join(format!("{name}.txt"));
     let src = std::fs::read_to_string(&prog).unwrap();
@@ -181,7 +181,7 @@ pub fn check_torch_transforms(
         .filter(|(_, t)| t.dtype().is_float())
         .map(|(n, _)| n)
         .collect();
-    let mut compare_all = |what: &str, got: &[RTensor], want: &[&RTensor]| -> Result<(), String> {
+    let compare_all = |what: &str, got: &[RTensor], want: &[&RTensor]| -> Result<(), String> {
         for (i, (a, b)) in got.iter().zip(want).enumerate() {
             same_type(&format!("{name}: {what} {i}"), a, b)?;
             let scale = b

@@ -193,7 +193,7 @@ fn arg_extreme(b: &mut Batcher, c: &Call) -> Out {
         b.e.call(c.op.name(), vec![t(flat), int(1), Arg::Bool(keepdim)])?;
     let i = if keepdim {
         let mut s = vec![b.size];
-        s.extend(std::iter::repeat(1).take(r));
+        s.extend(std::iter::repeat_n(1, r));
         b.e.view(i, &s)?
     } else {
         i

@@ -625,7 +625,7 @@ impl Batcher {
             return Ok(v);
         }
         let mut s = vec![self.size];
-        s.extend(std::iter::repeat(1).take(rank - l.len()));
+        s.extend(std::iter::repeat_n(1, rank - l.len()));
         s.extend(l);
         let x = self.e.view(v, &s)?;
         Ok(self.mark(x, true))
