@@ -33,6 +33,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 mod common;
+#[path = "../examples/train_mlp.rs"]
+mod train_mlp;
 use common::{ATTENTION, LAYER_NORM, LINEAR, MLP, SENTENCES, SOFTMAX};
 
 const CHAIN_SIZES: [usize; 3] = [1 << 20, 1 << 24, 1 << 26];
@@ -219,6 +221,36 @@ fn main() {
             (name.clone(), g, ins)
         })
         .collect();
+    // Transforms: a loss (the sum of every floating output) over each
+    // example program and over random programs of views and mutations.
+    let mut w_trans = vec![];
+    let mut losses: Vec<(String, Graph)> = vec![];
+    let mut loss_sources: Vec<(String, Graph)> = programs
+        .iter()
+        .filter(|(n, _)| {
+            Path::new("examples/programs")
+                .join(format!("{n}.txt"))
+                .exists()
+        })
+        .map(|(n, src)| (n.clone(), parse(src).unwrap()))
+        .collect();
+    for n in [1_000usize, 10_000] {
+        loss_sources.push((
+            format!("random {n} (seed 42)"),
+            random_program_with(&mut Seeded(42), n, TRACEABLE),
+        ));
+    }
+    for (name, g) in loss_sources {
+        let Some(l) = loss_program(&g) else { continue };
+        let (p, i) = (
+            tmp.join(format!("loss_{}.txt", w_trans.len())),
+            tmp.join(format!("loss_{}.safetensors", w_trans.len())),
+        );
+        std::fs::write(&p, kiln::print(&l)).unwrap();
+        save_inputs(&l, &random_inputs(&l, 1, 0.5), &i);
+        w_trans.push(json!({"name": name, "program": p, "inputs": i}));
+        losses.push((name, l));
+    }
     let model_dir = fetch(None).expect("the MiniLM model");
     let batches = [1usize, 8, 32];
     let workloads = json!({
@@ -226,6 +258,7 @@ fn main() {
         "programs": w_prog,
         "blocks": blocks,
         "chain": CHAIN_SIZES,
+        "transforms": w_trans,
         "minilm": {"dir": model_dir, "batches": batches, "sentences": SENTENCES},
     });
     let wpath = tmp.join("workloads.json");
@@ -533,11 +566,130 @@ fn main() {
     }
     export_section(&mut md, &mut model, &tmp);
     web_section(&mut md, &model);
+    transforms_section(&mut md, &losses, &torch["transforms"], &session);
     std::fs::create_dir_all(out_path.parent().unwrap_or(Path::new("."))).unwrap();
     std::fs::write(&out_path, &md).unwrap();
     let _ = std::fs::remove_dir_all(&tmp);
     println!("{md}");
     eprintln!("wrote {}", out_path.display());
+}
+
+/// The program's loss: the sum of every element of every floating output
+/// (`None` without a floating parameter and output).
+fn loss_program(g: &Graph) -> Option<Graph> {
+    use kiln::functionalize::schema::Arg;
+    let floats = |v| g.meta(v).dtype.is_float();
+    if !g.inputs.iter().any(|&v| floats(v)) {
+        return None;
+    }
+    let mut l = g.clone();
+    let (sum, add, cast) = (
+        kiln::functionalize::ops::lookup("sum")?,
+        kiln::functionalize::ops::lookup("add")?,
+        kiln::functionalize::ops::lookup("_to_copy")?,
+    );
+    let mut total = None;
+    for &o in g.outputs.iter().filter(|&&o| floats(o)) {
+        let s = l.call(sum, &[Arg::Tensor(o)]).ok()?[0];
+        let s = l
+            .call(
+                cast,
+                &[Arg::Tensor(s), Arg::Dtype(kiln::functionalize::DType::F32)],
+            )
+            .ok()?[0];
+        total = Some(match total {
+            None => s,
+            Some(t) => l.call(add, &[Arg::Tensor(t), Arg::Tensor(s)]).ok()?[0],
+        });
+    }
+    l.outputs = vec![total?];
+    Some(l)
+}
+
+/// Section 8: `grad` against `make_fx(torch.func.grad(f))`, and a training
+/// step on the GPU against PyTorch eager.
+fn transforms_section(
+    md: &mut String,
+    losses: &[(String, Graph)],
+    torch: &Value,
+    session: &Session,
+) {
+    eprintln!("transforms ...");
+    let _ = writeln!(md, "\n## 8. Transforms\n");
+    let _ = writeln!(md, "`grad` of a loss (the sum of every floating output) with respect to every floating parameter: Kiln `transform::grad` on the parsed program (functionalization included; best of several runs) against `make_fx(torch.func.grad(f, argnums=...))` tracing the same program (one run). Statements: the source program's; nodes: the gradient program's statements (Kiln) and the traced graph's `call_function` nodes (PyTorch).\n");
+    let _ = writeln!(md, "| program | statements | Kiln ms | Kiln statements/s | Kiln nodes | PyTorch ms | PyTorch nodes | PyTorch / Kiln time |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, g) in losses {
+        let n = g.order.len();
+        let (r, t) = {
+            let start = Instant::now();
+            let r = kiln::functionalize::transform::grad(g, None, false);
+            let first = start.elapsed().as_secs_f64();
+            let t = if first < 0.5 {
+                best(5, 2.0, || {
+                    drop(kiln::functionalize::transform::grad(g, None, false))
+                })
+            } else {
+                first
+            };
+            (r, t)
+        };
+        let row = &torch[name.as_str()];
+        let tms = row["s"].as_f64();
+        let (kms, knodes) = match &r {
+            Ok(gr) => (format!("{:.2}", t * 1e3), gr.order.len().to_string()),
+            Err(e) => (
+                format!("refused: {}", e.to_string().lines().next().unwrap_or("")),
+                "-".into(),
+            ),
+        };
+        let _ = writeln!(
+            md,
+            "| {name} | {n} | {kms} | {:.0} | {knodes} | {} | {} | {} |",
+            n as f64 / t,
+            tms.map_or_else(
+                || row["error"]
+                    .as_str()
+                    .unwrap_or("-")
+                    .chars()
+                    .take(80)
+                    .collect(),
+                |s| format!("{:.1}", s * 1e3)
+            ),
+            row["nodes"].as_i64().map_or("-".into(), |x| x.to_string()),
+            tms.map_or("-".into(), |s| ratio(s, t)),
+        );
+    }
+    let steps = 50;
+    let step = train_mlp::step_program(0.5).unwrap();
+    let _ = writeln!(md, "\nTraining step (`examples/train_mlp.rs`: a 8-32-4 MLP, batch 64, cross-entropy, `grad` then `sub_` on the weights, weights kept on the device, the loss read back every step), mean of {steps} steps:\n");
+    let _ = writeln!(md, "| | ms per step | final loss |");
+    let _ = writeln!(md, "|---|---:|---:|");
+    match train_mlp::train_gpu(session, &step, steps) {
+        Ok((l, ms)) => {
+            let _ = writeln!(
+                md,
+                "| Kiln, GPU ({}) | {ms:.3} | {:.6} |",
+                session.gpu().info.name,
+                l[steps - 1]
+            );
+        }
+        Err(e) => {
+            let _ = writeln!(md, "| Kiln, GPU | failed: {e} | |");
+        }
+    }
+    match train_mlp::train_torch(steps, 0.5, &std::env::temp_dir()) {
+        Ok((l, ms)) => {
+            let _ = writeln!(md, "| PyTorch eager, CPU | {ms:.3} | {:.6} |", l[steps - 1]);
+        }
+        Err(e) => {
+            let _ = writeln!(md, "| PyTorch eager, CPU | not available: {e} | |");
+        }
+    }
+    let _ = writeln!(
+        md,
+        "| PyTorch CUDA | not measured (no GPU machine in this run) | |"
+    );
 }
 
 /// Section 6: MiniLM at 8 x 16 written to a file (f32 and f16 weights),

@@ -120,6 +120,37 @@ def functionalize_rows(items):
     return out
 
 
+def transform_rows(items):
+    """make_fx(torch.func.grad(f)) of each loss program: seconds and nodes."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    import functionalize_sizes as fs
+
+    out = {}
+    for it in items:
+        try:
+            prog = kiln_torch.parse_program(Path(it["program"]).read_text())
+            ins = load_file(it["inputs"])
+            inputs = [ins[p.name] for p in prog.params]
+            names = [p.name for p in prog.params]
+
+            def loss(*xs):
+                # run_program mutates copies: torch.func.grad refuses
+                # in-place writes to its own inputs (leaves).
+                outs, _ = kiln_torch.run_program(prog, dict(zip(names, xs)))
+                return outs[0]
+
+            argnums = tuple(i for i, t in enumerate(inputs) if t.is_floating_point())
+            g = torch.func.grad(loss, argnums=argnums)
+            t = time.perf_counter()
+            gm = make_fx(g)(*fs.fresh(inputs))
+            s = time.perf_counter() - t
+            nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+            out[it["name"]] = {"s": s, "nodes": nodes}
+        except Exception as e:  # noqa: BLE001
+            out[it["name"]] = {"error": err(e)}
+    return out
+
+
 def program_rows(items):
     out = {}
     for it in items:
@@ -224,6 +255,7 @@ def main() -> int:
         ("programs", program_rows),
         ("blocks", block_rows),
         ("chain", chain_rows),
+        ("transforms", transform_rows),
         ("minilm", minilm_rows),
     ]:
         if key in w:

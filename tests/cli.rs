@@ -458,3 +458,131 @@ fn exports_run_from_the_command_line() {
         "{err}"
     );
 }
+
+/// `kiln ARGS` with `stdin` piped in: success, stdout, stderr.
+fn kiln_piped(args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+const LOSS: &str = "graph loss(%w: f32[3], %x: f32[3], %y: f32[]) {
+  %p = mul(%w, %x)
+  %s = sum(%p)
+  %d = sub(%s, %y)
+  %l = mul(%d, %d)
+  return (%l, %s)
+}
+";
+
+/// The spec's pipelines: per-example gradients (`grad | vmap`), rows of a
+/// Jacobian (`vjp | vmap`), any pipeline into `functionalize`, and the
+/// results run by `kiln run` to what the transforms mean.
+#[test]
+fn transforms_compose_through_pipes() {
+    let prog = write("loss.txt", LOSS);
+    let (ok, g, err) = kiln(&["grad", s(&prog), "--wrt", "w"]);
+    assert!(ok, "{err}");
+    assert!(
+        g.starts_with("graph loss(%w: f32[3], %x: f32[3], %y: f32[])"),
+        "{g}"
+    );
+    // Per-example gradients: x and y batched over 4 examples.
+    let (ok, per, err) = kiln_piped(
+        &["vmap", "-", "--in-dims", "none,0,0", "--batch-size", "4"],
+        &g,
+    );
+    assert!(ok, "{err}");
+    let x: Vec<f64> = (0..12).map(|i| i as f64 * 0.25 - 1.0).collect();
+    let y = [0.5, -1.0, 2.0, 0.0];
+    let w = [0.5, -0.25, 1.0];
+    let ins = inputs(
+        "per.safetensors",
+        &[
+            ("w", t(DType::F32, &[3], &w)),
+            ("x", t(DType::F32, &[4, 3], &x)),
+            ("y", t(DType::F32, &[4], &y)),
+        ],
+    );
+    let (p, out) = (write("per.txt", &per), dir().join("per.out.safetensors"));
+    let (ok, _, err) = kiln(&["run", s(&p), "--inputs", s(&ins), "--output", s(&out)]);
+    assert!(ok, "{err}");
+    let r: std::collections::HashMap<String, kiln::RTensor> =
+        kiln::io::load_all(&out).unwrap().into_iter().collect();
+    let got = r["output.0"].values();
+    for e in 0..4 {
+        let s: f64 = (0..3).map(|k| w[k] * x[e * 3 + k]).sum();
+        for k in 0..3 {
+            let want = 2.0 * (s - y[e]) * x[e * 3 + k];
+            assert!(
+                (got[e * 3 + k] - want).abs() < 1e-5,
+                "example {e}, w[{k}]: {} vs {want}",
+                got[e * 3 + k]
+            );
+        }
+    }
+    // vjp | vmap: the Jacobian of the second output by rows; jvp |
+    // functionalize: any pipeline reads a program on standard input.
+    let (ok, v, err) = kiln(&["vjp", s(&prog), "--wrt", "w,x"]);
+    assert!(ok, "{err}");
+    assert!(
+        v.contains("%ct_0: f32[]") && v.contains("%ct_1: f32[]"),
+        "{v}"
+    );
+    let (ok, rows, err) = kiln_piped(
+        &[
+            "vmap",
+            "-",
+            "--in-dims",
+            "none,none,none,0,0",
+            "--batch-size",
+            "2",
+        ],
+        &v,
+    );
+    assert!(ok, "{err}");
+    assert!(rows.contains("%ct_0: f32[2]"), "{rows}");
+    let (ok, j, err) = kiln(&["jvp", s(&prog)]);
+    assert!(ok, "{err}");
+    assert!(j.contains("%t_w: f32[3], %t_x: f32[3], %t_y: f32[]"), "{j}");
+    let (ok, f, err) = kiln_piped(
+        &["functionalize", "-", "--remove", "mutations_and_views"],
+        &j,
+    );
+    assert!(ok && f.starts_with("graph loss("), "{err}");
+    // Refusals: a clear message and a non-zero exit, never a panic.
+    expect_error(&["grad", s(&prog), "--wrt", "q"], &["no parameter `q`"]);
+    expect_error(
+        &[
+            "vmap",
+            s(&prog),
+            "--in-dims",
+            "0,x,none",
+            "--batch-size",
+            "2",
+        ],
+        &["`x` is neither an integer nor `none`"],
+    );
+    let vec_out = write(
+        "vec.txt",
+        "graph f(%x: f32[3]) {\n  %y = exp(%x)\n  return %y\n}\n",
+    );
+    expect_error(&["grad", s(&vec_out)], &["0-d floating point"]);
+}

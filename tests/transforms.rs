@@ -766,3 +766,39 @@ fn torch_func_fixtures_on_the_reference() {
         check_jvp(&src);
     }
 }
+
+/// The op table's transform rules as `docs/transforms.md` lists them.
+fn rules_table() -> String {
+    use kiln::functionalize::ops::{OpKind, TABLE};
+    let mut s = String::from("| op | vjp | jvp | batching |\n|---|---|---|---|\n");
+    let yes = |b: bool| if b { "yes" } else { "-" };
+    for op in TABLE
+        .ops
+        .iter()
+        .filter(|o| matches!(o.kind, OpKind::Functional | OpKind::Factory))
+    {
+        let r = op.rules;
+        let batch = match (r.batch.is_some(), op.kind) {
+            (_, OpKind::Factory) => "never batched",
+            (true, _) => "yes",
+            _ => "-",
+        };
+        s += &format!(
+            "| `{}` | {} | {} | {batch} |\n",
+            op.name,
+            yes(r.vjp.is_some()),
+            yes(r.jvp.is_some())
+        );
+    }
+    s
+}
+
+#[test]
+fn the_docs_list_every_ops_rules() {
+    let doc = std::fs::read_to_string(common::root().join("docs/transforms.md")).unwrap();
+    let want = rules_table();
+    assert!(
+        doc.contains(&want),
+        "docs/transforms.md must contain the rules table:\n{want}"
+    );
+}
