@@ -7,7 +7,7 @@
 //! sentence-transformers with every other parameter frozen) when it is
 //! installed.
 //!
-//!     cargo run --release --example finetune_minilm [-- --steps 10 --lr 2.0 --json]
+//!     cargo run --release --example finetune_minilm [-- --steps 10 --lr 0.3 --json]
 
 use kiln::engine::{Fetch, HostTensor, Input, Session};
 use kiln::functionalize::schema::Arg;
@@ -217,7 +217,7 @@ fn main() -> Result<(), String> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(default)
     };
-    let (steps, lr) = (opt("--steps", 10.0) as usize, opt("--lr", 2.0));
+    let (steps, lr) = (opt("--steps", 10.0) as usize, opt("--lr", 0.3));
     let dir = fetch(None).map_err(|e| e.to_string())?;
     let mut model = MiniLm::load(&dir).map_err(|e| e.to_string())?;
     let (step, ins) = setup(&mut model, lr)?;

@@ -4,7 +4,7 @@
 sentence pairs, cosine-similarity loss and SGD steps; prints one JSON object
 {"losses": [...]}.
 
-    python3 tests/torch_ref/finetune_minilm.py MODEL_DIR --steps 10 --lr 2.0
+    python3 tests/torch_ref/finetune_minilm.py MODEL_DIR --steps 10 --lr 0.3
 """
 
 import argparse
@@ -27,7 +27,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model_dir")
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--lr", type=float, default=2.0)
+    ap.add_argument("--lr", type=float, default=0.3)
     a = ap.parse_args()
     torch.manual_seed(0)
     model = SentenceTransformer(a.model_dir, device="cpu")
