@@ -113,6 +113,7 @@ UNARY = {
     "reciprocal": ("uniform 0.25..3.0", True, "int 1..9", True),
     "erf": (None, True, None, True),
     "logical_not": (None, True, None, False),
+    "sign": (None, True, None, False),
 }
 
 
@@ -131,7 +132,7 @@ def gen_unary():
         if i32_ok:
             x = Operand("x", "i32", [3, 50], "t", iann)
             p, l, a = assemble(x)
-            note = "int -> float" if op not in ("neg", "abs", "relu", "logical_not") else None
+            note = "int -> float" if op not in ("neg", "abs", "relu", "logical_not", "sign") else None
             add(op, "i32_transposed", p, l + [f"%y = {op}({x.ref})"], ["%y"], a, note)
         if u32_ok:
             add(op, "u32_50", ["%x: u32[50]"], [f"%y = {op}(%x)"], ["%y"], ["%x: int 1..11"])
@@ -148,7 +149,7 @@ def gen_unary():
             ["%b = clone(%x)", "%s = slice(%b, 0, 1, 48, 3)", f"%y = {ip}(%s)"], ["%b", "%s"], x.anns)
         x = Operand("x", "f16", [50], "c", fann)
         add(ip, "f16", x.params, ["%b = clone(%x)", f"%y = {ip}(%b)"], ["%b"], x.anns)
-        if op in ("neg", "abs", "relu", "logical_not"):
+        if op in ("neg", "abs", "relu", "logical_not", "sign"):
             add(ip, "i32_column", ["%x: i32[5, 7]"],
                 ["%c = select(%x, 1, -2)", f"%y = {ip}(%c)"], ["%x", "%y"], None, "i32 in place stays i32")
     # gelu's approximate argument
@@ -911,7 +912,30 @@ def gen_linalg():
     add("index_select", "index_from_arange", ["%x: f32[10, 3]"], ["%i = arange(0, 10, 3)", "%y = index_select(%x, 0, %i)"], ["%y"])
 
 
+def gen_backward_ops():
+    """The backward ops transforms emit: (grad, x) elementwise."""
+    ops = {
+        "threshold_backward": ", 0.25",
+        "gelu_backward": "",
+        "silu_backward": "",
+        "sigmoid_backward": "",
+        "tanh_backward": "",
+    }
+    for op, extra in ops.items():
+        add(op, "f32", ["%g: f32[783]", "%x: f32[783]"], [f"%y = {op}(%g, %x{extra})"], ["%y"])
+        # (PyTorch's CPU gelu_backward fails on broadcast operands.)
+        x = "%x: f32[3, 50]" if op == "gelu_backward" else "%x: f32[3, 1]"
+        add(op, "transposed_broadcast", ["%g: f32[50, 3]", x],
+            ["%t = t(%g)", f"%y = {op}(%t, %x{extra})"], ["%y"])
+        add(op, "f16", ["%g: f16[50]", "%x: f16[50]"], [f"%y = {op}(%g, %x{extra})"], ["%y"])
+    add("gelu_backward", "tanh", ["%g: f32[3, 50]", "%x: f32[3, 50]"], ['%y = gelu_backward(%g, %x, "tanh")'], ["%y"])
+    add("threshold_backward", "at_threshold", ["%g: f32[4]"],
+        ["%x = arange(-1.0, 1.0, 0.5)", "%y = threshold_backward(%g, %x, 0)"], ["%y"], None,
+        "x equal to the threshold gives 0")
+
+
 def generate():
+    gen_backward_ops()
     gen_unary()
     gen_binary()
     gen_where_clamp()
