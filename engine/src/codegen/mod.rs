@@ -1281,7 +1281,7 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Optio
             let e = match code {
                 Code::Add { .. } | Code::Maximum => format!("{x} || {y}"),
                 Code::Mul | Code::Minimum => format!("{x} && {y}"),
-                Code::Abs | Code::Relu => x.clone(),
+                Code::Abs | Code::Relu | Code::Sign => x.clone(),
                 // x ** y: false only for false ** true.
                 Code::Pow => format!("{x} || !{y}"),
                 _ => return None,
@@ -1313,6 +1313,8 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Optio
                 Code::Abs => x.clone(),
                 Code::Relu if cdt != DType::U32 => format!("max({x}, 0i)"),
                 Code::Relu => x.clone(),
+                Code::Sign if cdt != DType::U32 => format!("sign({x})"),
+                Code::Sign => format!("min({x}, 1u)"),
                 _ => return None,
             };
             Some((e, cdt))
