@@ -802,3 +802,36 @@ fn the_docs_list_every_ops_rules() {
         "docs/transforms.md must contain the rules table:\n{want}"
     );
 }
+
+/// `out_dims` places each output's batch dimension; an unbatched output
+/// is broadcast to the batch size there, as `torch.func.vmap` does.
+#[test]
+fn vmap_out_dims_place_the_batch() {
+    let g = parse(
+        "graph f(%x: f32[2, 3], %w: f32[3]) { %y = mul(%x, %w) %z = exp(%w) return (%y, %z) }",
+    )
+    .unwrap();
+    let b = vmap(&g, &[Some(0), None], 4, Some(&[-1, 1])).unwrap();
+    assert_eq!(b.meta(b.outputs[0]).sizes.to_vec(), vec![2, 3, 4]);
+    assert_eq!(b.meta(b.outputs[1]).sizes.to_vec(), vec![3, 4]);
+    let per: Vec<Vec<RTensor>> = (0..4).map(|k| inputs(&g, 40 + k)).collect();
+    let x = stack_at(&per.iter().map(|p| p[0].clone()).collect::<Vec<_>>(), 0);
+    let got = outs(&b, &[x, per[0][1].clone()]);
+    for (k, p) in per.iter().enumerate() {
+        let want = outs(&g, &[p[0].clone(), per[0][1].clone()]);
+        for e in 0..6 {
+            assert!(
+                (got[0][e * 4 + k] - want[0][e]).abs() < 1e-12,
+                "output 0, example {k} [{e}]"
+            );
+        }
+        for e in 0..3 {
+            assert!(
+                (got[1][e * 4 + k] - want[1][e]).abs() < 1e-12,
+                "output 1 (unbatched), example {k} [{e}]"
+            );
+        }
+    }
+    let e = err_of(vmap(&g, &[Some(0), None], 4, Some(&[0, 0, 0])));
+    assert!(e.contains("3 out-dims given for 2 outputs"), "{e}");
+}

@@ -1,7 +1,10 @@
 //! The op table: every op Kiln knows, with its ATen schemas, its kind, its
 //! shape/dtype rule and its reference kernel. In-place forms (`add_`) and
 //! view copies (`slice_copy`) are derived from their base entries, so adding
-//! an op means adding one entry here.
+//! an op means adding one entry here. Each functional op also carries its
+//! transform rules (`Rules`: VJP and JVP from `derivatives.rs`, batching
+//! from `batching.rs`); which op has which is listed in
+//! `docs/transforms.md` (a test keeps the list in step with the table).
 
 pub mod args;
 pub mod batching;
