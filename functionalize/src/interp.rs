@@ -302,6 +302,30 @@ pub fn eval(
             debug_assert!(def.kind != OpKind::View);
             eval(args, outs)
         }
+        Rule::Custom => {
+            let f = def
+                .custom
+                .as_ref()
+                .ok_or("internal error: a custom op without its function")?;
+            let r = f.forward(args)?;
+            if r.len() != outs.len()
+                || r.iter()
+                    .zip(outs)
+                    .any(|(t, m)| t.dtype() != m.dtype || t.sizes() != &m.sizes[..])
+            {
+                return Err(format!(
+                    "custom function {}: forward returned {:?}, its shape rule says {:?}",
+                    def.name,
+                    r.iter().map(|t| t.meta.type_string()).collect::<Vec<_>>(),
+                    outs.iter().map(|m| m.type_string()).collect::<Vec<_>>()
+                ));
+            }
+            // Fresh contiguous results, whatever layout forward made.
+            Ok(r.iter()
+                .zip(outs)
+                .map(|(t, m)| RTensor::from_values(m.clone(), &t.values()))
+                .collect())
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! and the functionalization pass. No GPU dependency.
 
 pub mod compare;
+pub mod custom;
 pub mod dtype;
 pub mod error;
 pub mod graph;

@@ -364,7 +364,13 @@ impl Pass<'_> {
         if let (Some(n), Some(node)) = (self.at, self.out.order.last()) {
             self.out.nodes[*node].line = self.src.nodes[n].line;
         }
-        let base = op.name().trim_end_matches('_');
+        // Named after the op (a custom function's name without its namespace).
+        let base = op
+            .name()
+            .rsplit("::")
+            .next()
+            .unwrap_or_default()
+            .trim_end_matches('_');
         for &r in &res {
             let k = self.names.entry(base).or_insert(0);
             let name = if *k == 0 {

@@ -121,6 +121,83 @@ impl fmt::Display for Schema {
 }
 
 impl Schema {
+    /// Parses a schema given by a user (a custom function's): what `parse`
+    /// would stop on is an error here.
+    pub fn try_parse(text: &str) -> Result<Schema, String> {
+        let bad = |why: &str| Err(format!("schema `{text}`: {why}"));
+        let Some(open) = text.find('(') else {
+            return bad("no `(`");
+        };
+        let mut depth = 0;
+        let close = text[open..].char_indices().find_map(|(i, c)| {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                _ => {}
+            }
+            (depth == 0).then_some(open + i)
+        });
+        let Some(close) = close else {
+            return bad("no `)` closing the arguments");
+        };
+        if close < open || !text[close + 1..].trim_start().starts_with("->") {
+            return bad("expected `name(ARGS) -> RESULTS`");
+        }
+        let name = &text[..open];
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '.')
+        {
+            return bad("the name has characters other than letters, digits, `_`, `::` and `.`");
+        }
+        for piece in split_top_level(&text[open + 1..close]) {
+            let piece = piece.trim();
+            if piece.is_empty() || piece == "*" {
+                continue;
+            }
+            let (decl, default) = match piece.split_once('=') {
+                Some((d, v)) => (d.trim(), Some(v.trim())),
+                None => (piece, None),
+            };
+            let Some((ty, _)) = decl.rsplit_once(' ') else {
+                return bad(&format!("`{piece}` needs a type and a name"));
+            };
+            let base = strip_alias(ty);
+            let base = base.trim_end_matches('?');
+            let known = [
+                "Tensor",
+                "Tensor[]",
+                "Tensor?[]",
+                "int",
+                "SymInt",
+                "int[]",
+                "SymInt[]",
+                "int[1]",
+                "float",
+                "Scalar",
+                "bool",
+                "str",
+                "ScalarType",
+            ];
+            if !known.contains(&base) {
+                return bad(&format!(
+                    "unsupported type `{ty}` (use one of {})",
+                    known.join(", ")
+                ));
+            }
+            if let Some(d) = default {
+                let simple = ["None", "True", "False"].contains(&d) || d.parse::<f64>().is_ok();
+                if !simple {
+                    return bad(&format!(
+                        "default `{d}`: only None, True, False and numbers"
+                    ));
+                }
+            }
+        }
+        Ok(Schema::parse(text))
+    }
+
     /// Parses a schema string from the op table (a programming error in the
     /// table panics here, at table construction, never on user input).
     pub fn parse(text: &str) -> Schema {

@@ -141,7 +141,15 @@ impl<'a> Lexer<'a> {
                 break t;
             }
             if c.is_ascii_alphabetic() || c == '_' {
-                let j = word_end(i);
+                let mut j = word_end(i);
+                // A custom function's qualified name: `namespace::name`.
+                while chars.get(j..j + 2) == Some(b"::")
+                    && chars
+                        .get(j + 2)
+                        .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
+                {
+                    j = word_end(j + 2);
+                }
                 let w = &src[i..j];
                 let tok = match w {
                     "inf" => Tok::Float(f64::INFINITY),

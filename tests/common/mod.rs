@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod fd;
 pub mod transform_cases;
 
 use kiln::functionalize::compare;

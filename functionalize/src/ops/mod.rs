@@ -62,6 +62,8 @@ pub enum Rule {
         infer: InferFn,
         eval: EvalFn,
     },
+    /// A custom function (`crate::custom`): `OpDef::custom` has its rules.
+    Custom,
 }
 
 /// How a compiler lowers an op onto kernels (no GPU dependency: the
@@ -98,6 +100,8 @@ pub enum Lowering {
     Extreme,
     /// Sorting lines (`sort`, `topk`): each element's rank in its line.
     Sort,
+    /// A custom function's own kernel.
+    Custom,
 }
 
 /// Where a matrix op (`Lowering::MatMul`) keeps its operands: `left @
@@ -166,6 +170,8 @@ pub struct OpDef {
     /// How function transforms treat the op (`derivatives.rs`,
     /// `batching.rs`).
     pub rules: Rules,
+    /// A custom function's implementation and rules.
+    pub custom: Option<std::sync::Arc<dyn crate::custom::Function>>,
 }
 
 /// An op's rules for the transforms; `None` refuses the transform with an
@@ -180,7 +186,7 @@ pub struct Rules {
 
 impl OpDef {
     pub fn id(&self) -> OpId {
-        TABLE.by_name[&self.name]
+        lookup(&self.name).expect("every op definition is in the table")
     }
 }
 
@@ -192,11 +198,80 @@ pub struct Table {
 pub static TABLE: LazyLock<Table> = LazyLock::new(build);
 
 pub fn lookup(name: &str) -> Option<OpId> {
-    TABLE.by_name.get(name).copied()
+    match TABLE.by_name.get(name) {
+        Some(&id) => Some(id),
+        // Custom functions have qualified names.
+        None if name.contains("::") => custom_ops()
+            .iter()
+            .position(|o| o.name == name)
+            .map(|i| OpId((TABLE.ops.len() + i) as u16)),
+        None => None,
+    }
 }
 
 pub fn op(id: OpId) -> &'static OpDef {
-    &TABLE.ops[id.0 as usize]
+    let i = id.0 as usize;
+    match TABLE.ops.get(i) {
+        Some(o) => o,
+        None => custom_ops()[i - TABLE.ops.len()],
+    }
+}
+
+/// Registered custom functions, after the built-in table (leaked: a
+/// registered op lives as long as the process, like the table).
+static CUSTOM: std::sync::RwLock<Vec<&'static OpDef>> = std::sync::RwLock::new(Vec::new());
+
+fn custom_ops() -> std::sync::RwLockReadGuard<'static, Vec<&'static OpDef>> {
+    CUSTOM.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `custom::register`: the op's entry from the function's schema.
+pub fn register_custom(f: std::sync::Arc<dyn crate::custom::Function>) -> Result<OpId, String> {
+    let text = f.schema();
+    let schema = Schema::try_parse(&text)?;
+    if !schema.name.contains("::") || schema.name.starts_with("aten::") {
+        return Err(format!(
+            "custom function `{}`: give it a qualified name of your own, `mylib::{}`",
+            schema.name,
+            schema.name.rsplit("::").next().unwrap_or("")
+        ));
+    }
+    if text.contains('!') {
+        return Err(format!(
+            "custom function `{}` writes an argument (`!` in its schema): custom functions are \
+             functional; return a new tensor instead",
+            schema.name
+        ));
+    }
+    if f.generate_vmap_rule() && !f.has_forward_ops() {
+        return Err(format!(
+            "custom function `{}`: generate_vmap_rule batches a forward written with Kiln ops, and \
+             this one's forward is opaque (give forward_ops and has_forward_ops, or a vmap rule)",
+            schema.name
+        ));
+    }
+    let mut all = CUSTOM.write().unwrap_or_else(|e| e.into_inner());
+    if TABLE.by_name.contains_key(&schema.name) || all.iter().any(|o| o.name == schema.name) {
+        return Err(format!(
+            "an op named `{}` is already registered",
+            schema.name
+        ));
+    }
+    let id = OpId((TABLE.ops.len() + all.len()) as u16);
+    let def = OpDef {
+        name: schema.name.clone(),
+        kind: OpKind::Functional,
+        schemas: vec![schema],
+        rule: Rule::Custom,
+        lowering: Lowering::Custom,
+        counterpart: None,
+        overlap_ok: false,
+        gathers: false,
+        rules: Rules::default(),
+        custom: Some(f),
+    };
+    all.push(Box::leak(Box::new(def)));
+    Ok(id)
 }
 
 impl OpId {
@@ -242,6 +317,7 @@ impl Builder {
             overlap_ok: false,
             gathers: false,
             rules: Rules::default(),
+            custom: None,
         });
         id
     }
@@ -1264,6 +1340,13 @@ pub fn infer(id: OpId, args: &[Arg<&Meta>]) -> Result<Vec<Meta>, String> {
             Ok(vec![this.clone()])
         }
         Rule::Kernel { infer, .. } => infer(args),
+        Rule::Custom => match &def.custom {
+            Some(f) => f.infer(args),
+            None => Err(format!(
+                "internal error: {} has no implementation",
+                def.name
+            )),
+        },
     }
 }
 

@@ -323,19 +323,24 @@ fn backward(
                 msg: format!("{transform}: {m}"),
             },
         };
-        let rule = node.op.def().rules.vjp.ok_or_else(|| {
-            fail(format!(
-                "`{}` has no derivative rule (its gradient is not implemented)",
-                node.op.name()
-            ))
-        })?;
         let call = Call {
             op: node.op,
             overload: node.overload,
             args: &node.args,
             outs: &node.results,
         };
-        let out = rule(&mut c.e, &call, &gs).map_err(&fail)?;
+        let out = match &node.op.def().custom {
+            Some(f) => custom_vjp(&mut c.e, f.as_ref(), &call, &gs).map_err(&fail)?,
+            None => {
+                let rule = node.op.def().rules.vjp.ok_or_else(|| {
+                    fail(format!(
+                        "`{}` has no derivative rule (its gradient is not implemented)",
+                        node.op.name()
+                    ))
+                })?;
+                rule(&mut c.e, &call, &gs).map_err(&fail)?
+            }
+        };
         for (pos, j, g) in out {
             let v = match (&node.args[pos], j) {
                 (Arg::Tensor(v), None) => *v,
@@ -355,6 +360,73 @@ fn backward(
         }
     }
     Ok(grads)
+}
+
+/// A custom function's VJP: `setup_context`, then its `backward`.
+fn custom_vjp(
+    e: &mut Emitter,
+    f: &dyn crate::custom::Function,
+    c: &Call,
+    gs: &[Option<ValueId>],
+) -> R<Grads> {
+    let mut ctx = crate::custom::Ctx::default();
+    f.setup_context(&mut ctx, c.args, c.outs)?;
+    for (k, g) in gs.iter().enumerate() {
+        if g.is_some() && ctx.is_non_differentiable(k) {
+            return Err(format!(
+                "custom function `{}`: output {k} is marked non-differentiable but a gradient flows into it",
+                c.op.name()
+            ));
+        }
+    }
+    let grads = f.backward(e, &ctx, gs).ok_or_else(|| {
+        format!(
+            "custom function `{}` has no backward rule (needed by vjp and grad)",
+            c.op.name()
+        )
+    })??;
+    if grads.len() != c.args.len() {
+        return Err(format!(
+            "custom function `{}`: backward returned {} gradients for {} arguments",
+            c.op.name(),
+            grads.len(),
+            c.args.len()
+        ));
+    }
+    let mut out = vec![];
+    for (pos, g) in grads.into_iter().enumerate() {
+        if let (Some(g), Arg::Tensor(_)) = (g, &c.args[pos]) {
+            out.push((pos, None, g));
+        }
+    }
+    Ok(out)
+}
+
+/// A custom function's JVP: `setup_context`, then its `jvp`.
+fn custom_jvp(
+    e: &mut Emitter,
+    f: &dyn crate::custom::Function,
+    c: &Call,
+    ts: &Tangents,
+) -> R<Vec<Option<ValueId>>> {
+    let mut ctx = crate::custom::Ctx::default();
+    f.setup_context(&mut ctx, c.args, c.outs)?;
+    let per_arg: Vec<Option<ValueId>> = (0..c.args.len()).map(|i| ts.get(i)).collect();
+    let r = f.jvp(e, &ctx, &per_arg).ok_or_else(|| {
+        format!(
+            "custom function `{}` has no jvp rule (needed by jvp)",
+            c.op.name()
+        )
+    })??;
+    if r.len() != c.outs.len() {
+        return Err(format!(
+            "custom function `{}`: jvp returned {} tangents for {} outputs",
+            c.op.name(),
+            r.len(),
+            c.outs.len()
+        ));
+    }
+    Ok(r)
 }
 
 fn floating_outputs(g: &Graph) -> Vec<usize> {
@@ -489,27 +561,29 @@ pub fn jvp(g: &Graph, wrt: Option<&[String]>) -> Result<Graph> {
         if !rs.iter().any(|&r| c.e.dtype(r).is_float()) {
             continue;
         }
-        let rule = node.op.def().rules.jvp.ok_or_else(|| {
-            p.node_error(
-                n,
-                "jvp",
-                format!("`{}` has no forward derivative rule", node.op.name()),
-            )
-        })?;
         let call = Call {
             op: node.op,
             overload: node.overload,
             args: &args,
             outs: &rs,
         };
-        let ts = rule(
-            &mut c.e,
-            &call,
-            &Tangents {
-                map: &tan,
-                args: &args,
-            },
-        )
+        let tangents = Tangents {
+            map: &tan,
+            args: &args,
+        };
+        let ts = match &node.op.def().custom {
+            Some(f) => custom_jvp(&mut c.e, f.as_ref(), &call, &tangents),
+            None => {
+                let rule = node.op.def().rules.jvp.ok_or_else(|| {
+                    p.node_error(
+                        n,
+                        "jvp",
+                        format!("`{}` has no forward derivative rule", node.op.name()),
+                    )
+                })?;
+                rule(&mut c.e, &call, &tangents)
+            }
+        }
         .map_err(|m| p.node_error(n, "jvp", m))?;
         for (&r, tv) in rs.iter().zip(ts) {
             if let Some(tv) = tv {
@@ -572,12 +646,15 @@ impl Batcher {
             let rs = self.e.call_id(op, args)?;
             return Ok(rs.into_iter().map(|r| (r, false)).collect());
         }
+        let (overload, args) = crate::ops::bind(op, &args)?;
+        if let Some(f) = &op.def().custom {
+            return self.custom_batch(f.as_ref(), op, &args);
+        }
         let rule = op
             .def()
             .rules
             .batch
             .ok_or_else(|| format!("`{}` has no batching rule", op.name()))?;
-        let (overload, args) = crate::ops::bind(op, &args)?;
         let outs: Vec<ValueId> = vec![];
         let call = Call {
             op,
@@ -629,6 +706,61 @@ impl Batcher {
         s.extend(l);
         let x = self.e.view(v, &s)?;
         Ok(self.mark(x, true))
+    }
+
+    /// A custom function's call: its own `vmap` rule, or its forward
+    /// written with Kiln ops batched (`generate_vmap_rule`).
+    fn custom_batch(
+        &mut self,
+        f: &dyn crate::custom::Function,
+        op: OpId,
+        args: &[Arg<ValueId>],
+    ) -> R<Vec<(ValueId, bool)>> {
+        let in_dims: Vec<Option<usize>> = args
+            .iter()
+            .map(|a| match a {
+                Arg::Tensor(v) if self.is_batched(*v) => Some(0),
+                _ => None,
+            })
+            .collect();
+        let info = crate::custom::VmapInfo {
+            batch_size: self.size,
+        };
+        if let Some(r) = f.vmap(self, &info, &in_dims, args) {
+            let (outs, dims) = r?;
+            if outs.len() != dims.len() {
+                return Err(format!(
+                    "{}: the vmap rule returned {} outputs and {} out-dims",
+                    op.name(),
+                    outs.len(),
+                    dims.len()
+                ));
+            }
+            let mut res = vec![];
+            for (v, d) in outs.into_iter().zip(dims) {
+                res.push(match d {
+                    Some(d) => {
+                        let v0 = self.movedim(v, d, 0)?;
+                        (self.mark(v0, true), true)
+                    }
+                    None => (v, false),
+                });
+            }
+            return Ok(res);
+        }
+        if f.generate_vmap_rule() {
+            let outs = f.forward_ops(self, args).ok_or_else(|| {
+                format!(
+                    "{}: generate_vmap_rule needs a forward written with Kiln ops (forward_ops)",
+                    op.name()
+                )
+            })??;
+            return Ok(outs.into_iter().map(|v| (v, self.is_batched(v))).collect());
+        }
+        Err(format!(
+            "custom function `{}` has no vmap rule: give it `vmap` or set `generate_vmap_rule`",
+            op.name()
+        ))
     }
 
     /// Moves dimension `from` of `v` to `to` (a `permute_copy`).

@@ -1,0 +1,182 @@
+//! Custom functions: user ops whose forward the transforms cannot see
+//! into, with their own rules for each transform — `torch.autograd.Function`
+//! for Kiln (`docs/custom-functions.md`).
+//!
+//! A `Function` gives a schema (`mylib::numpy_sort(Tensor x, int dim) ->
+//! (Tensor, Tensor, Tensor)`), a shape and dtype rule, a reference forward
+//! on host tensors, and optionally `setup_context`, `backward`, `jvp`,
+//! `vmap` (or a forward written with Kiln ops and `generate_vmap_rule`).
+//! `register` adds it to the op table: programs call it by its qualified
+//! name, it prints and parses like any op, functionalization passes it
+//! through (it is functional: a schema that writes an argument is
+//! refused), and every transform uses its rules and never looks into its
+//! forward — a missing rule is refused naming the function and the rule.
+
+use crate::graph::ValueId;
+use crate::meta::Meta;
+use crate::schema::Arg;
+use crate::tensor::RTensor;
+use crate::transform::emit::{Emitter, R};
+use crate::transform::Batcher;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What `setup_context` keeps for `backward` and `jvp`: tensors of the
+/// program being built (inputs or outputs of the call), named values
+/// (a `dim`), and which outputs carry no derivative.
+#[derive(Default, Debug, Clone)]
+pub struct Ctx {
+    saved: Vec<ValueId>,
+    saved_for_forward: Vec<ValueId>,
+    values: HashMap<String, Arg<ValueId>>,
+    non_differentiable: Vec<usize>,
+}
+
+impl Ctx {
+    /// `ctx.save_for_backward(*tensors)`.
+    pub fn save_for_backward(&mut self, tensors: &[ValueId]) {
+        self.saved = tensors.to_vec();
+    }
+    /// `ctx.saved_tensors`.
+    pub fn saved_tensors(&self) -> &[ValueId] {
+        &self.saved
+    }
+    /// `ctx.save_for_forward(*tensors)`.
+    pub fn save_for_forward(&mut self, tensors: &[ValueId]) {
+        self.saved_for_forward = tensors.to_vec();
+    }
+    pub fn saved_for_forward(&self) -> &[ValueId] {
+        &self.saved_for_forward
+    }
+    /// A non-tensor value (`ctx.dim = dim`).
+    pub fn set(&mut self, name: &str, value: Arg<ValueId>) {
+        self.values.insert(name.to_string(), value);
+    }
+    pub fn get(&self, name: &str) -> R<&Arg<ValueId>> {
+        self.values
+            .get(name)
+            .ok_or_else(|| format!("the context holds no `{name}` (set it in setup_context)"))
+    }
+    /// An integer saved with `set`.
+    pub fn int(&self, name: &str) -> R<i64> {
+        match self.get(name)? {
+            Arg::Int(i) => Ok(*i),
+            other => Err(format!(
+                "`{name}` in the context is {}, not an integer",
+                other.kind_name()
+            )),
+        }
+    }
+    /// `ctx.mark_non_differentiable(...)`, by output index.
+    pub fn mark_non_differentiable(&mut self, outputs: &[usize]) {
+        self.non_differentiable.extend_from_slice(outputs);
+    }
+    pub fn is_non_differentiable(&self, output: usize) -> bool {
+        self.non_differentiable.contains(&output)
+    }
+}
+
+/// `torch.func` rules' result: `None` when the function gives no rule.
+pub type Rule<T> = Option<R<T>>;
+
+/// The batch positions of a custom function's `vmap` rule.
+pub struct VmapInfo {
+    pub batch_size: usize,
+}
+
+/// A user op (see the module docs). Implementations hold no graph state:
+/// one `Function` serves every program that calls it.
+pub trait Function: Send + Sync + 'static {
+    /// ATen-style schema with a qualified name:
+    /// `mylib::numpy_take(Tensor x, Tensor ind, Tensor ind_inv, int dim) -> Tensor`.
+    fn schema(&self) -> String;
+    /// Result dtypes and shapes (contiguous).
+    fn infer(&self, args: &[Arg<&Meta>]) -> Result<Vec<Meta>, String>;
+    /// The forward on host tensors, for the reference interpreter.
+    fn forward(&self, args: &[Arg<RTensor>]) -> Result<Vec<RTensor>, String>;
+    /// The forward written with Kiln ops, when it can be (needed by
+    /// `generate_vmap_rule`).
+    fn forward_ops(&self, _e: &mut dyn Ops, _args: &[Arg<ValueId>]) -> Rule<Vec<ValueId>> {
+        None
+    }
+    /// `setup_context(ctx, inputs, output)`.
+    fn setup_context(
+        &self,
+        _ctx: &mut Ctx,
+        _inputs: &[Arg<ValueId>],
+        _outputs: &[ValueId],
+    ) -> R<()> {
+        Ok(())
+    }
+    /// `backward(ctx, *grad_outputs)`: one gradient per argument (`None`
+    /// for non-tensor and non-differentiable ones), written with Kiln ops
+    /// or other custom functions.
+    fn backward(
+        &self,
+        _e: &mut Emitter,
+        _ctx: &Ctx,
+        _grads: &[Option<ValueId>],
+    ) -> Rule<Vec<Option<ValueId>>> {
+        None
+    }
+    /// `jvp(ctx, *tangents)`: one tangent per output (tangents are given
+    /// per argument).
+    fn jvp(
+        &self,
+        _e: &mut Emitter,
+        _ctx: &Ctx,
+        _tangents: &[Option<ValueId>],
+    ) -> Rule<Vec<Option<ValueId>>> {
+        None
+    }
+    /// `vmap(info, in_dims, *args) -> (outputs, out_dims)`; `in_dims` per
+    /// argument (the batch dimension is 0 where present).
+    fn vmap(
+        &self,
+        _b: &mut Batcher,
+        _info: &VmapInfo,
+        _in_dims: &[Option<usize>],
+        _args: &[Arg<ValueId>],
+    ) -> Rule<(Vec<ValueId>, Vec<Option<usize>>)> {
+        None
+    }
+    /// `generate_vmap_rule = True`: batch `forward_ops` instead (refused
+    /// at `register` unless `has_forward_ops`).
+    fn generate_vmap_rule(&self) -> bool {
+        false
+    }
+    /// Does `forward_ops` write the forward with Kiln ops?
+    fn has_forward_ops(&self) -> bool {
+        false
+    }
+}
+
+/// Where rules emit ops: a plain program (`Emitter`) or a batched one
+/// (`Batcher`, which runs each op's batching rule), so a forward written
+/// once with Kiln ops also batches.
+pub trait Ops {
+    fn op(&mut self, name: &str, args: Vec<Arg<ValueId>>) -> R<Vec<ValueId>>;
+}
+
+impl Ops for Emitter {
+    fn op(&mut self, name: &str, args: Vec<Arg<ValueId>>) -> R<Vec<ValueId>> {
+        Ok(self.call_all(name, args)?.to_vec())
+    }
+}
+
+impl Ops for Batcher {
+    fn op(&mut self, name: &str, args: Vec<Arg<ValueId>>) -> R<Vec<ValueId>> {
+        Ok(self
+            .call_all(name, args)?
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect())
+    }
+}
+
+/// Adds `f` to the op table under its schema's name; programs parsed or
+/// traced afterwards may call it. Registering the same name again is an
+/// error (names are global, as `torch.library`'s are).
+pub fn register(f: Arc<dyn Function>) -> Result<crate::ops::OpId, String> {
+    crate::ops::register_custom(f)
+}
