@@ -4,12 +4,14 @@
 //! `NumpyTake`; a `jvp`; a hand-written `vmap` rule), `NumpyTake` (backward
 //! through itself) and `MyCube` (`x^3` and `dx = 3x^2`, a backward that is
 //! itself differentiable, so `grad(grad)` works; also with
-//! `generate_vmap_rule`). Prints the values the page computes; `--json`
-//! prints them as one JSON object.
+//! `generate_vmap_rule`). Each forward has a WGSL kernel of its own (the
+//! sort ranks each element in its line). Prints the values the page
+//! computes, run on the GPU (`--reference`: the reference interpreter);
+//! `--json` prints them as one JSON object.
 //!
-//!     cargo run --example custom_function [-- --json]
+//!     cargo run --example custom_function [-- --json] [--reference]
 
-use kiln::functionalize::custom::{self, Ctx, Function, Ops, Rule, VmapInfo};
+use kiln::functionalize::custom::{self, Ctx, Function, GpuKernel, Ops, Rule, VmapInfo};
 use kiln::functionalize::meta::{wrap_dim, Meta};
 use kiln::functionalize::schema::Arg;
 use kiln::functionalize::transform::emit::{Emitter, R};
@@ -78,6 +80,16 @@ fn take_along(x: &RTensor, ind: &RTensor, dim: usize) -> R<RTensor> {
     Ok(RTensor::new(x.dtype(), ind.sizes().to_vec(), &out))
 }
 
+/// A line along `dim` of `x`: its length and the stride between its
+/// elements.
+fn line(x: &Meta, dim: i64) -> Option<(usize, usize)> {
+    if x.dim() == 0 {
+        return Some((1, 1));
+    }
+    let d = wrap_dim(dim, x.dim()).ok()?;
+    Some((x.sizes[d], x.sizes[d + 1..].iter().product()))
+}
+
 /// `NumpySort`: sorted values, `ind` (argsort) and `ind_inv` (its inverse).
 struct NumpySort;
 
@@ -116,6 +128,30 @@ impl Function for NumpySort {
             RTensor::new(DType::I64, s.clone(), &ind),
             RTensor::new(DType::I64, s, &inv),
         ])
+    }
+    /// Each element's rank in its line (ties by position), then a store
+    /// at the rank: the values, `ind` there, `ind_inv` at the element.
+    fn wgsl(&self, args: &[Arg<&Meta>], _outputs: &[Meta]) -> Option<GpuKernel> {
+        let x = *tensor(args, 0).ok()?;
+        let (len, inner) = line(x, int(args, 1).ok()?)?;
+        Some(GpuKernel {
+            source: format!(
+                "fn kiln_kernel(gid: u32) {{
+    let k = (gid / {inner}u) % {len}u;
+    let base = gid - k * {inner}u;
+    let x = kiln_in0(gid);
+    var rank = 0u;
+    for (var j = 0u; j < {len}u; j = j + 1u) {{
+        let y = kiln_in0(base + j * {inner}u);
+        if (y < x || (y == x && j < k)) {{ rank = rank + 1u; }}
+    }}
+    kiln_out0(base + rank * {inner}u, x);
+    kiln_out1(base + rank * {inner}u, i32(k));
+    kiln_out2(gid, i32(rank));
+}}"
+            ),
+            invocations: x.numel(),
+        })
     }
     fn setup_context(&self, ctx: &mut Ctx, inputs: &[Arg<ValueId>], outputs: &[ValueId]) -> R<()> {
         ctx.mark_non_differentiable(&[1, 2]);
@@ -214,6 +250,21 @@ impl Function for NumpyTake {
         let (x, ind) = (tensor(args, 0)?, tensor(args, 1)?);
         let dim = wrap_dim(int(args, 3)?, x.sizes().len().max(1))?;
         Ok(vec![take_along(x, ind, dim)?])
+    }
+    fn wgsl(&self, args: &[Arg<&Meta>], _outputs: &[Meta]) -> Option<GpuKernel> {
+        let x = *tensor(args, 0).ok()?;
+        let (len, inner) = line(x, int(args, 3).ok()?)?;
+        Some(GpuKernel {
+            source: format!(
+                "fn kiln_kernel(gid: u32) {{
+    let k = (gid / {inner}u) % {len}u;
+    let src = gid - k * {inner}u + u32(clamp(kiln_in1(gid), 0i, {last}i)) * {inner}u;
+    kiln_out0(gid, kiln_in0(src));
+}}",
+                last = len as i64 - 1
+            ),
+            invocations: x.numel(),
+        })
     }
     fn setup_context(&self, ctx: &mut Ctx, inputs: &[Arg<ValueId>], _outputs: &[ValueId]) -> R<()> {
         let (ind, ind_inv) = (*tensor(inputs, 1)?, *tensor(inputs, 2)?);
@@ -330,6 +381,18 @@ impl Function for MyCube {
             ),
         ])
     }
+    fn wgsl(&self, args: &[Arg<&Meta>], _outputs: &[Meta]) -> Option<GpuKernel> {
+        let x = *tensor(args, 0).ok()?;
+        Some(GpuKernel {
+            source: "fn kiln_kernel(gid: u32) {
+    let x = kiln_in0(gid);
+    kiln_out0(gid, x * x * x);
+    kiln_out1(gid, 3.0 * x * x);
+}"
+            .into(),
+            invocations: x.numel(),
+        })
+    }
     fn forward_ops(&self, e: &mut dyn Ops, args: &[Arg<ValueId>]) -> Rule<Vec<ValueId>> {
         Some((|| {
             let x = *tensor(args, 0)?;
@@ -387,14 +450,31 @@ pub fn register() -> R<()> {
     .clone()
 }
 
-fn run(g: &Graph, ins: &[RTensor]) -> R<Vec<RTensor>> {
-    let ins = ins
+/// Where the example's programs run.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Backend {
+    Reference,
+    Gpu,
+}
+
+fn run_on(
+    engine: &std::cell::RefCell<Option<kiln::engine::Engine>>,
+    g: &Graph,
+    ins: &[RTensor],
+) -> R<Vec<RTensor>> {
+    let ins: Vec<RTensor> = ins
         .iter()
         .map(|t| RTensor::new(t.dtype(), t.sizes().to_vec(), &t.values()))
         .collect();
-    kiln::run(g, ins)
-        .map(|r| r.outputs)
-        .map_err(|e| e.to_string())
+    match engine.borrow_mut().as_mut() {
+        None => kiln::run(g, ins)
+            .map(|r| r.outputs)
+            .map_err(|e| e.to_string()),
+        Some(e) => e
+            .run(g, ins)
+            .map(|r| r.outputs)
+            .map_err(|err| err.to_string()),
+    }
 }
 
 fn prog(src: &str) -> R<Graph> {
@@ -402,8 +482,13 @@ fn prog(src: &str) -> R<Graph> {
 }
 
 /// The page's values, by name, each a `[2, 4]` f32 result.
-pub fn values() -> R<Vec<(&'static str, RTensor)>> {
+pub fn values(backend: Backend) -> R<Vec<(&'static str, RTensor)>> {
     register()?;
+    let engine = std::cell::RefCell::new(match backend {
+        Backend::Reference => None,
+        Backend::Gpu => Some(kiln::engine::Engine::new().map_err(|e| e.to_string())?),
+    });
+    let run = |g: &Graph, ins: &[RTensor]| run_on(&engine, g, ins);
     let x = RTensor::new(
         DType::F32,
         vec![2, 4],
@@ -487,7 +572,12 @@ pub fn values() -> R<Vec<(&'static str, RTensor)>> {
 
 #[allow(dead_code)]
 fn main() -> R<()> {
-    let vals = values()?;
+    let backend = if std::env::args().any(|a| a == "--reference") {
+        Backend::Reference
+    } else {
+        Backend::Gpu
+    };
+    let vals = values(backend)?;
     let rows = |t: &RTensor| -> Vec<Vec<f64>> {
         t.values()
             .chunks(t.sizes()[1])

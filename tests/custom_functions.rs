@@ -20,10 +20,21 @@ use std::sync::Arc;
 
 #[test]
 fn the_example_gives_pytorchs_values() {
+    check_values(custom_function::Backend::Reference);
+}
+
+/// On the GPU: the sort, take and cube forwards run as their own WGSL
+/// kernels between Kiln's.
+#[test]
+fn the_example_gives_pytorchs_values_on_the_gpu() {
+    check_values(custom_function::Backend::Gpu);
+}
+
+fn check_values(backend: custom_function::Backend) {
     let p = common::root().join("tests/fixtures/custom_function_values.json");
     let want: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
-    let got = custom_function::values().unwrap();
+    let got = custom_function::values(backend).unwrap();
     assert_eq!(got.len(), want.as_object().unwrap().len());
     for (k, t) in got {
         let w: Vec<f64> = want[k]
@@ -270,4 +281,63 @@ fn refusals_name_the_function_and_the_rule() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("mylib::nothing"), "{e}");
+}
+
+/// Custom functions on the GPU inside Kiln's kernels (a transposed view
+/// fused into the sort's reads, products and sums around it), and their
+/// gradient programs, as on the reference.
+#[test]
+fn custom_kernels_run_between_kiln_kernels() {
+    custom_function::register().unwrap();
+    let mut e = kiln::engine::Engine::new()
+        .unwrap_or_else(|e| panic!("the GPU tests need a wgpu adapter: {e}"));
+    for src in [SORT, SORT_COLUMNS, CUBE, CUBE_GEN] {
+        let g = parse(src).unwrap();
+        for p in [g.clone(), vjp(&g, None).unwrap()] {
+            let ins = kiln::functionalize::random::random_inputs(&p, 3, 2.0);
+            let want = kiln::run(&p, ins.clone()).unwrap();
+            let got = e
+                .run(&p, ins)
+                .unwrap_or_else(|err| panic!("{err}\n{}", print(&p)));
+            for (a, b) in got.outputs.iter().zip(&want.outputs) {
+                common::close_accumulated("custom", a, b, 1e-5)
+                    .unwrap_or_else(|m| panic!("{m}\n{}", print(&p)));
+            }
+        }
+    }
+}
+
+/// A program calling a custom function exported with its kernel's WGSL
+/// (checked by naga when the file is read) and run from the file.
+#[test]
+fn custom_kernels_are_exported() {
+    use kiln::engine::{export, Fetch, HostTensor, Input, Session};
+    custom_function::register().unwrap();
+    let g = parse("graph s(%x: f32[3, 5], %w: f32[5]) { %v, %i, %j = mylib::numpy_sort(%x, 1) %y = mul(%v, %w) return (%y, %i) }").unwrap();
+    let ins = kiln::functionalize::random::random_inputs(&g, 5, 2.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let s = Session::open().unwrap();
+    let w = HostTensor::from_rtensor(&ins[1]);
+    let bytes = export::export(&s, &g, &[("w".to_string(), w)], &Default::default()).unwrap();
+    let e = export::read(&bytes).unwrap();
+    assert!(
+        e.manifest
+            .kernels
+            .iter()
+            .any(|k| k.wgsl.contains("fn kiln_kernel")),
+        "the sort's kernel is in the file"
+    );
+    let exe = s.load_exported(&e).unwrap();
+    let x = HostTensor::from_rtensor(&ins[0]);
+    let r = s
+        .run(
+            &exe,
+            &[Input::Host(&x)],
+            &exe.options(Fetch::Host, Fetch::Skip),
+        )
+        .unwrap();
+    let y = r.outputs[0].clone().host().unwrap().to_rtensor();
+    let i = r.outputs[1].clone().host().unwrap().to_rtensor();
+    common::close("y", &y, &want.outputs[0]).unwrap();
+    assert_eq!(i.values(), want.outputs[1].values());
 }

@@ -76,6 +76,22 @@ impl Ctx {
     }
 }
 
+/// A custom function's GPU kernel: WGSL defining `fn kiln_kernel(gid: u32)`,
+/// run for every `gid` below `invocations`. Kiln adds, for argument tensor
+/// `j` (counting tensor arguments only), `fn kiln_in{j}(i: u32) -> T`
+/// reading its element `i` (row-major), and for output `k`
+/// `fn kiln_out{k}(i: u32, x: T)` writing its element `i`; `T` is `f32`
+/// for f32 and f16, `i32` for i32 and i64 (held in 32 bits on the GPU),
+/// `u32`, `bool`. The kernel may call the prelude's helpers
+/// (`shaders/prelude.wgsl`); it must not declare bindings. One dispatch
+/// computes one output (the others' stores do nothing there), so a
+/// kernel writes every output it can.
+#[derive(Clone, Debug)]
+pub struct GpuKernel {
+    pub source: String,
+    pub invocations: usize,
+}
+
 /// `torch.func` rules' result: `None` when the function gives no rule.
 pub type Rule<T> = Option<R<T>>;
 
@@ -94,6 +110,11 @@ pub trait Function: Send + Sync + 'static {
     fn infer(&self, args: &[Arg<&Meta>]) -> Result<Vec<Meta>, String>;
     /// The forward on host tensors, for the reference interpreter.
     fn forward(&self, args: &[Arg<RTensor>]) -> Result<Vec<RTensor>, String>;
+    /// The forward on the GPU for these argument and output types (`None`:
+    /// the GPU backend refuses programs that call the function).
+    fn wgsl(&self, _args: &[Arg<&Meta>], _outputs: &[Meta]) -> Option<GpuKernel> {
+        None
+    }
     /// The forward written with Kiln ops, when it can be (needed by
     /// `generate_vmap_rule`).
     fn forward_ops(&self, _e: &mut dyn Ops, _args: &[Arg<ValueId>]) -> Rule<Vec<ValueId>> {

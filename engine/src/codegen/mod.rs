@@ -4,6 +4,7 @@
 //! elementwise chains fuse into one kernel.
 
 mod attention;
+mod custom;
 mod elementwise;
 mod gather;
 mod matmul;
@@ -1080,9 +1081,7 @@ impl<'a> Gen<'a> {
             Lowering::Gather => Ok(vec![self.gather(n, v, label)?]),
             Lowering::Extreme => Ok(vec![self.extreme(n, v, label)?]),
             Lowering::Sort => Ok(vec![self.sort(n, v, label)?]),
-            Lowering::Custom => Err(EngineError::Unsupported(format!(
-                "custom function `{name}` has no GPU kernel yet: run it with the reference backend"
-            ))),
+            Lowering::Custom => Ok(vec![self.custom(n, v, label)?]),
             Lowering::Map | Lowering::Free | Lowering::RegionScatter(_) => {
                 Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?])
             }
