@@ -19,7 +19,7 @@ use kiln::functionalize::transform::{grad, inline, jvp, vmap, Batcher};
 use kiln::functionalize::{parse, DType, Graph, RTensor, ValueId};
 use std::sync::Arc;
 
-fn tensor<'a, T>(args: &'a [Arg<T>], i: usize) -> R<&'a T> {
+fn tensor<T>(args: &[Arg<T>], i: usize) -> R<&T> {
     match args.get(i) {
         Some(Arg::Tensor(t)) => Ok(t),
         _ => Err(format!("argument {i} is not a tensor")),
@@ -49,7 +49,7 @@ fn lines(sizes: &[usize], dim: usize, mut f: impl FnMut(&[usize])) {
     let n: usize = sizes.iter().product();
     let len = sizes[dim];
     for start in 0..n {
-        if (start / st[dim]) % len != 0 {
+        if !(start / st[dim]).is_multiple_of(len) {
             continue;
         }
         let idx: Vec<usize> = (0..len).map(|k| start + k * st[dim]).collect();
@@ -517,38 +517,16 @@ pub fn values(backend: Backend) -> R<Vec<(&'static str, RTensor)>> {
     let cube_row =
         prog("graph cube_row(%r: f32[4]) { %y, %dx = mylib::my_cube_generated(%r) return (%y) }")?;
     let e = |r: kiln::functionalize::Result<Graph>| r.map_err(|e| e.to_string());
-    let first = |v: Vec<RTensor>| v.into_iter().next().ok_or_else(|| "no output".to_string());
-    let mut out = vec![];
-    out.push(("sort", first(run(&sort, &[x.clone()])?)?));
-    out.push((
-        "sort_grad",
-        first(run(
-            &e(grad(&sort_loss, Some(&["x".into()]), false))?,
-            &[x.clone(), w.clone()],
-        )?)?,
-    ));
-    out.push((
-        "sort_jvp",
-        run(&e(jvp(&sort, None))?, &[x.clone(), t.clone()])?.remove(1),
-    ));
-    out.push((
-        "sort_vmap",
-        first(run(
-            &e(vmap(&row_sort, &[Some(0)], 2, None))?,
-            &[x.clone()],
-        )?)?,
-    ));
+    // Output `k` of `g` run on `ins`.
+    let out = |g: &Graph, ins: &[&RTensor], k: usize| -> R<RTensor> {
+        let ins: Vec<RTensor> = ins.iter().map(|t| (*t).clone()).collect();
+        run(g, &ins)?
+            .into_iter()
+            .nth(k)
+            .ok_or_else(|| "no output".to_string())
+    };
     let per_row = e(grad(&row_loss, Some(&["r".into()]), false))?;
-    out.push((
-        "sort_vmap_grad",
-        first(run(
-            &e(vmap(&per_row, &[Some(0), Some(0)], 2, None))?,
-            &[x.clone(), w.clone()],
-        )?)?,
-    ));
-    out.push(("cube", first(run(&cube, &[x.clone()])?)?));
     let g1 = e(grad(&cube_loss, None, false))?;
-    out.push(("cube_grad", first(run(&g1, &[x.clone()])?)?));
     // grad(lambda x: grad(lambda y: my_cube(y)[0].sum())(x).sum())(x)
     let mut outer = Graph::new("cube_grad_sum");
     let xin = outer.add_input(Some("x".into()), Meta::contiguous(DType::F32, vec![2, 4]));
@@ -556,18 +534,40 @@ pub fn values(backend: Backend) -> R<Vec<(&'static str, RTensor)>> {
     let sum = kiln::functionalize::ops::lookup("sum").ok_or("no sum")?;
     let s = outer.call(sum, &[Arg::Tensor(inner[0])])?[0];
     outer.outputs = vec![s];
-    out.push((
-        "cube_grad_grad",
-        first(run(&e(grad(&outer, None, false))?, &[x.clone()])?)?,
-    ));
-    out.push((
-        "cube_vmap_generated",
-        first(run(
-            &e(vmap(&cube_row, &[Some(0)], 2, None))?,
-            &[x.clone()],
-        )?)?,
-    ));
-    Ok(out)
+    Ok(vec![
+        ("sort", out(&sort, &[&x], 0)?),
+        (
+            "sort_grad",
+            out(
+                &e(grad(&sort_loss, Some(&["x".into()]), false))?,
+                &[&x, &w],
+                0,
+            )?,
+        ),
+        ("sort_jvp", out(&e(jvp(&sort, None))?, &[&x, &t], 1)?),
+        (
+            "sort_vmap",
+            out(&e(vmap(&row_sort, &[Some(0)], 2, None))?, &[&x], 0)?,
+        ),
+        (
+            "sort_vmap_grad",
+            out(
+                &e(vmap(&per_row, &[Some(0), Some(0)], 2, None))?,
+                &[&x, &w],
+                0,
+            )?,
+        ),
+        ("cube", out(&cube, &[&x], 0)?),
+        ("cube_grad", out(&g1, &[&x], 0)?),
+        (
+            "cube_grad_grad",
+            out(&e(grad(&outer, None, false))?, &[&x], 0)?,
+        ),
+        (
+            "cube_vmap_generated",
+            out(&e(vmap(&cube_row, &[Some(0)], 2, None))?, &[&x], 0)?,
+        ),
+    ])
 }
 
 #[allow(dead_code)]
