@@ -341,3 +341,51 @@ fn custom_kernels_are_exported() {
     common::close("y", &y, &want.outputs[0]).unwrap();
     assert_eq!(i.values(), want.outputs[1].values());
 }
+
+/// A traced Rust closure calls a custom function like any op; views and a
+/// mutation around it are functionalized as usual.
+#[test]
+fn traced_programs_call_custom_functions() {
+    use kiln::functionalize::{trace, TensorSpec};
+    custom_function::register().unwrap();
+    let g = trace(
+        "traced",
+        &[TensorSpec::new("x", DType::F32, &[2, 3])],
+        |p| {
+            let y = p[0].clone_tensor();
+            y.select(0, 0).mul_(-1.0);
+            let r = kiln::functionalize::trace::call(
+                "mylib::numpy_sort",
+                vec![Arg::from(&y), Arg::Int(1)],
+            );
+            vec![r[0].clone(), r[2].clone()]
+        },
+    )
+    .unwrap();
+    let text = print(&g);
+    assert!(text.contains("mylib::numpy_sort(%"), "{text}");
+    let x = RTensor::new(DType::F32, vec![2, 3], &[1.0, 3.0, 2.0, 0.5, -1.0, 4.0]);
+    let r = kiln::run(&g, vec![x]).unwrap();
+    assert_eq!(
+        r.outputs[0].values(),
+        vec![-3.0, -2.0, -1.0, -1.0, 0.5, 4.0]
+    );
+    assert_eq!(r.outputs[1].values(), vec![2.0, 0.0, 1.0, 1.0, 0.0, 2.0]);
+    let gr = grad(
+        &{
+            let mut l = g.clone();
+            let sum = kiln::functionalize::ops::lookup("sum").unwrap();
+            let s = l.call(sum, &[Arg::Tensor(l.outputs[0])]).unwrap()[0];
+            l.outputs = vec![s];
+            l
+        },
+        None,
+        false,
+    )
+    .unwrap();
+    let x = RTensor::new(DType::F32, vec![2, 3], &[1.0, 3.0, 2.0, 0.5, -1.0, 4.0]);
+    assert_eq!(
+        kiln::run(&gr, vec![x]).unwrap().outputs[0].values(),
+        vec![-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]
+    );
+}
