@@ -929,6 +929,53 @@ fn basis(e: &mut Emitter, shape: &[usize], dtype: crate::DType) -> R<ValueId> {
     e.view(eye, &s)
 }
 
+fn jacobian_error(m: String) -> Error {
+    Error::Statement {
+        line: None,
+        stmt: "jacobian".into(),
+        msg: m,
+    }
+}
+
+/// A new program over `g`'s parameters: the emitter and the parameters.
+fn over_params(g: &Graph) -> (Emitter, Vec<ValueId>) {
+    let mut e = Emitter::new(&g.name);
+    let params = g
+        .inputs
+        .iter()
+        .map(|&x| {
+            e.g.add_input(g.values[x].name.clone(), (*g.values[x].meta).clone())
+        })
+        .collect();
+    (e, params)
+}
+
+/// `prog` (over the parameters, then one extra parameter per `seeds`:
+/// cotangents or tangents) batched over a basis of seed `which`, the other
+/// seeds zero, inlined into `e`: its outputs, batch first.
+fn over_basis(
+    e: &mut Emitter,
+    prog: &Graph,
+    params: &[ValueId],
+    seeds: &[crate::Meta],
+    which: usize,
+) -> Result<Vec<ValueId>> {
+    let n: usize = seeds[which].sizes.iter().product();
+    let mut dims = vec![None; params.len() + seeds.len()];
+    dims[params.len() + which] = Some(0);
+    let b = vmap(prog, &dims, n.max(1), None)?;
+    let mut args = params.to_vec();
+    for (k, m) in seeds.iter().enumerate() {
+        let seed = if k == which {
+            basis(e, &m.sizes, m.dtype)
+        } else {
+            e.zeros(&m.sizes, m.dtype)
+        };
+        args.push(seed.map_err(jacobian_error)?);
+    }
+    inline_into(e, &b, &args).map_err(jacobian_error)
+}
+
 /// The Jacobians of `g` by reverse mode (`torch.func.jacrev`): for each
 /// floating output K and each `wrt` parameter P, in that order, a tensor of
 /// shape `out_K.shape + P.shape`. Built as `vmap(vjp)` over a basis of
@@ -937,47 +984,21 @@ pub fn jacrev(g: &Graph, wrt: Option<&[String]>) -> Result<Graph> {
     let v = vjp(g, wrt)?;
     let p = Prepared::new(g)?;
     let wrt_idx = p.wrt("jacrev", wrt)?;
-    let fouts = floating_outputs(&p.g);
-    let np = g.inputs.len();
-    let mut e = Emitter::new(&g.name);
-    let params: Vec<ValueId> = g
-        .inputs
+    let outs: Vec<crate::Meta> = floating_outputs(&p.g)
         .iter()
-        .map(|&x| {
-            e.g.add_input(g.values[x].name.clone(), (*g.values[x].meta).clone())
-        })
+        .map(|&k| p.g.meta(p.g.outputs[k]).clone())
         .collect();
-    let fail = |m: String| Error::Statement {
-        line: None,
-        stmt: "jacrev".into(),
-        msg: m,
-    };
-    let mut outs = vec![];
-    for (j, &k) in fouts.iter().enumerate() {
-        let om = p.g.meta(p.g.outputs[k]).clone();
-        let n: usize = om.sizes.iter().product();
-        // Cotangent K batched over the basis, the others zero.
-        let mut dims = vec![None; np + fouts.len()];
-        dims[np + j] = Some(0);
-        let b = vmap(&v, &dims, n.max(1), None)?;
-        let mut args = params.clone();
-        for (jj, &kk) in fouts.iter().enumerate() {
-            let m = p.g.meta(p.g.outputs[kk]).clone();
-            args.push(if jj == j {
-                basis(&mut e, &m.sizes, m.dtype).map_err(fail)?
-            } else {
-                e.zeros(&m.sizes, m.dtype).map_err(fail)?
-            });
-        }
-        let r = inline_into(&mut e, &b, &args).map_err(fail)?;
+    let (mut e, params) = over_params(g);
+    let mut jac = vec![];
+    for (j, om) in outs.iter().enumerate() {
+        let r = over_basis(&mut e, &v, &params, &outs, j)?;
         for (w, &i) in wrt_idx.iter().enumerate() {
-            let gi = r[g.outputs.len() + w];
             let mut s = om.sizes.to_vec();
             s.extend(g.meta(g.inputs[i]).sizes.iter());
-            outs.push(e.view(gi, &s).map_err(fail)?);
+            jac.push(e.view(r[g.outputs.len() + w], &s).map_err(jacobian_error)?);
         }
     }
-    e.g.outputs = outs;
+    e.g.outputs = jac;
     crate::simplify::eliminate_dead_code(&mut e.g);
     Ok(e.g)
 }
@@ -988,56 +1009,31 @@ pub fn jacfwd(g: &Graph, wrt: Option<&[String]>) -> Result<Graph> {
     let j = jvp(g, wrt)?;
     let p = Prepared::new(g)?;
     let wrt_idx = p.wrt("jacfwd", wrt)?;
-    let fouts = floating_outputs(&p.g);
-    let np = g.inputs.len();
-    let mut e = Emitter::new(&g.name);
-    let params: Vec<ValueId> = g
-        .inputs
+    let tangents: Vec<crate::Meta> = wrt_idx
         .iter()
-        .map(|&x| {
-            e.g.add_input(g.values[x].name.clone(), (*g.values[x].meta).clone())
-        })
+        .map(|&i| g.meta(g.inputs[i]).clone())
         .collect();
-    let fail = |m: String| Error::Statement {
-        line: None,
-        stmt: "jacfwd".into(),
-        msg: m,
-    };
-    // cols[w][j]: Jacobian of floating output j by parameter w, `[n_w, *out]`.
+    let (mut e, params) = over_params(g);
+    // cols[w][j]: the Jacobian of floating output j by parameter w, `[n_w, *out]`.
     let mut cols = vec![];
-    for (w, &i) in wrt_idx.iter().enumerate() {
-        let pm = g.meta(g.inputs[i]).clone();
-        let n: usize = pm.sizes.iter().product();
-        let mut dims = vec![None; np + wrt_idx.len()];
-        dims[np + w] = Some(0);
-        let b = vmap(&j, &dims, n.max(1), None)?;
-        let mut args = params.clone();
-        for (ww, &ii) in wrt_idx.iter().enumerate() {
-            let m = g.meta(g.inputs[ii]).clone();
-            args.push(if ww == w {
-                basis(&mut e, &m.sizes, m.dtype).map_err(fail)?
-            } else {
-                e.zeros(&m.sizes, m.dtype).map_err(fail)?
-            });
-        }
-        let r = inline_into(&mut e, &b, &args).map_err(fail)?;
-        cols.push(r[g.outputs.len()..].to_vec());
+    for w in 0..wrt_idx.len() {
+        cols.push(over_basis(&mut e, &j, &params, &tangents, w)?[g.outputs.len()..].to_vec());
     }
-    let mut outs = vec![];
-    for (jj, &k) in fouts.iter().enumerate() {
+    let mut jac = vec![];
+    for (jj, &k) in floating_outputs(&p.g).iter().enumerate() {
         let om = p.g.meta(p.g.outputs[k]).clone();
-        for (w, &i) in wrt_idx.iter().enumerate() {
-            let c = cols[w][jj];
+        for (w, pm) in tangents.iter().enumerate() {
             // [n, *out] -> [*out, n] -> [*out, *param]
+            let c = cols[w][jj];
             let r = e.rank(c);
             let perm: Vec<usize> = (1..r).chain([0]).collect();
-            let moved = e.permute(c, &perm).map_err(fail)?;
+            let moved = e.permute(c, &perm).map_err(jacobian_error)?;
             let mut s = om.sizes.to_vec();
-            s.extend(g.meta(g.inputs[i]).sizes.iter());
-            outs.push(e.view(moved, &s).map_err(fail)?);
+            s.extend(pm.sizes.iter());
+            jac.push(e.view(moved, &s).map_err(jacobian_error)?);
         }
     }
-    e.g.outputs = outs;
+    e.g.outputs = jac;
     crate::simplify::eliminate_dead_code(&mut e.g);
     Ok(e.g)
 }
