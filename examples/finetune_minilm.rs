@@ -9,9 +9,9 @@
 //!
 //!     cargo run --release --example finetune_minilm [-- --steps 10 --lr 0.3 --json]
 
-use kiln::engine::{Fetch, HostTensor, Input, Session};
+use kiln::engine::{HostTensor, Session};
 use kiln::functionalize::schema::Arg;
-use kiln::functionalize::transform::{grad, inline};
+use kiln::functionalize::transform::sgd_step;
 use kiln::functionalize::{ops, DType, Graph, Meta};
 use kiln::minilm::{fetch, MiniLm};
 
@@ -90,30 +90,8 @@ pub fn step_program(
     let d = call(&mut l, "sub", &[T(cos), T(target)])?;
     let sq = call(&mut l, "mul", &[T(d), T(d)])?;
     let loss = call(&mut l, "mean", &[T(sq)])?;
-    l.outputs = vec![loss, loss];
-    let wrt = last_layer();
-    let g = grad(&l, Some(&wrt), true).map_err(|e| e.to_string())?;
-    let mut step = Graph::new("minilm_finetune_step");
-    let params: Vec<_> = l
-        .inputs
-        .iter()
-        .map(|&v| step.add_input(l.values[v].name.clone(), (*l.values[v].meta).clone()))
-        .collect();
-    let r = inline(&mut step, &g, &params)?;
-    let names: Vec<String> = l
-        .inputs
-        .iter()
-        .map(|&v| l.values[v].name.as_deref().unwrap_or("").to_string())
-        .collect();
-    for (k, w) in wrt.iter().enumerate() {
-        let i = names
-            .iter()
-            .position(|n| n == w)
-            .ok_or_else(|| format!("no parameter {w}"))?;
-        call(&mut step, "sub_", &[T(params[i]), T(r[k]), Arg::Float(lr)])?;
-    }
-    step.outputs = vec![r[wrt.len()]];
-    Ok(step)
+    l.outputs = vec![loss];
+    sgd_step(&l, &last_layer(), lr).map_err(|e| e.to_string())
 }
 
 /// The step program and its host inputs (ids, mask, weights, target).
@@ -154,30 +132,7 @@ pub fn train_gpu(
     ins: &[HostTensor],
     steps: usize,
 ) -> Result<(Vec<f64>, f64), String> {
-    let exe = session.compile(step).map_err(|e| e.to_string())?;
-    let mut dev: Vec<_> = ins
-        .iter()
-        .map(|t| session.upload(t))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    let opts = exe.options(Fetch::Host, Fetch::Device);
-    let mut losses = vec![];
-    let start = std::time::Instant::now();
-    for _ in 0..steps {
-        let inputs: Vec<Input> = dev.iter().map(Input::Device).collect();
-        let r = session
-            .run(&exe, &inputs, &opts)
-            .map_err(|e| e.to_string())?;
-        let loss = r.outputs[0].clone().host().ok_or("loss not read back")?;
-        losses.push(loss.to_rtensor().values()[0]);
-        for (i, o) in r.mutated {
-            dev[i] = o.device().ok_or("weights not kept on the device")?;
-        }
-    }
-    Ok((
-        losses,
-        start.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64,
-    ))
+    kiln::train::run_steps(session, step, ins, steps)
 }
 
 /// PyTorch's losses (sentence-transformers, layer 5 trainable), when it is

@@ -8,9 +8,8 @@
 //!
 //!     cargo run --release --example train_mlp [-- --steps 50 --lr 0.5 --json --print]
 
-use kiln::engine::{Fetch, HostTensor, Input, Session};
-use kiln::functionalize::schema::Arg;
-use kiln::functionalize::transform::{grad, inline};
+use kiln::engine::{HostTensor, Session};
+use kiln::functionalize::transform::sgd_step;
 use kiln::functionalize::{parse, print, DType, Graph, RTensor};
 
 /// Cross-entropy of a two-layer MLP on a batch (what
@@ -24,35 +23,17 @@ pub const LOSS: &str = "graph mlp_loss(%w1: f32[32, 8], %b1: f32[32], %w2: f32[4
   %p = gather(%l, 1, %yi)
   %m = mean(%p)
   %loss = neg(%m)
-  return (%loss, %loss)
+  return (%loss)
 }";
 
 pub const WEIGHTS: [&str; 4] = ["w1", "b1", "w2", "b2"];
 
-/// The training step: the loss's gradient (`grad ... --has-aux`, the loss
-/// as its aux output), then `w.sub_(grad, alpha=lr)` for every weight.
-/// Returns the loss.
+/// The training step (`transform::sgd_step`): the loss's gradient, then
+/// `w.sub_(grad, alpha=lr)` for every weight. Returns the loss.
 pub fn step_program(lr: f64) -> Result<Graph, String> {
     let loss = parse(LOSS).map_err(|e| e.to_string())?;
     let wrt: Vec<String> = WEIGHTS.iter().map(|s| s.to_string()).collect();
-    let g = grad(&loss, Some(&wrt), true).map_err(|e| e.to_string())?;
-    let mut step = Graph::new("sgd_step");
-    let params: Vec<_> = loss
-        .inputs
-        .iter()
-        .map(|&v| step.add_input(loss.values[v].name.clone(), (*loss.values[v].meta).clone()))
-        .collect();
-    let r = inline(&mut step, &g, &params)?;
-    let sub_ = kiln::functionalize::ops::lookup("sub_").ok_or("no sub_")?;
-    for i in 0..WEIGHTS.len() {
-        // w.sub_(grad, alpha=lr): w - lr * grad, in place.
-        step.call(
-            sub_,
-            &[Arg::Tensor(params[i]), Arg::Tensor(r[i]), Arg::Float(lr)],
-        )?;
-    }
-    step.outputs = vec![r[WEIGHTS.len()]];
-    Ok(step)
+    sgd_step(&loss, &wrt, lr).map_err(|e| e.to_string())
 }
 
 /// Deterministic data and initial weights: inputs uniform in [-1, 1),
@@ -100,30 +81,11 @@ pub fn init() -> Vec<(String, RTensor)> {
 /// Losses of `steps` SGD steps on the GPU, the weights kept on the
 /// device; and the mean time of a step (ms, loss read back included).
 pub fn train_gpu(session: &Session, step: &Graph, steps: usize) -> Result<(Vec<f64>, f64), String> {
-    let exe = session.compile(step).map_err(|e| e.to_string())?;
-    let data = init();
-    let mut dev: Vec<_> = data
+    let data: Vec<HostTensor> = init()
         .iter()
-        .map(|(_, t)| session.upload(&HostTensor::from_rtensor(t)))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
-    let mut opts = exe.options(Fetch::Host, Fetch::Device);
-    opts.outputs = vec![Fetch::Host];
-    let mut losses = vec![];
-    let start = std::time::Instant::now();
-    for _ in 0..steps {
-        let inputs: Vec<Input> = dev.iter().map(Input::Device).collect();
-        let r = session
-            .run(&exe, &inputs, &opts)
-            .map_err(|e| e.to_string())?;
-        let loss = r.outputs[0].clone().host().ok_or("loss not read back")?;
-        losses.push(loss.to_rtensor().values()[0]);
-        for (i, o) in r.mutated {
-            dev[i] = o.device().ok_or("weights not kept on the device")?;
-        }
-    }
-    let ms = start.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64;
-    Ok((losses, ms))
+        .map(|(_, t)| HostTensor::from_rtensor(t))
+        .collect();
+    kiln::train::run_steps(session, step, &data, steps)
 }
 
 /// The same steps on the reference interpreter (eager semantics: `sub_`

@@ -9,6 +9,7 @@ pub mod export;
 pub mod io;
 pub mod minilm;
 pub mod profile;
+pub mod train;
 
 pub use kiln_engine as engine;
 pub use kiln_functionalize as functionalize;

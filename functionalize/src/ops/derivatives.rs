@@ -528,12 +528,9 @@ fn extreme_mask(
     Ok((mask, count))
 }
 
-/// `max.dim`/`min.dim`, `sort`, `topk`: the values' gradient scattered
-/// back to where the indices say they came from.
-fn select_values(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
-    let g = g0!(gs);
-    let x = c.tensor(0)?;
-    let s = e.sizes(x);
+/// The dimension `max.dim`/`min.dim`, `sort` and `topk` select along,
+/// and whether the values keep it.
+fn selected_dim(c: &Call, rank: usize) -> R<(usize, bool)> {
     let (dim, keepdim) = match c.op.name() {
         "sort" => (int_at(c, 1)?, true),
         "topk" => (int_at(c, 2)?, true),
@@ -542,7 +539,16 @@ fn select_values(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
             matches!(c.args.get(2), Some(Arg::Bool(true))),
         ),
     };
-    let d = wrap(dim, s.len())?;
+    Ok((wrap(dim, rank)?, keepdim))
+}
+
+/// `max.dim`/`min.dim`, `sort`, `topk`: the values' gradient scattered
+/// back to where the indices say they came from.
+fn select_values(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+    let g = g0!(gs);
+    let x = c.tensor(0)?;
+    let s = e.sizes(x);
+    let (d, keepdim) = selected_dim(c, s.len())?;
     let idx = c.outs[1];
     let (gk, ik) = if keepdim || s.is_empty() {
         (g, idx)
@@ -1333,15 +1339,7 @@ fn jvp_select_values(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<V
     };
     let x = c.tensor(0)?;
     let s = e.sizes(x);
-    let (dim, keepdim) = match c.op.name() {
-        "sort" => (int_at(c, 1)?, true),
-        "topk" => (int_at(c, 2)?, true),
-        _ => (
-            int_at(c, 1)?,
-            matches!(c.args.get(2), Some(Arg::Bool(true))),
-        ),
-    };
-    let d = wrap(dim, s.len())?;
+    let (d, keepdim) = selected_dim(c, s.len())?;
     let idx = c.outs[1];
     let ik = if keepdim || s.is_empty() {
         idx

@@ -1045,3 +1045,41 @@ pub fn hessian(g: &Graph, wrt: Option<&[String]>) -> Result<Graph> {
     let gr = grad(g, wrt, false)?;
     jacfwd(&gr, wrt)
 }
+
+/// A training step (SGD): `grad` of the loss (`g`'s first output, 0-d)
+/// with respect to `wrt`, then `w.sub_(grad, alpha=lr)` on each of those
+/// parameters — in-place writes that functionalization turns into the
+/// `copy_` epilogue, so a runtime keeps the updated weights where they
+/// are. The step's parameters are `g`'s; it returns the loss.
+pub fn sgd_step(g: &Graph, wrt: &[String], lr: f64) -> Result<Graph> {
+    // The loss twice: `grad` returns the second (aux) copy beside the
+    // gradients.
+    let mut l = g.clone();
+    let loss = *l.outputs.first().ok_or_else(|| Error::Statement {
+        line: None,
+        stmt: "sgd_step".into(),
+        msg: "the program returns nothing: a training step needs a 0-d loss first".into(),
+    })?;
+    l.outputs = vec![loss, loss];
+    let gr = grad(&l, Some(wrt), true)?;
+    let (mut step, params) = {
+        let (e, params) = over_params(g);
+        (e.g, params)
+    };
+    step.name = format!("{}_sgd_step", g.name);
+    let fail = |m: String| Error::Statement {
+        line: None,
+        stmt: "sgd_step".into(),
+        msg: m,
+    };
+    let r = inline(&mut step, &gr, &params).map_err(fail)?;
+    let p = Prepared::new(g)?;
+    let idx = p.wrt("sgd_step", Some(wrt))?;
+    let sub_ = crate::ops::lookup("sub_").ok_or_else(|| fail("no sub_ op".into()))?;
+    for (k, &i) in idx.iter().enumerate() {
+        step.call(sub_, &[t(params[i]), t(r[k]), Arg::Float(lr)])
+            .map_err(fail)?;
+    }
+    step.outputs = vec![r[idx.len()]];
+    Ok(step)
+}
