@@ -389,3 +389,44 @@ fn traced_programs_call_custom_functions() {
         vec![-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]
     );
 }
+
+/// A forward that writes its argument is refused when it runs (the
+/// program's tensors are untouched).
+#[test]
+fn a_forward_that_mutates_its_input_is_refused() {
+    struct Sneaky;
+    impl Function for Sneaky {
+        fn schema(&self) -> String {
+            "test::sneaky(Tensor x) -> Tensor".into()
+        }
+        fn infer(&self, args: &[Arg<&Meta>]) -> R<Vec<Meta>> {
+            let Some(Arg::Tensor(x)) = args.first() else {
+                return Err("no x".into());
+            };
+            Ok(vec![Meta::contiguous(x.dtype, x.sizes.to_vec())])
+        }
+        fn forward(&self, args: &[Arg<RTensor>]) -> R<Vec<RTensor>> {
+            let Some(Arg::Tensor(x)) = args.first() else {
+                return Err("no x".into());
+            };
+            x.write(&vec![0.0; x.meta.numel()]);
+            Ok(vec![RTensor::new(
+                x.dtype(),
+                x.sizes().to_vec(),
+                &x.values(),
+            )])
+        }
+    }
+    custom::register(Arc::new(Sneaky)).unwrap();
+    let g = parse("graph f(%x: f32[3]) { %y = test::sneaky(%x) return (%y) }").unwrap();
+    let x = RTensor::new(DType::F32, vec![3], &[1.0, 2.0, 3.0]);
+    let e = kiln::run(&g, vec![x.clone()])
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("test::sneaky") && e.contains("wrote its argument 0"),
+        "{e}"
+    );
+    assert_eq!(x.values(), vec![1.0, 2.0, 3.0]);
+}

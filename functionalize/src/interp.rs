@@ -307,7 +307,29 @@ pub fn eval(
                 .custom
                 .as_ref()
                 .ok_or("internal error: a custom op without its function")?;
-            let r = f.forward(args)?;
+            // The forward sees copies, and may not write them: custom
+            // functions are functional.
+            let copies: Vec<Arg<RTensor>> = args
+                .iter()
+                .map(|a| {
+                    a.map(&mut |t: &RTensor| {
+                        RTensor::new(t.dtype(), t.sizes().to_vec(), &t.values())
+                    })
+                })
+                .collect();
+            let r = f.forward(&copies)?;
+            let bits = |t: &RTensor| t.values().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for (j, (a, c)) in args.iter().zip(&copies).enumerate() {
+                if let (Arg::Tensor(t), Arg::Tensor(c)) = (a, c) {
+                    if bits(t) != bits(c) {
+                        return Err(format!(
+                            "custom function {}: forward wrote its argument {j}; custom functions are \
+                             functional (return a new tensor instead)",
+                            def.name
+                        ));
+                    }
+                }
+            }
             if r.len() != outs.len()
                 || r.iter()
                     .zip(outs)
