@@ -49,6 +49,40 @@ impl MetaPool {
     }
 }
 
+/// A map from one graph's values, indexed by arena slot: no hashing, and
+/// neighbouring values' entries side by side.
+pub struct ValueMap<T>(Vec<Option<(u64, T)>>);
+
+impl<T> ValueMap<T> {
+    pub fn with_capacity(n: usize) -> ValueMap<T> {
+        ValueMap(Vec::with_capacity(n))
+    }
+
+    pub fn insert(&mut self, v: ValueId, x: T) {
+        let (i, k) = ValueSet::slot(v);
+        if i >= self.0.len() {
+            self.0.resize_with((i + 1).max(2 * self.0.len()), || None);
+        }
+        self.0[i] = Some((k, x));
+    }
+
+    pub fn get(&self, v: ValueId) -> Option<&T> {
+        let (i, k) = ValueSet::slot(v);
+        match self.0.get(i) {
+            Some(Some((key, x))) if *key == k => Some(x),
+            _ => None,
+        }
+    }
+
+    pub fn get_mut(&mut self, v: ValueId) -> Option<&mut T> {
+        let (i, k) = ValueSet::slot(v);
+        match self.0.get_mut(i) {
+            Some(Some((key, x))) if *key == k => Some(x),
+            _ => None,
+        }
+    }
+}
+
 /// A set of one graph's values, indexed by arena slot: no hashing, for
 /// passes that visit every node (dead code, SSA checks).
 #[derive(Default)]
@@ -102,10 +136,11 @@ pub struct Node {
 
 impl Node {
     pub fn inputs(&self) -> smallvec::SmallVec<[ValueId; 4]> {
-        self.args
-            .iter()
-            .flat_map(|a| a.tensors().into_iter().copied())
-            .collect()
+        let mut out = smallvec::SmallVec::new();
+        for a in &self.args {
+            a.each_tensor(&mut |&v| out.push(v));
+        }
+        out
     }
 }
 

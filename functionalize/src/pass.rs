@@ -21,7 +21,7 @@
 //!   layout (strides, offset, storage size) it had in the source graph.
 
 use crate::error::{Error, Result};
-use crate::graph::{Graph, Name, NodeId, ValueId};
+use crate::graph::{Graph, Name, NodeId, ValueId, ValueMap};
 use crate::meta::{wrap_dim, Meta};
 use crate::ops::layout::is_non_overlapping_and_dense;
 use crate::ops::{self, views, OpId, OpKind, Rule};
@@ -215,14 +215,13 @@ struct Pass<'g> {
     src: &'g Graph,
     mode: Remove,
     out: Graph,
-    aliases: HashMap<ValueId, Alias>,
+    aliases: ValueMap<Alias>,
     /// Interned view-chain prefixes (`extend_prefix`).
     prefixes: HashMap<(u32, Rc<[u64]>), u32>,
     storages: Vec<StorageState>,
     cache: Cache,
     /// FX-style result names taken so far: base name -> uses.
     names: HashMap<&'g str, usize>,
-    src_names: Names<'g>,
     /// The source statement being rewritten (for messages).
     at: Option<NodeId>,
     /// The empty chain of every base, shared.
@@ -237,12 +236,11 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         mode,
         out: Graph::with_capacity(&g.name, 2 * g.order.len()),
         // Sized up front: growing them copies every entry at each doubling.
-        aliases: HashMap::with_capacity_and_hasher(g.values.len(), Default::default()),
+        aliases: ValueMap::with_capacity(g.values.len()),
         prefixes: HashMap::default(),
         storages: Vec::with_capacity(g.values.len() / 2),
         cache: Cache::default(),
         names: HashMap::default(),
-        src_names: Names::of(g),
         at: None,
         no_chain: Rc::new(vec![]),
     };
@@ -308,7 +306,7 @@ impl Pass<'_> {
         match self.at {
             Some(n) => Error::Statement {
                 line: self.src.nodes[n].line,
-                stmt: fmt_node(self.src, n, &self.src_names),
+                stmt: fmt_node(self.src, n, &Names::of(self.src)),
                 msg: msg.into(),
             },
             None => Error::Statement {
@@ -391,7 +389,7 @@ impl Pass<'_> {
 
     fn alias(&self, v: ValueId) -> Result<Alias> {
         self.aliases
-            .get(&v)
+            .get(v)
             .cloned()
             .ok_or_else(|| self.err("internal error: value read before it is defined"))
     }
@@ -532,7 +530,7 @@ impl Pass<'_> {
             return Ok(c);
         }
         let value = self.regen(a.storage, &a.chain, a.chain.len())?;
-        let e = self.aliases.get_mut(&v).expect("alias exists");
+        let e = self.aliases.get_mut(v).expect("alias exists");
         e.current = Some(value);
         e.gen = gen;
         Ok(value)

@@ -44,11 +44,19 @@ impl<V> Arg<V> {
 
     /// Tensors this argument refers to, in order.
     pub fn tensors(&self) -> smallvec::SmallVec<[&V; 2]> {
+        let mut out = smallvec::SmallVec::new();
+        self.each_tensor(&mut |v| out.push(v));
+        out
+    }
+
+    /// Calls `f` on each tensor this argument refers to, in order (no
+    /// list built: graph walks call this for every node).
+    pub fn each_tensor<'a>(&'a self, f: &mut impl FnMut(&'a V)) {
         match self {
-            Arg::Tensor(v) => smallvec::smallvec![v],
-            Arg::TensorList(l) => l.iter().flatten().collect(),
-            Arg::List(l) => l.iter().flat_map(|a| a.tensors()).collect(),
-            _ => Default::default(),
+            Arg::Tensor(v) => f(v),
+            Arg::TensorList(l) => l.iter().flatten().for_each(f),
+            Arg::List(l) => l.iter().for_each(|a| a.each_tensor(f)),
+            _ => {}
         }
     }
 
