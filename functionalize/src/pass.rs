@@ -75,7 +75,8 @@ struct Step {
     op: OpId,
     /// The overload that bound `self` and `args` (None: synthesized).
     overload: Option<usize>,
-    args: Vec<Arg<ValueId>>,
+    /// Shared by the steps of one multi-result view.
+    args: Rc<[Arg<ValueId>]>,
     index: usize,
     /// The result's metadata in the source graph (shared with it).
     meta: Arc<Meta>,
@@ -87,7 +88,7 @@ impl Step {
     fn new(
         op: OpId,
         overload: Option<usize>,
-        args: Vec<Arg<ValueId>>,
+        args: Rc<[Arg<ValueId>]>,
         index: usize,
         meta: Arc<Meta>,
     ) -> Step {
@@ -105,31 +106,24 @@ impl Step {
     /// words of `encode_arg` after the op and the result index.
     fn key(&self) -> Rc<[u64]> {
         self.key
-            .get_or_init(|| {
-                let mut k = vec![self.op.0 as u64, self.index as u64];
-                for a in &self.args {
-                    encode_arg(a, &mut k);
-                }
-                k.into()
-            })
+            .get_or_init(|| self.key_with_index(self.index))
             .clone()
     }
 
-    /// The same view, taking result `index`.
-    fn with_index(&self, index: usize) -> Step {
-        Step::new(
-            self.op,
-            self.overload,
-            self.args.clone(),
-            index,
-            self.meta.clone(),
-        )
+    /// The key of the same view taking result `index`.
+    fn key_with_index(&self, index: usize) -> Rc<[u64]> {
+        let mut k: smallvec::SmallVec<[u64; 16]> =
+            smallvec::smallvec![self.op.0 as u64, index as u64];
+        for a in self.args.iter() {
+            encode_arg(a, &mut k);
+        }
+        Rc::from(&k[..])
     }
 }
 
 /// Appends words that tell `a` apart from every other argument: a tag,
 /// then the payload (floats by their bits, lists by length and items).
-fn encode_arg(a: &Arg<ValueId>, k: &mut Vec<u64>) {
+fn encode_arg(a: &Arg<ValueId>, k: &mut smallvec::SmallVec<[u64; 16]>) {
     use slotmap::Key;
     match a {
         Arg::Tensor(v) => k.extend([0, v.data().as_ffi()]),
@@ -363,18 +357,24 @@ impl Pass<'_> {
             self.out.nodes[*node].line = self.src.nodes[n].line;
         }
         // Named after the op (a custom function's name without its namespace).
-        let base = op
-            .name()
-            .rsplit("::")
-            .next()
-            .unwrap_or_default()
-            .trim_end_matches('_');
+        let name = op.name();
+        let base = match name.bytes().rposition(|b| b == b':') {
+            Some(i) => &name[i + 1..],
+            None => name,
+        }
+        .trim_end_matches('_');
         for &r in &res {
             let k = self.names.entry(base).or_insert(0);
             let name = if *k == 0 {
                 Name::from(base)
             } else {
-                compact_str::format_compact!("{base}_{k}")
+                let mut digits = itoa::Buffer::new();
+                let digits = digits.format(*k);
+                let mut name = Name::with_capacity(base.len() + 1 + digits.len());
+                name.push_str(base);
+                name.push('_');
+                name.push_str(digits);
+                name
             };
             *k += 1;
             self.out.values[r].name = Some(name);
@@ -449,9 +449,9 @@ impl Pass<'_> {
 
     /// The id of chain prefix `parent` extended by `step` (interned: equal
     /// chains get equal ids; 0 is the empty chain).
-    fn extend_prefix(&mut self, parent: u32, step: &Step) -> u32 {
+    fn extend_prefix(&mut self, parent: u32, step_key: Rc<[u64]>) -> u32 {
         let next = self.prefixes.len() as u32 + 1;
-        *self.prefixes.entry((parent, step.key())).or_insert(next)
+        *self.prefixes.entry((parent, step_key)).or_insert(next)
     }
 
     /// The ids of every prefix of `chain`, the empty one first.
@@ -460,7 +460,7 @@ impl Pass<'_> {
         ids.push(0);
         for s in chain {
             let p = ids[ids.len() - 1];
-            ids.push(self.extend_prefix(p, s));
+            ids.push(self.extend_prefix(p, s.key()));
         }
         ids
     }
@@ -481,10 +481,11 @@ impl Pass<'_> {
         // Multi-output views give every piece at once: remember them all.
         for (j, &r) in res.iter().enumerate() {
             let key = if j == step.index {
-                self.extend_prefix(parent, step)
+                step.key()
             } else {
-                self.extend_prefix(parent, &step.with_index(j))
+                step.key_with_index(j)
             };
+            let key = self.extend_prefix(parent, key);
             self.cache.insert(storage, gen, key, r);
         }
         Ok(res[step.index])
@@ -630,7 +631,7 @@ impl Pass<'_> {
         Ok(vec![Rc::new(Step::new(
             op,
             None,
-            vec![Arg::IntList(perm.iter().map(|&d| d as i64).collect())],
+            Rc::new([Arg::IntList(perm.iter().map(|&d| d as i64).collect())]),
             0,
             Arc::new(meta),
         ))])
@@ -685,7 +686,7 @@ impl Pass<'_> {
         let this = *node.args[0].tensors()[0];
         let a = self.alias(this)?;
         let gen = self.storages[a.storage].gen;
-        let rest: Vec<Arg<ValueId>> = node.args[1..].to_vec();
+        let rest: Rc<[Arg<ValueId>]> = node.args[1..].into();
         let (chain, input) = if node.op.name() == "as_strided" {
             // Offsets and strides of as_strided refer to the whole storage:
             // it is a view of the base, whatever view it was applied to.
@@ -707,7 +708,7 @@ impl Pass<'_> {
                 i,
                 self.src.values[r].meta.clone(),
             ));
-            let key = self.extend_prefix(prefix, &step);
+            let key = self.extend_prefix(prefix, step.key());
             let value = match self.cache.get(a.storage, gen, key) {
                 Some(v) => v,
                 None => self.apply_step(a.storage, gen, prefix, input, &step)?,

@@ -223,7 +223,7 @@ impl<'a> Lexer<'a> {
                 col += text.chars().count() + 2;
                 break at(Tok::Str(text));
             }
-            if "()[]{},:=".contains(c) {
+            if matches!(c, '(' | ')' | '[' | ']' | '{' | '}' | ',' | ':' | '=') {
                 i += 1;
                 col += 1;
                 break at(Tok::Punct(c));
