@@ -320,14 +320,16 @@ pub fn eval(
             let r = f.forward(&copies)?;
             let bits = |t: &RTensor| t.values().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             for (j, (a, c)) in args.iter().zip(&copies).enumerate() {
-                if let (Arg::Tensor(t), Arg::Tensor(c)) = (a, c) {
-                    if bits(t) != bits(c) {
-                        return Err(format!(
-                            "custom function {}: forward wrote its argument {j}; custom functions are \
-                             functional (return a new tensor instead)",
-                            def.name
-                        ));
-                    }
+                // Every tensor of the argument, lists included.
+                let (mut given, mut seen) = (vec![], vec![]);
+                a.each_tensor(&mut |t| given.push(t));
+                c.each_tensor(&mut |t| seen.push(t));
+                if given.iter().zip(&seen).any(|(t, c)| bits(t) != bits(c)) {
+                    return Err(format!(
+                        "custom function {}: forward wrote its argument {j}; custom functions are \
+                         functional (return a new tensor instead)",
+                        def.name
+                    ));
                 }
             }
             if r.len() != outs.len()
