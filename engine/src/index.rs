@@ -39,7 +39,7 @@ impl Affine {
         let st = broadcast_strides(&Meta::contiguous(operand.dtype, operand.sizes.clone()), out);
         Affine {
             sizes: out.to_vec(),
-            strides: st,
+            strides: st.into_vec(),
             offset: 0,
         }
     }

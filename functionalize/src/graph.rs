@@ -215,6 +215,21 @@ impl Graph {
         for m in &outs {
             crate::meta::check_size(&m.sizes)?;
         }
+        let outs: smallvec::SmallVec<[Arc<Meta>; 2]> =
+            outs.into_iter().map(|m| self.metas.intern(m)).collect();
+        Ok(self.call_inferred(op, overload, bound, outs))
+    }
+
+    /// Appends `op(args)` bound by `overload`, whose results' metadata is
+    /// known: the same call inferred before, on arguments of equal
+    /// metadata (shape rules depend on nothing else). No inference.
+    pub fn call_inferred(
+        &mut self,
+        op: OpId,
+        overload: usize,
+        bound: Vec<Arg<ValueId>>,
+        outs: impl IntoIterator<Item = Arc<Meta>>,
+    ) -> Results {
         let node = self.nodes.insert(Node {
             op,
             overload,
@@ -226,7 +241,6 @@ impl Graph {
             .into_iter()
             .enumerate()
             .map(|(i, meta)| {
-                let meta = self.metas.intern(meta);
                 self.values.insert(Value {
                     name: None,
                     meta,
@@ -236,7 +250,7 @@ impl Graph {
             .collect();
         self.nodes[node].results = results.clone();
         self.order.push(node);
-        Ok(results)
+        results
     }
 
     pub fn meta(&self, v: ValueId) -> &Meta {

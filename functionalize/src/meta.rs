@@ -10,6 +10,9 @@ use std::fmt;
 /// tensors of nearly every program; a graph holds millions of metas).
 pub type Dims = smallvec::SmallVec<[usize; 4]>;
 
+/// The results of a shape rule: nearly always one, inline.
+pub type Metas = smallvec::SmallVec<[Meta; 1]>;
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Meta {
     pub dtype: DType,
@@ -134,7 +137,7 @@ impl Meta {
         // Sort dims by stride: non-overlapping iff each stride covers the
         // extent of all smaller ones (exact for the common cases) or, failing
         // that, an explicit check.
-        let mut dims: Vec<(usize, usize)> = self
+        let mut dims: smallvec::SmallVec<[(usize, usize); 4]> = self
             .sizes
             .iter()
             .copied()
@@ -249,9 +252,9 @@ pub fn wrap_dim(dim: i64, ndim: usize) -> Result<usize, String> {
 }
 
 /// Broadcasts two shapes, right-aligned (NumPy / PyTorch rules).
-pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Dims, String> {
     let n = a.len().max(b.len());
-    let mut out = vec![0; n];
+    let mut out: Dims = smallvec::smallvec![0; n];
     for i in 0..n {
         let da = if i + a.len() >= n {
             a[i + a.len() - n]
@@ -279,7 +282,7 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> 
 }
 
 /// Strides that read `meta` as if expanded to `target` (0 on broadcast dims).
-pub fn broadcast_strides(meta: &Meta, target: &[usize]) -> Vec<usize> {
+pub fn broadcast_strides(meta: &Meta, target: &[usize]) -> Dims {
     let n = target.len();
     let k = meta.dim();
     (0..n)
@@ -390,7 +393,7 @@ mod tests {
 
     #[test]
     fn broadcasting() {
-        assert_eq!(broadcast_shapes(&[3, 1], &[4]), Ok(vec![3, 4]));
+        assert_eq!(broadcast_shapes(&[3, 1], &[4]).unwrap()[..], [3, 4]);
         assert!(broadcast_shapes(&[3], &[4]).is_err());
     }
 }

@@ -80,6 +80,8 @@ struct Step {
     index: usize,
     /// The result's metadata in the source graph (shared with it).
     meta: Arc<Meta>,
+    /// The source node this step copies (None: synthesized).
+    source: Option<NodeId>,
     /// `key()`, encoded once.
     key: std::cell::OnceCell<Rc<[u64]>>,
 }
@@ -91,6 +93,7 @@ impl Step {
         args: Rc<[Arg<ValueId>]>,
         index: usize,
         meta: Arc<Meta>,
+        source: Option<NodeId>,
     ) -> Step {
         Step {
             op,
@@ -98,6 +101,7 @@ impl Step {
             args,
             index,
             meta,
+            source,
             key: Default::default(),
         }
     }
@@ -352,6 +356,52 @@ impl Pass<'_> {
             None => self.out.call(op, &args),
         }
         .map_err(|m| self.err(format!("internal error while emitting {}: {m}", op.name())))?;
+        self.finish_emit(op, &res);
+        Ok(res)
+    }
+
+    /// Appends source node `n`'s call on `args` (its values replaced): when
+    /// they have the metadata its own arguments had, its results' metadata
+    /// is reused rather than inferred again.
+    fn emit_copy_of(
+        &mut self,
+        n: NodeId,
+        args: Vec<Arg<ValueId>>,
+    ) -> Result<crate::graph::Results> {
+        let node = &self.src.nodes[n];
+        if !self.same_input_metas(&node.args, &args) {
+            return self.emit_as(node.op, Some(node.overload), args);
+        }
+        let metas = node
+            .results
+            .iter()
+            .map(|&r| self.src.values[r].meta.clone());
+        let res = self.out.call_inferred(node.op, node.overload, args, metas);
+        self.finish_emit(node.op, &res);
+        Ok(res)
+    }
+
+    /// Do the tensors of `out_args` (new graph) have the metadata of those
+    /// of `src_args` (source graph), in order?
+    fn same_input_metas(&self, src_args: &[Arg<ValueId>], out_args: &[Arg<ValueId>]) -> bool {
+        let mut src: smallvec::SmallVec<[&Arc<Meta>; 4]> = smallvec::SmallVec::new();
+        for a in src_args {
+            a.each_tensor(&mut |&v| src.push(&self.src.values[v].meta));
+        }
+        let (mut i, mut same) = (0, true);
+        for a in out_args {
+            a.each_tensor(&mut |&v| {
+                let m = &self.out.values[v].meta;
+                same &= src.get(i).is_some_and(|s| Arc::ptr_eq(s, m) || ***s == **m);
+                i += 1;
+            });
+        }
+        same && i == src.len()
+    }
+
+    /// Names the results of the node just emitted and gives it the source
+    /// statement's line.
+    fn finish_emit(&mut self, op: OpId, res: &[ValueId]) {
         // What a statement becomes keeps its source line (for later errors).
         if let (Some(n), Some(node)) = (self.at, self.out.order.last()) {
             self.out.nodes[*node].line = self.src.nodes[n].line;
@@ -363,7 +413,7 @@ impl Pass<'_> {
             None => name,
         }
         .trim_end_matches('_');
-        for &r in &res {
+        for &r in res {
             let k = self.names.entry(base).or_insert(0);
             let name = if *k == 0 {
                 Name::from(base)
@@ -379,7 +429,6 @@ impl Pass<'_> {
             *k += 1;
             self.out.values[r].name = Some(name);
         }
-        Ok(res)
     }
 
     fn emit(&mut self, op: &str, args: Vec<Arg<ValueId>>) -> Result<ValueId> {
@@ -476,8 +525,10 @@ impl Pass<'_> {
         let mut args = vec![Arg::Tensor(input)];
         args.extend(step.args.iter().cloned());
         let (op, args) = self.view_call(step.op, args)?;
-        let bound = step.overload.filter(|_| op == step.op);
-        let res = self.emit_as(op, bound, args)?;
+        let res = match step.source {
+            Some(n) if op == step.op => self.emit_copy_of(n, args)?,
+            _ => self.emit_as(op, step.overload.filter(|_| op == step.op), args)?,
+        };
         // Multi-output views give every piece at once: remember them all.
         for (j, &r) in res.iter().enumerate() {
             let key = if j == step.index {
@@ -634,6 +685,7 @@ impl Pass<'_> {
             Rc::new([Arg::IntList(perm.iter().map(|&d| d as i64).collect())]),
             0,
             Arc::new(meta),
+            None,
         ))])
     }
 
@@ -673,8 +725,11 @@ impl Pass<'_> {
     fn functional(&mut self, n: NodeId, op: OpId) -> Result<()> {
         let node = &self.src.nodes[n];
         let args = self.read_args(&node.args)?;
-        let bound = (op == node.op).then_some(node.overload);
-        let res = self.emit_as(op, bound, args)?;
+        let res = if op == node.op {
+            self.emit_copy_of(n, args)?
+        } else {
+            self.emit_as(op, None, args)?
+        };
         for (&r, v) in node.results.iter().zip(res) {
             self.new_storage(r, v, self.src.values[r].meta.clone(), None);
         }
@@ -707,6 +762,7 @@ impl Pass<'_> {
                 rest.clone(),
                 i,
                 self.src.values[r].meta.clone(),
+                Some(n),
             ));
             let key = self.extend_prefix(prefix, step.key());
             let value = match self.cache.get(a.storage, gen, key) {

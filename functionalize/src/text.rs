@@ -23,11 +23,19 @@ enum Tok<'a> {
 }
 
 /// A token borrowing its text from the source (no allocation per token).
+/// Its column is only worked out for an error message (`column`).
 #[derive(Clone, Copy, Debug)]
 struct Token<'a> {
     tok: Tok<'a>,
     line: usize,
-    col: usize,
+    /// Byte offset of the token's first character.
+    pos: usize,
+}
+
+/// The 1-based column (in characters) of byte offset `pos` of `src`.
+fn column(src: &str, pos: usize) -> usize {
+    let start = src[..pos].rfind('\n').map_or(0, |i| i + 1);
+    src[start..pos].chars().count() + 1
 }
 
 fn describe(t: &Tok<'_>) -> String {
@@ -49,8 +57,11 @@ struct Lexer<'a> {
     src: &'a str,
     i: usize,
     line: usize,
-    col: usize,
     error: Option<Error>,
+}
+
+fn is_word_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
 }
 
 impl<'a> Lexer<'a> {
@@ -59,7 +70,6 @@ impl<'a> Lexer<'a> {
             src,
             i: 0,
             line: 1,
-            col: 1,
             error: None,
         }
     }
@@ -75,163 +85,156 @@ impl<'a> Lexer<'a> {
         Token {
             tok: Tok::Eof,
             line: self.line,
-            col: self.col,
+            pos: self.i,
         }
+    }
+
+    fn err(&self, line: usize, pos: usize, msg: String) -> Error {
+        Error::Parse {
+            line,
+            col: column(self.src, pos),
+            msg,
+        }
+    }
+
+    /// The end of the word starting at `j`.
+    fn word_end(&self, mut j: usize) -> usize {
+        let b = self.src.as_bytes();
+        while j < b.len() && is_word_byte(b[j]) {
+            j += 1;
+        }
+        j
     }
 
     fn scan(&mut self) -> Result<Token<'a>> {
         // Bytes: every token character is ASCII (a string or comment may
         // hold other UTF-8, sliced at its ASCII delimiters).
         let src = self.src;
-        let chars = src.as_bytes();
-        let (mut i, mut line, mut col) = (self.i, self.line, self.col);
-        let err = |line, col, msg: String| Error::Parse { line, col, msg };
-        let tok = loop {
-            if i >= chars.len() {
-                break Token {
-                    tok: Tok::Eof,
-                    line,
-                    col,
-                };
-            }
-            let c = chars[i] as char;
-            if !c.is_ascii() {
-                // The whole character, for the message.
-                let ch = src[i..].chars().next().unwrap_or('?');
-                return Err(err(line, col, format!("unexpected character `{ch}`")));
-            }
-            let (tl, tc) = (line, col);
-            if c == '\n' {
-                i += 1;
-                line += 1;
-                col = 1;
-                continue;
-            }
-            if c.is_whitespace() {
-                i += 1;
-                col += 1;
-                continue;
-            }
-            if c == '#' {
-                while i < chars.len() && chars[i] != b'\n' {
+        let b = src.as_bytes();
+        let mut i = self.i;
+        // Whitespace and comments.
+        loop {
+            match b.get(i) {
+                None => {
+                    self.i = i;
+                    return Ok(Token {
+                        tok: Tok::Eof,
+                        line: self.line,
+                        pos: i,
+                    });
+                }
+                Some(b' ' | b'\t' | b'\r' | 0x0b | 0x0c) => i += 1,
+                Some(b'\n') => {
                     i += 1;
+                    self.line += 1;
                 }
-                continue;
-            }
-            let word_end = |start: usize| {
-                let mut j = start;
-                while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == b'_') {
-                    j += 1;
-                }
-                j
-            };
-            let at = |tok| Token {
-                tok,
-                line: tl,
-                col: tc,
-            };
-            if c == '%' {
-                let j = word_end(i + 1);
-                if j == i + 1 {
-                    return Err(err(tl, tc, "expected a value name after `%`".into()));
-                }
-                col += j - i;
-                let t = at(Tok::Value(&src[i + 1..j]));
-                i = j;
-                break t;
-            }
-            if c.is_ascii_alphabetic() || c == '_' {
-                let mut j = word_end(i);
-                // A custom function's qualified name: `namespace::name`.
-                while chars.get(j..j + 2) == Some(b"::")
-                    && chars
-                        .get(j + 2)
-                        .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
-                {
-                    j = word_end(j + 2);
-                }
-                let w = &src[i..j];
-                let tok = match w {
-                    "inf" => Tok::Float(f64::INFINITY),
-                    "nan" => Tok::Float(f64::NAN),
-                    _ => Tok::Ident(w),
-                };
-                col += j - i;
-                i = j;
-                break at(tok);
-            }
-            if c.is_ascii_digit()
-                || (c == '-' || c == '.')
-                    && i + 1 < chars.len()
-                    && (chars[i + 1].is_ascii_digit()
-                        || chars[i + 1] == b'i'
-                        || chars[i + 1] == b'.')
-            {
-                let mut j = i;
-                if chars[j] == b'-' {
-                    j += 1;
-                }
-                if chars[j..].starts_with(b"inf") {
-                    col += j + 3 - i;
-                    i = j + 3;
-                    break at(Tok::Float(f64::NEG_INFINITY));
-                }
-                let mut is_float = false;
-                while j < chars.len() {
-                    let d = chars[j];
-                    if d.is_ascii_digit() {
-                        j += 1;
-                    } else if d == b'.' {
-                        is_float = true;
-                        j += 1;
-                    } else if (d == b'e' || d == b'E') && !chars[i..j].contains(&b'e') {
-                        is_float = true;
-                        j += 1;
-                        if j < chars.len() && (chars[j] == b'-' || chars[j] == b'+') {
-                            j += 1;
-                        }
-                    } else {
-                        break;
+                Some(b'#') => {
+                    while i < b.len() && b[i] != b'\n' {
+                        i += 1;
                     }
                 }
-                let text = &src[i..j];
-                let tok = if is_float {
-                    Tok::Float(
-                        text.parse()
-                            .map_err(|_| err(tl, tc, format!("bad number `{text}`")))?,
-                    )
-                } else {
-                    Tok::Int(text.parse().map_err(|_| {
-                        err(tl, tc, format!("integer `{text}` does not fit in 64 bits"))
-                    })?)
-                };
-                col += j - i;
-                i = j;
-                break at(tok);
+                Some(_) => break,
             }
-            if c == '"' {
+        }
+        let (start, line) = (i, self.line);
+        let c = b[i];
+        let next = b.get(i + 1).copied().unwrap_or(0);
+        let (tok, end) = match c {
+            b'(' | b')' | b'[' | b']' | b'{' | b'}' | b',' | b':' | b'=' => {
+                (Tok::Punct(c as char), i + 1)
+            }
+            b'%' => {
+                let j = self.word_end(i + 1);
+                if j == i + 1 {
+                    return Err(self.err(line, start, "expected a value name after `%`".into()));
+                }
+                (Tok::Value(&src[i + 1..j]), j)
+            }
+            b'a'..=b'z' | b'A'..=b'Z' | b'_' => {
+                let mut j = self.word_end(i);
+                // A custom function's qualified name: `namespace::name`.
+                while b.get(j..j + 2) == Some(b"::")
+                    && b.get(j + 2)
+                        .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
+                {
+                    j = self.word_end(j + 2);
+                }
+                let tok = match &src[i..j] {
+                    "inf" => Tok::Float(f64::INFINITY),
+                    "nan" => Tok::Float(f64::NAN),
+                    w => Tok::Ident(w),
+                };
+                (tok, j)
+            }
+            b'0'..=b'9' => self.number(i, line)?,
+            b'-' | b'.' if next.is_ascii_digit() || next == b'i' || next == b'.' => {
+                self.number(i, line)?
+            }
+            b'"' => {
                 let mut j = i + 1;
-                while j < chars.len() && chars[j] != b'"' && chars[j] != b'\n' {
+                while j < b.len() && b[j] != b'"' && b[j] != b'\n' {
                     j += 1;
                 }
-                if j >= chars.len() || chars[j] != b'"' {
-                    return Err(err(tl, tc, "unterminated string".into()));
+                if j >= b.len() || b[j] != b'"' {
+                    return Err(self.err(line, start, "unterminated string".into()));
                 }
-                let text = &src[i + 1..j];
-                // Columns count characters.
-                i = j + 1;
-                col += text.chars().count() + 2;
-                break at(Tok::Str(text));
+                (Tok::Str(&src[i + 1..j]), j + 1)
             }
-            if matches!(c, '(' | ')' | '[' | ']' | '{' | '}' | ',' | ':' | '=') {
-                i += 1;
-                col += 1;
-                break at(Tok::Punct(c));
+            _ => {
+                // The whole character, for the message.
+                let ch = src[i..].chars().next().unwrap_or('?');
+                return Err(self.err(line, start, format!("unexpected character `{ch}`")));
             }
-            return Err(err(tl, tc, format!("unexpected character `{c}`")));
         };
-        (self.i, self.line, self.col) = (i, line, col);
-        Ok(tok)
+        self.i = end;
+        Ok(Token {
+            tok,
+            line,
+            pos: start,
+        })
+    }
+
+    /// A number starting at `i` (a sign, digits, `.`, an exponent, or
+    /// `-inf`): the token and where it ends.
+    fn number(&self, i: usize, line: usize) -> Result<(Tok<'a>, usize)> {
+        let (src, b) = (self.src, self.src.as_bytes());
+        let mut j = i;
+        if b[j] == b'-' {
+            j += 1;
+        }
+        if b[j..].starts_with(b"inf") {
+            return Ok((Tok::Float(f64::NEG_INFINITY), j + 3));
+        }
+        let mut is_float = false;
+        while j < b.len() {
+            let d = b[j];
+            if d.is_ascii_digit() {
+                j += 1;
+            } else if d == b'.' {
+                is_float = true;
+                j += 1;
+            } else if (d == b'e' || d == b'E') && !b[i..j].contains(&b'e') {
+                is_float = true;
+                j += 1;
+                if j < b.len() && (b[j] == b'-' || b[j] == b'+') {
+                    j += 1;
+                }
+            } else {
+                break;
+            }
+        }
+        let text = &src[i..j];
+        let tok = if is_float {
+            Tok::Float(
+                text.parse()
+                    .map_err(|_| self.err(line, i, format!("bad number `{text}`")))?,
+            )
+        } else {
+            Tok::Int(text.parse().map_err(|_| {
+                self.err(line, i, format!("integer `{text}` does not fit in 64 bits"))
+            })?)
+        };
+        Ok((tok, j))
     }
 }
 
@@ -263,7 +266,7 @@ impl<'a> Parser<'a> {
         }
         Err(Error::Parse {
             line: t.line,
-            col: t.col,
+            col: column(self.lex.src, t.pos),
             msg: msg.into(),
         })
     }
@@ -409,7 +412,8 @@ impl<'a> Parser<'a> {
             self.graph.outputs = outs;
             return Ok(true);
         }
-        let mut lhs = vec![];
+        // Per statement: inline, no allocation.
+        let mut lhs: smallvec::SmallVec<[(&str, Token); 4]> = smallvec::SmallVec::new();
         if let Tok::Value(_) = start.tok {
             loop {
                 lhs.push(self.value_name()?);
@@ -421,7 +425,7 @@ impl<'a> Parser<'a> {
         }
         let (op_name, op_tok) = self.ident("an op name")?;
         self.expect('(')?;
-        let mut args = vec![];
+        let mut args: smallvec::SmallVec<[Arg<ValueId>; 6]> = smallvec::SmallVec::new();
         if !self.eat(')') {
             loop {
                 args.push(self.arg()?);

@@ -92,7 +92,9 @@ impl Gen<'_> {
                 } else {
                     (ym.sizes[..ym.dim() - 2].to_vec(), ym.sizes[ym.dim() - 1])
                 };
-                let batch = kiln_functionalize::meta::broadcast_shapes(&xb, &yb).map_err(bug)?;
+                let batch = kiln_functionalize::meta::broadcast_shapes(&xb, &yb)
+                    .map_err(bug)?
+                    .into_vec();
                 // Strides of an operand's own batch dims over the output batch
                 // (0 where it broadcasts).
                 let bstr = |own: &[usize], rows: usize, cols: usize| -> Vec<usize> {

@@ -7,7 +7,7 @@ use super::args::{ArgsExt, Scalar};
 use super::layout::like;
 use super::views;
 use crate::dtype::DType;
-use crate::meta::{broadcast_shapes, wrap_dim, Meta, ShapeFmt};
+use crate::meta::{broadcast_shapes, wrap_dim, Meta, Metas, ShapeFmt};
 use crate::schema::Arg;
 use crate::tensor::RTensor;
 
@@ -30,8 +30,8 @@ fn one(meta: Meta, vals: &[f64]) -> Res<Vec<RTensor>> {
 
 // ------------------------------------------------------------ factories
 
-pub fn zeros_infer(a: &A) -> Res<Vec<Meta>> {
-    Ok(vec![Meta::contiguous(
+pub fn zeros_infer(a: &A) -> Res<Metas> {
+    Ok(smallvec::smallvec![Meta::contiguous(
         a.opt_dtype(1)?.unwrap_or(DType::F32),
         sizes_of(&a.int_list(0)?)?,
     )])
@@ -45,9 +45,9 @@ pub fn ones_eval(_: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     one(o[0].clone(), &vec![1.0; o[0].numel()])
 }
 
-pub fn full_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn full_infer(a: &A) -> Res<Metas> {
     let v = a.scalar(1)?;
-    Ok(vec![Meta::contiguous(
+    Ok(smallvec::smallvec![Meta::contiguous(
         a.opt_dtype(2)?.unwrap_or(v.default_dtype()),
         sizes_of(&a.int_list(0)?)?,
     )])
@@ -98,9 +98,9 @@ fn arange_range<T>(a: &[Arg<T>]) -> Res<(f64, f64, f64, usize, DType)> {
     Ok((s, e, st, n, dt))
 }
 
-pub fn arange_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn arange_infer(a: &A) -> Res<Metas> {
     let (_, _, _, n, dt) = arange_range(a)?;
-    Ok(vec![Meta::contiguous(dt, vec![n])])
+    Ok(smallvec::smallvec![Meta::contiguous(dt, vec![n])])
 }
 
 pub fn arange_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -109,14 +109,20 @@ pub fn arange_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     one(o[0].clone(), &vals)
 }
 
-pub fn like_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn like_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
-    Ok(vec![like(m, a.opt_dtype(1)?.unwrap_or(m.dtype))])
+    Ok(smallvec::smallvec![like(
+        m,
+        a.opt_dtype(1)?.unwrap_or(m.dtype)
+    )])
 }
 
-pub fn full_like_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn full_like_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
-    Ok(vec![like(m, a.opt_dtype(2)?.unwrap_or(m.dtype))])
+    Ok(smallvec::smallvec![like(
+        m,
+        a.opt_dtype(2)?.unwrap_or(m.dtype)
+    )])
 }
 
 pub fn full_like_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -158,9 +164,9 @@ fn clone_preserve_strides(t: &RTensor, out: &Meta) -> RTensor {
 
 /// Same shape and dtype as argument 0, laid out like it (`clone`,
 /// `copy`, `fill`, `zero`, `index_put`).
-pub fn like_self_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn like_self_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
-    Ok(vec![like(m, m.dtype)])
+    Ok(smallvec::smallvec![like(m, m.dtype)])
 }
 
 pub fn clone_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -169,7 +175,7 @@ pub fn clone_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 fn expandable(src: &[usize], dst: &[usize]) -> Res<()> {
     match broadcast_shapes(dst, src) {
-        Ok(s) if s == dst => Ok(()),
+        Ok(s) if s[..] == dst[..] => Ok(()),
         _ => Err(format!(
             "the source of shape {} cannot be broadcast to the destination's shape {}",
             ShapeFmt(src),
@@ -178,10 +184,10 @@ fn expandable(src: &[usize], dst: &[usize]) -> Res<()> {
     }
 }
 
-pub fn copy_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn copy_infer(a: &A) -> Res<Metas> {
     let (m, src) = (a.tensor(0)?, a.tensor(1)?);
     expandable(&src.sizes, &m.sizes)?;
-    Ok(vec![preserve_strides_meta(m)])
+    Ok(smallvec::smallvec![preserve_strides_meta(m)])
 }
 
 pub fn copy_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -200,7 +206,7 @@ fn zero_dim_value(t: &Meta, op: &str) -> Res<()> {
     Ok(())
 }
 
-pub fn fill_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn fill_infer(a: &A) -> Res<Metas> {
     if a.is_tensor(1) {
         zero_dim_value(a.tensor(1)?, "fill_")?;
     }
@@ -219,7 +225,7 @@ pub fn fill_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     one(o[0].clone(), &vec![scalar_or_0d(a, 1)?; o[0].numel()])
 }
 
-pub fn masked_fill_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn masked_fill_infer(a: &A) -> Res<Metas> {
     let (m, mask) = (a.tensor(0)?, a.tensor(1)?);
     if mask.dtype != DType::Bool {
         return Err(format!(
@@ -230,7 +236,7 @@ pub fn masked_fill_infer(a: &A) -> Res<Vec<Meta>> {
     if a.is_tensor(2) {
         zero_dim_value(a.tensor(2)?, "masked_fill_")?;
     }
-    Ok(vec![Meta::contiguous(
+    Ok(smallvec::smallvec![Meta::contiguous(
         m.dtype,
         broadcast_shapes(&m.sizes, &mask.sizes)?,
     )])
@@ -259,7 +265,7 @@ fn check_index_dtype(m: &Meta, what: &str) -> Res<()> {
     Ok(())
 }
 
-pub fn index_put_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn index_put_infer(a: &A) -> Res<Metas> {
     let (m, values) = (a.tensor(0)?, a.tensor(2)?);
     let idx = a.tensor_list(1)?;
     if idx.len() > m.dim() {
@@ -269,7 +275,7 @@ pub fn index_put_infer(a: &A) -> Res<Vec<Meta>> {
             idx.len()
         ));
     }
-    let mut bshape: Vec<usize> = vec![];
+    let mut bshape = crate::meta::Dims::new();
     for t in idx.iter().flatten() {
         if t.dtype != DType::Bool {
             check_index_dtype(t, "tensors used as indices")?;
@@ -322,7 +328,7 @@ impl Advanced {
                 idx.len()
             ));
         }
-        let mut bshape: Vec<usize> = vec![];
+        let mut bshape = crate::meta::Dims::new();
         for s in idx.iter().flatten() {
             bshape = broadcast_shapes(&bshape, s)?;
         }
@@ -341,7 +347,7 @@ impl Advanced {
         rshape.extend(&bshape);
         rshape.extend(after.iter().map(|&d| sizes[d]));
         Ok(Advanced {
-            bshape,
+            bshape: bshape.into_vec(),
             adv,
             before,
             after,
@@ -353,7 +359,7 @@ impl Advanced {
 /// `index.Tensor(self, indices)`: `self[indices]` with integer index
 /// tensors (a bool mask's result shape depends on its values, which static
 /// shapes cannot express).
-pub fn index_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn index_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let idx = a.tensor_list(1)?;
     for t in idx.iter().flatten() {
@@ -369,7 +375,7 @@ pub fn index_infer(a: &A) -> Res<Vec<Meta>> {
     }
     let shapes: Vec<Option<&[usize]>> = idx.iter().map(|t| t.map(|t| &t.sizes[..])).collect();
     let lay = Advanced::of(&m.sizes, &shapes)?;
-    Ok(vec![Meta::contiguous(m.dtype, lay.rshape)])
+    Ok(smallvec::smallvec![Meta::contiguous(m.dtype, lay.rshape)])
 }
 
 pub fn index_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -498,7 +504,7 @@ pub fn index_put_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 // ------------------------------------------------------------ scatters
 
-pub type ViewFn = fn(&A) -> Res<Vec<Meta>>;
+pub type ViewFn = fn(&A) -> Res<Metas>;
 
 /// The view a scatter writes through, taken on its own output: the
 /// scatter's arguments are the view's, with `src` removed.
@@ -508,7 +514,7 @@ fn scatter_view(a: &A, out: &Meta, view: ViewFn) -> Res<Meta> {
     Ok(view(&va)?.remove(0))
 }
 
-pub fn scatter_infer(a: &A, view: ViewFn) -> Res<Vec<Meta>> {
+pub fn scatter_infer(a: &A, view: ViewFn) -> Res<Metas> {
     let (m, src) = (a.tensor(0)?, a.tensor(1)?);
     let out = preserve_strides_meta(m);
     let v = scatter_view(a, &out, view)?;
@@ -519,7 +525,7 @@ pub fn scatter_infer(a: &A, view: ViewFn) -> Res<Vec<Meta>> {
             ShapeFmt(&v.sizes)
         ));
     }
-    Ok(vec![out])
+    Ok(smallvec::smallvec![out])
 }
 
 pub fn scatter_eval(a: &R, o: &[Meta], view: ViewFn) -> Res<Vec<RTensor>> {
@@ -611,17 +617,17 @@ fn sum_dtype(m: &Meta, dtype: Option<DType>) -> DType {
     })
 }
 
-pub fn sum_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn sum_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let (dims, keep, dt) = reduce_args(a)?;
     let r = reduced_dims(m, dims)?;
-    Ok(vec![Meta::contiguous(
+    Ok(smallvec::smallvec![Meta::contiguous(
         sum_dtype(m, dt),
         reduced_shape(m, &r, keep),
     )])
 }
 
-pub fn mean_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn mean_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let (_, _, dt) = reduce_args(a)?;
     let out = dt.unwrap_or(m.dtype);
@@ -662,13 +668,13 @@ pub fn mean_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     reduce_eval(a, o, dims, |g| Ok(g.iter().sum::<f64>() / g.len() as f64))
 }
 
-pub fn amax_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn amax_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let r = reduced_dims(m, Some(a.int_list(1)?))?;
     if m.sizes.iter().zip(&r).any(|(&s, &x)| x && s == 0) {
         return Err("amax(): Expected reduction dim to have non-zero size.".into());
     }
-    Ok(vec![Meta::contiguous(
+    Ok(smallvec::smallvec![Meta::contiguous(
         m.dtype,
         reduced_shape(m, &r, a.bool(2)?),
     )])
@@ -713,10 +719,13 @@ fn softmax_dtype<T: super::args::HasMeta>(a: &[Arg<T>]) -> Res<DType> {
     Ok(dt)
 }
 
-pub fn softmax_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn softmax_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     wrap_dim(a.int(1)?, m.dim())?;
-    Ok(vec![Meta::contiguous(softmax_dtype(a)?, m.sizes.clone())])
+    Ok(smallvec::smallvec![Meta::contiguous(
+        softmax_dtype(a)?,
+        m.sizes.clone()
+    )])
 }
 
 fn along_dim(t: &RTensor, dim: i64, f: impl Fn(&mut [f64])) -> Res<Vec<f64>> {
@@ -826,7 +835,7 @@ fn batched_mm(x: &[f64], y: &[f64], b: usize, n: usize, k: usize, m: usize) -> V
     out
 }
 
-pub fn mm_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn mm_infer(a: &A) -> Res<Metas> {
     let (x, y) = (a.tensor(0)?, a.tensor(1)?);
     if x.dim() != 2 || y.dim() != 2 {
         return Err(format!(
@@ -842,7 +851,7 @@ pub fn mm_infer(a: &A) -> Res<Vec<Meta>> {
             x.sizes[0], x.sizes[1], y.sizes[0], y.sizes[1]
         ));
     }
-    Ok(vec![Meta::contiguous(
+    Ok(smallvec::smallvec![Meta::contiguous(
         x.dtype,
         vec![x.sizes[0], y.sizes[1]],
     )])
@@ -857,7 +866,7 @@ pub fn mm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     )
 }
 
-pub fn bmm_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn bmm_infer(a: &A) -> Res<Metas> {
     let (x, y) = (a.tensor(0)?, a.tensor(1)?);
     if x.dim() != 3 || y.dim() != 3 {
         return Err(format!(
@@ -876,7 +885,7 @@ pub fn bmm_infer(a: &A) -> Res<Vec<Meta>> {
             x.sizes[0], x.sizes[2], y.sizes[0], y.sizes[1]
         ));
     }
-    Ok(vec![Meta::contiguous(
+    Ok(smallvec::smallvec![Meta::contiguous(
         x.dtype,
         vec![x.sizes[0], x.sizes[1], y.sizes[2]],
     )])
@@ -934,7 +943,7 @@ fn matmul_shapes(x: &Meta, y: &Meta) -> Res<MatmulShapes> {
             ShapeFmt(&y.sizes)
         ));
     }
-    let batch = broadcast_shapes(&xb, &yb)?;
+    let batch = broadcast_shapes(&xb, &yb)?.into_vec();
     let mut shape = batch.clone();
     if x.dim() > 1 {
         shape.push(n);
@@ -951,9 +960,12 @@ fn matmul_shapes(x: &Meta, y: &Meta) -> Res<MatmulShapes> {
     })
 }
 
-pub fn matmul_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn matmul_infer(a: &A) -> Res<Metas> {
     let (x, y) = (a.tensor(0)?, a.tensor(1)?);
-    Ok(vec![Meta::contiguous(x.dtype, matmul_shapes(x, y)?.shape)])
+    Ok(smallvec::smallvec![Meta::contiguous(
+        x.dtype,
+        matmul_shapes(x, y)?.shape
+    )])
 }
 
 pub fn matmul_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -995,7 +1007,7 @@ pub fn matmul_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 /// `addmm` / `baddbmm(self, x, y, beta, alpha)`: the product of `x` and `y`
 /// (`product`'s shape rule), `self` broadcast to it.
-fn with_addend_infer(a: &A, product: fn(&A) -> Res<Vec<Meta>>, name: &str) -> Res<Vec<Meta>> {
+fn with_addend_infer(a: &A, product: fn(&A) -> Res<Metas>, name: &str) -> Res<Metas> {
     let s = a.tensor(0)?;
     let out = product(&a[1..])?;
     same_dtype(s, &out[0], name)?;
@@ -1020,7 +1032,7 @@ fn with_addend_eval(
     one(o[0].clone(), &vals)
 }
 
-pub fn addmm_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn addmm_infer(a: &A) -> Res<Metas> {
     with_addend_infer(a, mm_infer, "addmm")
 }
 
@@ -1028,7 +1040,7 @@ pub fn addmm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     with_addend_eval(a, o, mm_eval)
 }
 
-pub fn linear_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn linear_infer(a: &A) -> Res<Metas> {
     let (x, w) = (a.tensor(0)?, a.tensor(1)?);
     if w.dim() != 2 && w.dim() != 1 {
         return Err(format!(
@@ -1053,7 +1065,7 @@ pub fn linear_infer(a: &A) -> Res<Vec<Meta>> {
         same_dtype(x, b, "linear")?;
         expandable(&b.sizes, &shape)?;
     }
-    Ok(vec![Meta::contiguous(x.dtype, shape)])
+    Ok(smallvec::smallvec![Meta::contiguous(x.dtype, shape)])
 }
 
 pub fn linear_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -1078,7 +1090,7 @@ pub fn linear_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     one(o[0].clone(), &vals)
 }
 
-pub fn layer_norm_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn layer_norm_infer(a: &A) -> Res<Metas> {
     let x = a.tensor(0)?;
     let ns = sizes_of(&a.int_list(1)?)?;
     if !x.dtype.is_float() {
@@ -1109,7 +1121,10 @@ pub fn layer_norm_infer(a: &A) -> Res<Vec<Meta>> {
             }
         }
     }
-    Ok(vec![Meta::contiguous(x.dtype, x.sizes.clone())])
+    Ok(smallvec::smallvec![Meta::contiguous(
+        x.dtype,
+        x.sizes.clone()
+    )])
 }
 
 pub fn layer_norm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -1131,7 +1146,7 @@ pub fn layer_norm_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     one(o[0].clone(), &vals)
 }
 
-pub fn embedding_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn embedding_infer(a: &A) -> Res<Metas> {
     let (w, idx) = (a.tensor(0)?, a.tensor(1)?);
     check_index_dtype(idx, "embedding indices")?;
     if w.dim() != 2 {
@@ -1139,7 +1154,7 @@ pub fn embedding_infer(a: &A) -> Res<Vec<Meta>> {
     }
     let mut shape = idx.sizes.clone();
     shape.push(w.sizes[1]);
-    Ok(vec![Meta::contiguous(w.dtype, shape)])
+    Ok(smallvec::smallvec![Meta::contiguous(w.dtype, shape)])
 }
 
 fn gather_rows(src: &RTensor, dim: usize, index: &[f64]) -> Res<Vec<f64>> {
@@ -1169,7 +1184,7 @@ pub fn embedding_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     )
 }
 
-pub fn index_select_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn index_select_infer(a: &A) -> Res<Metas> {
     let (m, idx) = (a.tensor(0)?, a.tensor(2)?);
     check_index_dtype(idx, "index_select(): index")?;
     if idx.dim() > 1 {
@@ -1180,7 +1195,7 @@ pub fn index_select_infer(a: &A) -> Res<Vec<Meta>> {
     if m.dim() > 0 {
         shape[d] = idx.numel();
     }
-    Ok(vec![Meta::contiguous(m.dtype, shape)])
+    Ok(smallvec::smallvec![Meta::contiguous(m.dtype, shape)])
 }
 
 pub fn index_select_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -1206,7 +1221,7 @@ pub use views::A as ViewArgs;
 
 /// `cat(tensors, dim)`: joined along `dim`, dtypes promoted. As in
 /// PyTorch, 1-D empty tensors are skipped (legacy behaviour).
-pub fn cat_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn cat_infer(a: &A) -> Res<Metas> {
     let all: Vec<&Meta> = a.tensor_list(0)?.into_iter().flatten().copied().collect();
     if all.is_empty() {
         return Err("torch.cat(): expected a non-empty list of Tensors".into());
@@ -1220,7 +1235,7 @@ pub fn cat_infer(a: &A) -> Res<Vec<Meta>> {
         .filter(|m| !(m.dim() == 1 && m.sizes[0] == 0))
         .collect();
     let Some(first) = parts.first() else {
-        return Ok(vec![Meta::contiguous(dtype, vec![0])]);
+        return Ok(smallvec::smallvec![Meta::contiguous(dtype, vec![0])]);
     };
     if first.dim() == 0 {
         return Err("zero-dimensional tensor (at position 0) cannot be concatenated".into());
@@ -1246,7 +1261,7 @@ pub fn cat_infer(a: &A) -> Res<Vec<Meta>> {
         }
         sizes[d] += m.sizes[d];
     }
-    Ok(vec![Meta::contiguous(dtype, sizes)])
+    Ok(smallvec::smallvec![Meta::contiguous(dtype, sizes)])
 }
 
 pub fn cat_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -1281,7 +1296,7 @@ fn interleave(parts: &[&RTensor], runs: &[usize], outer: usize) -> Vec<f64> {
 }
 
 /// `stack(tensors, dim)`: equal shapes joined along a new `dim`.
-pub fn stack_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn stack_infer(a: &A) -> Res<Metas> {
     let all: Vec<&Meta> = a.tensor_list(0)?.into_iter().flatten().copied().collect();
     let Some(first) = all.first() else {
         return Err("stack expects a non-empty TensorList".into());
@@ -1301,7 +1316,7 @@ pub fn stack_infer(a: &A) -> Res<Vec<Meta>> {
     let d = wrap_dim(a.int(1)?, first.dim() + 1)?;
     let mut sizes = first.sizes.clone();
     sizes.insert(d, all.len());
-    Ok(vec![Meta::contiguous(dtype, sizes)])
+    Ok(smallvec::smallvec![Meta::contiguous(dtype, sizes)])
 }
 
 pub fn stack_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -1317,12 +1332,15 @@ pub fn stack_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 /// `tril` / `triu(self, diagonal)`: the matrices of the last two
 /// dimensions with the elements above (tril) or below (triu) the diagonal
 /// zeroed.
-pub fn triangle_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn triangle_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     if m.dim() < 2 {
         return Err("tril/triu: input tensor must have at least 2 dimensions".into());
     }
-    Ok(vec![Meta::contiguous(m.dtype, m.sizes.clone())])
+    Ok(smallvec::smallvec![Meta::contiguous(
+        m.dtype,
+        m.sizes.clone()
+    )])
 }
 
 /// Whether element (row `i`, column `j`) survives `tril` (`upper` false) or
@@ -1360,9 +1378,9 @@ pub fn triu_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 }
 
 /// `_to_copy(self, dtype)`: a contiguous copy, converted to `dtype`.
-pub fn to_copy_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn to_copy_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
-    Ok(vec![Meta::contiguous(
+    Ok(smallvec::smallvec![Meta::contiguous(
         a.opt_dtype(1)?.unwrap_or(m.dtype),
         m.sizes.clone(),
     )])
@@ -1378,7 +1396,7 @@ pub fn to_copy_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 /// batch dimensions; `bias` is -inf above the diagonal (`is_causal`) and
 /// where a bool mask is false, or a float mask's values. Deterministic:
 /// `dropout_p` must be 0.
-pub fn sdpa_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn sdpa_infer(a: &A) -> Res<Metas> {
     let (q, k, v) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
     if q.dim() < 2 || k.dim() < 2 || v.dim() < 2 {
         return Err(
@@ -1436,7 +1454,7 @@ pub fn sdpa_infer(a: &A) -> Res<Vec<Meta>> {
         );
     }
     batch.extend([l, ev]);
-    Ok(vec![Meta::contiguous(q.dtype, batch)])
+    Ok(smallvec::smallvec![Meta::contiguous(q.dtype, batch)])
 }
 
 pub fn sdpa_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -1501,7 +1519,7 @@ pub fn sdpa_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 /// `baddbmm(self, batch1, batch2, beta, alpha)`: `beta self + alpha
 /// batch1 @ batch2`, `self` broadcast to the product.
-pub fn baddbmm_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn baddbmm_infer(a: &A) -> Res<Metas> {
     with_addend_infer(a, bmm_infer, "baddbmm")
 }
 
@@ -1576,7 +1594,7 @@ impl Remap {
     }
 }
 
-pub fn flip_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn flip_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let mut seen = vec![false; m.dim().max(1)];
     for &d in &a.int_list(1)? {
@@ -1588,10 +1606,13 @@ pub fn flip_infer(a: &A) -> Res<Vec<Meta>> {
             ));
         }
     }
-    Ok(vec![Meta::contiguous(m.dtype, m.sizes.clone())])
+    Ok(smallvec::smallvec![Meta::contiguous(
+        m.dtype,
+        m.sizes.clone()
+    )])
 }
 
-pub fn repeat_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn repeat_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let reps = a.int_list(1)?;
     if reps.len() < m.dim() {
@@ -1607,10 +1628,10 @@ pub fn repeat_infer(a: &A) -> Res<Vec<Meta>> {
             Ok(r * if d < lead { 1 } else { m.sizes[d - lead] })
         })
         .collect::<Res<Vec<_>>>()?;
-    Ok(vec![Meta::contiguous(m.dtype, sizes)])
+    Ok(smallvec::smallvec![Meta::contiguous(m.dtype, sizes)])
 }
 
-pub fn pad_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn pad_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let pad = a.int_list(1)?;
     if pad.len() % 2 != 0 || pad.len() / 2 > m.dim() {
@@ -1632,7 +1653,7 @@ pub fn pad_infer(a: &A) -> Res<Vec<Meta>> {
         }
         sizes[d] = s as usize;
     }
-    Ok(vec![Meta::contiguous(m.dtype, sizes)])
+    Ok(smallvec::smallvec![Meta::contiguous(m.dtype, sizes)])
 }
 
 fn remap_eval(name: &str, a: &R, o: &[Meta], fill: f64) -> Res<Vec<RTensor>> {
@@ -1669,7 +1690,7 @@ pub fn pad_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 /// `var` / `std(self, dim?, *, correction=1, keepdim=False)`: the mean
 /// squared deviation over `dim`, divided by `N - correction`.
-pub fn var_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn var_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     if !m.dtype.is_float() {
         return Err(format!(
@@ -1678,7 +1699,7 @@ pub fn var_infer(a: &A) -> Res<Vec<Meta>> {
         ));
     }
     let r = reduced_dims(m, a.opt_int_list(1)?)?;
-    Ok(vec![Meta::contiguous(
+    Ok(smallvec::smallvec![Meta::contiguous(
         m.dtype,
         reduced_shape(m, &r, a.bool(3)?),
     )])
@@ -1707,10 +1728,10 @@ pub fn std_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 /// `cumsum(self, dim, dtype?)`: running sums along `dim` (integers and
 /// bools sum to i64, as in eager).
-pub fn cumsum_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn cumsum_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     wrap_dim(a.int(1)?, m.dim())?;
-    Ok(vec![Meta::contiguous(
+    Ok(smallvec::smallvec![Meta::contiguous(
         sum_dtype(m, a.opt_dtype(2)?),
         m.sizes.clone(),
     )])
@@ -1749,7 +1770,7 @@ pub fn cumsum_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 /// `index_add(self, dim, index, source, alpha)`: `self` with `alpha *
 /// source[.., k, ..]` added at `[.., index[k], ..]` along `dim`, in order of
 /// `k` (repeated indices accumulate).
-pub fn index_add_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn index_add_infer(a: &A) -> Res<Metas> {
     let (m, idx, src) = (a.tensor(0)?, a.tensor(2)?, a.tensor(3)?);
     check_index_dtype(idx, "index_add_(): index")?;
     if idx.dim() > 1 {
@@ -1770,7 +1791,10 @@ pub fn index_add_infer(a: &A) -> Res<Vec<Meta>> {
             ShapeFmt(&src.sizes)
         ));
     }
-    Ok(vec![Meta::contiguous(m.dtype, m.sizes.clone())])
+    Ok(smallvec::smallvec![Meta::contiguous(
+        m.dtype,
+        m.sizes.clone()
+    )])
 }
 
 pub fn index_add_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {

@@ -2,7 +2,7 @@
 //! (whether a later `view` is legal, whether `reshape`/`contiguous` alias or
 //! copy, what `as_strided` reads), so Kiln reproduces them.
 
-use crate::meta::{broadcast_strides, numel, Meta};
+use crate::meta::{broadcast_strides, numel, Dims, Meta};
 
 /// `TensorImpl::is_non_overlapping_and_dense`.
 pub fn is_non_overlapping_and_dense(sizes: &[usize], strides: &[usize]) -> bool {
@@ -10,7 +10,7 @@ pub fn is_non_overlapping_and_dense(sizes: &[usize], strides: &[usize]) -> bool 
     if n == 1 {
         return sizes[0] < 2 || strides[0] == 1;
     }
-    let mut perm: Vec<usize> = (0..n).collect();
+    let mut perm: Dims = (0..n).collect();
     perm.sort_by(|&a, &b| {
         use std::cmp::Ordering::*;
         match (sizes[a] < 2, sizes[b] < 2) {
@@ -55,7 +55,7 @@ pub fn like(t: &Meta, dtype: crate::dtype::DType) -> Meta {
 /// the inputs' strides (`TensorIteratorBase::reorder_dimensions`).
 pub fn iterator_output(shape: &[usize], inputs: &[&Meta], dtype: crate::dtype::DType) -> Meta {
     let n = shape.len();
-    let fresh = |strides: Vec<usize>| Meta {
+    let fresh = |strides: Dims| Meta {
         dtype,
         sizes: shape.into(),
         strides: strides.into(),
@@ -65,19 +65,19 @@ pub fn iterator_output(shape: &[usize], inputs: &[&Meta], dtype: crate::dtype::D
     let same_shape = inputs.iter().all(|m| m.sizes[..] == shape[..]);
     if same_shape && !inputs.is_empty() {
         if inputs.iter().all(|m| m.is_contiguous()) {
-            return Meta::contiguous(dtype, shape.to_vec());
+            return Meta::contiguous(dtype, shape);
         }
         if inputs
             .iter()
             .all(|m| is_non_overlapping_and_dense(&m.sizes, &m.strides))
             && inputs.windows(2).all(|w| w[0].strides == w[1].strides)
         {
-            return fresh(inputs[0].strides.to_vec());
+            return fresh(inputs[0].strides.clone());
         }
     }
     // Strides of each operand over the common shape (0 where broadcast;
     // size-1 dims keep theirs, as ATen does).
-    let op_strides: Vec<Vec<usize>> = inputs
+    let op_strides: smallvec::SmallVec<[Dims; 3]> = inputs
         .iter()
         .map(|m| {
             let b = broadcast_strides(m, shape);
@@ -94,7 +94,7 @@ pub fn iterator_output(shape: &[usize], inputs: &[&Meta], dtype: crate::dtype::D
         })
         .collect();
     // perm[0] is the fastest-moving dim; ATen starts from reversed order.
-    let mut perm: Vec<usize> = (0..n).rev().collect();
+    let mut perm: Dims = (0..n).rev().collect();
     let should_swap = |d0: usize, d1: usize| -> i32 {
         for s in &op_strides {
             let (s0, s1) = (s[d0], s[d1]);
@@ -126,9 +126,9 @@ pub fn iterator_output(shape: &[usize], inputs: &[&Meta], dtype: crate::dtype::D
         }
     }
     if perm.iter().enumerate().all(|(j, &p)| p == n - 1 - j) {
-        return Meta::contiguous(dtype, shape.to_vec());
+        return Meta::contiguous(dtype, shape);
     }
-    let mut strides = vec![0; n];
+    let mut strides: Dims = smallvec::smallvec![0; n];
     let mut acc = 1;
     for &d in &perm {
         strides[d] = acc;

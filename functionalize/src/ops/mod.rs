@@ -15,7 +15,7 @@ pub mod pointwise;
 pub mod select;
 pub mod views;
 
-use crate::meta::Meta;
+use crate::meta::{Meta, Metas};
 use crate::schema::{Arg, Schema};
 use crate::tensor::RTensor;
 use std::collections::HashMap;
@@ -41,7 +41,7 @@ pub enum OpKind {
     Factory,
 }
 
-pub type InferFn = fn(&[Arg<&Meta>]) -> Result<Vec<Meta>, String>;
+pub type InferFn = fn(&[Arg<&Meta>]) -> Result<Metas, String>;
 pub type EvalFn = fn(&[Arg<RTensor>], &[Meta]) -> Result<Vec<RTensor>, String>;
 pub type ViewOrCopyFn = fn(&[Arg<&Meta>]) -> Result<(Meta, bool), String>;
 
@@ -192,7 +192,8 @@ impl OpDef {
 
 pub struct Table {
     pub ops: Vec<OpDef>,
-    by_name: HashMap<String, OpId>,
+    /// Looked up once per parsed statement: a fast hash.
+    by_name: rustc_hash::FxHashMap<String, OpId>,
 }
 
 pub static TABLE: LazyLock<Table> = LazyLock::new(build);
@@ -1295,12 +1296,12 @@ pub fn bind<V: Clone>(id: OpId, args: &[Arg<V>]) -> Result<(usize, Vec<Arg<V>>),
 }
 
 /// Result metas of a bound call.
-pub fn infer(id: OpId, args: &[Arg<&Meta>]) -> Result<Vec<Meta>, String> {
+pub fn infer(id: OpId, args: &[Arg<&Meta>]) -> Result<Metas, String> {
     let def = op(id);
     match &def.rule {
         Rule::View(f) => f(args),
-        Rule::ViewOrCopy(f) => Ok(vec![f(args)?.0]),
-        Rule::Pointwise(plan) => Ok(vec![plan(args)?.out_meta(args)?]),
+        Rule::ViewOrCopy(f) => Ok(smallvec::smallvec![f(args)?.0]),
+        Rule::Pointwise(plan) => Ok(smallvec::smallvec![plan(args)?.out_meta(args)?]),
         Rule::ViewCopy(v) => Ok(infer(*v, args)?
             .into_iter()
             .map(|m| Meta::contiguous(m.dtype, m.sizes))
@@ -1337,11 +1338,11 @@ pub fn infer(id: OpId, args: &[Arg<&Meta>]) -> Result<Vec<Meta>, String> {
                         .into(),
                 );
             }
-            Ok(vec![this.clone()])
+            Ok(smallvec::smallvec![this.clone()])
         }
         Rule::Kernel { infer, .. } => infer(args),
         Rule::Custom => match &def.custom {
-            Some(f) => f.infer(args),
+            Some(f) => f.infer(args).map(Metas::from_vec),
             None => Err(format!(
                 "internal error: {} has no implementation",
                 def.name

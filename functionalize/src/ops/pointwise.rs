@@ -5,7 +5,7 @@
 
 use super::args::{ArgsExt, Scalar};
 use crate::dtype::{result_type, Category, DType, PromoOperand};
-use crate::meta::{broadcast_shapes, Meta};
+use crate::meta::{broadcast_shapes, Dims, Meta};
 use crate::schema::Arg;
 
 pub type A<'a> = [Arg<&'a Meta>];
@@ -105,8 +105,8 @@ pub struct PwPlan {
 
 impl PwPlan {
     /// Result shape: the operands' shapes broadcast together.
-    pub fn out_shape(&self, a: &A) -> Result<Vec<usize>, String> {
-        let mut shape = vec![];
+    pub fn out_shape(&self, a: &A) -> Result<Dims, String> {
+        let mut shape = Dims::new();
         for op in &self.operands {
             if let Src::Arg(i) = op.src {
                 shape = broadcast_shapes(&shape, &a.tensor(i)?.sizes)?;
@@ -118,8 +118,8 @@ impl PwPlan {
     /// The layout ATen's TensorIterator gives the result.
     pub fn out_meta(&self, a: &A) -> Result<Meta, String> {
         let shape = self.out_shape(a)?;
-        let scalar = Meta::contiguous(DType::F32, vec![]);
-        let mut ins: Vec<&Meta> = Vec::new();
+        let scalar = Meta::contiguous(DType::F32, Dims::new());
+        let mut ins: smallvec::SmallVec<[&Meta; 4]> = smallvec::SmallVec::new();
         for op in &self.operands {
             match op.src {
                 Src::Arg(i) => ins.push(a.tensor(i)?),

@@ -5,7 +5,7 @@
 
 use super::args::ArgsExt;
 use crate::dtype::DType;
-use crate::meta::{broadcast_shapes, contiguous_strides, wrap_dim, Meta, ShapeFmt};
+use crate::meta::{broadcast_shapes, contiguous_strides, wrap_dim, Meta, Metas, ShapeFmt};
 use crate::schema::Arg;
 use crate::tensor::RTensor;
 use std::cmp::Ordering;
@@ -84,11 +84,14 @@ fn check_dims(what: &str, m: &Meta, idx: &Meta, d: usize, src: Option<&Meta>) ->
     Ok(())
 }
 
-pub fn gather_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn gather_infer(a: &A) -> Res<Metas> {
     let (m, idx) = (a.tensor(0)?, a.tensor(2)?);
     let d = wrap_dim(a.int(1)?, m.dim())?;
     check_dims("gather", m, idx, d, None)?;
-    Ok(vec![Meta::contiguous(m.dtype, idx.sizes.clone())])
+    Ok(smallvec::smallvec![Meta::contiguous(
+        m.dtype,
+        idx.sizes.clone()
+    )])
 }
 
 pub fn gather_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -132,14 +135,14 @@ fn take_shapes(m: &Meta, idx: &Meta, dim: Option<i64>) -> Res<(Vec<usize>, Vec<u
     }
     a[d] = 1;
     b[d] = 1;
-    let both = broadcast_shapes(&a, &b)?;
+    let both = broadcast_shapes(&a, &b)?.into_vec();
     let (mut sm, mut si) = (both.clone(), both);
     sm[d] = m.sizes[d];
     si[d] = idx.sizes[d];
     Ok((sm, si, d))
 }
 
-pub fn take_along_dim_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn take_along_dim_infer(a: &A) -> Res<Metas> {
     let (m, idx) = (a.tensor(0)?, a.tensor(1)?);
     let (_, si, _) = take_shapes(m, idx, a.opt_int(2)?)?;
     let sizes = if a.opt_int(2)?.is_some() {
@@ -147,7 +150,7 @@ pub fn take_along_dim_infer(a: &A) -> Res<Vec<Meta>> {
     } else {
         idx.sizes.to_vec()
     };
-    Ok(vec![Meta::contiguous(m.dtype, sizes)])
+    Ok(smallvec::smallvec![Meta::contiguous(m.dtype, sizes)])
 }
 
 pub fn take_along_dim_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -170,7 +173,7 @@ pub fn take_along_dim_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 /// `scatter.src`, `scatter.value`, `scatter_add`: self with `src` (or the
 /// value) written, or added, at `index` along `dim`. Duplicate indices:
 /// the last write wins (eager's CPU order).
-pub fn scatter_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn scatter_infer(a: &A) -> Res<Metas> {
     let (m, idx) = (a.tensor(0)?, a.tensor(2)?);
     let d = wrap_dim(a.int(1)?, m.dim())?;
     let src = if a.is_tensor(3) {
@@ -187,7 +190,10 @@ pub fn scatter_infer(a: &A) -> Res<Vec<Meta>> {
         }
     }
     check_dims("scatter", m, idx, d, src.copied())?;
-    Ok(vec![Meta::contiguous(m.dtype, m.sizes.clone())])
+    Ok(smallvec::smallvec![Meta::contiguous(
+        m.dtype,
+        m.sizes.clone()
+    )])
 }
 
 fn scatter_with(a: &R, o: &[Meta], add: bool) -> Res<Vec<RTensor>> {
@@ -233,7 +239,7 @@ pub fn scatter_add_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 /// `index_copy(self, dim, index, source)`: rows of `source` replace the
 /// rows of self that `index` names (the last of duplicates wins).
-pub fn index_copy_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn index_copy_infer(a: &A) -> Res<Metas> {
     let (m, idx, src) = (a.tensor(0)?, a.tensor(2)?, a.tensor(3)?);
     check_index("index_copy", idx)?;
     if idx.dim() > 1 {
@@ -254,7 +260,10 @@ pub fn index_copy_infer(a: &A) -> Res<Vec<Meta>> {
             ShapeFmt(&src.sizes)
         ));
     }
-    Ok(vec![Meta::contiguous(m.dtype, m.sizes.clone())])
+    Ok(smallvec::smallvec![Meta::contiguous(
+        m.dtype,
+        m.sizes.clone()
+    )])
 }
 
 pub fn index_copy_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
@@ -348,11 +357,14 @@ fn check_nonempty(what: &str, m: &Meta, dim: Option<usize>) -> Res<()> {
     Ok(())
 }
 
-pub fn argmax_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn argmax_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let (dim, keep) = extreme_args(a)?;
     check_nonempty("argmax", m, dim)?;
-    Ok(vec![Meta::contiguous(DType::I64, reduced(m, dim, keep))])
+    Ok(smallvec::smallvec![Meta::contiguous(
+        DType::I64,
+        reduced(m, dim, keep)
+    )])
 }
 
 /// Values and indices of max (`high`) or min along each line: the first
@@ -392,12 +404,12 @@ pub fn argmin_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 /// `max(self)` -> the value; `max.dim(self, dim, keepdim)` -> (values,
 /// indices).
-pub fn max_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn max_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let (dim, keep) = extreme_args(a)?;
     check_nonempty("max", m, dim)?;
     let sizes = reduced(m, dim, keep);
-    let mut out = vec![Meta::contiguous(m.dtype, sizes.clone())];
+    let mut out: Metas = smallvec::smallvec![Meta::contiguous(m.dtype, sizes.clone())];
     if dim.is_some() || a.len() > 1 {
         out.push(Meta::contiguous(DType::I64, sizes));
     }
@@ -424,10 +436,10 @@ pub fn min_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 /// `sort(self, dim=-1, descending=False)`: stable, NaN last ascending and
 /// first descending (eager's order).
-pub fn sort_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn sort_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     wrap_dim(a.opt_int(1)?.unwrap_or(-1), m.dim())?;
-    Ok(vec![
+    Ok(smallvec::smallvec![
         Meta::contiguous(m.dtype, m.sizes.clone()),
         Meta::contiguous(DType::I64, m.sizes.clone()),
     ])
@@ -476,7 +488,7 @@ pub fn sort_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 /// `topk(self, k, dim=-1, largest=True, sorted=True)`: the k largest (or
 /// smallest) of each line, in sorted order.
-pub fn topk_infer(a: &A) -> Res<Vec<Meta>> {
+pub fn topk_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let k = a.int(1)?;
     let d = wrap_dim(a.opt_int(2)?.unwrap_or(-1), m.dim())?;
@@ -490,7 +502,7 @@ pub fn topk_infer(a: &A) -> Res<Vec<Meta>> {
     if !s.is_empty() {
         s[d] = k as usize;
     }
-    Ok(vec![
+    Ok(smallvec::smallvec![
         Meta::contiguous(m.dtype, s.clone()),
         Meta::contiguous(DType::I64, s),
     ])

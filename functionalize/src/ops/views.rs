@@ -2,7 +2,7 @@
 //! over the input's storage, exactly as ATen's view kernels do.
 
 use super::args::ArgsExt;
-use crate::meta::{contiguous_strides, numel, wrap_dim, Meta, ShapeFmt};
+use crate::meta::{contiguous_strides, numel, wrap_dim, Meta, Metas, ShapeFmt};
 use crate::schema::Arg;
 
 pub type A<'a> = [Arg<&'a Meta>];
@@ -98,7 +98,7 @@ pub fn compute_stride(
     Some(new_strides)
 }
 
-pub fn view(a: &A) -> Result<Vec<Meta>, String> {
+pub fn view(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
     let sizes = infer_size(&a.int_list(1)?, m.numel())?;
     let strides = compute_stride(&m.sizes, &m.strides, &sizes).ok_or_else(|| {
@@ -106,7 +106,7 @@ pub fn view(a: &A) -> Result<Vec<Meta>, String> {
          across two contiguous subspaces). Use reshape(...) instead."
             .to_string()
     })?;
-    Ok(vec![m.restrided(sizes, strides, m.offset)])
+    Ok(smallvec::smallvec![m.restrided(sizes, strides, m.offset)])
 }
 
 /// `reshape`: a view when the strides allow one, else a contiguous copy.
@@ -162,8 +162,8 @@ pub fn slice_meta(
     Ok(m.restrided(sizes, strides, m.offset + start * m.strides[d]))
 }
 
-pub fn slice(a: &A) -> Result<Vec<Meta>, String> {
-    Ok(vec![slice_meta(
+pub fn slice(a: &A) -> Result<Metas, String> {
+    Ok(smallvec::smallvec![slice_meta(
         me(a)?,
         a.int(1)?,
         a.opt_int(2)?,
@@ -172,7 +172,7 @@ pub fn slice(a: &A) -> Result<Vec<Meta>, String> {
     )?])
 }
 
-pub fn narrow(a: &A) -> Result<Vec<Meta>, String> {
+pub fn narrow(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
     if m.dim() == 0 {
         return Err("narrow() cannot be applied to a 0-dim tensor.".into());
@@ -195,7 +195,7 @@ pub fn narrow(a: &A) -> Result<Vec<Meta>, String> {
             "start ({start}) + length ({length}) exceeds dimension size ({size})."
         ));
     }
-    Ok(vec![slice_meta(
+    Ok(smallvec::smallvec![slice_meta(
         m,
         d as i64,
         Some(start),
@@ -224,8 +224,12 @@ pub fn select_meta(m: &Meta, dim: i64, index: i64) -> Result<Meta, String> {
     Ok(m.restrided(sizes, strides, m.offset + i * m.strides[d]))
 }
 
-pub fn select(a: &A) -> Result<Vec<Meta>, String> {
-    Ok(vec![select_meta(me(a)?, a.int(1)?, a.int(2)?)?])
+pub fn select(a: &A) -> Result<Metas, String> {
+    Ok(smallvec::smallvec![select_meta(
+        me(a)?,
+        a.int(1)?,
+        a.int(2)?
+    )?])
 }
 
 pub fn transpose_meta(m: &Meta, d0: i64, d1: i64) -> Result<Meta, String> {
@@ -238,11 +242,15 @@ pub fn transpose_meta(m: &Meta, d0: i64, d1: i64) -> Result<Meta, String> {
     Ok(out)
 }
 
-pub fn transpose(a: &A) -> Result<Vec<Meta>, String> {
-    Ok(vec![transpose_meta(me(a)?, a.int(1)?, a.int(2)?)?])
+pub fn transpose(a: &A) -> Result<Metas, String> {
+    Ok(smallvec::smallvec![transpose_meta(
+        me(a)?,
+        a.int(1)?,
+        a.int(2)?
+    )?])
 }
 
-pub fn t(a: &A) -> Result<Vec<Meta>, String> {
+pub fn t(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
     if m.dim() > 2 {
         return Err(format!(
@@ -250,14 +258,14 @@ pub fn t(a: &A) -> Result<Vec<Meta>, String> {
             m.dim()
         ));
     }
-    Ok(vec![if m.dim() < 2 {
+    Ok(smallvec::smallvec![if m.dim() < 2 {
         m.clone()
     } else {
         transpose_meta(m, 0, 1)?
     }])
 }
 
-pub fn permute(a: &A) -> Result<Vec<Meta>, String> {
+pub fn permute(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
     let dims = a.int_list(1)?;
     if dims.len() != m.dim() {
@@ -279,7 +287,7 @@ pub fn permute(a: &A) -> Result<Vec<Meta>, String> {
         sizes.push(m.sizes[d]);
         strides.push(m.strides[d]);
     }
-    Ok(vec![m.restrided(sizes, strides, m.offset)])
+    Ok(smallvec::smallvec![m.restrided(sizes, strides, m.offset)])
 }
 
 pub fn expand_meta(m: &Meta, size: &[i64]) -> Result<Meta, String> {
@@ -322,8 +330,8 @@ pub fn expand_meta(m: &Meta, size: &[i64]) -> Result<Meta, String> {
     Ok(m.restrided(sizes, strides, m.offset))
 }
 
-pub fn expand(a: &A) -> Result<Vec<Meta>, String> {
-    Ok(vec![expand_meta(me(a)?, &a.int_list(1)?)?])
+pub fn expand(a: &A) -> Result<Metas, String> {
+    Ok(smallvec::smallvec![expand_meta(me(a)?, &a.int_list(1)?)?])
 }
 
 pub fn diagonal_meta(m: &Meta, offset: i64, dim1: i64, dim2: i64) -> Result<Meta, String> {
@@ -365,8 +373,8 @@ pub fn diagonal_meta(m: &Meta, offset: i64, dim1: i64, dim2: i64) -> Result<Meta
     Ok(m.restrided(sizes, strides, storage_offset))
 }
 
-pub fn diagonal(a: &A) -> Result<Vec<Meta>, String> {
-    Ok(vec![diagonal_meta(
+pub fn diagonal(a: &A) -> Result<Metas, String> {
+    Ok(smallvec::smallvec![diagonal_meta(
         me(a)?,
         a.int(1)?,
         a.int(2)?,
@@ -422,8 +430,8 @@ pub fn as_strided_meta(
     Ok(out)
 }
 
-pub fn as_strided(a: &A) -> Result<Vec<Meta>, String> {
-    Ok(vec![as_strided_meta(
+pub fn as_strided(a: &A) -> Result<Metas, String> {
+    Ok(smallvec::smallvec![as_strided_meta(
         me(a)?,
         &a.int_list(1)?,
         &a.int_list(2)?,
@@ -431,7 +439,7 @@ pub fn as_strided(a: &A) -> Result<Vec<Meta>, String> {
     )?])
 }
 
-pub fn unsqueeze(a: &A) -> Result<Vec<Meta>, String> {
+pub fn unsqueeze(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
     let d = wrap_dim(a.int(1)?, m.dim() + 1)?;
     let mut sizes = m.sizes.clone();
@@ -443,12 +451,12 @@ pub fn unsqueeze(a: &A) -> Result<Vec<Meta>, String> {
     };
     sizes.insert(d, 1);
     strides.insert(d, st);
-    Ok(vec![m.restrided(sizes, strides, m.offset)])
+    Ok(smallvec::smallvec![m.restrided(sizes, strides, m.offset)])
 }
 
 /// `squeeze()`, `squeeze(dim)` and `squeeze(dims)` (the overload is told
 /// apart by argument 1: none, an int, or a list).
-pub fn squeeze(a: &A) -> Result<Vec<Meta>, String> {
+pub fn squeeze(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
     let dims: Vec<usize> = match a.get(1) {
         None | Some(Arg::None) => (0..m.dim()).collect(),
@@ -467,14 +475,14 @@ pub fn squeeze(a: &A) -> Result<Vec<Meta>, String> {
             strides.push(m.strides[i]);
         }
     }
-    Ok(vec![m.restrided(sizes, strides, m.offset)])
+    Ok(smallvec::smallvec![m.restrided(sizes, strides, m.offset)])
 }
 
-pub fn alias(a: &A) -> Result<Vec<Meta>, String> {
-    Ok(vec![me(a)?.clone()])
+pub fn alias(a: &A) -> Result<Metas, String> {
+    Ok(smallvec::smallvec![me(a)?.clone()])
 }
 
-pub fn unfold(a: &A) -> Result<Vec<Meta>, String> {
+pub fn unfold(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
     let size = a.int(2)?;
     let step = a.int(3)?;
@@ -504,12 +512,12 @@ pub fn unfold(a: &A) -> Result<Vec<Meta>, String> {
     }
     sizes.push(size);
     strides.push(dstride);
-    Ok(vec![m.restrided(sizes, strides, m.offset)])
+    Ok(smallvec::smallvec![m.restrided(sizes, strides, m.offset)])
 }
 
-fn split_by_sizes(m: &Meta, d: usize, sizes: &[usize]) -> Result<Vec<Meta>, String> {
+fn split_by_sizes(m: &Meta, d: usize, sizes: &[usize]) -> Result<Metas, String> {
     let mut start = 0;
-    let mut out = Vec::new();
+    let mut out = Metas::new();
     for &s in sizes {
         out.push(slice_meta(
             m,
@@ -524,7 +532,7 @@ fn split_by_sizes(m: &Meta, d: usize, sizes: &[usize]) -> Result<Vec<Meta>, Stri
 }
 
 /// `split(int split_size, dim)` and `split(int[] split_sizes, dim)`.
-pub fn split(a: &A) -> Result<Vec<Meta>, String> {
+pub fn split(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
     if m.dim() == 0 {
         return Err("split expects at least a 1-dimensional tensor".into());
@@ -563,7 +571,7 @@ pub fn split(a: &A) -> Result<Vec<Meta>, String> {
     split_by_sizes(m, d, &sizes)
 }
 
-pub fn chunk(a: &A) -> Result<Vec<Meta>, String> {
+pub fn chunk(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
     let chunks = a.int(1)?;
     if chunks <= 0 {
@@ -587,7 +595,7 @@ pub fn chunk(a: &A) -> Result<Vec<Meta>, String> {
     split_by_sizes(m, d, &sizes)
 }
 
-pub fn unbind(a: &A) -> Result<Vec<Meta>, String> {
+pub fn unbind(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
     if m.dim() == 0 {
         return Err("Dimension specified as 0 but tensor has no dimensions".into());

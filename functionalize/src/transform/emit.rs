@@ -220,7 +220,7 @@ impl Emitter {
     pub fn fit(&mut self, v: ValueId, like: ValueId) -> R<ValueId> {
         let (s, d) = (self.sizes(like), self.dtype(like));
         let vs = self.sizes(v);
-        let v = if vs != s && crate::meta::broadcast_shapes(&vs, &s).is_ok_and(|b| b == s) {
+        let v = if vs != s && crate::meta::broadcast_shapes(&vs, &s).is_ok_and(|b| b[..] == s[..]) {
             self.expand(v, &s)?
         } else if vs != s {
             self.sum_to(v, &s, d)?
