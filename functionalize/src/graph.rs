@@ -206,18 +206,32 @@ impl Graph {
         overload: usize,
         bound: Vec<Arg<ValueId>>,
     ) -> Result<Results, String> {
-        let metas: smallvec::SmallVec<[Arg<&Meta>; 8]> = bound
+        let metas: smallvec::SmallVec<[Arg<&Meta>; 5]> = bound
             .iter()
             .map(|a| a.map(&mut |v| &*self.values[*v].meta))
             .collect();
         let outs = ops::infer(op, &metas)?;
         drop(metas);
-        for m in &outs {
+        let mut shared: smallvec::SmallVec<[Arc<Meta>; 2]> = smallvec::SmallVec::new();
+        for m in outs {
             crate::meta::check_size(&m.sizes)?;
+            // Most results have an argument's metadata (elementwise ops):
+            // share it without hashing.
+            let mut same = None;
+            for a in &bound {
+                a.each_tensor(&mut |v| {
+                    let am = &self.values[*v].meta;
+                    if same.is_none() && **am == m {
+                        same = Some(am.clone());
+                    }
+                });
+            }
+            shared.push(match same {
+                Some(a) => a,
+                None => self.metas.intern(m),
+            });
         }
-        let outs: smallvec::SmallVec<[Arc<Meta>; 2]> =
-            outs.into_iter().map(|m| self.metas.intern(m)).collect();
-        Ok(self.call_inferred(op, overload, bound, outs))
+        Ok(self.call_inferred(op, overload, bound, shared))
     }
 
     /// Appends `op(args)` bound by `overload`, whose results' metadata is

@@ -65,9 +65,59 @@ pub struct Functionalized {
     pub mutated_inputs: Vec<MutatedInput>,
 }
 
-/// A view chain: the steps from a storage's base to a view, shared
-/// between the chains that extend it.
-type Chain = Vec<Rc<Step>>;
+/// A view chain: the steps from a storage's base to a view, as a list of
+/// links from the view back to the base. Chains share their prefixes:
+/// extending one allocates a single link.
+#[derive(Clone, Debug, Default)]
+struct Chain(Option<Rc<Link>>);
+
+#[derive(Debug)]
+struct Link {
+    step: Step,
+    parent: Chain,
+    /// Steps from the base to here.
+    len: usize,
+    /// The interned id of the chain ending here (`Pass::extend_prefix`).
+    id: u32,
+}
+
+impl Chain {
+    fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |l| l.len)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The chain's id: 0 for the empty chain.
+    fn id(&self) -> u32 {
+        self.0.as_ref().map_or(0, |l| l.id)
+    }
+
+    /// `self` extended by `step`, whose chain has id `id`.
+    fn push(&self, step: Step, id: u32) -> Chain {
+        Chain(Some(Rc::new(Link {
+            step,
+            parent: self.clone(),
+            len: self.len() + 1,
+            id,
+        })))
+    }
+
+    /// The links from the base on: `links()[k - 1].id` is the id of the
+    /// first `k` steps.
+    fn links(&self) -> smallvec::SmallVec<[&Link; 8]> {
+        let mut out = smallvec::SmallVec::new();
+        let mut c = self;
+        while let Some(l) = &c.0 {
+            out.push(&**l);
+            c = &l.parent;
+        }
+        out.reverse();
+        out
+    }
+}
 
 /// One view step: the op, its non-self arguments, which result it takes.
 #[derive(Clone, Debug)]
@@ -82,9 +132,11 @@ struct Step {
     meta: Arc<Meta>,
     /// The source node this step copies (None: synthesized).
     source: Option<NodeId>,
-    /// `key()`, encoded once.
-    key: std::cell::OnceCell<Rc<[u64]>>,
 }
+
+/// A chain's key among interned chains: its parent's id, then the last
+/// step's op, result index and `encode_arg` words (inline when short).
+type PrefixKey = smallvec::SmallVec<[u64; 10]>;
 
 impl Step {
     fn new(
@@ -102,32 +154,23 @@ impl Step {
             index,
             meta,
             source,
-            key: Default::default(),
         }
     }
 
-    /// Identifies the step (op, arguments, result) within a chain: the
-    /// words of `encode_arg` after the op and the result index.
-    fn key(&self) -> Rc<[u64]> {
-        self.key
-            .get_or_init(|| self.key_with_index(self.index))
-            .clone()
-    }
-
-    /// The key of the same view taking result `index`.
-    fn key_with_index(&self, index: usize) -> Rc<[u64]> {
-        let mut k: smallvec::SmallVec<[u64; 16]> =
-            smallvec::smallvec![self.op.0 as u64, index as u64];
+    /// The key of the chain `parent` (an id) extended by this view taking
+    /// result `index`.
+    fn key(&self, parent: u32, index: usize) -> PrefixKey {
+        let mut k: PrefixKey = smallvec::smallvec![parent as u64, self.op.0 as u64, index as u64];
         for a in self.args.iter() {
             encode_arg(a, &mut k);
         }
-        Rc::from(&k[..])
+        k
     }
 }
 
 /// Appends words that tell `a` apart from every other argument: a tag,
 /// then the payload (floats by their bits, lists by length and items).
-fn encode_arg(a: &Arg<ValueId>, k: &mut smallvec::SmallVec<[u64; 16]>) {
+fn encode_arg(a: &Arg<ValueId>, k: &mut PrefixKey) {
     use slotmap::Key;
     match a {
         Arg::Tensor(v) => k.extend([0, v.data().as_ffi()]),
@@ -160,7 +203,7 @@ fn encode_arg(a: &Arg<ValueId>, k: &mut smallvec::SmallVec<[u64; 16]>) {
 #[derive(Clone, Debug)]
 struct Alias {
     storage: usize,
-    chain: Rc<Chain>,
+    chain: Chain,
     gen: u64,
     /// The value at generation `gen` (None: must be regenerated).
     current: Option<ValueId>,
@@ -215,15 +258,18 @@ struct Pass<'g> {
     out: Graph,
     aliases: ValueMap<Alias>,
     /// Interned view-chain prefixes (`extend_prefix`).
-    prefixes: HashMap<(u32, Rc<[u64]>), u32>,
+    prefixes: HashMap<PrefixKey, u32>,
     storages: Vec<StorageState>,
     cache: Cache,
-    /// FX-style result names taken so far: base name -> uses.
+    /// FX-style result names: base name -> its slot in `uses` (ops sharing
+    /// a base, `add` and `add_`, share a count).
     names: HashMap<&'g str, usize>,
+    /// Per slot: the base name and the results named after it so far.
+    uses: Vec<(&'g str, usize)>,
+    /// Per op (by id): its base name's slot, plus one (0: not seen yet).
+    op_slots: Vec<u32>,
     /// The source statement being rewritten (for messages).
     at: Option<NodeId>,
-    /// The empty chain of every base, shared.
-    no_chain: Rc<Chain>,
 }
 
 /// Functionalizes `g`. Errors name the statement that cannot be
@@ -239,15 +285,17 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         storages: Vec::with_capacity(g.values.len() / 2),
         cache: Cache::default(),
         names: HashMap::default(),
+        uses: vec![],
+        op_slots: vec![],
         at: None,
-        no_chain: Rc::new(vec![]),
     };
     for (i, &v) in g.inputs.iter().enumerate() {
         let meta = g.values[v].meta.clone();
         let nv = p.out.add_input(g.values[v].name.clone(), (*meta).clone());
         // Emitted results are named after ops: only given names can clash.
         if let Some(name) = g.values[v].name.as_deref() {
-            p.names.insert(name, 1);
+            let slot = p.name_slot(name);
+            p.uses[slot].1 = 1;
         }
         p.new_storage(v, nv, meta, Some(i));
     }
@@ -299,7 +347,7 @@ pub fn functionalize_traced(
     functionalize(&crate::trace::trace(name, specs, f)?, mode)
 }
 
-impl Pass<'_> {
+impl<'g> Pass<'g> {
     fn err(&self, msg: impl Into<String>) -> Error {
         match self.at {
             Some(n) => Error::Statement {
@@ -331,7 +379,7 @@ impl Pass<'_> {
         });
         let a = Alias {
             storage: self.storages.len() - 1,
-            chain: self.no_chain.clone(),
+            chain: Chain::default(),
             gen: 0,
             current: Some(value),
         };
@@ -406,29 +454,59 @@ impl Pass<'_> {
         if let (Some(n), Some(node)) = (self.at, self.out.order.last()) {
             self.out.nodes[*node].line = self.src.nodes[n].line;
         }
-        // Named after the op (a custom function's name without its namespace).
-        let name = op.name();
-        let base = match name.bytes().rposition(|b| b == b':') {
-            Some(i) => &name[i + 1..],
-            None => name,
+        let i = op.0 as usize;
+        if i >= self.op_slots.len() {
+            self.op_slots.resize(i + 1, 0);
         }
-        .trim_end_matches('_');
+        let slot = match self.op_slots[i] {
+            0 => {
+                // Named after the op (a custom function's name without its
+                // namespace).
+                let name = op.name();
+                let base = match name.bytes().rposition(|b| b == b':') {
+                    Some(i) => &name[i + 1..],
+                    None => name,
+                }
+                .trim_end_matches('_');
+                let slot = self.name_slot(base);
+                self.op_slots[i] = slot as u32 + 1;
+                slot
+            }
+            s => s as usize - 1,
+        };
         for &r in res {
-            let k = self.names.entry(base).or_insert(0);
+            let (base, k) = &mut self.uses[slot];
             let name = if *k == 0 {
-                Name::from(base)
+                Name::from(*base)
             } else {
                 let mut digits = itoa::Buffer::new();
                 let digits = digits.format(*k);
-                let mut name = Name::with_capacity(base.len() + 1 + digits.len());
-                name.push_str(base);
-                name.push('_');
-                name.push_str(digits);
-                name
+                // `base_k` built in place: one copy into the name.
+                let mut buf = [0u8; 64];
+                let n = base.len() + 1 + digits.len();
+                match buf.get_mut(..n) {
+                    Some(b) => {
+                        b[..base.len()].copy_from_slice(base.as_bytes());
+                        b[base.len()] = b'_';
+                        b[base.len() + 1..].copy_from_slice(digits.as_bytes());
+                        Name::from_utf8(b).expect("ASCII name")
+                    }
+                    None => Name::from(format!("{base}_{digits}")),
+                }
             };
             *k += 1;
             self.out.values[r].name = Some(name);
         }
+    }
+
+    /// The slot counting the results named after `base`.
+    fn name_slot(&mut self, base: &'g str) -> usize {
+        let next = self.uses.len();
+        let slot = *self.names.entry(base).or_insert(next);
+        if slot == next {
+            self.uses.push((base, 0));
+        }
+        slot
     }
 
     fn emit(&mut self, op: &str, args: Vec<Arg<ValueId>>) -> Result<ValueId> {
@@ -496,22 +574,16 @@ impl Pass<'_> {
         }
     }
 
-    /// The id of chain prefix `parent` extended by `step` (interned: equal
-    /// chains get equal ids; 0 is the empty chain).
-    fn extend_prefix(&mut self, parent: u32, step_key: Rc<[u64]>) -> u32 {
-        let next = self.prefixes.len() as u32 + 1;
-        *self.prefixes.entry((parent, step_key)).or_insert(next)
-    }
-
-    /// The ids of every prefix of `chain`, the empty one first.
-    fn prefix_ids(&mut self, chain: &[Rc<Step>]) -> Vec<u32> {
-        let mut ids = Vec::with_capacity(chain.len() + 1);
-        ids.push(0);
-        for s in chain {
-            let p = ids[ids.len() - 1];
-            ids.push(self.extend_prefix(p, s.key()));
+    /// The id of chain `parent` (an id) extended by `step` taking result
+    /// `index` (interned: equal chains get equal ids; 0 is the empty chain).
+    fn extend_prefix(&mut self, parent: u32, step: &Step, index: usize) -> u32 {
+        let k = step.key(parent, index);
+        if let Some(&id) = self.prefixes.get(&k[..]) {
+            return id;
         }
-        ids
+        let id = self.prefixes.len() as u32 + 1;
+        self.prefixes.insert(k, id);
+        id
     }
 
     fn apply_step(
@@ -522,7 +594,8 @@ impl Pass<'_> {
         input: ValueId,
         step: &Step,
     ) -> Result<ValueId> {
-        let mut args = vec![Arg::Tensor(input)];
+        let mut args = Vec::with_capacity(1 + step.args.len());
+        args.push(Arg::Tensor(input));
         args.extend(step.args.iter().cloned());
         let (op, args) = self.view_call(step.op, args)?;
         let res = match step.source {
@@ -531,47 +604,31 @@ impl Pass<'_> {
         };
         // Multi-output views give every piece at once: remember them all.
         for (j, &r) in res.iter().enumerate() {
-            let key = if j == step.index {
-                step.key()
-            } else {
-                step.key_with_index(j)
-            };
-            let key = self.extend_prefix(parent, key);
+            let key = self.extend_prefix(parent, step, j);
             self.cache.insert(storage, gen, key, r);
         }
         Ok(res[step.index])
     }
 
-    /// The value of the first `k` steps of `chain` (prefix ids `ids`) over
-    /// the current base: from the longest cached prefix on.
-    fn regen_ids(
-        &mut self,
-        storage: usize,
-        chain: &[Rc<Step>],
-        ids: &[u32],
-        k: usize,
-    ) -> Result<ValueId> {
+    /// The value of the view `links` (a chain's, from the base on) over the
+    /// current base: from the longest cached prefix on.
+    fn regen(&mut self, storage: usize, links: &[&Link]) -> Result<ValueId> {
         let gen = self.storages[storage].gen;
-        let mut j = k;
+        let mut j = links.len();
         let mut val = loop {
             if j == 0 {
                 break self.base(storage)?;
             }
-            if let Some(v) = self.cache.get(storage, gen, ids[j]) {
+            if let Some(v) = self.cache.get(storage, gen, links[j - 1].id) {
                 break v;
             }
             j -= 1;
         };
-        for i in j..k {
-            val = self.apply_step(storage, gen, ids[i], val, &chain[i])?;
+        for i in j..links.len() {
+            let parent = if i == 0 { 0 } else { links[i - 1].id };
+            val = self.apply_step(storage, gen, parent, val, &links[i].step)?;
         }
         Ok(val)
-    }
-
-    /// The value of the first `k` steps of `chain` over the current base.
-    fn regen(&mut self, storage: usize, chain: &[Rc<Step>], k: usize) -> Result<ValueId> {
-        let ids = self.prefix_ids(&chain[..k]);
-        self.regen_ids(storage, chain, &ids, k)
     }
 
     /// The up-to-date value of source value `v`.
@@ -581,7 +638,7 @@ impl Pass<'_> {
         if let (Some(c), true) = (a.current, a.gen == gen) {
             return Ok(c);
         }
-        let value = self.regen(a.storage, &a.chain, a.chain.len())?;
+        let value = self.regen(a.storage, &a.chain.links())?;
         let e = self.aliases.get_mut(v).expect("alias exists");
         e.current = Some(value);
         e.gen = gen;
@@ -657,8 +714,8 @@ impl Pass<'_> {
     /// `permute` of it (a dense base in a permuted layout, as elementwise
     /// ops on transposed inputs give). A base with gaps or an offset (a
     /// scatter into a view) cannot be addressed so.
-    fn storage_order(&self, storage: usize) -> Result<Chain> {
-        let m = &self.storages[storage].base_meta;
+    fn storage_order(&mut self, storage: usize) -> Result<Chain> {
+        let m = self.storages[storage].base_meta.clone();
         if !(m.offset == 0
             && m.storage_numel == m.numel()
             && is_non_overlapping_and_dense(&m.sizes, &m.strides))
@@ -669,7 +726,7 @@ impl Pass<'_> {
             ));
         }
         if m.is_contiguous() {
-            return Ok(vec![]);
+            return Ok(Chain::default());
         }
         let mut perm: Vec<usize> = (0..m.dim()).collect();
         perm.sort_by(|&a, &b| m.strides[b].cmp(&m.strides[a]));
@@ -679,14 +736,16 @@ impl Pass<'_> {
             0,
         );
         let op = ops::lookup("permute").expect("permute is in the table");
-        Ok(vec![Rc::new(Step::new(
+        let step = Step::new(
             op,
             None,
             Rc::new([Arg::IntList(perm.iter().map(|&d| d as i64).collect())]),
             0,
             Arc::new(meta),
             None,
-        ))])
+        );
+        let id = self.extend_prefix(0, &step, 0);
+        Ok(Chain::default().push(step, id))
     }
 
     /// `as_strided_copy(self, ...)` and `as_strided_scatter(self, ...)`
@@ -696,7 +755,7 @@ impl Pass<'_> {
         let this = *node.args[0].tensors()[0];
         let a = self.alias(this)?;
         let order = self.storage_order(a.storage)?;
-        let flat = self.regen(a.storage, &order, order.len())?;
+        let flat = self.regen(a.storage, &order.links())?;
         let mut args = self.read_args(&node.args)?;
         args[0] = Arg::Tensor(flat);
         let mut r = self.emit_id(node.op, args)?.remove(0);
@@ -746,36 +805,34 @@ impl Pass<'_> {
             // Offsets and strides of as_strided refer to the whole storage:
             // it is a view of the base, whatever view it was applied to.
             let order = match self.mode {
-                Remove::Mutations => vec![],
+                Remove::Mutations => Chain::default(),
                 Remove::MutationsAndViews => self.storage_order(a.storage)?,
             };
-            let input = self.regen(a.storage, &order, order.len())?;
+            let input = self.regen(a.storage, &order.links())?;
             (order, input)
         } else {
-            ((*a.chain).clone(), self.read(this)?)
+            (a.chain.clone(), self.read(this)?)
         };
-        let prefix = *self.prefix_ids(&chain).last().expect("the empty prefix");
+        let prefix = chain.id();
         for (i, &r) in node.results.iter().enumerate() {
-            let step = Rc::new(Step::new(
+            let step = Step::new(
                 node.op,
                 Some(node.overload),
                 rest.clone(),
                 i,
                 self.src.values[r].meta.clone(),
                 Some(n),
-            ));
-            let key = self.extend_prefix(prefix, step.key());
+            );
+            let key = self.extend_prefix(prefix, &step, i);
             let value = match self.cache.get(a.storage, gen, key) {
                 Some(v) => v,
                 None => self.apply_step(a.storage, gen, prefix, input, &step)?,
             };
-            let mut c = chain.clone();
-            c.push(step);
             self.aliases.insert(
                 r,
                 Alias {
                     storage: a.storage,
-                    chain: Rc::new(c),
+                    chain: chain.push(step, key),
                     gen,
                     current: Some(value),
                 },
@@ -839,28 +896,27 @@ impl Pass<'_> {
     /// The new value of `a`'s base once `a` holds `r`.
     fn write_back(&mut self, a: &Alias, r: ValueId, a_meta: &Meta) -> Result<ValueId> {
         let base_meta = self.storages[a.storage].base_meta.clone();
-        let chain = a.chain.clone();
-        let invertible = chain
-            .iter()
-            .all(|s| inverse_kind(s.op.name()).is_some() && !s.meta.has_internal_overlap());
-        let new_base = if chain.is_empty() {
+        let links = a.chain.links();
+        let invertible = links.iter().all(|l| {
+            inverse_kind(l.step.op.name()).is_some() && !l.step.meta.has_internal_overlap()
+        });
+        let new_base = if links.is_empty() {
             r
         } else if invertible {
             let mut val = r;
             let new_gen = self.storages[a.storage].gen + 1;
-            let ids = self.prefix_ids(&chain);
-            for k in (0..chain.len()).rev() {
-                let parent = self.regen_ids(a.storage, &chain, &ids, k)?;
+            for k in (0..links.len()).rev() {
+                let parent = self.regen(a.storage, &links[..k])?;
                 let parent_meta = if k == 0 {
                     base_meta.clone()
                 } else {
-                    chain[k - 1].meta.clone()
+                    links[k - 1].step.meta.clone()
                 };
-                val = self.inverse(&chain[k], &parent_meta, parent, val)?;
+                val = self.inverse(&links[k].step, &parent_meta, parent, val)?;
                 // `val` is the new value of the chain's first k steps: reads
                 // of that view after this write need not regenerate it.
                 if k > 0 && self.out.meta(val) == &self.expected_meta(&parent_meta) {
-                    self.cache.insert(a.storage, new_gen, ids[k], val);
+                    self.cache.insert(a.storage, new_gen, links[k - 1].id, val);
                 }
             }
             val
@@ -926,14 +982,15 @@ impl Pass<'_> {
             }
         }
         let order = match self.mode {
-            Remove::Mutations => vec![],
+            Remove::Mutations => Chain::default(),
             Remove::MutationsAndViews => self.storage_order(a.storage)?,
         };
-        let flat = self.regen(a.storage, &order, order.len())?;
+        let flat = self.regen(a.storage, &order.links())?;
         let written = self.scatter_strided(flat, src, &m)?;
-        match order.first() {
+        match &order.0 {
             None => Ok(written),
-            Some(step) => {
+            Some(link) => {
+                let step = &link.step;
                 let (base_meta, base) = (
                     self.storages[a.storage].base_meta.clone(),
                     self.base(a.storage)?,
