@@ -268,6 +268,9 @@ struct Pass<'g> {
     uses: Vec<(&'g str, usize)>,
     /// Per op (by id): its base name's slot, plus one (0: not seen yet).
     op_slots: Vec<u32>,
+    /// Emitted results and their names as (slot, count): written once dead
+    /// code is gone (most emitted values do not survive it).
+    pending_names: Vec<(ValueId, u32, u32)>,
     /// The source statement being rewritten (for messages).
     at: Option<NodeId>,
 }
@@ -287,6 +290,7 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         names: HashMap::default(),
         uses: vec![],
         op_slots: vec![],
+        pending_names: Vec::with_capacity(2 * g.order.len()),
         at: None,
     };
     for (i, &v) in g.inputs.iter().enumerate() {
@@ -326,6 +330,11 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
     }
     let mut graph = p.out;
     crate::simplify::eliminate_dead_code(&mut graph);
+    for &(v, slot, k) in &p.pending_names {
+        if let Some(value) = graph.values.get_mut(v) {
+            value.name = Some(fx_name(p.uses[slot as usize].0, k));
+        }
+    }
     crate::verify::verify_functional(&graph, mode).map_err(|msg| Error::Statement {
         line: None,
         stmt: "functionalize".into(),
@@ -335,6 +344,27 @@ pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
         graph,
         mutated_inputs: mutated,
     })
+}
+
+/// FX's name for the `k`-th value named after `base`: `base`, `base_1`, ...
+fn fx_name(base: &str, k: u32) -> Name {
+    if k == 0 {
+        return Name::from(base);
+    }
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(k);
+    // `base_k` built in place: one copy into the name.
+    let mut buf = [0u8; 64];
+    let n = base.len() + 1 + digits.len();
+    match buf.get_mut(..n) {
+        Some(b) => {
+            b[..base.len()].copy_from_slice(base.as_bytes());
+            b[base.len()] = b'_';
+            b[base.len() + 1..].copy_from_slice(digits.as_bytes());
+            Name::from_utf8(b).expect("ASCII name")
+        }
+        None => Name::from(format!("{base}_{digits}")),
+    }
 }
 
 /// Traces `f` (see [`crate::trace`]) and functionalizes the result.
@@ -475,27 +505,9 @@ impl<'g> Pass<'g> {
             s => s as usize - 1,
         };
         for &r in res {
-            let (base, k) = &mut self.uses[slot];
-            let name = if *k == 0 {
-                Name::from(*base)
-            } else {
-                let mut digits = itoa::Buffer::new();
-                let digits = digits.format(*k);
-                // `base_k` built in place: one copy into the name.
-                let mut buf = [0u8; 64];
-                let n = base.len() + 1 + digits.len();
-                match buf.get_mut(..n) {
-                    Some(b) => {
-                        b[..base.len()].copy_from_slice(base.as_bytes());
-                        b[base.len()] = b'_';
-                        b[base.len() + 1..].copy_from_slice(digits.as_bytes());
-                        Name::from_utf8(b).expect("ASCII name")
-                    }
-                    None => Name::from(format!("{base}_{digits}")),
-                }
-            };
+            let k = &mut self.uses[slot].1;
+            self.pending_names.push((r, slot as u32, *k as u32));
             *k += 1;
-            self.out.values[r].name = Some(name);
         }
     }
 

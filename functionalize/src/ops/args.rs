@@ -69,8 +69,8 @@ pub trait ArgsExt<T> {
     fn tensor_list(&self, i: usize) -> Result<Vec<Option<&T>>, String>;
     fn int(&self, i: usize) -> Result<i64, String>;
     fn opt_int(&self, i: usize) -> Result<Option<i64>, String>;
-    fn int_list(&self, i: usize) -> Result<Vec<i64>, String>;
-    fn opt_int_list(&self, i: usize) -> Result<Option<Vec<i64>>, String>;
+    fn int_list(&self, i: usize) -> Result<&[i64], String>;
+    fn opt_int_list(&self, i: usize) -> Result<Option<&[i64]>, String>;
     fn float(&self, i: usize) -> Result<f64, String>;
     fn bool(&self, i: usize) -> Result<bool, String>;
     fn scalar(&self, i: usize) -> Result<Scalar, String>;
@@ -113,15 +113,15 @@ impl<T> ArgsExt<T> for [Arg<T>] {
             _ => Err(bug(i, "an optional integer")),
         }
     }
-    fn int_list(&self, i: usize) -> Result<Vec<i64>, String> {
+    fn int_list(&self, i: usize) -> Result<&[i64], String> {
         match self.get(i) {
-            Some(Arg::IntList(l)) => Ok(l.clone()),
+            Some(Arg::IntList(l)) => Ok(l),
             _ => Err(bug(i, "an integer list")),
         }
     }
-    fn opt_int_list(&self, i: usize) -> Result<Option<Vec<i64>>, String> {
+    fn opt_int_list(&self, i: usize) -> Result<Option<&[i64]>, String> {
         match self.get(i) {
-            Some(Arg::IntList(l)) => Ok(Some(l.clone())),
+            Some(Arg::IntList(l)) => Ok(Some(l)),
             Some(Arg::None) | None => Ok(None),
             _ => Err(bug(i, "an optional integer list")),
         }

@@ -561,13 +561,13 @@ fn groups(vals: &[f64], sizes: &[usize], reduced: &[bool]) -> Vec<Vec<f64>> {
     g
 }
 
-fn reduced_dims(m: &Meta, dims: Option<Vec<i64>>) -> Res<Vec<bool>> {
+fn reduced_dims(m: &Meta, dims: Option<&[i64]>) -> Res<Vec<bool>> {
     let mut r = vec![false; m.dim()];
     match dims {
         None => r.iter_mut().for_each(|x| *x = true),
         Some(l) if l.is_empty() => r.iter_mut().for_each(|x| *x = true),
         Some(l) => {
-            for d in l {
+            for &d in l {
                 let d = wrap_dim(d, m.dim())?;
                 if m.dim() > 0 {
                     if r[d] {
@@ -601,7 +601,7 @@ fn reduced_shape(m: &Meta, r: &[bool], keepdim: bool) -> Vec<usize> {
 
 /// (dims, keepdim, dtype) of `sum`/`mean` overloads: `(self, dtype?)` or
 /// `(self, dim?, keepdim, dtype?)`.
-fn reduce_args<T>(a: &[Arg<T>]) -> Res<(Option<Vec<i64>>, bool, Option<DType>)> {
+fn reduce_args<T>(a: &[Arg<T>]) -> Res<(Option<&[i64]>, bool, Option<DType>)> {
     if a.len() <= 2 {
         Ok((None, false, a.opt_dtype(1)?))
     } else {
@@ -645,7 +645,7 @@ pub fn mean_infer(a: &A) -> Res<Metas> {
 fn reduce_eval(
     a: &R,
     o: &[Meta],
-    dims: Option<Vec<i64>>,
+    dims: Option<&[i64]>,
     f: impl Fn(&[f64]) -> Res<f64>,
 ) -> Res<Vec<RTensor>> {
     let t = a.tensor(0)?;
@@ -1597,7 +1597,7 @@ impl Remap {
 pub fn flip_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let mut seen = vec![false; m.dim().max(1)];
-    for &d in &a.int_list(1)? {
+    for &d in a.int_list(1)? {
         let d = wrap_dim(d, m.dim())?;
         if std::mem::replace(&mut seen[d], true) {
             return Err(format!(

@@ -98,7 +98,8 @@ pub enum Code {
 
 pub struct PwPlan {
     pub code: Code,
-    pub operands: Vec<Operand>,
+    /// Up to three inline (no allocation per shape inference).
+    pub operands: smallvec::SmallVec<[Operand; 3]>,
     pub out_dtype: DType,
     pub f: ScalarFn,
 }
@@ -203,7 +204,7 @@ fn unary(
     let dt = if to_float { float_of(m.dtype) } else { m.dtype };
     Ok(PwPlan {
         code,
-        operands: vec![Operand {
+        operands: smallvec::smallvec![Operand {
             src: Src::Arg(0),
             cast: dt,
         }],
@@ -266,7 +267,7 @@ pub fn logical_not(a: &A) -> Result<PwPlan, String> {
     let m = a.tensor(0)?;
     Ok(PwPlan {
         code: Code::LogicalNot,
-        operands: vec![Operand {
+        operands: smallvec::smallvec![Operand {
             src: Src::Arg(0),
             cast: m.dtype,
         }],
@@ -295,7 +296,7 @@ pub fn gelu(a: &A) -> Result<PwPlan, String> {
     };
     Ok(PwPlan {
         code: Code::Gelu { tanh },
-        operands: vec![Operand {
+        operands: smallvec::smallvec![Operand {
             src: Src::Arg(0),
             cast: m.dtype,
         }],
@@ -319,7 +320,7 @@ fn binary(
     let (compute, out) = out_of(common)?;
     Ok(PwPlan {
         code,
-        operands: vec![operand(&x, compute), operand(&y, compute)],
+        operands: smallvec::smallvec![operand(&x, compute), operand(&y, compute)],
         out_dtype: out,
         f: Box::new(move |v| f(compute, v[0], v[1])),
     })
@@ -460,7 +461,7 @@ pub fn pow(a: &A) -> Result<PwPlan, String> {
         return Ok(PwPlan {
             code: Code::Pow,
             // The exponent is an operand ATen does not wrap (no layout effect).
-            operands: vec![
+            operands: smallvec::smallvec![
                 Operand {
                     src: Src::Arg(0),
                     cast: dt,
@@ -616,7 +617,7 @@ pub fn where_(a: &A) -> Result<PwPlan, String> {
     let dt = result_type(&[promo_of(&x), promo_of(&y)])?;
     Ok(PwPlan {
         code: Code::Where,
-        operands: vec![
+        operands: smallvec::smallvec![
             Operand {
                 src: Src::Arg(0),
                 cast: DType::Bool,
@@ -654,7 +655,7 @@ pub fn clamp(a: &A) -> Result<PwPlan, String> {
         return Err("clamp is not supported for bool tensors".into());
     }
     let has = [bounds[0].is_some(), bounds[1].is_some()];
-    let mut operands = vec![Operand {
+    let mut operands: smallvec::SmallVec<[Operand; 3]> = smallvec::smallvec![Operand {
         src: Src::Arg(0),
         cast: dt,
     }];

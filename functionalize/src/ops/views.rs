@@ -278,7 +278,7 @@ pub fn permute(a: &A) -> Result<Metas, String> {
     let mut seen = vec![false; m.dim()];
     let mut sizes = Vec::new();
     let mut strides = Vec::new();
-    for &d in &dims {
+    for &d in dims {
         let d = wrap_dim(d, m.dim())?;
         if seen[d] {
             return Err("permute(): duplicate dims are not allowed.".into());
