@@ -238,13 +238,62 @@ impl<'a> Lexer<'a> {
     }
 }
 
+/// The syntax side of parsing: tokens to `Item`s, names resolved to value
+/// numbers (parameters first, then named results in order of definition).
+/// Binding, shape inference and graph building (`Build`) consume the items,
+/// on another thread for a large program.
 struct Parser<'a> {
     lex: Lexer<'a>,
     /// The next token.
     cur: Token<'a>,
-    graph: Graph,
-    /// Names as written, borrowed from the source.
-    names: HashMap<&'a str, ValueId>,
+    /// Names as written, borrowed from the source, and their numbers.
+    names: HashMap<&'a str, u32>,
+}
+
+/// A parsed piece of a program, in source order.
+enum Item<'a> {
+    Name(&'a str),
+    Param(&'a str, Meta),
+    Stmt(Stmt<'a>),
+    /// The outputs; the file has been read to its end without error.
+    Return(Vec<u32>),
+}
+
+/// `ops::bind` on numbered values: the overload and the arguments with
+/// defaults, or why no overload accepts them.
+type Bound = std::result::Result<(usize, Vec<Arg<ValueId>>), String>;
+
+/// A statement as written: its results' names, the op, the arguments.
+/// Values are numbered (`numbered`) until `Build` resolves them, in place.
+struct Stmt<'a> {
+    lhs: smallvec::SmallVec<[&'a str; 2]>,
+    op_name: &'a str,
+    /// The op (None: unknown) and its overload binding the arguments.
+    call: Option<(ops::OpId, Bound)>,
+    line: usize,
+    /// As written, for error messages.
+    args: Vec<Arg<ValueId>>,
+    /// The first result name already defined, with where it is written
+    /// (an error once the statement itself is known to be valid).
+    redefined: Option<Box<(&'a str, Token<'a>)>>,
+}
+
+/// Value number `i` (parameters first, then named results in order) in
+/// the place of a value id: the parser numbers values before they exist.
+fn numbered(i: u32) -> ValueId {
+    slotmap::KeyData::from_ffi(i as u64).into()
+}
+
+/// Replaces the numbered values of `a` (`numbered`) by `values`.
+fn resolve(a: &mut Arg<ValueId>, values: &[ValueId]) {
+    use slotmap::Key;
+    let at = |v: &mut ValueId| *v = values[(v.data().as_ffi() & 0xffff_ffff) as usize];
+    match a {
+        Arg::Tensor(v) => at(v),
+        Arg::TensorList(l) => l.iter_mut().flatten().for_each(at),
+        Arg::List(l) => l.iter_mut().for_each(|x| resolve(x, values)),
+        _ => {}
+    }
 }
 
 impl<'a> Parser<'a> {
@@ -302,21 +351,41 @@ impl<'a> Parser<'a> {
             ),
         }
     }
-    fn lookup(&self, name: &str, t: &Token<'_>) -> Result<ValueId> {
+    fn lookup(&self, name: &str, t: &Token<'_>) -> Result<u32> {
         match self.names.get(name) {
             Some(&v) => Ok(v),
             None => self.fail(t, format!("`%{name}` is not defined")),
         }
     }
-    fn define(&mut self, name: &'a str, v: ValueId, t: &Token<'_>) -> Result<()> {
-        if self.names.insert(name, v).is_some() {
-            return self.fail(t, format!("`%{name}` is defined twice"));
+    /// Gives `name` the next value number; false if it had one.
+    fn define(&mut self, name: &'a str) -> bool {
+        let n = self.names.len() as u32;
+        self.names.insert(name, n).is_none()
+    }
+
+    fn header(&mut self, out: &mut impl FnMut(Item<'a>) -> bool) -> Result<()> {
+        let (kw, t) = self.ident("`graph`")?;
+        if kw != "graph" {
+            return self.fail(&t, format!("expected `graph`, found `{kw}`"));
         }
-        self.graph.values[v].name = Some(name.into());
+        let (name, _) = self.ident("the graph's name")?;
+        out(Item::Name(name));
+        self.expect('(')?;
+        if !self.eat(')') {
+            loop {
+                let p = self.param()?;
+                out(p);
+                if self.eat(')') {
+                    break;
+                }
+                self.expect(',')?;
+            }
+        }
+        self.expect('{')?;
         Ok(())
     }
 
-    fn param(&mut self) -> Result<()> {
+    fn param(&mut self) -> Result<Item<'a>> {
         let (name, t) = self.value_name()?;
         self.expect(':')?;
         let (dt, dt_tok) = self.ident("a dtype")?;
@@ -352,14 +421,16 @@ impl<'a> Parser<'a> {
                 self.expect(',')?;
             }
         }
-        let v = self.graph.add_input(None, Meta::contiguous(dtype, sizes));
-        self.define(name, v, &t)
+        if !self.define(name) {
+            return self.fail(&t, format!("`%{name}` is defined twice"));
+        }
+        Ok(Item::Param(name, Meta::contiguous(dtype, sizes)))
     }
 
     fn arg(&mut self) -> Result<Arg<ValueId>> {
         let t = self.next();
         Ok(match &t.tok {
-            Tok::Value(n) => Arg::Tensor(self.lookup(n, &t)?),
+            Tok::Value(n) => Arg::Tensor(numbered(self.lookup(n, &t)?)),
             Tok::Int(i) => Arg::Int(*i),
             Tok::Float(f) => Arg::Float(*f),
             Tok::Str(s) => Arg::Str(s.to_string()),
@@ -389,8 +460,16 @@ impl<'a> Parser<'a> {
         })
     }
 
-    fn statement(&mut self) -> Result<bool> {
+    /// The next statement, or the outputs once `return` and the end of the
+    /// file are read.
+    fn statement(&mut self) -> Result<Item<'a>> {
         let start = *self.peek();
+        if start.tok == Tok::Punct('}') {
+            return self.fail(&start, "the graph has no `return` statement");
+        }
+        if start.tok == Tok::Eof {
+            return self.fail(&start, "unexpected end of file: missing `return` and `}`");
+        }
         if start.tok == Tok::Ident("return") {
             self.next();
             let mut outs = vec![];
@@ -409,14 +488,29 @@ impl<'a> Parser<'a> {
                 let (n, t) = self.value_name()?;
                 outs.push(self.lookup(n, &t)?);
             }
-            self.graph.outputs = outs;
-            return Ok(true);
+            self.expect('}')?;
+            let t = self.next();
+            if t.tok != Tok::Eof {
+                return self.fail(
+                    &t,
+                    format!(
+                        "unexpected {} after the graph's closing `}}`",
+                        describe(&t.tok)
+                    ),
+                );
+            }
+            if let Some(e) = &self.lex.error {
+                return Err(e.clone());
+            }
+            return Ok(Item::Return(outs));
         }
-        // Per statement: inline, no allocation.
-        let mut lhs: smallvec::SmallVec<[(&str, Token); 4]> = smallvec::SmallVec::new();
+        let mut lhs = smallvec::SmallVec::new();
+        let mut lhs_toks: smallvec::SmallVec<[Token<'a>; 4]> = smallvec::SmallVec::new();
         if let Tok::Value(_) = start.tok {
             loop {
-                lhs.push(self.value_name()?);
+                let (n, t) = self.value_name()?;
+                lhs.push(n);
+                lhs_toks.push(t);
                 if self.eat('=') {
                     break;
                 }
@@ -425,7 +519,7 @@ impl<'a> Parser<'a> {
         }
         let (op_name, op_tok) = self.ident("an op name")?;
         self.expect('(')?;
-        let mut args: smallvec::SmallVec<[Arg<ValueId>; 6]> = smallvec::SmallVec::new();
+        let mut args = Vec::with_capacity(4);
         if !self.eat(')') {
             loop {
                 args.push(self.arg()?);
@@ -435,27 +529,113 @@ impl<'a> Parser<'a> {
                 self.expect(',')?;
             }
         }
-        let stmt_err = |msg: String, p: &Parser| Error::Statement {
-            line: Some(op_tok.line),
-            stmt: source_stmt(p, &lhs, op_name, &args),
-            msg,
+        // Results are numbered now; the statement is checked by `Build`.
+        let mut redefined = None;
+        for (&n, &t) in lhs.iter().zip(&lhs_toks) {
+            if !self.define(n) && redefined.is_none() {
+                redefined = Some(Box::new((n, t)));
+            }
+        }
+        let call = ops::lookup(op_name).map(|op| (op, ops::bind(op, &args)));
+        Ok(Item::Stmt(Stmt {
+            lhs,
+            op_name,
+            call,
+            line: op_tok.line,
+            args,
+            redefined,
+        }))
+    }
+
+    /// Parses the whole program, handing `out` each item in order until it
+    /// returns false (the consumer stopped on an error).
+    fn run(&mut self, out: &mut impl FnMut(Item<'a>) -> bool) -> Result<()> {
+        self.header(out)?;
+        loop {
+            let item = self.statement()?;
+            let end = matches!(item, Item::Return(_));
+            if !out(item) || end {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Builds the graph from parsed items: binds each statement, infers its
+/// results and names them.
+struct Build<'a> {
+    src: &'a str,
+    graph: Graph,
+    /// Value numbers (`Parser::names`) to values.
+    values: Vec<ValueId>,
+    done: bool,
+}
+
+impl<'a> Build<'a> {
+    fn item(&mut self, item: Item<'a>) -> Result<()> {
+        match item {
+            Item::Name(n) => self.graph.name = n.to_string(),
+            Item::Param(name, meta) => {
+                let v = self.graph.add_input(Some(name.into()), meta);
+                self.values.push(v);
+            }
+            Item::Stmt(s) => self.statement(s)?,
+            Item::Return(outs) => {
+                self.graph.outputs = outs.iter().map(|&i| self.values[i as usize]).collect();
+                self.done = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn statement(&mut self, mut s: Stmt<'a>) -> Result<()> {
+        let values = &self.values;
+        let mut args = std::mem::take(&mut s.args);
+        let (lhs, op_name, line) = (&s.lhs, s.op_name, s.line);
+        let mut stmt_err = |msg: String, g: &Graph| {
+            args.iter_mut().for_each(|a| resolve(a, values));
+            Error::Statement {
+                line: Some(line),
+                stmt: source_stmt(g, lhs, op_name, &args),
+                msg,
+            }
         };
-        let op = ops::lookup(op_name).ok_or_else(|| stmt_err(unknown_op_message(op_name), self))?;
-        let results = self.graph.call(op, &args).map_err(|m| stmt_err(m, self))?;
+        let Some((op, bound)) = s.call.take() else {
+            return Err(stmt_err(unknown_op_message(op_name), &self.graph));
+        };
+        let (overload, mut bound) = match bound {
+            Ok(b) => b,
+            Err(m) => return Err(stmt_err(m, &self.graph)),
+        };
+        bound.iter_mut().for_each(|a| resolve(a, values));
+        let results = match self.graph.call_bound(op, overload, bound) {
+            Ok(r) => r,
+            Err(m) => return Err(stmt_err(m, &self.graph)),
+        };
         let node = *self.graph.order.last().unwrap();
-        self.graph.nodes[node].line = Some(op_tok.line);
-        if !lhs.is_empty() && lhs.len() != results.len() {
+        self.graph.nodes[node].line = Some(s.line);
+        if !s.lhs.is_empty() && s.lhs.len() != results.len() {
             let msg = format!(
-                "{op_name} returns {} tensor(s) here but {} name(s) are given",
+                "{} returns {} tensor(s) here but {} name(s) are given",
+                s.op_name,
                 results.len(),
-                lhs.len()
+                s.lhs.len()
             );
-            return Err(stmt_err(msg, self));
+            return Err(stmt_err(msg, &self.graph));
         }
-        for ((name, t), v) in lhs.into_iter().zip(results) {
-            self.define(name, v, &t)?;
+        if let Some(r) = s.redefined {
+            let (name, t) = *r;
+            return Err(Error::Parse {
+                line: t.line,
+                col: column(self.src, t.pos),
+                msg: format!("`%{name}` is defined twice"),
+            });
         }
-        Ok(false)
+        for (name, v) in s.lhs.into_iter().zip(results) {
+            self.graph.values[v].name = Some(name.into());
+            self.values.push(v);
+        }
+        Ok(())
     }
 }
 
@@ -475,27 +655,28 @@ fn unknown_op_message(name: &str) -> String {
 }
 
 /// The statement as written, for error messages.
-fn source_stmt(
-    p: &Parser<'_>,
-    lhs: &[(&str, Token<'_>)],
-    op: &str,
-    args: &[Arg<ValueId>],
-) -> String {
-    let names: HashMap<ValueId, String> =
-        p.names.iter().map(|(k, v)| (*v, k.to_string())).collect();
+fn source_stmt(g: &Graph, lhs: &[&str], op: &str, args: &[Arg<ValueId>]) -> String {
     let mut s = String::new();
     if !lhs.is_empty() {
-        let l: Vec<String> = lhs.iter().map(|(n, _)| format!("%{n}")).collect();
+        let l: Vec<String> = lhs.iter().map(|n| format!("%{n}")).collect();
         s.push_str(&l.join(", "));
         s.push_str(" = ");
     }
-    let a: Vec<String> = args
-        .iter()
-        .map(|a| fmt_arg(a, &|v| names.get(&v).cloned().unwrap_or_else(|| "?".into())))
-        .collect();
+    let name = |v: ValueId| {
+        g.values
+            .get(v)
+            .and_then(|x| x.name.as_deref())
+            .unwrap_or("?")
+            .to_string()
+    };
+    let a: Vec<String> = args.iter().map(|a| fmt_arg(a, &name)).collect();
     let _ = write!(s, "{op}({})", a.join(", "));
     s
 }
+
+/// Programs of more lines than this are parsed on two threads: syntax on
+/// one, binding and shape inference on the other.
+const PARALLEL_LINES: usize = 2000;
 
 /// Parses a program. Errors carry line and column, or name the statement.
 pub fn parse(src: &str) -> Result<Graph> {
@@ -506,54 +687,67 @@ pub fn parse(src: &str) -> Result<Graph> {
     let mut p = Parser {
         lex,
         cur,
-        graph: Graph::with_capacity("", lines),
         names: HashMap::with_capacity_and_hasher(lines, Default::default()),
     };
-    let (kw, t) = p.ident("`graph`")?;
-    if kw != "graph" {
-        return p.fail(&t, format!("expected `graph`, found `{kw}`"));
-    }
-    let (name, _) = p.ident("the graph's name")?;
-    p.graph.name = name.to_string();
-    p.expect('(')?;
-    if !p.eat(')') {
-        loop {
-            p.param()?;
-            if p.eat(')') {
-                break;
+    let mut b = Build {
+        src,
+        graph: Graph::with_capacity("", lines),
+        values: Vec::with_capacity(lines + lines / 4),
+        done: false,
+    };
+    if lines <= PARALLEL_LINES {
+        let mut failed = None;
+        p.run(&mut |item| match b.item(item) {
+            Ok(()) => true,
+            Err(e) => {
+                failed = Some(e);
+                false
             }
-            p.expect(',')?;
-        }
+        })?;
+        return match failed {
+            Some(e) => Err(e),
+            None => Ok(b.graph),
+        };
     }
-    p.expect('{')?;
-    loop {
-        if p.peek().tok == Tok::Punct('}') {
-            let t = *p.peek();
-            return p.fail(&t, "the graph has no `return` statement");
+    // Items go over in batches (a channel send per statement would cost
+    // about what parsing it does).
+    const BATCH: usize = 256;
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Item>>(16);
+    std::thread::scope(|scope| {
+        let syntax = scope.spawn(move || {
+            let mut batch = Vec::with_capacity(BATCH);
+            let r = p.run(&mut |item| {
+                batch.push(item);
+                if batch.len() < BATCH {
+                    return true;
+                }
+                let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                tx.send(full).is_ok()
+            });
+            if !batch.is_empty() {
+                let _ = tx.send(batch);
+            }
+            r
+        });
+        let mut built = Ok(());
+        'batches: for batch in rx.iter() {
+            for item in batch {
+                built = b.item(item);
+                if built.is_err() {
+                    break 'batches;
+                }
+            }
         }
-        if p.peek().tok == Tok::Eof {
-            let t = *p.peek();
-            return p.fail(&t, "unexpected end of file: missing `return` and `}`");
-        }
-        if p.statement()? {
-            break;
-        }
-    }
-    p.expect('}')?;
-    let t = p.next();
-    if t.tok != Tok::Eof {
-        return p.fail(
-            &t,
-            format!(
-                "unexpected {} after the graph's closing `}}`",
-                describe(&t.tok)
-            ),
-        );
-    }
-    if let Some(e) = p.lex.error {
-        return Err(e);
-    }
-    Ok(p.graph)
+        // Stops the parser at its next batch if building failed.
+        drop(rx);
+        let parsed = syntax.join().expect("the parser thread does not panic");
+        // The first error in the file: building stops at the statement that
+        // fails, parsing at the first syntax error after it at the earliest.
+        built?;
+        parsed?;
+        debug_assert!(b.done);
+        Ok(b.graph)
+    })
 }
 
 pub fn fmt_float(f: f64) -> String {

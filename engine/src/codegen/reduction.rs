@@ -85,7 +85,7 @@ impl Gen<'_> {
         let input = *node.args[0].tensors()[0];
         let im = g.meta(input).clone();
         let om = g.meta(v).clone();
-        let dims: Option<Vec<i64>> = match name {
+        let dims: Option<&[i64]> = match name {
             "amax" | "amin" => Some(margs.int_list(1).map_err(bug)?),
             "var" | "std" => margs.opt_int_list(1).map_err(bug)?,
             _ if node.args.len() <= 2 => None,
@@ -94,7 +94,7 @@ impl Gen<'_> {
         let mut red = vec![im.dim() == 0; im.dim()];
         match dims {
             Some(l) if !l.is_empty() => {
-                for d in l {
+                for &d in l {
                     let d = kiln_functionalize::meta::wrap_dim(d, im.dim()).map_err(bug)?;
                     if im.dim() > 0 {
                         red[d] = true;

@@ -33,7 +33,7 @@ fn one(meta: Meta, vals: &[f64]) -> Res<Vec<RTensor>> {
 pub fn zeros_infer(a: &A) -> Res<Metas> {
     Ok(smallvec::smallvec![Meta::contiguous(
         a.opt_dtype(1)?.unwrap_or(DType::F32),
-        sizes_of(&a.int_list(0)?)?,
+        sizes_of(a.int_list(0)?)?,
     )])
 }
 
@@ -49,7 +49,7 @@ pub fn full_infer(a: &A) -> Res<Metas> {
     let v = a.scalar(1)?;
     Ok(smallvec::smallvec![Meta::contiguous(
         a.opt_dtype(2)?.unwrap_or(v.default_dtype()),
-        sizes_of(&a.int_list(0)?)?,
+        sizes_of(a.int_list(0)?)?,
     )])
 }
 
@@ -565,7 +565,7 @@ fn reduced_dims(m: &Meta, dims: Option<&[i64]>) -> Res<Vec<bool>> {
     let mut r = vec![false; m.dim()];
     match dims {
         None => r.iter_mut().for_each(|x| *x = true),
-        Some(l) if l.is_empty() => r.iter_mut().for_each(|x| *x = true),
+        Some([]) => r.iter_mut().for_each(|x| *x = true),
         Some(l) => {
             for &d in l {
                 let d = wrap_dim(d, m.dim())?;
@@ -599,9 +599,12 @@ fn reduced_shape(m: &Meta, r: &[bool], keepdim: bool) -> Vec<usize> {
         .collect()
 }
 
+/// A reduction's dims (None: all), keepdim and dtype.
+type ReduceArgs<'a> = (Option<&'a [i64]>, bool, Option<DType>);
+
 /// (dims, keepdim, dtype) of `sum`/`mean` overloads: `(self, dtype?)` or
 /// `(self, dim?, keepdim, dtype?)`.
-fn reduce_args<T>(a: &[Arg<T>]) -> Res<(Option<&[i64]>, bool, Option<DType>)> {
+fn reduce_args<T>(a: &[Arg<T>]) -> Res<ReduceArgs<'_>> {
     if a.len() <= 2 {
         Ok((None, false, a.opt_dtype(1)?))
     } else {
@@ -1092,7 +1095,7 @@ pub fn linear_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 
 pub fn layer_norm_infer(a: &A) -> Res<Metas> {
     let x = a.tensor(0)?;
-    let ns = sizes_of(&a.int_list(1)?)?;
+    let ns = sizes_of(a.int_list(1)?)?;
     if !x.dtype.is_float() {
         return Err(format!(
             "layer_norm is not implemented for {} tensors",

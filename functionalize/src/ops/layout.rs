@@ -58,7 +58,7 @@ pub fn iterator_output(shape: &[usize], inputs: &[&Meta], dtype: crate::dtype::D
     let fresh = |strides: Dims| Meta {
         dtype,
         sizes: shape.into(),
-        strides: strides.into(),
+        strides,
         offset: 0,
         storage_numel: numel(shape),
     };

@@ -100,7 +100,7 @@ pub fn compute_stride(
 
 pub fn view(a: &A) -> Result<Metas, String> {
     let m = me(a)?;
-    let sizes = infer_size(&a.int_list(1)?, m.numel())?;
+    let sizes = infer_size(a.int_list(1)?, m.numel())?;
     let strides = compute_stride(&m.sizes, &m.strides, &sizes).ok_or_else(|| {
         "view size is not compatible with input tensor's size and stride (at least one dimension spans \
          across two contiguous subspaces). Use reshape(...) instead."
@@ -113,7 +113,7 @@ pub fn view(a: &A) -> Result<Metas, String> {
 /// Returns the result and whether it aliases the input.
 pub fn reshape(a: &A) -> Result<(Meta, bool), String> {
     let m = me(a)?;
-    let sizes = infer_size(&a.int_list(1)?, m.numel())?;
+    let sizes = infer_size(a.int_list(1)?, m.numel())?;
     Ok(match compute_stride(&m.sizes, &m.strides, &sizes) {
         Some(strides) => (m.restrided(sizes, strides, m.offset), true),
         None => (Meta::contiguous(m.dtype, sizes), false),
@@ -331,7 +331,7 @@ pub fn expand_meta(m: &Meta, size: &[i64]) -> Result<Meta, String> {
 }
 
 pub fn expand(a: &A) -> Result<Metas, String> {
-    Ok(smallvec::smallvec![expand_meta(me(a)?, &a.int_list(1)?)?])
+    Ok(smallvec::smallvec![expand_meta(me(a)?, a.int_list(1)?)?])
 }
 
 pub fn diagonal_meta(m: &Meta, offset: i64, dim1: i64, dim2: i64) -> Result<Meta, String> {
@@ -433,8 +433,8 @@ pub fn as_strided_meta(
 pub fn as_strided(a: &A) -> Result<Metas, String> {
     Ok(smallvec::smallvec![as_strided_meta(
         me(a)?,
-        &a.int_list(1)?,
-        &a.int_list(2)?,
+        a.int_list(1)?,
+        a.int_list(2)?,
         a.opt_int(3)?,
     )?])
 }
