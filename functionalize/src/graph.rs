@@ -47,6 +47,44 @@ impl MetaPool {
         self.0.insert(a.clone(), ());
         a
     }
+
+    /// Takes in every entry of `other`.
+    pub fn absorb(&mut self, other: MetaPool) {
+        self.0.extend(other.0);
+    }
+}
+
+/// The results' metadata of `op(bound)` (bound arguments; `meta_of` gives
+/// each tensor's), interned in `pool`: an argument's own when equal (most
+/// elementwise results), without hashing.
+pub fn infer_results<'m, V>(
+    op: OpId,
+    bound: &[Arg<V>],
+    meta_of: impl Fn(&V) -> &'m Arc<Meta>,
+    pool: &mut MetaPool,
+) -> Result<smallvec::SmallVec<[Arc<Meta>; 2]>, String> {
+    let metas: smallvec::SmallVec<[Arg<&Meta>; 5]> =
+        bound.iter().map(|a| a.map(&mut |v| &**meta_of(v))).collect();
+    let outs = ops::infer(op, &metas)?;
+    drop(metas);
+    let mut shared = smallvec::SmallVec::new();
+    for m in outs {
+        crate::meta::check_size(&m.sizes)?;
+        let mut same = None;
+        for a in bound {
+            a.each_tensor(&mut |v| {
+                let am = meta_of(v);
+                if same.is_none() && **am == m {
+                    same = Some(am.clone());
+                }
+            });
+        }
+        shared.push(match same {
+            Some(a) => a,
+            None => pool.intern(m),
+        });
+    }
+    Ok(shared)
 }
 
 /// A map from one graph's values, indexed by arena slot: no hashing, and
@@ -206,32 +244,9 @@ impl Graph {
         overload: usize,
         bound: Vec<Arg<ValueId>>,
     ) -> Result<Results, String> {
-        let metas: smallvec::SmallVec<[Arg<&Meta>; 5]> = bound
-            .iter()
-            .map(|a| a.map(&mut |v| &*self.values[*v].meta))
-            .collect();
-        let outs = ops::infer(op, &metas)?;
-        drop(metas);
-        let mut shared: smallvec::SmallVec<[Arc<Meta>; 2]> = smallvec::SmallVec::new();
-        for m in outs {
-            crate::meta::check_size(&m.sizes)?;
-            // Most results have an argument's metadata (elementwise ops):
-            // share it without hashing.
-            let mut same = None;
-            for a in &bound {
-                a.each_tensor(&mut |v| {
-                    let am = &self.values[*v].meta;
-                    if same.is_none() && **am == m {
-                        same = Some(am.clone());
-                    }
-                });
-            }
-            shared.push(match same {
-                Some(a) => a,
-                None => self.metas.intern(m),
-            });
-        }
-        Ok(self.call_inferred(op, overload, bound, shared))
+        let values = &self.values;
+        let outs = infer_results(op, &bound, |v| &values[*v].meta, &mut self.metas)?;
+        Ok(self.call_inferred(op, overload, bound, outs))
     }
 
     /// Appends `op(args)` bound by `overload`, whose results' metadata is

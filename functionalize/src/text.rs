@@ -4,7 +4,8 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::graph::{Graph, NodeId, ValueId};
+use crate::graph::{Graph, MetaPool, NodeId, ValueId};
+use std::sync::Arc;
 use crate::meta::{Meta, ShapeFmt};
 use crate::ops;
 use crate::schema::Arg;
@@ -238,16 +239,20 @@ impl<'a> Lexer<'a> {
     }
 }
 
-/// The syntax side of parsing: tokens to `Item`s, names resolved to value
-/// numbers (parameters first, then named results in order of definition).
-/// Binding, shape inference and graph building (`Build`) consume the items,
-/// on another thread for a large program.
+/// Parsing proper: tokens to `Item`s, each statement bound to an overload
+/// and its results' metadata inferred. Values are numbered (parameters
+/// first, then named results in order of definition); `Build` turns the
+/// items into the graph, on another thread for a large program.
 struct Parser<'a> {
     lex: Lexer<'a>,
     /// The next token.
     cur: Token<'a>,
     /// Names as written, borrowed from the source, and their numbers.
     names: HashMap<&'a str, u32>,
+    /// By value number: the name and the metadata.
+    named: Vec<(&'a str, Arc<Meta>)>,
+    /// The inferred metadata, each held once.
+    pool: MetaPool,
 }
 
 /// A parsed piece of a program, in source order.
@@ -259,35 +264,33 @@ enum Item<'a> {
     Return(Vec<u32>),
 }
 
-/// `ops::bind` on numbered values: the overload and the arguments with
-/// defaults, or why no overload accepts them.
-type Bound = std::result::Result<(usize, Vec<Arg<ValueId>>), String>;
-
-/// A statement as written: its results' names, the op, the arguments.
-/// Values are numbered (`numbered`) until `Build` resolves them, in place.
+/// A statement, checked: its results' names, the op, the overload, the
+/// bound arguments (values numbered, `numbered`, until `Build` resolves
+/// them in place) and the results' metadata.
 struct Stmt<'a> {
     lhs: smallvec::SmallVec<[&'a str; 2]>,
-    op_name: &'a str,
-    /// The op (None: unknown) and its overload binding the arguments.
-    call: Option<(ops::OpId, Bound)>,
     line: usize,
-    /// As written, for error messages.
-    args: Vec<Arg<ValueId>>,
-    /// The first result name already defined, with where it is written
-    /// (an error once the statement itself is known to be valid).
-    redefined: Option<Box<(&'a str, Token<'a>)>>,
+    op: ops::OpId,
+    overload: usize,
+    bound: Vec<Arg<ValueId>>,
+    results: smallvec::SmallVec<[Arc<Meta>; 2]>,
 }
 
-/// Value number `i` (parameters first, then named results in order) in
-/// the place of a value id: the parser numbers values before they exist.
+/// Value number `i` in the place of a value id: the parser numbers values
+/// before they exist.
 fn numbered(i: u32) -> ValueId {
     slotmap::KeyData::from_ffi(i as u64).into()
 }
 
+/// The number of a value standing for one (`numbered`).
+fn number(v: &ValueId) -> usize {
+    use slotmap::Key;
+    (v.data().as_ffi() & 0xffff_ffff) as usize
+}
+
 /// Replaces the numbered values of `a` (`numbered`) by `values`.
 fn resolve(a: &mut Arg<ValueId>, values: &[ValueId]) {
-    use slotmap::Key;
-    let at = |v: &mut ValueId| *v = values[(v.data().as_ffi() & 0xffff_ffff) as usize];
+    let at = |v: &mut ValueId| *v = values[number(v)];
     match a {
         Arg::Tensor(v) => at(v),
         Arg::TensorList(l) => l.iter_mut().flatten().for_each(at),
@@ -357,9 +360,11 @@ impl<'a> Parser<'a> {
             None => self.fail(t, format!("`%{name}` is not defined")),
         }
     }
-    /// Gives `name` the next value number; false if it had one.
-    fn define(&mut self, name: &'a str) -> bool {
-        let n = self.names.len() as u32;
+    /// Gives `name` (of metadata `meta`) the next value number; false if
+    /// it had one.
+    fn define(&mut self, name: &'a str, meta: Arc<Meta>) -> bool {
+        let n = self.named.len() as u32;
+        self.named.push((name, meta));
         self.names.insert(name, n).is_none()
     }
 
@@ -421,10 +426,12 @@ impl<'a> Parser<'a> {
                 self.expect(',')?;
             }
         }
-        if !self.define(name) {
+        let meta = Meta::contiguous(dtype, sizes);
+        let shared = self.pool.intern(meta.clone());
+        if !self.define(name, shared) {
             return self.fail(&t, format!("`%{name}` is defined twice"));
         }
-        Ok(Item::Param(name, Meta::contiguous(dtype, sizes)))
+        Ok(Item::Param(name, meta))
     }
 
     fn arg(&mut self) -> Result<Arg<ValueId>> {
@@ -504,13 +511,10 @@ impl<'a> Parser<'a> {
             }
             return Ok(Item::Return(outs));
         }
-        let mut lhs = smallvec::SmallVec::new();
-        let mut lhs_toks: smallvec::SmallVec<[Token<'a>; 4]> = smallvec::SmallVec::new();
+        let mut lhs: smallvec::SmallVec<[(&'a str, Token<'a>); 2]> = smallvec::SmallVec::new();
         if let Tok::Value(_) = start.tok {
             loop {
-                let (n, t) = self.value_name()?;
-                lhs.push(n);
-                lhs_toks.push(t);
+                lhs.push(self.value_name()?);
                 if self.eat('=') {
                     break;
                 }
@@ -519,7 +523,7 @@ impl<'a> Parser<'a> {
         }
         let (op_name, op_tok) = self.ident("an op name")?;
         self.expect('(')?;
-        let mut args = Vec::with_capacity(4);
+        let mut args: smallvec::SmallVec<[Arg<ValueId>; 6]> = smallvec::SmallVec::new();
         if !self.eat(')') {
             loop {
                 args.push(self.arg()?);
@@ -529,21 +533,47 @@ impl<'a> Parser<'a> {
                 self.expect(',')?;
             }
         }
-        // Results are numbered now; the statement is checked by `Build`.
-        let mut redefined = None;
-        for (&n, &t) in lhs.iter().zip(&lhs_toks) {
-            if !self.define(n) && redefined.is_none() {
-                redefined = Some(Box::new((n, t)));
+        let stmt_err = |p: &Parser<'a>, msg: String| {
+            let names: smallvec::SmallVec<[&str; 2]> = lhs.iter().map(|(n, _)| *n).collect();
+            Error::Statement {
+                line: Some(op_tok.line),
+                stmt: source_stmt(&names, op_name, &args, &|v| p.named[number(&v)].0.to_string()),
+                msg,
+            }
+        };
+        let op = match ops::lookup(op_name) {
+            Some(op) => op,
+            None => return Err(stmt_err(self, unknown_op_message(op_name))),
+        };
+        let (overload, bound) = ops::bind(op, &args).map_err(|m| stmt_err(self, m))?;
+        let named = &self.named;
+        let results = crate::graph::infer_results(
+            op,
+            &bound,
+            |v| &named[number(v)].1,
+            &mut self.pool,
+        )
+        .map_err(|m| stmt_err(self, m))?;
+        if !lhs.is_empty() && lhs.len() != results.len() {
+            let msg = format!(
+                "{op_name} returns {} tensor(s) here but {} name(s) are given",
+                results.len(),
+                lhs.len()
+            );
+            return Err(stmt_err(self, msg));
+        }
+        for ((name, t), m) in lhs.iter().zip(&results) {
+            if !self.define(name, m.clone()) {
+                return self.fail(t, format!("`%{name}` is defined twice"));
             }
         }
-        let call = ops::lookup(op_name).map(|op| (op, ops::bind(op, &args)));
         Ok(Item::Stmt(Stmt {
-            lhs,
-            op_name,
-            call,
+            lhs: lhs.iter().map(|(n, _)| *n).collect(),
             line: op_tok.line,
-            args,
-            redefined,
+            op,
+            overload,
+            bound,
+            results,
         }))
     }
 
@@ -561,81 +591,43 @@ impl<'a> Parser<'a> {
     }
 }
 
-/// Builds the graph from parsed items: binds each statement, infers its
-/// results and names them.
-struct Build<'a> {
-    src: &'a str,
+/// Builds the graph from parsed items, calling `on_node` with each node
+/// as it is added.
+struct Build<'a, F> {
     graph: Graph,
     /// Value numbers (`Parser::names`) to values.
     values: Vec<ValueId>,
+    on_node: F,
     done: bool,
+    _src: std::marker::PhantomData<&'a str>,
 }
 
-impl<'a> Build<'a> {
-    fn item(&mut self, item: Item<'a>) -> Result<()> {
+impl<'a, F: FnMut(&Graph, NodeId)> Build<'a, F> {
+    fn item(&mut self, item: Item<'a>) {
         match item {
             Item::Name(n) => self.graph.name = n.to_string(),
             Item::Param(name, meta) => {
                 let v = self.graph.add_input(Some(name.into()), meta);
                 self.values.push(v);
             }
-            Item::Stmt(s) => self.statement(s)?,
+            Item::Stmt(mut s) => {
+                s.bound.iter_mut().for_each(|a| resolve(a, &self.values));
+                let results = self
+                    .graph
+                    .call_inferred(s.op, s.overload, s.bound, s.results);
+                let node = *self.graph.order.last().expect("just added");
+                self.graph.nodes[node].line = Some(s.line);
+                for (name, v) in s.lhs.into_iter().zip(results) {
+                    self.graph.values[v].name = Some(name.into());
+                    self.values.push(v);
+                }
+                (self.on_node)(&self.graph, node);
+            }
             Item::Return(outs) => {
                 self.graph.outputs = outs.iter().map(|&i| self.values[i as usize]).collect();
                 self.done = true;
             }
         }
-        Ok(())
-    }
-
-    fn statement(&mut self, mut s: Stmt<'a>) -> Result<()> {
-        let values = &self.values;
-        let mut args = std::mem::take(&mut s.args);
-        let (lhs, op_name, line) = (&s.lhs, s.op_name, s.line);
-        let mut stmt_err = |msg: String, g: &Graph| {
-            args.iter_mut().for_each(|a| resolve(a, values));
-            Error::Statement {
-                line: Some(line),
-                stmt: source_stmt(g, lhs, op_name, &args),
-                msg,
-            }
-        };
-        let Some((op, bound)) = s.call.take() else {
-            return Err(stmt_err(unknown_op_message(op_name), &self.graph));
-        };
-        let (overload, mut bound) = match bound {
-            Ok(b) => b,
-            Err(m) => return Err(stmt_err(m, &self.graph)),
-        };
-        bound.iter_mut().for_each(|a| resolve(a, values));
-        let results = match self.graph.call_bound(op, overload, bound) {
-            Ok(r) => r,
-            Err(m) => return Err(stmt_err(m, &self.graph)),
-        };
-        let node = *self.graph.order.last().unwrap();
-        self.graph.nodes[node].line = Some(s.line);
-        if !s.lhs.is_empty() && s.lhs.len() != results.len() {
-            let msg = format!(
-                "{} returns {} tensor(s) here but {} name(s) are given",
-                s.op_name,
-                results.len(),
-                s.lhs.len()
-            );
-            return Err(stmt_err(msg, &self.graph));
-        }
-        if let Some(r) = s.redefined {
-            let (name, t) = *r;
-            return Err(Error::Parse {
-                line: t.line,
-                col: column(self.src, t.pos),
-                msg: format!("`%{name}` is defined twice"),
-            });
-        }
-        for (name, v) in s.lhs.into_iter().zip(results) {
-            self.graph.values[v].name = Some(name.into());
-            self.values.push(v);
-        }
-        Ok(())
     }
 }
 
@@ -655,31 +647,38 @@ fn unknown_op_message(name: &str) -> String {
 }
 
 /// The statement as written, for error messages.
-fn source_stmt(g: &Graph, lhs: &[&str], op: &str, args: &[Arg<ValueId>]) -> String {
+fn source_stmt(
+    lhs: &[&str],
+    op: &str,
+    args: &[Arg<ValueId>],
+    name: &dyn Fn(ValueId) -> String,
+) -> String {
     let mut s = String::new();
     if !lhs.is_empty() {
         let l: Vec<String> = lhs.iter().map(|n| format!("%{n}")).collect();
         s.push_str(&l.join(", "));
         s.push_str(" = ");
     }
-    let name = |v: ValueId| {
-        g.values
-            .get(v)
-            .and_then(|x| x.name.as_deref())
-            .unwrap_or("?")
-            .to_string()
-    };
-    let a: Vec<String> = args.iter().map(|a| fmt_arg(a, &name)).collect();
+    let a: Vec<String> = args.iter().map(|a| fmt_arg(a, name)).collect();
     let _ = write!(s, "{op}({})", a.join(", "));
     s
 }
 
-/// Programs of more lines than this are parsed on two threads: syntax on
-/// one, binding and shape inference on the other.
+/// Programs of more lines than this are parsed on two threads: parsing
+/// proper (syntax, binding, shape inference) on one, building the graph on
+/// the other.
 const PARALLEL_LINES: usize = 2000;
 
 /// Parses a program. Errors carry line and column, or name the statement.
 pub fn parse(src: &str) -> Result<Graph> {
+    parse_with(src, |_, _| {})
+}
+
+/// `parse`, calling `on_node(graph, node)` as each statement's node is
+/// added (on the thread that builds the graph, while later statements are
+/// parsed on the other): work on the graph so far overlaps parsing. Nodes
+/// are handed over before the whole file is known to parse.
+pub fn parse_with(src: &str, on_node: impl FnMut(&Graph, NodeId)) -> Result<Graph> {
     // About one statement a line.
     let lines = src.bytes().filter(|&b| b == b'\n').count();
     let mut lex = Lexer::new(src);
@@ -688,33 +687,30 @@ pub fn parse(src: &str) -> Result<Graph> {
         lex,
         cur,
         names: HashMap::with_capacity_and_hasher(lines, Default::default()),
+        named: Vec::with_capacity(lines + lines / 4),
+        pool: MetaPool::default(),
     };
     let mut b = Build {
-        src,
         graph: Graph::with_capacity("", lines),
         values: Vec::with_capacity(lines + lines / 4),
+        on_node,
         done: false,
+        _src: std::marker::PhantomData,
     };
     if lines <= PARALLEL_LINES {
-        let mut failed = None;
-        p.run(&mut |item| match b.item(item) {
-            Ok(()) => true,
-            Err(e) => {
-                failed = Some(e);
-                false
-            }
+        p.run(&mut |item| {
+            b.item(item);
+            true
         })?;
-        return match failed {
-            Some(e) => Err(e),
-            None => Ok(b.graph),
-        };
+        b.graph.metas.absorb(p.pool);
+        return Ok(b.graph);
     }
     // Items go over in batches (a channel send per statement would cost
     // about what parsing it does).
     const BATCH: usize = 256;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Item>>(16);
     std::thread::scope(|scope| {
-        let syntax = scope.spawn(move || {
+        let parser = scope.spawn(move || {
             let mut batch = Vec::with_capacity(BATCH);
             let r = p.run(&mut |item| {
                 batch.push(item);
@@ -727,25 +723,19 @@ pub fn parse(src: &str) -> Result<Graph> {
             if !batch.is_empty() {
                 let _ = tx.send(batch);
             }
-            r
+            (r, p.pool)
         });
-        let mut built = Ok(());
-        'batches: for batch in rx.iter() {
+        for batch in rx.iter() {
             for item in batch {
-                built = b.item(item);
-                if built.is_err() {
-                    break 'batches;
-                }
+                b.item(item);
             }
         }
-        // Stops the parser at its next batch if building failed.
-        drop(rx);
-        let parsed = syntax.join().expect("the parser thread does not panic");
-        // The first error in the file: building stops at the statement that
-        // fails, parsing at the first syntax error after it at the earliest.
-        built?;
+        let (parsed, pool) = parser.join().expect("the parser thread does not panic");
+        // The parser stops at the first error in the file; everything
+        // before it is built.
         parsed?;
         debug_assert!(b.done);
+        b.graph.metas.absorb(pool);
         Ok(b.graph)
     })
 }
