@@ -170,17 +170,21 @@ enum WeightsDtype {
     F16,
 }
 
-/// Reads and parses a program; `-` is standard input (the spec's CLI).
-fn read_program(path: &Path) -> Result<Graph, String> {
-    let src = if path == Path::new("-") {
+/// Reads a program's text; `-` is standard input (the spec's CLI).
+fn read_source(path: &Path) -> Result<String, String> {
+    if path == Path::new("-") {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
             .map_err(|e| format!("cannot read standard input: {e}"))?;
-        s
+        Ok(s)
     } else {
-        std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
-    };
-    parse(&src).map_err(|e| format!("{}:{e}", path.display()))
+        std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+    }
+}
+
+/// Reads and parses a program.
+fn read_program(path: &Path) -> Result<Graph, String> {
+    parse(&read_source(path)?).map_err(|e| format!("{}:{e}", path.display()))
 }
 
 /// Reads a program, transforms it and prints the result.
@@ -295,9 +299,10 @@ fn main_result(cli: Cli) -> Result<(), String> {
             })
         }
         Cmd::Functionalize { prog, remove } => {
-            let g = read_program(&prog)?;
-            let f =
-                functionalize(&g, remove.into()).map_err(|e| format!("{}:{e}", prog.display()))?;
+            // Each statement is functionalized as soon as it is parsed.
+            let (g, f) =
+                kiln::functionalize::parse_functionalized(&read_source(&prog)?, remove.into())
+                    .map_err(|e| format!("{}:{e}", prog.display()))?;
             let mut out = std::io::stdout().lock();
             std::io::Write::write_all(&mut out, print(&f.graph).as_bytes())
                 .and_then(|()| std::io::Write::flush(&mut out))

@@ -63,8 +63,10 @@ pub fn infer_results<'m, V>(
     meta_of: impl Fn(&V) -> &'m Arc<Meta>,
     pool: &mut MetaPool,
 ) -> Result<smallvec::SmallVec<[Arc<Meta>; 2]>, String> {
-    let metas: smallvec::SmallVec<[Arg<&Meta>; 5]> =
-        bound.iter().map(|a| a.map(&mut |v| &**meta_of(v))).collect();
+    let metas: smallvec::SmallVec<[Arg<&Meta>; 5]> = bound
+        .iter()
+        .map(|a| a.map(&mut |v| &**meta_of(v)))
+        .collect();
     let outs = ops::infer(op, &metas)?;
     drop(metas);
     let mut shared = smallvec::SmallVec::new();

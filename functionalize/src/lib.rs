@@ -25,7 +25,10 @@ pub use error::{Error, Result};
 pub use graph::{Graph, NodeId, ValueId};
 pub use interp::{run, RunResult};
 pub use meta::Meta;
-pub use pass::{functionalize, functionalize_traced, Functionalized, MutatedInput, Remove};
+pub use pass::{
+    functionalize, functionalize_traced, parse_functionalized, Functionalized, Functionalizer,
+    MutatedInput, Remove,
+};
 pub use tensor::RTensor;
 pub use text::{parse, print};
 pub use trace::{trace, Tensor, TensorSpec};

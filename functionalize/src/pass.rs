@@ -130,8 +130,16 @@ struct Step {
     index: usize,
     /// The result's metadata in the source graph (shared with it).
     meta: Arc<Meta>,
-    /// The source node this step copies (None: synthesized).
-    source: Option<NodeId>,
+    /// The source call this step copies (None: synthesized).
+    source: Option<Rc<Source>>,
+}
+
+/// A source view call, as far as emitting a copy of it needs: its input's
+/// metadata and its results' (reused when the copy's input has the same).
+#[derive(Debug)]
+struct Source {
+    input: Arc<Meta>,
+    results: smallvec::SmallVec<[Arc<Meta>; 2]>,
 }
 
 /// A chain's key among interned chains: its parent's id, then the last
@@ -145,7 +153,7 @@ impl Step {
         args: Rc<[Arg<ValueId>]>,
         index: usize,
         meta: Arc<Meta>,
-        source: Option<NodeId>,
+        source: Option<Rc<Source>>,
     ) -> Step {
         Step {
             op,
@@ -252,8 +260,7 @@ impl Cache {
     }
 }
 
-struct Pass<'g> {
-    src: &'g Graph,
+struct Pass {
     mode: Remove,
     out: Graph,
     aliases: ValueMap<Alias>,
@@ -263,87 +270,172 @@ struct Pass<'g> {
     cache: Cache,
     /// FX-style result names: base name -> its slot in `uses` (ops sharing
     /// a base, `add` and `add_`, share a count).
-    names: HashMap<&'g str, usize>,
+    names: HashMap<Name, usize>,
     /// Per slot: the base name and the results named after it so far.
-    uses: Vec<(&'g str, usize)>,
+    uses: Vec<(Name, usize)>,
     /// Per op (by id): its base name's slot, plus one (0: not seen yet).
     op_slots: Vec<u32>,
     /// Emitted results and their names as (slot, count): written once dead
     /// code is gone (most emitted values do not survive it).
     pending_names: Vec<(ValueId, u32, u32)>,
-    /// The source statement being rewritten (for messages).
+    /// The source statement being rewritten, and its line (for messages).
     at: Option<NodeId>,
+    at_line: Option<usize>,
 }
 
 /// Functionalizes `g`. Errors name the statement that cannot be
 /// functionalized (writes whose result would depend on visiting order).
 pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
-    let mut p = Pass {
-        src: g,
-        mode,
-        out: Graph::with_capacity(&g.name, 2 * g.order.len()),
-        // Sized up front: growing them copies every entry at each doubling.
-        aliases: ValueMap::with_capacity(g.values.len()),
-        prefixes: HashMap::default(),
-        storages: Vec::with_capacity(g.values.len() / 2),
-        cache: Cache::default(),
-        names: HashMap::default(),
-        uses: vec![],
-        op_slots: vec![],
-        pending_names: Vec::with_capacity(2 * g.order.len()),
-        at: None,
-    };
-    for (i, &v) in g.inputs.iter().enumerate() {
-        let meta = g.values[v].meta.clone();
-        let nv = p.out.add_input(g.values[v].name.clone(), (*meta).clone());
-        // Emitted results are named after ops: only given names can clash.
-        if let Some(name) = g.values[v].name.as_deref() {
-            let slot = p.name_slot(name);
-            p.uses[slot].1 = 1;
-        }
-        p.new_storage(v, nv, meta, Some(i));
-    }
+    let mut f = Functionalizer::new(mode, g.order.len());
     for &n in &g.order {
+        if !f.node(g, n) {
+            break;
+        }
+    }
+    f.finish(g)
+}
+
+/// Functionalization statement by statement, as a graph grows (see
+/// `text::parse_with`): `node` for each node in program order, then
+/// `finish` once the graph is whole.
+pub struct Functionalizer {
+    pass: Pass,
+    started: bool,
+    /// The first error, and the statement it is about.
+    failed: Option<(Error, Option<NodeId>)>,
+}
+
+impl Functionalizer {
+    /// For a graph of about `statements` statements.
+    pub fn new(mode: Remove, statements: usize) -> Functionalizer {
+        let pass = Pass {
+            mode,
+            out: Graph::with_capacity("", 2 * statements),
+            // Sized up front: growing them copies every entry at each doubling.
+            aliases: ValueMap::with_capacity(statements + statements / 4),
+            prefixes: HashMap::default(),
+            storages: Vec::with_capacity(statements / 2),
+            cache: Cache::default(),
+            names: HashMap::default(),
+            uses: vec![],
+            op_slots: vec![],
+            pending_names: Vec::with_capacity(2 * statements),
+            at: None,
+            at_line: None,
+        };
+        Functionalizer {
+            pass,
+            started: false,
+            failed: None,
+        }
+    }
+
+    fn start(&mut self, g: &Graph) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let p = &mut self.pass;
+        p.out.name = g.name.clone();
+        for (i, &v) in g.inputs.iter().enumerate() {
+            let meta = g.values[v].meta.clone();
+            let nv = p.out.add_input(g.values[v].name.clone(), (*meta).clone());
+            // Emitted results are named after ops: only given names can clash.
+            if let Some(name) = &g.values[v].name {
+                let slot = p.name_slot(name);
+                p.uses[slot].1 = 1;
+            }
+            p.new_storage(v, nv, meta, Some(i));
+        }
+    }
+
+    /// Functionalizes node `n` of `g`, the next in program order; false
+    /// once a statement failed (the error comes from `finish`).
+    pub fn node(&mut self, g: &Graph, n: NodeId) -> bool {
+        if self.failed.is_some() {
+            return false;
+        }
+        self.start(g);
+        let p = &mut self.pass;
         p.at = Some(n);
-        p.node(n)?;
+        p.at_line = g.nodes[n].line;
+        if let Err(e) = p.node(g, n) {
+            self.failed = Some((e, Some(n)));
+            return false;
+        }
+        true
     }
-    p.at = None;
-    // An output that is a base needs its values, not its source layout.
-    let outputs = g
-        .outputs
-        .iter()
-        .map(|&v| match p.alias(v)? {
-            a if a.chain.is_empty() => Ok(p.storages[a.storage].base),
-            _ => p.read(v),
+
+    /// The outputs, the `copy_` epilogue, dead code removed: the result
+    /// for `g`, the graph whose nodes were all given to `node`.
+    pub fn finish(mut self, g: &Graph) -> Result<Functionalized> {
+        if let Some((e, at)) = self.failed {
+            return Err(match (e, at) {
+                // Named only now: the statement's names are those of the
+                // whole graph.
+                (Error::Statement { line, msg, .. }, Some(n)) => Error::Statement {
+                    line,
+                    stmt: fmt_node(g, n, &Names::of(g)),
+                    msg,
+                },
+                (e, _) => e,
+            });
+        }
+        self.start(g);
+        let mut p = self.pass;
+        p.at = None;
+        p.at_line = None;
+        // An output that is a base needs its values, not its source layout.
+        let outputs = g
+            .outputs
+            .iter()
+            .map(|&v| match p.alias(v)? {
+                a if a.chain.is_empty() => Ok(p.storages[a.storage].base),
+                _ => p.read(v),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        p.out.outputs = outputs;
+        // The epilogue: write every mutated parameter's final value back.
+        let mut mutated = vec![];
+        for s in 0..p.storages.len() {
+            if let (Some(i), true) = (p.storages[s].input, p.storages[s].gen > 0) {
+                let value = p.storages[s].base;
+                let input = p.out.inputs[i];
+                p.emit("copy_", vec![Arg::Tensor(input), Arg::Tensor(value)])?;
+                mutated.push(MutatedInput { input: i, value });
+            }
+        }
+        let mut graph = p.out;
+        crate::simplify::eliminate_dead_code(&mut graph);
+        for &(v, slot, k) in &p.pending_names {
+            if let Some(value) = graph.values.get_mut(v) {
+                value.name = Some(fx_name(&p.uses[slot as usize].0, k));
+            }
+        }
+        crate::verify::verify_functional(&graph, p.mode).map_err(|msg| Error::Statement {
+            line: None,
+            stmt: "functionalize".into(),
+            msg: format!("internal error: the result fails verification: {msg}"),
+        })?;
+        Ok(Functionalized {
+            graph,
+            mutated_inputs: mutated,
         })
-        .collect::<Result<Vec<_>>>()?;
-    p.out.outputs = outputs;
-    // The epilogue: write every mutated parameter's final value back.
-    let mut mutated = vec![];
-    for s in 0..p.storages.len() {
-        if let (Some(i), true) = (p.storages[s].input, p.storages[s].gen > 0) {
-            let value = p.storages[s].base;
-            let input = p.out.inputs[i];
-            p.emit("copy_", vec![Arg::Tensor(input), Arg::Tensor(value)])?;
-            mutated.push(MutatedInput { input: i, value });
-        }
     }
-    let mut graph = p.out;
-    crate::simplify::eliminate_dead_code(&mut graph);
-    for &(v, slot, k) in &p.pending_names {
-        if let Some(value) = graph.values.get_mut(v) {
-            value.name = Some(fx_name(p.uses[slot as usize].0, k));
-        }
-    }
-    crate::verify::verify_functional(&graph, mode).map_err(|msg| Error::Statement {
-        line: None,
-        stmt: "functionalize".into(),
-        msg: format!("internal error: the result fails verification: {msg}"),
+}
+
+/// Parses and functionalizes a program at once: each statement is
+/// functionalized as soon as its node is built, while later ones are still
+/// being parsed (`text::parse_with`). Errors as `parse`, then
+/// `functionalize`, would give: a parse error anywhere comes first.
+pub fn parse_functionalized(src: &str, mode: Remove) -> Result<(Graph, Functionalized)> {
+    let lines = src.bytes().filter(|&b| b == b'\n').count();
+    let mut f = Functionalizer::new(mode, lines);
+    let g = crate::text::parse_with(src, |g, n| {
+        f.node(g, n);
     })?;
-    Ok(Functionalized {
-        graph,
-        mutated_inputs: mutated,
-    })
+    let r = f.finish(&g)?;
+    Ok((g, r))
 }
 
 /// FX's name for the `k`-th value named after `base`: `base`, `base_1`, ...
@@ -377,12 +469,14 @@ pub fn functionalize_traced(
     functionalize(&crate::trace::trace(name, specs, f)?, mode)
 }
 
-impl<'g> Pass<'g> {
+impl Pass {
+    /// An error about the statement being rewritten (`Functionalizer`
+    /// names it), or about the outputs.
     fn err(&self, msg: impl Into<String>) -> Error {
         match self.at {
-            Some(n) => Error::Statement {
-                line: self.src.nodes[n].line,
-                stmt: fmt_node(self.src, n, &Names::of(self.src)),
+            Some(_) => Error::Statement {
+                line: self.at_line,
+                stmt: String::new(),
                 msg: msg.into(),
             },
             None => Error::Statement {
@@ -443,29 +537,41 @@ impl<'g> Pass<'g> {
     /// is reused rather than inferred again.
     fn emit_copy_of(
         &mut self,
+        src: &Graph,
         n: NodeId,
         args: Vec<Arg<ValueId>>,
     ) -> Result<crate::graph::Results> {
-        let node = &self.src.nodes[n];
-        if !self.same_input_metas(&node.args, &args) {
-            return self.emit_as(node.op, Some(node.overload), args);
+        let node = &src.nodes[n];
+        let mut ins: smallvec::SmallVec<[&Arc<Meta>; 4]> = smallvec::SmallVec::new();
+        for a in &node.args {
+            a.each_tensor(&mut |&v| ins.push(&src.values[v].meta));
         }
-        let metas = node
-            .results
-            .iter()
-            .map(|&r| self.src.values[r].meta.clone());
-        let res = self.out.call_inferred(node.op, node.overload, args, metas);
-        self.finish_emit(node.op, &res);
+        let results = node.results.iter().map(|&r| src.values[r].meta.clone());
+        self.emit_copy(node.op, node.overload, args, &ins, results)
+    }
+
+    /// Appends `op(args)` bound by `overload`, a copy of a source call whose
+    /// tensors had metadata `ins` and whose results `results`: those are
+    /// reused when the tensors of `args` have the same, else inferred.
+    fn emit_copy(
+        &mut self,
+        op: OpId,
+        overload: usize,
+        args: Vec<Arg<ValueId>>,
+        ins: &[&Arc<Meta>],
+        results: impl Iterator<Item = Arc<Meta>>,
+    ) -> Result<crate::graph::Results> {
+        if !self.same_input_metas(ins, &args) {
+            return self.emit_as(op, Some(overload), args);
+        }
+        let res = self.out.call_inferred(op, overload, args, results);
+        self.finish_emit(op, &res);
         Ok(res)
     }
 
-    /// Do the tensors of `out_args` (new graph) have the metadata of those
-    /// of `src_args` (source graph), in order?
-    fn same_input_metas(&self, src_args: &[Arg<ValueId>], out_args: &[Arg<ValueId>]) -> bool {
-        let mut src: smallvec::SmallVec<[&Arc<Meta>; 4]> = smallvec::SmallVec::new();
-        for a in src_args {
-            a.each_tensor(&mut |&v| src.push(&self.src.values[v].meta));
-        }
+    /// Do the tensors of `out_args` (new graph) have the metadata `src`, in
+    /// order?
+    fn same_input_metas(&self, src: &[&Arc<Meta>], out_args: &[Arg<ValueId>]) -> bool {
         let (mut i, mut same) = (0, true);
         for a in out_args {
             a.each_tensor(&mut |&v| {
@@ -481,8 +587,8 @@ impl<'g> Pass<'g> {
     /// statement's line.
     fn finish_emit(&mut self, op: OpId, res: &[ValueId]) {
         // What a statement becomes keeps its source line (for later errors).
-        if let (Some(n), Some(node)) = (self.at, self.out.order.last()) {
-            self.out.nodes[*node].line = self.src.nodes[n].line;
+        if let (Some(_), Some(node)) = (self.at, self.out.order.last()) {
+            self.out.nodes[*node].line = self.at_line;
         }
         let i = op.0 as usize;
         if i >= self.op_slots.len() {
@@ -512,11 +618,11 @@ impl<'g> Pass<'g> {
     }
 
     /// The slot counting the results named after `base`.
-    fn name_slot(&mut self, base: &'g str) -> usize {
+    fn name_slot(&mut self, base: &str) -> usize {
         let next = self.uses.len();
-        let slot = *self.names.entry(base).or_insert(next);
+        let slot = *self.names.entry(Name::from(base)).or_insert(next);
         if slot == next {
-            self.uses.push((base, 0));
+            self.uses.push((Name::from(base), 0));
         }
         slot
     }
@@ -610,8 +716,14 @@ impl<'g> Pass<'g> {
         args.push(Arg::Tensor(input));
         args.extend(step.args.iter().cloned());
         let (op, args) = self.view_call(step.op, args)?;
-        let res = match step.source {
-            Some(n) if op == step.op => self.emit_copy_of(n, args)?,
+        let res = match (&step.source, step.overload) {
+            (Some(source), Some(overload)) if op == step.op => self.emit_copy(
+                op,
+                overload,
+                args,
+                &[&source.input],
+                source.results.iter().cloned(),
+            )?,
             _ => self.emit_as(op, step.overload.filter(|_| op == step.op), args)?,
         };
         // Multi-output views give every piece at once: remember them all.
@@ -673,11 +785,11 @@ impl<'g> Pass<'g> {
         Ok(out)
     }
 
-    fn node(&mut self, n: NodeId) -> Result<()> {
-        let node = &self.src.nodes[n];
+    fn node(&mut self, src: &Graph, n: NodeId) -> Result<()> {
+        let node = &src.nodes[n];
         let def = node.op.def();
         match def.kind {
-            OpKind::View | OpKind::MultiView => self.view(n),
+            OpKind::View | OpKind::MultiView => self.view(src, n),
             OpKind::ViewOrCopy => {
                 let Rule::ViewOrCopy(rule) = &def.rule else {
                     unreachable!("ViewOrCopy ops have a ViewOrCopy rule")
@@ -685,7 +797,7 @@ impl<'g> Pass<'g> {
                 let metas: Vec<Arg<&Meta>> = node
                     .args
                     .iter()
-                    .map(|a| a.map(&mut |v| self.src.meta(*v)))
+                    .map(|a| a.map(&mut |v| src.meta(*v)))
                     .collect();
                 let (_, aliases) = rule(&metas).map_err(|m| self.err(m))?;
                 match (aliases, def.name.as_str(), self.mode) {
@@ -695,28 +807,28 @@ impl<'g> Pass<'g> {
                         self.aliases.insert(node.results[0], a);
                         Ok(())
                     }
-                    (true, _, _) => self.view(n),
+                    (true, _, _) => self.view(src, n),
                     // A copy; in views mode every value is contiguous already.
                     (false, "contiguous", Remove::MutationsAndViews) => {
                         let v = self.read(*node.args[0].tensors()[0])?;
                         self.new_storage(
                             node.results[0],
                             v,
-                            self.src.values[node.results[0]].meta.clone(),
+                            src.values[node.results[0]].meta.clone(),
                             None,
                         );
                         Ok(())
                     }
-                    (false, _, _) => self.functional(n, self.view_op(node.op)),
+                    (false, _, _) => self.functional(src, n, self.view_op(node.op)),
                 }
             }
-            OpKind::InPlace => self.mutation(n),
+            OpKind::InPlace => self.mutation(src, n),
             _ if self.mode == Remove::MutationsAndViews
                 && ["as_strided_copy", "as_strided_scatter"].contains(&def.name.as_str()) =>
             {
-                self.strided_without_views(n)
+                self.strided_without_views(src, n)
             }
-            OpKind::Functional | OpKind::Factory => self.functional(n, node.op),
+            OpKind::Functional | OpKind::Factory => self.functional(src, n, node.op),
         }
     }
 
@@ -762,8 +874,8 @@ impl<'g> Pass<'g> {
 
     /// `as_strided_copy(self, ...)` and `as_strided_scatter(self, ...)`
     /// without views: applied to the storage in storage order.
-    fn strided_without_views(&mut self, n: NodeId) -> Result<()> {
-        let node = &self.src.nodes[n];
+    fn strided_without_views(&mut self, src: &Graph, n: NodeId) -> Result<()> {
+        let node = &src.nodes[n];
         let this = *node.args[0].tensors()[0];
         let a = self.alias(this)?;
         let order = self.storage_order(a.storage)?;
@@ -773,7 +885,7 @@ impl<'g> Pass<'g> {
         let mut r = self.emit_id(node.op, args)?.remove(0);
         if node.op.name() == "as_strided_scatter" && !(a.chain.is_empty() && order.is_empty()) {
             // The result is the whole storage seen through `self`'s geometry.
-            let m = self.src.meta(this).clone();
+            let m = src.meta(this).clone();
             r = self.emit(
                 "as_strided_copy",
                 vec![
@@ -787,28 +899,28 @@ impl<'g> Pass<'g> {
         self.new_storage(
             node.results[0],
             r,
-            self.src.values[node.results[0]].meta.clone(),
+            src.values[node.results[0]].meta.clone(),
             None,
         );
         Ok(())
     }
 
-    fn functional(&mut self, n: NodeId, op: OpId) -> Result<()> {
-        let node = &self.src.nodes[n];
+    fn functional(&mut self, src: &Graph, n: NodeId, op: OpId) -> Result<()> {
+        let node = &src.nodes[n];
         let args = self.read_args(&node.args)?;
         let res = if op == node.op {
-            self.emit_copy_of(n, args)?
+            self.emit_copy_of(src, n, args)?
         } else {
             self.emit_as(op, None, args)?
         };
         for (&r, v) in node.results.iter().zip(res) {
-            self.new_storage(r, v, self.src.values[r].meta.clone(), None);
+            self.new_storage(r, v, src.values[r].meta.clone(), None);
         }
         Ok(())
     }
 
-    fn view(&mut self, n: NodeId) -> Result<()> {
-        let node = &self.src.nodes[n];
+    fn view(&mut self, src: &Graph, n: NodeId) -> Result<()> {
+        let node = &src.nodes[n];
         let this = *node.args[0].tensors()[0];
         let a = self.alias(this)?;
         let gen = self.storages[a.storage].gen;
@@ -826,14 +938,22 @@ impl<'g> Pass<'g> {
             (a.chain.clone(), self.read(this)?)
         };
         let prefix = chain.id();
+        let source = Rc::new(Source {
+            input: src.values[this].meta.clone(),
+            results: node
+                .results
+                .iter()
+                .map(|&r| src.values[r].meta.clone())
+                .collect(),
+        });
         for (i, &r) in node.results.iter().enumerate() {
             let step = Step::new(
                 node.op,
                 Some(node.overload),
                 rest.clone(),
                 i,
-                self.src.values[r].meta.clone(),
-                Some(n),
+                src.values[r].meta.clone(),
+                Some(source.clone()),
             );
             let key = self.extend_prefix(prefix, &step, i);
             let value = match self.cache.get(a.storage, gen, key) {
@@ -853,8 +973,8 @@ impl<'g> Pass<'g> {
         Ok(())
     }
 
-    fn mutation(&mut self, n: NodeId) -> Result<()> {
-        let node = &self.src.nodes[n];
+    fn mutation(&mut self, src: &Graph, n: NodeId) -> Result<()> {
+        let node = &src.nodes[n];
         let Rule::InPlace(functional) = node.op.def().rule else {
             unreachable!("in-place ops have an InPlace rule")
         };
@@ -866,7 +986,7 @@ impl<'g> Pass<'g> {
         for arg in &node.args[1..] {
             for &t in arg.tensors() {
                 if self.alias(t)?.storage == a.storage
-                    && ops::write_hazard(self.src.meta(this), self.src.meta(t), gathered)
+                    && ops::write_hazard(src.meta(this), src.meta(t), gathered)
                 {
                     return Err(self.err(ops::HAZARD_MESSAGE));
                 }
@@ -878,7 +998,7 @@ impl<'g> Pass<'g> {
             _ => unreachable!("self is a tensor"),
         };
         let mut r = self.emit_id(functional, args)?.remove(0);
-        let want = self.src.meta(this);
+        let want = src.meta(this);
         if self.out.meta(r).dtype != want.dtype {
             r = self.emit("copy", vec![Arg::Tensor(cur), Arg::Tensor(r)])?;
         }

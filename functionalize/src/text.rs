@@ -5,12 +5,12 @@
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, MetaPool, NodeId, ValueId};
-use std::sync::Arc;
 use crate::meta::{Meta, ShapeFmt};
 use crate::ops;
 use crate::schema::Arg;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt::Write;
+use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Tok<'a> {
@@ -537,7 +537,9 @@ impl<'a> Parser<'a> {
             let names: smallvec::SmallVec<[&str; 2]> = lhs.iter().map(|(n, _)| *n).collect();
             Error::Statement {
                 line: Some(op_tok.line),
-                stmt: source_stmt(&names, op_name, &args, &|v| p.named[number(&v)].0.to_string()),
+                stmt: source_stmt(&names, op_name, &args, &|v| {
+                    p.named[number(&v)].0.to_string()
+                }),
                 msg,
             }
         };
@@ -547,13 +549,9 @@ impl<'a> Parser<'a> {
         };
         let (overload, bound) = ops::bind(op, &args).map_err(|m| stmt_err(self, m))?;
         let named = &self.named;
-        let results = crate::graph::infer_results(
-            op,
-            &bound,
-            |v| &named[number(v)].1,
-            &mut self.pool,
-        )
-        .map_err(|m| stmt_err(self, m))?;
+        let results =
+            crate::graph::infer_results(op, &bound, |v| &named[number(v)].1, &mut self.pool)
+                .map_err(|m| stmt_err(self, m))?;
         if !lhs.is_empty() && lhs.len() != results.len() {
             let msg = format!(
                 "{op_name} returns {} tensor(s) here but {} name(s) are given",
