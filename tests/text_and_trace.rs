@@ -109,3 +109,81 @@ fn tracing_errors_are_returned_not_panicked() {
     });
     assert!(r.unwrap_err().to_string().contains("can't be cast"));
 }
+
+/// Programs past `PARALLEL_LINES` (2000) are parsed on two threads and
+/// `parse_functionalized` functionalizes them as they are built: the graph
+/// and the result must be those of the one-thread path, in both modes.
+#[test]
+fn large_programs_parse_and_functionalize_as_small_ones() {
+    use kiln::functionalize::random::{random_program, Seeded};
+    use kiln::functionalize::{functionalize, parse_functionalized, Remove};
+    for seed in [3, 42] {
+        let g = random_program(&mut Seeded(seed), 6000);
+        let text = print(&g);
+        let parsed = parse(&text).unwrap();
+        assert!(
+            parsed.same_as(&g),
+            "seed {seed}: two-thread parse changed the graph"
+        );
+        assert_eq!(print(&parsed), text, "seed {seed}: names changed");
+        for mode in [Remove::Mutations, Remove::MutationsAndViews] {
+            let whole = functionalize(&parsed, mode).unwrap();
+            let (g2, streamed) = parse_functionalized(&text, mode).unwrap();
+            assert!(g2.same_as(&g));
+            assert_eq!(
+                print(&streamed.graph),
+                print(&whole.graph),
+                "seed {seed} {mode:?}: streamed functionalization differs"
+            );
+            assert_eq!(streamed.mutated_inputs, whole.mutated_inputs);
+        }
+    }
+}
+
+/// Errors of a large program keep file order across the two threads: a
+/// statement the pass refuses is reported (named from the whole graph)
+/// unless a parse error follows it anywhere in the file, which comes first,
+/// as `parse` then `functionalize` give.
+#[test]
+fn large_program_errors_keep_file_order() {
+    use kiln::functionalize::random::{random_program, Seeded};
+    use kiln::functionalize::{parse_functionalized, Remove};
+    let text = print(&random_program(&mut Seeded(42), 5000));
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    // A write through a view that partially overlaps the operand.
+    let refused = [
+        "  %h0 = zeros([4, 6])",
+        "  %h1 = slice(%h0, 1, 0, 5)",
+        "  %h2 = slice(%h0, 1, 1, 6)",
+        "  %h3 = add_(%h1, %h2)",
+    ];
+    for (i, l) in refused.iter().enumerate() {
+        lines.insert(1500 + i, l.to_string());
+    }
+    let refused_text = lines.join("\n");
+    let e = parse_functionalized(&refused_text, Remove::Mutations)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("line 1504: `%h3 = add_(%h1, %h2)`: unsupported operation"),
+        "{e}"
+    );
+    let whole =
+        kiln::functionalize::functionalize(&parse(&refused_text).unwrap(), Remove::Mutations)
+            .unwrap_err()
+            .to_string();
+    assert_eq!(e, whole);
+    // The same, with a syntax error 3000 lines later.
+    lines[4500] = lines[4500].replacen('(', "((", 1);
+    let e = parse_functionalized(&lines.join("\n"), Remove::Mutations)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("4501:"), "{e}");
+    assert!(e.contains("expected an argument"), "{e}");
+    // A shape error in one statement comes before a syntax error after it.
+    lines[4500] = lines[4500].replacen("((", "(", 1);
+    lines[2000] = "  %bad = add(%h0, %h0, %h0, %h0, %h0)".into();
+    lines[4000] = lines[4000].replacen('(', "((", 1);
+    let e = parse(&lines.join("\n")).unwrap_err().to_string();
+    assert!(e.starts_with("line 2001: `%bad = add("), "{e}");
+}

@@ -60,6 +60,7 @@ pub struct MutatedInput {
     pub value: ValueId,
 }
 
+#[derive(Debug)]
 pub struct Functionalized {
     pub graph: Graph,
     pub mutated_inputs: Vec<MutatedInput>,
