@@ -11,12 +11,15 @@ pub fn eliminate_dead_code(g: &mut Graph) {
     let mut keep = vec![false; g.order.len()];
     for (i, &n) in g.order.iter().enumerate().rev() {
         let node = &g.nodes[n];
-        if node.op.def().kind == OpKind::InPlace || node.results.iter().any(|&r| live.contains(r)) {
+        if node.results.iter().any(|&r| live.contains(r)) || node.op.def().kind == OpKind::InPlace {
             keep[i] = true;
-            live.extend(node.inputs());
+            for a in &node.args {
+                a.each_tensor(&mut |&v| live.insert(v));
+            }
         }
     }
-    let order = std::mem::take(&mut g.order);
+    let kept = keep.iter().filter(|&&k| k).count();
+    let order = std::mem::replace(&mut g.order, Vec::with_capacity(kept));
     for (n, k) in order.into_iter().zip(keep) {
         if k {
             g.order.push(n);

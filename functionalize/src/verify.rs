@@ -14,13 +14,15 @@ pub fn verify_ssa(g: &Graph) -> Result<(), String> {
             .nodes
             .get(n)
             .ok_or("a node in the order is missing from the arena")?;
-        for v in node.inputs() {
-            if !defined.contains(v) {
-                return Err(format!(
-                    "{} reads a value before it is defined",
-                    node.op.name()
-                ));
-            }
+        let mut undefined = false;
+        for a in &node.args {
+            a.each_tensor(&mut |&v| undefined |= !defined.contains(v));
+        }
+        if undefined {
+            return Err(format!(
+                "{} reads a value before it is defined",
+                node.op.name()
+            ));
         }
         for (i, &r) in node.results.iter().enumerate() {
             if g.values.get(r).map(|v| &v.def) != Some(&Def::Node(n, i)) {
