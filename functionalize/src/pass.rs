@@ -76,17 +76,11 @@ struct Chain(Option<Rc<Link>>);
 struct Link {
     step: Step,
     parent: Chain,
-    /// Steps from the base to here.
-    len: usize,
     /// The interned id of the chain ending here (`Pass::extend_prefix`).
     id: u32,
 }
 
 impl Chain {
-    fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |l| l.len)
-    }
-
     fn is_empty(&self) -> bool {
         self.0.is_none()
     }
@@ -101,7 +95,6 @@ impl Chain {
         Chain(Some(Rc::new(Link {
             step,
             parent: self.clone(),
-            len: self.len() + 1,
             id,
         })))
     }
@@ -124,8 +117,6 @@ impl Chain {
 #[derive(Clone, Debug)]
 struct Step {
     op: OpId,
-    /// The overload that bound `self` and `args` (None: synthesized).
-    overload: Option<usize>,
     /// Shared by the steps of one multi-result view.
     args: Rc<[Arg<ValueId>]>,
     index: usize,
@@ -135,10 +126,12 @@ struct Step {
     source: Option<Rc<Source>>,
 }
 
-/// A source view call, as far as emitting a copy of it needs: its input's
-/// metadata and its results' (reused when the copy's input has the same).
+/// A source view call, as far as emitting a copy of it needs: the overload
+/// that bound it, its input's metadata and its results' (reused when the
+/// copy's input has the same).
 #[derive(Debug)]
 struct Source {
+    overload: usize,
     input: Arc<Meta>,
     results: smallvec::SmallVec<[Arc<Meta>; 2]>,
 }
@@ -150,7 +143,6 @@ type PrefixKey = smallvec::SmallVec<[u64; 10]>;
 impl Step {
     fn new(
         op: OpId,
-        overload: Option<usize>,
         args: Rc<[Arg<ValueId>]>,
         index: usize,
         meta: Arc<Meta>,
@@ -158,7 +150,6 @@ impl Step {
     ) -> Step {
         Step {
             op,
-            overload,
             args,
             index,
             meta,
@@ -717,15 +708,16 @@ impl Pass {
         args.push(Arg::Tensor(input));
         args.extend(step.args.iter().cloned());
         let (op, args) = self.view_call(step.op, args)?;
-        let res = match (&step.source, step.overload) {
-            (Some(source), Some(overload)) if op == step.op => self.emit_copy(
+        let res = match &step.source {
+            Some(source) if op == step.op => self.emit_copy(
                 op,
-                overload,
+                source.overload,
                 args,
                 &[&source.input],
                 source.results.iter().cloned(),
             )?,
-            _ => self.emit_as(op, step.overload.filter(|_| op == step.op), args)?,
+            // A synthesized step, or its `_copy` form: bound afresh.
+            _ => self.emit_as(op, None, args)?,
         };
         // Multi-output views give every piece at once: remember them all.
         for (j, &r) in res.iter().enumerate() {
@@ -863,7 +855,6 @@ impl Pass {
         let op = ops::lookup("permute").expect("permute is in the table");
         let step = Step::new(
             op,
-            None,
             Rc::new([Arg::IntList(perm.iter().map(|&d| d as i64).collect())]),
             0,
             Arc::new(meta),
@@ -940,6 +931,7 @@ impl Pass {
         };
         let prefix = chain.id();
         let source = Rc::new(Source {
+            overload: node.overload,
             input: src.values[this].meta.clone(),
             results: node
                 .results
@@ -950,7 +942,6 @@ impl Pass {
         for (i, &r) in node.results.iter().enumerate() {
             let step = Step::new(
                 node.op,
-                Some(node.overload),
                 rest.clone(),
                 i,
                 src.values[r].meta.clone(),

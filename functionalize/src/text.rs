@@ -591,17 +591,15 @@ impl<'a> Parser<'a> {
 
 /// Builds the graph from parsed items, calling `on_node` with each node
 /// as it is added.
-struct Build<'a, F> {
+struct Build<F> {
     graph: Graph,
     /// Value numbers (`Parser::names`) to values.
     values: Vec<ValueId>,
     on_node: F,
-    done: bool,
-    _src: std::marker::PhantomData<&'a str>,
 }
 
-impl<'a, F: FnMut(&Graph, NodeId)> Build<'a, F> {
-    fn item(&mut self, item: Item<'a>) {
+impl<F: FnMut(&Graph, NodeId)> Build<F> {
+    fn item(&mut self, item: Item<'_>) {
         match item {
             Item::Name(n) => self.graph.name = n.to_string(),
             Item::Param(name, meta) => {
@@ -623,7 +621,6 @@ impl<'a, F: FnMut(&Graph, NodeId)> Build<'a, F> {
             }
             Item::Return(outs) => {
                 self.graph.outputs = outs.iter().map(|&i| self.values[i as usize]).collect();
-                self.done = true;
             }
         }
     }
@@ -692,8 +689,6 @@ pub fn parse_with(src: &str, on_node: impl FnMut(&Graph, NodeId)) -> Result<Grap
         graph: Graph::with_capacity("", lines),
         values: Vec::with_capacity(lines + lines / 4),
         on_node,
-        done: false,
-        _src: std::marker::PhantomData,
     };
     if lines <= PARALLEL_LINES {
         p.run(&mut |item| {
@@ -732,7 +727,6 @@ pub fn parse_with(src: &str, on_node: impl FnMut(&Graph, NodeId)) -> Result<Grap
         // The parser stops at the first error in the file; everything
         // before it is built.
         parsed?;
-        debug_assert!(b.done);
         b.graph.metas.absorb(pool);
         Ok(b.graph)
     })
