@@ -303,8 +303,9 @@ fn main_result(cli: Cli) -> Result<(), String> {
             let (g, f) =
                 kiln::functionalize::parse_functionalized(&read_source(&prog)?, remove.into())
                     .map_err(|e| format!("{}:{e}", prog.display()))?;
+            let text = f.print().map_err(|e| format!("{}:{e}", prog.display()))?;
             let mut out = std::io::stdout().lock();
-            std::io::Write::write_all(&mut out, print(&f.graph).as_bytes())
+            std::io::Write::write_all(&mut out, text.as_bytes())
                 .and_then(|()| std::io::Write::flush(&mut out))
                 .map_err(|e| format!("cannot write the program: {e}"))?;
             exit_now((g, f))

@@ -128,13 +128,18 @@ fn large_programs_parse_and_functionalize_as_small_ones() {
         assert_eq!(print(&parsed), text, "seed {seed}: names changed");
         for mode in [Remove::Mutations, Remove::MutationsAndViews] {
             let whole = functionalize(&parsed, mode).unwrap();
-            let (g2, streamed) = parse_functionalized(&text, mode).unwrap();
+            let (g2, pruned) = parse_functionalized(&text, mode).unwrap();
             assert!(g2.same_as(&g));
+            // Printed with its dead nodes still in the arena, and freed.
+            let printed = pruned.print().unwrap();
+            let streamed = pruned.verified().unwrap();
             assert_eq!(
-                print(&streamed.graph),
+                printed,
                 print(&whole.graph),
                 "seed {seed} {mode:?}: streamed functionalization differs"
             );
+            assert_eq!(print(&streamed.graph), printed);
+            assert!(streamed.graph.same_as(&whole.graph));
             assert_eq!(streamed.mutated_inputs, whole.mutated_inputs);
         }
     }

@@ -27,7 +27,7 @@ pub use interp::{run, RunResult};
 pub use meta::Meta;
 pub use pass::{
     functionalize, functionalize_traced, parse_functionalized, Functionalized, Functionalizer,
-    MutatedInput, Remove,
+    MutatedInput, Pruned, Remove,
 };
 pub use tensor::RTensor;
 pub use text::{parse, print};

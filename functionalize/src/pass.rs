@@ -360,7 +360,13 @@ impl Functionalizer {
 
     /// The outputs, the `copy_` epilogue, dead code removed: the result
     /// for `g`, the graph whose nodes were all given to `node`.
-    pub fn finish(mut self, g: &Graph) -> Result<Functionalized> {
+    pub fn finish(self, g: &Graph) -> Result<Functionalized> {
+        self.finish_pruned(g)?.verified()
+    }
+
+    /// `finish`, but dead nodes are only taken out of the order (see
+    /// `Pruned`).
+    pub fn finish_pruned(mut self, g: &Graph) -> Result<Pruned> {
         if let Some((e, at)) = self.failed {
             return Err(match (e, at) {
                 // Named only now: the statement's names are those of the
@@ -398,35 +404,86 @@ impl Functionalizer {
             }
         }
         let mut graph = p.out;
-        crate::simplify::eliminate_dead_code(&mut graph);
+        let dead = crate::simplify::prune_dead_code(&mut graph);
+        let mut kept = crate::graph::ValueSet::default();
+        for &n in &graph.order {
+            kept.extend(graph.nodes[n].results.iter().copied());
+        }
         for &(v, slot, k) in &p.pending_names {
-            if let Some(value) = graph.values.get_mut(v) {
-                value.name = Some(fx_name(&p.uses[slot as usize].0, k));
+            if kept.contains(v) {
+                graph.values[v].name = Some(fx_name(&p.uses[slot as usize].0, k));
             }
         }
-        crate::verify::verify_functional(&graph, p.mode).map_err(|msg| Error::Statement {
+        Ok(Pruned {
+            graph,
+            mutated_inputs: mutated,
+            dead,
+            mode: p.mode,
+        })
+    }
+}
+
+/// A functionalized graph whose dead nodes are out of the order but still
+/// in the arena, not yet verified: `print` it, or make it a
+/// `Functionalized` with `verified`. Freeing the dead nodes costs about as
+/// much as printing, and a command that prints and exits need not.
+#[derive(Debug)]
+pub struct Pruned {
+    graph: Graph,
+    mutated_inputs: Vec<MutatedInput>,
+    dead: Vec<NodeId>,
+    mode: Remove,
+}
+
+impl Pruned {
+    fn verify(&self) -> Result<()> {
+        crate::verify::verify_functional(&self.graph, self.mode).map_err(|msg| Error::Statement {
             line: None,
             stmt: "functionalize".into(),
             msg: format!("internal error: the result fails verification: {msg}"),
-        })?;
+        })
+    }
+
+    /// Verified, dead nodes freed.
+    pub fn verified(self) -> Result<Functionalized> {
+        self.verify()?;
+        let mut graph = self.graph;
+        crate::simplify::sweep(&mut graph, self.dead);
         Ok(Functionalized {
             graph,
-            mutated_inputs: mutated,
+            mutated_inputs: self.mutated_inputs,
         })
+    }
+
+    /// The program as text (`text::print`), once verified: for a large
+    /// graph, verification runs on another thread meanwhile.
+    pub fn print(&self) -> Result<String> {
+        if self.graph.order.len() < 2000 {
+            self.verify()?;
+            return Ok(crate::text::print(&self.graph));
+        }
+        let (verified, text) = std::thread::scope(|s| {
+            let v = s.spawn(|| self.verify());
+            let text = crate::text::print(&self.graph);
+            (v.join(), text)
+        });
+        verified.unwrap_or_else(|e| std::panic::resume_unwind(e))?;
+        Ok(text)
     }
 }
 
 /// Parses and functionalizes a program at once: each statement is
 /// functionalized as soon as its node is built, while later ones are still
 /// being parsed (`text::parse_with`). Errors as `parse`, then
-/// `functionalize`, would give: a parse error anywhere comes first.
-pub fn parse_functionalized(src: &str, mode: Remove) -> Result<(Graph, Functionalized)> {
+/// `functionalize`, would give: a parse error anywhere comes first. Gives
+/// the source graph and the result, to print or make `verified`.
+pub fn parse_functionalized(src: &str, mode: Remove) -> Result<(Graph, Pruned)> {
     let lines = src.bytes().filter(|&b| b == b'\n').count();
     let mut f = Functionalizer::new(mode, lines);
     let g = crate::text::parse_with(src, |g, n| {
         f.node(g, n);
     })?;
-    let r = f.finish(&g)?;
+    let r = f.finish_pruned(&g)?;
     Ok((g, r))
 }
 

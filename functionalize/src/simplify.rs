@@ -1,11 +1,19 @@
 //! Graph clean-ups run after functionalization.
 
-use crate::graph::{Graph, ValueSet};
+use crate::graph::{Graph, NodeId, ValueSet};
 use crate::ops::OpKind;
 
 /// Removes nodes none of whose results is used (in-place nodes, the
 /// `copy_` epilogue, are always kept), and their values.
 pub fn eliminate_dead_code(g: &mut Graph) {
+    let dead = prune_dead_code(g);
+    sweep(g, dead);
+}
+
+/// Takes the dead nodes (as `eliminate_dead_code` finds them) out of the
+/// order and returns them, still in the arena: printing reads only the
+/// order, and freeing them costs about as much as printing.
+pub fn prune_dead_code(g: &mut Graph) -> Vec<NodeId> {
     let mut live = ValueSet::default();
     live.extend(g.outputs.iter().copied());
     let mut keep = vec![false; g.order.len()];
@@ -20,10 +28,21 @@ pub fn eliminate_dead_code(g: &mut Graph) {
     }
     let kept = keep.iter().filter(|&&k| k).count();
     let order = std::mem::replace(&mut g.order, Vec::with_capacity(kept));
+    let mut dead = Vec::with_capacity(order.len() - kept);
     for (n, k) in order.into_iter().zip(keep) {
         if k {
             g.order.push(n);
-        } else if let Some(node) = g.nodes.remove(n) {
+        } else {
+            dead.push(n);
+        }
+    }
+    dead
+}
+
+/// Removes pruned nodes (`prune_dead_code`) and their values from the arena.
+pub fn sweep(g: &mut Graph, dead: Vec<NodeId>) {
+    for n in dead {
+        if let Some(node) = g.nodes.remove(n) {
             for r in node.results {
                 g.values.remove(r);
             }
