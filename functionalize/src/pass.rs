@@ -124,6 +124,9 @@ struct Step {
     meta: Arc<Meta>,
     /// The source call this step copies (None: synthesized).
     source: Option<Rc<Source>>,
+    /// The interned id of the call, op and arguments (`Pass::step_sig`):
+    /// equal calls have equal ids.
+    sig: u32,
 }
 
 /// A source view call, as far as emitting a copy of it needs: the overload
@@ -136,9 +139,9 @@ struct Source {
     results: smallvec::SmallVec<[Arc<Meta>; 2]>,
 }
 
-/// A chain's key among interned chains: its parent's id, then the last
-/// step's op, result index and `encode_arg` words (inline when short).
-type PrefixKey = smallvec::SmallVec<[u64; 10]>;
+/// A view call's key among interned ones: its op, then its arguments'
+/// `encode_arg` words (inline when short).
+type StepKey = smallvec::SmallVec<[u64; 10]>;
 
 impl Step {
     fn new(
@@ -147,6 +150,7 @@ impl Step {
         index: usize,
         meta: Arc<Meta>,
         source: Option<Rc<Source>>,
+        sig: u32,
     ) -> Step {
         Step {
             op,
@@ -154,23 +158,14 @@ impl Step {
             index,
             meta,
             source,
+            sig,
         }
-    }
-
-    /// The key of the chain `parent` (an id) extended by this view taking
-    /// result `index`.
-    fn key(&self, parent: u32, index: usize) -> PrefixKey {
-        let mut k: PrefixKey = smallvec::smallvec![parent as u64, self.op.0 as u64, index as u64];
-        for a in self.args.iter() {
-            encode_arg(a, &mut k);
-        }
-        k
     }
 }
 
 /// Appends words that tell `a` apart from every other argument: a tag,
 /// then the payload (floats by their bits, lists by length and items).
-fn encode_arg(a: &Arg<ValueId>, k: &mut PrefixKey) {
+fn encode_arg(a: &Arg<ValueId>, k: &mut StepKey) {
     use slotmap::Key;
     match a {
         Arg::Tensor(v) => k.extend([0, v.data().as_ffi()]),
@@ -256,8 +251,11 @@ struct Pass {
     mode: Remove,
     out: Graph,
     aliases: ValueMap<Alias>,
-    /// Interned view-chain prefixes (`extend_prefix`).
-    prefixes: HashMap<PrefixKey, u32>,
+    /// Interned view calls (`step_sig`).
+    step_sigs: HashMap<StepKey, u32>,
+    /// Interned view-chain prefixes by parent, call and result index
+    /// (`extend_prefix`).
+    prefixes: HashMap<(u32, u32, u32), u32>,
     storages: Vec<StorageState>,
     cache: Cache,
     /// FX-style result names: base name -> its slot in `uses` (ops sharing
@@ -305,6 +303,7 @@ impl Functionalizer {
             out: Graph::with_capacity("", 2 * statements),
             // Sized up front: growing them copies every entry at each doubling.
             aliases: ValueMap::with_capacity(statements + statements / 4),
+            step_sigs: HashMap::default(),
             prefixes: HashMap::default(),
             storages: Vec::with_capacity(statements / 2),
             cache: Cache::default(),
@@ -744,13 +743,21 @@ impl Pass {
     /// The id of chain `parent` (an id) extended by `step` taking result
     /// `index` (interned: equal chains get equal ids; 0 is the empty chain).
     fn extend_prefix(&mut self, parent: u32, step: &Step, index: usize) -> u32 {
-        let k = step.key(parent, index);
-        if let Some(&id) = self.prefixes.get(&k[..]) {
-            return id;
+        let next = self.prefixes.len() as u32 + 1;
+        *self
+            .prefixes
+            .entry((parent, step.sig, index as u32))
+            .or_insert(next)
+    }
+
+    /// The id of view call `op(_, args...)`: equal calls get equal ids.
+    fn step_sig(&mut self, op: OpId, args: &[Arg<ValueId>]) -> u32 {
+        let mut k: StepKey = smallvec::smallvec![op.0 as u64];
+        for a in args {
+            encode_arg(a, &mut k);
         }
-        let id = self.prefixes.len() as u32 + 1;
-        self.prefixes.insert(k, id);
-        id
+        let next = self.step_sigs.len() as u32;
+        *self.step_sigs.entry(k).or_insert(next)
     }
 
     fn apply_step(
@@ -910,13 +917,10 @@ impl Pass {
             0,
         );
         let op = ops::lookup("permute").expect("permute is in the table");
-        let step = Step::new(
-            op,
-            Rc::new([Arg::IntList(perm.iter().map(|&d| d as i64).collect())]),
-            0,
-            Arc::new(meta),
-            None,
-        );
+        let args: Rc<[Arg<ValueId>]> =
+            Rc::new([Arg::IntList(perm.iter().map(|&d| d as i64).collect())]);
+        let sig = self.step_sig(op, &args);
+        let step = Step::new(op, args, 0, Arc::new(meta), None, sig);
         let id = self.extend_prefix(0, &step, 0);
         Ok(Chain::default().push(step, id))
     }
@@ -996,6 +1000,7 @@ impl Pass {
                 .map(|&r| src.values[r].meta.clone())
                 .collect(),
         });
+        let sig = self.step_sig(node.op, &rest);
         for (i, &r) in node.results.iter().enumerate() {
             let step = Step::new(
                 node.op,
@@ -1003,6 +1008,7 @@ impl Pass {
                 i,
                 src.values[r].meta.clone(),
                 Some(source.clone()),
+                sig,
             );
             let key = self.extend_prefix(prefix, &step, i);
             let value = match self.cache.get(a.storage, gen, key) {
