@@ -1316,19 +1316,30 @@ pub fn infer(id: OpId, args: &[Arg<&Meta>]) -> Result<Metas, String> {
                 }
             });
             let this = this.ok_or("internal error: in-place op without a tensor self")?;
-            let r = infer(*f, args)?;
-            let r = &r[0];
-            if r.sizes != this.sizes {
+            // Only the functional result's shape and dtype matter: an
+            // elementwise op's layout (TensorIterator's) is not worked out.
+            let (sizes, dtype) = match &op(*f).rule {
+                Rule::Pointwise(plan) => {
+                    let p = plan(args)?;
+                    (p.out_shape(args)?, p.out_dtype)
+                }
+                _ => {
+                    let m = infer(*f, args)?.into_iter().next();
+                    let m = m.ok_or("internal error: a functional op without a result")?;
+                    (m.sizes, m.dtype)
+                }
+            };
+            if sizes != this.sizes {
                 return Err(format!(
                     "output with shape {} doesn't match the broadcast shape {}",
                     crate::meta::ShapeFmt(&this.sizes),
-                    crate::meta::ShapeFmt(&r.sizes)
+                    crate::meta::ShapeFmt(&sizes)
                 ));
             }
-            if !r.dtype.can_cast_to(this.dtype) {
+            if !dtype.can_cast_to(this.dtype) {
                 return Err(format!(
                     "result type {} can't be cast to the desired output type {}",
-                    r.dtype, this.dtype
+                    dtype, this.dtype
                 ));
             }
             if !def.overlap_ok && this.has_internal_overlap() {
