@@ -455,18 +455,14 @@ impl Pruned {
     }
 
     /// The program as text (`text::print`), once verified: for a large
-    /// graph, verification runs on another thread meanwhile.
+    /// graph, verification and part of the printing run on a second thread.
     pub fn print(&self) -> Result<String> {
         if self.graph.order.len() < 2000 {
             self.verify()?;
             return Ok(crate::text::print(&self.graph));
         }
-        let (verified, text) = std::thread::scope(|s| {
-            let v = s.spawn(|| self.verify());
-            let text = crate::text::print(&self.graph);
-            (v.join(), text)
-        });
-        verified.unwrap_or_else(|e| std::panic::resume_unwind(e))?;
+        let (text, verified) = crate::text::print_beside(&self.graph, || self.verify());
+        verified?;
         Ok(text)
     }
 }

@@ -815,7 +815,12 @@ impl<'g> Names<'g> {
 
     /// The name of `v` (without `%`).
     pub fn name(&self, v: ValueId) -> &str {
-        match self.invented.get(&v) {
+        // Nearly always empty: a graph's values are named.
+        let invented = match self.invented.is_empty() {
+            true => None,
+            false => self.invented.get(&v),
+        };
+        match invented {
             Some(n) => n,
             None => self
                 .g
@@ -863,11 +868,9 @@ fn write_arg(s: &mut String, a: &Arg<ValueId>, names: &Names) {
             }
             None => s.push_str("none"),
         }),
-        Arg::Int(i) => {
-            let _ = write!(s, "{i}");
-        }
+        Arg::Int(i) => s.push_str(itoa::Buffer::new().format(*i)),
         Arg::IntList(l) => list(s, l.len(), &mut |s, i| {
-            let _ = write!(s, "{}", l[i]);
+            s.push_str(itoa::Buffer::new().format(l[i]))
         }),
         Arg::List(l) => list(s, l.len(), &mut |s, i| write_arg(s, &l[i], names)),
         other => s.push_str(&fmt_arg(other, &|v| names.get(v))),
@@ -901,6 +904,46 @@ fn write_node(s: &mut String, g: &Graph, n: NodeId, names: &Names) {
 pub fn print(g: &Graph) -> String {
     let names = Names::of(g);
     let mut s = String::with_capacity(48 * g.order.len() + 64);
+    write_head(&mut s, g, &names);
+    write_statements(&mut s, g, &g.order, &names);
+    write_tail(&mut s, g, &names);
+    s
+}
+
+/// `print`, and `beside()` on a second thread meanwhile (work that needs
+/// no names, such as verification), after which that thread prints the
+/// last third of the statements: the first names the values and prints
+/// the rest.
+pub fn print_beside<T: Send>(g: &Graph, beside: impl FnOnce() -> T + Send) -> (String, T) {
+    let split = g.order.len() * 2 / 3;
+    let (early, late) = g.order.split_at(split);
+    let named = std::sync::OnceLock::new();
+    let (tx, rx) = std::sync::mpsc::sync_channel::<&Names>(1);
+    std::thread::scope(|scope| {
+        let second = scope.spawn(move || {
+            let r = beside();
+            // No names: the first thread failed, and its panic is resumed.
+            let names = rx.recv().ok()?;
+            let mut s = String::with_capacity(48 * late.len() + 64);
+            write_statements(&mut s, g, late, names);
+            write_tail(&mut s, g, names);
+            Some((s, r))
+        });
+        let names = named.get_or_init(|| Names::of(g));
+        let _ = tx.send(names);
+        let mut s = String::with_capacity(48 * g.order.len() + 64);
+        write_head(&mut s, g, names);
+        write_statements(&mut s, g, early, names);
+        let joined = second
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        let (rest, r) = joined.expect("the names were sent");
+        s.push_str(&rest);
+        (s, r)
+    })
+}
+
+fn write_head(s: &mut String, g: &Graph, names: &Names) {
     let _ = write!(
         s,
         "graph {}(",
@@ -916,11 +959,17 @@ pub fn print(g: &Graph) -> String {
         );
     }
     s.push_str(") {\n");
-    for &n in &g.order {
+}
+
+fn write_statements(s: &mut String, g: &Graph, nodes: &[NodeId], names: &Names) {
+    for &n in nodes {
         s.push_str("  ");
-        write_node(&mut s, g, n, &names);
+        write_node(s, g, n, names);
         s.push('\n');
     }
+}
+
+fn write_tail(s: &mut String, g: &Graph, names: &Names) {
     let outs: Vec<String> = g
         .outputs
         .iter()
@@ -932,7 +981,6 @@ pub fn print(g: &Graph) -> String {
         let _ = writeln!(s, "  return ({})", outs.join(", "));
     }
     s.push_str("}\n");
-    s
 }
 
 /// A short description of a parameter type, for messages.
