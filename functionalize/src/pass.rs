@@ -457,10 +457,6 @@ impl Pruned {
     /// The program as text (`text::print`), once verified: for a large
     /// graph, verification and part of the printing run on a second thread.
     pub fn print(&self) -> Result<String> {
-        if self.graph.order.len() < 2000 {
-            self.verify()?;
-            return Ok(crate::text::print(&self.graph));
-        }
         let (text, verified) = crate::text::print_beside(&self.graph, || self.verify());
         verified?;
         Ok(text)

@@ -661,7 +661,7 @@ fn source_stmt(
 
 /// Programs of more lines than this are parsed on two threads: parsing
 /// proper (syntax, binding, shape inference) on one, building the graph on
-/// the other.
+/// the other (and graphs of more statements printed on two, `print_beside`).
 const PARALLEL_LINES: usize = 2000;
 
 /// Parses a program. Errors carry line and column, or name the statement.
@@ -910,13 +910,18 @@ pub fn print(g: &Graph) -> String {
     s
 }
 
-/// `print`, and `beside()` on a second thread meanwhile (work that needs
-/// no names, such as verification), after which that thread prints the
-/// last third of the statements: the first names the values and prints
-/// the rest.
+/// `print`, and `beside()`: for a large graph, on a second thread
+/// meanwhile (work that needs no names, such as verification), after which
+/// that thread prints the last third of the statements: the first names
+/// the values and prints the rest.
 pub fn print_beside<T: Send>(g: &Graph, beside: impl FnOnce() -> T + Send) -> (String, T) {
+    if g.order.len() <= PARALLEL_LINES {
+        let r = beside();
+        return (print(g), r);
+    }
     let split = g.order.len() * 2 / 3;
     let (early, late) = g.order.split_at(split);
+    // Holds the names (made on this thread) for both threads.
     let named = std::sync::OnceLock::new();
     let (tx, rx) = std::sync::mpsc::sync_channel::<&Names>(1);
     std::thread::scope(|scope| {
