@@ -48,8 +48,12 @@ impl MetaPool {
         a
     }
 
-    /// Takes in every entry of `other`.
-    pub fn absorb(&mut self, other: MetaPool) {
+    /// Takes in every entry of `other` (the smaller table goes into the
+    /// larger one).
+    pub fn absorb(&mut self, mut other: MetaPool) {
+        if other.0.len() > self.0.len() {
+            std::mem::swap(&mut self.0, &mut other.0);
+        }
         self.0.extend(other.0);
     }
 }
@@ -128,13 +132,20 @@ impl<T> ValueMap<T> {
 #[derive(Default)]
 pub struct ValueSet(Vec<u64>);
 
+/// `v`'s slot in its graph's value arena: distinct for the values present
+/// at once (a removed value's slot may be given to a new one).
+pub fn slot_index(v: ValueId) -> usize {
+    use slotmap::Key;
+    // The low word of the key; the high one is the slot's version.
+    (v.data().as_ffi() & 0xffff_ffff) as usize
+}
+
 impl ValueSet {
     fn slot(v: ValueId) -> (usize, u64) {
         use slotmap::Key;
-        let k = v.data().as_ffi();
-        // The low word is the slot; the whole key (with its version, never
-        // 0 for a live value) tells a reused slot apart.
-        ((k & 0xffff_ffff) as usize, k)
+        // The whole key (with its version, never 0 for a live value) tells
+        // a reused slot apart.
+        (slot_index(v), v.data().as_ffi())
     }
 
     pub fn insert(&mut self, v: ValueId) {

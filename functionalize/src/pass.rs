@@ -265,9 +265,10 @@ struct Pass {
     uses: Vec<(Name, usize)>,
     /// Per op (by id): its base name's slot, plus one (0: not seen yet).
     op_slots: Vec<u32>,
-    /// Emitted results and their names as (slot, count): written once dead
-    /// code is gone (most emitted values do not survive it).
-    pending_names: Vec<(ValueId, u32, u32)>,
+    /// Emitted results' names as (slot in `uses` plus one, count), by value
+    /// slot (`graph::slot_index`; 0: none): written once dead code is gone
+    /// (most emitted values do not survive it).
+    pending_names: Vec<(u32, u32)>,
     /// The source statement being rewritten, and its line (for messages).
     at: Option<NodeId>,
     at_line: Option<usize>,
@@ -310,7 +311,7 @@ impl Functionalizer {
             names: HashMap::default(),
             uses: vec![],
             op_slots: vec![],
-            pending_names: Vec::with_capacity(2 * statements),
+            pending_names: Vec::with_capacity(3 * statements),
             at: None,
             at_line: None,
         };
@@ -404,13 +405,13 @@ impl Functionalizer {
         }
         let mut graph = p.out;
         let dead = crate::simplify::prune_dead_code(&mut graph);
-        let mut kept = crate::graph::ValueSet::default();
         for &n in &graph.order {
-            kept.extend(graph.nodes[n].results.iter().copied());
-        }
-        for &(v, slot, k) in &p.pending_names {
-            if kept.contains(v) {
-                graph.values[v].name = Some(fx_name(&p.uses[slot as usize].0, k));
+            for &r in &graph.nodes[n].results {
+                let name = p.pending_names.get(crate::graph::slot_index(r));
+                if let Some(&(slot @ 1.., k)) = name {
+                    let name = fx_name(&p.uses[slot as usize - 1].0, k);
+                    graph.values[r].name = Some(name);
+                }
             }
         }
         Ok(Pruned {
@@ -469,9 +470,9 @@ impl Pruned {
 /// `functionalize`, would give: a parse error anywhere comes first. Gives
 /// the source graph and the result, to print or make `verified`.
 pub fn parse_functionalized(src: &str, mode: Remove) -> Result<(Graph, Pruned)> {
-    let lines = src.bytes().filter(|&b| b == b'\n').count();
+    let lines = crate::text::line_count(src);
     let mut f = Functionalizer::new(mode, lines);
-    let g = crate::text::parse_with(src, |g, n| {
+    let g = crate::text::parse_lines(src, lines, |g, n| {
         f.node(g, n);
     })?;
     let r = f.finish_pruned(&g)?;
@@ -652,7 +653,12 @@ impl Pass {
         };
         for &r in res {
             let k = &mut self.uses[slot].1;
-            self.pending_names.push((r, slot as u32, *k as u32));
+            let i = crate::graph::slot_index(r);
+            if i >= self.pending_names.len() {
+                let n = (i + 1).max(2 * self.pending_names.len());
+                self.pending_names.resize(n, (0, 0));
+            }
+            self.pending_names[i] = (slot as u32 + 1, *k as u32);
             *k += 1;
         }
     }

@@ -674,8 +674,20 @@ pub fn parse(src: &str) -> Result<Graph> {
 /// parsed on the other): work on the graph so far overlaps parsing. Nodes
 /// are handed over before the whole file is known to parse.
 pub fn parse_with(src: &str, on_node: impl FnMut(&Graph, NodeId)) -> Result<Graph> {
-    // About one statement a line.
-    let lines = src.bytes().filter(|&b| b == b'\n').count();
+    parse_lines(src, line_count(src), on_node)
+}
+
+/// About one statement a line.
+pub(crate) fn line_count(src: &str) -> usize {
+    src.bytes().filter(|&b| b == b'\n').count()
+}
+
+/// `parse_with`, given `line_count(src)`.
+pub(crate) fn parse_lines(
+    src: &str,
+    lines: usize,
+    on_node: impl FnMut(&Graph, NodeId),
+) -> Result<Graph> {
     let mut lex = Lexer::new(src);
     let cur = lex.token();
     let mut p = Parser {
