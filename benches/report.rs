@@ -285,7 +285,7 @@ fn main() {
     let _ = writeln!(md, "# Performance\n");
     let _ = writeln!(
         md,
-        "Regenerate with `cargo bench --bench report` (writes this file; about 10 minutes on the \
+        "Regenerate with `cargo bench --bench report` (writes this file; about 20 minutes on the \
          2-core development machine with lavapipe). Kiln and PyTorch run in the same invocation: \
          PyTorch through `benches/torch_bench.py` on this machine's CPU.\n"
     );
