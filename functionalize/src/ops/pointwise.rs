@@ -119,14 +119,7 @@ impl PwPlan {
     /// The layout ATen's TensorIterator gives the result.
     pub fn out_meta(&self, a: &A) -> Result<Meta, String> {
         let shape = self.out_shape(a)?;
-        // A wrapped scalar's operand: a 0-d tensor.
-        let scalar = Meta {
-            dtype: DType::F32,
-            sizes: Dims::new(),
-            strides: Dims::new(),
-            offset: 0,
-            storage_numel: 1,
-        };
+        let scalar = Meta::contiguous(DType::F32, Dims::new());
         let mut ins: smallvec::SmallVec<[&Meta; 4]> = smallvec::SmallVec::new();
         for op in &self.operands {
             match op.src {
