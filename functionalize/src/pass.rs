@@ -778,6 +778,25 @@ impl Pass {
                 &[&source.input],
                 source.results.iter().cloned(),
             )?,
+            Some(source) if self.is_copy_of(op, step.op, &source.input, input) => {
+                // The results are the view's, contiguous: no binding or
+                // inference.
+                let results: smallvec::SmallVec<[Arc<Meta>; 2]> = source
+                    .results
+                    .iter()
+                    .map(|m| {
+                        let c = Meta::contiguous(m.dtype, m.sizes.clone());
+                        if **m == c {
+                            m.clone()
+                        } else {
+                            self.out.metas.intern(c)
+                        }
+                    })
+                    .collect();
+                let res = self.out.call_inferred(op, source.overload, args, results);
+                self.finish_emit(op, &res);
+                res
+            }
             // A synthesized step, or its `_copy` form: bound afresh.
             _ => self.emit_as(op, None, args)?,
         };
@@ -787,6 +806,19 @@ impl Pass {
             self.cache.insert(storage, gen, key, r);
         }
         Ok(res[step.index])
+    }
+
+    /// Is `op` the `_copy` form of view `view` (same schemas, in order),
+    /// applied to `input`, a value of the sizes and dtype the source view's
+    /// input had? The view's result sizes depend on nothing else, so the
+    /// copy's results are the source's, contiguous. (Not `as_strided`,
+    /// whose input here is the whole storage.)
+    fn is_copy_of(&self, op: OpId, view: OpId, src_input: &Meta, input: ValueId) -> bool {
+        let m = self.out.meta(input);
+        matches!(op.def().rule, Rule::ViewCopy(v) if v == view)
+            && view.name() != "as_strided"
+            && m.dtype == src_input.dtype
+            && m.sizes == src_input.sizes
     }
 
     /// The value of the view `links` (a chain's, from the base on) over the
