@@ -122,6 +122,46 @@ pub struct Schema {
     pub text: String,
 }
 
+/// An op's schemas, parsed on first use: a program uses few of the table's
+/// ops, and parsing all of them up front was most of building the table
+/// (a tenth of functionalizing a small program through the CLI).
+#[derive(Debug)]
+pub struct Schemas {
+    texts: Vec<Box<str>>,
+    parsed: std::sync::OnceLock<Vec<Schema>>,
+}
+
+impl Schemas {
+    /// Schemas to parse when first used, by their texts.
+    pub fn lazy(texts: Vec<Box<str>>) -> Schemas {
+        Schemas {
+            texts,
+            parsed: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Schemas parsed already (a custom function's).
+    pub fn parsed(schemas: Vec<Schema>) -> Schemas {
+        Schemas {
+            texts: schemas.iter().map(|s| s.text.as_str().into()).collect(),
+            parsed: schemas.into(),
+        }
+    }
+
+    /// The schemas' texts, unparsed.
+    pub fn texts(&self) -> impl Iterator<Item = &str> {
+        self.texts.iter().map(|t| &**t)
+    }
+}
+
+impl std::ops::Deref for Schemas {
+    type Target = [Schema];
+    fn deref(&self) -> &[Schema] {
+        self.parsed
+            .get_or_init(|| self.texts.iter().map(|t| Schema::parse(t)).collect())
+    }
+}
+
 impl fmt::Display for Schema {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)

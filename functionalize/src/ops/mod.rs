@@ -16,7 +16,7 @@ pub mod select;
 pub mod views;
 
 use crate::meta::{Meta, Metas};
-use crate::schema::{Arg, Schema};
+use crate::schema::{Arg, Schema, Schemas};
 use crate::tensor::RTensor;
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -154,7 +154,7 @@ impl Lowering {
 pub struct OpDef {
     pub name: String,
     pub kind: OpKind,
-    pub schemas: Vec<Schema>,
+    pub schemas: Schemas,
     pub rule: Rule,
     pub lowering: Lowering,
     /// View op: its `_copy` form. In-place op: its functional form.
@@ -262,7 +262,7 @@ pub fn register_custom(f: std::sync::Arc<dyn crate::custom::Function>) -> Result
     let def = OpDef {
         name: schema.name.clone(),
         kind: OpKind::Functional,
-        schemas: vec![schema],
+        schemas: Schemas::parsed(vec![schema]),
         rule: Rule::Custom,
         lowering: Lowering::Custom,
         counterpart: None,
@@ -298,11 +298,15 @@ impl Builder {
     }
 
     fn add(&mut self, name: &str, kind: OpKind, schemas: &[&str], rule: Rule) -> OpId {
+        let texts = schemas.iter().map(|&s| s.into()).collect();
+        self.add_texts(name, kind, texts, rule)
+    }
+
+    /// `add`, with schemas made while building (derived forms').
+    fn add_texts(&mut self, name: &str, kind: OpKind, texts: Vec<Box<str>>, rule: Rule) -> OpId {
         let id = OpId(self.ops.len() as u16);
-        let schemas = schemas.iter().map(|s| Schema::parse(s)).collect::<Vec<_>>();
-        for s in &schemas {
-            assert_eq!(s.name, name, "schema {} listed under {name}", s.text);
-        }
+        // Parsed when first used; `every_schema_parses` checks them all.
+        let schemas = Schemas::lazy(texts);
         let lowering = match (&rule, kind) {
             (Rule::Pointwise(_), OpKind::Functional) => Lowering::Map,
             (Rule::ViewCopy(_), _) => Lowering::Free,
@@ -339,19 +343,17 @@ impl Builder {
     fn copy_of(&mut self, view: OpId) -> OpId {
         let v = &self.ops[view.0 as usize];
         let name = format!("{}_copy", v.name);
-        let texts: Vec<String> = v
+        let texts = v
             .schemas
-            .iter()
-            .map(|s| {
-                let t = s
-                    .text
+            .texts()
+            .map(|t| {
+                let t = t
                     .replace("Tensor(a)", "Tensor")
                     .replace("Tensor(a -> *)", "Tensor");
-                format!("{name}{}", &t[s.name.len()..])
+                format!("{name}{}", &t[v.name.len()..]).into()
             })
             .collect();
-        let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
-        let id = self.add(&name, OpKind::Functional, &refs, Rule::ViewCopy(view));
+        let id = self.add_texts(&name, OpKind::Functional, texts, Rule::ViewCopy(view));
         self.ops[view.0 as usize].counterpart = Some(id);
         id
     }
@@ -361,13 +363,12 @@ impl Builder {
     fn with_inplace(&mut self, name: &str, kind: OpKind, schemas: &[&str], rule: Rule) -> OpId {
         let id = self.add(name, kind, schemas, rule);
         let iname = format!("{name}_");
-        let texts: Vec<String> = schemas
+        let texts = schemas
             .iter()
             .filter(|s| s[s.find('(').unwrap() + 1..].starts_with("Tensor self"))
-            .map(|s| format!("{iname}{}", &s[name.len()..]))
+            .map(|s| format!("{iname}{}", &s[name.len()..]).into())
             .collect();
-        let refs: Vec<&str> = texts.iter().map(|s| s.as_str()).collect();
-        let ip = self.add(&iname, OpKind::InPlace, &refs, Rule::InPlace(id));
+        let ip = self.add_texts(&iname, OpKind::InPlace, texts, Rule::InPlace(id));
         self.ops[id.0 as usize].counterpart = Some(ip);
         self.ops[ip.0 as usize].counterpart = Some(id);
         ip
@@ -1390,4 +1391,23 @@ pub fn write_hazard(this: &Meta, other: &Meta, gathered: bool) -> bool {
     crate::meta::OffsetIter::new(&this.sizes, &st, other.offset)
         .enumerate()
         .any(|(i, o)| written.get(&o).is_some_and(|&j| j != i))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The table's schemas are parsed on first use: parse them all here,
+    /// each listed under its own op.
+    #[test]
+    fn every_schema_parses() {
+        for def in &super::TABLE.ops {
+            assert!(!def.schemas.is_empty(), "{} has no schema", def.name);
+            for s in def.schemas.iter() {
+                assert_eq!(
+                    s.name, def.name,
+                    "schema {} listed under {}",
+                    s.text, def.name
+                );
+            }
+        }
+    }
 }
