@@ -721,6 +721,10 @@ pub(crate) fn parse_lines(
     const BATCH: usize = 256;
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Item>>(16);
     std::thread::scope(|scope| {
+        // Owned by this closure: a panic while building (`on_node`) drops
+        // it, the parser's next send fails, and the scope can join it
+        // rather than wait on a full channel for ever.
+        let rx = rx;
         let parser = scope.spawn(move || {
             let mut size = 16;
             let mut batch = Vec::with_capacity(size);
@@ -945,6 +949,9 @@ pub fn print_beside<T: Send>(g: &Graph, beside: impl FnOnce() -> T + Send) -> (S
     let named = std::sync::OnceLock::new();
     let (tx, rx) = std::sync::mpsc::sync_channel::<&Names>(1);
     std::thread::scope(|scope| {
+        // Owned by this closure: a panic before the names are sent drops
+        // it, and the second thread stops waiting for them.
+        let tx = tx;
         let second = scope.spawn(move || {
             let r = beside();
             // No names: the first thread failed, and its panic is resumed.
@@ -1011,4 +1018,29 @@ fn write_tail(s: &mut String, g: &Graph, names: &Names) {
 /// A short description of a parameter type, for messages.
 pub fn type_desc(m: &Meta) -> String {
     format!("{}{}", m.dtype, ShapeFmt(&m.sizes))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::random::{random_program, Seeded};
+
+    /// A panic while building the graph of a program parsed on two threads
+    /// (a bug, but one that must not become a hang) reaches the caller once
+    /// the parser thread has stopped.
+    #[test]
+    fn a_panic_while_building_is_not_a_hang() {
+        // Long enough to fill the channel while nothing is taken from it.
+        let src = super::print(&random_program(&mut Seeded(7), 8000));
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(|| {
+                super::parse_with(&src, |_, _| panic!("injected while building"))
+            });
+            let _ = done.send(r.is_err());
+        });
+        let panicked = finished
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("parse_with returned (no deadlock)");
+        assert!(panicked, "the injected panic reached the caller");
+    }
 }
