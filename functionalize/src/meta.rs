@@ -46,6 +46,19 @@ impl Meta {
         numel(&self.sizes)
     }
 
+    /// Laid out exactly as `Meta::contiguous` lays it out: row-major
+    /// strides, no offset, a storage of its own size.
+    pub fn is_dense_contiguous(&self) -> bool {
+        let mut expected: usize = 1;
+        for (&s, &st) in self.sizes.iter().zip(&self.strides).rev() {
+            if st != expected {
+                return false;
+            }
+            expected = expected.saturating_mul(s.max(1));
+        }
+        self.offset == 0 && self.storage_numel == numel(&self.sizes)
+    }
+
     pub fn is_contiguous(&self) -> bool {
         let mut expected = 1;
         for (&s, &st) in self.sizes.iter().zip(&self.strides).rev() {

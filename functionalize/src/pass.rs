@@ -602,9 +602,13 @@ impl Pass {
         ins: &[&Arc<Meta>],
         results: impl Iterator<Item = Arc<Meta>>,
     ) -> Result<crate::graph::Results> {
-        if !self.same_input_metas(ins, &args) {
+        let results: smallvec::SmallVec<[Arc<Meta>; 2]> = if self.same_input_metas(ins, &args) {
+            results.collect()
+        } else if self.contiguous_pointwise(op, ins, &args) {
+            self.contiguous_results(op, &args, results)
+        } else {
             return self.emit_as(op, Some(overload), args);
-        }
+        };
         let res = self.out.call_inferred(op, overload, args, results);
         self.finish_emit(op, &res);
         Ok(res)
@@ -622,6 +626,70 @@ impl Pass {
             });
         }
         same && i == src.len()
+    }
+
+    /// Views mode: is `op` elementwise, and are the tensors of `out_args`
+    /// contiguous with the sizes and dtypes `src` had, in order? Then its
+    /// results are the source call's, contiguous: TensorIterator lays the
+    /// output out in the inputs' order.
+    fn contiguous_pointwise(
+        &self,
+        op: OpId,
+        src: &[&Arc<Meta>],
+        out_args: &[Arg<ValueId>],
+    ) -> bool {
+        if self.mode != Remove::MutationsAndViews || !matches!(op.def().rule, Rule::Pointwise(_)) {
+            return false;
+        }
+        let (mut i, mut ok) = (0, true);
+        for a in out_args {
+            a.each_tensor(&mut |&v| {
+                let m = self.out.meta(v);
+                ok &= m.is_dense_contiguous()
+                    && src
+                        .get(i)
+                        .is_some_and(|s| s.sizes == m.sizes && s.dtype == m.dtype);
+                i += 1;
+            });
+        }
+        ok && i == src.len()
+    }
+
+    /// The source call's `results`, contiguous (`contiguous_pointwise`);
+    /// debug builds check them against inference.
+    fn contiguous_results(
+        &mut self,
+        op: OpId,
+        args: &[Arg<ValueId>],
+        results: impl Iterator<Item = Arc<Meta>>,
+    ) -> smallvec::SmallVec<[Arc<Meta>; 2]> {
+        let out: smallvec::SmallVec<[Arc<Meta>; 2]> = results
+            .map(|m| {
+                if m.is_dense_contiguous() {
+                    m
+                } else {
+                    self.out
+                        .metas
+                        .intern(Meta::contiguous(m.dtype, m.sizes.clone()))
+                }
+            })
+            .collect();
+        if cfg!(debug_assertions) {
+            let metas: Vec<Arg<&Meta>> = args
+                .iter()
+                .map(|a| a.map(&mut |v| self.out.meta(*v)))
+                .collect();
+            let inferred = ops::infer(op, &metas);
+            let same = inferred
+                .as_ref()
+                .is_ok_and(|i| i.iter().eq(out.iter().map(|m| &**m)));
+            assert!(
+                same,
+                "{}: {inferred:?} inferred, {out:?} assumed",
+                op.name()
+            );
+        }
+        out
     }
 
     /// Names the results of the node just emitted and gives it the source
@@ -785,11 +853,12 @@ impl Pass {
                     .results
                     .iter()
                     .map(|m| {
-                        let c = Meta::contiguous(m.dtype, m.sizes.clone());
-                        if **m == c {
+                        if m.is_dense_contiguous() {
                             m.clone()
                         } else {
-                            self.out.metas.intern(c)
+                            self.out
+                                .metas
+                                .intern(Meta::contiguous(m.dtype, m.sizes.clone()))
                         }
                     })
                     .collect();
