@@ -71,6 +71,16 @@ fn best(reps: usize, budget: f64, mut f: impl FnMut()) -> f64 {
     b
 }
 
+/// `kiln functionalize PROG --remove MODE`, output discarded.
+fn cli_functionalize(prog: &Path, mode: &str) {
+    let ok = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["functionalize", &prog.to_string_lossy(), "--remove", mode])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kiln functionalize failed on {}", prog.display());
+}
+
 fn save_inputs(g: &Graph, ins: &[RTensor], path: &Path) {
     let names = kiln::functionalize::text::Names::of(g);
     let named: Vec<(String, RTensor)> = g
@@ -325,6 +335,7 @@ fn main() {
     // Rows: the default mix (seed 42) at every size, PyTorch not timed (it
     // refuses them: see above); at 1k and 10k also the mix without what it
     // refuses, the seed it handled, timed on both sides.
+    let mut cli_seed42 = vec![];
     for (&n, g42) in func_sizes.iter().zip(&func_programs) {
         for (mode, remove) in [
             ("mutations", Remove::Mutations),
@@ -351,14 +362,10 @@ fn main() {
                 });
                 // A process at 100k takes a fifth of a second: five runs.
                 let cli_reps = if n >= 1_000_000 { 2 } else { 5 };
-                let cli = best(cli_reps, 60.0, || {
-                    let ok = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
-                        .args(["functionalize", &text.to_string_lossy(), "--remove", mode])
-                        .stdout(std::process::Stdio::null())
-                        .status()
-                        .is_ok_and(|s| s.success());
-                    assert!(ok, "kiln functionalize failed on {}", text.display());
-                });
+                let cli = best(cli_reps, 60.0, || cli_functionalize(&text, mode));
+                if label == "seed 42" {
+                    cli_seed42.push((g.order.len(), mode, cli));
+                }
                 let (torch_cell, torch_ratio) = match t {
                     None => ("-".to_string(), "-".to_string()),
                     Some(t) => (
@@ -378,6 +385,25 @@ fn main() {
             }
         }
     }
+
+    // What a process costs before its first statement: most of the CLI's
+    // time at 1k.
+    let empty = tmp.join("cli_empty.txt");
+    std::fs::write(&empty, "graph f(%x: f32[2]) {\n  return %x\n}\n").unwrap();
+    let startup = best(20, 10.0, || cli_functionalize(&empty, "mutations"));
+    let net: Vec<String> = cli_seed42
+        .iter()
+        .map(|&(n, mode, t)| {
+            let net = (n as f64 / (t - startup).max(1e-9)).round();
+            format!("{n} {mode} {net}")
+        })
+        .collect();
+    let _ = writeln!(
+        md,
+        "\nStart-up: the CLI on a program of no statements takes {:.1} ms (starting the process, loading the binary, the allocator and the command line). Net of it, the CLI's statements/s (seed 42): {}.",
+        startup * 1e3,
+        net.join("; ")
+    );
 
     // 2.-4. Programs: fusion, memory, executor.
     eprintln!("programs ...");
