@@ -655,8 +655,9 @@ impl Pass {
         ok && i == src.len()
     }
 
-    /// The source call's `results`, contiguous (`contiguous_pointwise`);
-    /// debug builds check them against inference.
+    /// A source call's `results`, contiguous: those of `op(args)` when
+    /// `contiguous_pointwise` or `is_copy_of` holds. Debug builds (the
+    /// test suite) check them against inference.
     fn contiguous_results(
         &mut self,
         op: OpId,
@@ -849,19 +850,7 @@ impl Pass {
             Some(source) if self.is_copy_of(op, step.op, &source.input, input) => {
                 // The results are the view's, contiguous: no binding or
                 // inference.
-                let results: smallvec::SmallVec<[Arc<Meta>; 2]> = source
-                    .results
-                    .iter()
-                    .map(|m| {
-                        if m.is_dense_contiguous() {
-                            m.clone()
-                        } else {
-                            self.out
-                                .metas
-                                .intern(Meta::contiguous(m.dtype, m.sizes.clone()))
-                        }
-                    })
-                    .collect();
+                let results = self.contiguous_results(op, &args, source.results.iter().cloned());
                 let res = self.out.call_inferred(op, source.overload, args, results);
                 self.finish_emit(op, &res);
                 res
