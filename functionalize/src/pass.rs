@@ -602,16 +602,27 @@ impl Pass {
         ins: &[&Arc<Meta>],
         results: impl Iterator<Item = Arc<Meta>>,
     ) -> Result<crate::graph::Results> {
-        let results: smallvec::SmallVec<[Arc<Meta>; 2]> = if self.same_input_metas(ins, &args) {
+        let results = if self.same_input_metas(ins, &args) {
             results.collect()
         } else if self.contiguous_pointwise(op, ins, &args) {
             self.contiguous_results(op, &args, results)
         } else {
             return self.emit_as(op, Some(overload), args);
         };
+        Ok(self.emit_inferred(op, overload, args, results))
+    }
+
+    /// Appends `op(args)` bound by `overload`, with `results` known.
+    fn emit_inferred(
+        &mut self,
+        op: OpId,
+        overload: usize,
+        args: Vec<Arg<ValueId>>,
+        results: smallvec::SmallVec<[Arc<Meta>; 2]>,
+    ) -> crate::graph::Results {
         let res = self.out.call_inferred(op, overload, args, results);
         self.finish_emit(op, &res);
-        Ok(res)
+        res
     }
 
     /// Do the tensors of `out_args` (new graph) have the metadata `src`, in
@@ -851,9 +862,7 @@ impl Pass {
                 // The results are the view's, contiguous: no binding or
                 // inference.
                 let results = self.contiguous_results(op, &args, source.results.iter().cloned());
-                let res = self.out.call_inferred(op, source.overload, args, results);
-                self.finish_emit(op, &res);
-                res
+                self.emit_inferred(op, source.overload, args, results)
             }
             // A synthesized step, or its `_copy` form: bound afresh.
             _ => self.emit_as(op, None, args)?,
@@ -869,12 +878,10 @@ impl Pass {
     /// Is `op` the `_copy` form of view `view` (same schemas, in order),
     /// applied to `input`, a value of the sizes and dtype the source view's
     /// input had? The view's result sizes depend on nothing else, so the
-    /// copy's results are the source's, contiguous. (Not `as_strided`,
-    /// whose input here is the whole storage.)
+    /// copy's results are the source's, contiguous.
     fn is_copy_of(&self, op: OpId, view: OpId, src_input: &Meta, input: ValueId) -> bool {
         let m = self.out.meta(input);
         matches!(op.def().rule, Rule::ViewCopy(v) if v == view)
-            && view.name() != "as_strided"
             && m.dtype == src_input.dtype
             && m.sizes == src_input.sizes
     }
@@ -1066,7 +1073,8 @@ impl Pass {
         let a = self.alias(this)?;
         let gen = self.storages[a.storage].gen;
         let rest: Rc<[Arg<ValueId>]> = node.args[1..].into();
-        let (chain, input) = if node.op.name() == "as_strided" {
+        let strided = node.op.name() == "as_strided";
+        let (chain, input) = if strided {
             // Offsets and strides of as_strided refer to the whole storage:
             // it is a view of the base, whatever view it was applied to.
             let order = match self.mode {
@@ -1079,14 +1087,19 @@ impl Pass {
             (a.chain.clone(), self.read(this)?)
         };
         let prefix = chain.id();
-        let source = Rc::new(Source {
-            overload: node.overload,
-            input: src.values[this].meta.clone(),
-            results: node
-                .results
-                .iter()
-                .map(|&r| src.values[r].meta.clone())
-                .collect(),
+        // Without views, as_strided applies to the storage in storage
+        // order, not to the value it was called on: the source call says
+        // nothing about its results there.
+        let source = (!strided || self.mode == Remove::Mutations).then(|| {
+            Rc::new(Source {
+                overload: node.overload,
+                input: src.values[this].meta.clone(),
+                results: node
+                    .results
+                    .iter()
+                    .map(|&r| src.values[r].meta.clone())
+                    .collect(),
+            })
         });
         let sig = self.step_sig(node.op, &rest);
         for (i, &r) in node.results.iter().enumerate() {
@@ -1095,7 +1108,7 @@ impl Pass {
                 rest.clone(),
                 i,
                 src.values[r].meta.clone(),
-                Some(source.clone()),
+                source.clone(),
                 sig,
             );
             let key = self.extend_prefix(prefix, &step, i);
