@@ -105,7 +105,8 @@ impl<T> ValueMap<T> {
     pub fn insert(&mut self, v: ValueId, x: T) {
         let (i, k) = ValueSet::slot(v);
         if i >= self.0.len() {
-            self.0.resize_with((i + 1).max(2 * self.0.len()), || None);
+            self.0
+                .resize_with(grown_len(i, self.0.len(), self.0.capacity()), || None);
         }
         self.0[i] = Some((k, x));
     }
@@ -127,6 +128,18 @@ impl<T> ValueMap<T> {
     }
 }
 
+/// The length a slot-indexed vector of length `len` and capacity `cap`
+/// grows to for slot `i`: only as far as needed within the capacity given
+/// up front (doubling past it would reallocate, copy, and touch memory never
+/// used), doubling beyond it.
+fn grown_len(i: usize, len: usize, cap: usize) -> usize {
+    if i < cap {
+        i + 1
+    } else {
+        (i + 1).max(2 * len)
+    }
+}
+
 /// A set of one graph's values, indexed by arena slot: no hashing, for
 /// passes that visit every node (dead code, SSA checks).
 #[derive(Default)]
@@ -141,6 +154,11 @@ pub fn slot_index(v: ValueId) -> usize {
 }
 
 impl ValueSet {
+    /// A set for `g`'s values: grows to its highest slot in one step.
+    pub fn for_graph(g: &Graph) -> ValueSet {
+        ValueSet(Vec::with_capacity(g.values.capacity() + 1))
+    }
+
     fn slot(v: ValueId) -> (usize, u64) {
         use slotmap::Key;
         // The whole key (with its version, never 0 for a live value) tells
@@ -151,7 +169,8 @@ impl ValueSet {
     pub fn insert(&mut self, v: ValueId) {
         let (i, k) = Self::slot(v);
         if i >= self.0.len() {
-            self.0.resize((i + 1).max(2 * self.0.len()), 0);
+            self.0
+                .resize(grown_len(i, self.0.len(), self.0.capacity()), 0);
         }
         self.0[i] = k;
     }

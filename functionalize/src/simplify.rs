@@ -14,7 +14,7 @@ pub fn eliminate_dead_code(g: &mut Graph) {
 /// order and returns them, still in the arena: printing reads only the
 /// order, and freeing them costs about as much as printing.
 pub fn prune_dead_code(g: &mut Graph) -> Vec<NodeId> {
-    let mut live = ValueSet::default();
+    let mut live = ValueSet::for_graph(g);
     live.extend(g.outputs.iter().copied());
     let mut keep = vec![false; g.order.len()];
     for (i, &n) in g.order.iter().enumerate().rev() {

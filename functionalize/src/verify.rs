@@ -7,7 +7,7 @@ use crate::pass::Remove;
 /// Every value is defined before it is used, by a parameter or an earlier
 /// node.
 pub fn verify_ssa(g: &Graph) -> Result<(), String> {
-    let mut defined = ValueSet::default();
+    let mut defined = ValueSet::for_graph(g);
     defined.extend(g.inputs.iter().copied());
     for &n in &g.order {
         let node = g
