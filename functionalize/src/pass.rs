@@ -1153,7 +1153,20 @@ impl Pass {
             Arg::Tensor(v) => v,
             _ => unreachable!("self is a tensor"),
         };
-        let mut r = self.emit_id(functional, args)?.remove(0);
+        // The in-place overload's bound arguments are the functional one's:
+        // no binding again.
+        let overload = node
+            .op
+            .def()
+            .functional_overloads
+            .get(node.overload)
+            .copied();
+        debug_assert!(
+            overload.is_none_or(|o| ops::bind(functional, &args).ok() == Some((o, args.clone()))),
+            "{}: arguments bound by an in-place overload bind its functional one",
+            node.op.name()
+        );
+        let mut r = self.emit_as(functional, overload, args)?.remove(0);
         let want = src.meta(this);
         if self.out.meta(r).dtype != want.dtype {
             r = self.emit("copy", vec![Arg::Tensor(cur), Arg::Tensor(r)])?;

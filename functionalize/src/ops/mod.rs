@@ -160,6 +160,10 @@ pub struct OpDef {
     /// View op: its `_copy` form. In-place op: its functional form.
     /// Functional op with an in-place form: that form.
     pub counterpart: Option<OpId>,
+    /// In-place op: for each of its overloads, the functional form's
+    /// overload of the same parameters, so that arguments bound by one are
+    /// bound by the other (`with_inplace`); empty for other ops.
+    pub functional_overloads: Box<[usize]>,
     /// In-place ops that may write through a self-overlapping view because
     /// every element gets the same value (`fill_`, `zero_`).
     pub overlap_ok: bool,
@@ -266,6 +270,7 @@ pub fn register_custom(f: std::sync::Arc<dyn crate::custom::Function>) -> Result
         rule: Rule::Custom,
         lowering: Lowering::Custom,
         counterpart: None,
+        functional_overloads: Box::default(),
         overlap_ok: false,
         gathers: false,
         rules: Rules::default(),
@@ -319,6 +324,7 @@ impl Builder {
             rule,
             lowering,
             counterpart: None,
+            functional_overloads: Box::default(),
             overlap_ok: false,
             gathers: false,
             rules: Rules::default(),
@@ -363,14 +369,17 @@ impl Builder {
     fn with_inplace(&mut self, name: &str, kind: OpKind, schemas: &[&str], rule: Rule) -> OpId {
         let id = self.add(name, kind, schemas, rule);
         let iname = format!("{name}_");
-        let texts = schemas
+        let (overloads, texts): (Vec<usize>, Vec<Box<str>>) = schemas
             .iter()
-            .filter(|s| s[s.find('(').unwrap() + 1..].starts_with("Tensor self"))
-            .map(|s| format!("{iname}{}", &s[name.len()..]).into())
-            .collect();
+            .enumerate()
+            .filter(|(_, s)| s[s.find('(').unwrap() + 1..].starts_with("Tensor self"))
+            .map(|(i, s)| (i, format!("{iname}{}", &s[name.len()..]).into()))
+            .unzip();
         let ip = self.add_texts(&iname, OpKind::InPlace, texts, Rule::InPlace(id));
         self.ops[id.0 as usize].counterpart = Some(ip);
-        self.ops[ip.0 as usize].counterpart = Some(id);
+        let ip_def = &mut self.ops[ip.0 as usize];
+        ip_def.counterpart = Some(id);
+        ip_def.functional_overloads = overloads.into();
         ip
     }
 
