@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::graph::{Graph, Name, NodeId, ValueId, ValueMap};
 use crate::meta::{wrap_dim, Meta};
 use crate::ops::layout::is_non_overlapping_and_dense;
-use crate::ops::{self, views, OpId, OpKind, Rule};
+use crate::ops::{self, views, Inverse, OpId, OpKind, Rule};
 use crate::schema::Arg;
 use crate::text::{fmt_node, Names};
 use rustc_hash::FxHashMap as HashMap;
@@ -1073,7 +1073,7 @@ impl Pass {
         let a = self.alias(this)?;
         let gen = self.storages[a.storage].gen;
         let rest: Rc<[Arg<ValueId>]> = node.args[1..].into();
-        let strided = node.op.name() == "as_strided";
+        let strided = node.op.def().inverse == Some(Inverse::AsStrided);
         let (chain, input) = if strided {
             // Offsets and strides of as_strided refer to the whole storage:
             // it is a view of the base, whatever view it was applied to.
@@ -1198,9 +1198,9 @@ impl Pass {
     fn write_back(&mut self, a: &Alias, r: ValueId, a_meta: &Meta) -> Result<ValueId> {
         let base_meta = self.storages[a.storage].base_meta.clone();
         let links = a.chain.links();
-        let invertible = links.iter().all(|l| {
-            inverse_kind(l.step.op.name()).is_some() && !l.step.meta.has_internal_overlap()
-        });
+        let invertible = links
+            .iter()
+            .all(|l| l.step.op.def().inverse.is_some() && !l.step.meta.has_internal_overlap());
         let new_base = if links.is_empty() {
             r
         } else if invertible {
@@ -1310,16 +1310,14 @@ impl Pass {
         child: ValueId,
     ) -> Result<ValueId> {
         let t = Arg::Tensor;
-        let name = step.op.name();
         let a = &step.args;
-        let scatter = |s: &str| s.to_string();
-        let (op, args): (String, Vec<Arg<ValueId>>) = match inverse_kind(name)
-            .expect("checked invertible")
-        {
+        let scatter = |s: &str| ops::lookup(s).expect("scatters are in the table");
+        let inverse = step.op.def().inverse.expect("checked invertible");
+        let (op, args): (OpId, Vec<Arg<ValueId>>) = match inverse {
             Inverse::Scatter(s) => {
                 let mut args = vec![t(parent), t(child)];
                 args.extend(a.iter().cloned());
-                (scatter(s), args)
+                (s, args)
             }
             Inverse::Narrow => {
                 let (Arg::Int(dim), Arg::Int(start), Arg::Int(len)) = (&a[0], &a[1], &a[2]) else {
@@ -1379,7 +1377,7 @@ impl Pass {
             Inverse::Involution => {
                 let mut args = vec![t(child)];
                 args.extend(a.iter().cloned());
-                (self.view_op(step.op).name().to_string(), args)
+                (self.view_op(step.op), args)
             }
             Inverse::Permute => {
                 let Arg::IntList(dims) = &a[0] else {
@@ -1390,19 +1388,13 @@ impl Pass {
                 for (i, &d) in dims.iter().enumerate() {
                     inv[wrap_dim(d, n).map_err(|m| self.err(m))?] = i as i64;
                 }
-                (
-                    self.view_op(step.op).name().to_string(),
-                    vec![t(child), Arg::IntList(inv)],
-                )
+                (self.view_op(step.op), vec![t(child), Arg::IntList(inv)])
             }
             Inverse::Unsqueeze => {
                 let Arg::Int(dim) = &a[0] else { unreachable!() };
                 let d = wrap_dim(*dim, parent_meta.dim() + 1).map_err(|m| self.err(m))?;
-                let sq = ops::lookup("squeeze").unwrap();
-                (
-                    self.view_op(sq).name().to_string(),
-                    vec![t(child), Arg::Int(d as i64)],
-                )
+                let sq = ops::lookup("squeeze").expect("squeeze is in the table");
+                (self.view_op(sq), vec![t(child), Arg::Int(d as i64)])
             }
             Inverse::Reshape => {
                 let sizes = Arg::IntList(parent_meta.sizes.iter().map(|&s| s as i64).collect());
@@ -1417,47 +1409,15 @@ impl Pass {
                     }
                     Remove::Mutations => "reshape",
                 };
-                (op.to_string(), vec![t(child), sizes])
+                let op = ops::lookup(op).expect("reshapes are in the table");
+                (op, vec![t(child), sizes])
             }
             Inverse::Identity => return Ok(child),
         };
-        self.emit(&op, args)
+        Ok(self.emit_id(op, args)?.remove(0))
     }
 }
 
 fn ints(v: &[usize]) -> Arg<ValueId> {
     Arg::IntList(v.iter().map(|&x| x as i64).collect())
-}
-
-enum Inverse {
-    Scatter(&'static str),
-    Narrow,
-    Piece,
-    Unbind,
-    AsStrided,
-    Involution,
-    Permute,
-    Unsqueeze,
-    Reshape,
-    Identity,
-}
-
-/// How a view step is written back, or `None` when it must be written back
-/// in storage coordinates (`expand`, `unfold`).
-fn inverse_kind(view: &str) -> Option<Inverse> {
-    Some(match view {
-        "slice" => Inverse::Scatter("slice_scatter"),
-        "select" => Inverse::Scatter("select_scatter"),
-        "diagonal" => Inverse::Scatter("diagonal_scatter"),
-        "narrow" => Inverse::Narrow,
-        "split" | "split_with_sizes" | "chunk" => Inverse::Piece,
-        "unbind" => Inverse::Unbind,
-        "as_strided" => Inverse::AsStrided,
-        "transpose" | "t" => Inverse::Involution,
-        "permute" => Inverse::Permute,
-        "unsqueeze" => Inverse::Unsqueeze,
-        "view" | "reshape" | "squeeze" => Inverse::Reshape,
-        "alias" | "contiguous" => Inverse::Identity,
-        _ => return None,
-    })
 }

@@ -160,6 +160,9 @@ pub struct OpDef {
     /// View op: its `_copy` form. In-place op: its functional form.
     /// Functional op with an in-place form: that form.
     pub counterpart: Option<OpId>,
+    /// View op: how a value written to its result is put back into its
+    /// input; `None`: only in storage coordinates (`expand`, `unfold`).
+    pub inverse: Option<Inverse>,
     /// In-place op: for each of its overloads, the functional form's
     /// overload of the same parameters, so that arguments bound by one are
     /// bound by the other (`with_inplace`); empty for other ops.
@@ -176,6 +179,33 @@ pub struct OpDef {
     pub rules: Rules,
     /// A custom function's implementation and rules.
     pub custom: Option<std::sync::Arc<dyn crate::custom::Function>>,
+}
+
+/// How the functionalization pass writes a view's new value back into the
+/// view's input (PyTorch's `FunctionalInverses`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inverse {
+    /// The view's `<view>_scatter` with the view's own arguments.
+    Scatter(OpId),
+    /// `slice_scatter` of the narrowed range.
+    Narrow,
+    /// `slice_scatter` of the piece's range (`split`, `chunk`).
+    Piece,
+    /// `select_scatter` at the piece's index.
+    Unbind,
+    /// `as_strided_scatter`: offsets and strides address the whole storage,
+    /// whatever view `as_strided` was applied to.
+    AsStrided,
+    /// The view again (`transpose`, `t`).
+    Involution,
+    /// The inverse permutation.
+    Permute,
+    /// `squeeze` of the inserted dimension.
+    Unsqueeze,
+    /// A reshape back to the input's sizes.
+    Reshape,
+    /// The written value itself (`alias`, `contiguous`).
+    Identity,
 }
 
 /// An op's rules for the transforms; `None` refuses the transform with an
@@ -270,6 +300,7 @@ pub fn register_custom(f: std::sync::Arc<dyn crate::custom::Function>) -> Result
         rule: Rule::Custom,
         lowering: Lowering::Custom,
         counterpart: None,
+        inverse: None,
         functional_overloads: Box::default(),
         overlap_ok: false,
         gathers: false,
@@ -324,6 +355,7 @@ impl Builder {
             rule,
             lowering,
             counterpart: None,
+            inverse: None,
             functional_overloads: Box::default(),
             overlap_ok: false,
             gathers: false,
@@ -334,13 +366,21 @@ impl Builder {
     }
 
     /// A view and its `_copy` form.
-    fn view(&mut self, name: &str, multi: bool, schemas: &[&str], rule: InferFn) -> OpId {
+    fn view(
+        &mut self,
+        name: &str,
+        multi: bool,
+        schemas: &[&str],
+        rule: InferFn,
+        inverse: Option<Inverse>,
+    ) -> OpId {
         let kind = if multi {
             OpKind::MultiView
         } else {
             OpKind::View
         };
         let id = self.add(name, kind, schemas, Rule::View(rule));
+        self.ops[id.0 as usize].inverse = inverse;
         self.copy_of(id);
         id
     }
@@ -415,6 +455,7 @@ fn build() -> Table {
         false,
         &["view(Tensor(a) self, SymInt[] size) -> Tensor(a)"],
         views::view,
+        Some(Inverse::Reshape),
     );
     let reshape = b.add(
         "reshape",
@@ -424,6 +465,7 @@ fn build() -> Table {
     );
     // ATen has no `reshape_copy`: a functional program's values are
     // contiguous, where `view_copy` is the same thing.
+    b.ops[reshape.0 as usize].inverse = Some(Inverse::Reshape);
     let view = OpId(b.by_name_slow("view") as u16);
     b.ops[reshape.0 as usize].counterpart = b.ops[view.0 as usize].counterpart;
     // ATen's always-copying reshape.
@@ -437,50 +479,60 @@ fn build() -> Table {
         "slice",
         false,
         &["slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)"],
-        views::slice,
-    );
+        views::slice, None);
     b.view(
         "select",
         false,
         &["select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)"],
         views::select,
+        None,
     );
     b.view(
         "transpose",
         false,
         &["transpose.int(Tensor(a) self, int dim0, int dim1) -> Tensor(a)"],
         views::transpose,
+        Some(Inverse::Involution),
     );
-    b.view("t", false, &["t(Tensor(a) self) -> Tensor(a)"], views::t);
+    b.view(
+        "t",
+        false,
+        &["t(Tensor(a) self) -> Tensor(a)"],
+        views::t,
+        Some(Inverse::Involution),
+    );
     b.view(
         "permute",
         false,
         &["permute(Tensor(a) self, int[] dims) -> Tensor(a)"],
         views::permute,
+        Some(Inverse::Permute),
     );
     b.view(
         "expand",
         false,
         &["expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)"],
         views::expand,
+        None,
     );
     b.view(
         "diagonal",
         false,
         &["diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)"],
         views::diagonal,
+        None,
     );
     b.view(
         "as_strided",
         false,
         &["as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)"],
-        views::as_strided,
-    );
+        views::as_strided, Some(Inverse::AsStrided));
     b.view(
         "unsqueeze",
         false,
         &["unsqueeze(Tensor(a) self, int dim) -> Tensor(a)"],
         views::unsqueeze,
+        Some(Inverse::Unsqueeze),
     );
     b.view(
         "squeeze",
@@ -491,24 +543,28 @@ fn build() -> Table {
             "squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a)",
         ],
         views::squeeze,
+        Some(Inverse::Reshape),
     );
     b.view(
         "alias",
         false,
         &["alias(Tensor(a) self) -> Tensor(a)"],
         views::alias,
+        Some(Inverse::Identity),
     );
     b.view(
         "narrow",
         false,
         &["narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)"],
         views::narrow,
+        Some(Inverse::Narrow),
     );
     b.view(
         "unfold",
         false,
         &["unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)"],
         views::unfold,
+        None,
     );
     b.view(
         "split",
@@ -518,33 +574,38 @@ fn build() -> Table {
             "split.sizes(Tensor(a -> *) self, SymInt[] split_size, int dim=0) -> Tensor(a)[]",
         ],
         views::split,
+        Some(Inverse::Piece),
     );
     b.view(
         "split_with_sizes",
         true,
         &["split_with_sizes(Tensor(a -> *) self, SymInt[] split_sizes, int dim=0) -> Tensor(a)[]"],
         views::split,
+        Some(Inverse::Piece),
     );
     // ATen has no `chunk_copy`: functional programs spell a chunk's
     // pieces with `split_copy` / `split_with_sizes_copy` (the pass).
-    b.add(
+    let chunk = b.add(
         "chunk",
         MultiView,
         &["chunk(Tensor(a -> *) self, int chunks, int dim=0) -> Tensor(a)[]"],
         Rule::View(views::chunk),
     );
+    b.ops[chunk.0 as usize].inverse = Some(Inverse::Piece);
     b.view(
         "unbind",
         true,
         &["unbind.int(Tensor(a -> *) self, int dim=0) -> Tensor(a)[]"],
         views::unbind,
+        Some(Inverse::Unbind),
     );
-    b.add(
+    let contiguous = b.add(
         "contiguous",
         ViewOrCopy,
         &["contiguous(Tensor(a) self) -> Tensor(a)"],
         Rule::ViewOrCopy(views::contiguous),
     );
+    b.ops[contiguous.0 as usize].inverse = Some(Inverse::Identity);
 
     // Scatters: the inverse of a view, writing `src` through it.
     let sc = |b: &mut Builder, name: &str, schema: &str, view: InferFn| {
@@ -560,6 +621,10 @@ fn build() -> Table {
         } else {
             Lowering::RegionScatter(v)
         };
+        // The view's inverse, unless it has its own (`as_strided`'s).
+        b.ops[v.0 as usize]
+            .inverse
+            .get_or_insert(Inverse::Scatter(id));
     };
     sc(
         &mut b,
