@@ -479,13 +479,15 @@ fn build() -> Table {
         "slice",
         false,
         &["slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)"],
-        views::slice, None);
+        views::slice,
+        None, // `slice_scatter`, below
+    );
     b.view(
         "select",
         false,
         &["select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)"],
         views::select,
-        None,
+        None, // `select_scatter`, below
     );
     b.view(
         "transpose",
@@ -520,13 +522,15 @@ fn build() -> Table {
         false,
         &["diagonal(Tensor(a) self, int offset=0, int dim1=0, int dim2=1) -> Tensor(a)"],
         views::diagonal,
-        None,
+        None, // `diagonal_scatter`, below
     );
     b.view(
         "as_strided",
         false,
         &["as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)"],
-        views::as_strided, Some(Inverse::AsStrided));
+        views::as_strided,
+        Some(Inverse::AsStrided),
+    );
     b.view(
         "unsqueeze",
         false,
