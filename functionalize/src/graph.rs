@@ -142,7 +142,6 @@ fn grown_len(i: usize, len: usize, cap: usize) -> usize {
 
 /// A set of one graph's values, indexed by arena slot: no hashing, for
 /// passes that visit every node (dead code, SSA checks).
-#[derive(Default)]
 pub struct ValueSet(Vec<u64>);
 
 /// `v`'s slot in its graph's value arena: distinct for the values present
