@@ -22,5 +22,12 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p kiln-runtime -- -D warnings
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+# The GPU benchmark's dry run (scripts/gpu-bench.sh, issue #32) on lavapipe:
+# prepare, run and report at small sizes with the suite's debug binaries,
+# so the one command a GPU machine gets is known to work before it does.
+GB=target/gpu-bench-quick
+./scripts/gpu-bench.sh prepare --quick --binaries target/debug --dir "$GB/carry"
+./scripts/gpu-bench.sh run "$GB/out" --quick --dir "$GB/carry" --work "$GB/work" --no-torch
+./scripts/gpu-bench.sh report "$GB/out" --output "$GB/report.md"
 (cd web && cargo fmt -- --check)
 ./scripts/web.sh test

@@ -8,6 +8,7 @@
 pub mod export;
 pub mod io;
 pub mod minilm;
+pub mod probe;
 pub mod profile;
 pub mod train;
 

@@ -86,6 +86,19 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Measure the device's copy bandwidth with hand-written WGSL copies
+    /// (the kernel shapes Kiln's elementwise kernels choose between): the
+    /// ceiling for memory-bound kernels.
+    Bandwidth {
+        /// MiB copied (fewer where the device binds less per buffer).
+        #[arg(long, default_value_t = 256)]
+        mib: u64,
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the functionalized program.
     Functionalize {
         prog: PathBuf,
@@ -269,6 +282,16 @@ fn main_result(cli: Cli) -> Result<(), String> {
             runs,
             json,
         } => profile(&prog, inputs.as_deref(), weights.as_deref(), runs, json),
+        Cmd::Bandwidth { mib, runs, json } => {
+            let gpu = kiln::engine::Gpu::new().map_err(|e| e.to_string())?;
+            let p = kiln::probe::copy_probe(&gpu, mib, runs).map_err(|e| e.to_string())?;
+            if json {
+                println!("{}", p.to_json());
+            } else {
+                print!("{}", p.table());
+            }
+            Ok(())
+        }
         Cmd::Vjp { prog, wrt } => transformed(&prog, |g| {
             kiln::functionalize::transform::vjp(g, wrt.as_deref())
         }),

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Kiln on a real GPU, PyTorch beside it, in one short run (issue #32).
+#
+#   scripts/gpu-bench.sh prepare [--quick]   here: release binaries (kiln,
+#       minilm, kiln-run, stripped), the Vulkan loader .debs, MiniLM with
+#       its weights packed int8 per row, the workload programs, a manifest:
+#       all in .gpu-bench/ (ignored; under 64 MiB, for the device's `carry`)
+#   scripts/gpu-bench.sh run OUTDIR [--quick] [--budget S] [--only A,B]
+#       there: unpacks the loaders where none is installed, then the WGSL
+#       copy probe (`kiln bandwidth`), `kiln profile --json` per workload,
+#       MiniLM at 1x16, 8x128, 32x128, and PyTorch (CUDA eager and
+#       torch.compile) on the same workloads and weights; writes
+#       OUTDIR/kiln.json, torch.json, system.json
+#   scripts/gpu-bench.sh report OUTDIR [--output F]
+#       here: docs/performance-gpu.md from those files
+#
+# On the GPU machine (device tool), with .gpu-bench carried:
+#   scripts/gpu-bench.sh run $OUT 2>&1 | tee $OUT/log.txt
+# `--quick` (small workloads, MiniLM 1x16) is the lavapipe dry run the test
+# suite makes, so the script is known to work before a GPU is at hand.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec python3 scripts/gpu_bench.py "$@"
