@@ -457,12 +457,118 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
         // y4 and z4; u4 reads exp(x4) inline, element by element (its
         // B tiles, staged through workgroup memory, are still vectors).
         assert_eq!(vec4, if tiled { 3 } else { 2 });
+        // Tiles kept as vectors, the next K step prefetched: y (K = 37:
+        // element loads of both), y4 (vector loads along k), z4 (B
+        // row-major, vectors of its columns), u4 (exp(x4) element by
+        // element, B's vectors); z's 66 columns and v's transposed A keep
+        // the scalar tiles.
+        let vec4_tiles = p
+            .kernels
+            .iter()
+            .filter(|k| k.code.wgsl.contains("array<vec4<f32>, 320>"))
+            .count();
+        assert_eq!(vec4_tiles, if tiled { 4 } else { 0 });
         let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
         let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
         let want = kiln::run(&g, ins.clone()).unwrap();
         let got = e.run(&g, ins).unwrap();
         for (a, b) in got.outputs.iter().zip(&want.outputs) {
             close_gpu(&format!("tiled {tiled}"), a, b, 1e-5).unwrap();
+        }
+    }
+}
+
+/// Products of at most 16 rows on GPUs (`skinny_product`: K split over
+/// 32 lanes per column, partial sums through workgroup memory) in every
+/// operand form: vec4 loads of both (`linear` at 1 and 16 rows), of A
+/// alone (B along its columns, batched), neither (K = 37; a transposed A;
+/// an inline producer), integers.
+#[test]
+fn skinny_products_in_every_operand_form() {
+    let src = "graph f(%x1: f32[1, 384], %w: f32[96, 384], %b: f32[96], %x16: f32[16, 384], %x5: f32[5, 37], %w37: f32[20, 37], %a: f32[3, 12, 40], %bb: f32[40, 24], %xt: f32[40, 7], %i: i32[4, 6], %j: i32[6, 5], %v: f32[2, 3, 1, 64]) {
+  %y1 = linear(%x1, %w, %b)
+  %y16 = linear(%x16, %w, %b)
+  %y5 = linear(%x5, %w37)
+  %z = matmul(%a, %bb)
+  %t = t(%xt)
+  %zt = mm(%t, %bb)
+  %e = exp(%x16)
+  %ye = linear(%e, %w)
+  %ii = mm(%i, %j)
+  %vt = transpose(%v, -2, -1)
+  %o = matmul(%v, %vt)
+  return (%y1, %y16, %y5, %z, %zt, %ye, %ii, %o)
+}";
+    let g = parse(src).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let mut options = gpu.compile_options();
+    options.tile_min_rows = 0;
+    options.contiguous_operands = false;
+    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    let skinny = p
+        .kernels
+        .iter()
+        .filter(|k| k.code.wgsl.contains("var<workgroup> red"))
+        .count();
+    assert_eq!(skinny, 8, "{}", p.stats());
+    let mut e = Engine::on(kiln::engine::Session::with_options(gpu, options));
+    let ins = kiln::functionalize::random::random_inputs(&g, 7, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let got = e.run(&g, ins).unwrap();
+    for (k, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
+        close_gpu(&format!("output {k}"), a, b, 1e-5).unwrap();
+    }
+}
+
+/// Float sums and means over trailing dims on GPUs: a row per 1-64
+/// invocations (`sum_rows`), with and without subgroup shuffles, at
+/// awkward widths, keepdim or not, an inline producer, an f16 input, and
+/// a fused elementwise tail; other reductions keep a row per invocation.
+#[test]
+fn sums_over_trailing_dims_in_row_kernels() {
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let mut options = gpu.compile_options();
+    options.workgroup_rows = true;
+    options.tile_min_rows = 0;
+    for sg in [options.subgroup, None] {
+        let options = kiln::engine::CompileOptions {
+            subgroup: sg,
+            ..options.clone()
+        };
+        for w in [1usize, 3, 17, 64, 65, 512, 1000] {
+            let src = format!(
+                "graph f(%x: f32[6, {w}], %h: f16[2, 3, {w}], %y: f32[4, 5, {w}]) {{
+  %p = pow(%x, 2)
+  %m = mean(%p, [-1], true)
+  %s = sum(%x, [1])
+  %r = rsqrt(%m)
+  %hs = sum(%h, [-1])
+  %a = sum(%y, [1, 2])
+  %c = sum(%y, [1])
+  return (%m, %s, %r, %hs, %a, %c)
+}}"
+            );
+            let g = parse(&src).unwrap();
+            let p = kiln::engine::compile_with(&g, &options).unwrap();
+            let rows = p
+                .kernels
+                .iter()
+                .filter(|k| k.code.wgsl.contains("var<workgroup> red"))
+                .count();
+            // m (with r's rsqrt fused), s, hs, and a where its 5w fit the
+            // registers' 1024; c sums a middle dim.
+            let want_rows = if 5 * w <= 1024 { 4 } else { 3 };
+            assert!(rows >= want_rows, "width {w}: {}", p.stats());
+            let mut e = Engine::on(kiln::engine::Session::with_options(
+                gpu.clone(),
+                options.clone(),
+            ));
+            let ins = kiln::functionalize::random::random_inputs(&g, 3, 1.0);
+            let want = kiln::run(&g, ins.clone()).unwrap();
+            let got = e.run(&g, ins).unwrap();
+            for (k, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
+                close_gpu(&format!("width {w}, output {k}"), a, b, 1e-5).unwrap();
+            }
         }
     }
 }

@@ -300,10 +300,12 @@ pub struct CompileOptions {
     /// memory).
     pub contiguous_operands: bool,
     /// Elementwise, gather and scatter-copy kernels launch at most this
-    /// many workgroups, each invocation looping over the grid (GPUs: 2048,
-    /// about 16 workgroups of 256 per multiprocessor of an H100, where a
-    /// vec4 copy reaches 2778 GB/s this way and 2488 with one workgroup
-    /// per 1024 elements); `None`: one invocation per element (or four).
+    /// many workgroups, each invocation looping over the grid (GPUs: 8192,
+    /// about 62 workgroups of 256 per multiprocessor of an H100, where
+    /// `kiln bandwidth`'s vec4 copy of 256 MiB reached 2857 GB/s this way,
+    /// 2818 with 4096, 2753 with 2048, 2452 with one workgroup per 1024
+    /// elements, 2026-11-26; this default, 2048, is what exports for
+    /// browsers get); `None`: one invocation per element (or four).
     pub grid_stride: Option<usize>,
     /// The largest buffer the device allows: no tensor may be larger.
     pub max_buffer_bytes: usize,

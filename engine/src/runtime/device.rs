@@ -181,7 +181,7 @@ impl Gpu {
             grid_stride: if self.info.device_type == wgpu::DeviceType::Cpu {
                 None
             } else {
-                Some(2048)
+                Some(8192)
             },
             workgroup: if self.info.device_type == wgpu::DeviceType::Cpu {
                 64
