@@ -257,8 +257,9 @@ fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
     /// Matrix products with at least this many output rows run in 64x64
-    /// tiles through workgroup memory; fewer give each invocation a 4x4
-    /// block, looping over K (no workgroup memory or barriers; `vec4`
+    /// tiles through workgroup memory (products of at most 16 rows: K
+    /// split over 32 lanes per column instead); fewer give each invocation
+    /// a 4x4 block, looping over K (no workgroup memory or barriers; `vec4`
     /// loads of f32 operands laid out for them). GPUs: 0 (always tiled).
     /// CPU adapters: never tiled (lavapipe, linear 128x384x1536: 11.5
     /// GFLOP/s in vec4 blocks, 4.0 tiled, 3.6 in scalar blocks).
