@@ -22,6 +22,11 @@ pub(super) const SKINNY_ROWS: usize = 16;
 const SKINNY_COLS: usize = 8;
 const SKINNY_LANES: usize = 32;
 
+/// Word `i` (a multiple of 4) of vec4-bound slot `s`, as four f32.
+fn vec4_at(s: &Slot, i: &str) -> String {
+    format!("bitcast<vec4<f32>>({}[({}u + {i}) >> 2u])", s.var, s.base)
+}
+
 /// A matrix product operand: value, batch strides over the output batch,
 /// row stride, column stride.
 pub(super) struct Operand {
@@ -510,15 +515,13 @@ impl Gen<'_> {
         let (Some(sa), Some(sb)) = (self.vec4_slot_of(a.v)?, self.vec4_slot_of(b.v)?) else {
             return Ok(false);
         };
-        let va =
-            |s: &Slot, i: &str| format!("bitcast<vec4<f32>>({}[({}u + {i}) >> 2u])", s.var, s.base);
         self.body
             .stmt(format!("for (var q = 0u; q < {}; q = q + 4u) {{", u(kk)));
         for i in 0..4 {
             let row = format!("min(r0 + {i}u, {})", u(nn - 1));
             self.body.stmt(format!(
                 "let qa{i} = {};",
-                va(&sa, &format!("{aoff} + {row} * {} + q", u(a.rs)))
+                vec4_at(&sa, &format!("{aoff} + {row} * {} + q", u(a.rs)))
             ));
         }
         if b_along_k {
@@ -526,7 +529,7 @@ impl Gen<'_> {
                 let col = format!("min(c0 + {j}u, {})", u(mm - 1));
                 self.body.stmt(format!(
                     "let qb{j} = {};",
-                    va(&sb, &format!("{boff} + {col} * {} + q", u(b.cs)))
+                    vec4_at(&sb, &format!("{boff} + {col} * {} + q", u(b.cs)))
                 ));
             }
             for i in 0..4 {
@@ -542,7 +545,7 @@ impl Gen<'_> {
             for kq in 0..4 {
                 self.body.stmt(format!(
                     "let qb{kq} = {};",
-                    va(&sb, &format!("{boff} + (q + {kq}u) * {} + c0", u(b.rs)))
+                    vec4_at(&sb, &format!("{boff} + (q + {kq}u) * {} + c0", u(b.rs)))
                 ));
             }
             for i in 0..4 {
@@ -641,8 +644,6 @@ impl Gen<'_> {
         } else {
             None
         };
-        let va =
-            |s: &Slot, i: &str| format!("bitcast<vec4<f32>>({}[({}u + {i}) >> 2u])", s.var, s.base);
         if f32_quads && (sa.is_some() || sb.is_some()) {
             // Four consecutive k an invocation, lanes 16 bytes apart.
             self.body.stmt(format!(
@@ -654,7 +655,7 @@ impl Gen<'_> {
             let quad =
                 |gen: &mut Self, s: &Option<Slot>, x: &Operand, base: String, step: usize| {
                     if let Some(s) = s {
-                        return Ok(va(s, &base));
+                        return Ok(vec4_at(s, &base));
                     }
                     let mut parts = vec![];
                     for j in 0..4 {
@@ -835,14 +836,13 @@ impl Gen<'_> {
          -> R<String> {
             let ok = format!("{line} < {} && {k} < {}", u(lines), u(kk));
             if let Some(s) = slot {
-                return Ok(format!(
-                    "select(vec4<f32>(0.0), bitcast<vec4<f32>>({}[({}u + {off} + min({line}, {}) * {} + min({k}, {})) >> 2u]), {ok})",
-                    s.var,
-                    s.base,
+                let at = format!(
+                    "{off} + min({line}, {}) * {} + min({k}, {})",
                     u(lines - 1),
                     u(line_stride),
                     u(kk - 4)
-                ));
+                );
+                return Ok(format!("select(vec4<f32>(0.0), {}, {ok})", vec4_at(s, &at)));
             }
             let mut parts = vec![];
             for j in 0..4 {
@@ -873,12 +873,16 @@ impl Gen<'_> {
                 Some(s) => gen.body.bind(
                     "vec4<f32>",
                     format!(
-                        "select(vec4<f32>(0.0), bitcast<vec4<f32>>({}[({}u + {boff} + min({kb}, {}) * {} + min(bc, {})) >> 2u]), bc < {} && {kb} < {})",
-                        s.var,
-                        s.base,
-                        u(kk - 1),
-                        u(b.rs),
-                        u(mm - 4),
+                        "select(vec4<f32>(0.0), {}, bc < {} && {kb} < {})",
+                        vec4_at(
+                            s,
+                            &format!(
+                                "{boff} + min({kb}, {}) * {} + min(bc, {})",
+                                u(kk - 1),
+                                u(b.rs),
+                                u(mm - 4)
+                            )
+                        ),
                         u(mm),
                         u(kk)
                     ),
@@ -956,27 +960,12 @@ impl Gen<'_> {
         self.body.stmt("}".into());
         self.body.stmt("workgroupBarrier();".into());
         self.body.stmt("}".into());
-        self.body
-            .stmt("for (var ij = 0u; ij < 16u; ij = ij + 1u) {".into());
-        self.body
-            .stmt("let row = wid.y * 64u + lid.y + 16u * (ij / 4u);".into());
-        if b_cols.is_some() {
-            self.body
-                .stmt("let col = wid.x * 64u + lid.x * 4u + ij % 4u;".into());
+        let col = if b_cols.is_some() {
+            "lid.x * 4u + ij % 4u"
         } else {
-            self.body
-                .stmt("let col = wid.x * 64u + lid.x + 16u * (ij % 4u);".into());
-        }
-        self.body.stmt(format!(
-            "if (row >= {} || col >= {}) {{ continue; }}",
-            u(nn),
-            u(mm)
-        ));
-        let mut pick = accs[0].clone();
-        for (i, c) in accs.iter().enumerate().skip(1) {
-            pick = format!("select({pick}, {c}, ij == {i}u)");
-        }
-        Ok(Some(self.body.bind("f32", pick)))
+            "lid.x + 16u * (ij % 4u)"
+        };
+        Ok(Some(self.tile_outputs(&accs, 64, col, nn, mm, "f32")))
     }
 
     /// The GPU matrix product: a 64x64 output tile per workgroup of 16x16
@@ -1113,16 +1102,32 @@ impl Gen<'_> {
         // Epilogue over the invocation's outputs; the accumulator picked by
         // selects (a dynamic index would move the accumulators out of
         // registers).
+        Ok(self.tile_outputs(&accs, bm, "lid.x + 16u * (ij % 4u)", nn, mm, at))
+    }
+
+    /// Opens a tiled product's epilogue loop over the invocation's
+    /// accumulators (4 columns a row; rows `lid.y + 16 i` of a `bm`-row
+    /// tile, columns `col` within its 64): `row`, `col` in scope, past the
+    /// result skipped; returns the accumulator, picked by selects (a
+    /// dynamic index would move the accumulators out of registers).
+    fn tile_outputs(
+        &mut self,
+        accs: &[String],
+        bm: usize,
+        col: &str,
+        nn: usize,
+        mm: usize,
+        at: &str,
+    ) -> String {
         self.body.stmt(format!(
             "for (var ij = 0u; ij < {}; ij = ij + 1u) {{",
-            u(4 * tm)
+            u(accs.len())
         ));
         self.body.stmt(format!(
             "let row = wid.y * {} + lid.y + 16u * (ij / 4u);",
             u(bm)
         ));
-        self.body
-            .stmt("let col = wid.x * 64u + lid.x + 16u * (ij % 4u);".into());
+        self.body.stmt(format!("let col = wid.x * 64u + {col};"));
         self.body.stmt(format!(
             "if (row >= {} || col >= {}) {{ continue; }}",
             u(nn),
@@ -1132,6 +1137,6 @@ impl Gen<'_> {
         for (i, c) in accs.iter().enumerate().skip(1) {
             pick = format!("select({pick}, {c}, ij == {i}u)");
         }
-        Ok(self.body.bind(at, pick))
+        self.body.bind(at, pick)
     }
 }

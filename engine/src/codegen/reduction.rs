@@ -47,6 +47,8 @@ struct Lines {
 
 /// A row kernel's lane and its elements: (value, in range, column, index).
 pub(super) struct RowCtx {
+    /// This invocation's row (past the last for spare invocations).
+    pub(super) row: String,
     pub(super) lane: String,
     pub(super) xs: Vec<(String, String, String, String)>,
 }
@@ -233,7 +235,7 @@ impl Gen<'_> {
         label: String,
     ) -> R<KernelCode> {
         let od = self.meta(v).dtype;
-        let RowCtx { lane, xs } = self.row_elements(input, &t)?;
+        let RowCtx { row, lane, xs } = self.row_elements(input, &t)?;
         let mut sum = "0.0".to_string();
         for (x, inr, _, _) in &xs {
             sum = self
@@ -247,14 +249,6 @@ impl Gen<'_> {
         } else {
             total
         };
-        let row = self.body.bind(
-            "u32",
-            format!(
-                "(wid.y * nwg.x + wid.x) * {} + lid.x / {}",
-                u(64 / t.lanes),
-                u(t.lanes)
-            ),
-        );
         self.body
             .stmt(format!("if ({lane} == 0u && {row} < {}) {{", u(t.rows)));
         self.store_to(v, &row, &cast(&res, DType::F32, od))?;
@@ -491,7 +485,7 @@ impl Gen<'_> {
             let x = self.body.bind("f32", cast(&x, im.dtype, DType::F32));
             xs.push((x, inr, k, at));
         }
-        Ok(RowCtx { lane, xs })
+        Ok(RowCtx { row, lane, xs })
     }
 
     /// Each of `partials` combined over the lanes of each row through
@@ -603,7 +597,7 @@ impl Gen<'_> {
         label: String,
     ) -> R<KernelCode> {
         let od = self.meta(v).dtype;
-        let RowCtx { lane, xs } = self.row_elements(input, &t)?;
+        let RowCtx { lane, xs, .. } = self.row_elements(input, &t)?;
         let ninf = literal(f64::NEG_INFINITY, DType::F32);
         let mut m = ninf.clone();
         for (x, inr, _, _) in &xs {
@@ -812,7 +806,7 @@ impl Gen<'_> {
         label: String,
     ) -> R<KernelCode> {
         let od = self.meta(v).dtype;
-        let RowCtx { lane, xs } = self.row_elements(input, &t)?;
+        let RowCtx { lane, xs, .. } = self.row_elements(input, &t)?;
         let w = u(t.width);
         let mut sum = "0.0".to_string();
         for (x, inr, _, _) in &xs {
