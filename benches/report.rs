@@ -297,7 +297,8 @@ fn main() {
         md,
         "Regenerate with `cargo bench --bench report` (writes this file; about 20 minutes on the \
          2-core development machine with lavapipe). Kiln and PyTorch run in the same invocation: \
-         PyTorch through `benches/torch_bench.py` on this machine's CPU.\n"
+         PyTorch through `benches/torch_bench.py` on this machine's CPU. GPU figures (an H100 \
+         beside PyTorch CUDA) are in `docs/performance-gpu.md`, from `scripts/gpu-bench.sh`.\n"
     );
     let _ = writeln!(
         md,
