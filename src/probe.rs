@@ -6,6 +6,7 @@
 //! invocation. Each is checked (the copy must be exact) and timed with
 //! timestamp queries (wall time around submit and wait without them).
 
+use crate::profile::median;
 use kiln_engine::wgpu;
 use kiln_engine::{EngineError, Gpu};
 use std::sync::{Arc, Mutex};
@@ -267,15 +268,6 @@ pub fn copy_probe(gpu: &Gpu, mib: u64, runs: usize) -> Result<Probe, EngineError
         runs,
         rows,
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// The first `bytes` of a mappable buffer.

@@ -35,7 +35,8 @@ pub struct Profile {
     pub pipelines: usize,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median (0 for none).
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
