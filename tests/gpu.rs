@@ -661,6 +661,34 @@ fn zero_size_dimensions_run() {
     }
 }
 
+/// Negative fill values meet prefix operators (`neg` of `-1i` once made
+/// `--1i`, which WGSL refuses): fills and factories of every kind.
+#[test]
+fn negative_fills_under_prefix_operators() {
+    let src = "graph f(%x: i32[4], %m: bool[4], %z: f32[4]) {
+  %a = full([4], -1, i32)
+  %b = neg(%a)
+  %c = fill(%x, -2)
+  %d = neg(%c)
+  %e = masked_fill(%x, %m, -3)
+  %f = neg(%e)
+  %g = full_like(%z, -1.5)
+  %h = neg(%g)
+  %i = add(%x, %b)
+  return (%i, %d, %f, %h)
+}";
+    let g = parse(src).unwrap();
+    for k in &kiln::engine::compile(&g).unwrap().kernels {
+        kiln::engine::wgsl::validate(&k.code.wgsl).unwrap();
+    }
+    let ins = kiln::functionalize::random::random_inputs(&g, 1, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let got = engine().run(&g, ins).unwrap();
+    for (a, b) in got.outputs.iter().zip(&want.outputs) {
+        close_gpu("negative fills", a, b, 0.0).unwrap();
+    }
+}
+
 /// Region updates of a fresh copy, fused into one kernel, match the
 /// reference (and on a parameter, in place).
 #[test]

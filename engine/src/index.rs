@@ -9,7 +9,7 @@ use crate::schedule::Schedule;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::{broadcast_strides, contiguous_strides, wrap_dim, Meta};
 use kiln_functionalize::ops::args::ArgsExt;
-use kiln_functionalize::ops::{self, Lowering, Rule};
+use kiln_functionalize::ops::{self, Elem, Lowering, RegionKind, Rule};
 use kiln_functionalize::schema::Arg;
 use std::collections::HashMap;
 
@@ -161,9 +161,11 @@ impl Region {
             .map(|a| a.map(&mut |v| g.meta(*v)))
             .collect();
         let wrap = |d: i64| wrap_dim(d, out.dim());
-        let name = node.op.name();
-        Ok(match name {
-            "slice_scatter" => {
+        let Lowering::RegionScatter { region, .. } = node.op.def().lowering else {
+            return Err(format!("{} has no closed-form region", node.op.name()));
+        };
+        Ok(match region {
+            RegionKind::Slice => {
                 let dim = wrap(a.int(2)?)?;
                 let size = out.sizes[dim] as i64;
                 let clampb = |v: i64| -> i64 { (if v < 0 { v + size } else { v }).clamp(0, size) };
@@ -176,7 +178,7 @@ impl Region {
                     step: a.int(5)?.max(1) as usize,
                 }
             }
-            "select_scatter" => {
+            RegionKind::Select => {
                 let dim = wrap(a.int(2)?)?;
                 let i = a.int(3)?;
                 let size = out.sizes[dim] as i64;
@@ -185,12 +187,11 @@ impl Region {
                     index: (if i < 0 { i + size } else { i }) as usize,
                 }
             }
-            "diagonal_scatter" => Region::Diagonal {
+            RegionKind::Diagonal => Region::Diagonal {
                 offset: a.int(2)?,
                 d1: wrap(a.int(3)?)?,
                 d2: wrap(a.int(4)?)?,
             },
-            _ => return Err(format!("{name} has no closed-form region")),
         })
     }
 
@@ -301,14 +302,25 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
             .collect()
     };
     let at = |t: ValueId| Read::At(t, Affine::broadcast(&out.sizes, g.meta(t)));
-    match (&def.rule, def.lowering, def.name.as_str()) {
-        (Rule::Pointwise(_), _, _)
-        | (_, _, "clone" | "masked_fill" | "_to_copy" | "tril" | "triu") => {
+    let elem = match def.lowering {
+        Lowering::Map(e) | Lowering::Free(e) => e,
+        Lowering::RegionScatter { .. } => {
+            let t = tensors(0);
+            let (base, src) = (t[0], t[1]);
+            return Ok(vec![
+                Read::At(base, Affine::identity(&out.sizes)),
+                Read::Source(src, Region::of(g, n, out)?),
+            ]);
+        }
+        _ => return Err(format!("{} is not computed inline", def.name)),
+    };
+    match elem {
+        Elem::Pointwise | Elem::Same | Elem::Cast | Elem::Triangle { .. } | Elem::MaskedFill => {
             Ok(tensors(0).into_iter().map(at).collect())
         }
         // Each input fills a region of the result: a slice along `dim`
         // (`cat`), one index of a new `dim` (`stack`).
-        (_, _, "cat" | "stack") => {
+        Elem::Join { stack } => {
             let d = match node.args.get(1) {
                 Some(Arg::Int(d)) => wrap_dim(*d, out.dim())?,
                 _ => return Err(format!("{}: no dim", def.name)),
@@ -317,7 +329,7 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
             let mut out_reads = vec![];
             for (i, t) in node.args[0].tensors().into_iter().copied().enumerate() {
                 let tm = g.meta(t);
-                let region = if def.name == "stack" {
+                let region = if stack {
                     Region::Select { dim: d, index: i }
                 } else if tm.dim() == 1 && tm.sizes[0] == 0 {
                     continue;
@@ -336,44 +348,38 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
             Ok(out_reads)
         }
         // `copy(self, src)` reads only `src`.
-        (_, _, "copy") => Ok(tensors(1).into_iter().map(at).collect()),
-        (Rule::ViewCopy(view), _, _) => {
+        Elem::CopyFrom => Ok(tensors(1).into_iter().map(at).collect()),
+        Elem::ViewCopy => {
+            let Rule::ViewCopy(view) = def.rule else {
+                return Err(format!("{} is no view copy", def.name));
+            };
             let [input] = tensors(0)[..1] else {
                 return Err(format!("{}: no input", def.name));
             };
             Ok(vec![Read::At(
                 input,
-                Affine::view(g, *view, g.meta(input), &node.args[1..], k)?,
+                Affine::view(g, view, g.meta(input), &node.args[1..], k)?,
             )])
         }
-        (_, _, "fill") => Ok(tensors(1).into_iter().map(Read::First).collect()),
-        (_, _, "flip" | "repeat" | "constant_pad_nd") => {
-            Ok(tensors(0).into_iter().map(Read::Other).collect())
-        }
+        Elem::Fill { value } => Ok(match node.args.get(value) {
+            Some(Arg::Tensor(t)) => vec![Read::First(*t)],
+            _ => vec![],
+        }),
         // The index at the element (broadcast), self anywhere.
-        (_, _, "index") => Ok(tensors(0).into_iter().map(Read::Other).collect()),
-        (_, _, "gather" | "take_along_dim") => {
+        Elem::Remap(_) | Elem::Index => Ok(tensors(0).into_iter().map(Read::Other).collect()),
+        Elem::GatherAlong { .. } => {
             let t = tensors(0);
             Ok(vec![Read::Other(t[0]), at(t[1])])
         }
         // `self` at the element; the index and the source anywhere.
-        (_, _, "index_add" | "index_copy" | "scatter" | "scatter_add") => {
+        Elem::IndexAdd | Elem::ScatterInto { .. } => {
             let t = tensors(0);
             let mut r = vec![Read::At(t[0], Affine::identity(&out.sizes))];
             r.extend(t[1..].iter().map(|&x| Read::Other(x)));
             Ok(r)
         }
         // Factories and fills of a literal read nothing.
-        (_, Lowering::Free, _) => Ok(vec![]),
-        (_, Lowering::RegionScatter(_), _) => {
-            let t = tensors(0);
-            let (base, src) = (t[0], t[1]);
-            Ok(vec![
-                Read::At(base, Affine::identity(&out.sizes)),
-                Read::Source(src, Region::of(g, n, out)?),
-            ])
-        }
-        _ => Err(format!("{} is not computed inline", def.name)),
+        Elem::Constant { .. } | Elem::Arange => Ok(vec![]),
     }
 }
 

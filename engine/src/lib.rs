@@ -752,9 +752,12 @@ fn lower(
             grp.len() > 1 || is_map(g, &sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
         // A gather reads of its table only the rows it copies.
         let table = g.node_of(grp[0]).and_then(|n| {
-            (g.nodes[n].op.def().lowering == kiln_functionalize::ops::Lowering::Gather)
-                .then(|| g.nodes[n].inputs().first().copied())
-                .flatten()
+            matches!(
+                g.nodes[n].op.def().lowering,
+                kiln_functionalize::ops::Lowering::Gather(_)
+            )
+            .then(|| g.nodes[n].inputs().first().copied())
+            .flatten()
         });
         let bytes_read: usize = reads
             .iter()
@@ -881,7 +884,10 @@ fn kernel_flops(
             let node = &g.nodes[n];
             // Reductions and row kernels: per input element; a gather
             // copies rows (per output element).
-            let gather = node.op.def().lowering == kiln_functionalize::ops::Lowering::Gather;
+            let gather = matches!(
+                node.op.def().lowering,
+                kiln_functionalize::ops::Lowering::Gather(_)
+            );
             if let Some(&x) = node.args.first().and_then(|a| a.tensors().first().copied()) {
                 if !gather {
                     return ops * g.meta(x).numel().max(g.meta(*v).numel());
@@ -907,7 +913,7 @@ fn product_flops(g: &Graph, n: kiln_functionalize::graph::NodeId) -> Option<usiz
         return Some(2 * (om.numel() / ev.max(1)) * s * (e + ev));
     }
     // The left operand holds K last.
-    let a = kiln_functionalize::ops::product_form(node.op)?.left;
+    let a = node.op.def().lowering.product()?.left;
     let x = *node.args.get(a)?.tensors().first()?;
     let k = g.meta(*x).sizes.last().copied()?;
     Some(2 * g.meta(node.results[0]).numel() * k)

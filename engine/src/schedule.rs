@@ -29,7 +29,7 @@ pub enum Class {
 pub fn class(g: &Graph, n: NodeId) -> Result<Class, EngineError> {
     let def = g.nodes[n].op.def();
     match def.lowering {
-        Lowering::None => {
+        Lowering::None | Lowering::NoKernel => {
             let kind = match def.kind {
                 OpKind::View | OpKind::MultiView | OpKind::ViewOrCopy => {
                     "a view (functionalize with mutations_and_views first)"
@@ -49,7 +49,7 @@ pub fn class(g: &Graph, n: NodeId) -> Result<Class, EngineError> {
 
 /// Index maps and factories: free to recompute in every consumer.
 pub fn is_free(g: &Graph, n: NodeId) -> bool {
-    g.nodes[n].op.def().lowering == Lowering::Free
+    g.nodes[n].op.def().lowering.is_free()
 }
 
 /// The view a scatter node writes through.
@@ -198,7 +198,7 @@ fn elementwise_tail(g: &Graph, s: &Schedule, r: ValueId) -> ValueId {
         };
         let node = &g.nodes[u];
         match node.results[..] {
-            [y] if node.op.def().lowering == Lowering::Map && g.meta(y).sizes == *sizes => x = y,
+            [y] if node.op.def().lowering.is_plain_map() && g.meta(y).sizes == *sizes => x = y,
             _ => return x,
         }
     }
@@ -213,8 +213,8 @@ fn feeds_products_only(g: &Graph, s: &Schedule, v: ValueId) -> bool {
         && uses.iter().all(|&u| {
             let node = &g.nodes[u];
             match node.op.def().lowering {
-                Lowering::MatMul => true,
-                Lowering::Free => node
+                Lowering::MatMul(_) => true,
+                Lowering::Free(_) => node
                     .results
                     .iter()
                     .all(|&y| !s.is_materialized.contains(&y) && feeds_products_only(g, s, y)),
@@ -241,11 +241,11 @@ fn fuse_products(
     for &n in &g.order {
         if !matches!(
             g.nodes[n].op.def().lowering,
-            Lowering::MatMul
+            Lowering::MatMul(_)
                 | Lowering::Softmax { .. }
                 | Lowering::LayerNorm
-                | Lowering::Reduce
-                | Lowering::Gather
+                | Lowering::Reduce(_)
+                | Lowering::Gather(_)
         ) {
             continue;
         }
@@ -326,7 +326,7 @@ pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
     let mut out = HashSet::new();
     for &n in &g.order {
         let node = &g.nodes[n];
-        let Some(form) = kiln_functionalize::ops::product_form(node.op) else {
+        let Some(form) = node.op.def().lowering.product() else {
             continue;
         };
         if attention.contains(&n) {
@@ -336,7 +336,10 @@ pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
         for i in [form.left, form.right] {
             if let Some(&Arg::Tensor(v)) = node.args.get(i) {
                 if g.node_of(v).is_some_and(|m| {
-                    matches!(g.nodes[m].op.def().lowering, Lowering::Free | Lowering::Map)
+                    matches!(
+                        g.nodes[m].op.def().lowering,
+                        Lowering::Free(_) | Lowering::Map(_)
+                    )
                 }) {
                     out.insert(v);
                 }
@@ -380,7 +383,11 @@ fn attention_of(
     scores: NodeId,
     t: ValueId,
 ) -> Option<(NodeId, ValueId, NodeId)> {
-    let is_bmm = |n: NodeId| matches!(g.nodes[n].op.name(), "matmul" | "bmm");
+    // A batched product with nothing added (`bmm`, `matmul`).
+    let is_bmm = |n: NodeId| {
+        g.nodes[n].op.def().lowering.product()
+            == Some(kiln_functionalize::ops::ProductForm::plain(true))
+    };
     let sm = g.meta(t);
     if !is_bmm(scores)
         || sm.dim() < 2

@@ -9,22 +9,23 @@ impl Gen<'_> {
         let om = g.meta(v).clone();
         let count = om.numel();
         self.guard(count);
-        let (src, idx, dim) = match node.op.name() {
-            "embedding" => (
-                *node.args[0].tensors()[0],
-                *node.args[1].tensors()[0],
-                0usize,
-            ),
-            _ => {
-                let s = *node.args[0].tensors()[0];
-                let d = match node.args[1] {
-                    Arg::Int(d) => {
-                        kiln_functionalize::meta::wrap_dim(d, g.meta(s).dim()).map_err(bug)?
-                    }
-                    _ => return Err(bug("index_select dim")),
-                };
-                (s, *node.args[2].tensors()[0], d)
+        let Lowering::Gather(form) = node.op.def().lowering else {
+            return Err(bug(format!("{} is no gather", node.op.name())));
+        };
+        let tensor = |i: usize| match node.args.get(i) {
+            Some(Arg::Tensor(t)) => Ok(*t),
+            _ => Err(bug(format!(
+                "{}: argument {i} is not a tensor",
+                node.op.name()
+            ))),
+        };
+        let (src, idx) = (tensor(form.table)?, tensor(form.index)?);
+        let dim = match form.dim.map(|i| &node.args[i]) {
+            None => 0usize,
+            Some(&Arg::Int(d)) => {
+                kiln_functionalize::meta::wrap_dim(d, g.meta(src).dim()).map_err(bug)?
             }
+            Some(_) => return Err(bug(format!("{}: no dim", node.op.name()))),
         };
         let sm = g.meta(src).clone();
         let sizes = &sm.sizes;

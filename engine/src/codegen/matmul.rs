@@ -54,7 +54,11 @@ impl Gen<'_> {
     pub(super) fn product(&self, n: NodeId) -> R<Product> {
         let g = self.g;
         let node = &g.nodes[n];
-        let form = kiln_functionalize::ops::product_form(node.op)
+        let form = node
+            .op
+            .def()
+            .lowering
+            .product()
             .ok_or_else(|| bug(format!("{} is no matrix product", node.op.name())))?;
         let t = |i: usize| *node.args[i].tensors()[0];
         let (a, b, batch, nn, kk, mm, extra) = match form {

@@ -83,13 +83,16 @@ impl Gen<'_> {
     ) -> R<KernelCode> {
         let g = self.g;
         let node = &g.nodes[n];
-        let name = node.op.name();
+        use kiln_functionalize::ops::Reduction as Red;
+        let Lowering::Reduce(red_op) = node.op.def().lowering else {
+            return Err(bug(format!("{} is no reduction", node.op.name())));
+        };
         let input = *node.args[0].tensors()[0];
         let im = g.meta(input).clone();
         let om = g.meta(v).clone();
-        let dims: Option<&[i64]> = match name {
-            "amax" | "amin" => Some(margs.int_list(1).map_err(bug)?),
-            "var" | "std" => margs.opt_int_list(1).map_err(bug)?,
+        let dims: Option<&[i64]> = match red_op {
+            Red::Amax | Red::Amin => Some(margs.int_list(1).map_err(bug)?),
+            Red::Var { .. } => margs.opt_int_list(1).map_err(bug)?,
             _ if node.args.len() <= 2 => None,
             _ => margs.opt_int_list(1).map_err(bug)?,
         };
@@ -123,9 +126,13 @@ impl Gen<'_> {
                 .iter()
                 .enumerate()
                 .all(|(i, &d)| d == im.dim() - reduced.len() + i);
-        if self.workgroup_rows && matches!(name, "sum" | "mean") && acc_dt.is_float() && trailing {
+        if self.workgroup_rows
+            && matches!(red_op, Red::Sum | Red::Mean)
+            && acc_dt.is_float()
+            && trailing
+        {
             if let Some(t) = RowTile::new(count, nout).filter(|t| !t.looped()) {
-                return self.sum_rows(input, v, name == "mean", t, label);
+                return self.sum_rows(input, v, red_op == Red::Mean, t, label);
             }
         }
         self.body
@@ -134,9 +141,9 @@ impl Gen<'_> {
         let kst: Vec<usize> = kept.iter().map(|&d| istr[d]).collect();
         let kbase = self.ravel(&km, &kst, 0);
         let float = acc_dt.is_float();
-        let (init, is_sum) = match name {
-            "amax" => (extreme_literal(acc_dt, false), false),
-            "amin" => (extreme_literal(acc_dt, true), false),
+        let (init, is_sum) = match red_op {
+            Red::Amax => (extreme_literal(acc_dt, false), false),
+            Red::Amin => (extreme_literal(acc_dt, true), false),
             _ => (literal(0.0, acc_dt), true),
         };
         let acc = self.body.var(acc_ty, init);
@@ -159,14 +166,14 @@ impl Gen<'_> {
         let at = self.body.bind("u32", format!("{kbase} + {roff}"));
         let x = self.value_at(input, &at)?;
         let x = self.body.bind(acc_ty, cast(&x, im.dtype, acc_dt));
-        match (name, &comp, &nan) {
+        match (red_op, &comp, &nan) {
             (_, Some(c), _) => self.kahan_add(&acc, c, &x),
             (_, None, _) if is_sum => self.checked_add(n, &acc, &x, acc_dt)?,
-            ("amax", _, _) if acc_dt == DType::Bool => {
+            (Red::Amax, _, _) if acc_dt == DType::Bool => {
                 self.body.stmt(format!("{acc} = {acc} || {x};"))
             }
             (_, _, _) if acc_dt == DType::Bool => self.body.stmt(format!("{acc} = {acc} && {x};")),
-            ("amax", _, _) => self.body.stmt(format!("{acc} = max({acc}, {x});")),
+            (Red::Amax, _, _) => self.body.stmt(format!("{acc} = max({acc}, {x});")),
             _ => self.body.stmt(format!("{acc} = min({acc}, {x});")),
         }
         if let Some(nv) = &nan {
@@ -175,10 +182,10 @@ impl Gen<'_> {
         self.body.stmt("}".into());
         self.memo = saved;
         let mut res = acc.clone();
-        if name == "mean" {
+        if red_op == Red::Mean {
             res = self.body.bind(acc_ty, format!("{acc} / f32({})", u(count)));
         }
-        if matches!(name, "var" | "std") {
+        if let Red::Var { sqrt } = red_op {
             // A second pass: squared deviations from the mean (the
             // corrected two-pass algorithm, as the reference computes).
             let mean = self.body.bind("f32", format!("{acc} / f32({})", u(count)));
@@ -204,7 +211,7 @@ impl Gen<'_> {
             res = self
                 .body
                 .bind("f32", format!("{ss} / {}", literal(denom, DType::F32)));
-            if name == "std" {
+            if sqrt {
                 res = self.body.bind("f32", format!("sqrt({res})"));
             }
         }

@@ -60,12 +60,13 @@ impl<'a> Gen<'a> {
     /// value, 1 the index): the first extreme of each line, NaN winning.
     pub(super) fn extreme(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
         let node = &self.g.nodes[n];
-        let name = node.op.name();
+        let Lowering::Extreme { high, index_only } = node.op.def().lowering else {
+            return Err(bug(format!("{} is no extreme", node.op.name())));
+        };
         let input = *node.args[0].tensors()[0];
         let im = self.meta(input).clone();
         let k = node.results.iter().position(|&r| r == v).unwrap_or(0);
-        let want_index = name.starts_with("arg") || k == 1;
-        let high = name.ends_with("max");
+        let want_index = index_only || k == 1;
         let line = line_of(&im, self.opt_dim(n, 1))?;
         let t = ty(im.dtype);
         self.body
@@ -114,7 +115,7 @@ impl<'a> Gen<'a> {
     /// `k`; result 0 the values, 1 the indices.
     pub(super) fn sort(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
         let node = &self.g.nodes[n];
-        let topk = node.op.name() == "topk";
+        let topk = matches!(node.op.def().lowering, Lowering::Sort { topk: true });
         let margs: Vec<Arg<&Meta>> = node
             .args
             .iter()

@@ -6,6 +6,7 @@
 use super::args::{ArgsExt, Scalar};
 use super::layout::like;
 use super::views;
+use super::RemapKind;
 use crate::dtype::DType;
 use crate::meta::{broadcast_shapes, wrap_dim, Meta, Metas, ShapeFmt};
 use crate::schema::Arg;
@@ -1544,10 +1545,10 @@ pub enum Remap {
 }
 
 impl Remap {
-    pub fn of(name: &str, a: &A) -> Res<Remap> {
+    pub fn of(kind: RemapKind, a: &A) -> Res<Remap> {
         let m = a.tensor(0)?;
-        Ok(match name {
-            "flip" => {
+        Ok(match kind {
+            RemapKind::Flip => {
                 let dims = a
                     .int_list(1)?
                     .iter()
@@ -1555,10 +1556,10 @@ impl Remap {
                     .collect::<Res<Vec<_>>>()?;
                 Remap::Flip(dims)
             }
-            "repeat" => Remap::Repeat {
+            RemapKind::Repeat => Remap::Repeat {
                 lead: a.int_list(1)?.len().saturating_sub(m.dim()),
             },
-            _ => {
+            RemapKind::Pad => {
                 let pad = a.int_list(1)?;
                 let mut before = vec![0i64; m.dim()];
                 for (k, p) in pad.chunks(2).enumerate() {
@@ -1659,10 +1660,10 @@ pub fn pad_infer(a: &A) -> Res<Metas> {
     Ok(smallvec::smallvec![Meta::contiguous(m.dtype, sizes)])
 }
 
-fn remap_eval(name: &str, a: &R, o: &[Meta], fill: f64) -> Res<Vec<RTensor>> {
+fn remap_eval(kind: RemapKind, a: &R, o: &[Meta], fill: f64) -> Res<Vec<RTensor>> {
     let t = a.tensor(0)?;
     let metas: Vec<Arg<&Meta>> = a.iter().map(|x| x.map(&mut |t| &t.meta)).collect();
-    let r = Remap::of(name, &metas)?;
+    let r = Remap::of(kind, &metas)?;
     let vals = t.values();
     let inp = t.meta.sizes.clone();
     let st = crate::meta::contiguous_strides(&inp);
@@ -1679,16 +1680,16 @@ fn remap_eval(name: &str, a: &R, o: &[Meta], fill: f64) -> Res<Vec<RTensor>> {
 }
 
 pub fn flip_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
-    remap_eval("flip", a, o, 0.0)
+    remap_eval(RemapKind::Flip, a, o, 0.0)
 }
 
 pub fn repeat_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
-    remap_eval("repeat", a, o, 0.0)
+    remap_eval(RemapKind::Repeat, a, o, 0.0)
 }
 
 pub fn pad_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     let fill = a.opt_scalar(2)?.map_or(0.0, |s| s.to_f64());
-    remap_eval("constant_pad_nd", a, o, fill)
+    remap_eval(RemapKind::Pad, a, o, fill)
 }
 
 /// `var` / `std(self, dim?, *, correction=1, keepdim=False)`: the mean

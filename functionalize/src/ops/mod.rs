@@ -11,9 +11,12 @@ pub mod batching;
 pub mod derivatives;
 pub mod kernels;
 pub mod layout;
+pub mod lowering;
 pub mod pointwise;
 pub mod select;
 pub mod views;
+
+pub use lowering::{Elem, GatherForm, Lowering, ProductForm, Reduction, RegionKind, RemapKind};
 
 use crate::meta::{Meta, Metas};
 use crate::schema::{Arg, Schema, Schemas};
@@ -64,91 +67,6 @@ pub enum Rule {
     },
     /// A custom function (`crate::custom`): `OpDef::custom` has its rules.
     Custom,
-}
-
-/// How a compiler lowers an op onto kernels (no GPU dependency: the
-/// classes are what a code generator needs to know, not how it does it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lowering {
-    /// Not lowered directly: views and in-place ops (functionalize first).
-    None,
-    /// Element `i` of the result is an expression of the inputs at
-    /// computed indices: inlined into consumers.
-    Map,
-    /// A map that costs no memory traffic to recompute (index maps of view
-    /// copies, factories, fills): inlined into every consumer.
-    Free,
-    /// `<view>_scatter` of a region view: a predicated map, or in place.
-    RegionScatter(OpId),
-    /// `as_strided_scatter`: a copy, then the view's elements written.
-    StridedScatter(OpId),
-    Reduce,
-    Softmax {
-        log: bool,
-    },
-    LayerNorm,
-    /// A batched matrix product (with bias / scaled addend).
-    MatMul,
-    /// `softmax(q k^T * scale + bias) v` in one kernel.
-    Attention,
-    /// Running sums along a dimension: a line per invocation.
-    Scan,
-    Gather,
-    IndexPut,
-    /// The extreme of each line and its index (`argmax`, `max.dim`): an
-    /// output element per invocation.
-    Extreme,
-    /// Sorting lines (`sort`, `topk`): each element's rank in its line.
-    Sort,
-    /// A custom function's own kernel.
-    Custom,
-}
-
-/// Where a matrix op (`Lowering::MatMul`) keeps its operands: `left @
-/// right`, plus an addend (`addmm`/`baddbmm`'s self, `linear`'s bias);
-/// `linear`'s right operand is a weight stored transposed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProductForm {
-    pub left: usize,
-    pub right: usize,
-    pub addend: Option<usize>,
-    pub linear: bool,
-}
-
-/// The operand positions of matrix op `op` (`None` for other ops).
-pub fn product_form(op: OpId) -> Option<ProductForm> {
-    let form = |left, right, addend, linear| ProductForm {
-        left,
-        right,
-        addend,
-        linear,
-    };
-    match op.def().lowering {
-        Lowering::MatMul => Some(match op.name() {
-            "addmm" | "baddbmm" => form(1, 2, Some(0), false),
-            "linear" => form(0, 1, Some(2), true),
-            _ => form(0, 1, None, false),
-        }),
-        _ => None,
-    }
-}
-
-impl Lowering {
-    /// The view op a scatter writes through.
-    pub fn scatter_view(self) -> Option<OpId> {
-        match self {
-            Lowering::RegionScatter(v) | Lowering::StridedScatter(v) => Some(v),
-            _ => None,
-        }
-    }
-
-    /// Inlined into consumers (rather than a kernel of its own).
-    pub fn is_map(self) -> bool {
-        matches!(
-            self,
-            Lowering::Map | Lowering::Free | Lowering::RegionScatter(_)
-        )
-    }
 }
 
 pub struct OpDef {
@@ -344,8 +262,8 @@ impl Builder {
         // Parsed when first used; `every_schema_parses` checks them all.
         let schemas = Schemas::lazy(texts);
         let lowering = match (&rule, kind) {
-            (Rule::Pointwise(_), OpKind::Functional) => Lowering::Map,
-            (Rule::ViewCopy(_), _) => Lowering::Free,
+            (Rule::Pointwise(_), OpKind::Functional) => Lowering::Map(Elem::Pointwise),
+            (Rule::ViewCopy(_), _) => Lowering::Free(Elem::ViewCopy),
             _ => Lowering::None,
         };
         self.ops.push(OpDef {
@@ -406,8 +324,16 @@ impl Builder {
 
     /// A functional op and its in-place form `<name>_` (same schemas minus
     /// those whose first argument is not a tensor).
-    fn with_inplace(&mut self, name: &str, kind: OpKind, schemas: &[&str], rule: Rule) -> OpId {
+    fn with_inplace(
+        &mut self,
+        name: &str,
+        kind: OpKind,
+        schemas: &[&str],
+        rule: Rule,
+        lowering: Lowering,
+    ) -> OpId {
         let id = self.add(name, kind, schemas, rule);
+        self.ops[id.0 as usize].lowering = lowering;
         let iname = format!("{name}_");
         let (overloads, texts): (Vec<usize>, Vec<Box<str>>) = schemas
             .iter()
@@ -425,7 +351,14 @@ impl Builder {
 
     fn pointwise(&mut self, name: &str, schemas: &[&str], plan: pointwise::PlanFn, inplace: bool) {
         if inplace {
-            self.with_inplace(name, OpKind::Functional, schemas, Rule::Pointwise(plan));
+            let map = Lowering::Map(Elem::Pointwise);
+            self.with_inplace(
+                name,
+                OpKind::Functional,
+                schemas,
+                Rule::Pointwise(plan),
+                map,
+            );
         } else {
             self.add(name, OpKind::Functional, schemas, Rule::Pointwise(plan));
         }
@@ -438,14 +371,30 @@ impl Builder {
         schemas: &[&str],
         infer: InferFn,
         eval: EvalFn,
+        lowering: Lowering,
     ) -> OpId {
-        self.add(name, kind, schemas, Rule::Kernel { infer, eval })
+        let id = self.add(name, kind, schemas, Rule::Kernel { infer, eval });
+        self.ops[id.0 as usize].lowering = lowering;
+        id
+    }
+
+    /// Marks functional op `id` (or the functional form of in-place op
+    /// `id`) as reading its tensor operands anywhere (`OpDef::gathers`).
+    fn gathers(&mut self, id: OpId) {
+        let d = &self.ops[id.0 as usize];
+        let f = match d.kind {
+            OpKind::InPlace => d.counterpart.expect("an in-place op has a functional form"),
+            _ => id,
+        };
+        self.ops[f.0 as usize].gathers = true;
     }
 }
 
 fn build() -> Table {
     use kernels as k;
     use pointwise as p;
+    use Elem as E;
+    use Lowering as L;
     use OpKind::*;
     let mut b = Builder { ops: vec![] };
 
@@ -612,18 +561,18 @@ fn build() -> Table {
     b.ops[contiguous.0 as usize].inverse = Some(Inverse::Identity);
 
     // Scatters: the inverse of a view, writing `src` through it.
-    let sc = |b: &mut Builder, name: &str, schema: &str, view: InferFn| {
+    // `region`: the region a predicated map writes; `None` for
+    // `as_strided`, which may overlap itself.
+    let sc = |b: &mut Builder, name: &str, schema: &str, view: InferFn, region| {
         let id = b.add(name, Functional, &[schema], Rule::Scatter(view));
         let view = name
             .strip_suffix("_scatter")
             .expect("a scatter is <view>_scatter");
         let v = b.ops.iter().position(|o| o.name == view);
         let v = OpId(v.expect("a scatter's view is defined before it") as u16);
-        // `as_strided` may overlap itself: not a predicated region.
-        b.ops[id.0 as usize].lowering = if view == "as_strided" {
-            Lowering::StridedScatter(v)
-        } else {
-            Lowering::RegionScatter(v)
+        b.ops[id.0 as usize].lowering = match region {
+            Some(region) => Lowering::RegionScatter { view: v, region },
+            None => Lowering::StridedScatter(v),
         };
         // The view's inverse, unless it has its own (`as_strided`'s).
         b.ops[v.0 as usize]
@@ -635,24 +584,28 @@ fn build() -> Table {
         "slice_scatter",
         "slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor",
         views::slice,
+        Some(RegionKind::Slice),
     );
     sc(
         &mut b,
         "select_scatter",
         "select_scatter(Tensor self, Tensor src, int dim, SymInt index) -> Tensor",
         views::select,
+        Some(RegionKind::Select),
     );
     sc(
         &mut b,
         "diagonal_scatter",
         "diagonal_scatter(Tensor self, Tensor src, int offset=0, int dim1=0, int dim2=1) -> Tensor",
         views::diagonal,
+        Some(RegionKind::Diagonal),
     );
     sc(
         &mut b,
         "as_strided_scatter",
         "as_strided_scatter(Tensor self, Tensor src, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor",
         views::as_strided,
+        None,
     );
 
     // Elementwise ops, each with its in-place form.
@@ -846,6 +799,7 @@ fn build() -> Table {
             infer: k::copy_infer,
             eval: k::copy_eval,
         },
+        L::Map(E::CopyFrom),
     );
     let fill = b.with_inplace(
         "fill",
@@ -858,6 +812,7 @@ fn build() -> Table {
             infer: k::fill_infer,
             eval: k::fill_eval,
         },
+        L::Free(E::Fill { value: 1 }),
     );
     b.ops[fill.0 as usize].overlap_ok = true;
     let zero = b.with_inplace(
@@ -868,6 +823,7 @@ fn build() -> Table {
             infer: k::like_self_infer,
             eval: k::zeros_eval,
         },
+        L::Free(E::Constant { one: false }),
     );
     b.ops[zero.0 as usize].overlap_ok = true;
     b.with_inplace(
@@ -881,13 +837,16 @@ fn build() -> Table {
             infer: k::masked_fill_infer,
             eval: k::masked_fill_eval,
         },
+        L::Map(E::MaskedFill),
     );
-    b.with_inplace(
+    let id = b.with_inplace(
         "index_put",
         Functional,
         &["index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor"],
-        Rule::Kernel { infer: k::index_put_infer, eval: k::index_put_eval },
+        Rule::Kernel { infer: k::index_put_infer, eval: k::index_put_eval }, L::IndexPut,
     );
+    // Reads its index and source anywhere.
+    b.gathers(id);
 
     // Factories and copies.
     b.kernel(
@@ -896,6 +855,7 @@ fn build() -> Table {
         &["zeros(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"],
         k::zeros_infer,
         k::zeros_eval,
+        L::Free(E::Constant { one: false }),
     );
     b.kernel(
         "ones",
@@ -903,6 +863,7 @@ fn build() -> Table {
         &["ones(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"],
         k::zeros_infer,
         k::ones_eval,
+        L::Free(E::Constant { one: true }),
     );
     b.kernel(
         "full",
@@ -910,6 +871,7 @@ fn build() -> Table {
         &["full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None) -> Tensor"],
         k::full_infer,
         k::full_eval,
+        L::Free(E::Fill { value: 1 }),
     );
     b.kernel(
         "arange",
@@ -920,7 +882,7 @@ fn build() -> Table {
             "arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None) -> Tensor",
         ],
         k::arange_infer,
-        k::arange_eval,
+        k::arange_eval, L::Free(E::Arange),
     );
     b.kernel(
         "zeros_like",
@@ -928,6 +890,7 @@ fn build() -> Table {
         &["zeros_like(Tensor self, *, ScalarType? dtype=None) -> Tensor"],
         k::like_infer,
         k::zeros_eval,
+        L::Free(E::Constant { one: false }),
     );
     b.kernel(
         "ones_like",
@@ -935,6 +898,7 @@ fn build() -> Table {
         &["ones_like(Tensor self, *, ScalarType? dtype=None) -> Tensor"],
         k::like_infer,
         k::ones_eval,
+        L::Free(E::Constant { one: true }),
     );
     b.kernel(
         "full_like",
@@ -942,6 +906,7 @@ fn build() -> Table {
         &["full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None) -> Tensor"],
         k::full_like_infer,
         k::full_like_eval,
+        L::Free(E::Fill { value: 1 }),
     );
     b.kernel(
         "clone",
@@ -949,6 +914,7 @@ fn build() -> Table {
         &["clone(Tensor self) -> Tensor"],
         k::like_self_infer,
         k::clone_eval,
+        L::Map(E::Same),
     );
 
     // Reductions.
@@ -960,7 +926,7 @@ fn build() -> Table {
             "sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
         ],
         k::sum_infer,
-        k::sum_eval,
+        k::sum_eval, L::Reduce(Reduction::Sum),
     );
     b.kernel(
         "mean",
@@ -970,32 +936,39 @@ fn build() -> Table {
             "mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
         ],
         k::mean_infer,
-        k::mean_eval,
+        k::mean_eval, L::Reduce(Reduction::Mean),
     );
-    for (name, eval) in [("var", k::var_eval as EvalFn), ("std", k::std_eval)] {
+    for (name, eval, sqrt) in [
+        ("var", k::var_eval as EvalFn, false),
+        ("std", k::std_eval, true),
+    ] {
         b.kernel(
             name,
             Functional,
             &[&format!("{name}.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor")],
             k::var_infer,
             eval,
+            L::Reduce(Reduction::Var { sqrt }),
         );
     }
-    b.with_inplace(
+    let id = b.with_inplace(
         "index_add",
         Functional,
         &["index_add(Tensor self, int dim, Tensor index, Tensor source, *, Scalar alpha=1) -> Tensor"],
         Rule::Kernel {
             infer: k::index_add_infer,
             eval: k::index_add_eval,
-        },
+        }, L::Map(E::IndexAdd),
     );
+    // Reads its index and source anywhere.
+    b.gathers(id);
     b.kernel(
         "cumsum",
         Functional,
         &["cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"],
         k::cumsum_infer,
         k::cumsum_eval,
+        L::Scan,
     );
     b.kernel(
         "amax",
@@ -1003,6 +976,7 @@ fn build() -> Table {
         &["amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"],
         k::amax_infer,
         k::amax_eval,
+        L::Reduce(Reduction::Amax),
     );
     b.kernel(
         "amin",
@@ -1010,6 +984,7 @@ fn build() -> Table {
         &["amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor"],
         k::amax_infer,
         k::amin_eval,
+        L::Reduce(Reduction::Amin),
     );
     b.kernel(
         "softmax",
@@ -1017,6 +992,7 @@ fn build() -> Table {
         &["softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor"],
         k::softmax_infer,
         k::softmax_eval,
+        L::Softmax { log: false },
     );
     b.kernel(
         "log_softmax",
@@ -1024,6 +1000,7 @@ fn build() -> Table {
         &["log_softmax.int(Tensor self, int dim, ScalarType? dtype=None) -> Tensor"],
         k::softmax_infer,
         k::log_softmax_eval,
+        L::Softmax { log: true },
     );
     b.kernel(
         "_softmax",
@@ -1031,6 +1008,7 @@ fn build() -> Table {
         &["_softmax(Tensor self, int dim, bool half_to_float) -> Tensor"],
         k::softmax_infer,
         k::softmax_eval,
+        L::Softmax { log: false },
     );
     b.kernel(
         "_log_softmax",
@@ -1038,6 +1016,7 @@ fn build() -> Table {
         &["_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor"],
         k::softmax_infer,
         k::log_softmax_eval,
+        L::Softmax { log: true },
     );
 
     // Linear algebra and layers.
@@ -1047,6 +1026,7 @@ fn build() -> Table {
         &["mm(Tensor self, Tensor mat2) -> Tensor"],
         k::mm_infer,
         k::mm_eval,
+        L::MatMul(ProductForm::plain(false)),
     );
     b.kernel(
         "bmm",
@@ -1054,6 +1034,7 @@ fn build() -> Table {
         &["bmm(Tensor self, Tensor mat2) -> Tensor"],
         k::bmm_infer,
         k::bmm_eval,
+        L::MatMul(ProductForm::plain(true)),
     );
     b.kernel(
         "matmul",
@@ -1061,13 +1042,14 @@ fn build() -> Table {
         &["matmul(Tensor self, Tensor other) -> Tensor"],
         k::matmul_infer,
         k::matmul_eval,
+        L::MatMul(ProductForm::plain(true)),
     );
     b.kernel(
         "addmm",
         Functional,
         &["addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"],
         k::addmm_infer,
-        k::addmm_eval,
+        k::addmm_eval, L::MatMul(ProductForm { left: 1, right: 2, addend: Some(0), linear: false, batched: false }),
     );
     b.kernel(
         "linear",
@@ -1075,20 +1057,27 @@ fn build() -> Table {
         &["linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor"],
         k::linear_infer,
         k::linear_eval,
+        L::MatMul(ProductForm {
+            left: 0,
+            right: 1,
+            addend: Some(2),
+            linear: true,
+            batched: false,
+        }),
     );
     b.kernel(
         "layer_norm",
         Functional,
         &["layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool cudnn_enable=True) -> Tensor"],
         k::layer_norm_infer,
-        k::layer_norm_eval,
+        k::layer_norm_eval, L::LayerNorm,
     );
     b.kernel(
         "embedding",
         Functional,
         &["embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor"],
         k::embedding_infer,
-        k::embedding_eval,
+        k::embedding_eval, L::Gather(GatherForm { table: 0, index: 1, dim: None }),
     );
     b.kernel(
         "cat",
@@ -1096,6 +1085,7 @@ fn build() -> Table {
         &["cat(Tensor[] tensors, int dim=0) -> Tensor"],
         k::cat_infer,
         k::cat_eval,
+        L::Map(E::Join { stack: false }),
     );
     b.kernel(
         "stack",
@@ -1103,8 +1093,12 @@ fn build() -> Table {
         &["stack(Tensor[] tensors, int dim=0) -> Tensor"],
         k::stack_infer,
         k::stack_eval,
+        L::Map(E::Join { stack: true }),
     );
-    for (name, eval) in [("tril", k::tril_eval as EvalFn), ("triu", k::triu_eval)] {
+    for (name, eval, upper) in [
+        ("tril", k::tril_eval as EvalFn, false),
+        ("triu", k::triu_eval, true),
+    ] {
         b.with_inplace(
             name,
             Functional,
@@ -1113,6 +1107,7 @@ fn build() -> Table {
                 infer: k::triangle_infer,
                 eval,
             },
+            L::Map(E::Triangle { upper }),
         );
     }
     b.kernel(
@@ -1121,13 +1116,14 @@ fn build() -> Table {
         &["_to_copy(Tensor self, *, ScalarType? dtype=None) -> Tensor"],
         k::to_copy_infer,
         k::to_copy_eval,
+        L::Map(E::Cast),
     );
     b.kernel(
         "baddbmm",
         Functional,
         &["baddbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"],
         k::baddbmm_infer,
-        k::baddbmm_eval,
+        k::baddbmm_eval, L::MatMul(ProductForm { left: 1, right: 2, addend: Some(0), linear: false, batched: true }),
     );
     b.kernel(
         "flip",
@@ -1135,6 +1131,7 @@ fn build() -> Table {
         &["flip(Tensor self, int[] dims) -> Tensor"],
         k::flip_infer,
         k::flip_eval,
+        L::Map(E::Remap(RemapKind::Flip)),
     );
     b.kernel(
         "repeat",
@@ -1142,6 +1139,7 @@ fn build() -> Table {
         &["repeat(Tensor self, SymInt[] repeats) -> Tensor"],
         k::repeat_infer,
         k::repeat_eval,
+        L::Map(E::Remap(RemapKind::Repeat)),
     );
     b.kernel(
         "constant_pad_nd",
@@ -1149,13 +1147,14 @@ fn build() -> Table {
         &["constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor"],
         k::pad_infer,
         k::pad_eval,
+        L::Map(E::Remap(RemapKind::Pad)),
     );
     b.kernel(
         "scaled_dot_product_attention",
         Functional,
         &["scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor"],
         k::sdpa_infer,
-        k::sdpa_eval,
+        k::sdpa_eval, L::Attention,
     );
     b.kernel(
         "index_select",
@@ -1163,6 +1162,11 @@ fn build() -> Table {
         &["index_select(Tensor self, int dim, Tensor index) -> Tensor"],
         k::index_select_infer,
         k::index_select_eval,
+        L::Gather(GatherForm {
+            table: 0,
+            index: 2,
+            dim: Some(1),
+        }),
     );
 
     // Data-dependent selection.
@@ -1173,6 +1177,7 @@ fn build() -> Table {
         &["index.Tensor(Tensor self, Tensor?[] indices) -> Tensor"],
         k::index_infer,
         k::index_eval,
+        L::Map(E::Index),
     );
     b.kernel(
         "gather",
@@ -1180,6 +1185,7 @@ fn build() -> Table {
         &["gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor"],
         sel::gather_infer,
         sel::gather_eval,
+        L::Map(E::GatherAlong { index: 2, dim: 1 }),
     );
     b.kernel(
         "take_along_dim",
@@ -1187,8 +1193,9 @@ fn build() -> Table {
         &["take_along_dim(Tensor self, Tensor indices, int? dim=None) -> Tensor"],
         sel::take_along_dim_infer,
         sel::take_along_dim_eval,
+        L::Map(E::GatherAlong { index: 1, dim: 2 }),
     );
-    b.with_inplace(
+    let id = b.with_inplace(
         "scatter",
         Functional,
         &[
@@ -1199,8 +1206,14 @@ fn build() -> Table {
             infer: sel::scatter_infer,
             eval: sel::scatter_eval,
         },
+        L::Map(E::ScatterInto {
+            add: false,
+            copy: false,
+        }),
     );
-    b.with_inplace(
+    // Reads its index and source anywhere.
+    b.gathers(id);
+    let id = b.with_inplace(
         "scatter_add",
         Functional,
         &["scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor"],
@@ -1208,8 +1221,14 @@ fn build() -> Table {
             infer: sel::scatter_infer,
             eval: sel::scatter_add_eval,
         },
+        L::Map(E::ScatterInto {
+            add: true,
+            copy: false,
+        }),
     );
-    b.with_inplace(
+    // Reads its index and source anywhere.
+    b.gathers(id);
+    let id = b.with_inplace(
         "index_copy",
         Functional,
         &["index_copy(Tensor self, int dim, Tensor index, Tensor source) -> Tensor"],
@@ -1217,10 +1236,16 @@ fn build() -> Table {
             infer: sel::index_copy_infer,
             eval: sel::index_copy_eval,
         },
+        L::Map(E::ScatterInto {
+            add: false,
+            copy: true,
+        }),
     );
-    for (name, eval) in [
-        ("argmax", sel::argmax_eval as EvalFn),
-        ("argmin", sel::argmin_eval),
+    // Reads its index and source anywhere.
+    b.gathers(id);
+    for (name, eval, high) in [
+        ("argmax", sel::argmax_eval as EvalFn, true),
+        ("argmin", sel::argmin_eval, false),
     ] {
         b.kernel(
             name,
@@ -1230,9 +1255,16 @@ fn build() -> Table {
             )],
             sel::argmax_infer,
             eval,
+            L::Extreme {
+                high,
+                index_only: true,
+            },
         );
     }
-    for (name, eval) in [("max", sel::max_eval as EvalFn), ("min", sel::min_eval)] {
+    for (name, eval, high) in [
+        ("max", sel::max_eval as EvalFn, true),
+        ("min", sel::min_eval, false),
+    ] {
         b.kernel(
             name,
             Functional,
@@ -1242,6 +1274,10 @@ fn build() -> Table {
             ],
             sel::max_infer,
             eval,
+            L::Extreme {
+                high,
+                index_only: false,
+            },
         );
     }
     b.kernel(
@@ -1249,88 +1285,21 @@ fn build() -> Table {
         Functional,
         &["sort(Tensor self, int dim=-1, bool descending=False) -> (Tensor values, Tensor indices)"],
         sel::sort_infer,
-        sel::sort_eval,
+        sel::sort_eval, L::Sort { topk: false },
     );
     b.kernel(
         "topk",
         Functional,
         &["topk(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True) -> (Tensor values, Tensor indices)"],
         sel::topk_infer,
-        sel::topk_eval,
+        sel::topk_eval, L::Sort { topk: true },
     );
 
-    // Lowering classes of the ops that are not elementwise, view copies
-    // or scatters.
-    use Lowering as L;
-    for (names, lowering) in [
-        (
-            &[
-                "clone",
-                "copy",
-                "masked_fill",
-                "_to_copy",
-                "tril",
-                "triu",
-                "cat",
-                "stack",
-                "flip",
-                "repeat",
-                "constant_pad_nd",
-                "index_add",
-                "index_copy",
-                "index",
-                "gather",
-                "take_along_dim",
-                "scatter",
-                "scatter_add",
-            ][..],
-            L::Map,
-        ),
-        (
-            &[
-                "fill",
-                "zero",
-                "zeros",
-                "ones",
-                "full",
-                "arange",
-                "zeros_like",
-                "ones_like",
-                "full_like",
-            ],
-            L::Free,
-        ),
-        (&["sum", "mean", "amax", "amin", "var", "std"], L::Reduce),
-        (&["softmax", "_softmax"], L::Softmax { log: false }),
-        (&["log_softmax", "_log_softmax"], L::Softmax { log: true }),
-        (&["layer_norm"], L::LayerNorm),
-        (&["cumsum"], L::Scan),
-        (&["scaled_dot_product_attention"], L::Attention),
-        (
-            &["mm", "bmm", "matmul", "addmm", "baddbmm", "linear"],
-            L::MatMul,
-        ),
-        (&["embedding", "index_select"], L::Gather),
-        (&["index_put"], L::IndexPut),
-        (&["argmax", "argmin", "max", "min"], L::Extreme),
-        (&["sort", "topk"], L::Sort),
-    ] {
-        for n in names {
-            let o = b.ops.iter_mut().find(|o| o.name == *n);
-            o.unwrap_or_else(|| panic!("lowering for unknown op {n}"))
-                .lowering = lowering;
+    // Functional ops no declaration gave a kernel say so.
+    for o in &mut b.ops {
+        if o.lowering == L::None && matches!(o.kind, Functional | Factory) {
+            o.lowering = L::NoKernel;
         }
-    }
-    for n in [
-        "index_put",
-        "index_add",
-        "index_copy",
-        "scatter",
-        "scatter_add",
-    ] {
-        let o = b.ops.iter_mut().find(|o| o.name == n);
-        o.unwrap_or_else(|| panic!("gathering op {n} is not in the table"))
-            .gathers = true;
     }
     for o in &mut b.ops {
         o.rules = Rules {
