@@ -13,7 +13,7 @@
 use crate::graph::ValueId;
 use crate::schema::Arg;
 use crate::transform::emit::{int, ints, t, R};
-use crate::transform::{BatchFn, Batcher, Call};
+use crate::transform::{Batcher, Call};
 
 type Out = R<Vec<(ValueId, bool)>>;
 
@@ -34,7 +34,7 @@ fn wrap(d: i64, rank: usize) -> R<i64> {
 }
 
 /// Runs the op once per batch element and stacks the results.
-fn per_element(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn per_element(b: &mut Batcher, c: &Call) -> Out {
     let mut per: Vec<Vec<ValueId>> = vec![];
     for i in 0..b.size {
         let mut args = vec![];
@@ -72,7 +72,7 @@ fn per_element(b: &mut Batcher, c: &Call) -> Out {
 /// Elementwise ops: batched operands padded to a common logical rank so
 /// they broadcast as before; ops whose result has `self`'s shape get a
 /// batched `self`.
-fn elementwise(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn elementwise(b: &mut Batcher, c: &Call) -> Out {
     let self_shaped = matches!(c.op.name(), "masked_fill" | "copy" | "fill");
     let rank = c
         .args
@@ -135,7 +135,7 @@ fn shifted(b: &mut Batcher, c: &Call, int_at: &[usize], list_at: &[usize], extra
 
 macro_rules! shift {
     ($name:ident, [$($i:expr),*], [$($l:expr),*], $extra:expr) => {
-        fn $name(b: &mut Batcher, c: &Call) -> Out {
+        pub(crate) fn $name(b: &mut Batcher, c: &Call) -> Out {
             shifted(b, c, &[$($i),*], &[$($l),*], $extra)
         }
     };
@@ -149,7 +149,7 @@ shift!(list1, [], [1], 0);
 shift!(unsqueeze, [1], [], 1);
 
 /// Reductions whose `dim` (argument 1) may be absent (every dimension).
-fn reduction(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn reduction(b: &mut Batcher, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let r = b.lrank(x);
     let all: Vec<i64> = (1..=r as i64).collect();
@@ -180,7 +180,7 @@ fn reduction(b: &mut Batcher, c: &Call) -> Out {
     Ok(all_batched(b.e.call_id(c.op, args)?.to_vec()))
 }
 
-fn arg_extreme(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn arg_extreme(b: &mut Batcher, c: &Call) -> Out {
     if !matches!(c.args.get(1), Some(Arg::None) | None) {
         return dim1(b, c);
     }
@@ -201,7 +201,7 @@ fn arg_extreme(b: &mut Batcher, c: &Call) -> Out {
     Ok(vec![(i, true)])
 }
 
-fn view(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn view(b: &mut Batcher, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let Some(Arg::IntList(s)) = c.args.get(1) else {
         return per_element(b, c);
@@ -212,7 +212,7 @@ fn view(b: &mut Batcher, c: &Call) -> Out {
     Ok(vec![(r, true)])
 }
 
-fn expand(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn expand(b: &mut Batcher, c: &Call) -> Out {
     let Some(Arg::IntList(s)) = c.args.get(1) else {
         return per_element(b, c);
     };
@@ -225,7 +225,7 @@ fn expand(b: &mut Batcher, c: &Call) -> Out {
     )])
 }
 
-fn permute(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn permute(b: &mut Batcher, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let r = b.lrank(x);
     let Some(Arg::IntList(p)) = c.args.get(1) else {
@@ -241,7 +241,7 @@ fn permute(b: &mut Batcher, c: &Call) -> Out {
     )])
 }
 
-fn t_copy(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn t_copy(b: &mut Batcher, c: &Call) -> Out {
     let x = c.tensor(0)?;
     if b.lrank(x) < 2 {
         return Ok(vec![(x, true)]);
@@ -249,7 +249,7 @@ fn t_copy(b: &mut Batcher, c: &Call) -> Out {
     Ok(vec![(b.e.transpose(x, 1, 2)?, true)])
 }
 
-fn squeeze(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn squeeze(b: &mut Batcher, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let l = b.logical(x);
     let dims: Vec<i64> = match c.args.get(1) {
@@ -269,7 +269,7 @@ fn squeeze(b: &mut Batcher, c: &Call) -> Out {
     )])
 }
 
-fn repeat(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn repeat(b: &mut Batcher, c: &Call) -> Out {
     let Some(Arg::IntList(reps)) = c.args.get(1) else {
         return per_element(b, c);
     };
@@ -280,7 +280,7 @@ fn repeat(b: &mut Batcher, c: &Call) -> Out {
 }
 
 /// Ops on the trailing dimensions only: the batch is one more leading one.
-fn leading(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn leading(b: &mut Batcher, c: &Call) -> Out {
     let bt = batched_tensors(b, c);
     if bt.len() != 1 || bt[0] != c.tensor(0)? {
         return per_element(b, c);
@@ -289,7 +289,7 @@ fn leading(b: &mut Batcher, c: &Call) -> Out {
 }
 
 /// `cat`/`stack`: every piece batched, the dimension shifted.
-fn cat(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn cat(b: &mut Batcher, c: &Call) -> Out {
     let l = c.list(0);
     let stack = c.op.name() == "stack";
     let rank = l.iter().flatten().map(|&v| b.lrank(v)).max().unwrap_or(0);
@@ -326,12 +326,12 @@ fn all_with_dims(b: &mut Batcher, c: &Call, ints_at: &[usize], wrap_rank_of: usi
     Ok(all_batched(b.e.call_id(c.op, args)?.to_vec()))
 }
 
-fn gather_like(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn gather_like(b: &mut Batcher, c: &Call) -> Out {
     // gather/scatter/scatter_add(self, dim, index, src?): same ranks.
     all_with_dims(b, c, &[1], 0)
 }
 
-fn region_scatter(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn region_scatter(b: &mut Batcher, c: &Call) -> Out {
     let dims: &[usize] = match c.op.name() {
         "diagonal_scatter" => &[3, 4],
         _ => &[2],
@@ -339,7 +339,7 @@ fn region_scatter(b: &mut Batcher, c: &Call) -> Out {
     all_with_dims(b, c, dims, 0)
 }
 
-fn take_along_dim(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn take_along_dim(b: &mut Batcher, c: &Call) -> Out {
     if !matches!(c.args.get(2), Some(Arg::Int(_))) {
         return per_element(b, c);
     }
@@ -348,7 +348,7 @@ fn take_along_dim(b: &mut Batcher, c: &Call) -> Out {
 
 /// `index_add`/`index_copy`/`index_select`: a 1-d index that must not be
 /// batched.
-fn indexed_dim(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn indexed_dim(b: &mut Batcher, c: &Call) -> Out {
     if b.is_batched(c.tensor(2)?) {
         return per_element(b, c);
     }
@@ -373,7 +373,7 @@ fn int_of(c: &Call, i: usize) -> R<i64> {
     }
 }
 
-fn index(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn index(b: &mut Batcher, c: &Call) -> Out {
     let l = c.list(1);
     let x = c.tensor(0)?;
     let adjacent = l.iter().all(Option::is_some);
@@ -388,7 +388,7 @@ fn index(b: &mut Batcher, c: &Call) -> Out {
     )])
 }
 
-fn embedding(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn embedding(b: &mut Batcher, c: &Call) -> Out {
     if b.is_batched(c.tensor(0)?) {
         return per_element(b, c);
     }
@@ -397,7 +397,7 @@ fn embedding(b: &mut Batcher, c: &Call) -> Out {
 
 /// `mm`, `bmm`, `matmul`: batched 1-d operands made matrices, ranks
 /// aligned, then `matmul` (which broadcasts leading dimensions).
-fn matmul(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn matmul(b: &mut Batcher, c: &Call) -> Out {
     let (x, y) = (c.tensor(0)?, c.tensor(1)?);
     let (rx, ry) = (b.lrank(x), b.lrank(y));
     let (xb, yb) = (b.is_batched(x), b.is_batched(y));
@@ -438,7 +438,7 @@ fn matmul(b: &mut Batcher, c: &Call) -> Out {
 }
 
 /// `addmm`/`baddbmm`: `beta * self + alpha * matmul(m1, m2)`, batched.
-fn addmm(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn addmm(b: &mut Batcher, c: &Call) -> Out {
     let (s, m1, m2) = (c.tensor(0)?, c.tensor(1)?, c.tensor(2)?);
     let p = b.call("matmul", vec![t(m1), t(m2)])?;
     let alpha = c.args.get(4).cloned().unwrap_or(Arg::Int(1));
@@ -449,7 +449,7 @@ fn addmm(b: &mut Batcher, c: &Call) -> Out {
     Ok(vec![(r, b.is_batched(r))])
 }
 
-fn linear(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn linear(b: &mut Batcher, c: &Call) -> Out {
     let (x, w) = (c.tensor(0)?, c.tensor(1)?);
     let bias = c.opt_tensor(2);
     if !b.is_batched(w) && !bias.is_some_and(|v| b.is_batched(v)) {
@@ -463,7 +463,7 @@ fn linear(b: &mut Batcher, c: &Call) -> Out {
     Ok(vec![(r, true)])
 }
 
-fn layer_norm(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn layer_norm(b: &mut Batcher, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let (w, bias) = (c.opt_tensor(2), c.opt_tensor(3));
     let affine_batched =
@@ -490,7 +490,7 @@ fn layer_norm(b: &mut Batcher, c: &Call) -> Out {
     Ok(vec![(r, true)])
 }
 
-fn attention(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn attention(b: &mut Batcher, c: &Call) -> Out {
     let rank = (0..3)
         .map(|i| c.tensor(i).map(|v| b.lrank(v)))
         .collect::<R<Vec<_>>>()?;
@@ -505,65 +505,21 @@ fn attention(b: &mut Batcher, c: &Call) -> Out {
     Ok(all_batched(b.e.call_id(c.op, args)?.to_vec()))
 }
 
-/// The batching rule of op `name` (the op table asks, once per op).
-pub fn rule(name: &str) -> Option<BatchFn> {
-    let f: BatchFn = match name {
-        "add" | "sub" | "mul" | "div" | "neg" | "exp" | "log" | "sqrt" | "rsqrt" | "abs"
-        | "relu" | "sigmoid" | "tanh" | "gelu" | "silu" | "sin" | "cos" | "reciprocal" | "erf"
-        | "pow" | "maximum" | "minimum" | "where" | "clamp" | "eq" | "ne" | "lt" | "le" | "gt"
-        | "ge" | "logical_not" | "logical_and" | "logical_or" | "remainder" | "floor_divide"
-        | "sign" | "threshold_backward" | "gelu_backward" | "silu_backward"
-        | "sigmoid_backward" | "tanh_backward" | "clone" | "_to_copy" | "alias_copy"
-        | "zeros_like" | "ones_like" | "full_like" | "zero" | "fill" | "masked_fill" | "copy" => {
-            elementwise
+/// `max` / `min`: along a dim (values and indices), or of everything
+/// (`amax` / `amin` over the logical dims).
+pub(crate) fn max_min(b: &mut Batcher, c: &Call) -> Out {
+    if matches!(c.args.get(1), Some(Arg::Int(_))) {
+        dim1(b, c)
+    } else {
+        let x = c.tensor(0)?;
+        let all: Vec<i64> = (1..=b.lrank(x) as i64).collect();
+        let op = if c.op.name() == "max" { "amax" } else { "amin" };
+        if all.is_empty() {
+            return Ok(vec![(x, true)]);
         }
-        "sum" | "mean" | "var" | "std" | "amax" | "amin" => reduction,
-        "max" | "min" => |b: &mut Batcher, c: &Call| {
-            if matches!(c.args.get(1), Some(Arg::Int(_))) {
-                dim1(b, c)
-            } else {
-                let x = c.tensor(0)?;
-                let all: Vec<i64> = (1..=b.lrank(x) as i64).collect();
-                let op = if c.op.name() == "max" { "amax" } else { "amin" };
-                if all.is_empty() {
-                    return Ok(vec![(x, true)]);
-                }
-                Ok(vec![(
-                    b.e.call(op, vec![t(x), ints(&all), Arg::Bool(false)])?,
-                    true,
-                )])
-            }
-        },
-        "argmax" | "argmin" => arg_extreme,
-        "softmax" | "log_softmax" | "_softmax" | "_log_softmax" | "cumsum" | "select_copy"
-        | "slice_copy" | "narrow_copy" | "unfold_copy" | "unbind_copy" | "sort" => dim1,
-        "split_copy" | "split_with_sizes_copy" | "topk" => dim2,
-        "transpose_copy" => dims12,
-        "diagonal_copy" => dims23,
-        "flip" => list1,
-        "unsqueeze_copy" => unsqueeze,
-        "view_copy" | "_reshape_copy" => view,
-        "expand_copy" => expand,
-        "permute_copy" => permute,
-        "t_copy" => t_copy,
-        "squeeze_copy" => squeeze,
-        "repeat" => repeat,
-        "tril" | "triu" | "constant_pad_nd" => leading,
-        "cat" | "stack" => cat,
-        "gather" | "scatter" | "scatter_add" => gather_like,
-        "slice_scatter" | "select_scatter" | "diagonal_scatter" => region_scatter,
-        "take_along_dim" => take_along_dim,
-        "index_add" | "index_copy" | "index_select" => indexed_dim,
-        "index" => index,
-        "embedding" => embedding,
-        "mm" | "bmm" | "matmul" => matmul,
-        "addmm" | "baddbmm" => addmm,
-        "linear" => linear,
-        "layer_norm" => layer_norm,
-        "scaled_dot_product_attention" => attention,
-        "as_strided_copy" | "as_strided_scatter" | "index_put" => per_element,
-        // Factories take no tensor: never batched.
-        _ => return None,
-    };
-    Some(f)
+        Ok(vec![(
+            b.e.call(op, vec![t(x), ints(&all), Arg::Bool(false)])?,
+            true,
+        )])
+    }
 }

@@ -21,7 +21,7 @@
 use crate::graph::ValueId;
 use crate::schema::Arg;
 use crate::transform::emit::{float, int, ints, sizes_arg, t, Emitter, R};
-use crate::transform::{Call, Grads, JvpFn, Tangents, VjpFn};
+use crate::transform::{Call, Grads, Tangents};
 
 type G<'a> = &'a [Option<ValueId>];
 
@@ -97,7 +97,7 @@ macro_rules! g0 {
 
 // ------------------------------------------------------------ elementwise
 
-fn add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let alpha = num(c, 2).unwrap_or(1.0);
     let mut out = one(0, g);
@@ -107,7 +107,7 @@ fn add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-fn sub(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn sub(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let alpha = num(c, 2).unwrap_or(1.0);
     let mut out = one(0, g);
@@ -117,7 +117,7 @@ fn sub(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-fn mul(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn mul(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     match c.opt_tensor(1) {
@@ -126,7 +126,7 @@ fn mul(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     }
 }
 
-fn div(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn div(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     if matches!(c.args.get(2), Some(Arg::Str(_))) {
         return Ok(vec![]); // rounded division: zero almost everywhere
@@ -144,7 +144,7 @@ fn div(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 }
 
 /// `grad * f'(x)` for the unary elementwise ops.
-fn unary(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn unary(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let y = c.outs[0];
@@ -197,7 +197,7 @@ fn unary(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(one(0, gx))
 }
 
-fn pow(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn pow(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let y = c.outs[0];
     match (c.opt_tensor(0), c.opt_tensor(1)) {
@@ -238,7 +238,7 @@ fn pow(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 }
 
 /// `maximum`/`minimum`: ties share the gradient evenly.
-fn extreme2(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn extreme2(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (x, y) = (c.tensor(0)?, c.tensor(1)?);
     let eq = e.call("eq", vec![t(x), t(y)])?;
@@ -265,7 +265,7 @@ fn extreme2(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ])
 }
 
-fn where_(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn where_(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let cond = c.tensor(0)?;
     let mut out = vec![];
@@ -279,7 +279,7 @@ fn where_(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 }
 
 /// `clamp` (ATen's clamp_backward and clamp_backward_min_max).
-fn clamp(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn clamp(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let bound = |i: usize| -> Option<Arg<ValueId>> {
@@ -328,7 +328,7 @@ fn clamp(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-fn remainder(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn remainder(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     match (c.opt_tensor(0), c.opt_tensor(1)) {
         (Some(x), Some(y)) => {
@@ -341,7 +341,7 @@ fn remainder(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     }
 }
 
-fn masked_fill(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn masked_fill(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let mask = c.tensor(1)?;
     let mut out = one(0, e.call("masked_fill", vec![t(g), t(mask), float(0.0)])?);
@@ -364,15 +364,15 @@ fn pass_to(pos: usize) -> impl Fn(&mut Emitter, &Call, G) -> R<Grads> {
     }
 }
 
-fn identity(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn identity(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     pass_to(0)(e, c, gs)
 }
-fn second(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn second(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     pass_to(1)(e, c, gs)
 }
 
 /// The backward ops themselves, for second derivatives.
-fn backward_op(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn backward_op(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (go, x) = (c.tensor(0)?, c.tensor(1)?);
     let mut rest: Vec<Arg<ValueId>> = c.args[1..].to_vec();
@@ -448,7 +448,7 @@ fn gelu_second(e: &mut Emitter, x: ValueId, tanh: bool) -> R<ValueId> {
 
 // ------------------------------------------------------------ reductions
 
-fn sum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn sum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -467,7 +467,7 @@ fn sum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 }
 
 /// `var`/`std`: `2 (x - mean) / (N - correction)` times the gradient.
-fn var(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn var(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -499,7 +499,7 @@ fn var(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// `amax`/`amin`/`max()`/`min()`: the gradient shared evenly between the
 /// elements equal to the extreme.
-fn amax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn amax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -544,7 +544,7 @@ fn selected_dim(c: &Call, rank: usize) -> R<(usize, bool)> {
 
 /// `max.dim`/`min.dim`, `sort`, `topk`: the values' gradient scattered
 /// back to where the indices say they came from.
-fn select_values(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn select_values(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -562,7 +562,7 @@ fn select_values(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ))
 }
 
-fn softmax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn softmax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let y = c.outs[0];
     let dim = int_at(c, 1)?;
@@ -572,7 +572,7 @@ fn softmax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(one(0, e.mul(y, d)?))
 }
 
-fn log_softmax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn log_softmax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let y = c.outs[0];
     let dim = int_at(c, 1)?;
@@ -582,7 +582,7 @@ fn log_softmax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(one(0, e.sub(g, ps)?))
 }
 
-fn cumsum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn cumsum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let dim = int_at(c, 1)?;
     let f = e.call("flip", vec![t(g), ints(&[dim])])?;
@@ -596,7 +596,7 @@ fn mt(e: &mut Emitter, v: ValueId) -> R<ValueId> {
     e.transpose(v, -2, -1)
 }
 
-fn mm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn mm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (a, b) = (c.tensor(0)?, c.tensor(1)?);
     let op = c.op.name();
@@ -609,7 +609,7 @@ fn mm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// `matmul` with its 1-d cases: operands made 2-d, the gradient given the
 /// dimensions the result dropped.
-fn matmul(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn matmul(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (a, b) = (c.tensor(0)?, c.tensor(1)?);
     let (ra, rb) = (e.rank(a), e.rank(b));
@@ -636,7 +636,7 @@ fn matmul(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ])
 }
 
-fn addmm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn addmm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (m1, m2) = (c.tensor(1)?, c.tensor(2)?);
     let (beta, alpha) = (num(c, 3).unwrap_or(1.0), num(c, 4).unwrap_or(1.0));
@@ -654,7 +654,7 @@ fn addmm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-fn linear(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn linear(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (x, w) = (c.tensor(0)?, c.tensor(1)?);
     let ws = e.sizes(w);
@@ -686,7 +686,7 @@ fn normalized(e: &mut Emitter, c: &Call) -> R<(ValueId, ValueId, Vec<i64>)> {
     Ok((e.mul(xc, rstd)?, rstd, dims))
 }
 
-fn layer_norm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn layer_norm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (xhat, rstd, dims) = normalized(e, c)?;
     let w = c.opt_tensor(2);
@@ -710,7 +710,7 @@ fn layer_norm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-fn embedding(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn embedding(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (w, idx) = (c.tensor(0)?, c.tensor(1)?);
     if matches!(c.args.get(3), Some(Arg::Bool(true))) {
@@ -790,7 +790,7 @@ fn attention(e: &mut Emitter, c: &Call) -> R<Attention> {
     Ok(Attention { q, k, v, p, scale })
 }
 
-fn sdpa(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn sdpa(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let a = attention(e, c)?;
     let pt = mt(e, a.p)?;
@@ -819,13 +819,13 @@ fn sdpa(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 // ------------------------------------------------------------ shape ops
 
-fn view_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn view_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let s = e.sizes(c.tensor(0)?);
     Ok(one(0, e.view(g, &s)?))
 }
 
-fn permute_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn permute_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let r = e.rank(g);
     let p = list_at(c, 1).unwrap_or_default();
@@ -836,7 +836,7 @@ fn permute_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(one(0, e.permute(g, &inv)?))
 }
 
-fn transpose_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn transpose_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let mut args = c.args.to_vec();
     args[0] = t(g);
@@ -845,7 +845,7 @@ fn transpose_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// `<view>_copy` of a region: the gradient written into zeros through
 /// the view's `_scatter` (`slice`, `select`, `diagonal`).
-fn region_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn region_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let z = e.zeros_like(x)?;
@@ -874,7 +874,7 @@ fn region_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 /// Views that may repeat elements (`as_strided`, `unfold`): each element
 /// of the base collects the gradient of every place it appears in, found
 /// by applying the view to the base's element indices.
-fn gathered_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn gathered_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -905,7 +905,7 @@ fn gathered_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// `split_copy`, `split_with_sizes_copy`, `unbind_copy`: the pieces'
 /// gradients (zeros for pieces without one) put back together.
-fn pieces_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn pieces_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     if gs.iter().all(Option::is_none) {
         return Ok(vec![]);
     }
@@ -919,7 +919,7 @@ fn pieces_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(one(0, e.call(op, vec![Arg::TensorList(parts), int(dim)])?))
 }
 
-fn cat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn cat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let l = c.list(0);
     let dim = int_at(c, 1)?;
@@ -963,14 +963,14 @@ fn cat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-fn same_op_on_grad(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn same_op_on_grad(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let mut args = c.args.to_vec();
     args[0] = t(g);
     Ok(one(0, e.call(c.op.name(), args)?))
 }
 
-fn repeat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn repeat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -994,7 +994,7 @@ fn repeat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(one(0, e.view(r, &s)?))
 }
 
-fn pad(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn pad(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let p: Vec<i64> = list_at(c, 1)
         .unwrap_or_default()
@@ -1006,7 +1006,7 @@ fn pad(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// `<view>_scatter(self, src, ...)`: `self` gets the gradient outside the
 /// view, `src` the view of the gradient.
-fn scatter_view(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn scatter_view(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let src = c.tensor(1)?;
     let view =
@@ -1026,7 +1026,7 @@ fn scatter_view(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 // ------------------------------------------------------------ indexing
 
-fn index_select(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn index_select(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let z = e.zeros_like(x)?;
@@ -1039,7 +1039,7 @@ fn index_select(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ))
 }
 
-fn index(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn index(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let z = e.zeros_like(c.tensor(0)?)?;
     Ok(one(
@@ -1051,7 +1051,7 @@ fn index(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ))
 }
 
-fn gather(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn gather(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let z = e.zeros_like(c.tensor(0)?)?;
     Ok(one(
@@ -1063,7 +1063,7 @@ fn gather(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ))
 }
 
-fn take_along_dim(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn take_along_dim(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (x, idx) = (c.tensor(0)?, c.tensor(1)?);
     let gsz = e.sizes(g);
@@ -1092,7 +1092,7 @@ fn take_along_dim(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     }
 }
 
-fn scatter(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn scatter(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (dim, idx) = (c.args[1].clone(), c.args[2].clone());
     let gself = e.call("scatter", vec![t(g), dim.clone(), idx.clone(), float(0.0)])?;
@@ -1103,13 +1103,13 @@ fn scatter(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-fn scatter_add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn scatter_add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let gsrc = e.call("gather", vec![t(g), c.args[1].clone(), c.args[2].clone()])?;
     Ok(vec![(0, None, g), (3, None, gsrc)])
 }
 
-fn index_add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn index_add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let alpha = num(c, 4).unwrap_or(1.0);
     let sel = e.call(
@@ -1125,7 +1125,7 @@ fn index_add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(vec![(0, None, g), (3, None, e.scale(sel, alpha)?)])
 }
 
-fn index_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn index_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let src = c.tensor(3)?;
     let z = e.zeros_like(src)?;
@@ -1145,7 +1145,7 @@ fn index_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(vec![(0, None, gself), (3, None, sel)])
 }
 
-fn index_put(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn index_put(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let vals = c.tensor(2)?;
     let acc = matches!(c.args.get(3), Some(Arg::Bool(true)));
@@ -1166,7 +1166,7 @@ fn index_put(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// Elementwise ops: the Jacobian is diagonal, so the tangent is the VJP
 /// rule's gradient for each argument, given that argument's tangent.
-fn jvp_diag(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_diag(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let vjp =
         c.op.def()
             .rules
@@ -1189,7 +1189,7 @@ fn jvp_diag(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>>
 /// Ops linear in their floating tensor arguments: the op applied to the
 /// tangents (zeros where absent), integer tensors (indices, masks) and
 /// other arguments as they are, except fill values, which become 0.
-fn jvp_linear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_linear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let zero_at: &[usize] = match c.op.name() {
         "constant_pad_nd" | "masked_fill" => &[2],
         "fill" => &[1],
@@ -1225,7 +1225,7 @@ fn jvp_linear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>
 }
 
 /// `op(t_a, b) + op(a, t_b)` for ops linear in each of two arguments.
-fn jvp_bilinear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_bilinear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let (ia, ib) = match c.op.name() {
         "addmm" | "baddbmm" => (1, 2),
         _ => (0, 1),
@@ -1259,7 +1259,7 @@ fn jvp_bilinear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueI
     Ok(vec![e.add_opt(acc, extra)?])
 }
 
-fn jvp_softmax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_softmax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let Some(tv) = ts.get(0) else {
         return Ok(vec![None]);
     };
@@ -1279,7 +1279,7 @@ fn jvp_softmax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId
     Ok(vec![Some(r)])
 }
 
-fn jvp_var(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_var(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let Some(tv) = ts.get(0) else {
         return Ok(vec![None]);
     };
@@ -1307,7 +1307,7 @@ fn jvp_var(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> 
     Ok(vec![Some(r)])
 }
 
-fn jvp_amax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_amax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let Some(tv) = ts.get(0) else {
         return Ok(vec![None]);
     };
@@ -1333,7 +1333,11 @@ fn jvp_amax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>>
 
 /// Values picked by indices (`max.dim`, `sort`, `topk`): the tangent
 /// gathered at the same indices.
-fn jvp_select_values(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_select_values(
+    e: &mut Emitter,
+    c: &Call,
+    ts: &Tangents,
+) -> R<Vec<Option<ValueId>>> {
     let Some(tv) = ts.get(0) else {
         return Ok(vec![None, None]);
     };
@@ -1351,7 +1355,7 @@ fn jvp_select_values(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<V
     Ok(vec![Some(e.view(gth, &ys)?), None])
 }
 
-fn jvp_layer_norm(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_layer_norm(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let (xhat, rstd, dims) = normalized(e, c)?;
     let w = c.opt_tensor(2);
     let mut acc = None;
@@ -1377,7 +1381,7 @@ fn jvp_layer_norm(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<Valu
     Ok(vec![acc])
 }
 
-fn jvp_sdpa(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_sdpa(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let a = attention(e, c)?;
     let (tq, tk, tv) = (ts.get(0), ts.get(1), ts.get(2));
     let mut t_s = None;
@@ -1412,149 +1416,25 @@ fn jvp_sdpa(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>>
     Ok(vec![out])
 }
 
-// ------------------------------------------------------------ the table's rules
+// ------------------------------------------------------------ shared rules
 
-/// The VJP rule of op `name` (the op table asks, once per op).
-pub fn vjp_rule(name: &str) -> Option<VjpFn> {
-    let f: VjpFn = match name {
-        "add" => add,
-        "sub" => sub,
-        "mul" => mul,
-        "div" => div,
-        "neg" | "exp" | "log" | "sqrt" | "rsqrt" | "abs" | "relu" | "sigmoid" | "tanh" | "silu"
-        | "gelu" | "sin" | "cos" | "reciprocal" | "erf" => unary,
-        "pow" => pow,
-        "maximum" | "minimum" => extreme2,
-        "where" => where_,
-        "clamp" => clamp,
-        "remainder" => remainder,
-        "masked_fill" => masked_fill,
-        "threshold_backward" | "sigmoid_backward" | "tanh_backward" | "silu_backward"
-        | "gelu_backward" => backward_op,
-        "clone" | "_to_copy" | "alias_copy" | "expand_copy" => identity,
-        "copy" | "fill" => second,
-        "sum" | "mean" => sum,
-        "var" | "std" => var,
-        "amax" | "amin" => amax,
-        "max" | "min" => |e: &mut Emitter, c: &Call, gs: G| {
-            if c.outs.len() == 1 {
-                amax(e, c, gs)
-            } else {
-                select_values(e, c, gs)
-            }
-        },
-        "sort" | "topk" => select_values,
-        "softmax" | "_softmax" => softmax,
-        "log_softmax" | "_log_softmax" => log_softmax,
-        "cumsum" => cumsum,
-        "mm" | "bmm" => mm,
-        "matmul" => matmul,
-        "addmm" | "baddbmm" => addmm,
-        "linear" => linear,
-        "layer_norm" => layer_norm,
-        "embedding" => embedding,
-        "scaled_dot_product_attention" => sdpa,
-        "view_copy" | "_reshape_copy" | "unsqueeze_copy" | "squeeze_copy" => view_copy,
-        "permute_copy" => permute_copy,
-        "transpose_copy" | "t_copy" => transpose_copy,
-        "slice_copy" | "select_copy" | "diagonal_copy" | "narrow_copy" => region_copy,
-        "as_strided_copy" | "unfold_copy" => gathered_copy,
-        "split_copy" | "split_with_sizes_copy" | "unbind_copy" => pieces_copy,
-        "cat" | "stack" => cat,
-        "tril" | "triu" | "flip" => same_op_on_grad,
-        "repeat" => repeat,
-        "constant_pad_nd" => pad,
-        "slice_scatter" | "select_scatter" | "diagonal_scatter" | "as_strided_scatter" => {
-            scatter_view
-        }
-        "index_select" => index_select,
-        "index" => index,
-        "gather" => gather,
-        "take_along_dim" => take_along_dim,
-        "scatter" => scatter,
-        "scatter_add" => scatter_add,
-        "index_add" => index_add,
-        "index_copy" => index_copy,
-        "index_put" => index_put,
-        // No derivative flows: constant results (factories, `zero`, `fill`
-        // with a scalar), integer results, rounding.
-        "zeros" | "ones" | "full" | "arange" | "zeros_like" | "ones_like" | "full_like"
-        | "zero" | "sign" | "floor_divide" | "argmax" | "argmin" | "eq" | "ne" | "lt" | "le"
-        | "gt" | "ge" | "logical_not" | "logical_and" | "logical_or" => {
-            |_: &mut Emitter, _: &Call, _: G| Ok(vec![])
-        }
-        _ => return None,
-    };
-    Some(f)
+/// `max` / `min`: of everything (`amax`'s rule), or along a dim (values
+/// and indices).
+pub(crate) fn max_min(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+    if c.outs.len() == 1 {
+        amax(e, c, gs)
+    } else {
+        select_values(e, c, gs)
+    }
 }
 
-/// The JVP rule of op `name`.
-pub fn jvp_rule(name: &str) -> Option<JvpFn> {
-    let f: JvpFn = match name {
-        "add" | "sub" | "mul" | "div" | "neg" | "exp" | "log" | "sqrt" | "rsqrt" | "abs"
-        | "relu" | "sigmoid" | "tanh" | "silu" | "gelu" | "sin" | "cos" | "reciprocal" | "erf"
-        | "pow" | "maximum" | "minimum" | "where" | "clamp" | "remainder"
-        | "threshold_backward" | "sigmoid_backward" | "tanh_backward" | "silu_backward"
-        | "gelu_backward" | "copy" => jvp_diag,
-        "clone"
-        | "_to_copy"
-        | "alias_copy"
-        | "expand_copy"
-        | "fill"
-        | "masked_fill"
-        | "sum"
-        | "mean"
-        | "cumsum"
-        | "view_copy"
-        | "_reshape_copy"
-        | "unsqueeze_copy"
-        | "squeeze_copy"
-        | "permute_copy"
-        | "transpose_copy"
-        | "t_copy"
-        | "slice_copy"
-        | "select_copy"
-        | "diagonal_copy"
-        | "narrow_copy"
-        | "as_strided_copy"
-        | "unfold_copy"
-        | "split_copy"
-        | "split_with_sizes_copy"
-        | "unbind_copy"
-        | "cat"
-        | "stack"
-        | "tril"
-        | "triu"
-        | "flip"
-        | "repeat"
-        | "constant_pad_nd"
-        | "slice_scatter"
-        | "select_scatter"
-        | "diagonal_scatter"
-        | "as_strided_scatter"
-        | "index_select"
-        | "index"
-        | "gather"
-        | "take_along_dim"
-        | "scatter"
-        | "scatter_add"
-        | "index_add"
-        | "index_copy"
-        | "index_put"
-        | "embedding" => jvp_linear,
-        "mm" | "bmm" | "matmul" | "addmm" | "baddbmm" | "linear" => jvp_bilinear,
-        "softmax" | "_softmax" | "log_softmax" | "_log_softmax" => jvp_softmax,
-        "var" | "std" => jvp_var,
-        "amax" | "amin" | "max" | "min" => jvp_amax,
-        "sort" | "topk" => jvp_select_values,
-        "layer_norm" => jvp_layer_norm,
-        "scaled_dot_product_attention" => jvp_sdpa,
-        "zeros" | "ones" | "full" | "arange" | "zeros_like" | "ones_like" | "full_like"
-        | "zero" | "sign" | "floor_divide" | "argmax" | "argmin" | "eq" | "ne" | "lt" | "le"
-        | "gt" | "ge" | "logical_not" | "logical_and" | "logical_or" => {
-            |_: &mut Emitter, c: &Call, _: &Tangents| Ok(vec![None; c.outs.len()])
-        }
-        _ => return None,
-    };
-    Some(f)
+/// No derivative flows: constant results (factories, `zero`, `fill` with
+/// a scalar), integer results, rounding.
+pub(crate) fn no_grad(_: &mut Emitter, _: &Call, _: G) -> R<Grads> {
+    Ok(vec![])
+}
+
+/// No tangent flows (as `no_grad`).
+pub(crate) fn jvp_none(_: &mut Emitter, c: &Call, _: &Tangents) -> R<Vec<Option<ValueId>>> {
+    Ok(vec![None; c.outs.len()])
 }

@@ -1,0 +1,209 @@
+//! Elementwise ops (each with its in-place form where ATen has one) and the backward ops of derivatives.yaml that transforms emit.
+
+use super::*;
+
+pub(super) fn declare(b: &mut Builder) {
+    // Elementwise ops, each with its in-place form.
+    let bin = |n: &str| {
+        [
+            format!("{n}.Tensor(Tensor self, Tensor other) -> Tensor"),
+            format!("{n}.Scalar(Tensor self, Scalar other) -> Tensor"),
+        ]
+    };
+    let unary = |n: &str| format!("{n}(Tensor self) -> Tensor");
+    b.pointwise(
+        "add",
+        &[
+            "add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+            "add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
+        ],
+        p::add,
+        true,
+    )
+    .rules(d::add, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "sub",
+        &[
+            "sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+            "sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
+        ],
+        p::sub,
+        true,
+    )
+    .rules(d::sub, d::jvp_diag, bt::elementwise);
+    let [m0, m1] = bin("mul");
+    b.pointwise("mul", &[&m0, &m1], p::mul, true)
+        .rules(d::mul, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "div",
+        &[
+            "div.Tensor(Tensor self, Tensor other) -> Tensor",
+            "div.Scalar(Tensor self, Scalar other) -> Tensor",
+            "div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor",
+            "div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor",
+        ],
+        p::div,
+        true,
+    )
+    .rules(d::div, d::jvp_diag, bt::elementwise);
+    // Each with its VJP and JVP (`logical_not`'s: none flows).
+    let unaries: [(&str, p::PlanFn, VjpFn, JvpFn); 15] = [
+        ("silu", p::silu, d::unary, d::jvp_diag),
+        ("neg", p::neg, d::unary, d::jvp_diag),
+        ("exp", p::exp, d::unary, d::jvp_diag),
+        ("log", p::log, d::unary, d::jvp_diag),
+        ("sqrt", p::sqrt, d::unary, d::jvp_diag),
+        ("rsqrt", p::rsqrt, d::unary, d::jvp_diag),
+        ("abs", p::abs, d::unary, d::jvp_diag),
+        ("relu", p::relu, d::unary, d::jvp_diag),
+        ("sigmoid", p::sigmoid, d::unary, d::jvp_diag),
+        ("tanh", p::tanh, d::unary, d::jvp_diag),
+        ("logical_not", p::logical_not, d::no_grad, d::jvp_none),
+        ("sin", p::sin, d::unary, d::jvp_diag),
+        ("cos", p::cos, d::unary, d::jvp_diag),
+        ("reciprocal", p::reciprocal, d::unary, d::jvp_diag),
+        ("erf", p::erf, d::unary, d::jvp_diag),
+    ];
+    for (n, plan, vjp, jvp) in unaries {
+        b.pointwise(n, &[&unary(n)], plan, true)
+            .rules(vjp, jvp, bt::elementwise);
+    }
+    b.pointwise(
+        "gelu",
+        &["gelu(Tensor self, *, str approximate='none') -> Tensor"],
+        p::gelu,
+        true,
+    )
+    .rules(d::unary, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "pow",
+        &[
+            "pow.Tensor_Tensor(Tensor self, Tensor exponent) -> Tensor",
+            "pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor",
+            "pow.Scalar(Scalar self, Tensor exponent) -> Tensor",
+        ],
+        p::pow,
+        true,
+    )
+    .rules(d::pow, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "maximum",
+        &["maximum(Tensor self, Tensor other) -> Tensor"],
+        p::maximum,
+        false, // ATen has no `maximum_`
+    )
+    .rules(d::extreme2, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "minimum",
+        &["minimum(Tensor self, Tensor other) -> Tensor"],
+        p::minimum,
+        false, // ATen has no `minimum_`
+    )
+    .rules(d::extreme2, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "where",
+        &[
+            "where.self(Tensor condition, Tensor self, Tensor other) -> Tensor",
+            "where.ScalarSelf(Tensor condition, Scalar self, Tensor other) -> Tensor",
+            "where.ScalarOther(Tensor condition, Tensor self, Scalar other) -> Tensor",
+            "where.Scalar(Tensor condition, Scalar self, Scalar other) -> Tensor",
+        ],
+        p::where_,
+        false,
+    )
+    .rules(d::where_, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "clamp",
+        &[
+            "clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor",
+            "clamp.Tensor(Tensor self, Tensor? min=None, Tensor? max=None) -> Tensor",
+        ],
+        p::clamp,
+        true,
+    )
+    .rules(d::clamp, d::jvp_diag, bt::elementwise);
+    let cmps: [(&str, p::PlanFn); 6] = [
+        ("eq", p::eq),
+        ("ne", p::ne),
+        ("lt", p::lt),
+        ("le", p::le),
+        ("gt", p::gt),
+        ("ge", p::ge),
+    ];
+    for (n, plan) in cmps {
+        let [s0, s1] = bin(n);
+        b.pointwise(n, &[&s0, &s1], plan, true)
+            .rules(d::no_grad, d::jvp_none, bt::elementwise);
+    }
+    for (n, plan) in [
+        ("logical_and", p::logical_and as p::PlanFn),
+        ("logical_or", p::logical_or),
+    ] {
+        b.pointwise(
+            n,
+            &[&format!("{n}(Tensor self, Tensor other) -> Tensor")],
+            plan,
+            true,
+        )
+        .rules(d::no_grad, d::jvp_none, bt::elementwise);
+    }
+    b.pointwise(
+        "remainder",
+        &[
+            "remainder.Tensor(Tensor self, Tensor other) -> Tensor",
+            "remainder.Scalar(Tensor self, Scalar other) -> Tensor",
+            "remainder.Scalar_Tensor(Scalar self, Tensor other) -> Tensor",
+        ],
+        p::remainder,
+        true,
+    )
+    .rules(d::remainder, d::jvp_diag, bt::elementwise);
+    b.pointwise("sign", &["sign(Tensor self) -> Tensor"], p::sign, true)
+        .rules(d::no_grad, d::jvp_none, bt::elementwise);
+    // Backward ops of derivatives.yaml that transforms emit.
+    b.pointwise(
+        "threshold_backward",
+        &["threshold_backward(Tensor grad_output, Tensor self, Scalar threshold) -> Tensor"],
+        p::threshold_backward,
+        false,
+    )
+    .rules(d::backward_op, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "gelu_backward",
+        &["gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor"],
+        p::gelu_backward,
+        false,
+    )
+    .rules(d::backward_op, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "silu_backward",
+        &["silu_backward(Tensor grad_output, Tensor self) -> Tensor"],
+        p::silu_backward,
+        false,
+    )
+    .rules(d::backward_op, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "sigmoid_backward",
+        &["sigmoid_backward(Tensor grad_output, Tensor output) -> Tensor"],
+        p::sigmoid_backward,
+        false,
+    )
+    .rules(d::backward_op, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "tanh_backward",
+        &["tanh_backward(Tensor grad_output, Tensor output) -> Tensor"],
+        p::tanh_backward,
+        false,
+    )
+    .rules(d::backward_op, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "floor_divide",
+        &[
+            "floor_divide(Tensor self, Tensor other) -> Tensor",
+            "floor_divide.Scalar(Tensor self, Scalar other) -> Tensor",
+        ],
+        p::floor_divide,
+        true,
+    )
+    .rules(d::no_grad, d::jvp_none, bt::elementwise);
+}
