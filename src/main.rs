@@ -175,6 +175,16 @@ enum Cmd {
         #[arg(long, conflicts_with = "wgsl")]
         requires: bool,
     },
+    /// List the op table: each op's overloads, kind, lowering class and
+    /// which rules it has (vjp, jvp, batching, GPU).
+    Ops {
+        /// As JSON, one object per op.
+        #[arg(long)]
+        json: bool,
+        /// As the Markdown page `docs/ops.md`.
+        #[arg(long, conflicts_with = "json")]
+        markdown: bool,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -237,6 +247,34 @@ fn main_result(cli: Cli) -> Result<(), String> {
                 output.display(),
                 session.gpu().describe()
             );
+            Ok(())
+        }
+        Cmd::Ops { json, markdown } => {
+            use kiln::functionalize::ops::catalog;
+            if json {
+                let ops: Vec<serde_json::Value> = catalog::entries()
+                    .into_iter()
+                    .map(|e| {
+                        serde_json::json!({
+                            "name": e.name,
+                            "overloads": e.overloads,
+                            "kind": e.kind,
+                            "lowering": e.lowering,
+                            "vjp": e.vjp,
+                            "jvp": e.jvp,
+                            "batching": e.batching,
+                            "gpu": e.gpu,
+                            "via": e.via,
+                        })
+                    })
+                    .collect();
+                let json = serde_json::to_string_pretty(&ops).map_err(|e| e.to_string())?;
+                println!("{json}");
+            } else if markdown {
+                print!("{}", catalog::markdown());
+            } else {
+                print!("{}", catalog::text());
+            }
             Ok(())
         }
         Cmd::Inspect {

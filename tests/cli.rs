@@ -586,3 +586,29 @@ fn transforms_compose_through_pipes() {
     );
     expect_error(&["grad", s(&vec_out)], &["0-d floating point"]);
 }
+
+/// `kiln ops` lists the table; `docs/ops.md` is its `--markdown` page, kept
+/// in step (regenerate with `kiln ops --markdown > docs/ops.md`).
+#[test]
+fn ops_lists_the_table_and_the_docs_page_is_in_step() {
+    use kiln::functionalize::ops::{catalog, TABLE};
+    let (ok, out, err) = kiln(&["ops", "--json"]);
+    assert!(ok, "{err}");
+    let ops: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let ops = ops.as_array().unwrap();
+    assert_eq!(ops.len(), TABLE.ops.len());
+    let linear = ops.iter().find(|o| o["name"] == "linear").unwrap();
+    assert_eq!(linear["lowering"], "matrix product");
+    assert_eq!(linear["vjp"], true);
+    assert_eq!(linear["gpu"], true);
+    let add_ = ops.iter().find(|o| o["name"] == "add_").unwrap();
+    assert_eq!(add_["kind"], "in-place");
+    assert_eq!(add_["via"], "add");
+    let (ok, text, _) = kiln(&["ops"]);
+    assert!(ok && text.lines().count() == TABLE.ops.len() + 1);
+    let doc = std::fs::read_to_string(root().join("docs/ops.md")).unwrap();
+    assert!(
+        doc == catalog::markdown(),
+        "docs/ops.md is out of step with the op table: run `kiln ops --markdown > docs/ops.md`"
+    );
+}

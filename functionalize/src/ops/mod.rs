@@ -1,13 +1,15 @@
-//! The op table: every op Kiln knows, with its ATen schemas, its kind, its
-//! shape/dtype rule and its reference kernel. In-place forms (`add_`) and
-//! view copies (`slice_copy`) are derived from their base entries, so adding
-//! an op means adding one entry here. Each functional op also carries its
-//! transform rules (`Rules`: VJP and JVP from `derivatives.rs`, batching
-//! from `batching.rs`); which op has which is listed in
-//! `docs/transforms.md` (a test keeps the list in step with the table).
+//! The op table: every op Kiln knows, each declared once (`table/`, by
+//! family) with its ATen schemas, kind, shape/dtype rule and reference
+//! kernel, lowering class (`lowering`), transform rules (`Rules`: VJP and
+//! JVP from `derivatives.rs`, batching from `batching.rs`) and view
+//! inverse. In-place forms (`add_`) and view copies (`slice_copy`) are
+//! derived from their base entries. The pass, the transforms and the
+//! compiler read the entries, never op names; `kiln ops` lists them
+//! (`catalog`, `docs/ops.md`).
 
 pub mod args;
 pub mod batching;
+pub mod catalog;
 pub mod derivatives;
 pub mod kernels;
 pub mod layout;
