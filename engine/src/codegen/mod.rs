@@ -667,9 +667,9 @@ impl<'a> Gen<'a> {
     }
 }
 
-fn float_ops(code: Code, v: &[String]) -> Option<String> {
+fn float_ops(code: &Code, v: &[String]) -> Option<String> {
     let x = &v[0];
-    Some(match code {
+    Some(match *code {
         Code::Exp => format!("exp({x})"),
         Code::Log => format!("log({x})"),
         Code::Sqrt => format!("sqrt({x})"),
@@ -751,14 +751,14 @@ fn lit(v: f64, d: DType) -> R<String> {
 }
 
 /// When an i64 `code` over `v` (computed in i32 as `r`) overflowed.
-fn i64_overflow(code: Code, v: &[String], r: &str) -> Option<String> {
+fn i64_overflow(code: &Code, v: &[String], r: &str) -> Option<String> {
     let x = &v[0];
     let y = v.get(1).cloned().unwrap_or_default();
     let scaled = |alpha: f64| {
         let a = literal(alpha, DType::I64);
         (alpha != 1.0).then(|| format!("k_mul_ovf({a}, {y}) || "))
     };
-    Some(match code {
+    Some(match *code {
         Code::Add { alpha } => format!(
             "{}k_add_ovf({x}, {} * {y}, {r})",
             scaled(alpha).unwrap_or_default(),
@@ -777,7 +777,12 @@ fn i64_overflow(code: Code, v: &[String], r: &str) -> Option<String> {
     })
 }
 
-fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Option<(String, DType)> {
+fn pointwise(
+    code: &Code,
+    v: &[String],
+    compute: DType,
+    casts: &[DType],
+) -> Option<(String, DType)> {
     let x = &v[0];
     // Comparisons with NaN test the bits: a compiler may assume no NaNs.
     let float_cmp = matches!(compute, DType::F32 | DType::F16);
@@ -795,7 +800,7 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Optio
     } else {
         compute
     };
-    match code {
+    match *code {
         Code::Eq => Some(cmp("==")),
         Code::Ne => Some(cmp("!=")),
         Code::Lt => Some(cmp("<")),
@@ -807,7 +812,11 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Optio
                 DType::Bool => e.clone(),
                 d => format!("({e} != {})", literal(0.0, d)),
             };
-            let op = if code == Code::LogicalAnd { "&&" } else { "||" };
+            let op = if *code == Code::LogicalAnd {
+                "&&"
+            } else {
+                "||"
+            };
             Some((
                 format!("({} {op} {})", truth(x, casts[0]), truth(&v[1], casts[1])),
                 DType::Bool,
@@ -855,7 +864,7 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Optio
         _ if cdt == DType::F32 => Some((float_ops(code, v)?, DType::F32)),
         _ if cdt == DType::Bool => {
             let y = v.get(1).cloned().unwrap_or_default();
-            let e = match code {
+            let e = match *code {
                 Code::Add { .. } | Code::Maximum => format!("{x} || {y}"),
                 Code::Mul | Code::Minimum => format!("{x} && {y}"),
                 Code::Abs | Code::Relu | Code::Sign => x.clone(),
@@ -868,7 +877,7 @@ fn pointwise(code: Code, v: &[String], compute: DType, casts: &[DType]) -> Optio
         _ => {
             // i32 (and i64, held as i32) / u32.
             let y = v.get(1).cloned().unwrap_or_default();
-            let e = match code {
+            let e = match *code {
                 Code::Add { alpha } => format!("{x} + {} * {y}", literal(alpha, cdt)),
                 Code::Sub { alpha } => format!("{x} - {} * {y}", literal(alpha, cdt)),
                 Code::Mul => format!("{x} * {y}"),

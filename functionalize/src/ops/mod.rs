@@ -11,6 +11,7 @@ pub mod args;
 pub mod batching;
 pub mod catalog;
 pub mod derivatives;
+pub mod expr;
 pub mod kernels;
 pub mod layout;
 pub mod lowering;

@@ -28,8 +28,11 @@ pub struct Operand {
 
 /// The scalar function of a plan, symbolically, for code generators
 /// (operands arrive already converted to their `Operand::cast` dtype).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Code {
+    /// A float op declared by its expression (`float_expr`): code
+    /// generators render the tree, the reference evaluates it.
+    Expr(super::expr::Expr),
     Exp,
     Log,
     Sqrt,
@@ -230,6 +233,26 @@ float_unary! {
     cos, Cos => f64::cos;
     reciprocal, Reciprocal => |x| 1.0 / x;
     erf, Erf => libm::erf;
+}
+
+/// A unary float op declared by its expression over `self` (operand 0),
+/// as eager's float-only ops are: integer and bool tensors are refused
+/// ("not implemented for"), like `silu`'s.
+pub fn float_expr(a: &A, name: &str, expr: super::expr::Expr) -> Result<PwPlan, String> {
+    let d = a.tensor(0)?.dtype;
+    if !d.is_float() {
+        return Err(format!("{name} is not implemented for {d} tensors"));
+    }
+    let e = expr.clone();
+    Ok(PwPlan {
+        code: Code::Expr(expr),
+        operands: smallvec::smallvec![Operand {
+            src: Src::Arg(0),
+            cast: d,
+        }],
+        out_dtype: d,
+        f: Box::new(move |v| Ok(e.eval(v))),
+    })
 }
 
 /// `silu`: floats only (eager: "silu_cpu" not implemented for integers

@@ -1,0 +1,172 @@
+//! Scalar expressions of elementwise ops, as a small typed tree: declared
+//! once in an op's entry, evaluated in f64 by the reference interpreter and
+//! rendered by code generators (WGSL for the GPU). Written with the usual
+//! operators: `x() / (lit(1.0) + exp(-x()))`.
+
+use std::ops;
+
+/// A function of an expression's nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Func {
+    Neg,
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Exp,
+    Log,
+    /// `log(1 + x)`, accurate for small `x`.
+    Log1p,
+    Sqrt,
+    Abs,
+    Tanh,
+    Erf,
+    /// The larger / smaller of two (NaN if either is).
+    Max,
+    Min,
+    /// Comparisons: 1 or 0 (false for NaN).
+    Gt,
+    Lt,
+    /// `select(c, a, b)`: `a` where `c` is non-zero, else `b`.
+    Select,
+}
+
+impl Func {
+    pub fn arity(self) -> usize {
+        match self {
+            Func::Neg
+            | Func::Exp
+            | Func::Log
+            | Func::Log1p
+            | Func::Sqrt
+            | Func::Abs
+            | Func::Tanh
+            | Func::Erf => 1,
+            Func::Select => 3,
+            _ => 2,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// Operand `i` of the op's plan, in the dtype it computes in.
+    Operand(usize),
+    Lit(f64),
+    Call(Func, Vec<Expr>),
+}
+
+/// Operand 0 (the op's `self`).
+pub fn x() -> Expr {
+    Expr::Operand(0)
+}
+
+pub fn lit(v: f64) -> Expr {
+    Expr::Lit(v)
+}
+
+macro_rules! funcs {
+    ($($name:ident: $f:ident($($a:ident),*);)*) => {$(
+        pub fn $name($($a: Expr),*) -> Expr {
+            Expr::Call(Func::$f, vec![$($a),*])
+        }
+    )*};
+}
+
+funcs! {
+    exp: Exp(a);
+    log: Log(a);
+    log1p: Log1p(a);
+    sqrt: Sqrt(a);
+    abs: Abs(a);
+    tanh: Tanh(a);
+    erf: Erf(a);
+    max: Max(a, b);
+    min: Min(a, b);
+    gt: Gt(a, b);
+    lt: Lt(a, b);
+    select: Select(cond, then, otherwise);
+}
+
+macro_rules! binop {
+    ($($tr:ident $m:ident $f:ident;)*) => {$(
+        impl ops::$tr for Expr {
+            type Output = Expr;
+            fn $m(self, rhs: Expr) -> Expr {
+                Expr::Call(Func::$f, vec![self, rhs])
+            }
+        }
+    )*};
+}
+
+binop! {
+    Add add Add;
+    Sub sub Sub;
+    Mul mul Mul;
+    Div div Div;
+}
+
+impl ops::Neg for Expr {
+    type Output = Expr;
+    fn neg(self) -> Expr {
+        Expr::Call(Func::Neg, vec![self])
+    }
+}
+
+impl Expr {
+    /// Its value at `operands`, in f64 (the reference interpreter's).
+    pub fn eval(&self, operands: &[f64]) -> f64 {
+        match self {
+            Expr::Operand(i) => operands.get(*i).copied().unwrap_or(f64::NAN),
+            Expr::Lit(v) => *v,
+            Expr::Call(f, args) => {
+                let a: smallvec::SmallVec<[f64; 3]> =
+                    args.iter().map(|e| e.eval(operands)).collect();
+                let b = |c: bool| if c { 1.0 } else { 0.0 };
+                match f {
+                    Func::Neg => -a[0],
+                    Func::Add => a[0] + a[1],
+                    Func::Sub => a[0] - a[1],
+                    Func::Mul => a[0] * a[1],
+                    Func::Div => a[0] / a[1],
+                    Func::Exp => a[0].exp(),
+                    Func::Log => a[0].ln(),
+                    Func::Log1p => a[0].ln_1p(),
+                    Func::Sqrt => a[0].sqrt(),
+                    Func::Abs => a[0].abs(),
+                    Func::Tanh => a[0].tanh(),
+                    Func::Erf => libm::erf(a[0]),
+                    Func::Max if a[0].is_nan() || a[1].is_nan() => f64::NAN,
+                    Func::Max => a[0].max(a[1]),
+                    Func::Min if a[0].is_nan() || a[1].is_nan() => f64::NAN,
+                    Func::Min => a[0].min(a[1]),
+                    Func::Gt => b(a[0] > a[1]),
+                    Func::Lt => b(a[0] < a[1]),
+                    Func::Select => {
+                        if a[0] != 0.0 {
+                            a[1]
+                        } else {
+                            a[2]
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expressions_evaluate() {
+        let silu = x() / (lit(1.0) + exp(-x()));
+        assert!((silu.eval(&[2.0]) - 2.0 / (1.0 + (-2.0f64).exp())).abs() < 1e-15);
+        let relu = select(gt(x(), lit(0.0)), x(), lit(0.0));
+        assert_eq!(relu.eval(&[-3.0]), 0.0);
+        assert_eq!(relu.eval(&[3.0]), 3.0);
+        assert!(max(x(), lit(1.0)).eval(&[f64::NAN]).is_nan());
+        assert_eq!(log1p(x()).eval(&[1e-20]), 1e-20);
+    }
+}
