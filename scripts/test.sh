@@ -22,6 +22,9 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo clippy -p kiln-runtime -- -D warnings
 cargo test --workspace --all-targets
 cargo test --workspace --doc
+# The op programs are generated (tests/torch_ref/gen_op_programs.py):
+# regenerating them all must change nothing.
+python3 tests/torch_ref/gen_op_programs.py --check
 # The GPU benchmark's dry run (scripts/gpu-bench.sh, issue #32) on lavapipe:
 # prepare, run and report at small sizes with the suite's debug binaries,
 # so the one command a GPU machine gets is known to work before it does.

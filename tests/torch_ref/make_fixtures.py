@@ -25,8 +25,12 @@ eager PyTorch (the runner exits with an error); a summary is printed.
 
 Usage:
     python3 tests/torch_ref/make_fixtures.py            # (re)write all fixtures
+    python3 tests/torch_ref/make_fixtures.py softplus   # only these ops' (tests/programs/ops/<op>/)
     python3 tests/torch_ref/make_fixtures.py --check    # compare with files on disk, write nothing
     python3 tests/torch_ref/make_fixtures.py --only NAME_SUBSTRING
+
+Only fixtures whose bytes change are written; nothing is deleted: a fixture
+whose program is gone is reported as stale, for you to remove.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save, save_file
+from safetensors.torch import save
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -141,7 +145,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="compare with fixtures on disk instead of writing")
     ap.add_argument("--only", help="only programs whose path contains this")
+    ap.add_argument("ops", nargs="*", help="only the programs of these ops (tests/programs/ops/<op>/)")
     a = ap.parse_args(argv)
+    op_dirs = [f"tests/programs/ops/{op}/" for op in a.ops]
+    for op, d in zip(a.ops, op_dirs):
+        if not (REPO / d).is_dir():
+            print(f"no programs for op {op}: {d} does not exist (gen_op_programs.py {op} writes them)")
+            return 2
+    selected = lambda rel: (not a.only or a.only in rel) and (not op_dirs or any(rel.startswith(d) for d in op_dirs))  # noqa: E731
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
 
@@ -153,7 +164,7 @@ def main(argv=None) -> int:
     for d in PROGRAM_DIRS:
         for path in sorted((REPO / d).rglob("*.txt")):
             rel = path.relative_to(REPO).as_posix()
-            if a.only and a.only not in rel:
+            if not selected(rel):
                 continue
             counts[d] = counts.get(d, 0) + 1
             ip, ep = fixture_paths(rel)
@@ -169,28 +180,26 @@ def main(argv=None) -> int:
                         mismatched.append(p.relative_to(REPO).as_posix())
             else:
                 ip.parent.mkdir(parents=True, exist_ok=True)
-                save_file(inputs, str(ip))
-                save_file(expected, str(ep))
-                written += 1
+                for p, d_ in ((ip, inputs), (ep, expected)):
+                    data = save(d_)
+                    if not p.exists() or p.read_bytes() != data:
+                        p.write_bytes(data)
+                        written += 1
 
-    # Stale fixtures (program removed or renamed).
-    if not a.only:
+    # Stale fixtures (program removed or renamed): reported, never deleted.
+    if not a.only and not a.ops:
         for d in PROGRAM_DIRS:
             fdir = FIXTURES / d
             if fdir.exists():
                 for f in sorted(fdir.rglob("*.safetensors")):
                     if f not in expected_files:
-                        if a.check:
-                            mismatched.append(f.relative_to(REPO).as_posix() + " (stale)")
-                        else:
-                            f.unlink()
-                            print(f"removed stale {f.relative_to(REPO)}")
+                        mismatched.append(f.relative_to(REPO).as_posix() + " (stale: its program is gone)")
 
     # Programs eager must refuse.
     err_ok, err_bad = [], []
     for path in sorted((REPO / ERROR_DIR).rglob("*.txt")):
         rel = path.relative_to(REPO).as_posix()
-        if a.only and a.only not in rel:
+        if a.ops or not selected(rel):
             continue
         text = path.read_text(encoding="utf-8")
         first = text.splitlines()[0] if text else ""
@@ -219,7 +228,9 @@ def main(argv=None) -> int:
         for m in mismatched:
             print(f"  DIFFERS {m}")
     else:
-        print(f"wrote fixtures for {written} programs under {FIXTURES.relative_to(REPO)}/")
+        print(f"wrote {written} changed fixture file(s) under {FIXTURES.relative_to(REPO)}/")
+        for m in mismatched:
+            print(f"  STALE {m}")
     print(f"{ERROR_DIR}: {len(err_ok)} refused by eager as expected, {len(err_bad)} problem(s)")
     for rel, claim, msg in err_ok:
         print(f"  refused {rel}: {msg}")
@@ -229,7 +240,7 @@ def main(argv=None) -> int:
         print(f"{len(failed)} program(s) the runner could not execute:")
         for rel, msg in failed:
             print(f"  FAILED {rel}: {msg}")
-    return 1 if (failed or err_bad or mismatched) else 0
+    return 1 if (failed or err_bad or (a.check and mismatched)) else 0
 
 
 if __name__ == "__main__":

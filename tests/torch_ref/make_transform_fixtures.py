@@ -25,8 +25,11 @@ A transform torch.func refuses for a program is left out (listed in the
 file's metadata, key "info", as JSON); Kiln computes those anyway.
 
 Usage:
-    python3 tests/torch_ref/make_transform_fixtures.py          # (re)write
-    python3 tests/torch_ref/make_transform_fixtures.py --check  # compare, write nothing
+    python3 tests/torch_ref/make_transform_fixtures.py             # (re)write
+    python3 tests/torch_ref/make_transform_fixtures.py mlp_block   # only these programs
+    python3 tests/torch_ref/make_transform_fixtures.py --check     # compare, write nothing
+
+Only files whose bytes change are written.
 """
 
 from __future__ import annotations
@@ -152,12 +155,20 @@ def fixture(path: Path) -> tuple[bytes, list[str]]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("programs", nargs="*", help="only these examples/programs/ (names without .txt)")
     args = ap.parse_args(argv)
+    all_programs = sorted((REPO / "examples" / "programs").glob("*.txt"))
+    missing = [n for n in args.programs if not (REPO / "examples" / "programs" / f"{n}.txt").exists()]
+    if missing:
+        print(f"no program examples/programs/{missing[0]}.txt")
+        return 2
+    programs = [p for p in all_programs if not args.programs or p.stem in args.programs]
     torch.manual_seed(0)
     OUT.mkdir(parents=True, exist_ok=True)
     differ = []
     total_refused = 0
-    for path in sorted((REPO / "examples" / "programs").glob("*.txt")):
+    written = 0
+    for path in programs:
         data, refused = fixture(path)
         total_refused += len(refused)
         for r in refused:
@@ -166,9 +177,10 @@ def main(argv=None) -> int:
         if args.check:
             if not dest.exists() or dest.read_bytes() != data:
                 differ.append(dest.name)
-        else:
+        elif not dest.exists() or dest.read_bytes() != data:
             dest.write_bytes(data)
-    print(f"{len(list((REPO / 'examples' / 'programs').glob('*.txt')))} programs, {total_refused} transforms refused by torch.func")
+            written += 1
+    print(f"{len(programs)} programs ({written} fixtures written), {total_refused} transforms refused by torch.func")
     if differ:
         print("differ:", ", ".join(differ))
         return 1
