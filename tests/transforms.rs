@@ -336,13 +336,22 @@ fn refusals_say_what_and_where() {
 }
 
 /// Every op a functionalized program can hold has its three rules, and
-/// every op whose derivative flows is exercised by a case above.
+/// every op whose derivative flows is exercised by a case above or by an
+/// example program (whose transforms are checked against torch.func's,
+/// `torch_func_fixtures_on_the_reference`).
 #[test]
 fn every_op_has_rules_and_a_case() {
     use kiln::functionalize::ops::{OpKind, TABLE};
     use kiln::functionalize::{functionalize, Remove};
     let mut seen = std::collections::BTreeSet::new();
-    for src in CASES {
+    let examples: Vec<String> = common::example_names()
+        .iter()
+        .map(|name| {
+            let p = common::root().join(format!("examples/programs/{name}.txt"));
+            std::fs::read_to_string(p).unwrap()
+        })
+        .collect();
+    for src in CASES.iter().copied().chain(examples.iter().map(String::as_str)) {
         let f = functionalize(&parse(src).unwrap(), Remove::MutationsAndViews).unwrap();
         for &n in &f.graph.order {
             seen.insert(f.graph.nodes[n].op.name().to_string());
