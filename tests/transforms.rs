@@ -351,7 +351,11 @@ fn every_op_has_rules_and_a_case() {
             std::fs::read_to_string(p).unwrap()
         })
         .collect();
-    for src in CASES.iter().copied().chain(examples.iter().map(String::as_str)) {
+    for src in CASES
+        .iter()
+        .copied()
+        .chain(examples.iter().map(String::as_str))
+    {
         let f = functionalize(&parse(src).unwrap(), Remove::MutationsAndViews).unwrap();
         for &n in &f.graph.order {
             seen.insert(f.graph.nodes[n].op.name().to_string());
