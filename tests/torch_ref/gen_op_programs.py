@@ -118,9 +118,10 @@ UNARY = {
     "erf": (None, True, None, True),
     "logical_not": (None, True, None, False),
     "sign": (None, True, None, False),
+    "softplus": ("uniform -30.0..30.0", False, None, False),
 }
 # Unary ops ATen has no in-place form of (`<op>_`): no in-place cases.
-NO_INPLACE: set[str] = set()
+NO_INPLACE: set[str] = {"softplus"}
 
 
 def gen_unary():
@@ -160,6 +161,12 @@ def gen_unary():
         if op in ("neg", "abs", "relu", "logical_not", "sign"):
             add(ip, "i32_column", ["%x: i32[5, 7]"],
                 ["%c = select(%x, 1, -2)", f"%y = {ip}(%c)"], ["%x", "%y"], None, "i32 in place stays i32")
+    # softplus's beta and threshold (the linear region past the threshold)
+    for case, args in (("beta2_threshold1", "2, 1"), ("beta_half_threshold5", "0.5, 5.0")):
+        x = Operand("x", "f32", [3, 50], "t", "uniform -30.0..30.0")
+        p, l, a = assemble(x)
+        add("softplus", case, p, l + [f"%y = softplus({x.ref}, {args})"], ["%y"], a)
+    add("softplus", "f16_beta3", ["%x: f16[50]"], ["%y = softplus(%x, 3, 4)"], ["%y"], ["%x: uniform -4.0..4.0"])
     # gelu's approximate argument
     for layout in ("c", "t"):
         x = Operand("x", "f32", [3, 50], layout)

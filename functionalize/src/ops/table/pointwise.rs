@@ -206,4 +206,45 @@ pub(super) fn declare(b: &mut Builder) {
         true,
     )
     .rules(d::no_grad, d::jvp_none, bt::elementwise);
+    b.pointwise(
+        "softplus",
+        &["softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor"],
+        softplus,
+        false, // ATen has no `softplus_`
+    )
+    .rules(softplus_vjp, d::jvp_diag, bt::elementwise);
+}
+
+/// `softplus(x, beta, threshold)`: `log1p(exp(x * beta)) / beta`, and `x`
+/// itself where `x * beta > threshold` (eager's formula).
+fn softplus(a: &p::A) -> Result<p::PwPlan, String> {
+    use crate::ops::args::ArgsExt;
+    use crate::ops::expr::{gt, lit, log1p, select, x};
+    let beta = a.opt_scalar(1)?.map_or(1.0, |s| s.to_f64());
+    let threshold = a.opt_scalar(2)?.map_or(20.0, |s| s.to_f64());
+    let xb = x() * lit(beta);
+    let soft = log1p(crate::ops::expr::exp(xb.clone())) / lit(beta);
+    p::float_expr(a, "softplus", select(gt(xb, lit(threshold)), x(), soft))
+}
+
+/// `grad * sigmoid(x * beta)`, and `grad` where `x * beta > threshold`
+/// (derivatives.yaml's `softplus_backward`).
+fn softplus_vjp(
+    e: &mut crate::transform::emit::Emitter,
+    c: &crate::transform::Call,
+    gs: &[Option<crate::graph::ValueId>],
+) -> Result<crate::transform::Grads, String> {
+    use crate::transform::emit::t;
+    let Some(g) = gs.first().copied().flatten() else {
+        return Ok(vec![]);
+    };
+    let x = c.tensor(0)?;
+    let xb = e.call("mul", vec![t(x), c.args[1].clone()])?;
+    let s = e.call("sigmoid", vec![t(xb)])?;
+    let linear = e.call("gt", vec![t(xb), c.args[2].clone()])?;
+    let d = e.call(
+        "where",
+        vec![t(linear), crate::transform::emit::float(1.0), t(s)],
+    )?;
+    Ok(vec![(0, None, e.mul(g, d)?)])
 }
