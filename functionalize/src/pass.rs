@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::graph::{Graph, Name, NodeId, ValueId, ValueMap};
 use crate::meta::{wrap_dim, Meta};
 use crate::ops::layout::is_non_overlapping_and_dense;
-use crate::ops::{self, views, Inverse, OpId, OpKind, Rule};
+use crate::ops::{self, Inverse, OpId, OpKind, Rule};
 use crate::schema::Arg;
 use crate::text::{fmt_node, Names};
 use rustc_hash::FxHashMap as HashMap;
@@ -784,9 +784,12 @@ impl Pass {
         }
         let lookup =
             |n: &str| ops::lookup(n).ok_or_else(|| self.err(format!("internal error: no op {n}")));
-        let list = matches!(args.get(1), Some(Arg::IntList(_)));
-        match op.name() {
-            "chunk" => {
+        let def = op.def();
+        let pieces_by_sizes =
+            def.inverse == Some(Inverse::Piece) && matches!(args.get(1), Some(Arg::IntList(_)));
+        match def.counterpart {
+            // `chunk`: pieces with no copy of their own.
+            None if def.kind == OpKind::MultiView => {
                 let metas: Vec<Arg<&Meta>> = args
                     .iter()
                     .map(|a| a.map(&mut |v| self.out.meta(*v)))
@@ -813,7 +816,8 @@ impl Pass {
                     vec![args[0].clone(), size, Arg::Int(d as i64)],
                 ))
             }
-            "split" if list => Ok((lookup("split_with_sizes_copy")?, args)),
+            // `split.sizes`.
+            _ if pieces_by_sizes => Ok((lookup("split_with_sizes_copy")?, args)),
             _ => Ok((self.view_op(op), args)),
         }
     }
@@ -1031,7 +1035,8 @@ impl Pass {
         let mut args = self.read_args(&node.args)?;
         args[0] = Arg::Tensor(flat);
         let mut r = self.emit_id(node.op, args)?.remove(0);
-        if node.op.name() == "as_strided_scatter" && !(a.chain.is_empty() && order.is_empty()) {
+        let strided = matches!(node.op.def().lowering, ops::Lowering::StridedScatter(_));
+        if strided && !(a.chain.is_empty() && order.is_empty()) {
             // The result is the whole storage seen through `self`'s geometry.
             let m = src.meta(this).clone();
             r = self.emit(
@@ -1301,7 +1306,8 @@ impl Pass {
         }
     }
 
-    /// Writes `child` (the new value of `step`'s result) into `parent`.
+    /// Writes `child` (the new value of `step`'s result) into `parent`
+    /// (`ops::inverse`, the write-back view gradients use too).
     fn inverse(
         &mut self,
         step: &Step,
@@ -1309,112 +1315,24 @@ impl Pass {
         parent: ValueId,
         child: ValueId,
     ) -> Result<ValueId> {
-        let t = Arg::Tensor;
-        let a = &step.args;
-        let scatter = |s: &str| ops::lookup(s).expect("scatters are in the table");
-        let inverse = step.op.def().inverse.expect("checked invertible");
-        let (op, args): (OpId, Vec<Arg<ValueId>>) = match inverse {
-            Inverse::Scatter(s) => {
-                let mut args = vec![t(parent), t(child)];
-                args.extend(a.iter().cloned());
-                (s, args)
-            }
-            Inverse::Narrow => {
-                let (Arg::Int(dim), Arg::Int(start), Arg::Int(len)) = (&a[0], &a[1], &a[2]) else {
-                    unreachable!()
-                };
-                let d = wrap_dim(*dim, parent_meta.dim()).map_err(|m| self.err(m))?;
-                let size = parent_meta.sizes[d] as i64;
-                let s = if *start < 0 { start + size } else { *start };
-                (
-                    scatter("slice_scatter"),
-                    vec![
-                        t(parent),
-                        t(child),
-                        Arg::Int(d as i64),
-                        Arg::Int(s),
-                        Arg::Int(s + len),
-                        Arg::Int(1),
-                    ],
-                )
-            }
-            Inverse::Piece => {
-                // split / chunk: the piece is a slice of the parent.
-                let metas = vec![Arg::Tensor(parent_meta)];
-                let mut args: Vec<Arg<&Meta>> = metas;
-                args.extend(a.iter().map(|x| x.map(&mut |_| parent_meta)));
-                let pieces = ops::infer(step.op, &args).map_err(|m| self.err(m))?;
-                let Arg::Int(dim) = &a[1] else { unreachable!() };
-                let d = wrap_dim(*dim, parent_meta.dim()).map_err(|m| self.err(m))?;
-                let start: usize = pieces[..step.index].iter().map(|m| m.sizes[d]).sum();
-                let end = start + pieces[step.index].sizes[d];
-                (
-                    scatter("slice_scatter"),
-                    vec![
-                        t(parent),
-                        t(child),
-                        Arg::Int(d as i64),
-                        Arg::Int(start as i64),
-                        Arg::Int(end as i64),
-                        Arg::Int(1),
-                    ],
-                )
-            }
-            Inverse::Unbind => (
-                scatter("select_scatter"),
-                vec![
-                    t(parent),
-                    t(child),
-                    a[0].clone(),
-                    Arg::Int(step.index as i64),
-                ],
-            ),
-            Inverse::AsStrided => {
-                let mut args = vec![t(parent), t(child)];
-                args.extend(a.iter().cloned());
-                (scatter("as_strided_scatter"), args)
-            }
-            Inverse::Involution => {
-                let mut args = vec![t(child)];
-                args.extend(a.iter().cloned());
-                (self.view_op(step.op), args)
-            }
-            Inverse::Permute => {
-                let Arg::IntList(dims) = &a[0] else {
-                    unreachable!()
-                };
-                let n = dims.len();
-                let mut inv = vec![0i64; n];
-                for (i, &d) in dims.iter().enumerate() {
-                    inv[wrap_dim(d, n).map_err(|m| self.err(m))?] = i as i64;
-                }
-                (self.view_op(step.op), vec![t(child), Arg::IntList(inv)])
-            }
-            Inverse::Unsqueeze => {
-                let Arg::Int(dim) = &a[0] else { unreachable!() };
-                let d = wrap_dim(*dim, parent_meta.dim() + 1).map_err(|m| self.err(m))?;
-                let sq = ops::lookup("squeeze").expect("squeeze is in the table");
-                (self.view_op(sq), vec![t(child), Arg::Int(d as i64)])
-            }
-            Inverse::Reshape => {
-                let sizes = Arg::IntList(parent_meta.sizes.iter().map(|&s| s as i64).collect());
-                let cm = self.out.meta(child);
-                let op = match self.mode {
-                    Remove::MutationsAndViews => "view_copy",
-                    Remove::Mutations
-                        if views::compute_stride(&cm.sizes, &cm.strides, &parent_meta.sizes)
-                            .is_some() =>
-                    {
-                        "view"
-                    }
-                    Remove::Mutations => "reshape",
-                };
-                let op = ops::lookup(op).expect("reshapes are in the table");
-                (op, vec![t(child), sizes])
-            }
-            Inverse::Identity => return Ok(child),
+        let view = ops::inverse::ViewStep {
+            view: step.op,
+            args: &step.args,
+            index: step.index,
         };
-        Ok(self.emit_id(op, args)?.remove(0))
+        let call = ops::inverse::write_back(
+            view,
+            Some(parent),
+            parent_meta,
+            child,
+            &self.out.meta(child).clone(),
+            self.mode == Remove::MutationsAndViews,
+        )
+        .map_err(|m| self.err(m))?;
+        match call {
+            Some((op, args)) => Ok(self.emit_id(op, args)?.remove(0)),
+            None => Ok(child),
+        }
     }
 }
 

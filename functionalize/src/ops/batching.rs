@@ -11,6 +11,7 @@
 //! cover; results are exact, the graph grows with the batch size.
 
 use crate::graph::ValueId;
+use crate::ops::{Elem, Lowering, Reduction, RegionKind};
 use crate::schema::Arg;
 use crate::transform::emit::{int, ints, t, R};
 use crate::transform::{Batcher, Call};
@@ -73,7 +74,11 @@ pub(crate) fn per_element(b: &mut Batcher, c: &Call) -> Out {
 /// they broadcast as before; ops whose result has `self`'s shape get a
 /// batched `self`.
 pub(crate) fn elementwise(b: &mut Batcher, c: &Call) -> Out {
-    let self_shaped = matches!(c.op.name(), "masked_fill" | "copy" | "fill");
+    let elem = c.op.def().lowering.elem();
+    let self_shaped = matches!(
+        elem,
+        Some(Elem::MaskedFill | Elem::CopyFrom | Elem::Fill { .. })
+    );
     let rank = c
         .args
         .iter()
@@ -89,7 +94,7 @@ pub(crate) fn elementwise(b: &mut Batcher, c: &Call) -> Out {
             other => other.clone(),
         });
     }
-    if let (true, Some(Arg::Tensor(v))) = (c.op.name() == "masked_fill", c.args.get(2)) {
+    if let (Some(Elem::MaskedFill), Some(Arg::Tensor(v))) = (elem, c.args.get(2)) {
         if b.is_batched(*v) {
             // The value must be 0-d: a batched one is a `where`.
             let d = b.e.dtype(c.tensor(0)?);
@@ -100,7 +105,7 @@ pub(crate) fn elementwise(b: &mut Batcher, c: &Call) -> Out {
             return Ok(vec![(b.e.cast(r, d)?, true)]);
         }
     }
-    if c.op.name() == "fill" && matches!(args.get(1), Some(Arg::Tensor(_))) {
+    if matches!(elem, Some(Elem::Fill { .. })) && matches!(args.get(1), Some(Arg::Tensor(_))) {
         // `fill` takes a 0-d value: a batched one is a copy.
         let r = b.e.call("copy", vec![args[0].clone(), args[1].clone()])?;
         return Ok(vec![(r, true)]);
@@ -153,7 +158,6 @@ pub(crate) fn reduction(b: &mut Batcher, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let r = b.lrank(x);
     let all: Vec<i64> = (1..=r as i64).collect();
-    let name = c.op.name();
     let whole = match c.args.get(1) {
         None => true,
         Some(Arg::None) => true,
@@ -169,8 +173,11 @@ pub(crate) fn reduction(b: &mut Batcher, c: &Call) -> Out {
         return per_element(b, c);
     }
     let mut args = c.args.to_vec();
-    match name {
-        "sum" | "mean" if c.args.len() <= 2 => {
+    let Lowering::Reduce(red) = c.op.def().lowering else {
+        return Err(format!("internal error: {} is no reduction", c.op.name()));
+    };
+    match red {
+        Reduction::Sum | Reduction::Mean if c.args.len() <= 2 => {
             // The full reduction overload (`sum(self, dtype)`).
             let dtype = c.args.get(1).cloned().unwrap_or(Arg::None);
             args = vec![t(x), ints(&all), Arg::Bool(false), dtype];
@@ -190,7 +197,7 @@ pub(crate) fn arg_extreme(b: &mut Batcher, c: &Call) -> Out {
     let flat = b.e.view(x, &[b.size, n])?;
     let keepdim = matches!(c.args.get(2), Some(Arg::Bool(true)));
     let i =
-        b.e.call(c.op.name(), vec![t(flat), int(1), Arg::Bool(keepdim)])?;
+        b.e.call_id(c.op, vec![t(flat), int(1), Arg::Bool(keepdim)])?[0];
     let i = if keepdim {
         let mut s = vec![b.size];
         s.extend(std::iter::repeat_n(1, r));
@@ -208,7 +215,7 @@ pub(crate) fn view(b: &mut Batcher, c: &Call) -> Out {
     };
     let mut sizes = vec![b.size as i64];
     sizes.extend(s);
-    let r = b.e.call(c.op.name(), vec![t(x), ints(&sizes)])?;
+    let r = b.e.call_id(c.op, vec![t(x), ints(&sizes)])?[0];
     Ok(vec![(r, true)])
 }
 
@@ -291,7 +298,7 @@ pub(crate) fn leading(b: &mut Batcher, c: &Call) -> Out {
 /// `cat`/`stack`: every piece batched, the dimension shifted.
 pub(crate) fn cat(b: &mut Batcher, c: &Call) -> Out {
     let l = c.list(0);
-    let stack = c.op.name() == "stack";
+    let stack = c.op.def().lowering == Lowering::Map(Elem::Join { stack: true });
     let rank = l.iter().flatten().map(|&v| b.lrank(v)).max().unwrap_or(0);
     let mut nl = vec![];
     for v in l.iter() {
@@ -307,7 +314,7 @@ pub(crate) fn cat(b: &mut Batcher, c: &Call) -> Out {
         _ => 1,
     };
     Ok(vec![(
-        b.e.call(c.op.name(), vec![Arg::TensorList(nl), int(d)])?,
+        b.e.call_id(c.op, vec![Arg::TensorList(nl), int(d)])?[0],
         true,
     )])
 }
@@ -332,8 +339,11 @@ pub(crate) fn gather_like(b: &mut Batcher, c: &Call) -> Out {
 }
 
 pub(crate) fn region_scatter(b: &mut Batcher, c: &Call) -> Out {
-    let dims: &[usize] = match c.op.name() {
-        "diagonal_scatter" => &[3, 4],
+    let dims: &[usize] = match c.op.def().lowering {
+        Lowering::RegionScatter {
+            region: RegionKind::Diagonal,
+            ..
+        } => &[3, 4],
         _ => &[2],
     };
     all_with_dims(b, c, dims, 0)
@@ -352,7 +362,8 @@ pub(crate) fn indexed_dim(b: &mut Batcher, c: &Call) -> Out {
     if b.is_batched(c.tensor(2)?) {
         return per_element(b, c);
     }
-    if c.op.name() == "index_select" {
+    // `index_select` (a gather) has no source to align.
+    if matches!(c.op.def().lowering, Lowering::Gather(_)) {
         return dim1(b, c);
     }
     let r = b.lrank(c.tensor(0)?);
@@ -513,7 +524,8 @@ pub(crate) fn max_min(b: &mut Batcher, c: &Call) -> Out {
     } else {
         let x = c.tensor(0)?;
         let all: Vec<i64> = (1..=b.lrank(x) as i64).collect();
-        let op = if c.op.name() == "max" { "amax" } else { "amin" };
+        let high = matches!(c.op.def().lowering, Lowering::Extreme { high: true, .. });
+        let op = if high { "amax" } else { "amin" };
         if all.is_empty() {
             return Ok(vec![(x, true)]);
         }

@@ -19,6 +19,7 @@
 //! `remainder(Scalar, Tensor)` are refused with a message.
 
 use crate::graph::ValueId;
+use crate::ops::{Elem, Lowering, Reduction};
 use crate::schema::Arg;
 use crate::transform::emit::{float, int, ints, sizes_arg, t, Emitter, R};
 use crate::transform::{Call, Grads, Tangents};
@@ -32,6 +33,11 @@ fn num(c: &Call, i: usize) -> Option<f64> {
         Some(Arg::Bool(b)) => Some(*b as i64 as f64),
         _ => None,
     }
+}
+
+/// The op's lowering (its declared form: rules read it, never the name).
+fn lowering(c: &Call) -> Lowering {
+    c.op.def().lowering
 }
 
 fn int_at(c: &Call, i: usize) -> R<i64> {
@@ -143,56 +149,75 @@ pub(crate) fn div(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     }
 }
 
-/// `grad * f'(x)` for the unary elementwise ops.
-pub(crate) fn unary(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+/// The unary elementwise ops with a derivative (`unary`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Unary {
+    Neg,
+    Exp,
+    Log,
+    Sqrt,
+    Rsqrt,
+    Abs,
+    Relu,
+    Sigmoid,
+    Tanh,
+    Silu,
+    Gelu,
+    Sin,
+    Cos,
+    Reciprocal,
+    Erf,
+}
+
+/// `grad * f'(x)` for the unary elementwise op `f`.
+pub(crate) fn unary(e: &mut Emitter, c: &Call, gs: G, f: Unary) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let y = c.outs[0];
-    let gx = match c.op.name() {
-        "neg" => e.neg(g)?,
-        "exp" => e.mul(g, y)?,
-        "log" => e.div(g, x)?,
-        "sqrt" => {
+    let gx = match f {
+        Unary::Neg => e.neg(g)?,
+        Unary::Exp => e.mul(g, y)?,
+        Unary::Log => e.div(g, x)?,
+        Unary::Sqrt => {
             let d = e.scale(y, 2.0)?;
             e.div(g, d)?
         }
-        "rsqrt" => {
+        Unary::Rsqrt => {
             let y2 = e.mul(y, y)?;
             let y3 = e.mul(y2, y)?;
             let p = e.mul(g, y3)?;
             e.scale(p, -0.5)?
         }
-        "abs" => {
+        Unary::Abs => {
             let s = e.call("sign", vec![t(x)])?;
             e.mul(g, s)?
         }
-        "relu" => e.call("threshold_backward", vec![t(g), t(y), int(0)])?,
-        "sigmoid" => e.call("sigmoid_backward", vec![t(g), t(y)])?,
-        "tanh" => e.call("tanh_backward", vec![t(g), t(y)])?,
-        "silu" => e.call("silu_backward", vec![t(g), t(x)])?,
-        "gelu" => e.call("gelu_backward", vec![t(g), t(x), c.args[1].clone()])?,
-        "sin" => {
+        Unary::Relu => e.call("threshold_backward", vec![t(g), t(y), int(0)])?,
+        Unary::Sigmoid => e.call("sigmoid_backward", vec![t(g), t(y)])?,
+        Unary::Tanh => e.call("tanh_backward", vec![t(g), t(y)])?,
+        Unary::Silu => e.call("silu_backward", vec![t(g), t(x)])?,
+        Unary::Gelu => e.call("gelu_backward", vec![t(g), t(x), c.args[1].clone()])?,
+        Unary::Sin => {
             let d = e.call("cos", vec![t(x)])?;
             e.mul(g, d)?
         }
-        "cos" => {
+        Unary::Cos => {
             let d = e.call("sin", vec![t(x)])?;
             let p = e.mul(g, d)?;
             e.neg(p)?
         }
-        "reciprocal" => {
+        Unary::Reciprocal => {
             let y2 = e.mul(y, y)?;
             let p = e.mul(g, y2)?;
             e.neg(p)?
         }
-        "erf" => {
+        Unary::Erf => {
             let x2 = e.mul(x, x)?;
             let n = e.neg(x2)?;
             let d = e.call("exp", vec![t(n)])?;
             let d = e.scale(d, 2.0 / std::f64::consts::PI.sqrt())?;
             e.mul(g, d)?
         }
-        other => return Err(format!("internal error: no unary derivative for {other}")),
     };
     Ok(one(0, gx))
 }
@@ -237,18 +262,22 @@ pub(crate) fn pow(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     }
 }
 
-/// `maximum`/`minimum`: ties share the gradient evenly.
-pub(crate) fn extreme2(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn maximum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+    extreme2(e, c, gs, true)
+}
+
+pub(crate) fn minimum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+    extreme2(e, c, gs, false)
+}
+
+/// `maximum` (`max`) / `minimum`: ties share the gradient evenly.
+fn extreme2(e: &mut Emitter, c: &Call, gs: G, max: bool) -> R<Grads> {
     let g = g0!(gs);
     let (x, y) = (c.tensor(0)?, c.tensor(1)?);
     let eq = e.call("eq", vec![t(x), t(y)])?;
     let half = e.scale(g, 0.5)?;
     let shared = e.where_(eq, half, g)?;
-    let (lose_x, lose_y) = if c.op.name() == "maximum" {
-        ("lt", "gt")
-    } else {
-        ("gt", "lt")
-    };
+    let (lose_x, lose_y) = if max { ("lt", "gt") } else { ("gt", "lt") };
     let mx = e.call(lose_x, vec![t(x), t(y)])?;
     let my = e.call(lose_y, vec![t(x), t(y)])?;
     Ok(vec![
@@ -371,23 +400,33 @@ pub(crate) fn second(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     pass_to(1)(e, c, gs)
 }
 
+/// The backward ops of derivatives.yaml (`backward_op`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Backward {
+    Threshold,
+    Sigmoid,
+    Tanh,
+    Silu,
+    Gelu,
+}
+
 /// The backward ops themselves, for second derivatives.
-pub(crate) fn backward_op(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn backward_op(e: &mut Emitter, c: &Call, gs: G, op: Backward) -> R<Grads> {
     let g = g0!(gs);
     let (go, x) = (c.tensor(0)?, c.tensor(1)?);
     let mut rest: Vec<Arg<ValueId>> = c.args[1..].to_vec();
     rest.insert(0, t(g));
-    let d_go = e.call(c.op.name(), rest)?;
+    let d_go = e.call_id(c.op, rest)?[0];
     let ggo = e.mul(g, go)?;
     // d/dx of grad_output * f'(x): grad * grad_output * f''(x).
-    let f2 = match c.op.name() {
-        "threshold_backward" => None,
-        "sigmoid_backward" => {
+    let f2 = match op {
+        Backward::Threshold => None,
+        Backward::Sigmoid => {
             let two = e.scale(x, -2.0)?;
             Some(e.add_scalar(two, 1.0)?)
         }
-        "tanh_backward" => Some(e.scale(x, -2.0)?),
-        "silu_backward" => {
+        Backward::Tanh => Some(e.scale(x, -2.0)?),
+        Backward::Silu => {
             // s (1 - s) (2 + x (1 - 2 s))
             let s = e.call("sigmoid", vec![t(x)])?;
             let oms = e.rsub_scalar(1.0, s)?;
@@ -398,12 +437,11 @@ pub(crate) fn backward_op(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
             let k = e.add_scalar(xb, 2.0)?;
             Some(e.mul(a, k)?)
         }
-        "gelu_backward" => Some(gelu_second(
+        Backward::Gelu => Some(gelu_second(
             e,
             x,
             matches!(c.args.get(2), Some(Arg::Str(s)) if s == "tanh"),
         )?),
-        other => return Err(format!("internal error: no second derivative for {other}")),
     };
     let mut out = one(0, d_go);
     if let Some(f2) = f2 {
@@ -459,7 +497,7 @@ pub(crate) fn sum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     };
     let gk = keep(e, g, &s, &dims)?;
     let mut ge = e.expand(gk, &s)?;
-    if c.op.name() == "mean" {
+    if lowering(c) == Lowering::Reduce(Reduction::Mean) {
         let n: usize = dims.iter().map(|&d| s[d]).product();
         ge = e.scale(ge, 1.0 / n.max(1) as f64)?;
     }
@@ -485,7 +523,7 @@ pub(crate) fn var(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let xc = e.sub(x, m)?;
     let gk = keep(e, g, &s, &dims)?;
     let mut gx = e.mul(gk, xc)?;
-    if c.op.name() == "std" {
+    if lowering(c) == Lowering::Reduce(Reduction::Var { sqrt: true }) {
         let rk = keep(e, c.outs[0], &s, &dims)?;
         let q = e.div(gx, rk)?;
         let z = e.call("eq", vec![t(rk), int(0)])?;
@@ -503,7 +541,8 @@ pub(crate) fn amax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
-    let dims = if matches!(c.op.name(), "max" | "min") {
+    // `max()` / `min()` (an extreme's full overload) reduce everything.
+    let dims = if matches!(lowering(c), Lowering::Extreme { .. }) {
         (0..s.len()).collect()
     } else {
         reduced_dims(c, 1, s.len())?
@@ -531,9 +570,9 @@ fn extreme_mask(
 /// The dimension `max.dim`/`min.dim`, `sort` and `topk` select along,
 /// and whether the values keep it.
 fn selected_dim(c: &Call, rank: usize) -> R<(usize, bool)> {
-    let (dim, keepdim) = match c.op.name() {
-        "sort" => (int_at(c, 1)?, true),
-        "topk" => (int_at(c, 2)?, true),
+    let (dim, keepdim) = match lowering(c) {
+        Lowering::Sort { topk: false } => (int_at(c, 1)?, true),
+        Lowering::Sort { topk: true } => (int_at(c, 2)?, true),
         _ => (
             int_at(c, 1)?,
             matches!(c.args.get(2), Some(Arg::Bool(true))),
@@ -599,11 +638,10 @@ fn mt(e: &mut Emitter, v: ValueId) -> R<ValueId> {
 pub(crate) fn mm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (a, b) = (c.tensor(0)?, c.tensor(1)?);
-    let op = c.op.name();
     let (bt, at) = (mt(e, b)?, mt(e, a)?);
     Ok(vec![
-        (0, None, e.call(op, vec![t(g), t(bt)])?),
-        (1, None, e.call(op, vec![t(at), t(g)])?),
+        (0, None, e.call_id(c.op, vec![t(g), t(bt)])?[0]),
+        (1, None, e.call_id(c.op, vec![t(at), t(g)])?[0]),
     ])
 }
 
@@ -636,11 +674,19 @@ pub(crate) fn matmul(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ])
 }
 
+/// The plain product of an `addmm`-like op: `bmm` for batched ones.
+fn product_of(c: &Call) -> &'static str {
+    match lowering(c).product() {
+        Some(f) if f.batched => "bmm",
+        _ => "mm",
+    }
+}
+
 pub(crate) fn addmm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (m1, m2) = (c.tensor(1)?, c.tensor(2)?);
     let (beta, alpha) = (num(c, 3).unwrap_or(1.0), num(c, 4).unwrap_or(1.0));
-    let op = if c.op.name() == "addmm" { "mm" } else { "bmm" };
+    let op = product_of(c);
     let (m2t, m1t) = (mt(e, m2)?, mt(e, m1)?);
     let g1 = e.call(op, vec![t(g), t(m2t)])?;
     let g2 = e.call(op, vec![t(m1t), t(g)])?;
@@ -819,56 +865,33 @@ pub(crate) fn sdpa(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 // ------------------------------------------------------------ shape ops
 
-pub(crate) fn view_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
-    let g = g0!(gs);
-    let s = e.sizes(c.tensor(0)?);
-    Ok(one(0, e.view(g, &s)?))
-}
-
-pub(crate) fn permute_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
-    let g = g0!(gs);
-    let r = e.rank(g);
-    let p = list_at(c, 1).unwrap_or_default();
-    let mut inv = vec![0; r];
-    for (i, &d) in p.iter().enumerate() {
-        inv[wrap(d, r)?] = i;
-    }
-    Ok(one(0, e.permute(g, &inv)?))
-}
-
-pub(crate) fn transpose_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
-    let g = g0!(gs);
-    let mut args = c.args.to_vec();
-    args[0] = t(g);
-    Ok(one(0, e.call(c.op.name(), args)?))
-}
-
-/// `<view>_copy` of a region: the gradient written into zeros through
-/// the view's `_scatter` (`slice`, `select`, `diagonal`).
-pub(crate) fn region_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+/// A view copy's gradient: the cotangent written back through the view
+/// into zeros (`ops::inverse`, as the pass writes a mutated view back).
+pub(crate) fn written_back(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
-    let z = e.zeros_like(x)?;
-    let (name, rest): (&str, Vec<Arg<ValueId>>) = match c.op.name() {
-        "narrow_copy" => {
-            let d = wrap(int_at(c, 1)?, e.rank(x))?;
-            let n = e.sizes(x)[d] as i64;
-            let start = int_at(c, 2)?;
-            let start = if start < 0 { start + n } else { start };
-            let len = int_at(c, 3)?;
-            (
-                "slice_scatter",
-                vec![int(d as i64), int(start), int(start + len), int(1)],
-            )
-        }
-        "slice_copy" => ("slice_scatter", c.args[1..].to_vec()),
-        "select_copy" => ("select_scatter", c.args[1..].to_vec()),
-        "diagonal_copy" => ("diagonal_scatter", c.args[1..].to_vec()),
-        other => return Err(format!("internal error: {other} is not a region copy")),
+    let crate::ops::Rule::ViewCopy(view) = c.op.def().rule else {
+        return Err(format!(
+            "internal error: {} is not a view copy",
+            c.op.name()
+        ));
     };
-    let mut args = vec![t(z), t(g)];
-    args.extend(rest);
-    Ok(one(0, e.call(name, args)?))
+    let needs = view.def().inverse.is_some_and(|i| i.needs_parent());
+    let parent = if needs { Some(e.zeros_like(x)?) } else { None };
+    let (pm, gm) = (e.meta(x).clone(), e.meta(g).clone());
+    let step = crate::ops::inverse::ViewStep {
+        view,
+        args: &c.args[1..],
+        index: 0,
+    };
+    let call = crate::ops::inverse::write_back(step, parent, &pm, g, &gm, true)?;
+    Ok(one(
+        0,
+        match call {
+            Some((op, args)) => e.call_id(op, args)?[0],
+            None => g,
+        },
+    ))
 }
 
 /// Views that may repeat elements (`as_strided`, `unfold`): each element
@@ -886,7 +909,7 @@ pub(crate) fn gathered_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let ix = e.view(ar, &s)?;
     let mut args = c.args.to_vec();
     args[0] = t(ix);
-    let iv = e.call(c.op.name(), args)?;
+    let iv = e.call_id(c.op, args)?[0];
     let m = e.meta(iv).numel();
     let fi = e.view(iv, &[m])?;
     let gf = e.view(g, &[m])?;
@@ -909,7 +932,7 @@ pub(crate) fn pieces_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     if gs.iter().all(Option::is_none) {
         return Ok(vec![]);
     }
-    let unbind = c.op.name() == "unbind_copy";
+    let unbind = matches!(c.op.def().rule, crate::ops::Rule::ViewCopy(v) if v.def().inverse == Some(crate::ops::Inverse::Unbind));
     let dim = if unbind { int_at(c, 1)? } else { int_at(c, 2)? };
     let mut parts = vec![];
     for (k, &o) in c.outs.iter().enumerate() {
@@ -923,7 +946,7 @@ pub(crate) fn cat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let l = c.list(0);
     let dim = int_at(c, 1)?;
-    let stack = c.op.name() == "stack";
+    let stack = lowering(c) == Lowering::Map(Elem::Join { stack: true });
     let r = e.rank(g);
     let d = wrap(dim, r)?;
     let mut out = vec![];
@@ -967,7 +990,7 @@ pub(crate) fn same_op_on_grad(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let mut args = c.args.to_vec();
     args[0] = t(g);
-    Ok(one(0, e.call(c.op.name(), args)?))
+    Ok(one(0, e.call_id(c.op, args)?[0]))
 }
 
 pub(crate) fn repeat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
@@ -1017,7 +1040,7 @@ pub(crate) fn scatter_view(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     let z = e.zeros_like(src)?;
     let mut a = vec![t(g), t(z)];
     a.extend(c.args[2..].iter().cloned());
-    let gself = e.call(c.op.name(), a)?;
+    let gself = e.call_id(c.op, a)?[0];
     let mut b = vec![t(g)];
     b.extend(c.args[2..].iter().cloned());
     let gsrc = e.call(&format!("{view}_copy"), b)?;
@@ -1190,10 +1213,14 @@ pub(crate) fn jvp_diag(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option
 /// tangents (zeros where absent), integer tensors (indices, masks) and
 /// other arguments as they are, except fill values, which become 0.
 pub(crate) fn jvp_linear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
-    let zero_at: &[usize] = match c.op.name() {
-        "constant_pad_nd" | "masked_fill" => &[2],
-        "fill" => &[1],
-        "scatter" => &[3],
+    // Fill values (a literal where a tensor would be linear) become 0.
+    let zero_at: &[usize] = match lowering(c).elem() {
+        Some(Elem::Remap(crate::ops::RemapKind::Pad) | Elem::MaskedFill) => &[2],
+        Some(Elem::Fill { value: 1 }) => &[1],
+        Some(Elem::ScatterInto {
+            add: false,
+            copy: false,
+        }) => &[3],
         _ => &[],
     };
     let mut args = vec![];
@@ -1226,35 +1253,36 @@ pub(crate) fn jvp_linear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Opti
 
 /// `op(t_a, b) + op(a, t_b)` for ops linear in each of two arguments.
 pub(crate) fn jvp_bilinear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
-    let (ia, ib) = match c.op.name() {
-        "addmm" | "baddbmm" => (1, 2),
-        _ => (0, 1),
-    };
+    let form = lowering(c)
+        .product()
+        .ok_or_else(|| format!("internal error: {} is no product", c.op.name()))?;
+    let (ia, ib) = (form.left, form.right);
     let mut acc = None;
     for (i, other) in [(ia, ib), (ib, ia)] {
         let _ = other;
         if let Some(tv) = ts.get(i) {
             let mut args = c.args.to_vec();
             args[i] = t(tv);
-            let r = match c.op.name() {
-                "addmm" | "baddbmm" => {
-                    let op = if c.op.name() == "addmm" { "mm" } else { "bmm" };
-                    let p = e.call(op, vec![args[1].clone(), args[2].clone()])?;
+            let r = match form.addend {
+                Some(_) if form.linear => {
+                    e.call_id(c.op, vec![args[0].clone(), args[1].clone()])?[0]
+                }
+                Some(_) => {
+                    let p = e.call(product_of(c), vec![args[1].clone(), args[2].clone()])?;
                     e.scale(p, num(c, 4).unwrap_or(1.0))?
                 }
-                "linear" => e.call("linear", vec![args[0].clone(), args[1].clone()])?,
-                _ => e.call_id(c.op, args)?[0],
+                None => e.call_id(c.op, args)?[0],
             };
             acc = e.add_opt(acc, Some(r))?;
         }
     }
-    let extra = match c.op.name() {
-        "addmm" | "baddbmm" => match ts.get(0) {
+    let extra = match form.addend {
+        Some(i) if form.linear => ts.get(i),
+        Some(i) => match ts.get(i) {
             Some(tv) => Some(e.scale(tv, num(c, 3).unwrap_or(1.0))?),
             None => None,
         },
-        "linear" => ts.get(2),
-        _ => None,
+        None => None,
     };
     Ok(vec![e.add_opt(acc, extra)?])
 }
@@ -1265,7 +1293,7 @@ pub(crate) fn jvp_softmax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Opt
     };
     let y = c.outs[0];
     let dim = int_at(c, 1)?;
-    let r = if c.op.name().contains("log") {
+    let r = if lowering(c) == (Lowering::Softmax { log: true }) {
         let p = e.call("exp", vec![t(y)])?;
         let pt = e.mul(p, tv)?;
         let s = e.call("sum", vec![t(pt), ints(&[dim]), Arg::Bool(true)])?;
@@ -1296,7 +1324,7 @@ pub(crate) fn jvp_var(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<
     let sm = e.call("sum", vec![t(p), ints(&d), Arg::Bool(keepdim)])?;
     let y = c.outs[0];
     let sm = e.view(sm, &e.sizes(y))?;
-    let r = if c.op.name() == "std" {
+    let r = if lowering(c) == Lowering::Reduce(Reduction::Var { sqrt: true }) {
         let q = e.div(sm, y)?;
         let z = e.call("eq", vec![t(y), int(0)])?;
         let q = e.call("masked_fill", vec![t(q), t(z), float(0.0)])?;
@@ -1313,8 +1341,9 @@ pub(crate) fn jvp_amax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option
     };
     let x = c.tensor(0)?;
     let s = e.sizes(x);
-    let full = matches!(c.op.name(), "max" | "min") && c.outs.len() == 1;
-    if matches!(c.op.name(), "max" | "min") && !full {
+    let extreme = matches!(lowering(c), Lowering::Extreme { .. });
+    let full = extreme && c.outs.len() == 1;
+    if extreme && !full {
         return jvp_select_values(e, c, ts);
     }
     let dims = if full {

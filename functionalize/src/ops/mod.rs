@@ -12,6 +12,7 @@ pub mod batching;
 pub mod catalog;
 pub mod derivatives;
 pub mod expr;
+pub mod inverse;
 pub mod kernels;
 pub mod layout;
 pub mod lowering;

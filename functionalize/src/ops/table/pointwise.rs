@@ -1,6 +1,7 @@
 //! Elementwise ops (each with its in-place form where ATen has one) and the backward ops of derivatives.yaml that transforms emit.
 
 use super::*;
+use d::{Backward, Unary};
 
 pub(super) fn declare(b: &mut Builder) {
     // Elementwise ops, each with its in-place form.
@@ -48,21 +49,91 @@ pub(super) fn declare(b: &mut Builder) {
     .rules(d::div, d::jvp_diag, bt::elementwise);
     // Each with its VJP and JVP (`logical_not`'s: none flows).
     let unaries: [(&str, p::PlanFn, VjpFn, JvpFn); 15] = [
-        ("silu", p::silu, d::unary, d::jvp_diag),
-        ("neg", p::neg, d::unary, d::jvp_diag),
-        ("exp", p::exp, d::unary, d::jvp_diag),
-        ("log", p::log, d::unary, d::jvp_diag),
-        ("sqrt", p::sqrt, d::unary, d::jvp_diag),
-        ("rsqrt", p::rsqrt, d::unary, d::jvp_diag),
-        ("abs", p::abs, d::unary, d::jvp_diag),
-        ("relu", p::relu, d::unary, d::jvp_diag),
-        ("sigmoid", p::sigmoid, d::unary, d::jvp_diag),
-        ("tanh", p::tanh, d::unary, d::jvp_diag),
+        (
+            "silu",
+            p::silu,
+            |e, c, g| d::unary(e, c, g, Unary::Silu),
+            d::jvp_diag,
+        ),
+        (
+            "neg",
+            p::neg,
+            |e, c, g| d::unary(e, c, g, Unary::Neg),
+            d::jvp_diag,
+        ),
+        (
+            "exp",
+            p::exp,
+            |e, c, g| d::unary(e, c, g, Unary::Exp),
+            d::jvp_diag,
+        ),
+        (
+            "log",
+            p::log,
+            |e, c, g| d::unary(e, c, g, Unary::Log),
+            d::jvp_diag,
+        ),
+        (
+            "sqrt",
+            p::sqrt,
+            |e, c, g| d::unary(e, c, g, Unary::Sqrt),
+            d::jvp_diag,
+        ),
+        (
+            "rsqrt",
+            p::rsqrt,
+            |e, c, g| d::unary(e, c, g, Unary::Rsqrt),
+            d::jvp_diag,
+        ),
+        (
+            "abs",
+            p::abs,
+            |e, c, g| d::unary(e, c, g, Unary::Abs),
+            d::jvp_diag,
+        ),
+        (
+            "relu",
+            p::relu,
+            |e, c, g| d::unary(e, c, g, Unary::Relu),
+            d::jvp_diag,
+        ),
+        (
+            "sigmoid",
+            p::sigmoid,
+            |e, c, g| d::unary(e, c, g, Unary::Sigmoid),
+            d::jvp_diag,
+        ),
+        (
+            "tanh",
+            p::tanh,
+            |e, c, g| d::unary(e, c, g, Unary::Tanh),
+            d::jvp_diag,
+        ),
         ("logical_not", p::logical_not, d::no_grad, d::jvp_none),
-        ("sin", p::sin, d::unary, d::jvp_diag),
-        ("cos", p::cos, d::unary, d::jvp_diag),
-        ("reciprocal", p::reciprocal, d::unary, d::jvp_diag),
-        ("erf", p::erf, d::unary, d::jvp_diag),
+        (
+            "sin",
+            p::sin,
+            |e, c, g| d::unary(e, c, g, Unary::Sin),
+            d::jvp_diag,
+        ),
+        (
+            "cos",
+            p::cos,
+            |e, c, g| d::unary(e, c, g, Unary::Cos),
+            d::jvp_diag,
+        ),
+        (
+            "reciprocal",
+            p::reciprocal,
+            |e, c, g| d::unary(e, c, g, Unary::Reciprocal),
+            d::jvp_diag,
+        ),
+        (
+            "erf",
+            p::erf,
+            |e, c, g| d::unary(e, c, g, Unary::Erf),
+            d::jvp_diag,
+        ),
     ];
     for (n, plan, vjp, jvp) in unaries {
         b.pointwise(n, &[&unary(n)], plan, true)
@@ -74,7 +145,11 @@ pub(super) fn declare(b: &mut Builder) {
         p::gelu,
         true,
     )
-    .rules(d::unary, d::jvp_diag, bt::elementwise);
+    .rules(
+        |e, c, g| d::unary(e, c, g, Unary::Gelu),
+        d::jvp_diag,
+        bt::elementwise,
+    );
     b.pointwise(
         "pow",
         &[
@@ -92,14 +167,14 @@ pub(super) fn declare(b: &mut Builder) {
         p::maximum,
         false, // ATen has no `maximum_`
     )
-    .rules(d::extreme2, d::jvp_diag, bt::elementwise);
+    .rules(d::maximum, d::jvp_diag, bt::elementwise);
     b.pointwise(
         "minimum",
         &["minimum(Tensor self, Tensor other) -> Tensor"],
         p::minimum,
         false, // ATen has no `minimum_`
     )
-    .rules(d::extreme2, d::jvp_diag, bt::elementwise);
+    .rules(d::minimum, d::jvp_diag, bt::elementwise);
     b.pointwise(
         "where",
         &[
@@ -167,35 +242,55 @@ pub(super) fn declare(b: &mut Builder) {
         p::threshold_backward,
         false,
     )
-    .rules(d::backward_op, d::jvp_diag, bt::elementwise);
+    .rules(
+        |e, c, g| d::backward_op(e, c, g, Backward::Threshold),
+        d::jvp_diag,
+        bt::elementwise,
+    );
     b.pointwise(
         "gelu_backward",
         &["gelu_backward(Tensor grad_output, Tensor self, *, str approximate='none') -> Tensor"],
         p::gelu_backward,
         false,
     )
-    .rules(d::backward_op, d::jvp_diag, bt::elementwise);
+    .rules(
+        |e, c, g| d::backward_op(e, c, g, Backward::Gelu),
+        d::jvp_diag,
+        bt::elementwise,
+    );
     b.pointwise(
         "silu_backward",
         &["silu_backward(Tensor grad_output, Tensor self) -> Tensor"],
         p::silu_backward,
         false,
     )
-    .rules(d::backward_op, d::jvp_diag, bt::elementwise);
+    .rules(
+        |e, c, g| d::backward_op(e, c, g, Backward::Silu),
+        d::jvp_diag,
+        bt::elementwise,
+    );
     b.pointwise(
         "sigmoid_backward",
         &["sigmoid_backward(Tensor grad_output, Tensor output) -> Tensor"],
         p::sigmoid_backward,
         false,
     )
-    .rules(d::backward_op, d::jvp_diag, bt::elementwise);
+    .rules(
+        |e, c, g| d::backward_op(e, c, g, Backward::Sigmoid),
+        d::jvp_diag,
+        bt::elementwise,
+    );
     b.pointwise(
         "tanh_backward",
         &["tanh_backward(Tensor grad_output, Tensor output) -> Tensor"],
         p::tanh_backward,
         false,
     )
-    .rules(d::backward_op, d::jvp_diag, bt::elementwise);
+    .rules(
+        |e, c, g| d::backward_op(e, c, g, Backward::Tanh),
+        d::jvp_diag,
+        bt::elementwise,
+    );
     b.pointwise(
         "floor_divide",
         &[

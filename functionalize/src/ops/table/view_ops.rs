@@ -11,7 +11,7 @@ pub(super) fn declare(b: &mut Builder) {
         views::view,
         Some(Inverse::Reshape),
     )
-    .copy_rules(d::view_copy, d::jvp_linear, bt::view);
+    .copy_rules(d::written_back, d::jvp_linear, bt::view);
     let reshape = b
         .add(
             "reshape",
@@ -32,14 +32,14 @@ pub(super) fn declare(b: &mut Builder) {
         &["_reshape_copy(Tensor self, SymInt[] size) -> Tensor"],
         Rule::ViewCopy(reshape),
     )
-    .rules(d::view_copy, d::jvp_linear, bt::view);
+    .rules(d::written_back, d::jvp_linear, bt::view);
     b.view(
         "slice",
         false,
         &["slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)"],
         views::slice,
         None, // `slice_scatter`, below
-    ).copy_rules(d::region_copy, d::jvp_linear, bt::dim1);
+    ).copy_rules(d::written_back, d::jvp_linear, bt::dim1);
     b.view(
         "select",
         false,
@@ -47,7 +47,7 @@ pub(super) fn declare(b: &mut Builder) {
         views::select,
         None, // `select_scatter`, below
     )
-    .copy_rules(d::region_copy, d::jvp_linear, bt::dim1);
+    .copy_rules(d::written_back, d::jvp_linear, bt::dim1);
     b.view(
         "transpose",
         false,
@@ -55,7 +55,7 @@ pub(super) fn declare(b: &mut Builder) {
         views::transpose,
         Some(Inverse::Involution),
     )
-    .copy_rules(d::transpose_copy, d::jvp_linear, bt::dims12);
+    .copy_rules(d::written_back, d::jvp_linear, bt::dims12);
     b.view(
         "t",
         false,
@@ -63,7 +63,7 @@ pub(super) fn declare(b: &mut Builder) {
         views::t,
         Some(Inverse::Involution),
     )
-    .copy_rules(d::transpose_copy, d::jvp_linear, bt::t_copy);
+    .copy_rules(d::written_back, d::jvp_linear, bt::t_copy);
     b.view(
         "permute",
         false,
@@ -71,7 +71,7 @@ pub(super) fn declare(b: &mut Builder) {
         views::permute,
         Some(Inverse::Permute),
     )
-    .copy_rules(d::permute_copy, d::jvp_linear, bt::permute);
+    .copy_rules(d::written_back, d::jvp_linear, bt::permute);
     b.view(
         "expand",
         false,
@@ -87,7 +87,7 @@ pub(super) fn declare(b: &mut Builder) {
         views::diagonal,
         None, // `diagonal_scatter`, below
     )
-    .copy_rules(d::region_copy, d::jvp_linear, bt::dims23);
+    .copy_rules(d::written_back, d::jvp_linear, bt::dims23);
     b.view(
         "as_strided",
         false,
@@ -102,7 +102,7 @@ pub(super) fn declare(b: &mut Builder) {
         views::unsqueeze,
         Some(Inverse::Unsqueeze),
     )
-    .copy_rules(d::view_copy, d::jvp_linear, bt::unsqueeze);
+    .copy_rules(d::written_back, d::jvp_linear, bt::unsqueeze);
     b.view(
         "squeeze",
         false,
@@ -114,7 +114,7 @@ pub(super) fn declare(b: &mut Builder) {
         views::squeeze,
         Some(Inverse::Reshape),
     )
-    .copy_rules(d::view_copy, d::jvp_linear, bt::squeeze);
+    .copy_rules(d::written_back, d::jvp_linear, bt::squeeze);
     b.view(
         "alias",
         false,
@@ -130,7 +130,7 @@ pub(super) fn declare(b: &mut Builder) {
         views::narrow,
         Some(Inverse::Narrow),
     )
-    .copy_rules(d::region_copy, d::jvp_linear, bt::dim1);
+    .copy_rules(d::written_back, d::jvp_linear, bt::dim1);
     b.view(
         "unfold",
         false,
