@@ -314,7 +314,7 @@ fn write(
             mem.eager_peak,
         ],
         requires: Requirements {
-            features: if kernels.iter().any(|k| k.wgsl.contains("subgroup")) {
+            features: if p.kernels.iter().any(|k| k.code.subgroup) {
                 vec!["subgroup".to_string()]
             } else {
                 vec![]
@@ -686,6 +686,7 @@ fn rebuild<'a>(m: &Manifest, graph: Graph, data: &'a [u8]) -> Result<Rebuilt<'a>
                 wgsl: e.wgsl.clone(),
                 grid: e.grid,
                 bindings,
+                subgroup: m.requires.features.iter().any(|f| f == "subgroup"),
             },
             ops: e.ops.clone(),
             bytes_read: e.bytes_read,

@@ -48,6 +48,9 @@ pub struct KernelCode {
     pub grid: [u32; 3],
     /// Storage bindings in binding order.
     pub bindings: Vec<Binding>,
+    /// Uses subgroup operations (the adapter needs `Features::SUBGROUP`):
+    /// set where codegen emits them, read by exports' requirements.
+    pub subgroup: bool,
 }
 
 /// How tensors are bound, from the device's limits.
@@ -137,6 +140,8 @@ pub struct Gen<'a> {
     pub grid_stride: Option<usize>,
     /// See `CompileOptions::subgroup`.
     pub subgroup: Option<usize>,
+    /// The kernel being generated uses subgroup operations.
+    uses_subgroup: bool,
     /// In an epilogue kernel: (the kernel's own result, the elementwise
     /// tail stored in its place).
     epilogue: Option<(ValueId, ValueId)>,
@@ -191,6 +196,7 @@ impl<'a> Gen<'a> {
             workgroup: wgsl::WORKGROUP,
             grid_stride: None,
             subgroup: None,
+            uses_subgroup: false,
             epilogue: None,
             stride_over: None,
             rules: BindingRules::default(),
@@ -416,6 +422,7 @@ impl<'a> Gen<'a> {
             wgsl: wgsl::shader(&decls, &body.lines, wg, &shared),
             grid,
             bindings,
+            subgroup: std::mem::take(&mut self.uses_subgroup),
         }
     }
 

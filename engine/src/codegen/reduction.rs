@@ -520,6 +520,7 @@ impl Gen<'_> {
             // Native WGSL (naga) takes subgroup builtins without an
             // `enable` directive.
             let block = t.lanes.min(sg);
+            self.uses_subgroup = true;
             let mut vals: Vec<String> = partials
                 .iter()
                 .map(|p| self.body.var("f32", p.to_string()))
