@@ -1,0 +1,740 @@
+//! Lowering a functional graph to a program: schedule, kernel groups,
+//! lifetimes, packing, the arena layout, then code generation, each a
+//! stage of its own (`lower`).
+
+use crate::codegen::{Gen, Loc};
+use crate::wgsl::{self, Buf};
+use crate::{plan, schedule, CompileOptions, EngineError, Kernel, MemoryStats, Program};
+use kiln_functionalize::graph::{Def, Graph, ValueId};
+use kiln_functionalize::ops::Lowering;
+use std::collections::{HashMap, HashSet};
+
+/// Elementwise results written over an input that dies in the same kernel
+/// (the in-place ops of eager execution): each invocation reads the input
+/// at its own index before writing the result there, so they can share a
+/// buffer. Recorded as buffer aliases in the schedule.
+fn reuse_dying_inputs(
+    g: &Graph,
+    sched: &mut schedule::Schedule,
+    groups: &[Vec<ValueId>],
+    step: &HashMap<ValueId, usize>,
+    last: &HashMap<ValueId, usize>,
+    outputs: &[ValueId],
+    packed: &dyn Fn(ValueId) -> bool,
+) {
+    let empty = HashMap::new();
+    for grp in groups {
+        if !grp.iter().all(|&v| is_map(g, sched, v)) {
+            continue;
+        }
+        let here = step[&grp[0]];
+        let mut taken: Vec<ValueId> = vec![];
+        for (i, &v) in grp.iter().enumerate() {
+            let Def::Node(n, _) = g.values[v].def else {
+                continue;
+            };
+            if !sched.is_materialized.contains(&v) {
+                continue; // kept in registers
+            }
+            for u in schedule::reads(g, sched, n) {
+                let root = sched.root(u);
+                if sched.pinned.contains(&root) {
+                    continue;
+                }
+                // Same elements in the same layout (a packed bool result
+                // cannot take an f32 buffer: one word would hold others'
+                // elements).
+                let same_layout =
+                    packed(root) == packed(v) && (!packed(v) || g.meta(u).dtype == g.meta(v).dtype);
+                if taken.contains(&root) || g.meta(u).numel() != g.meta(v).numel() || !same_layout {
+                    continue;
+                }
+                // Everything living in the buffer dies in this kernel and is
+                // no output.
+                let dies = sched
+                    .sharing(root)
+                    .iter()
+                    .all(|w| !outputs.contains(w) && last.get(w).is_none_or(|&l| l <= here));
+                // No other member of the kernel reads it.
+                let others_read = grp.iter().enumerate().any(|(j, &w)| {
+                    j != i
+                        && g.node_of(w).is_some_and(|m| {
+                            schedule::reads(g, sched, m)
+                                .iter()
+                                .any(|r| sched.root(*r) == root)
+                        })
+                });
+                if !dies || others_read || step.get(&root).is_some_and(|&s| s == here) {
+                    continue;
+                }
+                // v reads it only at its own index.
+                let mut trial = Gen::new(g, sched, &empty);
+                if !trial.reads_only_at_own_index(v, root) {
+                    continue;
+                }
+                sched.alias_of.insert(v, u);
+                taken.push(root);
+                break;
+            }
+        }
+    }
+}
+
+/// Members of fused elementwise kernels that nothing outside their kernel
+/// reads: they stay in registers (no store, no buffer). Returned, and
+/// taken out of the schedule's materialized values.
+fn register_only(
+    g: &Graph,
+    sched: &mut schedule::Schedule,
+    groups: &[Vec<ValueId>],
+    outputs: &[ValueId],
+) -> HashSet<ValueId> {
+    let mut readers: HashMap<ValueId, Vec<ValueId>> = HashMap::new();
+    for &w in &sched.materialized {
+        if let Some(n) = g.node_of(w) {
+            for r in schedule::reads(g, sched, n) {
+                readers.entry(r).or_default().push(w);
+            }
+        }
+    }
+    let shared: HashSet<ValueId> = sched
+        .alias_of
+        .iter()
+        .chain(&sched.inplace)
+        .chain(&sched.host_views)
+        .flat_map(|(&a, &b)| [a, b])
+        .collect();
+    let mut out = HashSet::new();
+    for grp in groups.iter().filter(|grp| grp.len() > 1) {
+        for &v in grp {
+            let kept =
+                outputs.contains(&v) || shared.contains(&v) || sched.inplace.contains_key(&v);
+            let rs = readers.get(&v).map(Vec::as_slice).unwrap_or(&[]);
+            if !kept && !rs.is_empty() && rs.iter().all(|w| grp.contains(w)) {
+                out.insert(v);
+            }
+        }
+    }
+    sched.materialized.retain(|v| !out.contains(v));
+    for v in &out {
+        sched.is_materialized.remove(v);
+    }
+    out
+}
+
+/// An elementwise value computed by a plain map kernel.
+pub(crate) fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
+    match g.values[v].def {
+        Def::Node(n, _) => {
+            schedule::class(g, n).is_ok_and(|c| c == schedule::Class::Map)
+                && !s.inplace.contains_key(&v)
+                && !s.fused.contains_key(&v)
+        }
+        Def::Input(_) => false,
+    }
+}
+
+/// Distinct buffers the kernel computing `vals` binds (each value's
+/// buffer and every buffer its inlined producers read).
+fn buffers_touched(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> usize {
+    let mut roots: HashSet<ValueId> = HashSet::new();
+    for &v in vals {
+        roots.insert(sched.root(v));
+        if let Some(n) = g.node_of(v) {
+            roots.extend(
+                schedule::reads(g, sched, n)
+                    .into_iter()
+                    .map(|r| sched.root(r)),
+            );
+        }
+    }
+    roots.len()
+}
+
+pub(crate) enum Lowered {
+    Done(Box<Program>),
+    /// Retry with this inlined value materialized.
+    Materialize(ValueId),
+}
+
+/// The inlined producer, in the kernel computing `grp`, whose
+/// materialization saves the most bindings: the buffers it reads that the
+/// kernel does not otherwise read directly, less the one it adds. `None`
+/// when no producer saves any.
+fn producer_to_materialize(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    grp: &[ValueId],
+) -> Option<ValueId> {
+    let mut direct: HashSet<ValueId> = grp.iter().map(|&v| sched.root(v)).collect();
+    let mut stack = vec![];
+    for &v in grp {
+        if let Some(n) = g.node_of(v) {
+            for u in g.nodes[n].inputs() {
+                if sched.is_materialized.contains(&u) {
+                    direct.insert(sched.root(u));
+                } else {
+                    stack.push(u);
+                }
+            }
+        }
+    }
+    let mut best: Option<(usize, ValueId)> = None;
+    let mut seen = HashSet::new();
+    while let Some(u) = stack.pop() {
+        if sched.is_materialized.contains(&u) || grp.contains(&u) || !seen.insert(u) {
+            continue;
+        }
+        let own: HashSet<ValueId> = schedule::reads_value(g, sched, u)
+            .into_iter()
+            .map(|r| sched.root(r))
+            .filter(|r| !direct.contains(r))
+            .collect();
+        if own.len() >= 2 && best.is_none_or(|(b, _)| own.len() > b) {
+            best = Some((own.len(), u));
+        }
+        if let Some(m) = g.node_of(u) {
+            stack.extend(g.nodes[m].inputs());
+        }
+    }
+    best.map(|(_, u)| u)
+}
+
+/// Arithmetic of the kernel computing `grp`: 2 M N K for matrix products
+/// (M N = output elements, K the contracted size), one operation per
+/// element and source op otherwise.
+fn kernel_flops(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    grp: &[ValueId],
+    ops: usize,
+    elements: usize,
+) -> usize {
+    if let [v] = grp {
+        match sched.fused.get(v) {
+            Some(&schedule::Fused::Epilogue { product }) => {
+                // A product's 2 M N K, or one operation per element for a
+                // row kernel or reduction; then one per element and tail op.
+                return product_flops(g, product).unwrap_or(elements)
+                    + ops.saturating_sub(1) * elements;
+            }
+            Some(&schedule::Fused::Attention {
+                scores, product, ..
+            }) => {
+                return product_flops(g, scores).unwrap_or(0)
+                    + product_flops(g, product).unwrap_or(0)
+                    + ops.saturating_sub(2) * g.meta(g.nodes[scores].results[0]).numel();
+            }
+            None => {}
+        }
+        if let Some(n) = g.node_of(*v) {
+            if let Some(f) = product_flops(g, n) {
+                return f;
+            }
+            let node = &g.nodes[n];
+            // Reductions and row kernels: per input element; a gather
+            // copies rows (per output element).
+            let gather = matches!(
+                node.op.def().lowering,
+                kiln_functionalize::ops::Lowering::Gather(_)
+            );
+            if let Some(&x) = node.args.first().and_then(|a| a.tensors().first().copied()) {
+                if !gather {
+                    return ops * g.meta(x).numel().max(g.meta(*v).numel());
+                }
+            }
+        }
+    }
+    ops * elements
+}
+
+/// 2 M N K for a matrix product node (M N output elements, K the
+/// contracted size); `None` for other nodes.
+fn product_flops(g: &Graph, n: kiln_functionalize::graph::NodeId) -> Option<usize> {
+    let node = &g.nodes[n];
+    if node.op.def().lowering == kiln_functionalize::ops::Lowering::Attention {
+        // q k^T and p v: 2 L S (E + Ev) per batch entry.
+        let (q, k) = (*node.args[0].tensors()[0], *node.args[1].tensors()[0]);
+        let (qm, km) = (g.meta(q), g.meta(k));
+        let om = g.meta(node.results[0]);
+        let s = km.sizes[km.dim() - 2];
+        let e = qm.sizes[qm.dim() - 1];
+        let ev = om.sizes[om.dim() - 1];
+        return Some(2 * (om.numel() / ev.max(1)) * s * (e + ev));
+    }
+    // The left operand holds K last.
+    let a = node.op.def().lowering.product()?.left;
+    let x = *node.args.get(a)?.tensors().first()?;
+    let k = g.meta(*x).sizes.last().copied()?;
+    Some(2 * g.meta(node.results[0]).numel() * k)
+}
+
+/// Where each value lives and how big the arena is.
+struct Layout {
+    locs: HashMap<ValueId, Loc>,
+    /// Words of each parameter's buffer.
+    param_words: Vec<usize>,
+    plan: plan::MemoryPlan,
+}
+
+/// Lifetimes in steps (one step per kernel group).
+struct Lifetimes {
+    /// The step computing each kernel result.
+    step: HashMap<ValueId, usize>,
+    /// The last step reading each value (outputs: past the end).
+    last: HashMap<ValueId, usize>,
+    /// What a run reads back: materialized outputs, and the buffers the
+    /// other outputs are views of.
+    readback: Vec<ValueId>,
+}
+
+/// Bools and f16 values are packed (bytes and half words, as in eager
+/// memory) where every kernel writing them can own whole words: inputs
+/// (uploaded by the host) and elementwise results.
+struct Packing {
+    map_written: HashSet<ValueId>,
+}
+
+impl Packing {
+    fn of(g: &Graph, sched: &schedule::Schedule, groups: &[Vec<ValueId>]) -> Packing {
+        let map_written = groups
+            .iter()
+            .filter(|grp| grp.len() > 1 || is_map(g, sched, grp[0]))
+            .flatten()
+            .copied()
+            .collect();
+        Packing { map_written }
+    }
+
+    fn packed(&self, g: &Graph, v: ValueId) -> bool {
+        wgsl::per_word(g.meta(v).dtype) > 1
+            && (g.inputs.contains(&v) || self.map_written.contains(&v))
+    }
+
+    /// Bytes of `v`'s buffer (its root's packing).
+    fn bytes(&self, g: &Graph, sched: &schedule::Schedule, v: ValueId) -> usize {
+        wgsl::words(
+            g.meta(v).dtype,
+            g.meta(v).numel(),
+            self.packed(g, sched.root(v)),
+        ) * 4
+    }
+}
+
+/// Schedules, groups, lays out and generates the kernels of functional
+/// graph `g` (the stages below); `Materialize` when a kernel binds more
+/// buffers than the device allows and an inlined producer can take some.
+pub(crate) fn lower(
+    g: &Graph,
+    src: &Graph,
+    outputs: &[ValueId],
+    n_outputs: usize,
+    mutated_inputs: &[usize],
+    options: &CompileOptions,
+    force: &HashSet<ValueId>,
+) -> Result<Lowered, EngineError> {
+    let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
+    let mut sched = schedule::schedule(g, outputs, pinned, force, options.fuse_attention)?;
+    check_buffer_sizes(g, &sched, options)?;
+    let groups = group_kernels(g, &sched, options)?;
+    let registers = register_only(g, &mut sched, &groups, outputs);
+    let life = lifetimes(g, &sched, &groups, outputs);
+    let packing = Packing::of(g, &sched, &groups);
+    reuse_dying_inputs(
+        g,
+        &mut sched,
+        &groups,
+        &life.step,
+        &life.last,
+        outputs,
+        &|v| packing.packed(g, v),
+    );
+    let layout = place(g, &sched, &life, &packing, options)?;
+    let mut gen = Gen::new(g, &sched, &layout.locs);
+    gen.registers = registers.clone();
+    gen.tile_min_rows = options.tile_min_rows;
+    gen.workgroup_rows = options.workgroup_rows;
+    gen.workgroup = options.workgroup;
+    gen.grid_stride = options.grid_stride;
+    gen.subgroup = options.subgroup;
+    gen.vectorize = options.vectorize;
+    gen.rules = options.rules;
+    // The i64 overflow word (`wgsl::ty`) in a binding-aligned slot of its
+    // own after the intermediates.
+    let align = options.rules.align_words;
+    gen.status = Some(layout.plan.arena_bytes.div_ceil(4).div_ceil(align) * align);
+    let mut kernels = vec![];
+    for grp in &groups {
+        let cost = KernelCost::of(g, &sched, grp, &registers, &packing);
+        let codes = if grp.len() > 1 || is_map(g, &sched, grp[0]) {
+            if g.meta(grp[0]).numel() == 0 {
+                vec![]
+            } else {
+                vec![gen.map_group(grp)?]
+            }
+        } else {
+            gen.kernel(grp[0])?
+        };
+        let flops = kernel_flops(g, &sched, grp, cost.ops.len(), cost.elements);
+        for code in codes {
+            if code.bindings.len() > options.max_bindings {
+                if let Some(u) = producer_to_materialize(g, &sched, grp) {
+                    return Ok(Lowered::Materialize(u));
+                }
+                return Err(EngineError::Unsupported(format!(
+                    "kernel {} binds {} storage buffers; this device allows {} per shader \
+                     stage (split the expression with an intermediate `clone`)",
+                    code.label,
+                    code.bindings.len(),
+                    options.max_bindings
+                )));
+            }
+            kernels.push(Kernel {
+                code,
+                ops: cost.ops.clone(),
+                bytes_read: cost.bytes_read,
+                bytes_written: cost.written,
+                flops,
+            });
+        }
+    }
+    let status_word = gen.status.filter(|_| gen.status_used);
+    Ok(Lowered::Done(Box::new(assemble(
+        g,
+        src,
+        outputs,
+        n_outputs,
+        mutated_inputs,
+        options,
+        (kernels, life.readback, layout, status_word),
+        &sched,
+    ))))
+}
+
+/// Every tensor with a buffer fits in one.
+fn check_buffer_sizes(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    options: &CompileOptions,
+) -> Result<(), EngineError> {
+    for &v in g.inputs.iter().chain(&sched.materialized) {
+        let bytes = g.meta(v).numel().saturating_mul(4);
+        if bytes > options.max_buffer_bytes {
+            return Err(EngineError::Unsupported(format!(
+                "%{} ({}) takes {bytes} bytes on the GPU (4 an element); this device's largest \
+                 buffer is {} bytes",
+                kiln_functionalize::text::Names::of(g).get(v),
+                g.meta(v).type_string(),
+                options.max_buffer_bytes
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Kernels: consecutive elementwise values of one shape fuse into one
+/// multi-output kernel; everything else is a kernel of its own.
+fn group_kernels(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    options: &CompileOptions,
+) -> Result<Vec<Vec<ValueId>>, EngineError> {
+    let no_locs = HashMap::new();
+    let mut groups: Vec<Vec<ValueId>> = vec![];
+    let mut trial = Gen::new(g, sched, &no_locs);
+    for &v in &sched.materialized {
+        let Def::Node(n, _) = g.values[v].def else {
+            continue;
+        };
+        schedule::class(g, n)?;
+        let map = is_map(g, sched, v);
+        let joins = map
+            && groups.last().is_some_and(|grp: &Vec<ValueId>| {
+                let mut all = grp.clone();
+                all.push(v);
+                is_map(g, sched, grp[0])
+                    && buffers_touched(g, sched, &all) <= options.max_bindings
+                    && trial.fits_group(grp, v)
+            });
+        match groups.last_mut() {
+            Some(grp) if joins => grp.push(v),
+            _ => groups.push(vec![v]),
+        }
+    }
+    Ok(groups)
+}
+
+fn lifetimes(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    groups: &[Vec<ValueId>],
+    outputs: &[ValueId],
+) -> Lifetimes {
+    let mut step: HashMap<ValueId, usize> = HashMap::new();
+    for (i, grp) in groups.iter().enumerate() {
+        for &v in grp {
+            step.insert(v, i);
+        }
+    }
+    let end = groups.len();
+    let mut last: HashMap<ValueId, usize> = HashMap::new();
+    for &v in &sched.materialized {
+        if let Def::Node(n, _) = g.values[v].def {
+            for r in schedule::reads(g, sched, n) {
+                let e = last.entry(r).or_insert(0);
+                *e = (*e).max(step[&v]);
+            }
+        }
+    }
+    let mut readback: Vec<ValueId> = vec![];
+    for &o in outputs {
+        let r = sched.host_views.get(&o).copied().unwrap_or(o);
+        if !readback.contains(&r) {
+            readback.push(r);
+        }
+    }
+    for &o in &readback {
+        last.insert(o, end);
+    }
+    Lifetimes {
+        step,
+        last,
+        readback,
+    }
+}
+
+/// Parameters in buffers of their own; every other buffer planned in the
+/// arena by lifetime. A re-inplaced scatter, a reshape and an elementwise
+/// result written over its dying input live in the allocation they reuse.
+fn place(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    life: &Lifetimes,
+    packing: &Packing,
+    options: &CompileOptions,
+) -> Result<Layout, EngineError> {
+    let bytes = |v: ValueId| packing.bytes(g, sched, v);
+    let root = |v: ValueId| sched.root(v);
+    let mut locs: HashMap<ValueId, Loc> = HashMap::new();
+    let mut param_words = vec![];
+    for (i, &v) in g.inputs.iter().enumerate() {
+        locs.insert(
+            v,
+            Loc {
+                buf: Buf::Param(i),
+                word: 0,
+                packed: packing.packed(g, v),
+            },
+        );
+        param_words.push(bytes(v) / 4);
+    }
+    let mut roots: Vec<ValueId> = vec![];
+    let mut span: HashMap<ValueId, (usize, usize)> = HashMap::new();
+    // Every value with a buffer: kernel results and reshapes.
+    let mut owners: Vec<ValueId> = sched.materialized.clone();
+    owners.extend(sched.alias_of.keys().copied());
+    owners.sort_by_key(|&v| {
+        g.node_of(v)
+            .and_then(|n| g.order.iter().position(|&m| m == n))
+    });
+    for &v in &owners {
+        let r = root(v);
+        let own = life
+            .step
+            .get(&v)
+            .or_else(|| life.step.get(&r))
+            .copied()
+            .unwrap_or(0);
+        let first = life.step.get(&r).copied().unwrap_or(0);
+        let l = life.last.get(&v).copied().unwrap_or(own).max(own);
+        let e = span.entry(r).or_insert((first, l));
+        e.1 = e.1.max(l);
+        if !roots.contains(&r) && !g.inputs.contains(&r) {
+            roots.push(r);
+        }
+    }
+    let requests: Vec<plan::Request> = roots
+        .iter()
+        .map(|r| plan::Request {
+            bytes: bytes(*r),
+            first: span[r].0,
+            last: span[r].1,
+        })
+        .collect();
+    // Arena tensors start at the device's binding alignment: a kernel binds
+    // each tensor's own range, and WebGPU forbids a writable binding that
+    // overlaps another binding of the same dispatch.
+    let mp = plan::plan(&requests, options.rules.align_words * 4);
+    for (r, off) in roots.iter().zip(&mp.offsets) {
+        locs.insert(
+            *r,
+            Loc {
+                buf: Buf::Arena,
+                word: off / 4,
+                packed: packing.packed(g, *r),
+            },
+        );
+    }
+    for &v in &owners {
+        let r = root(v);
+        let l = *locs
+            .get(&r)
+            .ok_or_else(|| EngineError::Internal("a value without a location".into()))?;
+        locs.insert(v, l);
+    }
+    Ok(Layout {
+        locs,
+        param_words,
+        plan: mp,
+    })
+}
+
+/// What the kernel computing `grp` runs and moves: its ops (inlined
+/// producers first), bytes read and written, elements.
+struct KernelCost {
+    ops: Vec<String>,
+    bytes_read: usize,
+    written: usize,
+    elements: usize,
+}
+
+impl KernelCost {
+    fn of(
+        g: &Graph,
+        sched: &schedule::Schedule,
+        grp: &[ValueId],
+        registers: &HashSet<ValueId>,
+        packing: &Packing,
+    ) -> KernelCost {
+        let bytes = |v: ValueId| packing.bytes(g, sched, v);
+        let mut ops: Vec<String> = vec![];
+        let mut reads: Vec<ValueId> = vec![];
+        let mut written = 0;
+        let mut elements = 0;
+        for &v in grp {
+            let Def::Node(n, _) = g.values[v].def else {
+                continue;
+            };
+            // Producers kept in registers are members of their own.
+            let members: HashSet<_> = grp.iter().filter_map(|&w| g.node_of(w)).collect();
+            let mut region: Vec<_> = schedule::inlined_region(g, sched, n)
+                .into_iter()
+                .filter(|m| !members.contains(m))
+                .collect();
+            region.sort_by_key(|&m| g.order.iter().position(|&x| x == m));
+            ops.extend(region.iter().map(|&m| g.nodes[m].op.name().to_string()));
+            ops.push(g.nodes[n].op.name().to_string());
+            reads.extend(
+                schedule::reads(g, sched, n)
+                    .into_iter()
+                    .filter(|r| !grp.contains(r)),
+            );
+            let (w, e) = match sched.inplace.get(&v) {
+                _ if registers.contains(&v) => (0, g.meta(v).numel()),
+                Some(_) => {
+                    let src = g.meta(*g.nodes[n].args[1].tensors()[0]).numel();
+                    (src * 4, src)
+                }
+                None => (bytes(v), g.meta(v).numel()),
+            };
+            written += w;
+            elements = elements.max(e);
+        }
+        reads.sort();
+        reads.dedup();
+        // Elementwise kernels and in-place scatters read each buffer at most
+        // once per invocation; other kernels are charged whole buffers.
+        let per_thread =
+            grp.len() > 1 || is_map(g, sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
+        // A gather reads of its table only the rows it copies.
+        let table = g
+            .node_of(grp[0])
+            .and_then(|n| match g.nodes[n].op.def().lowering {
+                Lowering::Gather(form) => g.nodes[n]
+                    .args
+                    .get(form.table)?
+                    .tensors()
+                    .first()
+                    .copied()
+                    .copied(),
+                _ => None,
+            });
+        let bytes_read: usize = reads
+            .iter()
+            .map(|&r| {
+                let whole = bytes(r);
+                if Some(r) == table {
+                    whole.min(written)
+                } else if per_thread {
+                    whole.min((elements * whole).div_ceil(g.meta(r).numel().max(1)))
+                } else {
+                    whole
+                }
+            })
+            .sum();
+        KernelCost {
+            ops,
+            bytes_read,
+            written,
+            elements,
+        }
+    }
+}
+
+/// The program, with its memory figures.
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    g: &Graph,
+    src: &Graph,
+    outputs: &[ValueId],
+    n_outputs: usize,
+    mutated_inputs: &[usize],
+    options: &CompileOptions,
+    (kernels, readback, layout, status_word): (Vec<Kernel>, Vec<ValueId>, Layout, Option<usize>),
+    sched: &schedule::Schedule,
+) -> Program {
+    let mp = &layout.plan;
+    // Figures at the packed size of every value (what eager memory holds).
+    let least = |m: &kiln_functionalize::Meta| wgsl::words(m.dtype, m.numel(), true) * 4;
+    let naive_unfused = g.values.values().map(|v| least(&v.meta)).sum();
+    let min_bytes = g.inputs.iter().map(|&v| least(g.meta(v))).sum::<usize>()
+        + outputs.iter().map(|&v| least(g.meta(v))).sum::<usize>();
+    let written_params: Vec<usize> = (0..g.inputs.len())
+        .filter(|&i| {
+            kernels.iter().any(|k| {
+                k.code
+                    .bindings
+                    .iter()
+                    .any(|b| b.write && b.buf == Buf::Param(i))
+            })
+        })
+        .collect();
+    let memory = MemoryStats {
+        io: layout.param_words.iter().sum::<usize>() * 4,
+        arena: mp.arena_bytes,
+        lower_bound: mp.lower_bound,
+        naive: mp.naive,
+        naive_unfused,
+        eager_peak: kiln_functionalize::interp::eager_peak_bytes(src),
+    };
+    Program {
+        graph: g.clone(),
+        outputs: outputs.to_vec(),
+        readback,
+        host_views: sched.host_views.clone(),
+        n_outputs,
+        mutated_inputs: mutated_inputs.to_vec(),
+        arena_words: match status_word {
+            Some(w) => w + 1,
+            None => mp.arena_bytes.div_ceil(4),
+        },
+        kernels,
+        locs: layout.locs,
+        param_words: layout.param_words,
+        constants: options.constants.clone(),
+        written_params,
+        status_word,
+        memory,
+        min_bytes,
+    }
+}
