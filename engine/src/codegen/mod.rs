@@ -677,27 +677,10 @@ impl<'a> Gen<'a> {
 fn float_ops(code: &Code, v: &[String]) -> Option<String> {
     let x = &v[0];
     Some(match *code {
-        Code::Exp => format!("exp({x})"),
-        Code::Log => format!("log({x})"),
-        Code::Sqrt => format!("sqrt({x})"),
-        Code::Rsqrt => format!("inverseSqrt({x})"),
-        Code::Sigmoid => format!("1.0 / (1.0 + exp(-{x}))"),
-        Code::Silu => format!("{x} / (1.0 + exp(-{x}))"),
         Code::Remainder => format!("{x} - floor({x} / {y}) * {y}", y = v[1]),
-        Code::Tanh => format!("tanh({x})"),
-        Code::Sin => format!("sin({x})"),
-        Code::Cos => format!("cos({x})"),
-        Code::Reciprocal => format!("1.0 / {x}"),
-        Code::Erf => format!("k_erf({x})"),
         Code::Neg => format!("-{x}"),
         Code::Abs => format!("abs({x})"),
         Code::Relu => format!("select(0.0, {x}, {x} > 0.0 || k_isnan({x}))"),
-        Code::Gelu { tanh: false } => {
-            format!("0.5 * {x} * (1.0 + k_erf({x} * 0.70710678118654752))")
-        }
-        Code::Gelu { tanh: true } => {
-            format!("0.5 * {x} * (1.0 + tanh(0.79788456080286536 * ({x} + 0.044715 * {x} * {x} * {x})))")
-        }
         Code::Add { alpha } => format!("{x} + {} * {}", literal(alpha, DType::F32), v[1]),
         Code::Sub { alpha } => format!("{x} - {} * {}", literal(alpha, DType::F32), v[1]),
         Code::Mul => format!("{x} * {}", v[1]),
@@ -719,23 +702,6 @@ fn float_ops(code: &Code, v: &[String]) -> Option<String> {
             literal(threshold, DType::F32),
             y = v[1]
         ),
-        Code::GeluBackward { tanh: false } => format!(
-            "{x} * (0.5 * (1.0 + k_erf({y} * 0.70710678118654752)) + {y} * exp(-0.5 * {y} * {y}) * 0.39894228040143268)",
-            y = v[1]
-        ),
-        Code::GeluBackward { tanh: true } => {
-            let th = format!("tanh(0.79788456080286536 * ({y} + 0.044715 * {y} * {y} * {y}))", y = v[1]);
-            format!(
-                "{x} * (0.5 * (1.0 + {th}) + 0.5 * {y} * (1.0 - {th} * {th}) * 0.79788456080286536 * (1.0 + 0.134145 * {y} * {y}))",
-                y = v[1]
-            )
-        }
-        Code::SiluBackward => format!(
-            "{x} * (1.0 / (1.0 + exp(-{y}))) * (1.0 + {y} * (1.0 - 1.0 / (1.0 + exp(-{y}))))",
-            y = v[1]
-        ),
-        Code::SigmoidBackward => format!("{x} * {y} * (1.0 - {y})", y = v[1]),
-        Code::TanhBackward => format!("{x} * (1.0 - {y} * {y})", y = v[1]),
         _ => return None,
     })
 }

@@ -18,8 +18,12 @@ pub enum Func {
     /// `log(1 + x)`, accurate for small `x`.
     Log1p,
     Sqrt,
+    /// `1 / sqrt(x)`.
+    Rsqrt,
     Abs,
     Tanh,
+    Sin,
+    Cos,
     Erf,
     /// The larger / smaller of two (NaN if either is).
     Max,
@@ -39,8 +43,11 @@ impl Func {
             | Func::Log
             | Func::Log1p
             | Func::Sqrt
+            | Func::Rsqrt
             | Func::Abs
             | Func::Tanh
+            | Func::Sin
+            | Func::Cos
             | Func::Erf => 1,
             Func::Select => 3,
             _ => 2,
@@ -61,6 +68,11 @@ pub fn x() -> Expr {
     Expr::Operand(0)
 }
 
+/// Operand `i`.
+pub fn operand(i: usize) -> Expr {
+    Expr::Operand(i)
+}
+
 pub fn lit(v: f64) -> Expr {
     Expr::Lit(v)
 }
@@ -78,8 +90,11 @@ funcs! {
     log: Log(a);
     log1p: Log1p(a);
     sqrt: Sqrt(a);
+    rsqrt: Rsqrt(a);
     abs: Abs(a);
     tanh: Tanh(a);
+    sin: Sin(a);
+    cos: Cos(a);
     erf: Erf(a);
     max: Max(a, b);
     min: Min(a, b);
@@ -133,6 +148,9 @@ impl Expr {
                     Func::Log => a[0].ln(),
                     Func::Log1p => a[0].ln_1p(),
                     Func::Sqrt => a[0].sqrt(),
+                    Func::Rsqrt => 1.0 / a[0].sqrt(),
+                    Func::Sin => a[0].sin(),
+                    Func::Cos => a[0].cos(),
                     Func::Abs => a[0].abs(),
                     Func::Tanh => a[0].tanh(),
                     Func::Erf => libm::erf(a[0]),

@@ -4,6 +4,7 @@
 //! GPU code generator, run the plan.
 
 use super::args::{ArgsExt, Scalar};
+use super::expr::{self as ex, lit, x, Expr};
 use crate::dtype::{result_type, Category, DType, PromoOperand};
 use crate::meta::{broadcast_shapes, Dims, Meta};
 use crate::schema::Arg;
@@ -33,24 +34,10 @@ pub enum Code {
     /// A float op declared by its expression (`float_expr`): code
     /// generators render the tree, the reference evaluates it.
     Expr(super::expr::Expr),
-    Exp,
-    Log,
-    Sqrt,
-    Rsqrt,
-    Sigmoid,
-    Silu,
-    Tanh,
-    Sin,
-    Cos,
-    Reciprocal,
-    Erf,
     Neg,
     Abs,
     Relu,
     LogicalNot,
-    Gelu {
-        tanh: bool,
-    },
     /// `x + alpha * y`
     Add {
         alpha: f64,
@@ -90,13 +77,6 @@ pub enum Code {
     ThresholdBackward {
         threshold: f64,
     },
-    GeluBackward {
-        tanh: bool,
-    },
-    SiluBackward,
-    /// `(grad, y)` with `y` the forward result.
-    SigmoidBackward,
-    TanhBackward,
 }
 
 pub struct PwPlan {
@@ -216,35 +196,16 @@ fn unary(
     })
 }
 
-macro_rules! float_unary {
-    ($($name:ident, $code:ident => $f:expr;)*) => {$(
-        pub fn $name(a: &A) -> Result<PwPlan, String> { unary(a, Code::$code, true, false, $f) }
-    )*};
+/// A unary op declared by its expression over `self` (operand 0),
+/// integers and bools promoted to f32 as eager's float ops do.
+fn promoting_expr(a: &A, expr: Expr) -> Result<PwPlan, String> {
+    let d = float_of(a.tensor(0)?.dtype);
+    Ok(expr_plan(expr, d))
 }
 
-float_unary! {
-    exp, Exp => f64::exp;
-    log, Log => f64::ln;
-    sqrt, Sqrt => f64::sqrt;
-    rsqrt, Rsqrt => |x| 1.0 / x.sqrt();
-    sigmoid, Sigmoid => |x| 1.0 / (1.0 + (-x).exp());
-    tanh, Tanh => f64::tanh;
-    sin, Sin => f64::sin;
-    cos, Cos => f64::cos;
-    reciprocal, Reciprocal => |x| 1.0 / x;
-    erf, Erf => libm::erf;
-}
-
-/// A unary float op declared by its expression over `self` (operand 0),
-/// as eager's float-only ops are: integer and bool tensors are refused
-/// ("not implemented for"), like `silu`'s.
-pub fn float_expr(a: &A, name: &str, expr: super::expr::Expr) -> Result<PwPlan, String> {
-    let d = a.tensor(0)?.dtype;
-    if !d.is_float() {
-        return Err(format!("{name} is not implemented for {d} tensors"));
-    }
+fn expr_plan(expr: Expr, d: DType) -> PwPlan {
     let e = expr.clone();
-    Ok(PwPlan {
+    PwPlan {
         code: Code::Expr(expr),
         operands: smallvec::smallvec![Operand {
             src: Src::Arg(0),
@@ -252,17 +213,64 @@ pub fn float_expr(a: &A, name: &str, expr: super::expr::Expr) -> Result<PwPlan, 
         }],
         out_dtype: d,
         f: Box::new(move |v| Ok(e.eval(v))),
-    })
+    }
+}
+
+pub fn exp(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::exp(x()))
+}
+
+pub fn log(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::log(x()))
+}
+
+pub fn sqrt(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::sqrt(x()))
+}
+
+pub fn rsqrt(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::rsqrt(x()))
+}
+
+pub fn sigmoid(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, lit(1.0) / (lit(1.0) + ex::exp(-x())))
+}
+
+pub fn tanh(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::tanh(x()))
+}
+
+pub fn sin(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::sin(x()))
+}
+
+pub fn cos(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::cos(x()))
+}
+
+pub fn reciprocal(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, lit(1.0) / x())
+}
+
+pub fn erf(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::erf(x()))
+}
+
+/// A unary float op declared by its expression over `self` (operand 0),
+/// as eager's float-only ops are: integer and bool tensors are refused
+/// ("not implemented for"), like `silu`'s.
+pub fn float_expr(a: &A, name: &str, expr: Expr) -> Result<PwPlan, String> {
+    let d = a.tensor(0)?.dtype;
+    if !d.is_float() {
+        return Err(format!("{name} is not implemented for {d} tensors"));
+    }
+    Ok(expr_plan(expr, d))
 }
 
 /// `silu`: floats only (eager: "silu_cpu" not implemented for integers
 /// and bools, unlike `sigmoid`, which promotes).
 pub fn silu(a: &A) -> Result<PwPlan, String> {
-    let d = a.tensor(0)?.dtype;
-    if !d.is_float() {
-        return Err(format!("silu is not implemented for {d} tensors"));
-    }
-    unary(a, Code::Silu, true, false, |x| x / (1.0 + (-x).exp()))
+    float_expr(a, "silu", x() / (lit(1.0) + ex::exp(-x())))
 }
 
 pub fn neg(a: &A) -> Result<PwPlan, String> {
@@ -299,33 +307,23 @@ pub fn logical_not(a: &A) -> Result<PwPlan, String> {
     })
 }
 
+/// `sqrt(2 / pi)`, of gelu's tanh approximation.
+const GELU_K: f64 = 0.797_884_560_802_865_4;
+
 pub fn gelu(a: &A) -> Result<PwPlan, String> {
-    let m = a.tensor(0)?;
-    if !m.dtype.is_float() {
-        return Err(format!("gelu is not implemented for {} tensors", m.dtype));
-    }
-    let tanh = a.opt_str(1)? == Some("tanh");
-    let f: fn(f64) -> f64 = match a.opt_str(1)?.unwrap_or("none") {
-        "none" => |x| 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
-        "tanh" => |x| {
-            let k = (2.0 / std::f64::consts::PI).sqrt();
-            0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
-        },
+    let e = match a.opt_str(1)?.unwrap_or("none") {
+        "none" => lit(0.5) * x() * (lit(1.0) + ex::erf(x() * lit(std::f64::consts::FRAC_1_SQRT_2))),
+        "tanh" => {
+            let cube = lit(0.044715) * x() * x() * x();
+            lit(0.5) * x() * (lit(1.0) + ex::tanh(lit(GELU_K) * (x() + cube)))
+        }
         other => {
             return Err(format!(
                 "approximate argument must be either none or tanh, got \"{other}\""
             ))
         }
     };
-    Ok(PwPlan {
-        code: Code::Gelu { tanh },
-        operands: smallvec::smallvec![Operand {
-            src: Src::Arg(0),
-            cast: m.dtype,
-        }],
-        out_dtype: m.dtype,
-        f: Box::new(move |x| Ok(f(x[0]))),
-    })
+    float_expr(a, "gelu", e)
 }
 
 // --------------------------------------------------------------- binary
@@ -745,8 +743,7 @@ pub fn gelu_derivative(x: f64, tanh: bool) -> f64 {
 }
 
 /// A backward op `(grad, x)`: floating operands promoted together.
-fn backward(a: &A, code: Code, f: fn(f64, f64) -> f64) -> Result<PwPlan, String> {
-    let name = format!("{code:?}");
+fn backward(a: &A, name: &str, code: Code, f: fn(f64, f64) -> f64) -> Result<PwPlan, String> {
     for i in 0..2 {
         if !a.is_tensor(i) || !a.tensor(i)?.dtype.is_float() {
             return Err(format!("{name} takes two floating point tensors"));
@@ -755,9 +752,19 @@ fn backward(a: &A, code: Code, f: fn(f64, f64) -> f64) -> Result<PwPlan, String>
     binary(a, code, same, move |_, g, x| Ok(f(g, x)))
 }
 
+/// A backward op declared by its expression over `(grad, x)` (operands 0
+/// and 1).
+fn backward_expr(a: &A, name: &str, expr: Expr) -> Result<PwPlan, String> {
+    let e = expr.clone();
+    let mut p = backward(a, name, Code::Expr(expr), |g, _| g)?;
+    p.f = Box::new(move |v| Ok(e.eval(v)));
+    Ok(p)
+}
+
 pub fn threshold_backward(a: &A) -> Result<PwPlan, String> {
     let threshold = a.scalar(2)?.to_f64();
-    let mut p = backward(a, Code::ThresholdBackward { threshold }, |g, _| g)?;
+    let code = Code::ThresholdBackward { threshold };
+    let mut p = backward(a, "threshold_backward", code, |g, _| g)?;
     p.f = Box::new(move |v| Ok(if v[1] <= threshold { 0.0 } else { v[0] }));
     Ok(p)
 }
@@ -772,22 +779,40 @@ pub fn gelu_backward(a: &A) -> Result<PwPlan, String> {
             ))
         }
     };
-    let mut p = backward(a, Code::GeluBackward { tanh }, |g, _| g)?;
-    p.f = Box::new(move |v| Ok(v[0] * gelu_derivative(v[1], tanh)));
-    Ok(p)
+    let (g, y) = (ex::operand(0), ex::operand(1));
+    let d = if tanh {
+        let th = || {
+            ex::tanh(lit(GELU_K) * (y.clone() + lit(0.044715) * y.clone() * y.clone() * y.clone()))
+        };
+        lit(0.5) * (lit(1.0) + th())
+            + lit(0.5)
+                * y.clone()
+                * (lit(1.0) - th() * th())
+                * lit(GELU_K)
+                * (lit(1.0) + lit(0.134145) * y.clone() * y.clone())
+    } else {
+        let cdf = lit(0.5) * (lit(1.0) + ex::erf(y.clone() * lit(std::f64::consts::FRAC_1_SQRT_2)));
+        cdf + y.clone() * ex::exp(lit(-0.5) * y.clone() * y.clone()) * lit(0.398_942_280_401_432_7)
+    };
+    backward_expr(a, "gelu_backward", g * d)
 }
 
 pub fn silu_backward(a: &A) -> Result<PwPlan, String> {
-    backward(a, Code::SiluBackward, |g, x| {
-        let s = 1.0 / (1.0 + (-x).exp());
-        g * s * (1.0 + x * (1.0 - s))
-    })
+    let (g, y) = (ex::operand(0), ex::operand(1));
+    let s = || lit(1.0) / (lit(1.0) + ex::exp(-y.clone()));
+    backward_expr(
+        a,
+        "silu_backward",
+        g * s() * (lit(1.0) + y.clone() * (lit(1.0) - s())),
+    )
 }
 
 pub fn sigmoid_backward(a: &A) -> Result<PwPlan, String> {
-    backward(a, Code::SigmoidBackward, |g, y| g * y * (1.0 - y))
+    let (g, y) = (ex::operand(0), ex::operand(1));
+    backward_expr(a, "sigmoid_backward", g * y.clone() * (lit(1.0) - y))
 }
 
 pub fn tanh_backward(a: &A) -> Result<PwPlan, String> {
-    backward(a, Code::TanhBackward, |g, y| g * (1.0 - y * y))
+    let (g, y) = (ex::operand(0), ex::operand(1));
+    backward_expr(a, "tanh_backward", g * (lit(1.0) - y.clone() * y))
 }
