@@ -769,15 +769,125 @@ impl Executable {
         Ok(())
     }
 
-    async fn run_in(
+    /// The values `to_read` from the mapped staging buffer (`None`: nothing
+    /// was read back, every value empty); a fault recorded by a kernel is
+    /// the error it names.
+    fn read_back(
+        &self,
+        staging: Option<&wgpu::Buffer>,
+        read_end: u64,
+        to_read: &[ValueId],
+    ) -> Result<HashMap<ValueId, HostTensor<'static>>, EngineError> {
+        let p = &self.program;
+        let mut read: HashMap<ValueId, HostTensor<'static>> = HashMap::new();
+        let mut overflow = 0u32;
+        if let Some(staging) = staging {
+            {
+                let view = staging
+                    .slice(..read_end)
+                    .get_mapped_range()
+                    .map_err(|e| EngineError::Device(e.to_string()))?;
+                if let Some(at) = self.status_at.map(|a| a as usize) {
+                    overflow = u32::from_le_bytes(view[at..at + 4].try_into().expect("4 bytes"));
+                }
+                for &v in to_read {
+                    let at = self.staging_at[&v] as usize;
+                    let bytes = value_bytes(p, v)? as usize;
+                    let m = p.graph.meta(v);
+                    read.insert(
+                        v,
+                        from_words(
+                            m.dtype,
+                            m.sizes.to_vec(),
+                            &view[at..at + bytes],
+                            p.locs[&v].packed,
+                        ),
+                    );
+                }
+            }
+            staging.unmap();
+            if overflow > 0 {
+                return Err(fault(&p.graph, overflow as usize));
+            }
+        } else {
+            for &v in to_read {
+                let m = p.graph.meta(v);
+                read.insert(
+                    v,
+                    HostTensor::new(m.dtype, m.sizes.to_vec(), vec![])?.into_owned(),
+                );
+            }
+        }
+
+        Ok(read)
+    }
+
+    /// The run's timing (what the device can time) with its number of
+    /// timestamps, and the staging buffer and query set it needs, made
+    /// once per context.
+    fn prepare(
         &self,
         ctx: &mut RunContext,
+        options: &RunOptions,
+    ) -> Result<(Timing, u32), EngineError> {
+        let (gpu, p) = (&self.gpu, &self.program);
+        let d = &gpu.device;
+        let timing = if gpu.has_timestamps() {
+            options.timing
+        } else {
+            Timing::Off
+        };
+        // A query set holds at most 4096 timestamps: longer programs are
+        // timed as a whole.
+        let timing = match timing {
+            Timing::PerKernel if 2 * p.kernels.len() > wgpu::QUERY_SET_MAX_QUERIES as usize => {
+                Timing::Total
+            }
+            t => t,
+        };
+        let queries = match timing {
+            Timing::Off => 0,
+            Timing::Total => 2,
+            Timing::PerKernel => 2 * p.kernels.len().max(1) as u32,
+        };
+        let reads_host = options
+            .outputs
+            .iter()
+            .chain(&options.mutated)
+            .any(|&f| f == Fetch::Host)
+            || !p.host_views.is_empty() && options.outputs.contains(&Fetch::Device)
+            || self.status_at.is_some();
+        if reads_host && ctx.staging.is_none() {
+            let limit = gpu.limits.max_buffer_size;
+            if self.staging_bytes > limit {
+                return Err(EngineError::Unsupported(format!(
+                    "reading every result back takes {} bytes, more than this device's largest \
+                     buffer ({limit} bytes): fetch some results as Fetch::Device or Skip",
+                    self.staging_bytes
+                )));
+            }
+            ctx.staging = Some(d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln readback"),
+                size: self.staging_bytes.max(4),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+        if queries > 0 && ctx.timer.as_ref().is_none_or(|t| t.count != queries) {
+            ctx.timer = Some(Timer::new(d, queries));
+        }
+        Ok((timing, queries))
+    }
+
+    /// The parameters `inputs` bind, checked against the program: their
+    /// number, each one's dtype and shape, the run options' shape, no
+    /// device tensor passed for two parameters one of which is written.
+    fn checked_inputs(
+        &self,
         session: u64,
         inputs: &[Input<'_>],
         options: &RunOptions,
-    ) -> Result<RunResult, EngineError> {
-        let gpu = &self.gpu;
-        gpu.check()?;
+    ) -> Result<Vec<usize>, EngineError> {
         let p = &self.program;
         let wanted = self.input_params();
         if inputs.len() != wanted.len() {
@@ -827,14 +937,20 @@ impl Executable {
                 ),
             });
         }
-        let mut stats = RunStats {
-            kernels: p.kernels.len(),
-            ..Default::default()
-        };
-        let d = &gpu.device;
-        let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("kiln run"),
-        });
+        Ok(wanted)
+    }
+
+    /// Writes host inputs into their parameter buffers (counted in
+    /// `stats`) and copies device inputs in `enc`.
+    fn upload(
+        &self,
+        ctx: &RunContext,
+        enc: &mut wgpu::CommandEncoder,
+        wanted: &[usize],
+        inputs: &[Input<'_>],
+        stats: &mut RunStats,
+    ) -> Result<(), EngineError> {
+        let (gpu, p) = (&self.gpu, &self.program);
         for (&i, input) in wanted.iter().zip(inputs) {
             let dst = ctx.params[i].as_ref().expect("an input buffer");
             let bytes = p.param_words[i] as u64 * 4;
@@ -862,50 +978,30 @@ impl Executable {
                 }
             }
         }
-        let timing = if gpu.has_timestamps() {
-            options.timing
-        } else {
-            Timing::Off
+        Ok(())
+    }
+
+    async fn run_in(
+        &self,
+        ctx: &mut RunContext,
+        session: u64,
+        inputs: &[Input<'_>],
+        options: &RunOptions,
+    ) -> Result<RunResult, EngineError> {
+        let gpu = &self.gpu;
+        gpu.check()?;
+        let p = &self.program;
+        let wanted = self.checked_inputs(session, inputs, options)?;
+        let mut stats = RunStats {
+            kernels: p.kernels.len(),
+            ..Default::default()
         };
-        // A query set holds at most 4096 timestamps: longer programs are
-        // timed as a whole.
-        let timing = match timing {
-            Timing::PerKernel if 2 * p.kernels.len() > wgpu::QUERY_SET_MAX_QUERIES as usize => {
-                Timing::Total
-            }
-            t => t,
-        };
-        let queries = match timing {
-            Timing::Off => 0,
-            Timing::Total => 2,
-            Timing::PerKernel => 2 * p.kernels.len().max(1) as u32,
-        };
-        let reads_host = options
-            .outputs
-            .iter()
-            .chain(&options.mutated)
-            .any(|&f| f == Fetch::Host)
-            || !p.host_views.is_empty() && options.outputs.contains(&Fetch::Device)
-            || self.status_at.is_some();
-        if reads_host && ctx.staging.is_none() {
-            let limit = gpu.limits.max_buffer_size;
-            if self.staging_bytes > limit {
-                return Err(EngineError::Unsupported(format!(
-                    "reading every result back takes {} bytes, more than this device's largest \
-                     buffer ({limit} bytes): fetch some results as Fetch::Device or Skip",
-                    self.staging_bytes
-                )));
-            }
-            ctx.staging = Some(d.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kiln readback"),
-                size: self.staging_bytes.max(4),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }));
-        }
-        if queries > 0 && ctx.timer.as_ref().is_none_or(|t| t.count != queries) {
-            ctx.timer = Some(Timer::new(d, queries));
-        }
+        let d = &gpu.device;
+        let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("kiln run"),
+        });
+        self.upload(ctx, &mut enc, &wanted, inputs, &mut stats)?;
+        let (timing, queries) = self.prepare(ctx, options)?;
         let ctx = &*ctx;
         let staging = ctx.staging.as_ref();
         let timer = if queries > 0 {
@@ -1021,65 +1117,9 @@ impl Executable {
                 .map_err(|e| EngineError::Device(e.to_string()))?;
         }
         if let Some(t) = timer {
-            let ticks: Vec<u64> = {
-                let view = t
-                    .read
-                    .slice(..t.count as u64 * 8)
-                    .get_mapped_range()
-                    .map_err(|e| EngineError::Device(e.to_string()))?;
-                bytemuck::pod_collect_to_vec(&view)
-            };
-            t.read.unmap();
-            let period = gpu.queue.get_timestamp_period() as f64 * 1e-6;
-            let ms: Vec<f64> = ticks
-                .chunks(2)
-                .map(|c| c[1].saturating_sub(c[0]) as f64 * period)
-                .collect();
-            stats.gpu_ms = Some(ms.iter().sum());
-            if timing == Timing::PerKernel {
-                stats.kernel_ms = ms;
-            }
+            read_timestamps(gpu, t, timing, &mut stats)?;
         }
-        let mut read: HashMap<ValueId, HostTensor<'static>> = HashMap::new();
-        let mut overflow = 0u32;
-        if let Some(staging) = staging.filter(|_| read_end > 0) {
-            {
-                let view = staging
-                    .slice(..read_end)
-                    .get_mapped_range()
-                    .map_err(|e| EngineError::Device(e.to_string()))?;
-                if let Some(at) = self.status_at.map(|a| a as usize) {
-                    overflow = u32::from_le_bytes(view[at..at + 4].try_into().expect("4 bytes"));
-                }
-                for &v in &to_read {
-                    let at = self.staging_at[&v] as usize;
-                    let bytes = value_bytes(p, v)? as usize;
-                    let m = p.graph.meta(v);
-                    read.insert(
-                        v,
-                        from_words(
-                            m.dtype,
-                            m.sizes.to_vec(),
-                            &view[at..at + bytes],
-                            p.locs[&v].packed,
-                        ),
-                    );
-                }
-            }
-            staging.unmap();
-            if overflow > 0 {
-                return Err(fault(&p.graph, overflow as usize));
-            }
-        } else {
-            for &v in &to_read {
-                let m = p.graph.meta(v);
-                read.insert(
-                    v,
-                    HostTensor::new(m.dtype, m.sizes.to_vec(), vec![])?.into_owned(),
-                );
-            }
-        }
-
+        let read = self.read_back(staging.filter(|_| read_end > 0), read_end, &to_read)?;
         let mut results = vec![];
         for (k, &v) in p.outputs.iter().enumerate() {
             let out = match (fetch_of(k), p.host_views.get(&v)) {
@@ -1229,4 +1269,33 @@ fn fault(graph: &kiln_functionalize::Graph, status: usize) -> EngineError {
         i32::MIN,
         i32::MAX
     ))
+}
+
+/// The mapped timestamps of a run as milliseconds: the total, and each
+/// kernel's with `Timing::PerKernel`.
+fn read_timestamps(
+    gpu: &Gpu,
+    t: &Timer,
+    timing: Timing,
+    stats: &mut RunStats,
+) -> Result<(), EngineError> {
+    let ticks: Vec<u64> = {
+        let view = t
+            .read
+            .slice(..t.count as u64 * 8)
+            .get_mapped_range()
+            .map_err(|e| EngineError::Device(e.to_string()))?;
+        bytemuck::pod_collect_to_vec(&view)
+    };
+    t.read.unmap();
+    let period = gpu.queue.get_timestamp_period() as f64 * 1e-6;
+    let ms: Vec<f64> = ticks
+        .chunks(2)
+        .map(|c| c[1].saturating_sub(c[0]) as f64 * period)
+        .collect();
+    stats.gpu_ms = Some(ms.iter().sum());
+    if timing == Timing::PerKernel {
+        stats.kernel_ms = ms;
+    }
+    Ok(())
 }
