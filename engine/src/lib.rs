@@ -295,15 +295,13 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
         HashSet::new()
     };
     loop {
-        let lowered = lower::lower(
-            &g,
+        let io = lower::Interface {
             src,
-            &outputs,
+            outputs: &outputs,
             n_outputs,
-            &mutated_inputs,
-            options,
-            &force,
-        )?;
+            mutated_inputs: &mutated_inputs,
+        };
+        let lowered = lower::lower(&g, &io, options, &force)?;
         match lowered {
             lower::Lowered::Done(p) => {
                 dump_wgsl(&p);

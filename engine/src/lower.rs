@@ -269,6 +269,18 @@ fn product_flops(g: &Graph, n: kiln_functionalize::graph::NodeId) -> Option<usiz
     Some(2 * g.meta(node.results[0]).numel() * k)
 }
 
+/// What the compiled program answers for: the source program (for its
+/// eager peak), the values returned (outputs, then mutated parameters'
+/// final values), how many are outputs, the parameter each of the rest
+/// writes back to.
+#[derive(Clone, Copy)]
+pub(crate) struct Interface<'a> {
+    pub src: &'a Graph,
+    pub outputs: &'a [ValueId],
+    pub n_outputs: usize,
+    pub mutated_inputs: &'a [usize],
+}
+
 /// Where each value lives and how big the arena is.
 struct Layout {
     locs: HashMap<ValueId, Loc>,
@@ -326,13 +338,11 @@ impl Packing {
 /// buffers than the device allows and an inlined producer can take some.
 pub(crate) fn lower(
     g: &Graph,
-    src: &Graph,
-    outputs: &[ValueId],
-    n_outputs: usize,
-    mutated_inputs: &[usize],
+    io: &Interface,
     options: &CompileOptions,
     force: &HashSet<ValueId>,
 ) -> Result<Lowered, EngineError> {
+    let outputs = io.outputs;
     let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
     let mut sched = schedule::schedule(g, outputs, pinned, force, options.fuse_attention)?;
     check_buffer_sizes(g, &sched, options)?;
@@ -399,15 +409,14 @@ pub(crate) fn lower(
         }
     }
     let status_word = gen.status.filter(|_| gen.status_used);
+    let generated = Generated {
+        kernels,
+        readback: life.readback,
+        layout,
+        status_word,
+    };
     Ok(Lowered::Done(Box::new(assemble(
-        g,
-        src,
-        outputs,
-        n_outputs,
-        mutated_inputs,
-        options,
-        (kernels, life.readback, layout, status_word),
-        &sched,
+        g, io, options, generated, &sched,
     ))))
 }
 
@@ -681,18 +690,34 @@ impl KernelCost {
     }
 }
 
+/// What lowering made of the kernel groups.
+struct Generated {
+    kernels: Vec<Kernel>,
+    readback: Vec<ValueId>,
+    layout: Layout,
+    status_word: Option<usize>,
+}
+
 /// The program, with its memory figures.
-#[allow(clippy::too_many_arguments)]
 fn assemble(
     g: &Graph,
-    src: &Graph,
-    outputs: &[ValueId],
-    n_outputs: usize,
-    mutated_inputs: &[usize],
+    io: &Interface,
     options: &CompileOptions,
-    (kernels, readback, layout, status_word): (Vec<Kernel>, Vec<ValueId>, Layout, Option<usize>),
+    generated: Generated,
     sched: &schedule::Schedule,
 ) -> Program {
+    let Generated {
+        kernels,
+        readback,
+        layout,
+        status_word,
+    } = generated;
+    let Interface {
+        src,
+        outputs,
+        n_outputs,
+        mutated_inputs,
+    } = *io;
     let mp = &layout.plan;
     // Figures at the packed size of every value (what eager memory holds).
     let least = |m: &kiln_functionalize::Meta| wgsl::words(m.dtype, m.numel(), true) * 4;

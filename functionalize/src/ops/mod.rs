@@ -142,6 +142,30 @@ pub struct Rules {
 }
 
 impl OpDef {
+    /// An entry with no counterpart, inverse, flags or rules yet.
+    pub(crate) fn new(
+        name: &str,
+        kind: OpKind,
+        schemas: Schemas,
+        rule: Rule,
+        lowering: Lowering,
+    ) -> OpDef {
+        OpDef {
+            name: name.into(),
+            kind,
+            schemas,
+            rule,
+            lowering,
+            counterpart: None,
+            inverse: None,
+            functional_overloads: Box::default(),
+            overlap_ok: false,
+            gathers: false,
+            rules: Rules::default(),
+            custom: None,
+        }
+    }
+
     pub fn id(&self) -> OpId {
         lookup(&self.name).expect("every op definition is in the table")
     }
@@ -227,20 +251,16 @@ pub fn register_custom(f: std::sync::Arc<dyn crate::custom::Function>) -> Result
         ));
     }
     let id = OpId((TABLE.ops.len() + all.len()) as u16);
-    let def = OpDef {
-        name: schema.name.clone(),
-        kind: OpKind::Functional,
-        schemas: Schemas::parsed(vec![schema]),
-        rule: Rule::Custom,
-        lowering: Lowering::Custom,
-        counterpart: None,
-        inverse: None,
-        functional_overloads: Box::default(),
-        overlap_ok: false,
-        gathers: false,
-        rules: Rules::default(),
-        custom: Some(f),
-    };
+    let name = schema.name.clone();
+    let schemas = Schemas::parsed(vec![schema]);
+    let mut def = OpDef::new(
+        &name,
+        OpKind::Functional,
+        schemas,
+        Rule::Custom,
+        Lowering::Custom,
+    );
+    def.custom = Some(f);
     all.push(Box::leak(Box::new(def)));
     Ok(id)
 }

@@ -728,20 +728,6 @@ pub fn sign(a: &A) -> Result<PwPlan, String> {
     })
 }
 
-/// `d/dx gelu(x)`, exact (`erf`) or of the `tanh` approximation.
-pub fn gelu_derivative(x: f64, tanh: bool) -> f64 {
-    if tanh {
-        let k = (2.0 / std::f64::consts::PI).sqrt();
-        let u = k * (x + 0.044715 * x * x * x);
-        let th = u.tanh();
-        0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * x * x)
-    } else {
-        let cdf = 0.5 * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2));
-        let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
-        cdf + x * pdf
-    }
-}
-
 /// A backward op `(grad, x)`: floating operands promoted together.
 fn backward(a: &A, name: &str, code: Code, f: fn(f64, f64) -> f64) -> Result<PwPlan, String> {
     for i in 0..2 {

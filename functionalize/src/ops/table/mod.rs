@@ -19,7 +19,7 @@ pub(super) use super::select as sel;
 pub(super) use super::views;
 pub(super) use super::{
     Elem as E, EvalFn, GatherForm, InferFn, Inverse, Lowering as L, Lowering, OpDef, OpId, OpKind,
-    OpKind::*, ProductForm, Reduction, RegionKind, RemapKind, Rule, Rules, Table,
+    OpKind::*, ProductForm, Reduction, RegionKind, RemapKind, Rule, Table,
 };
 use crate::schema::Schemas;
 use crate::transform::{BatchFn, JvpFn, VjpFn};
@@ -121,20 +121,8 @@ impl Builder {
             (Rule::ViewCopy(_), _) => Lowering::Free(E::ViewCopy),
             _ => Lowering::None,
         };
-        self.ops.push(OpDef {
-            name: name.into(),
-            kind,
-            schemas,
-            rule,
-            lowering,
-            counterpart: None,
-            inverse: None,
-            functional_overloads: Box::default(),
-            overlap_ok: false,
-            gathers: false,
-            rules: Rules::default(),
-            custom: None,
-        });
+        self.ops
+            .push(OpDef::new(name, kind, schemas, rule, lowering));
         id
     }
 
