@@ -291,14 +291,12 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
     let node = &g.nodes[n];
     let def = node.op.def();
     let out = g.meta(node.results[k]);
+    // Tensors in lists too (`index`'s indices).
     let tensors = |skip: usize| -> Vec<ValueId> {
         node.args
             .iter()
             .skip(skip)
-            .filter_map(|a| match a {
-                Arg::Tensor(t) => Some(*t),
-                _ => None,
-            })
+            .flat_map(|a| a.tensors().into_iter().copied())
             .collect()
     };
     let at = |t: ValueId| Read::At(t, Affine::broadcast(&out.sizes, g.meta(t)));
@@ -393,6 +391,34 @@ enum Pos {
     /// there the scatter's own view of its base is the base at `Own`.
     Source(NodeId),
     Elsewhere,
+}
+
+/// Whether elementwise value `v` can join the fused kernel computing
+/// `group` (same shape; reads group members only at its own index).
+pub fn fits_group(g: &Graph, s: &Schedule, group: &[ValueId], v: ValueId) -> bool {
+    let Some(&first) = group.first() else {
+        return true;
+    };
+    let Def::Node(n, k) = g.values[v].def else {
+        return false;
+    };
+    if g.meta(first).sizes != g.meta(v).sizes
+        || s.inplace.contains_key(&v)
+        || s.inplace.contains_key(&first)
+    {
+        return false;
+    }
+    reads_own_only(g, s, n, k, group)
+}
+
+/// Does computing `v` read the buffer of `root` only at the invocation's
+/// own index? (Every value living in the buffer is read from it before
+/// the invocation's store: at the own element only is fine.)
+pub fn reads_only_at_own_index(g: &Graph, s: &Schedule, v: ValueId, root: ValueId) -> bool {
+    let Def::Node(n, k) = g.values[v].def else {
+        return false;
+    };
+    reads_own_only(g, s, n, k, &s.sharing(root))
 }
 
 /// Can result `k` of node `n` be computed inline by an invocation that may

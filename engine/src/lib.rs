@@ -280,7 +280,8 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
     outputs.extend(f.mutated_inputs.iter().map(|m| m.value));
     let mutated_inputs: Vec<usize> = f.mutated_inputs.iter().map(|m| m.input).collect();
     // A kernel binding more buffers than the device allows gets one of its
-    // inlined producers computed by a kernel of its own, until all fit.
+    // inlined producers computed by a kernel of its own, until all fit:
+    // decided on the plan, before any code is generated.
     let mut force: HashSet<ValueId> = if options.contiguous_operands {
         let pinned = options.constants.iter().map(|&i| g.inputs[i]).collect();
         let s = schedule::schedule(
@@ -294,20 +295,16 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
     } else {
         HashSet::new()
     };
-    loop {
-        let io = lower::Interface {
-            src,
-            outputs: &outputs,
-            n_outputs,
-            mutated_inputs: &mutated_inputs,
-        };
-        let lowered = lower::lower(&g, &io, options, &force)?;
-        match lowered {
-            lower::Lowered::Done(p) => {
-                dump_wgsl(&p);
-                return Ok(*p);
-            }
-            lower::Lowered::Materialize(v) => {
+    let io = lower::Interface {
+        src,
+        outputs: &outputs,
+        n_outputs,
+        mutated_inputs: &mutated_inputs,
+    };
+    let plan = loop {
+        match lower::plan(&g, &io, options, &force)? {
+            lower::Planned::Ready(plan) => break plan,
+            lower::Planned::Materialize(v) => {
                 if !force.insert(v) {
                     return Err(EngineError::Internal(
                         "materializing a producer did not reduce a kernel's buffers".into(),
@@ -315,7 +312,10 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
                 }
             }
         }
-    }
+    };
+    let p = lower::generate(&g, &io, options, *plan)?;
+    dump_wgsl(&p);
+    Ok(p)
 }
 
 /// With `KILN_DUMP_WGSL=DIR`, writes each kernel's shader there

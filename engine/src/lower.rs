@@ -22,7 +22,6 @@ fn reuse_dying_inputs(
     outputs: &[ValueId],
     packed: &dyn Fn(ValueId) -> bool,
 ) {
-    let empty = HashMap::new();
     for grp in groups {
         if !grp.iter().all(|&v| is_map(g, sched, v)) {
             continue;
@@ -68,8 +67,7 @@ fn reuse_dying_inputs(
                     continue;
                 }
                 // v reads it only at its own index.
-                let mut trial = Gen::new(g, sched, &empty);
-                if !trial.reads_only_at_own_index(v, root) {
+                if !crate::index::reads_only_at_own_index(g, sched, v, root) {
                     continue;
                 }
                 sched.alias_of.insert(v, u);
@@ -151,10 +149,153 @@ fn buffers_touched(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> u
     roots.len()
 }
 
-pub(crate) enum Lowered {
-    Done(Box<Program>),
-    /// Retry with this inlined value materialized.
-    Materialize(ValueId),
+/// Storage bindings the kernel computing `grp` takes, decided on the
+/// IR before any WGSL exists: a slot per distinct tensor range it reads
+/// or writes (as codegen binds them: by location and size), each split
+/// in chunks where it exceeds the device's largest binding, and the
+/// status word where a statement of the kernel may fault (i64 results,
+/// indices read from tensors). Codegen binds at most this many.
+fn planned_bindings(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    grp: &[ValueId],
+    registers: &HashSet<ValueId>,
+    locs: &HashMap<ValueId, Loc>,
+    rules: crate::codegen::BindingRules,
+) -> usize {
+    let mut ranges: HashSet<(Buf, usize, usize)> = HashSet::new();
+    let mut faults = false;
+    let mut range = |v: ValueId| {
+        if let Some(l) = locs.get(&v) {
+            let m = g.meta(v);
+            ranges.insert((l.buf, l.word, wgsl::words(m.dtype, m.numel(), l.packed)));
+        }
+    };
+    for &v in grp {
+        if !registers.contains(&v) {
+            range(v);
+        }
+        let Some(n) = g.node_of(v) else { continue };
+        for r in schedule::reads(g, sched, n) {
+            range(r);
+        }
+        let mut nodes = schedule::inlined_region(g, sched, n);
+        nodes.insert(n);
+        faults |= nodes.iter().any(|&m| may_fault(g, m));
+    }
+    let chunk_words =
+        (rules.max_words / rules.align_words * rules.align_words).max(rules.align_words);
+    let slots: usize = ranges
+        .iter()
+        .map(|&(_, word, words)| {
+            let start = word / rules.align_words * rules.align_words;
+            let total = word - start + words.max(1);
+            if total <= rules.max_words {
+                1
+            } else {
+                total.div_ceil(chunk_words)
+            }
+        })
+        .sum();
+    slots + usize::from(faults)
+}
+
+/// Tensor ranges (buffer, word, words) the elementwise kernel computing
+/// `grp` may bind as `vec4<u32>`, four elements an invocation: word-sized
+/// tensors at a binding-aligned word in one binding, read by every member
+/// only at the invocation's own element (decided on the index maps).
+/// Empty when the kernel is no elementwise one or cannot take vectors
+/// (packed values, a count not a multiple of 4).
+fn vec4_ranges(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    grp: &[ValueId],
+    registers: &HashSet<ValueId>,
+    locs: &HashMap<ValueId, Loc>,
+    options: &CompileOptions,
+) -> HashSet<(Buf, usize, usize)> {
+    let mut out = HashSet::new();
+    let count = g.meta(grp[0]).numel();
+    let word_sized = grp
+        .iter()
+        .all(|&v| wgsl::per_word(g.meta(v).dtype) == 1 && !locs.get(&v).is_some_and(|l| l.packed));
+    if !options.vectorize
+        || !(grp.len() > 1 || is_map(g, sched, grp[0]))
+        || !word_sized
+        || count < 4
+        || !count.is_multiple_of(4)
+    {
+        return out;
+    }
+    let rules = options.rules;
+    let key = |v: ValueId| -> Option<(Buf, usize, usize)> {
+        let l = locs.get(&v)?;
+        let words = g.meta(v).numel();
+        let aligned = l.word.is_multiple_of(rules.align_words) && words.max(1) <= rules.max_words;
+        (aligned && !l.packed && wgsl::per_word(g.meta(v).dtype) == 1)
+            .then_some((l.buf, l.word, words))
+    };
+    let mut refused = HashSet::new();
+    let mut consider =
+        |k: Option<(Buf, usize, usize)>, ok: bool, at: Option<(Buf, usize, usize)>| match k {
+            Some(k) if ok => {
+                out.insert(k);
+            }
+            _ => {
+                refused.extend(at);
+            }
+        };
+    for &v in grp {
+        if !registers.contains(&v) {
+            let at = locs.get(&v).map(|l| (l.buf, l.word, g.meta(v).numel()));
+            consider(key(v), true, at);
+        }
+        let Some(n) = g.node_of(v) else { continue };
+        for r in schedule::reads(g, sched, n) {
+            // Members are read from registers; every other value living in
+            // the buffer is loaded (as a vector, before any store).
+            let own = grp
+                .iter()
+                .all(|&w| crate::index::reads_only_at_own_index(g, sched, w, sched.root(r)));
+            let at = locs.get(&r).map(|l| (l.buf, l.word, g.meta(r).numel()));
+            consider(key(r), own, at);
+        }
+    }
+    out.retain(|k| !refused.contains(k));
+    out
+}
+
+/// Whether statement `n` may record a fault at run time (`codegen::Fault`):
+/// it produces or accumulates i64 values (beyond the device's 32 bits), or
+/// reads positions from an index tensor (out of bounds).
+fn may_fault(g: &Graph, n: kiln_functionalize::graph::NodeId) -> bool {
+    use kiln_functionalize::ops::Elem;
+    let node = &g.nodes[n];
+    // Fills, copies, views and indices (argmax) make no new i64 value.
+    let i64_arithmetic = node
+        .results
+        .iter()
+        .any(|&r| g.meta(r).dtype == kiln_functionalize::DType::I64)
+        && matches!(
+            node.op.def().lowering,
+            Lowering::Map(Elem::Pointwise | Elem::Cast)
+                | Lowering::Free(Elem::Pointwise | Elem::Cast)
+                | Lowering::Reduce(_)
+                | Lowering::Scan
+                | Lowering::MatMul(_)
+        );
+    let indexed = matches!(
+        node.op.def().lowering,
+        Lowering::Gather(_)
+            | Lowering::IndexPut
+            | Lowering::Map(
+                Elem::Index | Elem::IndexAdd | Elem::GatherAlong { .. } | Elem::ScatterInto { .. }
+            )
+            | Lowering::Free(
+                Elem::Index | Elem::IndexAdd | Elem::GatherAlong { .. } | Elem::ScatterInto { .. }
+            )
+    );
+    i64_arithmetic || indexed
 }
 
 /// The inlined producer, in the kernel computing `grp`, whose
@@ -333,15 +474,38 @@ impl Packing {
     }
 }
 
-/// Schedules, groups, lays out and generates the kernels of functional
-/// graph `g` (the stages below); `Materialize` when a kernel binds more
-/// buffers than the device allows and an inlined producer can take some.
-pub(crate) fn lower(
+/// The kernel plan of a functional graph: the schedule, kernel groups,
+/// values kept in registers, lifetimes, packing, the arena layout and the
+/// storage bindings of every kernel, all decided before any WGSL exists.
+/// Code generation renders it and fails for no legality reason.
+pub(crate) struct KernelPlan {
+    sched: schedule::Schedule,
+    groups: Vec<Vec<ValueId>>,
+    registers: HashSet<ValueId>,
+    life: Lifetimes,
+    packing: Packing,
+    layout: Layout,
+    /// Storage bindings each group's kernels take at most.
+    bindings: Vec<usize>,
+    /// Tensor ranges each group's kernel binds as vectors (`vec4_ranges`).
+    vec4: Vec<HashSet<(Buf, usize, usize)>>,
+}
+
+pub(crate) enum Planned {
+    Ready(Box<KernelPlan>),
+    /// A kernel binds more buffers than the device allows: plan again with
+    /// this inlined producer computed by a kernel of its own.
+    Materialize(ValueId),
+}
+
+/// Plans the kernels of functional graph `g` (the stages below), checking
+/// each kernel's bindings against the device's limit.
+pub(crate) fn plan(
     g: &Graph,
     io: &Interface,
     options: &CompileOptions,
     force: &HashSet<ValueId>,
-) -> Result<Lowered, EngineError> {
+) -> Result<Planned, EngineError> {
     let outputs = io.outputs;
     let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
     let mut sched = schedule::schedule(g, outputs, pinned, force, options.fuse_attention)?;
@@ -360,6 +524,57 @@ pub(crate) fn lower(
         &|v| packing.packed(g, v),
     );
     let layout = place(g, &sched, &life, &packing, options)?;
+    let mut bindings = vec![];
+    for grp in &groups {
+        let n = planned_bindings(g, &sched, grp, &registers, &layout.locs, options.rules);
+        if n > options.max_bindings {
+            if let Some(u) = producer_to_materialize(g, &sched, grp) {
+                return Ok(Planned::Materialize(u));
+            }
+            let names = kiln_functionalize::text::Names::of(g);
+            let computed: Vec<String> = grp.iter().map(|&v| format!("%{}", names.get(v))).collect();
+            return Err(EngineError::Unsupported(format!(
+                "the kernel computing {} binds {n} storage buffers; this device allows {} per \
+                 shader stage (split the expression with an intermediate `clone`)",
+                computed.join(", "),
+                options.max_bindings
+            )));
+        }
+        bindings.push(n);
+    }
+    let vec4 = groups
+        .iter()
+        .map(|grp| vec4_ranges(g, &sched, grp, &registers, &layout.locs, options))
+        .collect();
+    Ok(Planned::Ready(Box::new(KernelPlan {
+        sched,
+        groups,
+        registers,
+        life,
+        packing,
+        layout,
+        bindings,
+        vec4,
+    })))
+}
+
+/// Renders the kernels of `plan` as WGSL and assembles the program.
+pub(crate) fn generate(
+    g: &Graph,
+    io: &Interface,
+    options: &CompileOptions,
+    plan: KernelPlan,
+) -> Result<Program, EngineError> {
+    let KernelPlan {
+        sched,
+        groups,
+        registers,
+        life,
+        packing,
+        layout,
+        bindings,
+        vec4,
+    } = plan;
     let mut gen = Gen::new(g, &sched, &layout.locs);
     gen.registers = registers.clone();
     gen.tile_min_rows = options.tile_min_rows;
@@ -374,7 +589,8 @@ pub(crate) fn lower(
     let align = options.rules.align_words;
     gen.status = Some(layout.plan.arena_bytes.div_ceil(4).div_ceil(align) * align);
     let mut kernels = vec![];
-    for grp in &groups {
+    for ((grp, &planned), vec4) in groups.iter().zip(&bindings).zip(vec4) {
+        gen.vec4_ranges = vec4;
         let cost = KernelCost::of(g, &sched, grp, &registers, &packing);
         let codes = if grp.len() > 1 || is_map(g, &sched, grp[0]) {
             if g.meta(grp[0]).numel() == 0 {
@@ -387,16 +603,11 @@ pub(crate) fn lower(
         };
         let flops = kernel_flops(g, &sched, grp, cost.ops.len(), cost.elements);
         for code in codes {
-            if code.bindings.len() > options.max_bindings {
-                if let Some(u) = producer_to_materialize(g, &sched, grp) {
-                    return Ok(Lowered::Materialize(u));
-                }
-                return Err(EngineError::Unsupported(format!(
-                    "kernel {} binds {} storage buffers; this device allows {} per shader \
-                     stage (split the expression with an intermediate `clone`)",
+            if code.bindings.len() > planned {
+                return Err(EngineError::Internal(format!(
+                    "kernel {} binds {} storage buffers, its plan {planned}",
                     code.label,
-                    code.bindings.len(),
-                    options.max_bindings
+                    code.bindings.len()
                 )));
             }
             kernels.push(Kernel {
@@ -415,9 +626,7 @@ pub(crate) fn lower(
         layout,
         status_word,
     };
-    Ok(Lowered::Done(Box::new(assemble(
-        g, io, options, generated, &sched,
-    ))))
+    Ok(assemble(g, io, options, generated, &sched))
 }
 
 /// Every tensor with a buffer fits in one.
@@ -448,9 +657,7 @@ fn group_kernels(
     sched: &schedule::Schedule,
     options: &CompileOptions,
 ) -> Result<Vec<Vec<ValueId>>, EngineError> {
-    let no_locs = HashMap::new();
     let mut groups: Vec<Vec<ValueId>> = vec![];
-    let mut trial = Gen::new(g, sched, &no_locs);
     for &v in &sched.materialized {
         let Def::Node(n, _) = g.values[v].def else {
             continue;
@@ -463,7 +670,7 @@ fn group_kernels(
                 all.push(v);
                 is_map(g, sched, grp[0])
                     && buffers_touched(g, sched, &all) <= options.max_bindings
-                    && trial.fits_group(grp, v)
+                    && crate::index::fits_group(g, sched, grp, v)
             });
         match groups.last_mut() {
             Some(grp) if joins => grp.push(v),

@@ -5,60 +5,13 @@
 use super::*;
 
 impl Gen<'_> {
-    /// Whether elementwise value `v` can join the fused kernel computing
-    /// `group` (same shape; reads group members only at its own index,
-    /// decided on the index maps).
-    pub fn fits_group(&mut self, group: &[ValueId], v: ValueId) -> bool {
-        let Some(&first) = group.first() else {
-            return true;
-        };
-        let g = self.g;
-        let Def::Node(n, k) = g.values[v].def else {
-            return false;
-        };
-        if g.meta(first).sizes != g.meta(v).sizes
-            || self.s.inplace.contains_key(&v)
-            || self.s.inplace.contains_key(&first)
-        {
-            return false;
-        }
-        crate::index::reads_own_only(g, self.s, n, k, group)
-    }
-
-    /// Does computing `v` read the buffer of `root` only at the
-    /// invocation's own index?
-    pub fn reads_only_at_own_index(&mut self, v: ValueId, root: ValueId) -> bool {
-        let Def::Node(n, k) = self.g.values[v].def else {
-            return false;
-        };
-        // Every value living in the buffer is read from it, before this
-        // invocation's store: at the own element only is fine.
-        crate::index::reads_own_only(self.g, self.s, n, k, &self.s.sharing(root))
-    }
-
-    /// Runs `f` on a fresh kernel body, then restores the kernel being
-    /// generated (body, memo, workgroup declarations, bindings).
-    pub(super) fn trial<T>(&mut self, f: impl FnOnce(&mut Self) -> T) -> T {
-        let saved = (
-            std::mem::take(&mut self.body),
-            std::mem::take(&mut self.memo),
-            std::mem::take(&mut self.shared),
-            std::mem::take(&mut self.slots),
-        );
-        let stride_over = self.stride_over.take();
-        let r = f(self);
-        (self.body, self.memo, self.shared, self.slots) = saved;
-        self.stride_over = stride_over;
-        r
-    }
-
     /// One kernel computing every value of `group` (elementwise values of
     /// one shape): inputs are read once, and later members read earlier
     /// ones from registers. With packed outputs each invocation computes
     /// the elements of whole words (4 per bool word, 2 per f16 word), so
     /// no two invocations write one word.
     pub fn map_group(&mut self, group: &[ValueId]) -> R<KernelCode> {
-        // Codegen's own check of what `fits_group` decided: members are
+        // Codegen's own check of what `index::fits_group` decided: members are
         // read only at the invocation's element.
         self.group = group.to_vec();
         let k = self.map_group_inner(group);
@@ -152,45 +105,16 @@ impl Gen<'_> {
         ))
     }
 
-    /// `map_group` four elements an invocation, with the buffers read and
-    /// written only at those elements bound as `vec4<u32>` (one 16-byte
-    /// load or store instead of four). A trial generation finds those
-    /// buffers; `None` when none qualifies or the group cannot (packed
-    /// values, a count not a multiple of 4).
+    /// `map_group` four elements an invocation, with the tensors the plan
+    /// chose (`lower::vec4_ranges`: read and written only at those
+    /// elements) bound as `vec4<u32>`: one 16-byte load or store instead
+    /// of four. `None` when the plan chose none.
     fn map_group_vec4(&mut self, group: &[ValueId]) -> R<Option<KernelCode>> {
+        if self.vec4_ranges.is_empty() {
+            return Ok(None);
+        }
         let g = self.g;
         let count = g.meta(group[0]).numel();
-        let word_sized = group.iter().all(|&v| {
-            wgsl::per_word(g.meta(v).dtype) == 1 && !self.locs.get(&v).is_some_and(|l| l.packed)
-        });
-        if !word_sized || count < 4 || !count.is_multiple_of(4) {
-            return Ok(None);
-        }
-        let (trial, accesses, lanes) = self.trial(|s| {
-            s.vec.track = Some(vec![]);
-            let r = s.vec4_body(group, count);
-            let accesses = s.vec.track.take().unwrap_or_default();
-            (r, accesses, std::mem::take(&mut s.vec.lanes))
-        });
-        self.vec = Default::default();
-        trial?;
-        // A buffer qualifies when read and written only at the own four
-        // elements, and never read after this kernel wrote it there (the
-        // vector store comes last: such a read would see the old value).
-        let mut own: HashMap<String, bool> = HashMap::new();
-        let mut stored = std::collections::HashSet::new();
-        for (var, idx, store) in accesses {
-            let fine = lanes.contains_key(&idx)
-                && (store || !stored.contains(&(var.clone(), idx.clone())));
-            if store {
-                stored.insert((var.clone(), idx));
-            }
-            *own.entry(var).or_insert(true) &= fine;
-        }
-        self.vec.slots = own.into_iter().filter(|e| e.1).map(|e| e.0).collect();
-        if self.vec.slots.is_empty() {
-            return Ok(None);
-        }
         self.vec4_body(group, count)?;
         let label = group
             .iter()
@@ -204,7 +128,7 @@ impl Gen<'_> {
         )))
     }
 
-    /// The body of `map_group_vec4` (its trial and its final generation).
+    /// The body of `map_group_vec4`.
     fn vec4_body(&mut self, group: &[ValueId], count: usize) -> R<()> {
         let g = self.g;
         self.guard(count / 4);
@@ -224,11 +148,6 @@ impl Gen<'_> {
                 let x = self.node_at(n, k, i)?;
                 if !self.registers.contains(&v) {
                     let (slot, _) = self.slot_of(v, true)?;
-                    if let Some(t) = &mut self.vec.track {
-                        let vectorable = slot.chunk.is_none() && slot.base == 0;
-                        let at = if vectorable { i.as_str() } else { "scalar" };
-                        t.push((slot.var.clone(), at.to_string(), true));
-                    }
                     let d = g.meta(v).dtype;
                     if self.vec.slots.contains(&slot.var) {
                         let w = self.body.bind("u32", wgsl::word(d, &x));

@@ -25,7 +25,7 @@ use kiln_functionalize::ops::pointwise::{Code, Src};
 use kiln_functionalize::ops::{self, Lowering, Rule};
 use kiln_functionalize::schema::Arg;
 use kiln_functionalize::DType;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Where a materialized value lives: a buffer and a word offset in it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -76,9 +76,6 @@ impl Default for BindingRules {
 /// invocation as `vec4<u32>` (GPUs: wider memory transactions).
 #[derive(Default)]
 pub(crate) struct Vectorize {
-    /// A trial generation records every (binding variable, index, is a
-    /// store) access in order.
-    track: Option<Vec<(String, String, bool)>>,
     /// Bindings accessed only at the invocation's own four elements.
     slots: std::collections::HashSet<String>,
     /// Lane index expressions -> lane.
@@ -120,7 +117,7 @@ pub struct Gen<'a> {
     shared: Vec<String>,
     /// Values computed by the elementwise kernel being generated: readable
     /// only at the invocation's own index (another invocation's write is
-    /// not visible); `fits_group` decides, this checks.
+    /// not visible); `index::fits_group` decides, this checks.
     group: Vec<ValueId>,
     /// The index expression of the element the invocation computes now.
     own: String,
@@ -150,6 +147,9 @@ pub struct Gen<'a> {
     stride_over: Option<usize>,
     pub rules: BindingRules,
     slots: Vec<SlotInfo>,
+    /// Tensor ranges (buffer, word, words) the elementwise kernel being
+    /// generated binds as `vec4<u32>`: the plan's choice.
+    pub vec4_ranges: HashSet<(Buf, usize, usize)>,
     /// The arena word where kernels record a fault (`Fault`): see
     /// `flag`, read back after the run.
     pub status: Option<usize>,
@@ -201,8 +201,9 @@ impl<'a> Gen<'a> {
             stride_over: None,
             rules: BindingRules::default(),
             slots: vec![],
-            // `lower` places it; trial generations never run.
-            status: Some(0),
+            vec4_ranges: HashSet::new(),
+            // `lower` places it.
+            status: None,
             status_used: false,
         }
     }
@@ -270,10 +271,17 @@ impl<'a> Gen<'a> {
                 } else {
                     total.div_ceil(chunk_words)
                 };
-                let vec4 = chunks == 1
-                    && (vec4 && (loc.word - start).is_multiple_of(4) && words.is_multiple_of(4)
-                        || start == loc.word
-                            && self.vec.slots.contains(&format!("b{}", self.slots.len())));
+                let planned = start == loc.word
+                    && chunks == 1
+                    && self.vec4_ranges.contains(&(loc.buf, loc.word, words));
+                if planned {
+                    self.vec.slots.insert(format!("b{}", self.slots.len()));
+                }
+                let vec4 = planned
+                    || chunks == 1
+                        && vec4
+                        && (loc.word - start).is_multiple_of(4)
+                        && words.is_multiple_of(4);
                 self.slots.push(SlotInfo {
                     loc,
                     words,
@@ -322,16 +330,10 @@ impl<'a> Gen<'a> {
         format!("{var}v.{}", ["x", "y", "z", "w"][c])
     }
 
-    /// Where materialized value `v` lives; before memory planning (fusion
-    /// trials) any location will do.
+    /// Where materialized value `v` lives (the plan's layout).
     fn loc_of(&self, v: ValueId) -> R<Loc> {
         match self.locs.get(&v) {
             Some(l) => Ok(*l),
-            None if self.locs.is_empty() => Ok(Loc {
-                buf: Buf::Arena,
-                word: 0,
-                packed: false,
-            }),
             None => Err(bug("a materialized value without a buffer")),
         }
     }
@@ -522,14 +524,6 @@ impl<'a> Gen<'a> {
             let (slot, loc) = self.slot_of(v, false)?;
             // Packed values (bools, f16) are read by word, and tensors bound
             // in pieces through accessors: never as vectors.
-            if let Some(t) = &mut self.vec.track {
-                let at = if loc.packed || slot.chunk.is_some() || slot.base != 0 {
-                    "scalar"
-                } else {
-                    idx
-                };
-                t.push((slot.var.clone(), at.to_string(), false));
-            }
             match self.vec.component(&slot.var, idx).filter(|_| !loc.packed) {
                 Some(c) => {
                     let w = self.vec_word(&slot.var, c);
