@@ -886,8 +886,7 @@ fn web_section(md: &mut String, model: &MiniLm) {
     let gpu = Session::open().unwrap().gpu().clone();
     let (b, t) = {
         let e = export::read(&bytes).unwrap();
-        let g = &e.program.graph;
-        let sizes = &g.meta(g.inputs[0]).sizes;
+        let sizes = &e.program.param(0).sizes;
         (sizes[0], sizes[1])
     };
     let embed = |s: &Session, exe: &kiln::engine::Executable, texts: &[&str]| {

@@ -77,7 +77,7 @@ impl ExportFile {
 /// `run model.kiln`: the inputs from `inputs` (by parameter name), results
 /// written as `run` writes them for a program, constants included.
 pub fn run(e: &Exported<'_>, inputs: &Path, output: &Path, gpu: bool) -> Result<(), String> {
-    let g = &e.program.graph;
+    let g = &e.graph().map_err(|e| e.to_string())?;
     let mut constants = e.constant_tensors().map_err(|e| e.to_string())?;
     let file = MappedTensors::open(inputs).map_err(|e| e.to_string())?;
     let fed = file

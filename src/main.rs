@@ -453,16 +453,9 @@ fn profile(
         let e = f.read()?;
         let exe = session.load_exported(&e).map_err(|e| at(&e))?;
         let load_ms = t.elapsed().as_secs_f64() * 1e3;
-        return measure(
-            &session,
-            &exe,
-            &e.program.graph,
-            inputs,
-            runs,
-            load_ms,
-            json,
-        )
-        .map_err(|e| at(&e));
+        // The parameters' names and types (inputs are read by name).
+        let g = e.graph().map_err(|e| at(&e))?;
+        return measure(&session, &exe, &g, inputs, runs, load_ms, json).map_err(|e| at(&e));
     }
     let g = read_program(prog)?;
     let session = Session::open().map_err(|e| e.to_string())?;

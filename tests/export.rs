@@ -168,11 +168,11 @@ fn refusals_say_why() {
     let (g, ins, weights) = example(&path);
     let s = Session::new(gpu);
     let bytes = export_example(&s, &g, &ins, &weights, &ExportOptions::default());
-    let mut v2 = bytes.clone();
-    v2[8] = 2;
-    let e = export::read(&v2).err().unwrap().to_string();
+    let mut v1 = bytes.clone();
+    v1[8] = 1;
+    let e = export::read(&v1).err().unwrap().to_string();
     assert!(
-        e.contains("version 2") && e.contains("reads version 1"),
+        e.contains("version 1") && e.contains("reads version 2"),
         "{e}"
     );
     let e = export::read(&bytes[..100]).err().unwrap().to_string();
@@ -207,6 +207,21 @@ fn refusals_say_why() {
         .unwrap()
         .to_string();
     assert!(e.contains("does not fit"), "{e}");
+    // A value of a dtype no runtime knows, and one too large to index.
+    let mut m = export::read(&bytes).unwrap().manifest;
+    m.values[0].dtype = "f64".into();
+    let e = export::read(&with_manifest(&bytes, &serde_json::to_vec(&m).unwrap()))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("unknown dtype `f64`"), "{e}");
+    let mut m = export::read(&bytes).unwrap().manifest;
+    m.values[0].shape = vec![1 << 20, 1 << 20];
+    let e = export::read(&with_manifest(&bytes, &serde_json::to_vec(&m).unwrap()))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("too many elements"), "{e}");
 }
 
 fn u64_at(b: &[u8], o: usize) -> usize {

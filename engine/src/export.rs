@@ -7,22 +7,26 @@
 //! offsets, lengths and CRC-32s, the header's own CRC), a JSON manifest,
 //! the functionalized program as text, then the constants, each at a
 //! 256-byte boundary so a mapped file uploads without a copy.
+//!
+//! The manifest holds everything a run needs (values' types, kernels,
+//! locations, host views, statements for fault messages): the runtime
+//! alone never parses the program text.
 
-use crate::codegen::{KernelCode, Loc};
 #[cfg(feature = "compiler")]
-use crate::compile_with;
+use crate::compile_functional;
+use crate::kernel::{Binding, Buf, HostView, KernelCode, Loc, Val, ValueInfo};
 use crate::runtime::{HostTensor, Session};
-use crate::wgsl::{Binding, Buf};
 use crate::{EngineError, Kernel, MemoryStats, Program};
-use kiln_functionalize::graph::ValueId;
-use kiln_functionalize::text::Names;
-use kiln_functionalize::{DType, Graph};
+use kiln_dtype::DType;
+#[cfg(feature = "compiler")]
+use kiln_functionalize::Graph;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 pub const MAGIC: [u8; 8] = *b"KILNPROG";
-/// The format this runtime writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this runtime writes and reads (2: the manifest carries the
+/// values' types, host views and statements; 1 left them to the text).
+pub const FORMAT_VERSION: u32 = 2;
 pub const HEADER_LEN: usize = 80;
 /// Constants start at multiples of this (WebGPU's copy and binding
 /// alignment).
@@ -50,6 +54,8 @@ pub struct Manifest {
     /// `kiln <version>`.
     pub producer: String,
     pub name: String,
+    /// Every value named below, with its type.
+    pub values: Vec<ValueEntry>,
     /// Every parameter in order; constants carry where their bytes are.
     pub params: Vec<ParamEntry>,
     /// What a run returns, by value name: the outputs, then the final value
@@ -59,8 +65,11 @@ pub struct Manifest {
     /// The parameter each extra output writes back to.
     pub mutated_inputs: Vec<usize>,
     pub readback: Vec<String>,
-    /// (output, the buffer it is a view of).
-    pub host_views: Vec<(String, String)>,
+    /// Outputs taken on the host as views of a read-back buffer.
+    pub host_views: Vec<HostViewEntry>,
+    /// The functionalized program's statements (`%y = op(...)`), named
+    /// when a kernel reports a fault at one.
+    pub statements: Vec<String>,
     pub locs: Vec<LocEntry>,
     pub param_words: Vec<usize>,
     pub written_params: Vec<usize>,
@@ -70,6 +79,24 @@ pub struct Manifest {
     pub memory: [usize; 6],
     pub kernels: Vec<KernelEntry>,
     pub requires: Requirements,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ValueEntry {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+}
+
+/// `output`'s elements at `offset + sum(index * strides)` of `base`'s
+/// buffer (contiguous).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct HostViewEntry {
+    pub output: String,
+    pub base: String,
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub offset: usize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -176,11 +203,13 @@ pub fn export(
     }
     let mut options = session.compile_options().clone();
     options.constants = bound.iter().map(|(i, _)| *i).collect();
-    let program = compile_with(g, &options)?;
+    let (program, functional) = compile_functional(g, &options)?;
+    let text = kiln_functionalize::text::print(&functional);
     let gpu = session.gpu();
-    write(&program, &bound, gpu, opts)
+    write(&program, &text, &bound, gpu, opts)
 }
 
+#[cfg(feature = "compiler")]
 fn buf_param(b: Buf) -> Option<usize> {
     match b {
         Buf::Param(i) => Some(i),
@@ -188,19 +217,19 @@ fn buf_param(b: Buf) -> Option<usize> {
     }
 }
 
+/// The file's bytes: `p`'s manifest, `text` (the functionalized program
+/// returning what a run returns: the outputs, then the mutated
+/// parameters' final values, so the reference can run it too) and the
+/// constants.
+#[cfg(feature = "compiler")]
 fn write(
     p: &Program,
+    text: &str,
     constants: &[(usize, &HostTensor<'_>)],
     gpu: &crate::Gpu,
     opts: &ExportOptions,
 ) -> Result<Vec<u8>, EngineError> {
-    // The text returns what a run returns: the outputs, then the mutated
-    // parameters' final values (so the reference can run it too).
-    let mut shown = p.graph.clone();
-    shown.outputs = p.outputs.clone();
-    let text = kiln_functionalize::text::print(&shown);
-    let names = Names::of(&p.graph);
-    let name = |v: ValueId| names.get(v);
+    let name = |v: Val| p.values[v].name.clone();
     // Constants: their bytes, each at a 256-byte boundary of the data.
     let mut data: Vec<u8> = vec![];
     let mut entries: HashMap<usize, ConstantEntry> = HashMap::new();
@@ -228,21 +257,41 @@ fn write(
         );
         data.extend(bytes);
     }
-    let g = &p.graph;
-    let params = g
-        .inputs
+    let params = p
+        .params
         .iter()
         .enumerate()
         .map(|(i, &v)| {
-            let m = g.meta(v);
+            let m = &p.values[v];
             ParamEntry {
-                name: name(v),
+                name: m.name.clone(),
                 dtype: m.dtype.name().into(),
-                shape: m.sizes.to_vec(),
+                shape: m.sizes.clone(),
                 constant: entries.remove(&i),
             }
         })
         .collect();
+    let values = p
+        .values
+        .iter()
+        .map(|m| ValueEntry {
+            name: m.name.clone(),
+            dtype: m.dtype.name().into(),
+            shape: m.sizes.clone(),
+        })
+        .collect();
+    let mut host_views: Vec<HostViewEntry> = p
+        .host_views
+        .iter()
+        .map(|(&o, h)| HostViewEntry {
+            output: name(o),
+            base: name(h.base),
+            shape: h.sizes.clone(),
+            strides: h.strides.clone(),
+            offset: h.offset,
+        })
+        .collect();
+    host_views.sort_by(|a, b| a.output.cmp(&b.output));
     let mut locs: Vec<LocEntry> = p
         .locs
         .iter()
@@ -288,17 +337,15 @@ fn write(
         .map_err(EngineError::Internal)?;
     let manifest = Manifest {
         producer: format!("kiln {}", env!("CARGO_PKG_VERSION")),
-        name: g.name.clone(),
+        name: p.name.clone(),
+        values,
         params,
         outputs: p.outputs.iter().map(|&v| name(v)).collect(),
         n_outputs: p.n_outputs,
         mutated_inputs: p.mutated_inputs.clone(),
         readback: p.readback.iter().map(|&v| name(v)).collect(),
-        host_views: p
-            .host_views
-            .iter()
-            .map(|(&o, &b)| (name(o), name(b)))
-            .collect(),
+        host_views,
+        statements: p.statements.clone(),
         locs,
         param_words: p.param_words.clone(),
         written_params: p.written_params.clone(),
@@ -434,19 +481,21 @@ pub fn header(bytes: &[u8]) -> Result<Header, ExportError> {
     })
 }
 
-/// A checked export: its manifest, the program it runs (parsed from the
-/// text section) and the constants' bytes (borrowed from the file).
+/// A checked export: its manifest, the program it runs (from the
+/// manifest) and the constants' bytes (borrowed from the file).
 pub struct Exported<'a> {
     pub manifest: Manifest,
+    /// The functionalized program as text (for inspection and the
+    /// reference interpreter; runs do not need it).
     pub text: &'a str,
     pub program: Program,
     /// (parameter, stored dtype, bytes).
     pub constants: Vec<(usize, DType, &'a [u8])>,
 }
 
-/// Parses and checks every part of an export file: checksums, the
-/// manifest against the program text, every range and index, every
-/// shader (naga). A damaged or hostile file is an error, never a panic.
+/// Parses and checks every part of an export file: checksums, every name,
+/// range and index of the manifest, every shader (naga). A damaged or
+/// hostile file is an error, never a panic.
 pub fn read(bytes: &[u8]) -> Result<Exported<'_>, ExportError> {
     let h = header(bytes)?;
     let section = |(o, l): (usize, usize), crc: u32, what: &str| -> Result<&[u8], ExportError> {
@@ -461,10 +510,8 @@ pub fn read(bytes: &[u8]) -> Result<Exported<'_>, ExportError> {
         .map_err(|e| ExportError::Corrupt(format!("the manifest does not parse: {e}")))?;
     let text = std::str::from_utf8(section((h.program.0, h.program.1), h.program.2, "program")?)
         .map_err(|_| ExportError::Corrupt("the program text is not UTF-8".into()))?;
-    let graph = kiln_functionalize::parse(text)
-        .map_err(|e| ExportError::Corrupt(format!("the program text does not parse: {e}")))?;
     let data = &bytes[h.data.0..h.data.0 + h.data.1];
-    let (program, constants) = rebuild(&manifest, graph, data)?;
+    let (program, constants) = rebuild(&manifest, data)?;
     Ok(Exported {
         manifest,
         text,
@@ -477,13 +524,12 @@ impl<'a> Exported<'a> {
     /// Every constant as its parameter's tensor: (parameter, tensor),
     /// f16-stored f32 widened, the others borrowing the file.
     pub fn constant_tensors(&self) -> Result<Vec<(usize, HostTensor<'a>)>, EngineError> {
-        let g = &self.program.graph;
         self.constants
             .iter()
             .map(|&(i, stored, bytes)| {
-                let m = g.meta(g.inputs[i]);
+                let m = self.program.param(i);
                 let t = if stored == m.dtype {
-                    HostTensor::new(m.dtype, m.sizes.to_vec(), bytes)?
+                    HostTensor::new(m.dtype, m.sizes.clone(), bytes)?
                 } else {
                     let wide: Vec<f32> = bytes
                         .chunks_exact(2)
@@ -495,50 +541,86 @@ impl<'a> Exported<'a> {
             })
             .collect()
     }
+
+    /// The functionalized program (parsed from the text section), its
+    /// parameters checked against the manifest's.
+    #[cfg(feature = "compiler")]
+    pub fn graph(&self) -> Result<Graph, ExportError> {
+        let g = kiln_functionalize::parse(self.text)
+            .map_err(|e| ExportError::Corrupt(format!("the program text does not parse: {e}")))?;
+        let names = kiln_functionalize::text::Names::of(&g);
+        let p = &self.program;
+        let agrees = g.inputs.len() == p.params.len()
+            && g.inputs.iter().enumerate().all(|(i, &v)| {
+                let (m, want) = (g.meta(v), p.param(i));
+                names.name(v) == want.name && m.dtype == want.dtype && m.sizes[..] == want.sizes[..]
+            });
+        if !agrees {
+            return corrupt("the program text's parameters do not match the manifest's");
+        }
+        Ok(g)
+    }
 }
 
 type Rebuilt<'a> = (Program, Vec<(usize, DType, &'a [u8])>);
 
-/// The program the manifest describes over `graph`, every reference
+/// The most elements a value of an export may have (kernels index with
+/// 32-bit integers).
+const MAX_ELEMENTS: usize = u32::MAX as usize;
+
+/// The program the manifest describes, every name, range and index
 /// checked.
-fn rebuild<'a>(m: &Manifest, graph: Graph, data: &'a [u8]) -> Result<Rebuilt<'a>, ExportError> {
-    let g = &graph;
-    let names = Names::of(g);
-    let mut by_name: HashMap<&str, ValueId> = HashMap::new();
-    for &v in g
-        .inputs
-        .iter()
-        .chain(g.order.iter().flat_map(|&n| g.nodes[n].results.iter()))
-    {
-        by_name.insert(names.name(v), v);
+fn rebuild<'a>(m: &Manifest, data: &'a [u8]) -> Result<Rebuilt<'a>, ExportError> {
+    let mut values = vec![];
+    let mut by_name: HashMap<&str, Val> = HashMap::new();
+    for (k, e) in m.values.iter().enumerate() {
+        let dtype = DType::parse(&e.dtype).ok_or_else(|| {
+            ExportError::Corrupt(format!("value %{} has unknown dtype `{}`", e.name, e.dtype))
+        })?;
+        let n = e
+            .shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .filter(|&n| n <= MAX_ELEMENTS);
+        if n.is_none() {
+            return corrupt(format!("value %{} has too many elements", e.name));
+        }
+        if by_name.insert(&e.name, k).is_some() {
+            return corrupt(format!("value %{} is listed twice", e.name));
+        }
+        values.push(ValueInfo {
+            name: e.name.clone(),
+            dtype,
+            sizes: e.shape.clone(),
+        });
     }
-    let value = |n: &str| -> Result<ValueId, ExportError> {
+    let value = |n: &str| -> Result<Val, ExportError> {
         by_name.get(n).copied().ok_or_else(|| {
-            ExportError::Corrupt(format!("the manifest names %{n}, which the program lacks"))
+            ExportError::Corrupt(format!("the manifest names %{n}, which it does not list"))
         })
     };
-    let np = g.inputs.len();
-    if m.params.len() != np || m.param_words.len() != np {
+    let np = m.params.len();
+    if m.param_words.len() != np {
         return corrupt(format!(
-            "the manifest lists {} parameters ({} buffer sizes), the program has {np}",
-            m.params.len(),
+            "the manifest lists {np} parameters and {} buffer sizes",
             m.param_words.len()
         ));
     }
     let mut constants = vec![];
-    for (i, (p, &v)) in m.params.iter().zip(&g.inputs).enumerate() {
-        let meta = g.meta(v);
-        if names.name(v) != p.name || meta.dtype.name() != p.dtype || meta.sizes[..] != p.shape[..]
-        {
+    let mut params = vec![];
+    for (i, p) in m.params.iter().enumerate() {
+        let v = value(&p.name)?;
+        let meta = &values[v];
+        if meta.dtype.name() != p.dtype || meta.sizes[..] != p.shape[..] {
             return corrupt(format!(
-                "parameter {i} is %{} {} in the manifest but %{} {} in the program",
+                "parameter {i} is %{} {} in the manifest's parameters but {} in its values",
                 p.name,
                 p.dtype,
-                names.name(v),
                 meta.type_string()
             ));
         }
-        let words = crate::wgsl::words(meta.dtype, meta.numel(), true);
+        params.push(v);
+        let words = crate::kernel::words(meta.dtype, meta.numel(), true);
         if m.param_words[i] < words {
             return corrupt(format!("parameter {i}'s buffer is smaller than its tensor"));
         }
@@ -608,8 +690,8 @@ fn rebuild<'a>(m: &Manifest, graph: Graph, data: &'a [u8]) -> Result<Rebuilt<'a>
     let mut locs = HashMap::new();
     for l in &m.locs {
         let v = value(&l.value)?;
-        let meta = g.meta(v);
-        let words = crate::wgsl::words(meta.dtype, meta.numel(), l.packed);
+        let meta = &values[v];
+        let words = crate::kernel::words(meta.dtype, meta.numel(), l.packed);
         match l.word.checked_add(words) {
             Some(end) if end <= words_of(l.param)? => {}
             _ => return corrupt(format!("%{} lies outside its buffer", l.value)),
@@ -629,23 +711,46 @@ fn rebuild<'a>(m: &Manifest, graph: Graph, data: &'a [u8]) -> Result<Rebuilt<'a>
         .iter()
         .map(|n| value(n))
         .collect::<Result<Vec<_>, _>>()?;
-    for &v in outputs.iter().chain(&readback) {
-        if !locs.contains_key(&v)
-            && !m
-                .host_views
-                .iter()
-                .any(|(o, _)| by_name.get(o.as_str()) == Some(&v))
-        {
-            return corrupt(format!("%{} has no buffer", names.name(v)));
-        }
-    }
     let mut host_views = HashMap::new();
-    for (o, b) in &m.host_views {
-        let b = value(b)?;
+    for h in &m.host_views {
+        let (o, b) = (value(&h.output)?, value(&h.base)?);
         if !locs.contains_key(&b) {
-            return corrupt(format!("the base of host view %{o} has no buffer"));
+            return corrupt(format!("the base of host view %{} has no buffer", h.output));
         }
-        host_views.insert(value(o)?, b);
+        // Every element of the view lies inside the base.
+        let (vm, bm) = (&values[o], &values[b]);
+        let last = h
+            .shape
+            .iter()
+            .zip(&h.strides)
+            .try_fold(h.offset, |a, (&n, &st)| {
+                a.checked_add(n.saturating_sub(1).checked_mul(st)?)
+            });
+        let empty = h.shape.contains(&0);
+        if h.shape != vm.sizes
+            || h.strides.len() != h.shape.len()
+            || vm.dtype != bm.dtype
+            || !empty && last.is_none_or(|l| l >= bm.numel())
+        {
+            return corrupt(format!(
+                "host view %{} does not fit its base %{}",
+                h.output, h.base
+            ));
+        }
+        host_views.insert(
+            o,
+            HostView {
+                base: b,
+                sizes: h.shape.clone(),
+                strides: h.strides.clone(),
+                offset: h.offset,
+            },
+        );
+    }
+    for &v in outputs.iter().chain(&readback) {
+        if !locs.contains_key(&v) && !host_views.contains_key(&v) {
+            return corrupt(format!("%{} has no buffer", values[v].name));
+        }
     }
     let mut kernels = vec![];
     for (k, e) in m.kernels.iter().enumerate() {
@@ -696,6 +801,10 @@ fn rebuild<'a>(m: &Manifest, graph: Graph, data: &'a [u8]) -> Result<Rebuilt<'a>
     }
     let mem = m.memory;
     let program = Program {
+        name: m.name.clone(),
+        values,
+        params,
+        statements: m.statements.clone(),
         outputs,
         readback,
         host_views,
@@ -717,12 +826,12 @@ fn rebuild<'a>(m: &Manifest, graph: Graph, data: &'a [u8]) -> Result<Rebuilt<'a>
             eager_peak: mem[5],
         },
         min_bytes: m.min_bytes,
-        graph,
     };
     Ok((program, constants))
 }
 
 /// A kernel's invocations per workgroup and workgroup memory in bytes.
+#[cfg(feature = "compiler")]
 fn shader_needs(src: &str) -> Result<(u32, u32), String> {
     let module = naga::front::wgsl::parse_str(src).map_err(|e| format!("shader: {e}"))?;
     let invocations = module
@@ -851,29 +960,7 @@ impl Session {
         for (i, t) in e.constant_tensors()? {
             bound.push((i, self.upload_async(&t).await?));
         }
-        let program = clone_program(&e.program);
+        let program = e.program.clone();
         Ok(self.load_bound(program, bound).await?)
-    }
-}
-
-/// A copy of a program (the graph cloned): an export's stays readable
-/// while a session loads it.
-fn clone_program(p: &Program) -> Program {
-    Program {
-        graph: p.graph.clone(),
-        outputs: p.outputs.clone(),
-        readback: p.readback.clone(),
-        host_views: p.host_views.clone(),
-        n_outputs: p.n_outputs,
-        mutated_inputs: p.mutated_inputs.clone(),
-        kernels: p.kernels.clone(),
-        locs: p.locs.clone(),
-        param_words: p.param_words.clone(),
-        constants: p.constants.clone(),
-        written_params: p.written_params.clone(),
-        arena_words: p.arena_words,
-        status_word: p.status_word,
-        memory: p.memory.clone(),
-        min_bytes: p.min_bytes,
     }
 }

@@ -3,37 +3,55 @@
 //!
 //! `compile` functionalizes (`mutations_and_views`), schedules (fusion and
 //! re-inplacing, `schedule.rs`), plans memory (`plan.rs`) and generates
-//! WGSL (`codegen/`, `wgsl.rs`); `runtime/` runs the result.
-// Without the compiler, its passes are unused: the linker drops them.
-#![cfg_attr(not(feature = "compiler"), allow(dead_code, unused_imports))]
+//! WGSL (`codegen/`, `wgsl.rs`) into a `kernel::Program`; `runtime/` runs
+//! it. Without the `compiler` feature the crate is the runtime alone
+//! (`kernel`, `runtime`, `export`'s loader): no functionalizer, no code
+//! generator.
 
+#[cfg(feature = "compiler")]
 pub mod codegen;
 pub mod export;
+#[cfg(feature = "compiler")]
 mod footprint;
+#[cfg(feature = "compiler")]
 pub mod index;
+pub mod kernel;
 #[cfg(feature = "compiler")]
 mod lower;
+#[cfg(feature = "compiler")]
 pub mod plan;
 pub mod runtime;
+#[cfg(feature = "compiler")]
 pub mod schedule;
+#[cfg(feature = "compiler")]
 pub mod wgsl;
 
+pub use kernel::{HostView, Kernel, MemoryStats, Program, Val, ValueInfo};
 pub use runtime::{
-    DeviceTensor, Engine, EngineRun, Executable, Fetch, Gpu, HostTensor, Input, Output, RunOptions,
-    RunResult, RunStats, Session, SessionTotals, Timing,
+    DeviceTensor, Executable, Fetch, Gpu, HostTensor, Input, Output, RunOptions, RunResult,
+    RunStats, Session, SessionTotals, Timing,
 };
+#[cfg(feature = "compiler")]
+pub use runtime::{Engine, EngineRun};
 
-use codegen::{BindingRules, KernelCode, Loc};
+use kernel::BindingRules;
+pub use kiln_dtype::DType;
+#[cfg(feature = "compiler")]
 use kiln_functionalize::graph::{Graph, ValueId};
+#[cfg(feature = "compiler")]
 use kiln_functionalize::ops::OpKind;
+#[cfg(feature = "compiler")]
 use kiln_functionalize::{functionalize, Remove};
-use std::collections::{HashMap, HashSet};
+#[cfg(feature = "compiler")]
+use std::collections::HashSet;
 
+#[cfg(feature = "compiler")]
 pub use kiln_functionalize as functionalize;
 pub use wgpu;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    #[cfg(feature = "compiler")]
     #[error(transparent)]
     Program(#[from] kiln_functionalize::Error),
     #[error("the gpu backend does not support this program: {0}")]
@@ -54,78 +72,6 @@ pub enum EngineError {
     Range(String),
     #[error("internal error in the gpu backend: {0}")]
     Internal(String),
-}
-
-/// A kernel of a compiled program.
-#[derive(Clone, Debug)]
-pub struct Kernel {
-    pub code: KernelCode,
-    /// The source ops this kernel computes (fused producers included).
-    pub ops: Vec<String>,
-    pub bytes_read: usize,
-    pub bytes_written: usize,
-    /// Arithmetic operations: 2 M N K for matrix products, one per element
-    /// and fused op otherwise.
-    pub flops: usize,
-}
-
-/// Memory figures of a compiled program, in bytes (4 bytes an element on
-/// the GPU, whatever the dtype).
-#[derive(Clone, Debug, Default)]
-pub struct MemoryStats {
-    /// Parameters (inputs and constants).
-    pub io: usize,
-    /// The planned arena of intermediates and outputs.
-    pub arena: usize,
-    /// The most arena bytes alive at once: no plan can do better.
-    pub lower_bound: usize,
-    /// One buffer per materialized value.
-    pub naive: usize,
-    /// Every value of the functional graph in its own buffer.
-    pub naive_unfused: usize,
-    /// What eager execution of the source program holds at its peak.
-    pub eager_peak: usize,
-}
-
-impl MemoryStats {
-    pub fn planned_peak(&self) -> usize {
-        self.io + self.arena
-    }
-}
-
-/// A program ready to load on a device.
-pub struct Program {
-    /// The functional, view-free graph the kernels compute.
-    pub graph: Graph,
-    /// What a run returns: the program's outputs, then the final value of
-    /// each mutated parameter.
-    pub outputs: Vec<ValueId>,
-    /// What a run reads back: materialized outputs, and the buffers the
-    /// other outputs are views of (taken on the host).
-    pub readback: Vec<ValueId>,
-    /// Output -> the buffer it is a view of.
-    pub host_views: HashMap<ValueId, ValueId>,
-    pub n_outputs: usize,
-    /// The parameter index each extra output writes back to.
-    pub mutated_inputs: Vec<usize>,
-    pub kernels: Vec<Kernel>,
-    pub locs: HashMap<ValueId, Loc>,
-    /// Words of each parameter's buffer.
-    pub param_words: Vec<usize>,
-    /// Parameters bound to session constants (never written).
-    pub constants: Vec<usize>,
-    /// Parameters whose buffer a kernel writes (results written over a
-    /// dying input): a run fills them anew each time.
-    pub written_params: Vec<usize>,
-    pub arena_words: usize,
-    /// The arena word where kernels record a fault (`codegen::Fault`: an
-    /// i64 result beyond the device's 32 bits, an index out of bounds) and
-    /// the statement's position; `None` when no kernel can fault.
-    pub status_word: Option<usize>,
-    pub memory: MemoryStats,
-    /// Bytes a run must move at least: every parameter read once, every
-    /// output written once.
-    pub min_bytes: usize,
 }
 
 /// Choices that depend on the device, and the parameters bound to
@@ -199,7 +145,7 @@ impl Default for CompileOptions {
         CompileOptions {
             tile_min_rows: 0,
             workgroup_rows: true,
-            workgroup: wgsl::WORKGROUP,
+            workgroup: kernel::WORKGROUP,
             vectorize: true,
             grid_stride: Some(2048),
             contiguous_operands: false,
@@ -222,6 +168,17 @@ pub fn compile(src: &Graph) -> Result<Program, EngineError> {
 /// Compiles `src` with device-specific choices.
 #[cfg(feature = "compiler")]
 pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, EngineError> {
+    compile_functional(src, options).map(|(p, _)| p)
+}
+
+/// `compile_with`, and the functional graph the kernels compute, returning
+/// what a run returns (the outputs, then the mutated parameters' final
+/// values): an export's program text.
+#[cfg(feature = "compiler")]
+pub(crate) fn compile_functional(
+    src: &Graph,
+    options: &CompileOptions,
+) -> Result<(Program, Graph), EngineError> {
     if let Some(&i) = options.constants.iter().find(|&&i| i >= src.inputs.len()) {
         return Err(EngineError::Input {
             index: i,
@@ -315,11 +272,13 @@ pub fn compile_with(src: &Graph, options: &CompileOptions) -> Result<Program, En
     };
     let p = lower::generate(&g, &io, options, *plan)?;
     dump_wgsl(&p);
-    Ok(p)
+    g.outputs = outputs;
+    Ok((p, g))
 }
 
 /// With `KILN_DUMP_WGSL=DIR`, writes each kernel's shader there
 /// (`<index>_<label>.wgsl`) for reading or for external tools.
+#[cfg(feature = "compiler")]
 fn dump_wgsl(p: &Program) {
     let Some(dir) = std::env::var_os("KILN_DUMP_WGSL").filter(|d| !d.is_empty()) else {
         return;
@@ -340,64 +299,5 @@ fn dump_wgsl(p: &Program) {
         if let Err(e) = std::fs::write(&path, &k.code.wgsl) {
             log::warn!("KILN_DUMP_WGSL: {}: {e}", path.display());
         }
-    }
-}
-
-impl Program {
-    pub fn bytes_moved(&self) -> usize {
-        self.kernels
-            .iter()
-            .map(|k| k.bytes_read + k.bytes_written)
-            .sum()
-    }
-
-    /// A human-readable report: kernels with the ops each fuses, traffic
-    /// against the minimum, and the planner's figures.
-    pub fn stats(&self) -> String {
-        use std::fmt::Write;
-        let mut s = String::new();
-        let _ = writeln!(s, "kernels: {}", self.kernels.len());
-        for (i, k) in self.kernels.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "  {i:3} {:<28} read {:>10} B  write {:>10} B  fuses: {}",
-                k.code.label,
-                k.bytes_read,
-                k.bytes_written,
-                k.ops.join(" ")
-            );
-        }
-        let moved = self.bytes_moved();
-        let _ = writeln!(
-            s,
-            "bytes moved: {moved} (minimum {}, ratio {:.3})",
-            self.min_bytes,
-            moved as f64 / self.min_bytes.max(1) as f64
-        );
-        let m = &self.memory;
-        let _ = writeln!(
-            s,
-            "memory (bytes): planned peak {} = io {} + arena {}",
-            m.planned_peak(),
-            m.io,
-            m.arena
-        );
-        let _ = writeln!(
-            s,
-            "  arena lower bound {}  naive (one buffer per materialized value) {}",
-            m.lower_bound, m.naive
-        );
-        let _ = writeln!(
-            s,
-            "  naive unfused (one buffer per value) {}  eager reference peak {}",
-            m.naive_unfused, m.eager_peak
-        );
-        let _ = writeln!(
-            s,
-            "  planned/eager {:.3}  arena/lower bound {:.3}",
-            m.planned_peak() as f64 / m.eager_peak.max(1) as f64,
-            m.arena as f64 / m.lower_bound.max(1) as f64
-        );
-        s
     }
 }

@@ -3,6 +3,7 @@
 //! stage of its own (`lower`).
 
 use crate::codegen::{Gen, Loc};
+use crate::kernel::{HostView, Val, ValueInfo};
 use crate::wgsl::{self, Buf};
 use crate::{plan, schedule, CompileOptions, EngineError, Kernel, MemoryStats, Program};
 use kiln_functionalize::graph::{Def, Graph, ValueId};
@@ -626,7 +627,7 @@ pub(crate) fn generate(
         layout,
         status_word,
     };
-    Ok(assemble(g, io, options, generated, &sched))
+    assemble(g, io, options, generated, &sched)
 }
 
 /// Every tensor with a buffer fits in one.
@@ -912,7 +913,7 @@ fn assemble(
     options: &CompileOptions,
     generated: Generated,
     sched: &schedule::Schedule,
-) -> Program {
+) -> Result<Program, EngineError> {
     let Generated {
         kernels,
         readback,
@@ -949,11 +950,43 @@ fn assemble(
         naive_unfused,
         eager_peak: kiln_functionalize::interp::eager_peak_bytes(src),
     };
-    Program {
-        graph: g.clone(),
-        outputs: outputs.to_vec(),
-        readback,
-        host_views: sched.host_views.clone(),
+    let names = kiln_functionalize::text::Names::of(g);
+    let mut values = Values::default();
+    let mut val = |v: ValueId| values.of(g, &names, v);
+    let params: Vec<Val> = g.inputs.iter().map(|&v| val(v)).collect();
+    let outputs_v: Vec<Val> = outputs.iter().map(|&v| val(v)).collect();
+    let readback_v: Vec<Val> = readback.iter().map(|&v| val(v)).collect();
+    let mut host_views = HashMap::new();
+    for (&o, &base) in &sched.host_views {
+        let view = host_view(g, o, base)?;
+        host_views.insert(
+            val(o),
+            HostView {
+                base: val(base),
+                ..view
+            },
+        );
+    }
+    let mut locs: Vec<(ValueId, Loc)> = layout.locs.into_iter().collect();
+    locs.sort_by_key(|(v, _)| *v);
+    let locs = locs.into_iter().map(|(v, l)| (val(v), l)).collect();
+    let statements = g
+        .order
+        .iter()
+        .map(|&n| {
+            let node = &g.nodes[n];
+            let res: Vec<&str> = node.results.iter().map(|&v| names.name(v)).collect();
+            format!("%{} = {}(...)", res.join(", %"), node.op.name())
+        })
+        .collect();
+    Ok(Program {
+        name: g.name.to_string(),
+        values: values.infos,
+        params,
+        statements,
+        outputs: outputs_v,
+        readback: readback_v,
+        host_views,
         n_outputs,
         mutated_inputs: mutated_inputs.to_vec(),
         arena_words: match status_word {
@@ -961,12 +994,65 @@ fn assemble(
             None => mp.arena_bytes.div_ceil(4),
         },
         kernels,
-        locs: layout.locs,
+        locs,
         param_words: layout.param_words,
         constants: options.constants.clone(),
         written_params,
         status_word,
         memory,
         min_bytes,
+    })
+}
+
+/// The values a program names, each once, in the order first asked for.
+#[derive(Default)]
+struct Values {
+    index: HashMap<ValueId, Val>,
+    infos: Vec<ValueInfo>,
+}
+
+impl Values {
+    fn of(&mut self, g: &Graph, names: &kiln_functionalize::text::Names, v: ValueId) -> Val {
+        *self.index.entry(v).or_insert_with(|| {
+            let m = g.meta(v);
+            self.infos.push(ValueInfo {
+                name: names.get(v),
+                dtype: m.dtype,
+                sizes: m.sizes.to_vec(),
+            });
+            self.infos.len() - 1
+        })
     }
+}
+
+/// Output `v`, a view copy of `base`'s buffer (`Schedule::host_views`), as
+/// the runtime takes it on the host: the view's sizes, strides and offset
+/// over `base` laid out contiguously.
+fn host_view(g: &Graph, v: ValueId, base: ValueId) -> Result<HostView, EngineError> {
+    use kiln_functionalize::ops::{self, Rule};
+    use kiln_functionalize::schema::Arg;
+    use kiln_functionalize::Meta;
+    let bug = |m: &str| EngineError::Internal(format!("host view: {m}"));
+    let n = g.node_of(v).ok_or_else(|| bug("no node"))?;
+    let node = &g.nodes[n];
+    let Rule::ViewCopy(view) = node.op.def().rule else {
+        return Err(bug("not a view copy"));
+    };
+    let bm = g.meta(base);
+    let cm = Meta::contiguous(bm.dtype, bm.sizes.to_vec());
+    let mut args: Vec<Arg<&Meta>> = vec![Arg::Tensor(&cm)];
+    args.extend(node.args[1..].iter().map(|a| a.map(&mut |x| g.meta(*x))));
+    let metas = ops::infer(view, &args).map_err(EngineError::Internal)?;
+    let k = node
+        .results
+        .iter()
+        .position(|&r| r == v)
+        .ok_or_else(|| bug("not a result of its node"))?;
+    let m = metas.get(k).ok_or_else(|| bug("no such result"))?;
+    Ok(HostView {
+        base: 0,
+        sizes: m.sizes.to_vec(),
+        strides: m.strides.to_vec(),
+        offset: m.offset,
+    })
 }

@@ -2,6 +2,7 @@
 //! typed pieces (buffer loads and stores, casts, scalar ops) into a list
 //! of `let` statements, never by editing shader text.
 
+pub use crate::kernel::{per_word, words, Binding, Buf, WORKGROUP};
 use kiln_functionalize::DType;
 use std::fmt::Write;
 
@@ -53,14 +54,6 @@ impl Body {
     }
 }
 
-/// The storage a tensor lives in: a parameter's buffer (per-run input,
-/// or a session constant) or the planned arena of intermediates.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Buf {
-    Param(usize),
-    Arena,
-}
-
 /// A tensor as a kernel sees it: the binding variable holding it and the
 /// word it starts at inside that binding (bindings start at offsets the
 /// device aligns, so a tensor may start a few words in). `chunk` is set
@@ -108,18 +101,6 @@ impl Slot {
             Some(_) => format!("{}_st({}, {value});", self.var, self.at(index)),
         }
     }
-}
-
-/// One storage binding of a kernel: a byte range of a buffer.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Binding {
-    pub buf: Buf,
-    pub offset: u64,
-    pub size: u64,
-    /// Bound read-write (the kernel writes it, or writes another range of
-    /// the same buffer: one buffer in one dispatch is either read-only in
-    /// every binding or writable in every binding).
-    pub write: bool,
 }
 
 /// The declarations (and accessor functions of split tensors) for the
@@ -184,25 +165,6 @@ pub fn declarations(
         }
     }
     out
-}
-
-/// Elements of `d` per 32-bit word in a packed buffer: bools take a byte
-/// and f16 values half a word, as in eager memory; other dtypes a word.
-pub fn per_word(d: DType) -> usize {
-    match d {
-        DType::Bool => 4,
-        DType::F16 => 2,
-        DType::F32 | DType::I32 | DType::I64 | DType::U32 => 1,
-    }
-}
-
-/// Words holding `n` elements of `d`, packed or one element per word.
-pub fn words(d: DType, n: usize, packed: bool) -> usize {
-    if packed {
-        n.div_ceil(per_word(d))
-    } else {
-        n
-    }
 }
 
 /// Reads element `index` (a u32 expression) of a `dtype` buffer stored at
@@ -330,10 +292,6 @@ pub fn literal(v: f64, dtype: DType) -> String {
         DType::Bool => (v != 0.0).to_string(),
     }
 }
-
-/// Invocations of a 1-D kernel's workgroup where the device does not say
-/// (`CompileOptions::workgroup`).
-pub const WORKGROUP: u32 = 256;
 
 /// A complete compute shader: binding declarations, the prelude and one
 /// entry point whose body sees `gid` (the flat invocation index) and

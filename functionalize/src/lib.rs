@@ -4,7 +4,8 @@
 
 pub mod compare;
 pub mod custom;
-pub mod dtype;
+// Dtypes live below the front end: the runtime alone uses them too.
+pub use kiln_dtype as dtype;
 pub mod error;
 pub mod graph;
 pub mod interp;

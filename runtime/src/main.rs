@@ -6,7 +6,7 @@
 //! writes them: `output.N`, then every parameter's final value.
 
 use kiln_engine::export;
-use kiln_engine::functionalize::{text::Names, DType};
+use kiln_engine::DType;
 use kiln_engine::{Fetch, HostTensor, Input, Session};
 use safetensors::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};
@@ -51,16 +51,15 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
     let exe = session
         .load_exported(&e)
         .map_err(|e| format!("{}: {e}", model.display()))?;
-    let g = &e.program.graph;
-    let names = Names::of(g);
+    let p = &e.program;
     let in_map = map(inputs)?;
     let st = SafeTensors::deserialize(&in_map).map_err(|e| format!("{}: {e}", inputs.display()))?;
     let mut fed = vec![];
     for i in exe.input_params() {
-        let v = g.inputs[i];
-        let (name, m) = (names.get(v), g.meta(v));
+        let m = p.param(i);
+        let name = &m.name;
         let t = st
-            .tensor(&name)
+            .tensor(name)
             .map_err(|_| format!("{}: no tensor `{name}`", inputs.display()))?;
         if dtype(t.dtype()) != Some(m.dtype) || t.shape() != &m.sizes[..] {
             return Err(format!(
@@ -73,7 +72,7 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
         }
         fed.push((
             i,
-            HostTensor::new(m.dtype, m.sizes.to_vec(), t.data()).map_err(|e| e.to_string())?,
+            HostTensor::new(m.dtype, m.sizes.clone(), t.data()).map_err(|e| e.to_string())?,
         ));
     }
     let feeds: Vec<Input> = fed.iter().map(|(_, t)| Input::Host(t)).collect();
@@ -87,7 +86,7 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
             o.host().ok_or("a result was not read back")?,
         ));
     }
-    let mut finals: Vec<Option<HostTensor>> = vec![None; g.inputs.len()];
+    let mut finals: Vec<Option<HostTensor>> = vec![None; p.params.len()];
     for (i, t) in fed {
         finals[i] = Some(t);
     }
@@ -99,7 +98,7 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
     }
     for (i, t) in finals.into_iter().enumerate() {
         if let Some(t) = t {
-            named.push((names.get(g.inputs[i]), t));
+            named.push((p.param(i).name.clone(), t));
         }
     }
     let views: Vec<(String, safetensors::tensor::TensorView)> = named

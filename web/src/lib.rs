@@ -15,8 +15,7 @@
 
 use kiln_engine::export;
 use kiln_engine::{Executable, Fetch, Gpu, HostTensor, Input, Session};
-use kiln_functionalize::text::Names;
-use kiln_functionalize::DType;
+use kiln_engine::DType;
 use std::sync::Arc;
 use wasm_bindgen::prelude::*;
 
@@ -150,22 +149,21 @@ impl Program {
         let session = Session::new(Arc::new(gpu));
         let e = export::read(&bytes).map_err(js_err)?;
         let exe = session.load_exported_async(&e).await.map_err(js_err)?;
-        let g = &e.program.graph;
-        let names = Names::of(g);
-        let slot = |v, name: String| {
-            let m = g.meta(v);
+        let p = &e.program;
+        let slot = |v: usize, name: String| {
+            let m = p.value(v);
             Slot {
                 name,
                 dtype: m.dtype,
-                sizes: m.sizes.to_vec(),
+                sizes: m.sizes.clone(),
             }
         };
         let inputs = exe
             .input_params()
             .into_iter()
-            .map(|i| slot(g.inputs[i], names.get(g.inputs[i])))
+            .map(|i| slot(p.params[i], p.param(i).name.clone()))
             .collect();
-        let outputs = g
+        let outputs = p
             .outputs
             .iter()
             .enumerate()

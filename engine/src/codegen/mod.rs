@@ -27,50 +27,7 @@ use kiln_functionalize::schema::Arg;
 use kiln_functionalize::DType;
 use std::collections::{HashMap, HashSet};
 
-/// Where a materialized value lives: a buffer and a word offset in it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Loc {
-    pub buf: Buf,
-    pub word: usize,
-    /// Bools and f16 values packed 4 and 2 to a word (`wgsl::per_word`);
-    /// values written by kernels other than elementwise ones take a word
-    /// per element (their invocations cannot own whole words).
-    pub packed: bool,
-}
-
-/// One generated kernel. Its WGSL names no absolute offset (tensors are
-/// bound range by range), so identical kernels of identical layers or
-/// shape buckets are one pipeline.
-#[derive(Clone, Debug)]
-pub struct KernelCode {
-    pub label: String,
-    pub wgsl: String,
-    pub grid: [u32; 3],
-    /// Storage bindings in binding order.
-    pub bindings: Vec<Binding>,
-    /// Uses subgroup operations (the adapter needs `Features::SUBGROUP`):
-    /// set where codegen emits them, read by exports' requirements.
-    pub subgroup: bool,
-}
-
-/// How tensors are bound, from the device's limits.
-#[derive(Clone, Copy, Debug)]
-pub struct BindingRules {
-    /// Words a binding's offset must be a multiple of.
-    pub align_words: usize,
-    /// The most words one binding may cover.
-    pub max_words: usize,
-}
-
-impl Default for BindingRules {
-    /// WebGPU's defaults: 256-byte offsets, 128 MiB bindings.
-    fn default() -> Self {
-        BindingRules {
-            align_words: 64,
-            max_words: (128 << 20) / 4,
-        }
-    }
-}
+pub use crate::kernel::{BindingRules, Fault, KernelCode, Loc};
 
 /// Elementwise kernels reading and writing four consecutive elements an
 /// invocation as `vec4<u32>` (GPUs: wider memory transactions).
@@ -158,16 +115,6 @@ pub struct Gen<'a> {
 }
 
 type R<T> = Result<T, EngineError>;
-
-/// What a kernel records in the status word: eager raises an error where
-/// these happen, so a run must not return a result.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
-    /// An i64 value outside the device's 32-bit range (`wgsl::ty`).
-    I64Range = 0,
-    /// An index outside its dimension.
-    IndexRange = 1,
-}
 
 fn bug(msg: impl Into<String>) -> EngineError {
     EngineError::Internal(msg.into())

@@ -4,7 +4,7 @@
 use super::host::{device_bytes, from_words, HostTensor};
 use super::Gpu;
 use crate::EngineError;
-use kiln_functionalize::DType;
+use kiln_dtype::DType;
 use std::sync::Arc;
 
 /// A tensor in a buffer of its own on a session's device.
@@ -42,7 +42,7 @@ impl DeviceTensor {
             dtype,
             sizes,
             // Dtypes of a word per element are the same either way.
-            packed: packed || crate::wgsl::per_word(dtype) == 1,
+            packed: packed || crate::kernel::per_word(dtype) == 1,
         }
     }
 
@@ -60,6 +60,7 @@ impl DeviceTensor {
     }
 
     /// Which buffer this is (equal for clones of one tensor).
+    #[cfg(feature = "compiler")]
     pub(crate) fn identity(&self) -> usize {
         Arc::as_ptr(&self.buffer) as usize
     }
@@ -78,7 +79,7 @@ impl DeviceTensor {
 
     fn words(&self) -> u64 {
         let n: usize = self.sizes.iter().product();
-        crate::wgsl::words(self.dtype, n, self.packed) as u64
+        crate::kernel::words(self.dtype, n, self.packed) as u64
     }
 
     /// Reads the tensor back (one staging copy), blocking.

@@ -1,7 +1,7 @@
 //! The GPU device: adapter selection, features and limits, and the
 //! compile choices they imply.
 
-use crate::codegen::BindingRules;
+use crate::kernel::BindingRules;
 use crate::{CompileOptions, EngineError};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

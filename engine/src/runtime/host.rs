@@ -4,7 +4,9 @@
 //! boundary (`from_rtensor`, `to_rtensor`).
 
 use crate::EngineError;
-use kiln_functionalize::{DType, RTensor};
+use kiln_dtype::DType;
+#[cfg(feature = "compiler")]
+use kiln_functionalize::RTensor;
 use std::borrow::Cow;
 
 /// A Rust element type of a dtype (`bool` travels as `u8`, one byte).
@@ -129,6 +131,7 @@ impl<'a> HostTensor<'a> {
 
     /// The reference interpreter's tensor as bytes (its f64 values rounded
     /// to the dtype).
+    #[cfg(feature = "compiler")]
     pub fn from_rtensor(t: &RTensor) -> HostTensor<'static> {
         let vals = t.values();
         let d = t.dtype();
@@ -151,6 +154,7 @@ impl<'a> HostTensor<'a> {
     }
 
     /// Element `i` as f64 (the reference interpreter's value type).
+    #[cfg(feature = "compiler")]
     fn value(&self, i: usize) -> f64 {
         let b = &self.bytes;
         let w4 = |i: usize| [b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]];
@@ -164,6 +168,7 @@ impl<'a> HostTensor<'a> {
         }
     }
 
+    #[cfg(feature = "compiler")]
     pub fn to_rtensor(&self) -> RTensor {
         let vals: Vec<f64> = (0..self.numel()).map(|i| self.value(i)).collect();
         RTensor::new(self.dtype, self.sizes.clone(), &vals)

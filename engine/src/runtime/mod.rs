@@ -1,12 +1,11 @@
 //! The runtime: the device (`device.rs`), typed host tensors (`host.rs`),
-//! device tensors (`buffers.rs`), sessions and runs (`session.rs`) and the
-//! host side of readback (`readback.rs`). Scheduling and codegen decide
-//! what runs; this module only moves data and dispatches.
+//! device tensors (`buffers.rs`) and sessions and runs (`session.rs`).
+//! Scheduling and codegen decide what runs (a `kernel::Program`); this
+//! module only moves data and dispatches.
 
 mod buffers;
 mod device;
 mod host;
-mod readback;
 mod session;
 
 pub use buffers::DeviceTensor;
@@ -17,11 +16,14 @@ pub use session::{
     Timing,
 };
 
+#[cfg(feature = "compiler")]
 use crate::EngineError;
+#[cfg(feature = "compiler")]
 use kiln_functionalize::{Graph, RTensor};
 
 /// What a run gives at the reference interpreter's boundary: outputs, and
 /// every parameter's final value.
+#[cfg(feature = "compiler")]
 pub struct EngineRun {
     pub outputs: Vec<RTensor>,
     pub inputs: Vec<RTensor>,
@@ -29,10 +31,12 @@ pub struct EngineRun {
 
 /// A session used with the reference interpreter's tensors (tests, the
 /// `run` command): every parameter is an input, every result comes back.
+#[cfg(feature = "compiler")]
 pub struct Engine {
     pub session: Session,
 }
 
+#[cfg(feature = "compiler")]
 impl Engine {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Engine, EngineError> {
@@ -50,7 +54,7 @@ impl Engine {
     }
 
     /// Compiles (once per program) and runs `g` on `inputs`.
-    #[cfg(all(not(target_arch = "wasm32"), feature = "compiler"))]
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn run(&mut self, g: &Graph, inputs: Vec<RTensor>) -> Result<EngineRun, EngineError> {
         let exe = self.session.compile(g)?;
         if exe.input_params().len() != g.inputs.len() {

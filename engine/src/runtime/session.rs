@@ -13,9 +13,10 @@ use super::host::{device_bytes, from_words, HostTensor};
 use super::Gpu;
 #[cfg(feature = "compiler")]
 use crate::compile_with;
-use crate::wgsl::{self, Binding, Buf};
+use crate::kernel::{self, Binding, Buf, Val};
 use crate::{EngineError, Program};
-use kiln_functionalize::{Graph, ValueId};
+#[cfg(feature = "compiler")]
+use kiln_functionalize::Graph;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -275,6 +276,7 @@ impl Session {
 
     /// The session constants `g`'s parameters are named after, checked
     /// against the parameters' types.
+    #[cfg(feature = "compiler")]
     fn bind_constants(&self, g: &Graph) -> Result<Vec<(usize, DeviceTensor)>, EngineError> {
         let constants = self
             .constants
@@ -325,12 +327,11 @@ impl Session {
         }
         for (i, &w) in program.param_words.iter().enumerate() {
             if w as u64 * 4 > limit {
-                let v = program.graph.inputs[i];
                 return Err(EngineError::Input {
                     index: i,
                     msg: format!(
                         "parameter {} takes {} bytes; this device's largest buffer is {limit} bytes",
-                        program.graph.meta(v).type_string(),
+                        program.param(i).type_string(),
                         w * 4
                     ),
                 });
@@ -386,7 +387,7 @@ impl Session {
         if let Ok(mut cache) = self.pipelines.lock() {
             cache.extend(made);
         }
-        let mut consts: Vec<Option<DeviceTensor>> = vec![None; program.graph.inputs.len()];
+        let mut consts: Vec<Option<DeviceTensor>> = vec![None; program.params.len()];
         for (i, t) in constants {
             consts[i] = Some(t);
         }
@@ -410,7 +411,9 @@ impl Session {
             status_at,
             staging_bytes: total,
             contexts: Mutex::new(vec![]),
+            #[cfg(feature = "compiler")]
             source: None,
+            #[cfg(feature = "compiler")]
             variants: Default::default(),
         })
     }
@@ -536,13 +539,13 @@ impl Session {
 }
 
 /// Bytes of `v`'s buffer contents.
-fn value_bytes(p: &Program, v: ValueId) -> Result<u64, EngineError> {
+fn value_bytes(p: &Program, v: Val) -> Result<u64, EngineError> {
     let loc = p
         .locs
         .get(&v)
         .ok_or_else(|| EngineError::Internal("an output without a buffer".into()))?;
-    let m = p.graph.meta(v);
-    Ok((wgsl::words(m.dtype, m.numel(), loc.packed) * 4) as u64)
+    let m = p.value(v);
+    Ok((kernel::words(m.dtype, m.numel(), loc.packed) * 4) as u64)
 }
 
 /// The buffers of one run in flight.
@@ -564,6 +567,7 @@ struct Timer {
 }
 
 /// Recompiled programs by the parameter pairs they alias.
+#[cfg(feature = "compiler")]
 type Variants = HashMap<Vec<(usize, usize)>, Arc<Executable>>;
 
 /// A program loaded on a session's device.
@@ -574,7 +578,7 @@ pub struct Executable {
     pipelines: Vec<Arc<wgpu::ComputePipeline>>,
     /// The constant bound to each parameter, if any.
     constants: Vec<Option<DeviceTensor>>,
-    staging_at: HashMap<ValueId, u64>,
+    staging_at: HashMap<Val, u64>,
     /// Where the i64 overflow word lands in the staging buffer.
     status_at: Option<u64>,
     staging_bytes: u64,
@@ -582,8 +586,10 @@ pub struct Executable {
     /// The program as compiled (`Session::compile`), for variants: a run
     /// passing one device tensor as two written parameters recompiles it
     /// with those parameters aliased.
+    #[cfg(feature = "compiler")]
     source: Option<Arc<Graph>>,
     /// The recompiled variants, by aliased parameter pairs.
+    #[cfg(feature = "compiler")]
     variants: Mutex<Variants>,
 }
 
@@ -727,13 +733,8 @@ impl Executable {
     }
 
     fn check_input(&self, session: u64, index: usize, input: &Input) -> Result<(), EngineError> {
-        let g = &self.program.graph;
-        let v = g.inputs[index];
-        let m = g.meta(v);
-        let name = g.values[v]
-            .name
-            .as_ref()
-            .map_or_else(|| index.to_string(), |n| n.to_string());
+        let m = self.program.param(index);
+        let name = &m.name;
         let (dtype, sizes, ty) = match input {
             Input::Host(t) => (t.dtype(), t.sizes().to_vec(), t.type_string()),
             Input::Device(t) => {
@@ -776,10 +777,10 @@ impl Executable {
         &self,
         staging: Option<&wgpu::Buffer>,
         read_end: u64,
-        to_read: &[ValueId],
-    ) -> Result<HashMap<ValueId, HostTensor<'static>>, EngineError> {
+        to_read: &[Val],
+    ) -> Result<HashMap<Val, HostTensor<'static>>, EngineError> {
         let p = &self.program;
-        let mut read: HashMap<ValueId, HostTensor<'static>> = HashMap::new();
+        let mut read: HashMap<Val, HostTensor<'static>> = HashMap::new();
         let mut overflow = 0u32;
         if let Some(staging) = staging {
             {
@@ -793,7 +794,7 @@ impl Executable {
                 for &v in to_read {
                     let at = self.staging_at[&v] as usize;
                     let bytes = value_bytes(p, v)? as usize;
-                    let m = p.graph.meta(v);
+                    let m = p.value(v);
                     read.insert(
                         v,
                         from_words(
@@ -807,11 +808,11 @@ impl Executable {
             }
             staging.unmap();
             if overflow > 0 {
-                return Err(fault(&p.graph, overflow as usize));
+                return Err(fault(p, overflow as usize));
             }
         } else {
             for &v in to_read {
-                let m = p.graph.meta(v);
+                let m = p.value(v);
                 read.insert(
                     v,
                     HostTensor::new(m.dtype, m.sizes.to_vec(), vec![])?.into_owned(),
@@ -896,8 +897,8 @@ impl Executable {
                 msg: format!(
                     "the program takes {} inputs ({} of its {} parameters are constants), got {}",
                     wanted.len(),
-                    p.graph.inputs.len() - wanted.len(),
-                    p.graph.inputs.len(),
+                    p.params.len() - wanted.len(),
+                    p.params.len(),
                     inputs.len()
                 ),
             });
@@ -924,8 +925,7 @@ impl Executable {
             .as_deref()
             .and_then(|p| p.first())
         {
-            let g = &p.graph;
-            let name = |k: usize| g.values[g.inputs[k]].name.clone().unwrap_or_default();
+            let name = |k: usize| &p.param(k).name;
             return Err(EngineError::Input {
                 index: j,
                 msg: format!(
@@ -958,13 +958,7 @@ impl Executable {
                 Input::Host(t) => {
                     let data = device_bytes(t).map_err(|e| EngineError::Input {
                         index: i,
-                        msg: format!(
-                            "%{}: {e}",
-                            p.graph.values[p.graph.inputs[i]]
-                                .name
-                                .as_deref()
-                                .unwrap_or("?")
-                        ),
+                        msg: format!("%{}: {e}", p.param(i).name),
                     })?;
                     if !t.bytes().is_empty() {
                         gpu.queue.write_buffer(dst, 0, &data);
@@ -1026,10 +1020,10 @@ impl Executable {
                 options.mutated[k - p.n_outputs]
             }
         };
-        let mut to_read: Vec<ValueId> = vec![];
+        let mut to_read: Vec<Val> = vec![];
         for (k, &v) in p.outputs.iter().enumerate() {
             let f = fetch_of(k);
-            let base = p.host_views.get(&v).copied();
+            let base = p.host_views.get(&v).map(|h| h.base);
             if f == Fetch::Skip || (f == Fetch::Device && base.is_none()) {
                 continue;
             }
@@ -1057,7 +1051,7 @@ impl Executable {
                 let src = self.buffer(loc.buf, &ctx.params, &ctx.arena);
                 enc.copy_buffer_to_buffer(src, (loc.word * 4) as u64, &buf, 0, bytes);
             }
-            let m = p.graph.meta(v);
+            let m = p.value(v);
             device_out.insert(
                 k,
                 DeviceTensor::new(
@@ -1130,8 +1124,8 @@ impl Executable {
                     })?)
                 }
                 (Fetch::Host, None) => Output::Host(read[&v].clone()),
-                (f, Some(&base)) => {
-                    let t = super::readback::host_view(p, v, &read[&base])?;
+                (f, Some(h)) => {
+                    let t = read[&h.base].gather(&h.sizes, &h.strides, h.offset);
                     if f == Fetch::Device {
                         let dt = super::buffers::upload_in(gpu, session, &t).await?;
                         stats.uploaded_bytes += t.bytes().len() as u64;
@@ -1243,22 +1237,13 @@ impl Timer {
 
 /// The error of a run whose status word says `status` (`Gen::flag`: the
 /// statement's 1-based position times 2, plus the fault).
-fn fault(graph: &kiln_functionalize::Graph, status: usize) -> EngineError {
-    let names = kiln_functionalize::text::Names::of(graph);
-    let what = graph
-        .order
+fn fault(p: &Program, status: usize) -> EngineError {
+    let what = p
+        .statements
         .get((status / 2).saturating_sub(1))
-        .map(|&n| {
-            let node = &graph.nodes[n];
-            let res: Vec<String> = node.results.iter().map(|&v| names.get(v)).collect();
-            format!(
-                "statement `%{} = {}(...)` of the functionalized program",
-                res.join(", %"),
-                node.op.name()
-            )
-        })
+        .map(|st| format!("statement `{st}` of the functionalized program"))
         .unwrap_or_else(|| "a statement".into());
-    if status % 2 == crate::codegen::Fault::IndexRange as usize {
+    if status % 2 == kernel::Fault::IndexRange as usize {
         return EngineError::Range(format!(
             "{what}: an index is out of bounds for its dimension (as eager reports it)"
         ));
