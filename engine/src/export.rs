@@ -217,20 +217,13 @@ fn buf_param(b: Buf) -> Option<usize> {
     }
 }
 
-/// The file's bytes: `p`'s manifest, `text` (the functionalized program
-/// returning what a run returns: the outputs, then the mutated
-/// parameters' final values, so the reference can run it too) and the
-/// constants.
+/// The constants' bytes, each at a 256-byte boundary of the data
+/// section (f32 ones as f16 where asked), and their table entries.
 #[cfg(feature = "compiler")]
-fn write(
-    p: &Program,
-    text: &str,
+fn constant_data(
     constants: &[(usize, &HostTensor<'_>)],
-    gpu: &crate::Gpu,
     opts: &ExportOptions,
-) -> Result<Vec<u8>, EngineError> {
-    let name = |v: Val| p.values[v].name.clone();
-    // Constants: their bytes, each at a 256-byte boundary of the data.
+) -> Result<(Vec<u8>, HashMap<usize, ConstantEntry>), EngineError> {
     let mut data: Vec<u8> = vec![];
     let mut entries: HashMap<usize, ConstantEntry> = HashMap::new();
     for (i, t) in constants {
@@ -257,6 +250,17 @@ fn write(
         );
         data.extend(bytes);
     }
+    Ok((data, entries))
+}
+
+/// The manifest of `p`, whose constants are at `entries` of the data.
+#[cfg(feature = "compiler")]
+fn manifest(
+    p: &Program,
+    mut entries: HashMap<usize, ConstantEntry>,
+    gpu: &crate::Gpu,
+) -> Result<Manifest, EngineError> {
+    let name = |v: Val| p.values[v].name.clone();
     let params = p
         .params
         .iter()
@@ -329,13 +333,7 @@ fn write(
         })
         .collect::<Vec<_>>();
     let mem = &p.memory;
-    let l = &gpu.limits;
-    let needs = kernels
-        .iter()
-        .map(|k| shader_needs(&k.wgsl))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(EngineError::Internal)?;
-    let manifest = Manifest {
+    Ok(Manifest {
         producer: format!("kiln {}", env!("CARGO_PKG_VERSION")),
         name: p.name.clone(),
         values,
@@ -360,40 +358,73 @@ fn write(
             mem.naive_unfused,
             mem.eager_peak,
         ],
-        requires: Requirements {
-            features: if p.kernels.iter().any(|k| k.code.subgroup) {
-                vec!["subgroup".to_string()]
-            } else {
-                vec![]
-            },
-            min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
-            max_storage_buffer_binding_size: kernels
-                .iter()
-                .flat_map(|k| k.bindings.iter().map(|b| b.size))
-                .max()
-                .unwrap_or(0),
-            max_storage_buffers_per_shader_stage: kernels
-                .iter()
-                .map(|k| k.bindings.len() as u32)
-                .max()
-                .unwrap_or(0),
-            max_buffer_size: ((p.arena_words as u64 + 1) * 4).max(
-                p.param_words
-                    .iter()
-                    .map(|&w| w as u64 * 4)
-                    .max()
-                    .unwrap_or(0),
-            ),
-            max_compute_invocations_per_workgroup: needs.iter().map(|n| n.0).max().unwrap_or(1),
-            max_compute_workgroup_storage_size: needs.iter().map(|n| n.1).max().unwrap_or(0),
-            max_compute_workgroups_per_dimension: kernels
-                .iter()
-                .flat_map(|k| k.grid)
-                .max()
-                .unwrap_or(1),
-        },
+        requires: requirements(p, &kernels, gpu)?,
         kernels,
-    };
+    })
+}
+
+/// What `kernels` need of an adapter (features, and the limits `gpu`'s
+/// choices assumed).
+#[cfg(feature = "compiler")]
+fn requirements(
+    p: &Program,
+    kernels: &[KernelEntry],
+    gpu: &crate::Gpu,
+) -> Result<Requirements, EngineError> {
+    let l = &gpu.limits;
+    let needs = kernels
+        .iter()
+        .map(|k| shader_needs(&k.wgsl))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(EngineError::Internal)?;
+    Ok(Requirements {
+        features: if p.kernels.iter().any(|k| k.code.subgroup) {
+            vec!["subgroup".to_string()]
+        } else {
+            vec![]
+        },
+        min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
+        max_storage_buffer_binding_size: kernels
+            .iter()
+            .flat_map(|k| k.bindings.iter().map(|b| b.size))
+            .max()
+            .unwrap_or(0),
+        max_storage_buffers_per_shader_stage: kernels
+            .iter()
+            .map(|k| k.bindings.len() as u32)
+            .max()
+            .unwrap_or(0),
+        max_buffer_size: ((p.arena_words as u64 + 1) * 4).max(
+            p.param_words
+                .iter()
+                .map(|&w| w as u64 * 4)
+                .max()
+                .unwrap_or(0),
+        ),
+        max_compute_invocations_per_workgroup: needs.iter().map(|n| n.0).max().unwrap_or(1),
+        max_compute_workgroup_storage_size: needs.iter().map(|n| n.1).max().unwrap_or(0),
+        max_compute_workgroups_per_dimension: kernels
+            .iter()
+            .flat_map(|k| k.grid)
+            .max()
+            .unwrap_or(1),
+    })
+}
+
+/// The file's bytes: `p`'s manifest, `text` (the functionalized program
+/// returning what a run returns: the outputs, then the mutated
+/// parameters' final values, so the reference can run it too) and the
+/// constants.
+#[cfg(feature = "compiler")]
+fn write(
+    p: &Program,
+    text: &str,
+    constants: &[(usize, &HostTensor<'_>)],
+    gpu: &crate::Gpu,
+    opts: &ExportOptions,
+) -> Result<Vec<u8>, EngineError> {
+    let (data, entries) = constant_data(constants, opts)?;
+    let manifest = manifest(p, entries, gpu)?;
     let json = serde_json::to_vec(&manifest)
         .map_err(|e| EngineError::Internal(format!("writing the manifest: {e}")))?;
     let man_off = HEADER_LEN;
@@ -562,43 +593,122 @@ impl<'a> Exported<'a> {
     }
 }
 
-type Rebuilt<'a> = (Program, Vec<(usize, DType, &'a [u8])>);
+type Rebuilt<'a> = (Program, Constants<'a>);
 
 /// The most elements a value of an export may have (kernels index with
 /// 32-bit integers).
 const MAX_ELEMENTS: usize = u32::MAX as usize;
 
+/// The manifest's values, by name.
+struct Table {
+    values: Vec<ValueInfo>,
+    by_name: HashMap<String, Val>,
+}
+
+impl Table {
+    /// Every value's type checked: a dtype this runtime knows, at most
+    /// `MAX_ELEMENTS` elements, each name once.
+    fn of(m: &Manifest) -> Result<Table, ExportError> {
+        let mut t = Table {
+            values: vec![],
+            by_name: HashMap::new(),
+        };
+        for (k, e) in m.values.iter().enumerate() {
+            let dtype = DType::parse(&e.dtype).ok_or_else(|| {
+                ExportError::Corrupt(format!("value %{} has unknown dtype `{}`", e.name, e.dtype))
+            })?;
+            let n = e
+                .shape
+                .iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .filter(|&n| n <= MAX_ELEMENTS);
+            if n.is_none() {
+                return corrupt(format!("value %{} has too many elements", e.name));
+            }
+            if t.by_name.insert(e.name.clone(), k).is_some() {
+                return corrupt(format!("value %{} is listed twice", e.name));
+            }
+            t.values.push(ValueInfo {
+                name: e.name.clone(),
+                dtype,
+                sizes: e.shape.clone(),
+            });
+        }
+        Ok(t)
+    }
+
+    fn value(&self, n: &str) -> Result<Val, ExportError> {
+        self.by_name.get(n).copied().ok_or_else(|| {
+            ExportError::Corrupt(format!("the manifest names %{n}, which it does not list"))
+        })
+    }
+
+    fn values(&self, names: &[String]) -> Result<Vec<Val>, ExportError> {
+        names.iter().map(|n| self.value(n)).collect()
+    }
+}
+
 /// The program the manifest describes, every name, range and index
 /// checked.
 fn rebuild<'a>(m: &Manifest, data: &'a [u8]) -> Result<Rebuilt<'a>, ExportError> {
-    let mut values = vec![];
-    let mut by_name: HashMap<&str, Val> = HashMap::new();
-    for (k, e) in m.values.iter().enumerate() {
-        let dtype = DType::parse(&e.dtype).ok_or_else(|| {
-            ExportError::Corrupt(format!("value %{} has unknown dtype `{}`", e.name, e.dtype))
-        })?;
-        let n = e
-            .shape
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .filter(|&n| n <= MAX_ELEMENTS);
-        if n.is_none() {
-            return corrupt(format!("value %{} has too many elements", e.name));
-        }
-        if by_name.insert(&e.name, k).is_some() {
-            return corrupt(format!("value %{} is listed twice", e.name));
-        }
-        values.push(ValueInfo {
-            name: e.name.clone(),
-            dtype,
-            sizes: e.shape.clone(),
-        });
+    let table = Table::of(m)?;
+    let (params, constants) = params_and_constants(m, &table, data)?;
+    check_buffers(m)?;
+    let outputs = table.values(&m.outputs)?;
+    if m.n_outputs > outputs.len() || outputs.len() - m.n_outputs != m.mutated_inputs.len() {
+        return corrupt("the output counts do not agree");
     }
-    let value = |n: &str| -> Result<Val, ExportError> {
-        by_name.get(n).copied().ok_or_else(|| {
-            ExportError::Corrupt(format!("the manifest names %{n}, which it does not list"))
-        })
+    let locs = locations(m, &table)?;
+    let readback = table.values(&m.readback)?;
+    let host_views = host_views(m, &table, &locs)?;
+    for &v in outputs.iter().chain(&readback) {
+        if !locs.contains_key(&v) && !host_views.contains_key(&v) {
+            return corrupt(format!("%{} has no buffer", table.values[v].name));
+        }
+    }
+    let kernels = kernels(m)?;
+    let mem = m.memory;
+    let program = Program {
+        name: m.name.clone(),
+        values: table.values,
+        params,
+        statements: m.statements.clone(),
+        outputs,
+        readback,
+        host_views,
+        n_outputs: m.n_outputs,
+        mutated_inputs: m.mutated_inputs.clone(),
+        kernels,
+        locs,
+        param_words: m.param_words.clone(),
+        constants: constants.iter().map(|c| c.0).collect(),
+        written_params: m.written_params.clone(),
+        arena_words: m.arena_words,
+        status_word: m.status_word,
+        memory: MemoryStats {
+            io: mem[0],
+            arena: mem[1],
+            lower_bound: mem[2],
+            naive: mem[3],
+            naive_unfused: mem[4],
+            eager_peak: mem[5],
+        },
+        min_bytes: m.min_bytes,
     };
+    Ok((program, constants))
+}
+
+/// Each constant: (parameter, stored dtype, bytes).
+type Constants<'a> = Vec<(usize, DType, &'a [u8])>;
+
+/// The parameters (their types as the values table says, their buffers
+/// large enough) and the constants' bytes (inside the data section,
+/// checksums matching).
+fn params_and_constants<'a>(
+    m: &Manifest,
+    table: &Table,
+    data: &'a [u8],
+) -> Result<(Vec<Val>, Constants<'a>), ExportError> {
     let np = m.params.len();
     if m.param_words.len() != np {
         return corrupt(format!(
@@ -609,8 +719,8 @@ fn rebuild<'a>(m: &Manifest, data: &'a [u8]) -> Result<Rebuilt<'a>, ExportError>
     let mut constants = vec![];
     let mut params = vec![];
     for (i, p) in m.params.iter().enumerate() {
-        let v = value(&p.name)?;
-        let meta = &values[v];
+        let v = table.value(&p.name)?;
+        let meta = &table.values[v];
         if meta.dtype.name() != p.dtype || meta.sizes[..] != p.shape[..] {
             return corrupt(format!(
                 "parameter {i} is %{} {} in the manifest's parameters but {} in its values",
@@ -654,46 +764,53 @@ fn rebuild<'a>(m: &Manifest, data: &'a [u8]) -> Result<Rebuilt<'a>, ExportError>
             constants.push((i, stored, bytes));
         }
     }
-    // Buffer sizes in words: parameters, then the arena (plus the spare
-    // word every arena has). Bounded so that no size computation wraps
-    // (on 32-bit targets, wasm32, far below what `usize` holds).
-    const MAX_WORDS: usize = if usize::BITS > 40 {
-        1 << (40 % usize::BITS)
-    } else {
-        usize::MAX / 16
-    };
+    Ok((params, constants))
+}
+
+/// Buffer sizes in words: parameters, then the arena (plus the spare word
+/// every arena has). Bounded so that no size computation wraps (on 32-bit
+/// targets, wasm32, far below what `usize` holds).
+const MAX_WORDS: usize = if usize::BITS > 40 {
+    1 << (40 % usize::BITS)
+} else {
+    usize::MAX / 16
+};
+
+/// Buffer sizes in range, the status word in the arena, parameter indices
+/// that exist.
+fn check_buffers(m: &Manifest) -> Result<(), ExportError> {
     if m.arena_words > MAX_WORDS || m.param_words.iter().any(|&w| w > MAX_WORDS) {
         return corrupt("a buffer size is out of range");
     }
-    let words_of = |param: Option<usize>| -> Result<usize, ExportError> {
-        match param {
-            None => Ok(m.arena_words + 1),
-            Some(i) if i < np => Ok(m.param_words[i]),
-            Some(i) => corrupt(format!("parameter {i} does not exist")),
-        }
-    };
     if m.status_word.is_some_and(|w| w >= m.arena_words) {
         return corrupt("the status word lies outside the arena");
     }
+    let np = m.params.len();
     let index_ok = |l: &[usize]| l.iter().all(|&i| i < np);
     if !index_ok(&m.mutated_inputs) || !index_ok(&m.written_params) {
         return corrupt("a mutated or written parameter index is out of range");
     }
-    let outputs = m
-        .outputs
-        .iter()
-        .map(|n| value(n))
-        .collect::<Result<Vec<_>, _>>()?;
-    if m.n_outputs > outputs.len() || outputs.len() - m.n_outputs != m.mutated_inputs.len() {
-        return corrupt("the output counts do not agree");
+    Ok(())
+}
+
+/// Words of a parameter's buffer (`Some(i)`) or of the arena.
+fn buffer_words(m: &Manifest, param: Option<usize>) -> Result<usize, ExportError> {
+    match param {
+        None => Ok(m.arena_words + 1),
+        Some(i) if i < m.param_words.len() => Ok(m.param_words[i]),
+        Some(i) => corrupt(format!("parameter {i} does not exist")),
     }
+}
+
+/// Where each value lives, every one inside its buffer.
+fn locations(m: &Manifest, table: &Table) -> Result<HashMap<Val, Loc>, ExportError> {
     let mut locs = HashMap::new();
     for l in &m.locs {
-        let v = value(&l.value)?;
-        let meta = &values[v];
+        let v = table.value(&l.value)?;
+        let meta = &table.values[v];
         let words = crate::kernel::words(meta.dtype, meta.numel(), l.packed);
         match l.word.checked_add(words) {
-            Some(end) if end <= words_of(l.param)? => {}
+            Some(end) if end <= buffer_words(m, l.param)? => {}
             _ => return corrupt(format!("%{} lies outside its buffer", l.value)),
         }
         let buf = l.param.map_or(Buf::Arena, Buf::Param);
@@ -706,19 +823,24 @@ fn rebuild<'a>(m: &Manifest, data: &'a [u8]) -> Result<Rebuilt<'a>, ExportError>
             },
         );
     }
-    let readback = m
-        .readback
-        .iter()
-        .map(|n| value(n))
-        .collect::<Result<Vec<_>, _>>()?;
+    Ok(locs)
+}
+
+/// Outputs taken as views of a read-back buffer: every element of the
+/// view inside its base.
+fn host_views(
+    m: &Manifest,
+    table: &Table,
+    locs: &HashMap<Val, Loc>,
+) -> Result<HashMap<Val, HostView>, ExportError> {
     let mut host_views = HashMap::new();
     for h in &m.host_views {
-        let (o, b) = (value(&h.output)?, value(&h.base)?);
+        let (o, b) = (table.value(&h.output)?, table.value(&h.base)?);
         if !locs.contains_key(&b) {
             return corrupt(format!("the base of host view %{} has no buffer", h.output));
         }
         // Every element of the view lies inside the base.
-        let (vm, bm) = (&values[o], &values[b]);
+        let (vm, bm) = (&table.values[o], &table.values[b]);
         let last = h
             .shape
             .iter()
@@ -747,16 +869,17 @@ fn rebuild<'a>(m: &Manifest, data: &'a [u8]) -> Result<Rebuilt<'a>, ExportError>
             },
         );
     }
-    for &v in outputs.iter().chain(&readback) {
-        if !locs.contains_key(&v) && !host_views.contains_key(&v) {
-            return corrupt(format!("%{} has no buffer", values[v].name));
-        }
-    }
+    Ok(host_views)
+}
+
+/// The kernels: bindings inside their buffers, the entry point this
+/// runtime runs, a grid, a shader naga validates.
+fn kernels(m: &Manifest) -> Result<Vec<Kernel>, ExportError> {
     let mut kernels = vec![];
     for (k, e) in m.kernels.iter().enumerate() {
         let mut bindings = vec![];
         for b in &e.bindings {
-            let limit = words_of(b.param)? as u64 * 4;
+            let limit = buffer_words(m, b.param)? as u64 * 4;
             match b.offset.checked_add(b.size) {
                 Some(end) if end <= limit && b.size > 0 && b.offset % 4 == 0 && b.size % 4 == 0 => {
                 }
@@ -799,35 +922,7 @@ fn rebuild<'a>(m: &Manifest, data: &'a [u8]) -> Result<Rebuilt<'a>, ExportError>
             flops: e.flops,
         });
     }
-    let mem = m.memory;
-    let program = Program {
-        name: m.name.clone(),
-        values,
-        params,
-        statements: m.statements.clone(),
-        outputs,
-        readback,
-        host_views,
-        n_outputs: m.n_outputs,
-        mutated_inputs: m.mutated_inputs.clone(),
-        kernels,
-        locs,
-        param_words: m.param_words.clone(),
-        constants: constants.iter().map(|c| c.0).collect(),
-        written_params: m.written_params.clone(),
-        arena_words: m.arena_words,
-        status_word: m.status_word,
-        memory: MemoryStats {
-            io: mem[0],
-            arena: mem[1],
-            lower_bound: mem[2],
-            naive: mem[3],
-            naive_unfused: mem[4],
-            eager_peak: mem[5],
-        },
-        min_bytes: m.min_bytes,
-    };
-    Ok((program, constants))
+    Ok(kernels)
 }
 
 /// A kernel's invocations per workgroup and workgroup memory in bytes.

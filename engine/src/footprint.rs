@@ -7,8 +7,8 @@
 //! for each invocation, so a read through `t_copy` of the written
 //! slice is caught and a read of another row is allowed.
 
+use crate::fusion::Schedule;
 use crate::index::{self, Affine, Read};
-use crate::schedule::Schedule;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::contiguous_strides;
 use kiln_functionalize::ops::{self, Rule};
@@ -101,7 +101,7 @@ fn same_view_reads(
         return b;
     }
     let reads_root = |x: ValueId| {
-        crate::schedule::reads_value(g, s, x)
+        crate::fusion::reads_value(g, s, x)
             .iter()
             .any(|&r| s.root(r) == root)
     };
@@ -141,13 +141,13 @@ pub fn inplace_race_free(g: &Graph, s: &Schedule, n: NodeId, base: ValueId, root
     let Some(Arg::Tensor(src)) = node.args.get(1).cloned() else {
         return false;
     };
-    let reads_root = crate::schedule::reads_value(g, s, src)
+    let reads_root = crate::fusion::reads_value(g, s, src)
         .iter()
         .any(|&r| s.root(r) == root);
     if !reads_root {
         return true;
     }
-    let Some(view) = crate::schedule::scatter_view(g, n) else {
+    let Some(view) = crate::fusion::scatter_view(g, n) else {
         return false;
     };
     if same_view_reads(

@@ -5,7 +5,7 @@
 //! the identity, i.e. whether a kernel reads a value only at the element
 //! it computes).
 
-use crate::schedule::Schedule;
+use crate::fusion::Schedule;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::{broadcast_strides, contiguous_strides, wrap_dim, Meta};
 use kiln_functionalize::ops::args::ArgsExt;

@@ -14,6 +14,8 @@ pub mod export;
 #[cfg(feature = "compiler")]
 mod footprint;
 #[cfg(feature = "compiler")]
+pub mod fusion;
+#[cfg(feature = "compiler")]
 pub mod index;
 pub mod kernel;
 #[cfg(feature = "compiler")]

@@ -11,91 +11,14 @@
 //! the base's buffer (re-inplacing).
 
 use crate::footprint;
+pub use crate::fusion::{
+    class, inlined_region, is_free, reads, reads_value, scatter_view, Class, Fused, Schedule,
+};
 use crate::EngineError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
-use kiln_functionalize::ops::{Lowering, OpKind, Rule};
+use kiln_functionalize::ops::{Lowering, Rule};
 use kiln_functionalize::schema::Arg;
 use std::collections::{HashMap, HashSet};
-
-/// How a node is computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
-    /// Element `i` of the result is an expression of its inputs.
-    Map,
-    /// A kernel of its own (reductions, matmuls, gathers, ...).
-    Kernel,
-}
-
-pub fn class(g: &Graph, n: NodeId) -> Result<Class, EngineError> {
-    let def = g.nodes[n].op.def();
-    match def.lowering {
-        Lowering::None | Lowering::NoKernel => {
-            let kind = match def.kind {
-                OpKind::View | OpKind::MultiView | OpKind::ViewOrCopy => {
-                    "a view (functionalize with mutations_and_views first)"
-                }
-                OpKind::InPlace => "an in-place op (functionalize first)",
-                _ => "not supported by the gpu backend yet",
-            };
-            Err(EngineError::Unsupported(format!(
-                "`{}` is {kind}",
-                def.name
-            )))
-        }
-        l if l.is_map() => Ok(Class::Map),
-        _ => Ok(Class::Kernel),
-    }
-}
-
-/// Index maps and factories: free to recompute in every consumer.
-pub fn is_free(g: &Graph, n: NodeId) -> bool {
-    g.nodes[n].op.def().lowering.is_free()
-}
-
-/// The view a scatter node writes through.
-pub fn scatter_view(g: &Graph, n: NodeId) -> Option<kiln_functionalize::ops::OpId> {
-    g.nodes[n].op.def().lowering.scatter_view()
-}
-
-/// The schedule: which values have buffers, in which kernels they are made.
-pub struct Schedule {
-    /// Materialized values, in the order their kernels run.
-    pub materialized: Vec<ValueId>,
-    pub is_materialized: HashSet<ValueId>,
-    /// Scatters that write into their dying base's buffer: scatter value ->
-    /// base value.
-    pub inplace: HashMap<ValueId, ValueId>,
-    /// Pure reshapes of a materialized value (a contiguous view copy with
-    /// every element in place): they share its buffer, no kernel.
-    pub alias_of: HashMap<ValueId, ValueId>,
-    /// Outputs that are views of a buffer: read back the buffer, take the
-    /// view on the host (no copy kernel, no arena).
-    pub host_views: HashMap<ValueId, ValueId>,
-    pub uses: HashMap<ValueId, Vec<NodeId>>,
-    /// Buffers no kernel may write (parameters bound to constants).
-    pub pinned: HashSet<ValueId>,
-    /// Each node's position in program order.
-    pub pos: HashMap<NodeId, usize>,
-    /// Materialized values computed in one kernel with matrix products
-    /// whose results never reach memory.
-    pub fused: HashMap<ValueId, Fused>,
-}
-
-/// A kernel computing a value together with products it absorbs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fused {
-    /// An elementwise tail of a kernel's result (a product's bias, GELU,
-    /// residual add or scale; a scale after a softmax or a norm) computed
-    /// where the kernel stores, in place of its result.
-    Epilogue { product: NodeId },
-    /// `softmax(f(Q K)) V` with `f` elementwise (scale, mask): tiles of
-    /// keys with an online softmax, no score tensor in memory.
-    Attention {
-        scores: NodeId,
-        softmax: NodeId,
-        product: NodeId,
-    },
-}
 
 /// `attention`: fuse `softmax(f(Q K)) V` into attention kernels
 /// (`CompileOptions::fuse_attention`).
@@ -604,31 +527,6 @@ fn chain_root_is_fresh(g: &Graph, s: &Schedule, r: ValueId) -> bool {
     }
 }
 
-impl Schedule {
-    /// Every value stored in the buffer owned by `root`, `root` included.
-    pub fn sharing(&self, root: ValueId) -> Vec<ValueId> {
-        let mut out: Vec<ValueId> = self
-            .inplace
-            .keys()
-            .chain(self.alias_of.keys())
-            .copied()
-            .filter(|&v| self.root(v) == root)
-            .collect();
-        out.push(root);
-        out
-    }
-
-    /// The value owning `v`'s buffer (through in-place writes and aliases).
-    pub fn root(&self, mut v: ValueId) -> ValueId {
-        loop {
-            match self.inplace.get(&v).or_else(|| self.alias_of.get(&v)) {
-                Some(&b) => v = b,
-                None => return v,
-            }
-        }
-    }
-}
-
 /// A view copy that is a pure reshape of a materialized value: same
 /// elements in the same order, so it can share the value's buffer.
 fn reshape_of(g: &Graph, s: &Schedule, n: NodeId) -> Option<ValueId> {
@@ -731,49 +629,4 @@ fn computed_before(
                     .get(r)
                     .is_none_or(|us| us.iter().all(|&w| computed_before(g, s, pos, w, limit)))
         })
-}
-
-/// Nodes inlined into the kernel that computes node `n`'s results.
-pub fn inlined_region(g: &Graph, s: &Schedule, n: NodeId) -> HashSet<NodeId> {
-    let mut seen = HashSet::new();
-    let mut stack: Vec<ValueId> = g.nodes[n].inputs().into_vec();
-    while let Some(v) = stack.pop() {
-        if s.is_materialized.contains(&v) {
-            continue;
-        }
-        if let Def::Node(m, _) = g.values[v].def {
-            if seen.insert(m) {
-                stack.extend(g.nodes[m].inputs());
-            }
-        }
-    }
-    seen
-}
-
-/// Materialized values a kernel for node `n` reads.
-pub fn reads(g: &Graph, s: &Schedule, n: NodeId) -> Vec<ValueId> {
-    reads_from(g, s, g.nodes[n].inputs().into_vec())
-}
-
-/// Materialized values read to compute `v` inline (`v` itself if it has a
-/// buffer).
-pub fn reads_value(g: &Graph, s: &Schedule, v: ValueId) -> Vec<ValueId> {
-    reads_from(g, s, vec![v])
-}
-
-fn reads_from(g: &Graph, s: &Schedule, mut stack: Vec<ValueId>) -> Vec<ValueId> {
-    let mut out = vec![];
-    let mut seen = HashSet::new();
-    while let Some(v) = stack.pop() {
-        if !seen.insert(v) {
-            continue;
-        }
-        if s.is_materialized.contains(&v) {
-            out.push(v);
-        } else if let Def::Node(m, _) = g.values[v].def {
-            stack.extend(g.nodes[m].inputs());
-        }
-    }
-    out.sort();
-    out
 }

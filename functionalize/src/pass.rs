@@ -31,25 +31,9 @@ use rustc_hash::FxHashMap as HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
-/// What functionalization removes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Remove {
-    /// In-place ops only: views stay (`slice`, `view`, ...).
-    Mutations,
-    /// In-place ops and views: views become `<view>_copy` ops, so every
-    /// tensor is a fresh contiguous one.
-    MutationsAndViews,
-}
-
-impl Remove {
-    pub fn parse(s: &str) -> Option<Remove> {
-        match s {
-            "mutations" => Some(Remove::Mutations),
-            "mutations_and_views" => Some(Remove::MutationsAndViews),
-            _ => None,
-        }
-    }
-}
+// The mode lives with the verifier, which checks what each mode leaves
+// (so the pass depends on the verifier, not both ways).
+pub use crate::verify::Remove;
 
 /// A parameter the program mutates, and the value holding its final
 /// contents (for runtimes that write inputs back themselves instead of

@@ -2,7 +2,6 @@
 
 use crate::graph::{Def, Graph, ValueSet};
 use crate::ops::OpKind;
-use crate::pass::Remove;
 
 /// Every value is defined before it is used, by a parameter or an earlier
 /// node.
@@ -40,6 +39,26 @@ pub fn verify_ssa(g: &Graph) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// What functionalization removes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Remove {
+    /// In-place ops only: views stay (`slice`, `view`, ...).
+    Mutations,
+    /// In-place ops and views: views become `<view>_copy` ops, so every
+    /// tensor is a fresh contiguous one.
+    MutationsAndViews,
+}
+
+impl Remove {
+    pub fn parse(s: &str) -> Option<Remove> {
+        match s {
+            "mutations" => Some(Remove::Mutations),
+            "mutations_and_views" => Some(Remove::MutationsAndViews),
+            _ => None,
+        }
+    }
 }
 
 /// After functionalization: SSA holds; the only mutations are the trailing
