@@ -612,3 +612,23 @@ fn ops_lists_the_table_and_the_docs_page_is_in_step() {
         "docs/ops.md is out of step with the op table: run `kiln ops --markdown > docs/ops.md`"
     );
 }
+
+/// The runtime alone links neither the functionalizer nor the code
+/// generator: `kiln-runtime`'s dependency tree has no `kiln-functionalize`
+/// (the engine without its `compiler` feature).
+#[test]
+fn the_runtime_alone_does_not_link_the_compiler() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let o = Command::new(cargo)
+        .args(["tree", "-p", "kiln-runtime", "-e", "normal", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let tree = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        tree.contains("kiln-engine") && tree.contains("kiln-dtype"),
+        "{tree}"
+    );
+    assert!(!tree.contains("kiln-functionalize"), "{tree}");
+}
