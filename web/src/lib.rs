@@ -14,8 +14,8 @@
 //! ```
 
 use kiln_engine::export;
-use kiln_engine::{Executable, Fetch, Gpu, HostTensor, Input, Session};
 use kiln_engine::DType;
+use kiln_engine::{Executable, Fetch, Gpu, HostTensor, Input, Session};
 use std::sync::Arc;
 use wasm_bindgen::prelude::*;
 
