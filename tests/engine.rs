@@ -358,3 +358,23 @@ fn tensors_too_large_are_refused_not_allocated() {
         assert!(e.contains("too large"), "{e}");
     }
 }
+
+/// A program the GPU cannot compute says which statement of the
+/// functionalized program stops it (`CompileError` carries it).
+#[test]
+fn compile_errors_name_the_statement() {
+    let g = kiln::functionalize::parse(
+        "graph big(%x: i64[2]) {\n  %c = full([2], 3000000000)\n  %y = add(%x, %c)\n  return %y\n}",
+    )
+    .unwrap();
+    let err = kiln::engine::compile(&g).err().unwrap();
+    let kiln::engine::EngineError::Compile(c) = &err else {
+        panic!("not a compile error: {err}");
+    };
+    assert!(c.is_unsupported(), "{c}");
+    let e = err.to_string();
+    assert!(
+        e.contains("the i64 constant 3000000000") && e.contains("(at `%"),
+        "{e}"
+    );
+}

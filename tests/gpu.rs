@@ -82,8 +82,8 @@ fn check_dir_on(dir: &str, mut e: Engine) {
         let want = kiln::io::load_all(&fix.with_extension("expected.safetensors")).unwrap();
         let r = match e.run(&g, ins) {
             Ok(r) => r,
-            Err(EngineError::Unsupported(m)) => {
-                unsupported.push(format!("{}: {m}", rel.display()));
+            Err(EngineError::Compile(c)) if c.is_unsupported() => {
+                unsupported.push(format!("{}: {c}", rel.display()));
                 continue;
             }
             Err(err) => {

@@ -4,7 +4,7 @@
 //! which kernels absorb products. `schedule.rs` makes the decisions; this
 //! module depends on none of the passes that read them.
 
-use crate::EngineError;
+use crate::error::CompileError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::ops::{Lowering, OpKind};
 use std::collections::{HashMap, HashSet};
@@ -18,7 +18,7 @@ pub enum Class {
     Kernel,
 }
 
-pub fn class(g: &Graph, n: NodeId) -> Result<Class, EngineError> {
+pub fn class(g: &Graph, n: NodeId) -> Result<Class, CompileError> {
     let def = g.nodes[n].op.def();
     match def.lowering {
         Lowering::None | Lowering::NoKernel => {
@@ -29,10 +29,7 @@ pub fn class(g: &Graph, n: NodeId) -> Result<Class, EngineError> {
                 OpKind::InPlace => "an in-place op (functionalize first)",
                 _ => "not supported by the gpu backend yet",
             };
-            Err(EngineError::Unsupported(format!(
-                "`{}` is {kind}",
-                def.name
-            )))
+            Err(CompileError::no_kernel(format!("`{}` is {kind}", def.name)).at(g, n))
         }
         l if l.is_map() => Ok(Class::Map),
         _ => Ok(Class::Kernel),

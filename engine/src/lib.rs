@@ -10,6 +10,8 @@
 
 #[cfg(feature = "compiler")]
 pub mod codegen;
+#[cfg(feature = "compiler")]
+pub mod error;
 pub mod export;
 #[cfg(feature = "compiler")]
 mod footprint;
@@ -36,6 +38,8 @@ pub use runtime::{
 #[cfg(feature = "compiler")]
 pub use runtime::{Engine, EngineRun};
 
+#[cfg(feature = "compiler")]
+pub use error::{CompileError, Stage};
 use kernel::BindingRules;
 pub use kiln_dtype::DType;
 #[cfg(feature = "compiler")]
@@ -56,6 +60,10 @@ pub enum EngineError {
     #[cfg(feature = "compiler")]
     #[error(transparent)]
     Program(#[from] kiln_functionalize::Error),
+    /// The compiler cannot lower the program for this device.
+    #[cfg(feature = "compiler")]
+    #[error(transparent)]
+    Compile(#[from] CompileError),
     #[error("the gpu backend does not support this program: {0}")]
     Unsupported(String),
     #[error("no GPU adapter: {0}")]
@@ -210,20 +218,17 @@ pub(crate) fn compile_functional(
     // 32-bit integers (and a buffer's size is checked once scheduled).
     for (v, val) in g.values.iter() {
         let n = val.meta.numel();
-        let name = || {
-            format!(
-                "%{} ({})",
-                kiln_functionalize::text::Names::of(&g).get(v),
-                val.meta.type_string()
-            )
-        };
         if n > u32::MAX as usize {
-            return Err(EngineError::Unsupported(format!(
-                "{} has {n} elements; GPU kernels index at most {} (split the tensor, \
-                 or run it with --backend reference)",
-                name(),
-                u32::MAX
-            )));
+            return Err(CompileError::TooLarge {
+                value: kiln_functionalize::text::Names::of(&g).get(v),
+                ty: val.meta.type_string(),
+                what: format!(
+                    "has {n} elements; GPU kernels index at most {} (split the tensor, or run \
+                     it with --backend reference)",
+                    u32::MAX
+                ),
+            }
+            .into());
         }
     }
     // The copy_ epilogue becomes extra outputs the runtime writes back.
@@ -265,9 +270,11 @@ pub(crate) fn compile_functional(
             lower::Planned::Ready(plan) => break plan,
             lower::Planned::Materialize(v) => {
                 if !force.insert(v) {
-                    return Err(EngineError::Internal(
-                        "materializing a producer did not reduce a kernel's buffers".into(),
-                    ));
+                    return Err(CompileError::internal(
+                        Stage::Plan,
+                        "materializing a producer did not reduce a kernel's buffers",
+                    )
+                    .into());
                 }
             }
         }

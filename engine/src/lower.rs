@@ -3,9 +3,10 @@
 //! stage of its own (`lower`).
 
 use crate::codegen::{Gen, Loc};
+use crate::error::{statement_with, CompileError, Stage};
 use crate::kernel::{HostView, Val, ValueInfo};
 use crate::wgsl::{self, Buf};
-use crate::{plan, schedule, CompileOptions, EngineError, Kernel, MemoryStats, Program};
+use crate::{plan, schedule, CompileOptions, Kernel, MemoryStats, Program};
 use kiln_functionalize::graph::{Def, Graph, ValueId};
 use kiln_functionalize::ops::Lowering;
 use std::collections::{HashMap, HashSet};
@@ -506,7 +507,7 @@ pub(crate) fn plan(
     io: &Interface,
     options: &CompileOptions,
     force: &HashSet<ValueId>,
-) -> Result<Planned, EngineError> {
+) -> Result<Planned, CompileError> {
     let outputs = io.outputs;
     let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
     let mut sched = schedule::schedule(g, outputs, pinned, force, options.fuse_attention)?;
@@ -533,13 +534,11 @@ pub(crate) fn plan(
                 return Ok(Planned::Materialize(u));
             }
             let names = kiln_functionalize::text::Names::of(g);
-            let computed: Vec<String> = grp.iter().map(|&v| format!("%{}", names.get(v))).collect();
-            return Err(EngineError::Unsupported(format!(
-                "the kernel computing {} binds {n} storage buffers; this device allows {} per \
-                 shader stage (split the expression with an intermediate `clone`)",
-                computed.join(", "),
-                options.max_bindings
-            )));
+            return Err(CompileError::TooManyBindings {
+                values: grp.iter().map(|&v| format!("%{}", names.get(v))).collect(),
+                bindings: n,
+                limit: options.max_bindings,
+            });
         }
         bindings.push(n);
     }
@@ -565,7 +564,7 @@ pub(crate) fn generate(
     io: &Interface,
     options: &CompileOptions,
     plan: KernelPlan,
-) -> Result<Program, EngineError> {
+) -> Result<Program, CompileError> {
     let KernelPlan {
         sched,
         groups,
@@ -597,19 +596,22 @@ pub(crate) fn generate(
             if g.meta(grp[0]).numel() == 0 {
                 vec![]
             } else {
-                vec![gen.map_group(grp)?]
+                vec![gen.map_group(grp).map_err(|e| at_value(e, g, grp[0]))?]
             }
         } else {
-            gen.kernel(grp[0])?
+            gen.kernel(grp[0]).map_err(|e| at_value(e, g, grp[0]))?
         };
         let flops = kernel_flops(g, &sched, grp, cost.ops.len(), cost.elements);
         for code in codes {
             if code.bindings.len() > planned {
-                return Err(EngineError::Internal(format!(
-                    "kernel {} binds {} storage buffers, its plan {planned}",
-                    code.label,
-                    code.bindings.len()
-                )));
+                return Err(CompileError::internal(
+                    Stage::Codegen,
+                    format!(
+                        "kernel {} binds {} storage buffers, its plan {planned}",
+                        code.label,
+                        code.bindings.len()
+                    ),
+                ));
             }
             kernels.push(Kernel {
                 code,
@@ -630,22 +632,32 @@ pub(crate) fn generate(
     assemble(g, io, options, generated, &sched)
 }
 
+/// `e`, naming the statement computing `v` where it names none.
+fn at_value(e: CompileError, g: &Graph, v: ValueId) -> CompileError {
+    match g.node_of(v) {
+        Some(n) => e.at(g, n),
+        None => e,
+    }
+}
+
 /// Every tensor with a buffer fits in one.
 fn check_buffer_sizes(
     g: &Graph,
     sched: &schedule::Schedule,
     options: &CompileOptions,
-) -> Result<(), EngineError> {
+) -> Result<(), CompileError> {
     for &v in g.inputs.iter().chain(&sched.materialized) {
         let bytes = g.meta(v).numel().saturating_mul(4);
         if bytes > options.max_buffer_bytes {
-            return Err(EngineError::Unsupported(format!(
-                "%{} ({}) takes {bytes} bytes on the GPU (4 an element); this device's largest \
-                 buffer is {} bytes",
-                kiln_functionalize::text::Names::of(g).get(v),
-                g.meta(v).type_string(),
-                options.max_buffer_bytes
-            )));
+            return Err(CompileError::TooLarge {
+                value: kiln_functionalize::text::Names::of(g).get(v),
+                ty: g.meta(v).type_string(),
+                what: format!(
+                    "takes {bytes} bytes on the GPU (4 an element); this device's largest buffer \
+                     is {} bytes",
+                    options.max_buffer_bytes
+                ),
+            });
         }
     }
     Ok(())
@@ -657,7 +669,7 @@ fn group_kernels(
     g: &Graph,
     sched: &schedule::Schedule,
     options: &CompileOptions,
-) -> Result<Vec<Vec<ValueId>>, EngineError> {
+) -> Result<Vec<Vec<ValueId>>, CompileError> {
     let mut groups: Vec<Vec<ValueId>> = vec![];
     for &v in &sched.materialized {
         let Def::Node(n, _) = g.values[v].def else {
@@ -729,7 +741,7 @@ fn place(
     life: &Lifetimes,
     packing: &Packing,
     options: &CompileOptions,
-) -> Result<Layout, EngineError> {
+) -> Result<Layout, CompileError> {
     let bytes = |v: ValueId| packing.bytes(g, sched, v);
     let root = |v: ValueId| sched.root(v);
     let mut locs: HashMap<ValueId, Loc> = HashMap::new();
@@ -796,7 +808,7 @@ fn place(
         let r = root(v);
         let l = *locs
             .get(&r)
-            .ok_or_else(|| EngineError::Internal("a value without a location".into()))?;
+            .ok_or_else(|| CompileError::internal(Stage::Plan, "a value without a location"))?;
         locs.insert(v, l);
     }
     Ok(Layout {
@@ -913,7 +925,7 @@ fn assemble(
     options: &CompileOptions,
     generated: Generated,
     sched: &schedule::Schedule,
-) -> Result<Program, EngineError> {
+) -> Result<Program, CompileError> {
     let Generated {
         kernels,
         readback,
@@ -973,11 +985,7 @@ fn assemble(
     let statements = g
         .order
         .iter()
-        .map(|&n| {
-            let node = &g.nodes[n];
-            let res: Vec<&str> = node.results.iter().map(|&v| names.name(v)).collect();
-            format!("%{} = {}(...)", res.join(", %"), node.op.name())
-        })
+        .map(|&n| statement_with(&names, g, n))
         .collect();
     Ok(Program {
         name: g.name.to_string(),
@@ -1028,11 +1036,11 @@ impl Values {
 /// Output `v`, a view copy of `base`'s buffer (`Schedule::host_views`), as
 /// the runtime takes it on the host: the view's sizes, strides and offset
 /// over `base` laid out contiguously.
-fn host_view(g: &Graph, v: ValueId, base: ValueId) -> Result<HostView, EngineError> {
+fn host_view(g: &Graph, v: ValueId, base: ValueId) -> Result<HostView, CompileError> {
     use kiln_functionalize::ops::{self, Rule};
     use kiln_functionalize::schema::Arg;
     use kiln_functionalize::Meta;
-    let bug = |m: &str| EngineError::Internal(format!("host view: {m}"));
+    let bug = |m: &str| CompileError::internal(Stage::Assemble, format!("host view: {m}"));
     let n = g.node_of(v).ok_or_else(|| bug("no node"))?;
     let node = &g.nodes[n];
     let Rule::ViewCopy(view) = node.op.def().rule else {
@@ -1042,7 +1050,7 @@ fn host_view(g: &Graph, v: ValueId, base: ValueId) -> Result<HostView, EngineErr
     let cm = Meta::contiguous(bm.dtype, bm.sizes.to_vec());
     let mut args: Vec<Arg<&Meta>> = vec![Arg::Tensor(&cm)];
     args.extend(node.args[1..].iter().map(|a| a.map(&mut |x| g.meta(*x))));
-    let metas = ops::infer(view, &args).map_err(EngineError::Internal)?;
+    let metas = ops::infer(view, &args).map_err(|e| bug(&e))?;
     let k = node
         .results
         .iter()

@@ -10,11 +10,11 @@
 //! A scatter whose base dies at the scatter writes only its region into
 //! the base's buffer (re-inplacing).
 
+use crate::error::CompileError;
 use crate::footprint;
 pub use crate::fusion::{
     class, inlined_region, is_free, reads, reads_value, scatter_view, Class, Fused, Schedule,
 };
-use crate::EngineError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::ops::{Lowering, Rule};
 use kiln_functionalize::schema::Arg;
@@ -28,7 +28,7 @@ pub fn schedule(
     pinned: HashSet<ValueId>,
     force: &HashSet<ValueId>,
     attention: bool,
-) -> Result<Schedule, EngineError> {
+) -> Result<Schedule, CompileError> {
     let mut uses: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
     for &n in &g.order {
         for v in g.nodes[n].inputs() {

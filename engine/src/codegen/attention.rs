@@ -355,7 +355,7 @@ impl Gen<'_> {
             self.store_to(o, &oi, &y)?;
         }
         if nb > 65535 {
-            return Err(EngineError::Unsupported(format!(
+            return Err(CompileError::no_kernel(format!(
                 "attention over {nb} batch entries: too many workgroups"
             )));
         }

@@ -21,7 +21,7 @@ impl Gen<'_> {
             .collect();
         let outs: Vec<Meta> = node.results.iter().map(|&r| g.meta(r).clone()).collect();
         let kernel = f.wgsl(&metas, &outs).ok_or_else(|| {
-            EngineError::Unsupported(format!(
+            CompileError::no_kernel(format!(
                 "custom function `{}` has no GPU kernel (give it `wgsl`), or run with the reference backend",
                 def.name
             ))
@@ -54,7 +54,7 @@ impl Gen<'_> {
         for (k, &r) in node.results.iter().enumerate() {
             let t = ty(g.meta(r).dtype);
             if r == v && !kernel.source.contains(&format!("kiln_out{k}(")) {
-                return Err(EngineError::Unsupported(format!(
+                return Err(CompileError::no_kernel(format!(
                     "custom function `{}`: its kernel never writes output {k} (kiln_out{k})",
                     def.name
                 )));

@@ -144,7 +144,7 @@ impl Gen<'_> {
             &p.operands.iter().map(|o| o.cast).collect::<Vec<_>>(),
         )
         .ok_or_else(|| {
-            EngineError::Unsupported(format!(
+            CompileError::no_kernel(format!(
                 "`{}` on {compute:?} tensors has no GPU kernel yet",
                 def.name
             ))

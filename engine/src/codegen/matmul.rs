@@ -282,7 +282,7 @@ impl Gen<'_> {
             )
         };
         if grid.iter().any(|&x| x > 65535) {
-            return Err(EngineError::Unsupported(format!(
+            return Err(CompileError::no_kernel(format!(
                 "{name} of {nb} batches of {nn}x{mm}: too many workgroups"
             )));
         }
@@ -667,7 +667,7 @@ impl Gen<'_> {
                         let v = gen.value_at(x.v, &i)?;
                         parts.push(cast(&v, g.meta(x.v).dtype, acc_dt));
                     }
-                    Ok::<String, EngineError>(format!("vec4<f32>({})", parts.join(", ")))
+                    Ok::<String, CompileError>(format!("vec4<f32>({})", parts.join(", ")))
                 };
             let bexpr = quad(
                 self,

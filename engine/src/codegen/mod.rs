@@ -13,10 +13,10 @@ mod reduction;
 mod scatter;
 mod select;
 
+use crate::error::{CompileError, Stage};
 use crate::index::{Affine, Region};
 use crate::schedule::{Fused, Schedule};
 use crate::wgsl::{self, cast, literal, load, store, ty, Binding, Body, Buf, Slot};
-use crate::EngineError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::{contiguous_strides, numel, Meta};
 use kiln_functionalize::ops::args::ArgsExt;
@@ -114,10 +114,10 @@ pub struct Gen<'a> {
     pub status_used: bool,
 }
 
-type R<T> = Result<T, EngineError>;
+type R<T> = Result<T, CompileError>;
 
-fn bug(msg: impl Into<String>) -> EngineError {
-    EngineError::Internal(msg.into())
+fn bug(msg: impl Into<String>) -> CompileError {
+    CompileError::internal(Stage::Codegen, msg)
 }
 
 fn u(v: usize) -> String {
@@ -462,9 +462,7 @@ impl<'a> Gen<'a> {
             return Ok(x.clone());
         }
         if idx != self.own && self.group.contains(&self.s.root(v)) {
-            return Err(EngineError::Internal(
-                "a fused kernel reads its own output at another index".into(),
-            ));
+            return Err(bug("a fused kernel reads its own output at another index"));
         }
         let m = self.meta(v);
         let x = if self.s.is_materialized.contains(&v) {
@@ -605,10 +603,10 @@ impl<'a> Gen<'a> {
             Lowering::Map(_) | Lowering::Free(_) | Lowering::RegionScatter { .. } => {
                 Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?])
             }
-            Lowering::None => Err(EngineError::Unsupported(format!(
+            Lowering::None => Err(CompileError::no_kernel(format!(
                 "`{name}` has no kernel (functionalize first)"
             ))),
-            Lowering::NoKernel => Err(EngineError::Unsupported(format!(
+            Lowering::NoKernel => Err(CompileError::no_kernel(format!(
                 "`{name}` has no GPU kernel yet: run the program with the reference backend"
             ))),
         }
@@ -654,7 +652,7 @@ fn float_ops(code: &Code, v: &[String]) -> Option<String> {
 /// (`wgsl::ty`).
 fn lit(v: f64, d: DType) -> R<String> {
     if d == DType::I64 && !(i32::MIN as f64..=i32::MAX as f64).contains(&v) {
-        return Err(EngineError::Unsupported(format!(
+        return Err(CompileError::no_kernel(format!(
             "the i64 constant {v} is outside the range {} to {} in which GPU kernels compute \
              i64 (WGSL has no 64-bit integers); run the program with the reference backend",
             i32::MIN,

@@ -180,15 +180,15 @@ impl Gen<'_> {
             .filter_map(|(d, t)| t.map(|t| (d, t)))
             .collect();
         let [(d0, mask)] = used[..] else {
-            return Err(EngineError::Unsupported(
-                "index_put mixing a bool mask with other indices".into(),
+            return Err(CompileError::no_kernel(
+                "index_put mixing a bool mask with other indices",
             ));
         };
         let mm = g.meta(mask).clone();
         let k = mm.dim();
         if om.sizes.get(d0..d0 + k) != Some(&mm.sizes[..]) {
-            return Err(EngineError::Unsupported(
-                "index_put with a mask whose shape does not match the indexed dims".into(),
+            return Err(CompileError::no_kernel(
+                "index_put with a mask whose shape does not match the indexed dims",
             ));
         }
         let before: Vec<usize> = om.sizes[..d0].to_vec();
@@ -198,8 +198,8 @@ impl Gen<'_> {
         let vm = g.meta(values).clone();
         let rank = before.len() + 1 + after.len();
         if vm.dim() > rank {
-            return Err(EngineError::Unsupported(
-                "index_put values of higher rank than the indexing result".into(),
+            return Err(CompileError::no_kernel(
+                "index_put values of higher rank than the indexing result",
             ));
         }
         let vstr = contiguous_strides(&vm.sizes);
