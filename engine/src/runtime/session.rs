@@ -1013,76 +1013,16 @@ impl Executable {
         }
 
         // Results: what the caller asked for, and bases of host views.
-        let fetch_of = |k: usize| -> Fetch {
+        let fetch = |k: usize| -> Fetch {
             if k < p.n_outputs {
                 options.outputs[k]
             } else {
                 options.mutated[k - p.n_outputs]
             }
         };
-        let mut to_read: Vec<Val> = vec![];
-        for (k, &v) in p.outputs.iter().enumerate() {
-            let f = fetch_of(k);
-            let base = p.host_views.get(&v).map(|h| h.base);
-            if f == Fetch::Skip || (f == Fetch::Device && base.is_none()) {
-                continue;
-            }
-            let r = base.unwrap_or(v);
-            if !to_read.contains(&r) {
-                to_read.push(r);
-            }
-        }
-        let mut device_out: HashMap<usize, DeviceTensor> = HashMap::new();
-        for (k, &v) in p.outputs.iter().enumerate() {
-            if fetch_of(k) != Fetch::Device || p.host_views.contains_key(&v) {
-                continue;
-            }
-            let loc = p.locs[&v];
-            let bytes = value_bytes(p, v)?;
-            let buf = d.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kiln result"),
-                size: bytes.max(4),
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_DST
-                    | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            if bytes > 0 {
-                let src = self.buffer(loc.buf, &ctx.params, &ctx.arena);
-                enc.copy_buffer_to_buffer(src, (loc.word * 4) as u64, &buf, 0, bytes);
-            }
-            let m = p.value(v);
-            device_out.insert(
-                k,
-                DeviceTensor::new(
-                    gpu.clone(),
-                    session,
-                    Arc::new(buf),
-                    m.dtype,
-                    m.sizes.to_vec(),
-                    loc.packed,
-                ),
-            );
-        }
-        let mut read_end = 0u64;
-        for &v in &to_read {
-            let loc = p.locs[&v];
-            let at = self.staging_at[&v];
-            let bytes = value_bytes(p, v)?;
-            if bytes > 0 {
-                let src = self.buffer(loc.buf, &ctx.params, &ctx.arena);
-                let staging = staging.ok_or_else(|| {
-                    EngineError::Internal("a readback without a staging buffer".into())
-                })?;
-                enc.copy_buffer_to_buffer(src, (loc.word * 4) as u64, staging, at, bytes);
-                stats.readback_bytes += bytes;
-            }
-            read_end = read_end.max(at + bytes);
-        }
-        if let (Some(w), Some(at), Some(staging)) = (p.status_word, self.status_at, staging) {
-            enc.copy_buffer_to_buffer(&ctx.arena, (w * 4) as u64, staging, at, 4);
-            read_end = read_end.max(at + 4);
-        }
+        let to_read = self.values_to_read(&fetch);
+        let mut device_out = self.copy_device_results(&mut enc, ctx, session, &fetch)?;
+        let read_end = self.copy_to_staging(&mut enc, ctx, &to_read, &mut stats)?;
         // Encoding errors surface when the command buffer is finished.
         gpu.scoped("a run was rejected", || {
             gpu.queue.submit([enc.finish()]);
@@ -1116,7 +1056,7 @@ impl Executable {
         let read = self.read_back(staging.filter(|_| read_end > 0), read_end, &to_read)?;
         let mut results = vec![];
         for (k, &v) in p.outputs.iter().enumerate() {
-            let out = match (fetch_of(k), p.host_views.get(&v)) {
+            let out = match (fetch(k), p.host_views.get(&v)) {
                 (Fetch::Skip, _) => Output::Skipped,
                 (Fetch::Device, None) => {
                     Output::Device(device_out.remove(&k).ok_or_else(|| {
@@ -1143,6 +1083,103 @@ impl Executable {
             mutated: p.mutated_inputs.iter().copied().zip(mutated_out).collect(),
             stats,
         })
+    }
+
+    /// Values a run reads back: outputs fetched to the host, and the
+    /// buffers of host views fetched anywhere.
+    fn values_to_read(&self, fetch: &dyn Fn(usize) -> Fetch) -> Vec<Val> {
+        let p = &self.program;
+        let mut to_read: Vec<Val> = vec![];
+        for (k, &v) in p.outputs.iter().enumerate() {
+            let f = fetch(k);
+            let base = p.host_views.get(&v).map(|h| h.base);
+            if f == Fetch::Skip || (f == Fetch::Device && base.is_none()) {
+                continue;
+            }
+            let r = base.unwrap_or(v);
+            if !to_read.contains(&r) {
+                to_read.push(r);
+            }
+        }
+        to_read
+    }
+
+    /// Outputs kept on the device, each copied into a buffer of its own
+    /// (by output position).
+    fn copy_device_results(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        ctx: &RunContext,
+        session: u64,
+        fetch: &dyn Fn(usize) -> Fetch,
+    ) -> Result<HashMap<usize, DeviceTensor>, EngineError> {
+        let p = &self.program;
+        let mut device_out: HashMap<usize, DeviceTensor> = HashMap::new();
+        for (k, &v) in p.outputs.iter().enumerate() {
+            if fetch(k) != Fetch::Device || p.host_views.contains_key(&v) {
+                continue;
+            }
+            let loc = p.locs[&v];
+            let bytes = value_bytes(p, v)?;
+            let buf = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln result"),
+                size: bytes.max(4),
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            if bytes > 0 {
+                let src = self.buffer(loc.buf, &ctx.params, &ctx.arena);
+                enc.copy_buffer_to_buffer(src, (loc.word * 4) as u64, &buf, 0, bytes);
+            }
+            let m = p.value(v);
+            device_out.insert(
+                k,
+                DeviceTensor::new(
+                    self.gpu.clone(),
+                    session,
+                    Arc::new(buf),
+                    m.dtype,
+                    m.sizes.to_vec(),
+                    loc.packed,
+                ),
+            );
+        }
+        Ok(device_out)
+    }
+
+    /// Copies `to_read` (and the status word) into the staging buffer;
+    /// returns the bytes of it to map.
+    fn copy_to_staging(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        ctx: &RunContext,
+        to_read: &[Val],
+        stats: &mut RunStats,
+    ) -> Result<u64, EngineError> {
+        let p = &self.program;
+        let staging = ctx.staging.as_ref();
+        let mut read_end = 0u64;
+        for &v in to_read {
+            let loc = p.locs[&v];
+            let at = self.staging_at[&v];
+            let bytes = value_bytes(p, v)?;
+            if bytes > 0 {
+                let src = self.buffer(loc.buf, &ctx.params, &ctx.arena);
+                let staging = staging.ok_or_else(|| {
+                    EngineError::Internal("a readback without a staging buffer".into())
+                })?;
+                enc.copy_buffer_to_buffer(src, (loc.word * 4) as u64, staging, at, bytes);
+                stats.readback_bytes += bytes;
+            }
+            read_end = read_end.max(at + bytes);
+        }
+        if let (Some(w), Some(at), Some(staging)) = (p.status_word, self.status_at, staging) {
+            enc.copy_buffer_to_buffer(&ctx.arena, (w * 4) as u64, staging, at, 4);
+            read_end = read_end.max(at + 4);
+        }
+        Ok(read_end)
     }
 
     fn encode(
