@@ -249,34 +249,7 @@ fn main_result(cli: Cli) -> Result<(), String> {
             );
             Ok(())
         }
-        Cmd::Ops { json, markdown } => {
-            use kiln::functionalize::ops::catalog;
-            if json {
-                let ops: Vec<serde_json::Value> = catalog::entries()
-                    .into_iter()
-                    .map(|e| {
-                        serde_json::json!({
-                            "name": e.name,
-                            "overloads": e.overloads,
-                            "kind": e.kind,
-                            "lowering": e.lowering,
-                            "vjp": e.vjp,
-                            "jvp": e.jvp,
-                            "batching": e.batching,
-                            "gpu": e.gpu,
-                            "via": e.via,
-                        })
-                    })
-                    .collect();
-                let json = serde_json::to_string_pretty(&ops).map_err(|e| e.to_string())?;
-                println!("{json}");
-            } else if markdown {
-                print!("{}", catalog::markdown());
-            } else {
-                print!("{}", catalog::text());
-            }
-            Ok(())
-        }
+        Cmd::Ops { json, markdown } => list_ops(json, markdown),
         Cmd::Inspect {
             file,
             wgsl,
@@ -344,21 +317,7 @@ fn main_result(cli: Cli) -> Result<(), String> {
             in_dims,
             batch_size,
             out_dims,
-        } => {
-            let dims = in_dims
-                .iter()
-                .map(|d| match d.trim() {
-                    "none" => Ok(None),
-                    x => x
-                        .parse::<i64>()
-                        .map(Some)
-                        .map_err(|_| format!("--in-dims: `{x}` is neither an integer nor `none`")),
-                })
-                .collect::<Result<Vec<_>, String>>()?;
-            transformed(&prog, |g| {
-                kiln::functionalize::transform::vmap(g, &dims, batch_size, out_dims.as_deref())
-            })
-        }
+        } => vmap(&prog, &in_dims, batch_size, out_dims.as_deref()),
         Cmd::Functionalize { prog, remove } => {
             // Each statement is functionalized as soon as it is parsed.
             let (g, f) =
@@ -377,28 +336,89 @@ fn main_result(cli: Cli) -> Result<(), String> {
             output,
             backend,
             functionalize: mode,
-        } => {
-            if kiln::export::is_export(&prog) {
-                let f = kiln::export::ExportFile::open(&prog)?;
-                let e = f.read()?;
-                return kiln::export::run(&e, &inputs, &output, matches!(backend, Backend::Gpu))
-                    .map_err(|e| format!("{}: {e}", prog.display()));
-            }
-            let mut g = read_program(&prog)?;
-            if let Some(m) = mode {
-                g = functionalize(&g, m.into())
-                    .map_err(|e| format!("{}:{e}", prog.display()))?
-                    .graph;
-            }
-            match backend {
-                Backend::Reference => {
-                    let ins = kiln::io::load_inputs(&g, &inputs).map_err(|e| e.to_string())?;
-                    let r = interp::run(&g, ins).map_err(|e| format!("{}:{e}", prog.display()))?;
-                    kiln::io::save_results(&g, &r, &output).map_err(|e| e.to_string())
-                }
-                Backend::Gpu => run_gpu(&g, &prog, &inputs, &output),
-            }
+        } => run(&prog, &inputs, &output, backend, mode),
+    }
+}
+
+/// `kiln ops`: the op table as text, JSON or Markdown.
+fn list_ops(json: bool, markdown: bool) -> Result<(), String> {
+    use kiln::functionalize::ops::catalog;
+    if json {
+        let ops: Vec<serde_json::Value> = catalog::entries()
+            .into_iter()
+            .map(|e| {
+                serde_json::json!({
+                    "name": e.name,
+                    "overloads": e.overloads,
+                    "kind": e.kind,
+                    "lowering": e.lowering,
+                    "vjp": e.vjp,
+                    "jvp": e.jvp,
+                    "batching": e.batching,
+                    "gpu": e.gpu,
+                    "via": e.via,
+                })
+            })
+            .collect();
+        let json = serde_json::to_string_pretty(&ops).map_err(|e| e.to_string())?;
+        println!("{json}");
+    } else if markdown {
+        print!("{}", catalog::markdown());
+    } else {
+        print!("{}", catalog::text());
+    }
+    Ok(())
+}
+
+/// `kiln vmap`: `--in-dims` parsed (integers or `none`), then the transform.
+fn vmap(
+    prog: &Path,
+    in_dims: &[String],
+    batch_size: usize,
+    out_dims: Option<&[i64]>,
+) -> Result<(), String> {
+    let dims = in_dims
+        .iter()
+        .map(|d| match d.trim() {
+            "none" => Ok(None),
+            x => x
+                .parse::<i64>()
+                .map(Some)
+                .map_err(|_| format!("--in-dims: `{x}` is neither an integer nor `none`")),
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    transformed(prog, |g| {
+        kiln::functionalize::transform::vmap(g, &dims, batch_size, out_dims)
+    })
+}
+
+/// `kiln run`: an export (on the GPU or the reference), or a program.
+fn run(
+    prog: &Path,
+    inputs: &Path,
+    output: &Path,
+    backend: Backend,
+    mode: Option<Mode>,
+) -> Result<(), String> {
+    if kiln::export::is_export(prog) {
+        let f = kiln::export::ExportFile::open(prog)?;
+        let e = f.read()?;
+        return kiln::export::run(&e, inputs, output, matches!(backend, Backend::Gpu))
+            .map_err(|e| format!("{}: {e}", prog.display()));
+    }
+    let mut g = read_program(prog)?;
+    if let Some(m) = mode {
+        g = functionalize(&g, m.into())
+            .map_err(|e| format!("{}:{e}", prog.display()))?
+            .graph;
+    }
+    match backend {
+        Backend::Reference => {
+            let ins = kiln::io::load_inputs(&g, inputs).map_err(|e| e.to_string())?;
+            let r = interp::run(&g, ins).map_err(|e| format!("{}:{e}", prog.display()))?;
+            kiln::io::save_results(&g, &r, output).map_err(|e| e.to_string())
         }
+        Backend::Gpu => run_gpu(&g, prog, inputs, output),
     }
 }
 
