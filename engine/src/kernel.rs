@@ -61,6 +61,37 @@ pub struct BindingRules {
     pub max_words: usize,
 }
 
+/// How a tensor of `words` words at word `word` of its buffer is bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// The binding's first word (`word` rounded down to the alignment).
+    pub start: usize,
+    /// Bindings it takes (more than one past the largest binding).
+    pub chunks: usize,
+    /// Words of each binding when split.
+    pub chunk_words: usize,
+}
+
+impl BindingRules {
+    /// The bindings of a tensor: one codegen binds and the plan counts.
+    pub fn span(&self, word: usize, words: usize) -> Span {
+        let start = word / self.align_words * self.align_words;
+        let total = word - start + words.max(1);
+        let chunk_words =
+            (self.max_words / self.align_words * self.align_words).max(self.align_words);
+        let chunks = if total <= self.max_words {
+            1
+        } else {
+            total.div_ceil(chunk_words)
+        };
+        Span {
+            start,
+            chunks,
+            chunk_words,
+        }
+    }
+}
+
 impl Default for BindingRules {
     /// WebGPU's defaults: 256-byte offsets, 128 MiB bindings.
     fn default() -> Self {

@@ -185,19 +185,9 @@ fn planned_bindings(
         nodes.insert(n);
         faults |= nodes.iter().any(|&m| may_fault(g, m));
     }
-    let chunk_words =
-        (rules.max_words / rules.align_words * rules.align_words).max(rules.align_words);
     let slots: usize = ranges
         .iter()
-        .map(|&(_, word, words)| {
-            let start = word / rules.align_words * rules.align_words;
-            let total = word - start + words.max(1);
-            if total <= rules.max_words {
-                1
-            } else {
-                total.div_ceil(chunk_words)
-            }
-        })
+        .map(|&(_, word, words)| rules.span(word, words).chunks)
         .sum();
     slots + usize::from(faults)
 }
@@ -233,7 +223,8 @@ fn vec4_ranges(
     let key = |v: ValueId| -> Option<(Buf, usize, usize)> {
         let l = locs.get(&v)?;
         let words = g.meta(v).numel();
-        let aligned = l.word.is_multiple_of(rules.align_words) && words.max(1) <= rules.max_words;
+        let span = rules.span(l.word, words);
+        let aligned = span.start == l.word && span.chunks == 1;
         (aligned && !l.packed && wgsl::per_word(g.meta(v).dtype) == 1)
             .then_some((l.buf, l.word, words))
     };
@@ -982,11 +973,15 @@ fn assemble(
     let mut locs: Vec<(ValueId, Loc)> = layout.locs.into_iter().collect();
     locs.sort_by_key(|(v, _)| *v);
     let locs = locs.into_iter().map(|(v, l)| (val(v), l)).collect();
-    let statements = g
-        .order
-        .iter()
-        .map(|&n| statement_with(&names, g, n))
-        .collect();
+    // Named only by fault messages: none where no kernel can fault.
+    let statements = match status_word {
+        Some(_) => g
+            .order
+            .iter()
+            .map(|&n| statement_with(&names, g, n))
+            .collect(),
+        None => vec![],
+    };
     Ok(Program {
         name: g.name.to_string(),
         values: values.infos,

@@ -209,15 +209,11 @@ impl<'a> Gen<'a> {
         {
             Some(i) => i,
             None => {
-                let r = self.rules;
-                let start = loc.word / r.align_words * r.align_words;
-                let total = loc.word - start + words.max(1);
-                let chunk_words = (r.max_words / r.align_words * r.align_words).max(r.align_words);
-                let chunks = if total <= r.max_words {
-                    1
-                } else {
-                    total.div_ceil(chunk_words)
-                };
+                let crate::kernel::Span {
+                    start,
+                    chunks,
+                    chunk_words,
+                } = self.rules.span(loc.word, words);
                 let planned = start == loc.word
                     && chunks == 1
                     && self.vec4_ranges.contains(&(loc.buf, loc.word, words));
