@@ -6,6 +6,7 @@
 //! probabilities reach memory.
 
 use super::matmul::Operand;
+use super::template::{self, Env};
 use super::*;
 
 /// Keys per tile.
@@ -160,7 +161,6 @@ impl Gen<'_> {
     }
 
     fn attention_kernel(&mut self, spec: Spec, score: Score, label: String) -> R<KernelCode> {
-        let g = self.g;
         let Spec {
             q,
             k,
@@ -173,197 +173,161 @@ impl Gen<'_> {
             o,
         } = spec;
         let nb = numel(&batch).max(1);
-        let w = rows_per_workgroup(sq, self.workgroup);
-        let ninf = literal(f64::NEG_INFINITY, DType::F32);
-        self.shared
-            .push(format!("var<workgroup> ks: array<f32, {}>;", KEYS * dk));
-        self.shared
-            .push(format!("var<workgroup> vs: array<f32, {}>;", KEYS * dv));
-        self.body.stmt("let bz = wid.y;".into());
-        self.body.stmt(format!("let i = wid.x * {} + lid.x;", u(w)));
-        self.body.stmt(format!("let ic = min(i, {});", u(sq - 1)));
-        let bm = self.unravel("bz", &batch);
-        let qoff = self.ravel(&bm, &q.batch, 0);
-        let koff = self.ravel(&bm, &k.batch, 0);
-        let voff = self.ravel(&bm, &v.batch, 0);
-        // The query row, in registers.
-        // Loops over the head width are unrolled: constant indices keep
-        // `q` and `acc` in registers (a dynamic index puts them in memory).
-        self.body.stmt(format!("var q: array<f32, {dk}>;"));
-        self.memo.clear();
-        let qrow = self.body.bind("u32", format!("{qoff} + ic * {}", u(q.rs)));
-        for d in 0..dk {
-            let qi = self.body.bind("u32", format!("{qrow} + {}", u(d * q.cs)));
-            let x = self.value_at(q.v, &qi)?;
-            let x = cast(&x, g.meta(q.v).dtype, DType::F32);
-            self.body.stmt(format!("q[{d}] = {x};"));
-        }
-        self.memo.clear();
-        self.body.stmt(format!("var acc: array<f32, {dv}>;"));
-        self.body.stmt(format!("var m: f32 = {ninf};"));
-        self.body.stmt("var l: f32 = 0.0;".into());
-        self.body.stmt(format!("var sc: array<f32, {KEYS}>;"));
-        self.body.stmt(format!(
-            "for (var j0 = 0u; j0 < {}; j0 = j0 + {}) {{",
-            u(sk),
-            u(KEYS)
-        ));
-        // Stage the tile's keys and values (zeros past the last key).
-        for (tile, op, off, width) in [("ks", &k, &koff, dk), ("vs", &v, &voff, dv)] {
-            let n = KEYS * width;
-            self.body.stmt(format!(
-                "for (var e = lid.x; e < {}; e = e + {}) {{",
-                u(n),
-                u(w)
-            ));
-            let jj = self.body.bind("u32", format!("e / {}", u(width)));
-            let c = self.body.bind("u32", format!("e % {}", u(width)));
-            let j = self.body.bind("u32", format!("j0 + {jj}"));
-            let ok = self.body.bind("bool", format!("{j} < {}", u(sk)));
-            let jc = self.body.bind("u32", format!("min({j}, {})", u(sk - 1)));
-            // K is [d, j] (the right operand of Q K), V is [j, c].
-            let at = if tile == "ks" {
-                format!("{off} + {c} * {} + {jc} * {}", u(op.rs), u(op.cs))
-            } else {
-                format!("{off} + {jc} * {} + {c} * {}", u(op.rs), u(op.cs))
-            };
-            let at = self.body.bind("u32", at);
-            let x = self.value_at(op.v, &at)?;
-            let x = cast(&x, g.meta(op.v).dtype, DType::F32);
-            self.body
-                .stmt(format!("{tile}[e] = select(0.0, {x}, {ok});"));
-            self.body.stmt("}".into());
-            self.memo.clear();
-        }
-        self.body.stmt("workgroupBarrier();".into());
-        // Scores of the tile: q . k_j, then the elementwise chain at
-        // (bz, i, j) with the product's value there. Small heads unroll the
-        // loops over the tile's keys too: a dynamic index keeps `sc` in
-        // memory, and constant offsets let the compiler read `ks`/`vs` four
-        // words at a time (an H100 ran MiniLM 32 x 128's attention at 7
-        // TFLOP/s looped). Wide heads keep the loops: unrolled, their
-        // shaders take lavapipe minutes to compile.
-        let unroll = KEYS * (dk + dv) <= 1024;
-        let keys: Vec<String> = if unroll {
-            (0..KEYS).map(u).collect()
-        } else {
-            vec!["jj".to_string()]
-        };
-        let open = |gen: &mut Self| {
-            gen.body.stmt(if unroll {
-                "{".to_string()
-            } else {
-                format!("for (var jj = 0u; jj < {}; jj = jj + 1u) {{", u(KEYS))
-            })
-        };
-        let bmax = self.body.var("f32", ninf.clone());
-        for jj in &keys {
-            open(self);
-            self.body.stmt("var s: f32 = 0.0;".into());
-            self.body.stmt(format!("let kb = {jj} * {};", u(dk)));
-            for d in 0..dk {
-                self.body
-                    .stmt(format!("s = s + q[{d}] * ks[kb + {}];", u(d)));
-            }
-            self.body.stmt(format!("let j = j0 + {jj};"));
-            let si = self.body.bind(
-                "u32",
-                format!(
-                    "bz * {} + ic * {} + min(j, {})",
-                    u(sq * sk),
-                    u(sk),
-                    u(sk - 1)
-                ),
-            );
-            let s = self.body.bind("f32", "s".into());
-            let x = match &score {
-                Score::Chain { s_val, x_val } => {
-                    self.memo.insert((*s_val, si.clone()), s);
-                    let x = self.value_at(*x_val, &si)?;
-                    cast(&x, g.meta(*x_val).dtype, DType::F32)
-                }
-                Score::Sdpa {
-                    scale,
-                    causal,
-                    mask,
-                } => {
-                    let mut x = self
-                        .body
-                        .bind("f32", format!("{s} * {}", literal(*scale, DType::F32)));
-                    if *causal {
-                        x = self
-                            .body
-                            .bind("f32", format!("select({ninf}, {x}, j <= ic)"));
-                    }
-                    if let Some(mv) = mask {
-                        let mm = g.meta(*mv).clone();
-                        let mut shape = batch.clone();
-                        shape.extend([sq, sk]);
-                        let mi = self.broadcast_index(&si, &shape, &mm);
-                        let m = self.value_at(*mv, &mi)?;
-                        x = if mm.dtype == DType::Bool {
-                            self.body.bind("f32", format!("select({ninf}, {x}, {m})"))
-                        } else {
-                            let m = cast(&m, mm.dtype, DType::F32);
-                            self.body.bind("f32", format!("{x} + {m}"))
-                        };
-                    }
-                    x
-                }
-            };
-            self.body
-                .stmt(format!("sc[{jj}] = select({ninf}, {x}, j < {});", u(sk)));
-            self.body.stmt(format!("{bmax} = max({bmax}, sc[{jj}]);"));
-            self.body.stmt("}".into());
-            // The block's bindings end with it.
-            self.memo.clear();
-        }
-        // Online softmax: rescale what the earlier tiles accumulated. A row
-        // whose every score so far is -inf has nothing to rescale (and
-        // ends 0 / 0 = NaN, as softmax gives).
-        self.body.stmt(format!("let mn = max(m, {bmax});"));
-        self.body.stmt(format!("let dead = mn == {ninf};"));
-        self.body
-            .stmt("let alpha = select(exp(m - mn), 1.0, dead);".into());
-        self.body.stmt("l = l * alpha;".into());
-        for c in 0..dv {
-            self.body.stmt(format!("acc[{c}] = acc[{c}] * alpha;"));
-        }
-        for jj in &keys {
-            open(self);
-            self.body
-                .stmt(format!("let p = select(exp(sc[{jj}] - mn), 0.0, dead);"));
-            self.body.stmt("l = l + p;".into());
-            self.body.stmt(format!("let vb = {jj} * {};", u(dv)));
-            for c in 0..dv {
-                self.body
-                    .stmt(format!("acc[{c}] = acc[{c}] + p * vs[vb + {}];", u(c)));
-            }
-            self.body.stmt("}".into());
-        }
-        self.body.stmt("m = mn;".into());
-        self.body.stmt("workgroupBarrier();".into());
-        self.body.stmt("}".into());
-        self.body.stmt(format!("if (i >= {}) {{ return; }}", u(sq)));
-        let orow = self
-            .body
-            .bind("u32", format!("bz * {} + i * {}", u(sq * dv), u(dv)));
-        let od = g.meta(o).dtype;
-        for c in 0..dv {
-            let oi = self.body.bind("u32", format!("{orow} + {}", u(c)));
-            let y = cast(&format!("(acc[{c}] / l)"), DType::F32, od);
-            self.store_to(o, &oi, &y)?;
-        }
         if nb > 65535 {
             return Err(CompileError::no_kernel(format!(
                 "attention over {nb} batch entries: too many workgroups"
             )));
         }
+        let w = rows_per_workgroup(sq, self.workgroup);
+        let unroll = KEYS * (dk + dv) <= 1024;
+        let keys_at = if unroll {
+            (0..KEYS).map(u).collect()
+        } else {
+            vec!["jj".to_string()]
+        };
+        let mut env = Env::default()
+            .n("keys", KEYS)
+            .n("ks_len", KEYS * dk)
+            .n("vs_len", KEYS * dv)
+            .n("dk", dk)
+            .n("dv", dv)
+            .s("w", u(w))
+            .s("sq", u(sq))
+            .s("sq_last", u(sq - 1))
+            .s("sk", u(sk))
+            .s("sk_last", u(sk - 1))
+            .s("sq_sk", u(sq * sk))
+            .s("sq_dv", u(sq * dv))
+            .s("ninf", literal(f64::NEG_INFINITY, DType::F32))
+            .b("unroll", unroll)
+            .l("keys_at", keys_at);
+        let mut holes = |gen: &mut Self, hole: &str, args: &[String], env: &mut Env| -> R<()> {
+            match hole {
+                "offsets" => {
+                    gen.batch_offsets(&batch, &[("qoff", &q), ("koff", &k), ("voff", &v)], env)
+                }
+                "load_q" => gen.load_query(&q, dk, &env.get("qoff")?)?,
+                "stage" => {
+                    let (x, ok) = if args[0] == "k" {
+                        gen.stage_tile(&k, true, dk, sk, &env.get("koff")?)?
+                    } else {
+                        gen.stage_tile(&v, false, dv, sk, &env.get("voff")?)?
+                    };
+                    env.set("x", x);
+                    env.set("ok", ok);
+                }
+                "score" => {
+                    let (sv, si) = (env.get("sv")?, env.get("si")?);
+                    let x = gen.score(&score, &batch, sq, sk, sv, &si)?;
+                    env.set("x", x);
+                }
+                "store" => {
+                    let c = env.get("c")?;
+                    let y = cast(&format!("(acc[{c}] / l)"), DType::F32, gen.meta(o).dtype);
+                    gen.store_to(o, &env.get("oi")?, &y)?;
+                }
+                "forget" => gen.memo.clear(),
+                _ => return Err(bug(format!("attention template: no hole `{hole}`"))),
+            }
+            Ok(())
+        };
+        template::ATTENTION.render(self, &mut env, &mut holes)?;
         let grid = [sq.div_ceil(w) as u32, nb as u32, 1];
         Ok(self.finish(
             format!("attention#{}", label.split('#').nth(1).unwrap_or("")),
             grid,
             [w as u32, 1, 1],
         ))
+    }
+
+    /// The query row `ic` into `q` (registers), with fresh fused loads.
+    fn load_query(&mut self, q: &Operand, dk: usize, qoff: &str) -> R<()> {
+        let dt = self.meta(q.v).dtype;
+        self.memo.clear();
+        let qrow = self.body.bind("u32", format!("{qoff} + ic * {}", u(q.rs)));
+        for d in 0..dk {
+            let qi = self.body.bind("u32", format!("{qrow} + {}", u(d * q.cs)));
+            let x = self.value_at(q.v, &qi)?;
+            let x = cast(&x, dt, DType::F32);
+            self.body.stmt(format!("q[{d}] = {x};"));
+        }
+        self.memo.clear();
+        Ok(())
+    }
+
+    /// Element `e` of a tile of keys (`keys`: K as [d, j]) or values (V as
+    /// [j, c]) of `width` columns: the value (as f32) and whether its key
+    /// `j0 + e / width` exists.
+    fn stage_tile(
+        &mut self,
+        op: &Operand,
+        keys: bool,
+        width: usize,
+        sk: usize,
+        off: &str,
+    ) -> R<(String, String)> {
+        let jj = self.body.bind("u32", format!("e / {}", u(width)));
+        let c = self.body.bind("u32", format!("e % {}", u(width)));
+        let j = self.body.bind("u32", format!("j0 + {jj}"));
+        let ok = self.body.bind("bool", format!("{j} < {}", u(sk)));
+        let jc = self.body.bind("u32", format!("min({j}, {})", u(sk - 1)));
+        let at = if keys {
+            format!("{off} + {c} * {} + {jc} * {}", u(op.rs), u(op.cs))
+        } else {
+            format!("{off} + {jc} * {} + {c} * {}", u(op.rs), u(op.cs))
+        };
+        let at = self.body.bind("u32", at);
+        let x = self.value_at(op.v, &at)?;
+        Ok((cast(&x, self.meta(op.v).dtype, DType::F32), ok))
+    }
+
+    /// The softmax's input at score `s` (position `si` of the scores
+    /// [batch, sq, sk], key `j`, query row `ic`).
+    fn score(
+        &mut self,
+        score: &Score,
+        batch: &[usize],
+        sq: usize,
+        sk: usize,
+        s: String,
+        si: &str,
+    ) -> R<String> {
+        let g = self.g;
+        let ninf = literal(f64::NEG_INFINITY, DType::F32);
+        Ok(match score {
+            Score::Chain { s_val, x_val } => {
+                self.memo.insert((*s_val, si.to_string()), s);
+                let x = self.value_at(*x_val, si)?;
+                cast(&x, g.meta(*x_val).dtype, DType::F32)
+            }
+            Score::Sdpa {
+                scale,
+                causal,
+                mask,
+            } => {
+                let mut x = self
+                    .body
+                    .bind("f32", format!("{s} * {}", literal(*scale, DType::F32)));
+                if *causal {
+                    x = self
+                        .body
+                        .bind("f32", format!("select({ninf}, {x}, j <= ic)"));
+                }
+                if let Some(mv) = mask {
+                    let mm = g.meta(*mv).clone();
+                    let mut shape = batch.to_vec();
+                    shape.extend([sq, sk]);
+                    let mi = self.broadcast_index(si, &shape, &mm);
+                    let m = self.value_at(*mv, &mi)?;
+                    x = if mm.dtype == DType::Bool {
+                        self.body.bind("f32", format!("select({ninf}, {x}, {m})"))
+                    } else {
+                        let m = cast(&m, mm.dtype, DType::F32);
+                        self.body.bind("f32", format!("{x} + {m}"))
+                    };
+                }
+                x
+            }
+        })
     }
 }

@@ -2,6 +2,7 @@
 //! with fused operand loads and epilogues; tiles through workgroup memory
 //! or a loop per invocation.
 
+use super::template::{self, Env};
 use super::*;
 
 /// Output rows each invocation of a tiled product computes: 4, or 1 when
@@ -25,6 +26,39 @@ const SKINNY_LANES: usize = 32;
 /// Word `i` (a multiple of 4) of vec4-bound slot `s`, as four f32.
 fn vec4_at(s: &Slot, i: &str) -> String {
     format!("bitcast<vec4<f32>>({}[({}u + {i}) >> 2u])", s.var, s.base)
+}
+
+/// The operands of a vec4-tiled product and how each tile is read: A
+/// (`sa`) and B (`sb`) along k from vec4 bindings, or B row-major along
+/// its columns (`b_cols`); element loads where the slot is `None`.
+struct Quads<'o> {
+    a: &'o Operand,
+    b: &'o Operand,
+    sa: Option<Slot>,
+    sb: Option<Slot>,
+    b_cols: Option<Slot>,
+    nn: usize,
+    kk: usize,
+    mm: usize,
+}
+
+/// The names the tiled product templates share: `o$i` = 16 i (the
+/// invocation's rows and columns are 16 apart), `comp$i` the vector
+/// components.
+fn tile_env() -> Env {
+    let mut env = Env::default();
+    for (i, c) in ["x", "y", "z", "w"].iter().enumerate() {
+        env = env.n(&format!("o{i}"), 16 * i).s(&format!("comp{i}"), *c);
+    }
+    env
+}
+
+/// A tiled template's accumulators `c$i$j`, row-major over `rows` x 4.
+fn accumulators(env: &Env, rows: usize) -> R<Vec<String>> {
+    (0..rows)
+        .flat_map(|i| (0..4).map(move |j| format!("c{i}{j}")))
+        .map(|c| env.get(&c))
+        .collect()
 }
 
 /// A matrix product operand: value, batch strides over the output batch,
@@ -750,17 +784,13 @@ impl Gen<'_> {
     }
 
     /// `tiled_product` for f32 products of 64-row tiles whose A is read
-    /// along k, in `vec4`s everywhere: each invocation loads one vector of
-    /// each operand tile per K step (four consecutive k of A's row, and of
-    /// B's column or, for a row-major B bound as vectors, four consecutive
-    /// columns of B's row) straight from `vec4` bindings or assembled from
-    /// four element loads (inlined producers: a head merge, a transpose),
-    /// keeps them [row or column][k] (B row-major: [k][column]) in
-    /// workgroup memory, and reads 8 vectors per 64 `fma`s (the scalar
-    /// layout: 32 reads). The next K step's loads are issued into
-    /// registers before this one is computed, hiding their latency. An H100
-    /// ran `linear` 4096x384x1536 in 0.220 ms this way, 0.336 in the scalar
-    /// layout. `None` (nothing generated) where it does not apply.
+    /// along k, in `vec4`s everywhere (`shaders/templates/matmul_vec4.wgsl`):
+    /// each invocation loads one vector of each operand tile per K step
+    /// (four consecutive k of A's row, and of B's column or, for a
+    /// row-major B bound as vectors, four consecutive columns of B's row)
+    /// straight from `vec4` bindings or assembled from four element loads
+    /// (inlined producers: a head merge, a transpose). `None` (nothing
+    /// generated) where it does not apply.
     #[allow(clippy::too_many_arguments)]
     fn tiled_vec4_product(
         &mut self,
@@ -798,188 +828,140 @@ impl Gen<'_> {
             Some(_) => None,
             None => self.vec4_operand(b, b.cs, b.rs, kk)?,
         };
-        // A vector of four k is 5 apart per row or column: the 8
-        // invocations of a 128-bit access phase reading B's columns
-        // lid.x..lid.x+7 hit distinct banks (20-word stride); B row-major
-        // holds 16 vectors of columns per k, 17 apart.
-        self.shared
-            .push("var<workgroup> ta: array<vec4<f32>, 320>;".into());
-        self.shared
-            .push("var<workgroup> tb: array<vec4<f32>, 320>;".into());
-        self.body.stmt("let bz = wid.z;".into());
-        self.body.stmt("let lin = lid.y * 16u + lid.x;".into());
-        let bzm = self.unravel("bz", batch);
-        let aoff = self.ravel(&bzm, &a.batch, 0);
-        let boff = self.ravel(&bzm, &b.batch, 0);
-        let accs: Vec<String> = (0..16)
-            .map(|_| self.body.var("f32", "0.0".into()))
-            .collect();
-        // This invocation's vector of each tile: A's row lin / 4 at k
-        // lin % 4 * 4; B's column lin / 4 at the same k, or (row-major)
-        // B's row lin / 16 at columns lin % 16 * 4.
-        self.body.stmt("let kq = (lin % 4u) * 4u;".into());
-        self.body.stmt("let ar = wid.y * 64u + lin / 4u;".into());
-        if b_cols.is_some() {
-            self.body.stmt("let kr = lin / 16u;".into());
-            self.body
-                .stmt("let bc = wid.x * 64u + (lin % 16u) * 4u;".into());
-        } else {
-            self.body.stmt("let bc = wid.x * 64u + lin / 4u;".into());
-        }
-        let g = self.g;
-        // Four consecutive k of `x` at `line` (A's row or B's column) from
-        // `k`: one vector load, or four element loads (zero past `kk`).
-        let quad_along_k = |gen: &mut Self,
-                            x: &Operand,
-                            slot: &Option<Slot>,
-                            off: &str,
-                            line: &str,
-                            lines: usize,
-                            line_stride: usize,
-                            k: &str|
-         -> R<String> {
-            let ok = format!("{line} < {} && {k} < {}", u(lines), u(kk));
-            if let Some(s) = slot {
-                let at = format!(
-                    "{off} + min({line}, {}) * {} + min({k}, {})",
-                    u(lines - 1),
-                    u(line_stride),
-                    u(kk - 4)
-                );
-                return Ok(format!("select(vec4<f32>(0.0), {}, {ok})", vec4_at(s, &at)));
-            }
-            let mut parts = vec![];
-            for j in 0..4 {
-                let kj = gen.body.bind("u32", format!("{k} + {j}u"));
-                let okj = gen
-                    .body
-                    .bind("bool", format!("{line} < {} && {kj} < {}", u(lines), u(kk)));
-                let at = gen.body.bind(
-                    "u32",
-                    format!(
-                        "{off} + min({line}, {}) * {} + min({kj}, {})",
-                        u(lines - 1),
-                        u(line_stride),
-                        u(kk - 1)
-                    ),
-                );
-                let v = gen.value_at(x.v, &at)?;
-                let v = cast(&v, g.meta(x.v).dtype, DType::F32);
-                parts.push(gen.body.bind("f32", format!("select(0.0, {v}, {okj})")));
-            }
-            Ok(format!("vec4<f32>({})", parts.join(", ")))
+        let quads = Quads {
+            a,
+            b,
+            sa,
+            sb,
+            b_cols,
+            nn,
+            kk,
+            mm,
         };
-        let load = |gen: &mut Self, k: &str, kb: &str| -> R<(String, String)> {
-            let saved = std::mem::take(&mut gen.memo);
-            let pa = quad_along_k(gen, a, &sa, &aoff, "ar", nn, a.rs, k)?;
-            let pa = gen.body.bind("vec4<f32>", pa);
-            let pb = match &b_cols {
-                Some(s) => gen.body.bind(
-                    "vec4<f32>",
-                    format!(
-                        "select(vec4<f32>(0.0), {}, bc < {} && {kb} < {})",
-                        vec4_at(
-                            s,
-                            &format!(
-                                "{boff} + min({kb}, {}) * {} + min(bc, {})",
-                                u(kk - 1),
-                                u(b.rs),
-                                u(mm - 4)
-                            )
-                        ),
-                        u(mm),
-                        u(kk)
-                    ),
-                ),
-                None => {
-                    let pb = quad_along_k(gen, b, &sb, &boff, "bc", mm, b.cs, k)?;
-                    gen.body.bind("vec4<f32>", pb)
-                }
-            };
-            gen.memo = saved;
-            Ok((pa, pb))
-        };
-        let (pa, pb) = load(self, "kq", "kr")?;
-        self.body.stmt(format!("var pa = {pa};"));
-        self.body.stmt(format!("var pb = {pb};"));
-        self.body.stmt(format!(
-            "for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{",
-            u(kk)
-        ));
-        self.body
-            .stmt("ta[(lin / 4u) * 5u + lin % 4u] = pa;".into());
-        if b_cols.is_some() {
-            self.body
-                .stmt("tb[(lin / 16u) * 17u + lin % 16u] = pb;".into());
-        } else {
-            self.body
-                .stmt("tb[(lin / 4u) * 5u + lin % 4u] = pb;".into());
-        }
-        self.body.stmt("workgroupBarrier();".into());
-        self.body.stmt(format!("if (t0 + 16u < {}) {{", u(kk)));
-        self.body.stmt("let kn = t0 + 16u + kq;".into());
-        if b_cols.is_some() {
-            self.body.stmt("let kbn = t0 + 16u + kr;".into());
-        }
-        let (na, nb) = load(self, "kn", "kbn")?;
-        self.body.stmt(format!("pa = {na};"));
-        self.body.stmt(format!("pb = {nb};"));
-        self.body.stmt("}".into());
-        self.body
-            .stmt("for (var q = 0u; q < 4u; q = q + 1u) {".into());
-        for i in 0..4 {
-            self.body
-                .stmt(format!("let a{i} = ta[(lid.y + {}u) * 5u + q];", 16 * i));
-        }
-        let comps = ["x", "y", "z", "w"];
-        if b_cols.is_some() {
-            // This invocation's columns are 4 lid.x .. 4 lid.x + 3: one
-            // vector of B's row for each of the four k.
-            for (kq, kc) in comps.iter().enumerate() {
-                self.body
-                    .stmt(format!("let b{kq} = tb[(q * 4u + {kq}u) * 17u + lid.x];"));
-                for i in 0..4 {
-                    for (j, jc) in comps.iter().enumerate() {
-                        let c = &accs[i * 4 + j];
-                        self.body
-                            .stmt(format!("{c} = fma(a{i}.{kc}, b{kq}.{jc}, {c});"));
-                    }
-                }
-            }
-        } else {
-            for j in 0..4 {
-                self.body
-                    .stmt(format!("let b{j} = tb[(lid.x + {}u) * 5u + q];", 16 * j));
-            }
-            for i in 0..4 {
-                for j in 0..4 {
-                    let c = &accs[i * 4 + j];
-                    for comp in comps {
-                        self.body
-                            .stmt(format!("{c} = fma(a{i}.{comp}, b{j}.{comp}, {c});"));
-                    }
-                }
-            }
-        }
-        self.body.stmt("}".into());
-        self.body.stmt("workgroupBarrier();".into());
-        self.body.stmt("}".into());
-        let col = if b_cols.is_some() {
+        let col = if quads.b_cols.is_some() {
             "lid.x * 4u + ij % 4u"
         } else {
             "lid.x + 16u * (ij % 4u)"
         };
-        Ok(Some(self.tile_outputs(&accs, 64, col, nn, mm, "f32")))
+        let mut env = tile_env()
+            .b("b_cols", quads.b_cols.is_some())
+            .s("kk", u(kk));
+        let mut acc = None;
+        let mut holes = |gen: &mut Self, hole: &str, args: &[String], env: &mut Env| -> R<()> {
+            match hole {
+                "offsets" => gen.batch_offsets(batch, &[("aoff", a), ("boff", b)], env),
+                "load" => {
+                    let (aoff, boff) = (env.get("aoff")?, env.get("boff")?);
+                    let (pa, pb) = gen.vec4_quads(&quads, &aoff, &boff, &args[0], &args[1])?;
+                    env.set("pa", pa);
+                    env.set("pb", pb);
+                }
+                "outputs" => {
+                    let accs = accumulators(env, 4)?;
+                    acc = Some(gen.tile_outputs(&accs, 64, col, nn, mm, "f32"));
+                }
+                _ => return Err(bug(format!("matmul template: no hole `{hole}`"))),
+            }
+            Ok(())
+        };
+        template::MATMUL_VEC4.render(self, &mut env, &mut holes)?;
+        acc.map(Some)
+            .ok_or_else(|| bug("matmul template without outputs"))
     }
 
-    /// The GPU matrix product: a 64x64 output tile per workgroup of 16x16
-    /// invocations, each accumulating a 4x4 block in registers (rows and
-    /// columns strided by 16, so workgroup-memory reads are broadcasts or
-    /// consecutive), K in steps of 16 through workgroup memory. Operand
-    /// tiles are loaded along whichever operand dimension is contiguous, so
-    /// global reads coalesce for row-major and transposed operands alike
-    /// (`linear`'s weight). Opens the epilogue loop over the 16 outputs
-    /// (`row`, `col`, `bz` in scope) and returns its accumulator.
+    /// Four consecutive k of `x` at `line` (A's row or B's column) from
+    /// `k`: one vector load from `slot`, or four element loads (zero past
+    /// `kk`).
+    #[allow(clippy::too_many_arguments)]
+    fn quad_along_k(
+        &mut self,
+        x: &Operand,
+        slot: &Option<Slot>,
+        off: &str,
+        line: &str,
+        lines: usize,
+        line_stride: usize,
+        k: &str,
+        kk: usize,
+    ) -> R<String> {
+        let ok = format!("{line} < {} && {k} < {}", u(lines), u(kk));
+        if let Some(s) = slot {
+            let at = format!(
+                "{off} + min({line}, {}) * {} + min({k}, {})",
+                u(lines - 1),
+                u(line_stride),
+                u(kk - 4)
+            );
+            return Ok(format!("select(vec4<f32>(0.0), {}, {ok})", vec4_at(s, &at)));
+        }
+        let dt = self.meta(x.v).dtype;
+        let mut parts = vec![];
+        for j in 0..4 {
+            let kj = self.body.bind("u32", format!("{k} + {j}u"));
+            let okj = self
+                .body
+                .bind("bool", format!("{line} < {} && {kj} < {}", u(lines), u(kk)));
+            let at = self.body.bind(
+                "u32",
+                format!(
+                    "{off} + min({line}, {}) * {} + min({kj}, {})",
+                    u(lines - 1),
+                    u(line_stride),
+                    u(kk - 1)
+                ),
+            );
+            let v = self.value_at(x.v, &at)?;
+            let v = cast(&v, dt, DType::F32);
+            parts.push(self.body.bind("f32", format!("select(0.0, {v}, {okj})")));
+        }
+        Ok(format!("vec4<f32>({})", parts.join(", ")))
+    }
+
+    /// This invocation's vectors of A's and B's tiles at `k` (B row-major:
+    /// its row `kb`), bound to fresh names with fresh fused loads.
+    fn vec4_quads(
+        &mut self,
+        q: &Quads,
+        aoff: &str,
+        boff: &str,
+        k: &str,
+        kb: &str,
+    ) -> R<(String, String)> {
+        let (a, b, nn, kk, mm) = (q.a, q.b, q.nn, q.kk, q.mm);
+        let saved = std::mem::take(&mut self.memo);
+        let pa = self.quad_along_k(a, &q.sa, aoff, "ar", nn, a.rs, k, kk)?;
+        let pa = self.body.bind("vec4<f32>", pa);
+        let pb = match &q.b_cols {
+            Some(s) => {
+                let at = format!(
+                    "{boff} + min({kb}, {}) * {} + min(bc, {})",
+                    u(kk - 1),
+                    u(b.rs),
+                    u(mm - 4)
+                );
+                let pb = format!(
+                    "select(vec4<f32>(0.0), {}, bc < {} && {kb} < {})",
+                    vec4_at(s, &at),
+                    u(mm),
+                    u(kk)
+                );
+                self.body.bind("vec4<f32>", pb)
+            }
+            None => {
+                let pb = self.quad_along_k(b, &q.sb, boff, "bc", mm, b.cs, k, kk)?;
+                self.body.bind("vec4<f32>", pb)
+            }
+        };
+        self.memo = saved;
+        Ok((pa, pb))
+    }
+
+    /// The GPU matrix product (`shaders/templates/matmul.wgsl`): a 64x64
+    /// output tile per workgroup of 16x16 invocations (16x64 for products
+    /// of at most 16 rows, batch-1 inference, where bigger tiles would
+    /// idle), K in steps of 16 through workgroup memory; the vec4 form
+    /// where it applies. Opens the epilogue loop over the invocation's
+    /// outputs (`row`, `col`, `bz` in scope) and returns its accumulator.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn tiled_product(
         &mut self,
@@ -995,118 +977,130 @@ impl Gen<'_> {
             return Ok(acc);
         }
         let at = ty(acc_dt);
-        let zero = literal(0.0, acc_dt);
-        // Rows per invocation: 4 (64-row tiles), or 1 for products of at
-        // most 16 rows (batch-1 inference), where bigger tiles would idle.
         let tm = matmul_rows_per_invocation(nn);
         let bm = 16 * tm;
-        // ta[k * (bm + 1) + row], tb[k * 65 + col]: rows padded by one so
-        // the invocations storing one row's 16 k values hit 16 banks.
-        let (sa, sb) = (bm + 1, 65);
-        self.shared
-            .push(format!("var<workgroup> ta: array<{at}, {}>;", 16 * sa));
-        self.shared
-            .push(format!("var<workgroup> tb: array<{at}, {}>;", 16 * sb));
-        self.body.stmt("let bz = wid.z;".into());
-        self.body.stmt("let lin = lid.y * 16u + lid.x;".into());
-        let bzm = self.unravel("bz", batch);
-        let aoff = self.ravel(&bzm, &a.batch, 0);
-        let boff = self.ravel(&bzm, &b.batch, 0);
-        let accs: Vec<String> = (0..4 * tm)
-            .map(|_| self.body.var(at, zero.clone()))
-            .collect();
-        self.body.stmt(format!(
-            "for (var t0 = 0u; t0 < {}; t0 = t0 + 16u) {{",
-            u(kk)
-        ));
-        // Operand tiles: vec4 loads of buffers laid out for them (four
-        // consecutive k of A, of B along k or along its columns), else
-        // element by element through `value_at`.
-        if !self.vec4_tile_a(a, &aoff, bm, nn, kk, acc_dt)? {
-            // A: bm rows x 16 k, `tm` elements an invocation; along k when k is
-            // contiguous, else along rows.
-            self.body
-                .stmt(format!("for (var e = 0u; e < {}; e = e + 1u) {{", u(tm)));
-            let saved = std::mem::take(&mut self.memo);
-            let idx = self.body.bind("u32", "lin + e * 256u".into());
-            let (r, k) = if a.cs == 1 {
-                (format!("{idx} / 16u"), format!("{idx} % 16u"))
-            } else {
-                (format!("{idx} % {}", u(bm)), format!("{idx} / {}", u(bm)))
-            };
-            let (r, k) = (self.body.bind("u32", r), self.body.bind("u32", k));
-            let (row, ka) = (
-                self.body.bind("u32", format!("wid.y * {} + {r}", u(bm))),
-                self.body.bind("u32", format!("t0 + {k}")),
-            );
-            let pa = self
-                .body
-                .bind("bool", format!("{row} < {} && {ka} < {}", u(nn), u(kk)));
-            let ia = format!("{aoff} + {row} * {} + {ka} * {}", u(a.rs), u(a.cs));
-            let slot = format!("{k} * {} + {r}", u(sa));
-            self.load_tile("ta", &slot, a.v, &ia, &pa, acc_dt)?;
-            self.memo = saved;
-            self.body.stmt("}".into());
-        }
-        if !self.vec4_tile_b(b, &boff, kk, mm, acc_dt)? {
-            // B: 16 k x 64 columns, 4 elements an invocation; along columns
-            // when they are contiguous.
-            self.body
-                .stmt("for (var e = 0u; e < 4u; e = e + 1u) {".into());
-            let saved = std::mem::take(&mut self.memo);
-            let idx = self.body.bind("u32", "lin + e * 256u".into());
-            let (k, c) = if b.cs == 1 || b.rs != 1 {
-                (format!("{idx} / 64u"), format!("{idx} % 64u"))
-            } else {
-                (format!("{idx} % 16u"), format!("{idx} / 16u"))
-            };
-            let (k, c) = (self.body.bind("u32", k), self.body.bind("u32", c));
-            let (kb, col) = (
-                self.body.bind("u32", format!("t0 + {k}")),
-                self.body.bind("u32", format!("wid.x * 64u + {c}")),
-            );
-            let pb = self
-                .body
-                .bind("bool", format!("{kb} < {} && {col} < {}", u(kk), u(mm)));
-            let ib = format!("{boff} + {kb} * {} + {col} * {}", u(b.rs), u(b.cs));
-            self.load_tile(
-                "tb",
-                &format!("{k} * {} + {c}", u(sb)),
-                b.v,
-                &ib,
-                &pb,
-                acc_dt,
-            )?;
-            self.memo = saved;
-            self.body.stmt("}".into());
-        }
-        self.body.stmt("workgroupBarrier();".into());
-        self.body
-            .stmt("for (var q = 0u; q < 16u; q = q + 1u) {".into());
-        for i in 0..tm {
-            self.body.stmt(format!(
-                "let a{i} = ta[q * {} + lid.y + {}u];",
-                u(sa),
-                16 * i
-            ));
-        }
-        for j in 0..4 {
-            self.body
-                .stmt(format!("let b{j} = tb[q * 65u + lid.x + {}u];", 16 * j));
-        }
-        for i in 0..tm {
-            for j in 0..4 {
-                let c = &accs[i * 4 + j];
-                self.body.stmt(format!("{c} = {c} + a{i} * b{j};"));
+        let sa = bm + 1;
+        let mut env = tile_env()
+            .s("at", at)
+            .s("zero", literal(0.0, acc_dt))
+            .n("tm", tm)
+            .n("ta_len", 16 * sa)
+            .n("tb_len", 16 * 65)
+            .s("sa", u(sa))
+            .s("kk", u(kk));
+        let mut acc = None;
+        let mut holes = |gen: &mut Self, hole: &str, _: &[String], env: &mut Env| -> R<()> {
+            match hole {
+                "offsets" => gen.batch_offsets(batch, &[("aoff", a), ("boff", b)], env),
+                "tile_a" => {
+                    let aoff = env.get("aoff")?;
+                    if !gen.vec4_tile_a(a, &aoff, bm, nn, kk, acc_dt)? {
+                        gen.tile_a_elements(a, &aoff, tm, nn, kk, acc_dt)?;
+                    }
+                }
+                "tile_b" => {
+                    let boff = env.get("boff")?;
+                    if !gen.vec4_tile_b(b, &boff, kk, mm, acc_dt)? {
+                        gen.tile_b_elements(b, &boff, kk, mm, acc_dt)?;
+                    }
+                }
+                "outputs" => {
+                    let accs = accumulators(env, tm)?;
+                    let col = "lid.x + 16u * (ij % 4u)";
+                    acc = Some(gen.tile_outputs(&accs, bm, col, nn, mm, at));
+                }
+                _ => return Err(bug(format!("matmul template: no hole `{hole}`"))),
             }
+            Ok(())
+        };
+        template::MATMUL.render(self, &mut env, &mut holes)?;
+        acc.ok_or_else(|| bug("matmul template without outputs"))
+    }
+
+    /// A's tile (`16 tm` rows x 16 k) element by element, `tm` elements an
+    /// invocation: along k when k is contiguous, else along rows.
+    fn tile_a_elements(
+        &mut self,
+        a: &Operand,
+        aoff: &str,
+        tm: usize,
+        nn: usize,
+        kk: usize,
+        acc_dt: DType,
+    ) -> R<()> {
+        let bm = 16 * tm;
+        self.body
+            .stmt(format!("for (var e = 0u; e < {}; e = e + 1u) {{", u(tm)));
+        let saved = std::mem::take(&mut self.memo);
+        let idx = self.body.bind("u32", "lin + e * 256u".into());
+        let (r, k) = if a.cs == 1 {
+            (format!("{idx} / 16u"), format!("{idx} % 16u"))
+        } else {
+            (format!("{idx} % {}", u(bm)), format!("{idx} / {}", u(bm)))
+        };
+        let (r, k) = (self.body.bind("u32", r), self.body.bind("u32", k));
+        let (row, ka) = (
+            self.body.bind("u32", format!("wid.y * {} + {r}", u(bm))),
+            self.body.bind("u32", format!("t0 + {k}")),
+        );
+        let pa = self
+            .body
+            .bind("bool", format!("{row} < {} && {ka} < {}", u(nn), u(kk)));
+        let ia = format!("{aoff} + {row} * {} + {ka} * {}", u(a.rs), u(a.cs));
+        let slot = format!("{k} * {} + {r}", u(bm + 1));
+        self.load_tile("ta", &slot, a.v, &ia, &pa, acc_dt)?;
+        self.memo = saved;
+        self.body.stmt("}".into());
+        Ok(())
+    }
+
+    /// B's tile (16 k x 64 columns) element by element, 4 elements an
+    /// invocation: along columns when they are contiguous.
+    fn tile_b_elements(
+        &mut self,
+        b: &Operand,
+        boff: &str,
+        kk: usize,
+        mm: usize,
+        acc_dt: DType,
+    ) -> R<()> {
+        self.body
+            .stmt("for (var e = 0u; e < 4u; e = e + 1u) {".into());
+        let saved = std::mem::take(&mut self.memo);
+        let idx = self.body.bind("u32", "lin + e * 256u".into());
+        let (k, c) = if b.cs == 1 || b.rs != 1 {
+            (format!("{idx} / 64u"), format!("{idx} % 64u"))
+        } else {
+            (format!("{idx} % 16u"), format!("{idx} / 16u"))
+        };
+        let (k, c) = (self.body.bind("u32", k), self.body.bind("u32", c));
+        let (kb, col) = (
+            self.body.bind("u32", format!("t0 + {k}")),
+            self.body.bind("u32", format!("wid.x * 64u + {c}")),
+        );
+        let pb = self
+            .body
+            .bind("bool", format!("{kb} < {} && {col} < {}", u(kk), u(mm)));
+        let ib = format!("{boff} + {kb} * {} + {col} * {}", u(b.rs), u(b.cs));
+        let slot = format!("{k} * 65u + {c}");
+        self.load_tile("tb", &slot, b.v, &ib, &pb, acc_dt)?;
+        self.memo = saved;
+        self.body.stmt("}".into());
+        Ok(())
+    }
+
+    /// Binds each operand's first element for batch entry `bz` in `env`.
+    pub(super) fn batch_offsets(
+        &mut self,
+        batch: &[usize],
+        ops: &[(&str, &Operand)],
+        env: &mut Env,
+    ) {
+        let bm = self.unravel("bz", batch);
+        for (name, op) in ops {
+            let off = self.ravel(&bm, &op.batch, 0);
+            env.set(name, off);
         }
-        self.body.stmt("}".into());
-        self.body.stmt("workgroupBarrier();".into());
-        self.body.stmt("}".into());
-        // Epilogue over the invocation's outputs; the accumulator picked by
-        // selects (a dynamic index would move the accumulators out of
-        // registers).
-        Ok(self.tile_outputs(&accs, bm, "lid.x + 16u * (ij % 4u)", nn, mm, at))
     }
 
     /// Opens a tiled product's epilogue loop over the invocation's

@@ -12,6 +12,7 @@ mod matmul;
 mod reduction;
 mod scatter;
 mod select;
+mod template;
 
 use crate::error::{CompileError, Stage};
 use crate::index::{Affine, Region};

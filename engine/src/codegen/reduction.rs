@@ -2,6 +2,7 @@
 //! norm (a row per invocation, or per 1-64 invocations through workgroup
 //! memory on GPUs).
 
+use super::template::{self, Env};
 use super::*;
 
 /// Rows of `width` contiguous elements reduced by `lanes` invocations each
@@ -249,7 +250,7 @@ impl Gen<'_> {
                 .body
                 .bind("f32", format!("{sum} + select(0.0, {x}, {inr})"));
         }
-        let total = self.row_reduce(&t, &lane, &[&sum], false).remove(0);
+        let total = self.row_reduce(&t, &lane, &[&sum], false)?.remove(0);
         let res = if mean {
             self.body
                 .bind("f32", format!("{total} / f32({})", u(t.width)))
@@ -496,101 +497,47 @@ impl Gen<'_> {
     }
 
     /// Each of `partials` combined over the lanes of each row through
-    /// workgroup memory (one tree of `lanes` for all of them: `red` holds
-    /// 64 floats per partial); every lane gets the results. Barriers are
-    /// reached by every invocation (uniform control flow). With subgroups,
-    /// butterfly shuffles combine blocks of up to the subgroup size first
-    /// (a row's lanes are consecutive invocations), and workgroup memory
-    /// only the blocks' results.
+    /// workgroup memory, or subgroup shuffles first where the device has
+    /// them (`shaders/templates/row_combine.wgsl`); every lane gets the
+    /// results.
     pub(super) fn row_reduce(
         &mut self,
         t: &RowTile,
         lane: &str,
         partials: &[&str],
         max: bool,
-    ) -> Vec<String> {
-        let op = |a: &str, b: &str| {
-            if max {
-                format!("max({a}, {b})")
-            } else {
-                format!("{a} + {b}")
-            }
+    ) -> R<Vec<String>> {
+        let sg = self.subgroup.filter(|&sg| t.lanes > 1 && sg <= 64);
+        let block = t.lanes.min(sg.unwrap_or(t.lanes));
+        let halves = |from: usize| {
+            std::iter::successors(Some(from / 2), |m| Some(m / 2))
+                .take_while(|&m| m >= 1)
+                .map(|m| m.to_string())
+                .collect::<Vec<_>>()
         };
-        if let Some(sg) = self.subgroup.filter(|&sg| t.lanes > 1 && sg <= 64) {
-            // Native WGSL (naga) takes subgroup builtins without an
-            // `enable` directive.
-            let block = t.lanes.min(sg);
-            self.uses_subgroup = true;
-            let mut vals: Vec<String> = partials
-                .iter()
-                .map(|p| self.body.var("f32", p.to_string()))
-                .collect();
-            let mut mask = block / 2;
-            while mask >= 1 {
-                for v in &vals {
-                    let other = format!("subgroupShuffleXor({v}, {}u)", mask);
-                    self.body.stmt(format!("{v} = {};", op(v, &other)));
-                }
-                mask /= 2;
-            }
-            if block == t.lanes {
-                return vals;
-            }
-            // Blocks of the row: one result each through workgroup memory.
-            let blocks = t.lanes / block;
-            for (i, v) in vals.iter().enumerate() {
-                self.body.stmt(format!(
-                    "if (lid.x % {} == 0u) {{ red[{}u + lid.x / {}] = {v}; }}",
-                    u(block),
-                    64 * i,
-                    u(block)
-                ));
-            }
-            self.body.stmt("workgroupBarrier();".into());
-            let first = self
-                .body
-                .bind("u32", format!("(lid.x - {lane}) / {}", u(block)));
-            vals = (0..partials.len())
-                .map(|i| {
-                    let mut acc = format!("red[{}u + {first}]", 64 * i);
-                    for b in 1..blocks {
-                        acc = op(&acc, &format!("red[{}u + {first} + {}]", 64 * i, u(b)));
-                    }
-                    self.body.bind("f32", acc)
-                })
-                .collect();
-            self.body.stmt("workgroupBarrier();".into());
-            return vals;
-        }
+        let mut env = Env::default()
+            .b("subgroup", sg.is_some())
+            .b("max", max)
+            .b("split", block != t.lanes)
+            .n("parts", partials.len())
+            .n("block", block)
+            .l("masks", halves(block))
+            .l("strides", halves(t.lanes))
+            .l(
+                "later_blocks",
+                (1..t.lanes / block).map(|b| b.to_string()).collect(),
+            )
+            .s("lane", lane);
         for (i, p) in partials.iter().enumerate() {
-            self.body.stmt(format!("red[{}u + lid.x] = {p};", 64 * i));
+            env = env.s(&format!("part{i}"), *p).n(&format!("red{i}"), 64 * i);
         }
-        self.body.stmt("workgroupBarrier();".into());
-        let mut s = t.lanes / 2;
-        while s >= 1 {
-            let steps: Vec<String> = (0..partials.len())
-                .map(|i| {
-                    let at = format!("red[{}u + lid.x]", 64 * i);
-                    format!(
-                        "{at} = {};",
-                        op(&at, &format!("red[{}u + lid.x + {}]", 64 * i, u(s)))
-                    )
-                })
-                .collect();
-            self.body
-                .stmt(format!("if ({lane} < {}) {{ {} }}", u(s), steps.join(" ")));
-            self.body.stmt("workgroupBarrier();".into());
-            s /= 2;
-        }
-        let r = (0..partials.len())
-            .map(|i| {
-                self.body
-                    .bind("f32", format!("red[{}u + lid.x - {lane}]", 64 * i))
-            })
-            .collect();
-        // Later reductions reuse `red`.
-        self.body.stmt("workgroupBarrier();".into());
-        r
+        self.uses_subgroup |= sg.is_some();
+        template::ROW_COMBINE.render(self, &mut env, &mut |_, hole, _, _| {
+            Err(bug(format!("row template: no hole `{hole}`")))
+        })?;
+        (0..partials.len())
+            .map(|i| env.get(&format!("res{i}")))
+            .collect()
     }
 
     /// Softmax along contiguous rows: a row per `lanes` invocations, its
@@ -613,7 +560,7 @@ impl Gen<'_> {
                 .body
                 .bind("f32", format!("max({m}, select({ninf}, {x}, {inr}))"));
         }
-        let mx = self.row_reduce(&t, &lane, &[&m], true).remove(0);
+        let mx = self.row_reduce(&t, &lane, &[&m], true)?.remove(0);
         let mut sum = "0.0".to_string();
         let mut es = vec![];
         for (x, inr, _, _) in &xs {
@@ -623,7 +570,7 @@ impl Gen<'_> {
                 .bind("f32", format!("{sum} + select(0.0, {e}, {inr})"));
             es.push(e);
         }
-        let total = self.row_reduce(&t, &lane, &[&sum], false).remove(0);
+        let total = self.row_reduce(&t, &lane, &[&sum], false)?.remove(0);
         for ((x, inr, _, at), e) in xs.iter().zip(&es) {
             let y = if log {
                 format!("{x} - {mx} - log({total})")
@@ -729,13 +676,13 @@ impl Gen<'_> {
         self.body.stmt(format!("{m} = max({m}, {x});"));
         self.body.stmt("}".into());
         self.memo.clear();
-        let mx = self.row_reduce(&t, &lane, &[&m], true).remove(0);
+        let mx = self.row_reduce(&t, &lane, &[&m], true)?.remove(0);
         let sum = self.body.var("f32", "0.0".into());
         let x = self.wide_pass(input, &end, &base)?;
         self.body.stmt(format!("{sum} = {sum} + exp({x} - {mx});"));
         self.body.stmt("}".into());
         self.memo.clear();
-        let total = self.row_reduce(&t, &lane, &[&sum], false).remove(0);
+        let total = self.row_reduce(&t, &lane, &[&sum], false)?.remove(0);
         let x = self.wide_pass(input, &end, &base)?;
         let y = if log {
             format!("{x} - {mx} - log({total})")
@@ -773,7 +720,7 @@ impl Gen<'_> {
         self.body.stmt(format!("{sum} = {sum} + {x};"));
         self.body.stmt("}".into());
         self.memo.clear();
-        let total = self.row_reduce(&t, &lane, &[&sum], false).remove(0);
+        let total = self.row_reduce(&t, &lane, &[&sum], false)?.remove(0);
         let mean0 = self.body.bind("f32", format!("{total} / f32({w})"));
         let (dev, sq) = (
             self.body.var("f32", "0.0".into()),
@@ -785,7 +732,7 @@ impl Gen<'_> {
         self.body.stmt(format!("{sq} = {sq} + {d} * {d};"));
         self.body.stmt("}".into());
         self.memo.clear();
-        let [dev, sq] = &self.row_reduce(&t, &lane, &[&dev, &sq], false)[..] else {
+        let [dev, sq] = &self.row_reduce(&t, &lane, &[&dev, &sq], false)?[..] else {
             return Err(bug("row reduction"));
         };
         let (dev, sq) = (dev.clone(), sq.clone());
@@ -822,7 +769,7 @@ impl Gen<'_> {
                 .body
                 .bind("f32", format!("{sum} + select(0.0, {x}, {inr})"));
         }
-        let total = self.row_reduce(&t, &lane, &[&sum], false).remove(0);
+        let total = self.row_reduce(&t, &lane, &[&sum], false)?.remove(0);
         let mean0 = self.body.bind("f32", format!("{total} / f32({w})"));
         // The corrected two-pass algorithm: the deviations' sum refines the
         // mean (exact for constant rows), their squares give the variance.
@@ -834,7 +781,7 @@ impl Gen<'_> {
             dev = self.body.bind("f32", format!("{dev} + {d}"));
             sq = self.body.bind("f32", format!("{sq} + {d} * {d}"));
         }
-        let [dev, sq] = &self.row_reduce(&t, &lane, &[&dev, &sq], false)[..] else {
+        let [dev, sq] = &self.row_reduce(&t, &lane, &[&dev, &sq], false)?[..] else {
             return Err(bug("row reduction"));
         };
         let (dev, sq) = (dev.clone(), sq.clone());

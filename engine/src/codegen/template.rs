@@ -1,0 +1,419 @@
+//! Kernel templates: the fixed part of a hand-tuned kernel (tiling,
+//! barriers, unrolled inner loops) is hand-written WGSL in
+//! `shaders/templates/`, and the generator fills its holes with what
+//! depends on the program (fused operand loads, epilogues).
+//!
+//! A template is WGSL, one statement a line (leading blanks ignored),
+//! with `$name` / `${name}` replaced from the environment (`${c$i}`: the
+//! name `c` followed by `i`'s value) and these
+//! directives:
+//!
+//! - `## ...`: a comment, dropped;
+//! - `#shared <decl>`: a workgroup-memory declaration of the kernel;
+//! - `#if name` / `#if !name`, `#else`, `#end`: a flag of the environment;
+//! - `#for x in name ... #end`: unrolled over `0..n` (a count, named or
+//!   literal) or the strings of a list;
+//! - `#let name: ty = expr` / `#var name: ty = expr`: a fresh temporary
+//!   (`let` or `var`), its name bound to `name`;
+//! - `#set name = text`: binds `name` to the text (expressions built up
+//!   over an unrolled loop);
+//! - `@hole args`: the generator's statements (which may bind names).
+//!
+//! `tests` renders every template through the real generator and checks
+//! that every line of every template reached a kernel naga validates.
+
+use super::*;
+
+/// A template of `shaders/templates/`.
+#[derive(Clone, Copy)]
+pub(super) struct Template {
+    pub(super) name: &'static str,
+    pub(super) src: &'static str,
+}
+
+macro_rules! template {
+    ($file:literal) => {
+        Template {
+            name: $file,
+            src: include_str!(concat!("../../../shaders/templates/", $file)),
+        }
+    };
+}
+
+pub(super) const ATTENTION: Template = template!("attention.wgsl");
+pub(super) const MATMUL_VEC4: Template = template!("matmul_vec4.wgsl");
+pub(super) const MATMUL: Template = template!("matmul.wgsl");
+pub(super) const ROW_COMBINE: Template = template!("row_combine.wgsl");
+
+/// Every template (for the coverage test).
+#[cfg(test)]
+pub(super) const ALL: [Template; 4] = [ATTENTION, MATMUL_VEC4, MATMUL, ROW_COMBINE];
+
+/// A value of a template's environment.
+#[derive(Clone, Debug)]
+pub(super) enum V {
+    Str(String),
+    Count(usize),
+    Flag(bool),
+    List(Vec<String>),
+}
+
+/// The names a template reads.
+#[derive(Default, Clone)]
+pub(super) struct Env(HashMap<String, V>);
+
+impl Env {
+    pub(super) fn s(mut self, k: &str, v: impl Into<String>) -> Self {
+        self.set(k, v);
+        self
+    }
+    pub(super) fn n(mut self, k: &str, v: usize) -> Self {
+        self.0.insert(k.into(), V::Count(v));
+        self
+    }
+    pub(super) fn b(mut self, k: &str, v: bool) -> Self {
+        self.0.insert(k.into(), V::Flag(v));
+        self
+    }
+    pub(super) fn l(mut self, k: &str, v: Vec<String>) -> Self {
+        self.0.insert(k.into(), V::List(v));
+        self
+    }
+    pub(super) fn set(&mut self, k: &str, v: impl Into<String>) {
+        self.0.insert(k.into(), V::Str(v.into()));
+    }
+    /// A string or count bound to `k`.
+    pub(super) fn get(&self, k: &str) -> R<String> {
+        match self.0.get(k) {
+            Some(V::Str(s)) => Ok(s.clone()),
+            Some(V::Count(n)) => Ok(n.to_string()),
+            _ => Err(bug(format!("template value `{k}` unbound"))),
+        }
+    }
+}
+
+/// The generator's part of a template: `@hole args` with the environment
+/// at that line (it may bind names for the lines after it).
+pub(super) type Holes<'h, 'a> = dyn FnMut(&mut Gen<'a>, &str, &[String], &mut Env) -> R<()> + 'h;
+
+/// A parsed line: its number in the file and what it does.
+enum Line<'t> {
+    Text(&'t str),
+    Shared(&'t str),
+    If(
+        &'t str,
+        bool,
+        Vec<(usize, Line<'t>)>,
+        Vec<(usize, Line<'t>)>,
+    ),
+    For(&'t str, &'t str, Vec<(usize, Line<'t>)>),
+    Bind(bool, &'t str, &'t str, &'t str),
+    Set(&'t str, &'t str),
+    Hole(&'t str, Vec<&'t str>),
+}
+
+type Block<'t> = Vec<(usize, Line<'t>)>;
+
+impl Template {
+    fn err(&self, line: usize, msg: impl std::fmt::Display) -> CompileError {
+        bug(format!("template {}:{}: {msg}", self.name, line + 1))
+    }
+
+    /// The template's lines, directives nested.
+    fn parse(&self) -> R<Block<'static>> {
+        let lines: Vec<(usize, &'static str)> = self
+            .src
+            .lines()
+            .map(str::trim)
+            .enumerate()
+            .filter(|(_, l)| !l.is_empty() && !l.starts_with("##"))
+            .collect();
+        let mut at = 0;
+        let (block, end) = self.block(&lines, &mut at)?;
+        match end {
+            None => Ok(block),
+            Some(e) => Err(self.err(lines[at - 1].0, format!("`{e}` without an opening"))),
+        }
+    }
+
+    /// Lines up to a `#else` / `#end` (returned) or the end.
+    fn block(
+        &self,
+        lines: &[(usize, &'static str)],
+        at: &mut usize,
+    ) -> R<(Block<'static>, Option<&'static str>)> {
+        let mut out = vec![];
+        while let Some(&(n, l)) = lines.get(*at) {
+            *at += 1;
+            let (word, rest) = l.split_once(' ').unwrap_or((l, ""));
+            let line = match word {
+                "#else" | "#end" => return Ok((out, Some(word))),
+                "#shared" => Line::Shared(rest),
+                "#if" => {
+                    let (neg, name) = match rest.strip_prefix('!') {
+                        Some(r) => (true, r),
+                        None => (false, rest),
+                    };
+                    let (then, end) = self.block(lines, at)?;
+                    let els = match end {
+                        Some("#else") => match self.block(lines, at)? {
+                            (b, Some("#end")) => b,
+                            _ => return Err(self.err(n, "`#if` without `#end`")),
+                        },
+                        Some(_) => vec![],
+                        None => return Err(self.err(n, "`#if` without `#end`")),
+                    };
+                    Line::If(name, neg, then, els)
+                }
+                "#for" => {
+                    let Some((x, over)) = rest.split_once(" in ") else {
+                        return Err(self.err(n, "`#for x in name`"));
+                    };
+                    match self.block(lines, at)? {
+                        (b, Some("#end")) => Line::For(x.trim(), over.trim(), b),
+                        _ => return Err(self.err(n, "`#for` without `#end`")),
+                    }
+                }
+                "#let" | "#var" => {
+                    let parsed = rest.split_once(':').and_then(|(name, r)| {
+                        r.split_once('=')
+                            .map(|(ty, e)| (name.trim(), ty.trim(), e.trim()))
+                    });
+                    let Some((name, ty, e)) = parsed else {
+                        return Err(self.err(n, "`#let name: ty = expr`"));
+                    };
+                    Line::Bind(word == "#var", name, ty, e)
+                }
+                "#set" => {
+                    let Some((name, v)) = rest.split_once('=') else {
+                        return Err(self.err(n, "`#set name = text`"));
+                    };
+                    Line::Set(name.trim(), v.trim())
+                }
+                w if w.starts_with('@') => Line::Hole(&w[1..], rest.split_whitespace().collect()),
+                w if w.starts_with('#') => {
+                    return Err(self.err(n, format!("unknown directive `{w}`")))
+                }
+                _ => Line::Text(l),
+            };
+            out.push((n, line));
+        }
+        Ok((out, None))
+    }
+
+    /// `s` with `$name` and `${name}` replaced from `env`.
+    fn subst(&self, n: usize, s: &str, env: &Env) -> R<String> {
+        let mut out = String::with_capacity(s.len());
+        let mut rest = s;
+        while let Some(i) = rest.find('$') {
+            out.push_str(&rest[..i]);
+            rest = &rest[i + 1..];
+            // `${acc$i$j}`: the name itself may be built from names.
+            let (name, after) = if let Some(r) = rest.strip_prefix('{') {
+                let end = r.find('}').ok_or_else(|| self.err(n, "`${` without `}`"))?;
+                (self.subst(n, &r[..end], env)?, &r[end + 1..])
+            } else {
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                (rest[..end].to_string(), &rest[end..])
+            };
+            out.push_str(
+                &env.get(&name)
+                    .map_err(|_| self.err(n, format!("`${name}` unbound")))?,
+            );
+            rest = after;
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+
+    /// Renders the template into `gen`'s kernel.
+    pub(super) fn render<'a>(
+        &self,
+        gen: &mut Gen<'a>,
+        env: &mut Env,
+        holes: &mut Holes<'_, 'a>,
+    ) -> R<()> {
+        let block = self.parse()?;
+        self.run(&block, gen, env, holes)
+    }
+
+    fn run<'a>(
+        &self,
+        block: &Block<'static>,
+        gen: &mut Gen<'a>,
+        env: &mut Env,
+        holes: &mut Holes<'_, 'a>,
+    ) -> R<()> {
+        for (n, line) in block {
+            #[cfg(test)]
+            tests::cover(self.name, *n);
+            match line {
+                Line::Text(t) => gen.body.stmt(self.subst(*n, t, env)?),
+                Line::Shared(t) => gen.shared.push(self.subst(*n, t, env)?),
+                Line::If(name, neg, then, els) => {
+                    let Some(V::Flag(f)) = env.0.get(*name) else {
+                        return Err(self.err(*n, format!("`{name}` is no flag")));
+                    };
+                    let b = if f != neg { then } else { els };
+                    self.run(b, gen, env, holes)?;
+                }
+                Line::For(x, over, body) => {
+                    let count = over.parse().ok().or(match env.0.get(*over) {
+                        Some(V::Count(k)) => Some(*k),
+                        _ => None,
+                    });
+                    let items: Vec<V> = match env.0.get(*over) {
+                        _ if count.is_some() => (0..count.unwrap_or(0)).map(V::Count).collect(),
+                        Some(V::List(l)) => l.iter().cloned().map(V::Str).collect(),
+                        _ => return Err(self.err(*n, format!("`{over}` is no count or list"))),
+                    };
+                    for item in items {
+                        env.0.insert(x.to_string(), item);
+                        self.run(body, gen, env, holes)?;
+                    }
+                }
+                Line::Bind(var, name, ty, e) => {
+                    let (e, ty) = (self.subst(*n, e, env)?, self.subst(*n, ty, env)?);
+                    let t = if *var {
+                        gen.body.var(&ty, e)
+                    } else {
+                        gen.body.bind(&ty, e)
+                    };
+                    env.set(&self.subst(*n, name, env)?, t);
+                }
+                Line::Set(name, v) => {
+                    let v = self.subst(*n, v, env)?;
+                    env.set(&self.subst(*n, name, env)?, v);
+                }
+                Line::Hole(h, args) => {
+                    let args = args
+                        .iter()
+                        .map(|a| self.subst(*n, a, env))
+                        .collect::<R<Vec<_>>>()?;
+                    holes(gen, h, &args, env)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::BTreeSet;
+
+    thread_local! {
+        static COVERED: RefCell<BTreeSet<(&'static str, usize)>> = RefCell::default();
+    }
+
+    pub(super) fn cover(name: &'static str, line: usize) {
+        COVERED.with(|c| c.borrow_mut().insert((name, line)));
+    }
+
+    /// Products and attention of the shapes the templates' branches are
+    /// for (the fixtures' are mostly small): vec4 tiles along k and along
+    /// B's columns, fused operands, a transposed A, f16, a wide head.
+    const EXTRA: [&str; 6] = [
+        "graph lin(%x: f32[64, 32], %w: f32[48, 32], %b: f32[48]) {
+           %y = linear(%x, %w, %b)
+           %r = relu(%y)
+           return %r
+         }",
+        "graph mm_cols(%x: f32[2, 70, 36], %w: f32[36, 68]) {
+           %y = matmul(%x, %w)
+           return %y
+         }",
+        "graph mm_fused(%x: f32[64, 40], %w: f32[48, 40]) {
+           %a = mul(%x, 2.0)
+           %w2 = mul(%w, 3.0)
+           %wt = t(%w2)
+           %y = mm(%a, %wt)
+           return %y
+         }",
+        "graph mm_scalar(%x: f32[40, 64], %w: f32[40, 24], %h: f16[20, 8], %g: f16[8, 30]) {
+           %xt = t(%x)
+           %y = mm(%xt, %w)
+           %z = mm(%h, %g)
+           return (%y, %z)
+         }",
+        "graph sdpa_wide(%q: f32[2, 20, 64], %k: f32[2, 40, 64], %v: f32[2, 40, 64]) {
+           %y = scaled_dot_product_attention(%q, %k, %v, none, 0.0, true)
+           return %y
+         }",
+        "graph wide_rows(%x: f32[8, 2048], %w: f32[2048]) {
+           %s = softmax(%x, -1)
+           %n = layer_norm(%x, [2048], %w, none, 0.00001)
+           return (%s, %n)
+         }",
+    ];
+
+    /// Every template parses, and compiling the example and op programs
+    /// (GPU and CPU variants, as `every_generated_shader_validates_with_naga`
+    /// does) reaches every one of its lines in kernels naga validates.
+    #[test]
+    fn every_template_line_reaches_a_validated_kernel() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = vec![];
+        let mut dirs = vec![
+            root.join("examples/programs"),
+            root.join("tests/programs/ops"),
+        ];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "txt") {
+                    files.push(p);
+                }
+            }
+        }
+        files.sort();
+        let mut sources: Vec<(String, String)> = files
+            .iter()
+            .map(|p| (p.display().to_string(), std::fs::read_to_string(p).unwrap()))
+            .collect();
+        sources.extend(EXTRA.iter().map(|s| ("(extra)".to_string(), s.to_string())));
+        for (p, src) in &sources {
+            let Ok(g) = kiln_functionalize::text::parse(src) else {
+                continue;
+            };
+            for (gpu, subgroup) in [(true, None), (true, Some(32)), (false, None)] {
+                let options = crate::CompileOptions {
+                    tile_min_rows: if gpu { 0 } else { usize::MAX },
+                    workgroup_rows: gpu,
+                    workgroup: if gpu { 256 } else { 64 },
+                    vectorize: gpu,
+                    subgroup,
+                    ..Default::default()
+                };
+                let prog = crate::compile_with(&g, &options).unwrap_or_else(|e| panic!("{p}: {e}"));
+                for k in &prog.kernels {
+                    wgsl::validate(&k.code.wgsl)
+                        .unwrap_or_else(|e| panic!("{p}: {}: {e}\n{}", k.code.label, k.code.wgsl));
+                }
+            }
+        }
+        let covered = COVERED.with(|c| c.borrow().clone());
+        let mut missed = vec![];
+        for t in ALL {
+            t.parse().unwrap_or_else(|e| panic!("{e}"));
+            for (n, l) in t.src.lines().map(str::trim).enumerate() {
+                // Blank lines, comments and block ends render nothing.
+                let inert = l.is_empty() || l.starts_with("##") || l == "#else" || l == "#end";
+                if !inert && !covered.contains(&(t.name, n)) {
+                    missed.push(format!("{}:{}: {l}", t.name, n + 1));
+                }
+            }
+        }
+        assert!(
+            missed.is_empty(),
+            "template lines no program reaches:\n{}",
+            missed.join("\n")
+        );
+    }
+}
