@@ -11,11 +11,13 @@
 //!
 //!     cargo run --example custom_function [-- --json] [--reference]
 
-use kiln::functionalize::custom::{self, Ctx, Function, GpuKernel, Ops, Rule, VmapInfo};
+use kiln::functionalize::custom::{
+    self, Batch, Ctx, Emit, Function, GpuKernel, Ops, Rule, VmapInfo,
+};
 use kiln::functionalize::meta::{wrap_dim, Meta};
 use kiln::functionalize::schema::Arg;
-use kiln::functionalize::transform::emit::{Emitter, R};
-use kiln::functionalize::transform::{grad, inline, jvp, vmap, Batcher};
+use kiln::functionalize::transform::emit::R;
+use kiln::functionalize::transform::{grad, inline, jvp, vmap};
 use kiln::functionalize::{parse, DType, Graph, RTensor, ValueId};
 use std::sync::Arc;
 
@@ -162,7 +164,7 @@ impl Function for NumpySort {
     }
     fn backward(
         &self,
-        e: &mut Emitter,
+        e: &mut dyn Emit,
         ctx: &Ctx,
         grads: &[Option<ValueId>],
     ) -> Rule<Vec<Option<ValueId>>> {
@@ -186,7 +188,7 @@ impl Function for NumpySort {
     }
     fn jvp(
         &self,
-        e: &mut Emitter,
+        e: &mut dyn Emit,
         ctx: &Ctx,
         tangents: &[Option<ValueId>],
     ) -> Rule<Vec<Option<ValueId>>> {
@@ -209,20 +211,21 @@ impl Function for NumpySort {
     }
     fn vmap(
         &self,
-        b: &mut Batcher,
+        b: &mut dyn Batch,
         _info: &VmapInfo,
         in_dims: &[Option<usize>],
         args: &[Arg<ValueId>],
     ) -> Rule<(Vec<ValueId>, Vec<Option<usize>>)> {
         Some((|| {
             // x's batch dimension is at in_dims[0] (0): sort one dimension
-            // further in, unbatched (`b.e`).
+            // further in, unbatched (`b.e()`).
             let x = *tensor(args, 0)?;
             let _ = in_dims;
-            let logical = b.e.rank(x) - 1;
+            let logical = b.e().rank(x) - 1;
             let dim = wrap_dim(int(args, 1)?, logical.max(1))? as i64;
-            let r =
-                b.e.call_all("mylib::numpy_sort", vec![Arg::Tensor(x), Arg::Int(dim + 1)])?;
+            let r = b
+                .e()
+                .call_all("mylib::numpy_sort", vec![Arg::Tensor(x), Arg::Int(dim + 1)])?;
             Ok((r.to_vec(), vec![Some(0); 3]))
         })())
     }
@@ -275,7 +278,7 @@ impl Function for NumpyTake {
     }
     fn backward(
         &self,
-        e: &mut Emitter,
+        e: &mut dyn Emit,
         ctx: &Ctx,
         grads: &[Option<ValueId>],
     ) -> Rule<Vec<Option<ValueId>>> {
@@ -298,7 +301,7 @@ impl Function for NumpyTake {
     }
     fn jvp(
         &self,
-        e: &mut Emitter,
+        e: &mut dyn Emit,
         ctx: &Ctx,
         tangents: &[Option<ValueId>],
     ) -> Rule<Vec<Option<ValueId>>> {
@@ -321,7 +324,7 @@ impl Function for NumpyTake {
     }
     fn vmap(
         &self,
-        b: &mut Batcher,
+        b: &mut dyn Batch,
         _info: &VmapInfo,
         in_dims: &[Option<usize>],
         args: &[Arg<ValueId>],
@@ -330,14 +333,14 @@ impl Function for NumpyTake {
             // Every tensor given the batch at the front, the dimension
             // shifted past it.
             let x = *tensor(args, 0)?;
-            let logical = b.e.rank(x) - in_dims[0].is_some() as usize;
+            let logical = b.e().rank(x) - in_dims[0].is_some() as usize;
             let dim = wrap_dim(int(args, 3)?, logical.max(1))? as i64;
             let mut a = vec![];
             for i in 0..3 {
                 a.push(Arg::Tensor(b.materialize(*tensor(args, i)?)?));
             }
             a.push(Arg::Int(dim + 1));
-            let r = b.e.call("mylib::numpy_take", a)?;
+            let r = b.e().call("mylib::numpy_take", a)?;
             Ok((vec![r], vec![Some(0)]))
         })())
     }
@@ -414,7 +417,7 @@ impl Function for MyCube {
     }
     fn backward(
         &self,
-        e: &mut Emitter,
+        e: &mut dyn Emit,
         ctx: &Ctx,
         grads: &[Option<ValueId>],
     ) -> Rule<Vec<Option<ValueId>>> {

@@ -163,7 +163,7 @@ impl Function for Bare {
     }
     fn backward(
         &self,
-        e: &mut kiln::functionalize::transform::emit::Emitter,
+        e: &mut dyn kiln::functionalize::custom::Emit,
         _: &Ctx,
         g: &[Option<ValueId>],
     ) -> custom::Rule<Vec<Option<ValueId>>> {

@@ -6,13 +6,10 @@
 use crate::meta::Meta;
 use crate::ops::{self, OpId};
 use crate::schema::Arg;
-use slotmap::{new_key_type, SlotMap};
+use slotmap::SlotMap;
 use std::sync::Arc;
 
-new_key_type! {
-    pub struct ValueId;
-    pub struct NodeId;
-}
+pub use crate::id::{NodeId, Results, ValueId};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Def {
@@ -189,7 +186,6 @@ impl Extend<ValueId> for ValueSet {
 }
 
 /// A node's results: one or two inline (multi-result ops are rare).
-pub type Results = smallvec::SmallVec<[ValueId; 2]>;
 
 #[derive(Clone, Debug)]
 pub struct Node {

@@ -7,12 +7,15 @@ pub mod custom;
 // Dtypes live below the front end: the runtime alone uses them too.
 pub use kiln_dtype as dtype;
 pub mod error;
+pub mod function;
 pub mod graph;
+pub mod id;
 pub mod interp;
 pub mod meta;
 pub mod ops;
 pub mod pass;
 pub mod random;
+pub mod rule;
 pub mod schema;
 pub mod simplify;
 pub mod tensor;

@@ -8,7 +8,6 @@
 
 use crate::dtype::DType;
 use crate::meta::Meta;
-use crate::ops::args::HasMeta;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -28,12 +27,6 @@ impl Storage {
 pub struct RTensor {
     pub storage: Rc<Storage>,
     pub meta: Meta,
-}
-
-impl HasMeta for RTensor {
-    fn meta(&self) -> &Meta {
-        &self.meta
-    }
 }
 
 impl RTensor {

@@ -53,6 +53,12 @@ impl HasMeta for Meta {
     }
 }
 
+impl HasMeta for crate::tensor::RTensor {
+    fn meta(&self) -> &Meta {
+        &self.meta
+    }
+}
+
 impl<T: HasMeta> HasMeta for &T {
     fn meta(&self) -> &Meta {
         (*self).meta()

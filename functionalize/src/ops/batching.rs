@@ -10,15 +10,14 @@
 //! `index_put`, and the rare argument mixes the specific rules do not
 //! cover; results are exact, the graph grows with the batch size.
 
-use crate::graph::ValueId;
+use crate::id::ValueId;
 use crate::ops::{Elem, Lowering, Reduction, RegionKind};
+use crate::rule::{int, ints, t, Batch, Call, R};
 use crate::schema::Arg;
-use crate::transform::emit::{int, ints, t, R};
-use crate::transform::{Batcher, Call};
 
 type Out = R<Vec<(ValueId, bool)>>;
 
-fn batched_tensors(b: &Batcher, c: &Call) -> Vec<ValueId> {
+fn batched_tensors(b: &dyn Batch, c: &Call) -> Vec<ValueId> {
     c.args
         .iter()
         .flat_map(|a| a.tensors().into_iter().copied().collect::<Vec<_>>())
@@ -35,15 +34,18 @@ fn wrap(d: i64, rank: usize) -> R<i64> {
 }
 
 /// Runs the op once per batch element and stacks the results.
-pub(crate) fn per_element(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn per_element(b: &mut dyn Batch, c: &Call) -> Out {
     let mut per: Vec<Vec<ValueId>> = vec![];
-    for i in 0..b.size {
+    for i in 0..b.size() {
         let mut args = vec![];
         for a in c.args {
             let mut err = None;
             let na = a.map(&mut |v: &ValueId| {
                 if b.is_batched(*v) {
-                    match b.e.call("select_copy", vec![t(*v), int(0), int(i as i64)]) {
+                    match b
+                        .e()
+                        .call("select_copy", vec![t(*v), int(0), int(i as i64)])
+                    {
                         Ok(x) => x,
                         Err(m) => {
                             err = Some(m);
@@ -59,13 +61,13 @@ pub(crate) fn per_element(b: &mut Batcher, c: &Call) -> Out {
             }
             args.push(na);
         }
-        per.push(b.e.call_id(c.op, args)?.to_vec());
+        per.push(b.e().call_id(c.op, args)?.to_vec());
     }
     let n = per.first().map_or(0, Vec::len);
     let mut outs = vec![];
     for k in 0..n {
         let l: Vec<Option<ValueId>> = per.iter().map(|rs| Some(rs[k])).collect();
-        outs.push((b.e.call("stack", vec![Arg::TensorList(l), int(0)])?, true));
+        outs.push((b.e().call("stack", vec![Arg::TensorList(l), int(0)])?, true));
     }
     Ok(outs)
 }
@@ -73,7 +75,7 @@ pub(crate) fn per_element(b: &mut Batcher, c: &Call) -> Out {
 /// Elementwise ops: batched operands padded to a common logical rank so
 /// they broadcast as before; ops whose result has `self`'s shape get a
 /// batched `self`.
-pub(crate) fn elementwise(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn elementwise(b: &mut dyn Batch, c: &Call) -> Out {
     let elem = c.op.def().lowering.elem();
     let self_shaped = matches!(
         elem,
@@ -97,26 +99,26 @@ pub(crate) fn elementwise(b: &mut Batcher, c: &Call) -> Out {
     if let (Some(Elem::MaskedFill), Some(Arg::Tensor(v))) = (elem, c.args.get(2)) {
         if b.is_batched(*v) {
             // The value must be 0-d: a batched one is a `where`.
-            let d = b.e.dtype(c.tensor(0)?);
-            let r = b.e.call(
+            let d = b.e().dtype(c.tensor(0)?);
+            let r = b.e().call(
                 "where",
                 vec![args[1].clone(), args[2].clone(), args[0].clone()],
             )?;
-            return Ok(vec![(b.e.cast(r, d)?, true)]);
+            return Ok(vec![(b.e().cast(r, d)?, true)]);
         }
     }
     if matches!(elem, Some(Elem::Fill { .. })) && matches!(args.get(1), Some(Arg::Tensor(_))) {
         // `fill` takes a 0-d value: a batched one is a copy.
-        let r = b.e.call("copy", vec![args[0].clone(), args[1].clone()])?;
+        let r = b.e().call("copy", vec![args[0].clone(), args[1].clone()])?;
         return Ok(vec![(r, true)]);
     }
-    Ok(all_batched(b.e.call_id(c.op, args)?.to_vec()))
+    Ok(all_batched(b.e().call_id(c.op, args)?.to_vec()))
 }
 
 /// Ops with one batched tensor (`self`) and dimension arguments: the
 /// dimensions shifted past the batch. `extra` is added to the logical
 /// rank the dimensions wrap against (`unsqueeze`: one more).
-fn shifted(b: &mut Batcher, c: &Call, int_at: &[usize], list_at: &[usize], extra: usize) -> Out {
+fn shifted(b: &mut dyn Batch, c: &Call, int_at: &[usize], list_at: &[usize], extra: usize) -> Out {
     let bt = batched_tensors(b, c);
     let x = c.tensor(0)?;
     if bt.len() != 1 || bt[0] != x {
@@ -135,12 +137,12 @@ fn shifted(b: &mut Batcher, c: &Call, int_at: &[usize], list_at: &[usize], extra
             args[i] = ints(&l);
         }
     }
-    Ok(all_batched(b.e.call_id(c.op, args)?.to_vec()))
+    Ok(all_batched(b.e().call_id(c.op, args)?.to_vec()))
 }
 
 macro_rules! shift {
     ($name:ident, [$($i:expr),*], [$($l:expr),*], $extra:expr) => {
-        pub(crate) fn $name(b: &mut Batcher, c: &Call) -> Out {
+        pub(crate) fn $name(b: &mut dyn Batch, c: &Call) -> Out {
             shifted(b, c, &[$($i),*], &[$($l),*], $extra)
         }
     };
@@ -154,7 +156,7 @@ shift!(list1, [], [1], 0);
 shift!(unsqueeze, [1], [], 1);
 
 /// Reductions whose `dim` (argument 1) may be absent (every dimension).
-pub(crate) fn reduction(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn reduction(b: &mut dyn Batch, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let r = b.lrank(x);
     let all: Vec<i64> = (1..=r as i64).collect();
@@ -184,55 +186,57 @@ pub(crate) fn reduction(b: &mut Batcher, c: &Call) -> Out {
         }
         _ => args[1] = ints(&all),
     }
-    Ok(all_batched(b.e.call_id(c.op, args)?.to_vec()))
+    Ok(all_batched(b.e().call_id(c.op, args)?.to_vec()))
 }
 
-pub(crate) fn arg_extreme(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn arg_extreme(b: &mut dyn Batch, c: &Call) -> Out {
     if !matches!(c.args.get(1), Some(Arg::None) | None) {
         return dim1(b, c);
     }
     let x = c.tensor(0)?;
     let r = b.lrank(x);
-    let n = b.e.meta(x).numel() / b.size.max(1);
-    let flat = b.e.view(x, &[b.size, n])?;
+    let size = b.size();
+    let n = b.e_ref().meta(x).numel() / size.max(1);
+    let flat = b.e().view(x, &[size, n])?;
     let keepdim = matches!(c.args.get(2), Some(Arg::Bool(true)));
-    let i =
-        b.e.call_id(c.op, vec![t(flat), int(1), Arg::Bool(keepdim)])?[0];
+    let i = b
+        .e()
+        .call_id(c.op, vec![t(flat), int(1), Arg::Bool(keepdim)])?[0];
     let i = if keepdim {
-        let mut s = vec![b.size];
+        let mut s = vec![b.size()];
         s.extend(std::iter::repeat_n(1, r));
-        b.e.view(i, &s)?
+        b.e().view(i, &s)?
     } else {
         i
     };
     Ok(vec![(i, true)])
 }
 
-pub(crate) fn view(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn view(b: &mut dyn Batch, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let Some(Arg::IntList(s)) = c.args.get(1) else {
         return per_element(b, c);
     };
-    let mut sizes = vec![b.size as i64];
+    let mut sizes = vec![b.size() as i64];
     sizes.extend(s);
-    let r = b.e.call_id(c.op, vec![t(x), ints(&sizes)])?[0];
+    let r = b.e().call_id(c.op, vec![t(x), ints(&sizes)])?[0];
     Ok(vec![(r, true)])
 }
 
-pub(crate) fn expand(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn expand(b: &mut dyn Batch, c: &Call) -> Out {
     let Some(Arg::IntList(s)) = c.args.get(1) else {
         return per_element(b, c);
     };
     let x = b.align(c.tensor(0)?, s.len())?;
-    let mut sizes = vec![b.size as i64];
+    let mut sizes = vec![b.size() as i64];
     sizes.extend(s);
     Ok(vec![(
-        b.e.call("expand_copy", vec![t(x), ints(&sizes)])?,
+        b.e().call("expand_copy", vec![t(x), ints(&sizes)])?,
         true,
     )])
 }
 
-pub(crate) fn permute(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn permute(b: &mut dyn Batch, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let r = b.lrank(x);
     let Some(Arg::IntList(p)) = c.args.get(1) else {
@@ -243,20 +247,20 @@ pub(crate) fn permute(b: &mut Batcher, c: &Call) -> Out {
         perm.push(wrap(d, r)?);
     }
     Ok(vec![(
-        b.e.call("permute_copy", vec![t(x), ints(&perm)])?,
+        b.e().call("permute_copy", vec![t(x), ints(&perm)])?,
         true,
     )])
 }
 
-pub(crate) fn t_copy(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn t_copy(b: &mut dyn Batch, c: &Call) -> Out {
     let x = c.tensor(0)?;
     if b.lrank(x) < 2 {
         return Ok(vec![(x, true)]);
     }
-    Ok(vec![(b.e.transpose(x, 1, 2)?, true)])
+    Ok(vec![(b.e().transpose(x, 1, 2)?, true)])
 }
 
-pub(crate) fn squeeze(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn squeeze(b: &mut dyn Batch, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let l = b.logical(x);
     let dims: Vec<i64> = match c.args.get(1) {
@@ -271,32 +275,32 @@ pub(crate) fn squeeze(b: &mut Batcher, c: &Call) -> Out {
         return Ok(vec![(x, true)]);
     }
     Ok(vec![(
-        b.e.call("squeeze_copy", vec![t(x), ints(&dims)])?,
+        b.e().call("squeeze_copy", vec![t(x), ints(&dims)])?,
         true,
     )])
 }
 
-pub(crate) fn repeat(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn repeat(b: &mut dyn Batch, c: &Call) -> Out {
     let Some(Arg::IntList(reps)) = c.args.get(1) else {
         return per_element(b, c);
     };
     let x = b.align(c.tensor(0)?, reps.len())?;
     let mut r = vec![1i64];
     r.extend(reps);
-    Ok(vec![(b.e.call("repeat", vec![t(x), ints(&r)])?, true)])
+    Ok(vec![(b.e().call("repeat", vec![t(x), ints(&r)])?, true)])
 }
 
 /// Ops on the trailing dimensions only: the batch is one more leading one.
-pub(crate) fn leading(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn leading(b: &mut dyn Batch, c: &Call) -> Out {
     let bt = batched_tensors(b, c);
     if bt.len() != 1 || bt[0] != c.tensor(0)? {
         return per_element(b, c);
     }
-    Ok(all_batched(b.e.call_id(c.op, c.args.to_vec())?.to_vec()))
+    Ok(all_batched(b.e().call_id(c.op, c.args.to_vec())?.to_vec()))
 }
 
 /// `cat`/`stack`: every piece batched, the dimension shifted.
-pub(crate) fn cat(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn cat(b: &mut dyn Batch, c: &Call) -> Out {
     let l = c.list(0);
     let stack = c.op.def().lowering == Lowering::Map(Elem::Join { stack: true });
     let rank = l.iter().flatten().map(|&v| b.lrank(v)).max().unwrap_or(0);
@@ -314,13 +318,13 @@ pub(crate) fn cat(b: &mut Batcher, c: &Call) -> Out {
         _ => 1,
     };
     Ok(vec![(
-        b.e.call_id(c.op, vec![Arg::TensorList(nl), int(d)])?[0],
+        b.e().call_id(c.op, vec![Arg::TensorList(nl), int(d)])?[0],
         true,
     )])
 }
 
 /// Several tensors that must all be batched, and dimension arguments.
-fn all_with_dims(b: &mut Batcher, c: &Call, ints_at: &[usize], wrap_rank_of: usize) -> Out {
+fn all_with_dims(b: &mut dyn Batch, c: &Call, ints_at: &[usize], wrap_rank_of: usize) -> Out {
     let r = b.lrank(c.tensor(wrap_rank_of)?);
     let mut args = vec![];
     for (i, a) in c.args.iter().enumerate() {
@@ -330,15 +334,15 @@ fn all_with_dims(b: &mut Batcher, c: &Call, ints_at: &[usize], wrap_rank_of: usi
             other => other.clone(),
         });
     }
-    Ok(all_batched(b.e.call_id(c.op, args)?.to_vec()))
+    Ok(all_batched(b.e().call_id(c.op, args)?.to_vec()))
 }
 
-pub(crate) fn gather_like(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn gather_like(b: &mut dyn Batch, c: &Call) -> Out {
     // gather/scatter/scatter_add(self, dim, index, src?): same ranks.
     all_with_dims(b, c, &[1], 0)
 }
 
-pub(crate) fn region_scatter(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn region_scatter(b: &mut dyn Batch, c: &Call) -> Out {
     let dims: &[usize] = match c.op.def().lowering {
         Lowering::RegionScatter {
             region: RegionKind::Diagonal,
@@ -349,7 +353,7 @@ pub(crate) fn region_scatter(b: &mut Batcher, c: &Call) -> Out {
     all_with_dims(b, c, dims, 0)
 }
 
-pub(crate) fn take_along_dim(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn take_along_dim(b: &mut dyn Batch, c: &Call) -> Out {
     if !matches!(c.args.get(2), Some(Arg::Int(_))) {
         return per_element(b, c);
     }
@@ -358,7 +362,7 @@ pub(crate) fn take_along_dim(b: &mut Batcher, c: &Call) -> Out {
 
 /// `index_add`/`index_copy`/`index_select`: a 1-d index that must not be
 /// batched.
-pub(crate) fn indexed_dim(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn indexed_dim(b: &mut dyn Batch, c: &Call) -> Out {
     if b.is_batched(c.tensor(2)?) {
         return per_element(b, c);
     }
@@ -371,7 +375,7 @@ pub(crate) fn indexed_dim(b: &mut Batcher, c: &Call) -> Out {
     args[0] = t(b.materialize(c.tensor(0)?)?);
     args[1] = int(wrap(int_of(c, 1)?, r)?);
     args[3] = t(b.materialize(c.tensor(3)?)?);
-    Ok(all_batched(b.e.call_id(c.op, args)?.to_vec()))
+    Ok(all_batched(b.e().call_id(c.op, args)?.to_vec()))
 }
 
 fn int_of(c: &Call, i: usize) -> R<i64> {
@@ -384,7 +388,7 @@ fn int_of(c: &Call, i: usize) -> R<i64> {
     }
 }
 
-pub(crate) fn index(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn index(b: &mut dyn Batch, c: &Call) -> Out {
     let l = c.list(1);
     let x = c.tensor(0)?;
     let adjacent = l.iter().all(Option::is_some);
@@ -394,31 +398,31 @@ pub(crate) fn index(b: &mut Batcher, c: &Call) -> Out {
     let mut nl = vec![None];
     nl.extend(l);
     Ok(vec![(
-        b.e.call("index", vec![t(x), Arg::TensorList(nl)])?,
+        b.e().call("index", vec![t(x), Arg::TensorList(nl)])?,
         true,
     )])
 }
 
-pub(crate) fn embedding(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn embedding(b: &mut dyn Batch, c: &Call) -> Out {
     if b.is_batched(c.tensor(0)?) {
         return per_element(b, c);
     }
-    Ok(all_batched(b.e.call_id(c.op, c.args.to_vec())?.to_vec()))
+    Ok(all_batched(b.e().call_id(c.op, c.args.to_vec())?.to_vec()))
 }
 
 /// `mm`, `bmm`, `matmul`: batched 1-d operands made matrices, ranks
 /// aligned, then `matmul` (which broadcasts leading dimensions).
-pub(crate) fn matmul(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn matmul(b: &mut dyn Batch, c: &Call) -> Out {
     let (x, y) = (c.tensor(0)?, c.tensor(1)?);
     let (rx, ry) = (b.lrank(x), b.lrank(y));
     let (xb, yb) = (b.is_batched(x), b.is_batched(y));
     let x2 = if xb && rx == 1 {
-        b.e.unsqueeze(x, 1)?
+        b.e().unsqueeze(x, 1)?
     } else {
         x
     };
     let y2 = if yb && ry == 1 {
-        b.e.unsqueeze(y, 2)?
+        b.e().unsqueeze(y, 2)?
     } else {
         y
     };
@@ -433,14 +437,14 @@ pub(crate) fn matmul(b: &mut Batcher, c: &Call) -> Out {
         .unwrap_or(2);
     let x3 = if lx >= 2 { b.align(x2, rank)? } else { x2 };
     let y3 = if ly >= 2 { b.align(y2, rank)? } else { y2 };
-    let mut r = b.e.call("matmul", vec![t(x3), t(y3)])?;
-    let rr = b.e.rank(r) as i64;
+    let mut r = b.e().call("matmul", vec![t(x3), t(y3)])?;
+    let rr = b.e().rank(r) as i64;
     if yb && ry == 1 {
-        r = b.e.call("squeeze_copy", vec![t(r), int(rr - 1)])?;
+        r = b.e().call("squeeze_copy", vec![t(r), int(rr - 1)])?;
     }
     if xb && rx == 1 {
-        let rr = b.e.rank(r) as i64;
-        r = b.e.call(
+        let rr = b.e().rank(r) as i64;
+        r = b.e().call(
             "squeeze_copy",
             vec![t(r), int(if ry == 1 && yb { rr - 1 } else { rr - 2 })],
         )?;
@@ -449,7 +453,7 @@ pub(crate) fn matmul(b: &mut Batcher, c: &Call) -> Out {
 }
 
 /// `addmm`/`baddbmm`: `beta * self + alpha * matmul(m1, m2)`, batched.
-pub(crate) fn addmm(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn addmm(b: &mut dyn Batch, c: &Call) -> Out {
     let (s, m1, m2) = (c.tensor(0)?, c.tensor(1)?, c.tensor(2)?);
     let p = b.call("matmul", vec![t(m1), t(m2)])?;
     let alpha = c.args.get(4).cloned().unwrap_or(Arg::Int(1));
@@ -460,11 +464,11 @@ pub(crate) fn addmm(b: &mut Batcher, c: &Call) -> Out {
     Ok(vec![(r, b.is_batched(r))])
 }
 
-pub(crate) fn linear(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn linear(b: &mut dyn Batch, c: &Call) -> Out {
     let (x, w) = (c.tensor(0)?, c.tensor(1)?);
     let bias = c.opt_tensor(2);
     if !b.is_batched(w) && !bias.is_some_and(|v| b.is_batched(v)) {
-        return Ok(all_batched(b.e.call_id(c.op, c.args.to_vec())?.to_vec()));
+        return Ok(all_batched(b.e().call_id(c.op, c.args.to_vec())?.to_vec()));
     }
     let wt = b.call("transpose_copy", vec![t(w), int(0), int(1)])?;
     let mut r = b.call("matmul", vec![t(x), t(wt)])?;
@@ -474,7 +478,7 @@ pub(crate) fn linear(b: &mut Batcher, c: &Call) -> Out {
     Ok(vec![(r, true)])
 }
 
-pub(crate) fn layer_norm(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn layer_norm(b: &mut dyn Batch, c: &Call) -> Out {
     let x = c.tensor(0)?;
     let (w, bias) = (c.opt_tensor(2), c.opt_tensor(3));
     let affine_batched =
@@ -483,14 +487,14 @@ pub(crate) fn layer_norm(b: &mut Batcher, c: &Call) -> Out {
         let x = b.materialize(x)?;
         let mut args = c.args.to_vec();
         args[0] = t(x);
-        return Ok(all_batched(b.e.call_id(c.op, args)?.to_vec()));
+        return Ok(all_batched(b.e().call_id(c.op, args)?.to_vec()));
     }
     let x = b.materialize(x)?;
     let mut args = c.args.to_vec();
     args[0] = t(x);
     args[2] = Arg::None;
     args[3] = Arg::None;
-    let mut r = b.e.call_id(c.op, args)?[0];
+    let mut r = b.e().call_id(c.op, args)?[0];
     b.mark(r, true);
     if let Some(w) = w {
         r = b.call("mul", vec![t(r), t(w)])?;
@@ -501,7 +505,7 @@ pub(crate) fn layer_norm(b: &mut Batcher, c: &Call) -> Out {
     Ok(vec![(r, true)])
 }
 
-pub(crate) fn attention(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn attention(b: &mut dyn Batch, c: &Call) -> Out {
     let rank = (0..3)
         .map(|i| c.tensor(i).map(|v| b.lrank(v)))
         .collect::<R<Vec<_>>>()?;
@@ -513,12 +517,12 @@ pub(crate) fn attention(b: &mut Batcher, c: &Call) -> Out {
             args[i] = t(if i < 3 { b.materialize(al)? } else { al });
         }
     }
-    Ok(all_batched(b.e.call_id(c.op, args)?.to_vec()))
+    Ok(all_batched(b.e().call_id(c.op, args)?.to_vec()))
 }
 
 /// `max` / `min`: along a dim (values and indices), or of everything
 /// (`amax` / `amin` over the logical dims).
-pub(crate) fn max_min(b: &mut Batcher, c: &Call) -> Out {
+pub(crate) fn max_min(b: &mut dyn Batch, c: &Call) -> Out {
     if matches!(c.args.get(1), Some(Arg::Int(_))) {
         dim1(b, c)
     } else {
@@ -530,7 +534,7 @@ pub(crate) fn max_min(b: &mut Batcher, c: &Call) -> Out {
             return Ok(vec![(x, true)]);
         }
         Ok(vec![(
-            b.e.call(op, vec![t(x), ints(&all), Arg::Bool(false)])?,
+            b.e().call(op, vec![t(x), ints(&all), Arg::Bool(false)])?,
             true,
         )])
     }

@@ -18,11 +18,10 @@
 //! `embedding` with `scale_grad_by_freq`, `sdpa` with dropout or GQA, and
 //! `remainder(Scalar, Tensor)` are refused with a message.
 
-use crate::graph::ValueId;
+use crate::id::ValueId;
 use crate::ops::{Elem, Lowering, Reduction};
+use crate::rule::{float, int, ints, sizes_arg, t, Call, Emit, Grads, Tangents, R};
 use crate::schema::Arg;
-use crate::transform::emit::{float, int, ints, sizes_arg, t, Emitter, R};
-use crate::transform::{Call, Grads, Tangents};
 
 type G<'a> = &'a [Option<ValueId>];
 
@@ -84,7 +83,7 @@ fn kept_shape(sizes: &[usize], dims: &[usize]) -> Vec<usize> {
 }
 
 /// A reduction's gradient (or result) put back in the kept shape.
-fn keep(e: &mut Emitter, v: ValueId, sizes: &[usize], dims: &[usize]) -> R<ValueId> {
+fn keep(e: &mut dyn Emit, v: ValueId, sizes: &[usize], dims: &[usize]) -> R<ValueId> {
     e.view(v, &kept_shape(sizes, dims))
 }
 
@@ -103,7 +102,7 @@ macro_rules! g0 {
 
 // ------------------------------------------------------------ elementwise
 
-pub(crate) fn add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn add(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let alpha = num(c, 2).unwrap_or(1.0);
     let mut out = one(0, g);
@@ -113,7 +112,7 @@ pub(crate) fn add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-pub(crate) fn sub(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn sub(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let alpha = num(c, 2).unwrap_or(1.0);
     let mut out = one(0, g);
@@ -123,7 +122,7 @@ pub(crate) fn sub(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-pub(crate) fn mul(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn mul(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     match c.opt_tensor(1) {
@@ -132,7 +131,7 @@ pub(crate) fn mul(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     }
 }
 
-pub(crate) fn div(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn div(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     if matches!(c.args.get(2), Some(Arg::Str(_))) {
         return Ok(vec![]); // rounded division: zero almost everywhere
@@ -170,7 +169,7 @@ pub(crate) enum Unary {
 }
 
 /// `grad * f'(x)` for the unary elementwise op `f`.
-pub(crate) fn unary(e: &mut Emitter, c: &Call, gs: G, f: Unary) -> R<Grads> {
+pub(crate) fn unary(e: &mut dyn Emit, c: &Call, gs: G, f: Unary) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let y = c.outs[0];
@@ -222,7 +221,7 @@ pub(crate) fn unary(e: &mut Emitter, c: &Call, gs: G, f: Unary) -> R<Grads> {
     Ok(one(0, gx))
 }
 
-pub(crate) fn pow(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn pow(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let y = c.outs[0];
     match (c.opt_tensor(0), c.opt_tensor(1)) {
@@ -262,16 +261,16 @@ pub(crate) fn pow(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     }
 }
 
-pub(crate) fn maximum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn maximum(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     extreme2(e, c, gs, true)
 }
 
-pub(crate) fn minimum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn minimum(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     extreme2(e, c, gs, false)
 }
 
 /// `maximum` (`max`) / `minimum`: ties share the gradient evenly.
-fn extreme2(e: &mut Emitter, c: &Call, gs: G, max: bool) -> R<Grads> {
+fn extreme2(e: &mut dyn Emit, c: &Call, gs: G, max: bool) -> R<Grads> {
     let g = g0!(gs);
     let (x, y) = (c.tensor(0)?, c.tensor(1)?);
     let eq = e.call("eq", vec![t(x), t(y)])?;
@@ -294,7 +293,7 @@ fn extreme2(e: &mut Emitter, c: &Call, gs: G, max: bool) -> R<Grads> {
     ])
 }
 
-pub(crate) fn where_(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn where_(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let cond = c.tensor(0)?;
     let mut out = vec![];
@@ -308,7 +307,7 @@ pub(crate) fn where_(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 }
 
 /// `clamp` (ATen's clamp_backward and clamp_backward_min_max).
-pub(crate) fn clamp(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn clamp(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let bound = |i: usize| -> Option<Arg<ValueId>> {
@@ -357,7 +356,7 @@ pub(crate) fn clamp(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-pub(crate) fn remainder(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn remainder(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     match (c.opt_tensor(0), c.opt_tensor(1)) {
         (Some(x), Some(y)) => {
@@ -370,7 +369,7 @@ pub(crate) fn remainder(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     }
 }
 
-pub(crate) fn masked_fill(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn masked_fill(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let mask = c.tensor(1)?;
     let mut out = one(0, e.call("masked_fill", vec![t(g), t(mask), float(0.0)])?);
@@ -383,7 +382,7 @@ pub(crate) fn masked_fill(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 /// Ops whose gradient passes through unchanged to one argument (the
 /// transform sums and casts it to that argument): `clone`, `_to_copy`,
 /// `alias_copy`, `expand_copy`, `copy`'s `src`, `fill`'s `value`.
-fn pass_to(pos: usize) -> impl Fn(&mut Emitter, &Call, G) -> R<Grads> {
+fn pass_to(pos: usize) -> impl Fn(&mut dyn Emit, &Call, G) -> R<Grads> {
     move |_, c, gs| {
         let g = g0!(gs);
         Ok(match c.opt_tensor(pos) {
@@ -393,10 +392,10 @@ fn pass_to(pos: usize) -> impl Fn(&mut Emitter, &Call, G) -> R<Grads> {
     }
 }
 
-pub(crate) fn identity(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn identity(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     pass_to(0)(e, c, gs)
 }
-pub(crate) fn second(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn second(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     pass_to(1)(e, c, gs)
 }
 
@@ -411,7 +410,7 @@ pub(crate) enum Backward {
 }
 
 /// The backward ops themselves, for second derivatives.
-pub(crate) fn backward_op(e: &mut Emitter, c: &Call, gs: G, op: Backward) -> R<Grads> {
+pub(crate) fn backward_op(e: &mut dyn Emit, c: &Call, gs: G, op: Backward) -> R<Grads> {
     let g = g0!(gs);
     let (go, x) = (c.tensor(0)?, c.tensor(1)?);
     let mut rest: Vec<Arg<ValueId>> = c.args[1..].to_vec();
@@ -451,7 +450,7 @@ pub(crate) fn backward_op(e: &mut Emitter, c: &Call, gs: G, op: Backward) -> R<G
 }
 
 /// `gelu''(x)`.
-fn gelu_second(e: &mut Emitter, x: ValueId, tanh: bool) -> R<ValueId> {
+fn gelu_second(e: &mut dyn Emit, x: ValueId, tanh: bool) -> R<ValueId> {
     let x2 = e.mul(x, x)?;
     if !tanh {
         // phi(x) (2 - x^2)
@@ -486,7 +485,7 @@ fn gelu_second(e: &mut Emitter, x: ValueId, tanh: bool) -> R<ValueId> {
 
 // ------------------------------------------------------------ reductions
 
-pub(crate) fn sum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn sum(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -505,7 +504,7 @@ pub(crate) fn sum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 }
 
 /// `var`/`std`: `2 (x - mean) / (N - correction)` times the gradient.
-pub(crate) fn var(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn var(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -537,7 +536,7 @@ pub(crate) fn var(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// `amax`/`amin`/`max()`/`min()`: the gradient shared evenly between the
 /// elements equal to the extreme.
-pub(crate) fn amax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn amax(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -554,7 +553,7 @@ pub(crate) fn amax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 }
 
 fn extreme_mask(
-    e: &mut Emitter,
+    e: &mut dyn Emit,
     x: ValueId,
     y: ValueId,
     s: &[usize],
@@ -583,7 +582,7 @@ fn selected_dim(c: &Call, rank: usize) -> R<(usize, bool)> {
 
 /// `max.dim`/`min.dim`, `sort`, `topk`: the values' gradient scattered
 /// back to where the indices say they came from.
-pub(crate) fn select_values(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn select_values(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -601,7 +600,7 @@ pub(crate) fn select_values(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ))
 }
 
-pub(crate) fn softmax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn softmax(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let y = c.outs[0];
     let dim = int_at(c, 1)?;
@@ -611,7 +610,7 @@ pub(crate) fn softmax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(one(0, e.mul(y, d)?))
 }
 
-pub(crate) fn log_softmax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn log_softmax(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let y = c.outs[0];
     let dim = int_at(c, 1)?;
@@ -621,7 +620,7 @@ pub(crate) fn log_softmax(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(one(0, e.sub(g, ps)?))
 }
 
-pub(crate) fn cumsum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn cumsum(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let dim = int_at(c, 1)?;
     let f = e.call("flip", vec![t(g), ints(&[dim])])?;
@@ -631,11 +630,11 @@ pub(crate) fn cumsum(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 // ------------------------------------------------------------ linear algebra
 
-fn mt(e: &mut Emitter, v: ValueId) -> R<ValueId> {
+fn mt(e: &mut dyn Emit, v: ValueId) -> R<ValueId> {
     e.transpose(v, -2, -1)
 }
 
-pub(crate) fn mm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn mm(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (a, b) = (c.tensor(0)?, c.tensor(1)?);
     let (bt, at) = (mt(e, b)?, mt(e, a)?);
@@ -647,7 +646,7 @@ pub(crate) fn mm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// `matmul` with its 1-d cases: operands made 2-d, the gradient given the
 /// dimensions the result dropped.
-pub(crate) fn matmul(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn matmul(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (a, b) = (c.tensor(0)?, c.tensor(1)?);
     let (ra, rb) = (e.rank(a), e.rank(b));
@@ -682,7 +681,7 @@ fn product_of(c: &Call) -> &'static str {
     }
 }
 
-pub(crate) fn addmm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn addmm(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (m1, m2) = (c.tensor(1)?, c.tensor(2)?);
     let (beta, alpha) = (num(c, 3).unwrap_or(1.0), num(c, 4).unwrap_or(1.0));
@@ -700,7 +699,7 @@ pub(crate) fn addmm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-pub(crate) fn linear(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn linear(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (x, w) = (c.tensor(0)?, c.tensor(1)?);
     let ws = e.sizes(w);
@@ -717,7 +716,7 @@ pub(crate) fn linear(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 }
 
 /// Layer norm's normalized input and `1/sigma` (kept dims).
-fn normalized(e: &mut Emitter, c: &Call) -> R<(ValueId, ValueId, Vec<i64>)> {
+fn normalized(e: &mut dyn Emit, c: &Call) -> R<(ValueId, ValueId, Vec<i64>)> {
     let x = c.tensor(0)?;
     let k = list_at(c, 1).map_or(0, |l| l.len());
     let r = e.rank(x);
@@ -732,7 +731,7 @@ fn normalized(e: &mut Emitter, c: &Call) -> R<(ValueId, ValueId, Vec<i64>)> {
     Ok((e.mul(xc, rstd)?, rstd, dims))
 }
 
-pub(crate) fn layer_norm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn layer_norm(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (xhat, rstd, dims) = normalized(e, c)?;
     let w = c.opt_tensor(2);
@@ -756,7 +755,7 @@ pub(crate) fn layer_norm(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-pub(crate) fn embedding(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn embedding(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (w, idx) = (c.tensor(0)?, c.tensor(1)?);
     if matches!(c.args.get(3), Some(Arg::Bool(true))) {
@@ -800,7 +799,7 @@ struct Attention {
     scale: f64,
 }
 
-fn attention(e: &mut Emitter, c: &Call) -> R<Attention> {
+fn attention(e: &mut dyn Emit, c: &Call) -> R<Attention> {
     let (q, k, v) = (c.tensor(0)?, c.tensor(1)?, c.tensor(2)?);
     if num(c, 4).unwrap_or(0.0) != 0.0 {
         return Err("the derivative of scaled_dot_product_attention with dropout is not implemented (dropout is random)".into());
@@ -836,7 +835,7 @@ fn attention(e: &mut Emitter, c: &Call) -> R<Attention> {
     Ok(Attention { q, k, v, p, scale })
 }
 
-pub(crate) fn sdpa(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn sdpa(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let a = attention(e, c)?;
     let pt = mt(e, a.p)?;
@@ -867,7 +866,7 @@ pub(crate) fn sdpa(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// A view copy's gradient: the cotangent written back through the view
 /// into zeros (`ops::inverse`, as the pass writes a mutated view back).
-pub(crate) fn written_back(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn written_back(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let crate::ops::Rule::ViewCopy(view) = c.op.def().rule else {
@@ -897,7 +896,7 @@ pub(crate) fn written_back(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 /// Views that may repeat elements (`as_strided`, `unfold`): each element
 /// of the base collects the gradient of every place it appears in, found
 /// by applying the view to the base's element indices.
-pub(crate) fn gathered_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn gathered_copy(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -928,7 +927,7 @@ pub(crate) fn gathered_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// `split_copy`, `split_with_sizes_copy`, `unbind_copy`: the pieces'
 /// gradients (zeros for pieces without one) put back together.
-pub(crate) fn pieces_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn pieces_copy(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     if gs.iter().all(Option::is_none) {
         return Ok(vec![]);
     }
@@ -942,7 +941,7 @@ pub(crate) fn pieces_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(one(0, e.call(op, vec![Arg::TensorList(parts), int(dim)])?))
 }
 
-pub(crate) fn cat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn cat(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let l = c.list(0);
     let dim = int_at(c, 1)?;
@@ -986,14 +985,14 @@ pub(crate) fn cat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-pub(crate) fn same_op_on_grad(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn same_op_on_grad(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let mut args = c.args.to_vec();
     args[0] = t(g);
     Ok(one(0, e.call_id(c.op, args)?[0]))
 }
 
-pub(crate) fn repeat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn repeat(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let s = e.sizes(x);
@@ -1017,7 +1016,7 @@ pub(crate) fn repeat(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(one(0, e.view(r, &s)?))
 }
 
-pub(crate) fn pad(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn pad(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let p: Vec<i64> = list_at(c, 1)
         .unwrap_or_default()
@@ -1029,7 +1028,7 @@ pub(crate) fn pad(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// `<view>_scatter(self, src, ...)`: `self` gets the gradient outside the
 /// view, `src` the view of the gradient.
-pub(crate) fn scatter_view(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn scatter_view(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let src = c.tensor(1)?;
     let view =
@@ -1049,7 +1048,7 @@ pub(crate) fn scatter_view(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 // ------------------------------------------------------------ indexing
 
-pub(crate) fn index_select(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn index_select(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let x = c.tensor(0)?;
     let z = e.zeros_like(x)?;
@@ -1062,7 +1061,7 @@ pub(crate) fn index_select(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ))
 }
 
-pub(crate) fn index(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn index(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let z = e.zeros_like(c.tensor(0)?)?;
     Ok(one(
@@ -1074,7 +1073,7 @@ pub(crate) fn index(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ))
 }
 
-pub(crate) fn gather(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn gather(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let z = e.zeros_like(c.tensor(0)?)?;
     Ok(one(
@@ -1086,7 +1085,7 @@ pub(crate) fn gather(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     ))
 }
 
-pub(crate) fn take_along_dim(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn take_along_dim(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (x, idx) = (c.tensor(0)?, c.tensor(1)?);
     let gsz = e.sizes(g);
@@ -1115,7 +1114,7 @@ pub(crate) fn take_along_dim(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     }
 }
 
-pub(crate) fn scatter(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn scatter(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let (dim, idx) = (c.args[1].clone(), c.args[2].clone());
     let gself = e.call("scatter", vec![t(g), dim.clone(), idx.clone(), float(0.0)])?;
@@ -1126,13 +1125,13 @@ pub(crate) fn scatter(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(out)
 }
 
-pub(crate) fn scatter_add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn scatter_add(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let gsrc = e.call("gather", vec![t(g), c.args[1].clone(), c.args[2].clone()])?;
     Ok(vec![(0, None, g), (3, None, gsrc)])
 }
 
-pub(crate) fn index_add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn index_add(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let alpha = num(c, 4).unwrap_or(1.0);
     let sel = e.call(
@@ -1148,7 +1147,7 @@ pub(crate) fn index_add(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(vec![(0, None, g), (3, None, e.scale(sel, alpha)?)])
 }
 
-pub(crate) fn index_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn index_copy(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let src = c.tensor(3)?;
     let z = e.zeros_like(src)?;
@@ -1168,7 +1167,7 @@ pub(crate) fn index_copy(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
     Ok(vec![(0, None, gself), (3, None, sel)])
 }
 
-pub(crate) fn index_put(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn index_put(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let vals = c.tensor(2)?;
     let acc = matches!(c.args.get(3), Some(Arg::Bool(true)));
@@ -1189,7 +1188,7 @@ pub(crate) fn index_put(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// Elementwise ops: the Jacobian is diagonal, so the tangent is the VJP
 /// rule's gradient for each argument, given that argument's tangent.
-pub(crate) fn jvp_diag(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_diag(e: &mut dyn Emit, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let vjp =
         c.op.def()
             .rules
@@ -1212,7 +1211,7 @@ pub(crate) fn jvp_diag(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option
 /// Ops linear in their floating tensor arguments: the op applied to the
 /// tangents (zeros where absent), integer tensors (indices, masks) and
 /// other arguments as they are, except fill values, which become 0.
-pub(crate) fn jvp_linear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_linear(e: &mut dyn Emit, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     // Fill values (a literal where a tensor would be linear) become 0.
     let zero_at: &[usize] = match lowering(c).elem() {
         Some(Elem::Remap(crate::ops::RemapKind::Pad) | Elem::MaskedFill) => &[2],
@@ -1252,7 +1251,7 @@ pub(crate) fn jvp_linear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Opti
 }
 
 /// `op(t_a, b) + op(a, t_b)` for ops linear in each of two arguments.
-pub(crate) fn jvp_bilinear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_bilinear(e: &mut dyn Emit, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let form = lowering(c)
         .product()
         .ok_or_else(|| format!("internal error: {} is no product", c.op.name()))?;
@@ -1287,7 +1286,7 @@ pub(crate) fn jvp_bilinear(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Op
     Ok(vec![e.add_opt(acc, extra)?])
 }
 
-pub(crate) fn jvp_softmax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_softmax(e: &mut dyn Emit, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let Some(tv) = ts.get(0) else {
         return Ok(vec![None]);
     };
@@ -1307,7 +1306,7 @@ pub(crate) fn jvp_softmax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Opt
     Ok(vec![Some(r)])
 }
 
-pub(crate) fn jvp_var(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_var(e: &mut dyn Emit, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let Some(tv) = ts.get(0) else {
         return Ok(vec![None]);
     };
@@ -1335,7 +1334,7 @@ pub(crate) fn jvp_var(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<
     Ok(vec![Some(r)])
 }
 
-pub(crate) fn jvp_amax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_amax(e: &mut dyn Emit, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let Some(tv) = ts.get(0) else {
         return Ok(vec![None]);
     };
@@ -1363,7 +1362,7 @@ pub(crate) fn jvp_amax(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option
 /// Values picked by indices (`max.dim`, `sort`, `topk`): the tangent
 /// gathered at the same indices.
 pub(crate) fn jvp_select_values(
-    e: &mut Emitter,
+    e: &mut dyn Emit,
     c: &Call,
     ts: &Tangents,
 ) -> R<Vec<Option<ValueId>>> {
@@ -1384,7 +1383,7 @@ pub(crate) fn jvp_select_values(
     Ok(vec![Some(e.view(gth, &ys)?), None])
 }
 
-pub(crate) fn jvp_layer_norm(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_layer_norm(e: &mut dyn Emit, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let (xhat, rstd, dims) = normalized(e, c)?;
     let w = c.opt_tensor(2);
     let mut acc = None;
@@ -1410,7 +1409,7 @@ pub(crate) fn jvp_layer_norm(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<
     Ok(vec![acc])
 }
 
-pub(crate) fn jvp_sdpa(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_sdpa(e: &mut dyn Emit, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
     let a = attention(e, c)?;
     let (tq, tk, tv) = (ts.get(0), ts.get(1), ts.get(2));
     let mut t_s = None;
@@ -1449,7 +1448,7 @@ pub(crate) fn jvp_sdpa(e: &mut Emitter, c: &Call, ts: &Tangents) -> R<Vec<Option
 
 /// `max` / `min`: of everything (`amax`'s rule), or along a dim (values
 /// and indices).
-pub(crate) fn max_min(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
+pub(crate) fn max_min(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     if c.outs.len() == 1 {
         amax(e, c, gs)
     } else {
@@ -1459,11 +1458,11 @@ pub(crate) fn max_min(e: &mut Emitter, c: &Call, gs: G) -> R<Grads> {
 
 /// No derivative flows: constant results (factories, `zero`, `fill` with
 /// a scalar), integer results, rounding.
-pub(crate) fn no_grad(_: &mut Emitter, _: &Call, _: G) -> R<Grads> {
+pub(crate) fn no_grad(_: &mut dyn Emit, _: &Call, _: G) -> R<Grads> {
     Ok(vec![])
 }
 
 /// No tangent flows (as `no_grad`).
-pub(crate) fn jvp_none(_: &mut Emitter, c: &Call, _: &Tangents) -> R<Vec<Option<ValueId>>> {
+pub(crate) fn jvp_none(_: &mut dyn Emit, c: &Call, _: &Tangents) -> R<Vec<Option<ValueId>>> {
     Ok(vec![None; c.outs.len()])
 }

@@ -29,8 +29,7 @@ use crate::tensor::RTensor;
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct OpId(pub u16);
+pub use crate::id::OpId;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpKind {
@@ -70,7 +69,7 @@ pub enum Rule {
         infer: InferFn,
         eval: EvalFn,
     },
-    /// A custom function (`crate::custom`): `OpDef::custom` has its rules.
+    /// A custom function (registered by `custom::register`): `OpDef::custom` has its rules.
     Custom,
 }
 
@@ -101,7 +100,7 @@ pub struct OpDef {
     /// `batching.rs`).
     pub rules: Rules,
     /// A custom function's implementation and rules.
-    pub custom: Option<std::sync::Arc<dyn crate::custom::Function>>,
+    pub custom: Option<std::sync::Arc<dyn crate::function::Function>>,
 }
 
 /// How the functionalization pass writes a view's new value back into the
@@ -136,9 +135,9 @@ pub enum Inverse {
 /// functionalized programs.
 #[derive(Clone, Copy, Default)]
 pub struct Rules {
-    pub vjp: Option<crate::transform::VjpFn>,
-    pub jvp: Option<crate::transform::JvpFn>,
-    pub batch: Option<crate::transform::BatchFn>,
+    pub vjp: Option<crate::rule::VjpFn>,
+    pub jvp: Option<crate::rule::JvpFn>,
+    pub batch: Option<crate::rule::BatchFn>,
 }
 
 impl OpDef {
@@ -219,7 +218,7 @@ fn custom_ops() -> std::sync::RwLockReadGuard<'static, Vec<&'static OpDef>> {
 }
 
 /// `custom::register`: the op's entry from the function's schema.
-pub fn register_custom(f: std::sync::Arc<dyn crate::custom::Function>) -> Result<OpId, String> {
+pub fn register_custom(f: std::sync::Arc<dyn crate::function::Function>) -> Result<OpId, String> {
     let text = f.schema();
     let schema = Schema::try_parse(&text)?;
     if !schema.name.contains("::") || schema.name.starts_with("aten::") {

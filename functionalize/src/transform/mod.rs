@@ -15,83 +15,9 @@ use crate::ops::OpId;
 use crate::pass::{functionalize, Remove};
 use crate::schema::Arg;
 use emit::{t, Emitter, R};
+
+pub use crate::rule::{Batch, BatchFn, Call, Emit, Grads, JvpFn, Tangents, VjpFn};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-
-/// A node as a rule sees it, in the graph being built: op, bound
-/// arguments, results.
-pub struct Call<'a> {
-    pub op: OpId,
-    pub overload: usize,
-    pub args: &'a [Arg<ValueId>],
-    pub outs: &'a [ValueId],
-}
-
-impl Call<'_> {
-    /// The tensor in argument `i`.
-    pub fn tensor(&self, i: usize) -> R<ValueId> {
-        match self.args.get(i) {
-            Some(Arg::Tensor(v)) => Ok(*v),
-            _ => Err(format!(
-                "internal error: argument {i} of {} is not a tensor",
-                self.op.name()
-            )),
-        }
-    }
-    pub fn opt_tensor(&self, i: usize) -> Option<ValueId> {
-        match self.args.get(i) {
-            Some(Arg::Tensor(v)) => Some(*v),
-            _ => None,
-        }
-    }
-    /// The tensors of list argument `i` (`None` for absent entries).
-    pub fn list(&self, i: usize) -> Vec<Option<ValueId>> {
-        match self.args.get(i) {
-            Some(Arg::TensorList(l)) => l.clone(),
-            _ => vec![],
-        }
-    }
-    /// The overload name of the schema that bound the call (`Tensor`,
-    /// `Scalar`, `dim_IntList`, ... or empty).
-    pub fn overload_name(&self) -> &'static str {
-        &self.op.def().schemas[self.overload].overload
-    }
-}
-
-/// Where a gradient goes: argument position, and the index in a tensor
-/// list argument.
-pub type Grads = Vec<(usize, Option<usize>, ValueId)>;
-
-/// Tangents of a call's tensor arguments (`None`: structurally zero).
-pub struct Tangents<'a> {
-    map: &'a HashMap<ValueId, ValueId>,
-    args: &'a [Arg<ValueId>],
-}
-
-impl Tangents<'_> {
-    pub fn get(&self, i: usize) -> Option<ValueId> {
-        match self.args.get(i) {
-            Some(Arg::Tensor(v)) => self.map.get(v).copied(),
-            _ => None,
-        }
-    }
-    pub fn get_in(&self, i: usize, j: usize) -> Option<ValueId> {
-        match self.args.get(i) {
-            Some(Arg::TensorList(l)) => l
-                .get(j)
-                .copied()
-                .flatten()
-                .and_then(|v| self.map.get(&v).copied()),
-            _ => None,
-        }
-    }
-}
-
-/// `(emitter, call, gradient per result) -> gradients of the arguments`.
-pub type VjpFn = fn(&mut Emitter, &Call, &[Option<ValueId>]) -> R<Grads>;
-/// `(emitter, call, tangents of the arguments) -> tangent per result`.
-pub type JvpFn = fn(&mut Emitter, &Call, &Tangents) -> R<Vec<Option<ValueId>>>;
-/// `(batcher, call with batched arguments) -> results, batched or not`.
-pub type BatchFn = fn(&mut Batcher, &Call) -> R<Vec<(ValueId, bool)>>;
 
 /// A program prepared for a transform: functionalized, its `copy_`
 /// epilogue held apart as (parameter index, final value).
@@ -365,11 +291,11 @@ fn backward(
 /// A custom function's VJP: `setup_context`, then its `backward`.
 fn custom_vjp(
     e: &mut Emitter,
-    f: &dyn crate::custom::Function,
+    f: &dyn crate::function::Function,
     c: &Call,
     gs: &[Option<ValueId>],
 ) -> R<Grads> {
-    let mut ctx = crate::custom::Ctx::default();
+    let mut ctx = crate::function::Ctx::default();
     f.setup_context(&mut ctx, c.args, c.outs)?;
     for (k, g) in gs.iter().enumerate() {
         if g.is_some() && ctx.is_non_differentiable(k) {
@@ -405,11 +331,11 @@ fn custom_vjp(
 /// A custom function's JVP: `setup_context`, then its `jvp`.
 fn custom_jvp(
     e: &mut Emitter,
-    f: &dyn crate::custom::Function,
+    f: &dyn crate::function::Function,
     c: &Call,
     ts: &Tangents,
 ) -> R<Vec<Option<ValueId>>> {
-    let mut ctx = crate::custom::Ctx::default();
+    let mut ctx = crate::function::Ctx::default();
     f.setup_context(&mut ctx, c.args, c.outs)?;
     let per_arg: Vec<Option<ValueId>> = (0..c.args.len()).map(|i| ts.get(i)).collect();
     let r = f.jvp(e, &ctx, &per_arg).ok_or_else(|| {
@@ -567,10 +493,7 @@ pub fn jvp(g: &Graph, wrt: Option<&[String]>) -> Result<Graph> {
             args: &args,
             outs: &rs,
         };
-        let tangents = Tangents {
-            map: &tan,
-            args: &args,
-        };
+        let tangents = Tangents::new(&tan, &args);
         let ts = match &node.op.def().custom {
             Some(f) => custom_jvp(&mut c.e, f.as_ref(), &call, &tangents),
             None => {
@@ -611,34 +534,27 @@ pub struct Batcher {
     batched: HashSet<ValueId>,
 }
 
-impl Batcher {
-    pub fn is_batched(&self, v: ValueId) -> bool {
+impl Batch for Batcher {
+    fn e(&mut self) -> &mut dyn Emit {
+        &mut self.e
+    }
+    fn e_ref(&self) -> &dyn Emit {
+        &self.e
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn is_batched(&self, v: ValueId) -> bool {
         self.batched.contains(&v)
     }
-
-    /// `v`'s shape without the batch dimension.
-    pub fn logical(&self, v: ValueId) -> Vec<usize> {
-        let s = self.e.sizes(v);
-        if self.is_batched(v) {
-            s[1..].to_vec()
-        } else {
-            s
-        }
-    }
-
-    pub fn lrank(&self, v: ValueId) -> usize {
-        self.logical(v).len()
-    }
-
-    pub fn mark(&mut self, v: ValueId, batched: bool) -> ValueId {
+    fn mark(&mut self, v: ValueId, batched: bool) -> ValueId {
         if batched {
             self.batched.insert(v);
         }
         v
     }
-
     /// `op(args)`: the op itself when nothing is batched, else its rule.
-    pub fn call_id(&mut self, op: OpId, args: Vec<Arg<ValueId>>) -> R<Vec<(ValueId, bool)>> {
+    fn call_id(&mut self, op: OpId, args: Vec<Arg<ValueId>>) -> R<Vec<(ValueId, bool)>> {
         let any = args
             .iter()
             .any(|a| a.tensors().iter().any(|v| self.is_batched(**v)));
@@ -669,50 +585,18 @@ impl Batcher {
         Ok(rs)
     }
 
-    pub fn call_all(&mut self, name: &str, args: Vec<Arg<ValueId>>) -> R<Vec<(ValueId, bool)>> {
+    fn call_all(&mut self, name: &str, args: Vec<Arg<ValueId>>) -> R<Vec<(ValueId, bool)>> {
         let op = crate::ops::lookup(name).ok_or_else(|| format!("internal error: no op {name}"))?;
         self.call_id(op, args)
     }
+}
 
-    /// `name(args)`, its only result.
-    pub fn call(&mut self, name: &str, args: Vec<Arg<ValueId>>) -> R<ValueId> {
-        Ok(self.call_all(name, args)?[0].0)
-    }
-
-    /// A batched value with the batch dimension at 0 (an unbatched one
-    /// expanded to the batch size).
-    pub fn materialize(&mut self, v: ValueId) -> R<ValueId> {
-        if self.is_batched(v) {
-            return Ok(v);
-        }
-        let mut s = self.e.sizes(v);
-        s.insert(0, 1);
-        let u = self.e.view(v, &s)?;
-        s[0] = self.size;
-        let x = self.e.expand(u, &s)?;
-        Ok(self.mark(x, true))
-    }
-
-    /// A batched `v` with its logical shape padded with leading 1s to
-    /// `rank` (so it broadcasts against unbatched values as in the
-    /// unbatched program); unbatched values as they are.
-    pub fn align(&mut self, v: ValueId, rank: usize) -> R<ValueId> {
-        let l = self.logical(v);
-        if !self.is_batched(v) || l.len() >= rank {
-            return Ok(v);
-        }
-        let mut s = vec![self.size];
-        s.extend(std::iter::repeat_n(1, rank - l.len()));
-        s.extend(l);
-        let x = self.e.view(v, &s)?;
-        Ok(self.mark(x, true))
-    }
-
+impl Batcher {
     /// A custom function's call: its own `vmap` rule, or its forward
     /// written with Kiln ops batched (`generate_vmap_rule`).
     fn custom_batch(
         &mut self,
-        f: &dyn crate::custom::Function,
+        f: &dyn crate::function::Function,
         op: OpId,
         args: &[Arg<ValueId>],
     ) -> R<Vec<(ValueId, bool)>> {
@@ -723,7 +607,7 @@ impl Batcher {
                 _ => None,
             })
             .collect();
-        let info = crate::custom::VmapInfo {
+        let info = crate::function::VmapInfo {
             batch_size: self.size,
         };
         if let Some(r) = f.vmap(self, &info, &in_dims, args) {
@@ -761,14 +645,6 @@ impl Batcher {
             "custom function `{}` has no vmap rule: give it `vmap` or set `generate_vmap_rule`",
             op.name()
         ))
-    }
-
-    /// Moves dimension `from` of `v` to `to` (a `permute_copy`).
-    pub fn movedim(&mut self, v: ValueId, from: usize, to: usize) -> R<ValueId> {
-        let n = self.e.rank(v);
-        let mut perm: Vec<usize> = (0..n).filter(|&d| d != from).collect();
-        perm.insert(to, from);
-        self.e.permute(v, &perm)
     }
 }
 
@@ -1082,4 +958,20 @@ pub fn sgd_step(g: &Graph, wrt: &[String], lr: f64) -> Result<Graph> {
     }
     step.outputs = vec![r[idx.len()]];
     Ok(step)
+}
+
+impl crate::function::Ops for Emitter {
+    fn op(&mut self, name: &str, args: Vec<Arg<ValueId>>) -> R<Vec<ValueId>> {
+        Ok(self.call_all(name, args)?.to_vec())
+    }
+}
+
+impl crate::function::Ops for Batcher {
+    fn op(&mut self, name: &str, args: Vec<Arg<ValueId>>) -> R<Vec<ValueId>> {
+        Ok(self
+            .call_all(name, args)?
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect())
+    }
 }

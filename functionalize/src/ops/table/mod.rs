@@ -21,8 +21,8 @@ pub(super) use super::{
     Elem as E, EvalFn, GatherForm, InferFn, Inverse, Lowering as L, Lowering, OpDef, OpId, OpKind,
     OpKind::*, ProductForm, Reduction, RegionKind, RemapKind, Rule, Table,
 };
+use crate::rule::{BatchFn, JvpFn, VjpFn};
 use crate::schema::Schemas;
-use crate::transform::{BatchFn, JvpFn, VjpFn};
 
 pub(super) struct Builder {
     ops: Vec<OpDef>,

@@ -325,11 +325,11 @@ fn softplus(a: &p::A) -> Result<p::PwPlan, String> {
 /// `grad * sigmoid(x * beta)`, and `grad` where `x * beta > threshold`
 /// (derivatives.yaml's `softplus_backward`).
 fn softplus_vjp(
-    e: &mut crate::transform::emit::Emitter,
-    c: &crate::transform::Call,
-    gs: &[Option<crate::graph::ValueId>],
-) -> Result<crate::transform::Grads, String> {
-    use crate::transform::emit::t;
+    e: &mut dyn crate::rule::Emit,
+    c: &crate::rule::Call,
+    gs: &[Option<crate::id::ValueId>],
+) -> Result<crate::rule::Grads, String> {
+    use crate::rule::t;
     let Some(g) = gs.first().copied().flatten() else {
         return Ok(vec![]);
     };
@@ -337,9 +337,6 @@ fn softplus_vjp(
     let xb = e.call("mul", vec![t(x), c.args[1].clone()])?;
     let s = e.call("sigmoid", vec![t(xb)])?;
     let linear = e.call("gt", vec![t(xb), c.args[2].clone()])?;
-    let d = e.call(
-        "where",
-        vec![t(linear), crate::transform::emit::float(1.0), t(s)],
-    )?;
+    let d = e.call("where", vec![t(linear), crate::rule::float(1.0), t(s)])?;
     Ok(vec![(0, None, e.mul(g, d)?)])
 }
