@@ -632,3 +632,100 @@ fn the_runtime_alone_does_not_link_the_compiler() {
     );
     assert!(!tree.contains("kiln-functionalize"), "{tree}");
 }
+
+/// The top-level modules a crate's source files name (`crate::m`,
+/// `crate::{m, ..}`), comments aside: module -> modules it uses.
+fn module_uses(
+    src: &Path,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    let mut uses = std::collections::BTreeMap::<String, std::collections::BTreeSet<String>>::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                dirs.push(p);
+                continue;
+            }
+            let rel = p.strip_prefix(src).unwrap().to_string_lossy().to_string();
+            let top = rel
+                .split('/')
+                .next()
+                .unwrap()
+                .trim_end_matches(".rs")
+                .to_string();
+            let text: String = std::fs::read_to_string(&p)
+                .unwrap()
+                .lines()
+                .map(|l| l.split("//").next().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n");
+            // Unit tests may reach anywhere.
+            let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+            let set = uses.entry(top.clone()).or_default();
+            for (i, _) in text.match_indices("crate::") {
+                let rest = &text[i + 7..];
+                let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+                    let group = &group[..group.find('}').unwrap_or(group.len())];
+                    group
+                        .split(',')
+                        .filter_map(|s| s.trim().split("::").next())
+                        .collect()
+                } else {
+                    rest.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .take(1)
+                        .collect()
+                };
+                for n in names {
+                    if !n.is_empty() && n != top && n != "self" && n.starts_with(char::is_lowercase)
+                    {
+                        set.insert(n.to_string());
+                    }
+                }
+            }
+        }
+    }
+    uses
+}
+
+/// Modules match the pipeline and import one way: no circle between the
+/// top-level modules of the front end or of the engine.
+#[test]
+fn no_import_circle_between_modules() {
+    for krate in ["functionalize/src", "engine/src"] {
+        let uses = module_uses(&root().join(krate));
+        // Depth-first search for a back edge.
+        fn visit<'a>(
+            m: &'a str,
+            uses: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+            path: &mut Vec<&'a str>,
+            done: &mut std::collections::BTreeSet<&'a str>,
+        ) -> Option<String> {
+            if let Some(i) = path.iter().position(|p| *p == m) {
+                return Some(format!("{} -> {m}", path[i..].join(" -> ")));
+            }
+            if !done.insert(m) {
+                return None;
+            }
+            path.push(m);
+            for d in uses.get(m).into_iter().flatten() {
+                if let Some(c) = visit(d, uses, path, done) {
+                    return Some(c);
+                }
+            }
+            path.pop();
+            None
+        }
+        let mut done = std::collections::BTreeSet::new();
+        for m in uses.keys() {
+            if let Some(c) = visit(m, &uses, &mut vec![], &mut done) {
+                panic!("{krate}: import circle {c}");
+            }
+        }
+        assert!(
+            uses.len() > 10,
+            "{krate}: only {} modules found",
+            uses.len()
+        );
+    }
+}
