@@ -3,7 +3,6 @@
 //! the same forms, which inputs an element reads and where.
 
 use super::*;
-use kiln_functionalize::ops::expr::Expr;
 use kiln_functionalize::ops::{Elem, RemapKind};
 
 /// A node's arguments as metas.
@@ -131,96 +130,9 @@ impl Gen<'_> {
                 Src::Const { value, .. } => lit(value, o.cast)?,
             });
         }
-        let compute = p.operands.last().map_or(out.dtype, |o| o.cast);
-        if let Code::Expr(e) = &p.code {
-            // Float ops only (`pointwise::float_expr`), computed in f32.
-            let r = self.render(e, &vals)?;
-            return self.narrowed(n, &r, DType::F32, out.dtype);
-        }
-        let (e, e_dtype) = pointwise(
-            &p.code,
-            &vals,
-            compute,
-            &p.operands.iter().map(|o| o.cast).collect::<Vec<_>>(),
-        )
-        .ok_or_else(|| {
-            CompileError::no_kernel(format!(
-                "`{}` on {compute:?} tensors has no GPU kernel yet",
-                def.name
-            ))
-        })?;
-        let r = self.body.bind(ty(e_dtype), e);
-        if compute == DType::I64 {
-            if let Some(c) = i64_overflow(&p.code, &vals, &r) {
-                self.flag_overflow(n, &c)?;
-            }
-        }
-        self.narrowed(n, &r, e_dtype, out.dtype)
-    }
-
-    /// An op's declared expression (`ops::expr`) over its operand values
-    /// in f32, each call bound to a `let`.
-    fn render(&mut self, e: &Expr, vals: &[String]) -> R<String> {
-        use kiln_functionalize::ops::expr::Func;
-        let f = |v: f64| literal(v, DType::F32);
-        let (func, args) = match e {
-            Expr::Operand(i) => {
-                return vals
-                    .get(*i)
-                    .cloned()
-                    .ok_or_else(|| bug(format!("an expression reads operand {i}")))
-            }
-            Expr::Lit(v) => return Ok(f(*v)),
-            Expr::Call(func, args) if args.len() == func.arity() => (*func, args),
-            Expr::Call(func, _) => return Err(bug(format!("{func:?} with wrong arity"))),
-        };
-        let mut a = vec![];
-        for x in args {
-            a.push(self.render(x, vals)?);
-        }
-        let nan2 = |a: &[String]| format!("k_isnan({}) || k_isnan({})", a[0], a[1]);
-        let e = match func {
-            Func::Neg => format!("-({})", a[0]),
-            Func::Add => format!("{} + {}", a[0], a[1]),
-            Func::Sub => format!("{} - {}", a[0], a[1]),
-            Func::Mul => format!("{} * {}", a[0], a[1]),
-            Func::Div => format!("{} / {}", a[0], a[1]),
-            Func::Exp => format!("exp({})", a[0]),
-            Func::Log => format!("log({})", a[0]),
-            Func::Sqrt => format!("sqrt({})", a[0]),
-            Func::Rsqrt => format!("inverseSqrt({})", a[0]),
-            Func::Sin => format!("sin({})", a[0]),
-            Func::Cos => format!("cos({})", a[0]),
-            Func::Abs => format!("abs({})", a[0]),
-            Func::Tanh => format!("tanh({})", a[0]),
-            Func::Erf => format!("k_erf({})", a[0]),
-            // log(u) * x / (u - 1) with u = 1 + x, the rounding of u
-            // undone (Goldberg); plain log(u) where x is large or infinite.
-            Func::Log1p => {
-                let x = &a[0];
-                let u = self.body.bind("f32", format!("1.0 + {x}"));
-                format!(
-                    "select(select(log({u}) * ({x} / ({u} - 1.0)), log({u}), {x} > 1.0e4), {x}, {u} == 1.0)"
-                )
-            }
-            Func::Max => format!(
-                "select(max({a0}, {a1}), {a0} + {a1}, {n})",
-                a0 = a[0],
-                a1 = a[1],
-                n = nan2(&a)
-            ),
-            Func::Min => format!(
-                "select(min({a0}, {a1}), {a0} + {a1}, {n})",
-                a0 = a[0],
-                a1 = a[1],
-                n = nan2(&a)
-            ),
-            // Comparisons test NaN by its bits: a compiler may assume none.
-            Func::Gt => format!("select(0.0, 1.0, {} > {} && !({}))", a[0], a[1], nan2(&a)),
-            Func::Lt => format!("select(0.0, 1.0, {} < {} && !({}))", a[0], a[1], nan2(&a)),
-            Func::Select => format!("select({}, {}, {} != 0.0)", a[2], a[1], a[0]),
-        };
-        Ok(self.body.bind("f32", e))
+        let types: Vec<DType> = p.operands.iter().map(|o| o.cast).collect();
+        let (r, dt) = self.render(n, &p.expr, &vals, &types)?;
+        self.narrowed(n, &r, dt, out.dtype)
     }
 
     /// `tril` / `triu` (`upper`): the input, zero outside the triangle.

@@ -6,6 +6,7 @@
 mod attention;
 mod custom;
 mod elementwise;
+mod expr;
 mod gather;
 mod maps;
 mod matmul;
@@ -22,7 +23,7 @@ use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::{contiguous_strides, numel, Meta};
 use kiln_functionalize::ops::args::ArgsExt;
 use kiln_functionalize::ops::kernels::Advanced;
-use kiln_functionalize::ops::pointwise::{Code, Src};
+use kiln_functionalize::ops::pointwise::Src;
 use kiln_functionalize::ops::{self, Lowering, Rule};
 use kiln_functionalize::schema::Arg;
 use kiln_functionalize::DType;
@@ -610,41 +611,6 @@ impl<'a> Gen<'a> {
     }
 }
 
-fn float_ops(code: &Code, v: &[String]) -> Option<String> {
-    let x = &v[0];
-    Some(match *code {
-        Code::Remainder => format!("{x} - floor({x} / {y}) * {y}", y = v[1]),
-        Code::Neg => format!("-{x}"),
-        Code::Abs => format!("abs({x})"),
-        Code::Relu => format!("select(0.0, {x}, {x} > 0.0 || k_isnan({x}))"),
-        Code::Add { alpha } => format!("{x} + {} * {}", literal(alpha, DType::F32), v[1]),
-        Code::Sub { alpha } => format!("{x} - {} * {}", literal(alpha, DType::F32), v[1]),
-        Code::Mul => format!("{x} * {}", v[1]),
-        Code::Div => format!("{x} / {}", v[1]),
-        Code::DivTrunc => format!("trunc({x} / {})", v[1]),
-        Code::DivFloor => format!("floor({x} / {})", v[1]),
-        Code::Pow => format!("k_powf({x}, {})", v[1]),
-        Code::Maximum => format!(
-            "select(max({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))",
-            y = v[1]
-        ),
-        Code::Minimum => format!(
-            "select(min({x}, {y}), {x} + {y}, k_isnan({x}) || k_isnan({y}))",
-            y = v[1]
-        ),
-        Code::Sign => format!("select(select({x}, -1.0, {x} < 0.0), 1.0, {x} > 0.0)"),
-        Code::ThresholdBackward { threshold } => format!(
-            "select({x}, 0.0, {y} <= {})",
-            literal(threshold, DType::F32),
-            y = v[1]
-        ),
-        _ => return None,
-    })
-}
-
-/// The expression of a plan's code over operand values (already cast to
-/// their operand dtypes), and the dtype it has.
-/// `None` for a code this dtype has no expression for.
 /// `literal`, refusing i64 constants the device's i32 cannot hold
 /// (`wgsl::ty`).
 fn lit(v: f64, d: DType) -> R<String> {
@@ -657,162 +623,4 @@ fn lit(v: f64, d: DType) -> R<String> {
         )));
     }
     Ok(literal(v, d))
-}
-
-/// When an i64 `code` over `v` (computed in i32 as `r`) overflowed.
-fn i64_overflow(code: &Code, v: &[String], r: &str) -> Option<String> {
-    let x = &v[0];
-    let y = v.get(1).cloned().unwrap_or_default();
-    let scaled = |alpha: f64| {
-        let a = literal(alpha, DType::I64);
-        (alpha != 1.0).then(|| format!("k_mul_ovf({a}, {y}) || "))
-    };
-    Some(match *code {
-        Code::Add { alpha } => format!(
-            "{}k_add_ovf({x}, {} * {y}, {r})",
-            scaled(alpha).unwrap_or_default(),
-            literal(alpha, DType::I64)
-        ),
-        Code::Sub { alpha } => format!(
-            "{}k_sub_ovf({x}, {} * {y}, {r})",
-            scaled(alpha).unwrap_or_default(),
-            literal(alpha, DType::I64)
-        ),
-        Code::Mul => format!("k_mul_ovf({x}, {y})"),
-        Code::Neg | Code::Abs => format!("{x} == (-2147483647i - 1i)"),
-        Code::DivTrunc | Code::DivFloor => format!("{x} == (-2147483647i - 1i) && {y} == -1i"),
-        Code::Pow => format!("abs(pow(f32({x}), f32({y}))) >= 2147483648.0"),
-        _ => return None,
-    })
-}
-
-fn pointwise(
-    code: &Code,
-    v: &[String],
-    compute: DType,
-    casts: &[DType],
-) -> Option<(String, DType)> {
-    let x = &v[0];
-    // Comparisons with NaN test the bits: a compiler may assume no NaNs.
-    let float_cmp = matches!(compute, DType::F32 | DType::F16);
-    let cmp = |op: &str| {
-        let e = format!("{x} {op} {}", v[1]);
-        let e = match (float_cmp, op) {
-            (false, _) => e,
-            (true, "!=") => format!("({e} || k_isnan({x}) || k_isnan({}))", v[1]),
-            (true, _) => format!("({e} && !k_isnan({x}) && !k_isnan({}))", v[1]),
-        };
-        (e, DType::Bool)
-    };
-    let cdt = if compute == DType::F16 {
-        DType::F32
-    } else {
-        compute
-    };
-    match *code {
-        Code::Eq => Some(cmp("==")),
-        Code::Ne => Some(cmp("!=")),
-        Code::Lt => Some(cmp("<")),
-        Code::Le => Some(cmp("<=")),
-        Code::Gt => Some(cmp(">")),
-        Code::Ge => Some(cmp(">=")),
-        Code::LogicalAnd | Code::LogicalOr => {
-            let truth = |e: &String, d: DType| match d {
-                DType::Bool => e.clone(),
-                d => format!("({e} != {})", literal(0.0, d)),
-            };
-            let op = if *code == Code::LogicalAnd {
-                "&&"
-            } else {
-                "||"
-            };
-            Some((
-                format!("({} {op} {})", truth(x, casts[0]), truth(&v[1], casts[1])),
-                DType::Bool,
-            ))
-        }
-        Code::LogicalNot => Some((
-            match casts[0] {
-                DType::Bool => format!("!{x}"),
-                d => format!("{x} == {}", literal(0.0, d)),
-            },
-            DType::Bool,
-        )),
-        Code::Where => {
-            let d = if casts[1] == DType::F16 {
-                DType::F32
-            } else {
-                casts[1]
-            };
-            Some((format!("select({}, {}, {x})", v[2], v[1]), d))
-        }
-        Code::Clamp { min, max } => {
-            let mut e = x.clone();
-            let mut k = 1;
-            let float = cdt == DType::F32;
-            if min {
-                e = if float {
-                    format!("select(max({e}, {b}), {b}, k_isnan({b}))", b = v[k])
-                } else {
-                    format!("max({e}, {})", v[k])
-                };
-                k += 1;
-            }
-            if max {
-                e = if float {
-                    format!("select(min({e}, {b}), {b}, k_isnan({b}))", b = v[k])
-                } else {
-                    format!("min({e}, {})", v[k])
-                };
-            }
-            if float {
-                e = format!("select({e}, {x}, k_isnan({x}))");
-            }
-            Some((e, cdt))
-        }
-        _ if cdt == DType::F32 => Some((float_ops(code, v)?, DType::F32)),
-        _ if cdt == DType::Bool => {
-            let y = v.get(1).cloned().unwrap_or_default();
-            let e = match *code {
-                Code::Add { .. } | Code::Maximum => format!("{x} || {y}"),
-                Code::Mul | Code::Minimum => format!("{x} && {y}"),
-                Code::Abs | Code::Relu | Code::Sign => x.clone(),
-                // x ** y: false only for false ** true.
-                Code::Pow => format!("{x} || !{y}"),
-                _ => return None,
-            };
-            Some((e, DType::Bool))
-        }
-        _ => {
-            // i32 (and i64, held as i32) / u32.
-            let y = v.get(1).cloned().unwrap_or_default();
-            let e = match *code {
-                Code::Add { alpha } => format!("{x} + {} * {y}", literal(alpha, cdt)),
-                Code::Sub { alpha } => format!("{x} - {} * {y}", literal(alpha, cdt)),
-                Code::Mul => format!("{x} * {y}"),
-                Code::DivTrunc => format!("{x} / {y}"),
-                Code::DivFloor if cdt != DType::U32 => {
-                    format!("select({x} / {y}, {x} / {y} - 1i, ({x} % {y} != 0i) && (({x} < 0i) != ({y} < 0i)))")
-                }
-                Code::DivFloor => format!("{x} / {y}"),
-                Code::Remainder if cdt != DType::U32 => {
-                    format!("select({x} % {y}, {x} % {y} + {y}, ({x} % {y} != 0i) && (({x} % {y} < 0i) != ({y} < 0i)))")
-                }
-                Code::Remainder => format!("{x} % {y}"),
-                Code::Pow if cdt != DType::U32 => format!("k_powi({x}, {y})"),
-                Code::Pow => format!("k_powu({x}, {y})"),
-                Code::Maximum => format!("max({x}, {y})"),
-                Code::Minimum => format!("min({x}, {y})"),
-                Code::Neg => format!("-{x}"),
-                Code::Abs if cdt != DType::U32 => format!("abs({x})"),
-                Code::Abs => x.clone(),
-                Code::Relu if cdt != DType::U32 => format!("max({x}, 0i)"),
-                Code::Relu => x.clone(),
-                Code::Sign if cdt != DType::U32 => format!("sign({x})"),
-                Code::Sign => format!("min({x}, 1u)"),
-                _ => return None,
-            };
-            Some((e, cdt))
-        }
-    }
 }

@@ -1,7 +1,14 @@
 //! Scalar expressions of elementwise ops, as a small typed tree: declared
-//! once in an op's entry, evaluated in f64 by the reference interpreter and
-//! rendered by code generators (WGSL for the GPU). Written with the usual
-//! operators: `x() / (lit(1.0) + exp(-x()))`.
+//! once in an op's entry and rendered by code generators (WGSL for the
+//! GPU); float-only ops are evaluated from it by the reference interpreter
+//! too. Written with the usual operators: `x() / (lit(1.0) + exp(-x()))`.
+//!
+//! Types follow the operands (each in the dtype its plan casts it to):
+//! arithmetic keeps its operands' type, comparisons and logic give bool,
+//! `select` its branches' type; a literal takes the type of what it meets.
+//! Each function means what its ATen namesake does for that type (`add`
+//! of bools is `or`; integer `div_floor` rounds down; i64 arithmetic that
+//! leaves the range is an error, not a wrap).
 
 use std::ops;
 
@@ -28,11 +35,28 @@ pub enum Func {
     /// The larger / smaller of two (NaN if either is).
     Max,
     Min,
-    /// Comparisons: 1 or 0 (false for NaN).
+    /// Comparisons: bool (false for NaN; `Ne` true).
     Gt,
     Lt,
+    Ge,
+    Le,
+    Eq,
+    Ne,
+    /// Logic on truth values (non-zero is true): bool.
+    And,
+    Or,
+    Not,
     /// `select(c, a, b)`: `a` where `c` is non-zero, else `b`.
     Select,
+    /// Division rounded toward zero / down (integers: exact).
+    DivTrunc,
+    DivFloor,
+    /// Python's `%`: the sign of the divisor.
+    Rem,
+    /// `a ** b`.
+    Pow,
+    /// -1, 0 or 1 by the sign (NaN and signed zeros kept).
+    Sign,
 }
 
 impl Func {
@@ -48,7 +72,9 @@ impl Func {
             | Func::Tanh
             | Func::Sin
             | Func::Cos
-            | Func::Erf => 1,
+            | Func::Erf
+            | Func::Not
+            | Func::Sign => 1,
             Func::Select => 3,
             _ => 2,
         }
@@ -100,7 +126,19 @@ funcs! {
     min: Min(a, b);
     gt: Gt(a, b);
     lt: Lt(a, b);
+    ge: Ge(a, b);
+    le: Le(a, b);
+    eq: Eq(a, b);
+    ne: Ne(a, b);
+    and: And(a, b);
+    or: Or(a, b);
+    not: Not(a);
     select: Select(cond, then, otherwise);
+    div_trunc: DivTrunc(a, b);
+    div_floor: DivFloor(a, b);
+    rem: Rem(a, b);
+    pow: Pow(a, b);
+    sign: Sign(a);
 }
 
 macro_rules! binop {
@@ -129,7 +167,8 @@ impl ops::Neg for Expr {
 }
 
 impl Expr {
-    /// Its value at `operands`, in f64 (the reference interpreter's).
+    /// Its value at `operands`, in f64 (the reference interpreter's, for
+    /// float ops; integer ops keep their own checked kernels).
     pub fn eval(&self, operands: &[f64]) -> f64 {
         match self {
             Expr::Operand(i) => operands.get(*i).copied().unwrap_or(f64::NAN),
@@ -160,6 +199,20 @@ impl Expr {
                     Func::Min => a[0].min(a[1]),
                     Func::Gt => b(a[0] > a[1]),
                     Func::Lt => b(a[0] < a[1]),
+                    Func::Ge => b(a[0] >= a[1]),
+                    Func::Le => b(a[0] <= a[1]),
+                    Func::Eq => b(a[0] == a[1]),
+                    Func::Ne => b(a[0] != a[1]),
+                    Func::And => b(a[0] != 0.0 && a[1] != 0.0),
+                    Func::Or => b(a[0] != 0.0 || a[1] != 0.0),
+                    Func::Not => b(a[0] == 0.0),
+                    Func::DivTrunc => (a[0] / a[1]).trunc(),
+                    Func::DivFloor => (a[0] / a[1]).floor(),
+                    Func::Rem => a[0] - (a[0] / a[1]).floor() * a[1],
+                    Func::Pow => a[0].powf(a[1]),
+                    Func::Sign if a[0] > 0.0 => 1.0,
+                    Func::Sign if a[0] < 0.0 => -1.0,
+                    Func::Sign => a[0],
                     Func::Select => {
                         if a[0] != 0.0 {
                             a[1]

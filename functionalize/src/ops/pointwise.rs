@@ -4,7 +4,7 @@
 //! GPU code generator, run the plan.
 
 use super::args::{ArgsExt, Scalar};
-use super::expr::{self as ex, lit, x, Expr};
+use super::expr::{self as ex, lit, operand as arg, x, Expr};
 use crate::dtype::{result_type, Category, DType, PromoOperand};
 use crate::meta::{broadcast_shapes, Dims, Meta};
 use crate::schema::Arg;
@@ -27,60 +27,11 @@ pub struct Operand {
     pub cast: DType,
 }
 
-/// The scalar function of a plan, symbolically, for code generators
-/// (operands arrive already converted to their `Operand::cast` dtype).
-#[derive(Clone, Debug, PartialEq)]
-pub enum Code {
-    /// A float op declared by its expression (`float_expr`): code
-    /// generators render the tree, the reference evaluates it.
-    Expr(super::expr::Expr),
-    Neg,
-    Abs,
-    Relu,
-    LogicalNot,
-    /// `x + alpha * y`
-    Add {
-        alpha: f64,
-    },
-    /// `x - alpha * y`
-    Sub {
-        alpha: f64,
-    },
-    Mul,
-    Div,
-    DivTrunc,
-    DivFloor,
-    Pow,
-    Maximum,
-    Minimum,
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-    LogicalAnd,
-    LogicalOr,
-    /// Python's `%`: the sign of the divisor.
-    Remainder,
-    /// `condition ? self : other`
-    Where,
-    /// `clamp(x, min?, max?)`: the bounds present follow `x`.
-    Clamp {
-        min: bool,
-        max: bool,
-    },
-    /// `1`, `-1` or `0` by the sign of `x` (NaN stays NaN).
-    Sign,
-    /// Backward ops (derivatives.yaml), `(grad, x)`: `grad * f'(x)`.
-    /// `threshold_backward`: `x <= threshold ? 0 : grad`.
-    ThresholdBackward {
-        threshold: f64,
-    },
-}
-
 pub struct PwPlan {
-    pub code: Code,
+    /// The element as an expression over the operands (already converted
+    /// to their `Operand::cast` dtypes), for code generators; `f` is the
+    /// reference's (float-only ops evaluate `expr` itself).
+    pub expr: Expr,
     /// Up to three inline (no allocation per shape inference).
     pub operands: smallvec::SmallVec<[Operand; 3]>,
     pub out_dtype: DType,
@@ -174,19 +125,19 @@ fn float_of(d: DType) -> DType {
 
 fn unary(
     a: &A,
-    code: Code,
+    name: &str,
+    expr: Expr,
     to_float: bool,
     no_bool: bool,
     f: fn(f64) -> f64,
 ) -> Result<PwPlan, String> {
-    let name = format!("{code:?}").to_lowercase();
     let m = a.tensor(0)?;
     if no_bool && m.dtype == DType::Bool {
         return Err(format!("{name} is not supported for bool tensors"));
     }
     let dt = if to_float { float_of(m.dtype) } else { m.dtype };
     Ok(PwPlan {
-        code,
+        expr,
         operands: smallvec::smallvec![Operand {
             src: Src::Arg(0),
             cast: dt,
@@ -206,7 +157,7 @@ fn promoting_expr(a: &A, expr: Expr) -> Result<PwPlan, String> {
 fn expr_plan(expr: Expr, d: DType) -> PwPlan {
     let e = expr.clone();
     PwPlan {
-        code: Code::Expr(expr),
+        expr,
         operands: smallvec::smallvec![Operand {
             src: Src::Arg(0),
             cast: d,
@@ -277,15 +228,17 @@ pub fn neg(a: &A) -> Result<PwPlan, String> {
     if a.tensor(0)?.dtype == DType::Bool {
         return Err("Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.".into());
     }
-    unary(a, Code::Neg, false, true, |x| -x)
+    unary(a, "neg", -x(), false, true, |x| -x)
 }
 
 pub fn abs(a: &A) -> Result<PwPlan, String> {
-    unary(a, Code::Abs, false, true, f64::abs)
+    unary(a, "abs", ex::abs(x()), false, true, f64::abs)
 }
 
 pub fn relu(a: &A) -> Result<PwPlan, String> {
-    unary(a, Code::Relu, false, true, |x| {
+    // NaN stays; -0 becomes 0.
+    let e = ex::select(ex::le(x(), lit(0.0)), lit(0.0), x());
+    unary(a, "relu", e, false, true, |x| {
         if x > 0.0 || x.is_nan() {
             x
         } else {
@@ -297,7 +250,7 @@ pub fn relu(a: &A) -> Result<PwPlan, String> {
 pub fn logical_not(a: &A) -> Result<PwPlan, String> {
     let m = a.tensor(0)?;
     Ok(PwPlan {
-        code: Code::LogicalNot,
+        expr: ex::not(x()),
         operands: smallvec::smallvec![Operand {
             src: Src::Arg(0),
             cast: m.dtype,
@@ -331,7 +284,7 @@ pub fn gelu(a: &A) -> Result<PwPlan, String> {
 /// A binary op whose second operand (argument 1) is a tensor or a scalar.
 fn binary(
     a: &A,
-    code: Code,
+    expr: Expr,
     out_of: impl Fn(DType) -> Result<(DType, DType), String>,
     f: impl Fn(DType, f64, f64) -> Result<f64, String> + Send + Sync + 'static,
 ) -> Result<PwPlan, String> {
@@ -340,7 +293,7 @@ fn binary(
     let common = result_type(&[promo_of(&x), promo_of(&y)])?;
     let (compute, out) = out_of(common)?;
     Ok(PwPlan {
-        code,
+        expr,
         operands: smallvec::smallvec![operand(&x, compute), operand(&y, compute)],
         out_dtype: out,
         f: Box::new(move |v| f(compute, v[0], v[1])),
@@ -369,9 +322,18 @@ fn common_of(a: &A) -> Result<DType, String> {
     result_type(&[promo_of(&t_or_s(a, 0)?), promo_of(&t_or_s(a, 1)?)])
 }
 
+/// `alpha * other` (`other` itself for 1).
+fn scaled(alpha: f64) -> Expr {
+    if alpha == 1.0 {
+        arg(1)
+    } else {
+        lit(alpha) * arg(1)
+    }
+}
+
 pub fn add(a: &A) -> Result<PwPlan, String> {
     let alpha = alpha_of(a, common_of(a)?)?;
-    binary(a, Code::Add { alpha }, same, move |_, x, y| {
+    binary(a, x() + scaled(alpha), same, move |_, x, y| {
         Ok(x + alpha * y)
     })
 }
@@ -382,13 +344,13 @@ pub fn sub(a: &A) -> Result<PwPlan, String> {
         return Err("Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or `logical_xor()` operator instead.".into());
     }
     let alpha = alpha_of(a, common)?;
-    binary(a, Code::Sub { alpha }, same, move |_, x, y| {
+    binary(a, x() - scaled(alpha), same, move |_, x, y| {
         Ok(x - alpha * y)
     })
 }
 
 pub fn mul(a: &A) -> Result<PwPlan, String> {
-    binary(a, Code::Mul, same, |dt, x, y| {
+    binary(a, x() * arg(1), same, |dt, x, y| {
         Ok(if dt.is_integral() {
             (x as i64).wrapping_mul(y as i64) as f64
         } else {
@@ -402,7 +364,7 @@ pub fn div(a: &A) -> Result<PwPlan, String> {
     match mode.as_deref() {
         None => binary(
             a,
-            Code::Div,
+            x() / arg(1),
             |d| Ok((float_of(d), float_of(d))),
             |_, x, y| Ok(x / y),
         ),
@@ -411,9 +373,9 @@ pub fn div(a: &A) -> Result<PwPlan, String> {
             binary(
                 a,
                 if floor {
-                    Code::DivFloor
+                    ex::div_floor(x(), arg(1))
                 } else {
-                    Code::DivTrunc
+                    ex::div_trunc(x(), arg(1))
                 },
                 same,
                 move |dt, x, y| {
@@ -480,7 +442,7 @@ pub fn pow(a: &A) -> Result<PwPlan, String> {
             return Err("Integers to negative integer powers are not allowed.".into());
         }
         return Ok(PwPlan {
-            code: Code::Pow,
+            expr: ex::pow(x(), arg(1)),
             // The exponent is an operand ATen does not wrap (no layout effect).
             operands: smallvec::smallvec![
                 Operand {
@@ -499,7 +461,7 @@ pub fn pow(a: &A) -> Result<PwPlan, String> {
             f: Box::new(move |v| f(dt, v[0], v[1])),
         });
     }
-    binary(a, Code::Pow, same, f)
+    binary(a, ex::pow(x(), arg(1)), same, f)
 }
 
 fn tensors_only(a: &A, name: &str) -> Result<(), String> {
@@ -511,7 +473,7 @@ fn tensors_only(a: &A, name: &str) -> Result<(), String> {
 
 pub fn maximum(a: &A) -> Result<PwPlan, String> {
     tensors_only(a, "maximum")?;
-    binary(a, Code::Maximum, same, |_, x, y| {
+    binary(a, ex::max(x(), arg(1)), same, |_, x, y| {
         Ok(if x.is_nan() || y.is_nan() {
             f64::NAN
         } else {
@@ -522,7 +484,7 @@ pub fn maximum(a: &A) -> Result<PwPlan, String> {
 
 pub fn minimum(a: &A) -> Result<PwPlan, String> {
     tensors_only(a, "minimum")?;
-    binary(a, Code::Minimum, same, |_, x, y| {
+    binary(a, ex::min(x(), arg(1)), same, |_, x, y| {
         Ok(if x.is_nan() || y.is_nan() {
             f64::NAN
         } else {
@@ -531,49 +493,49 @@ pub fn minimum(a: &A) -> Result<PwPlan, String> {
     })
 }
 
-fn compare(a: &A, code: Code, f: fn(f64, f64) -> bool) -> Result<PwPlan, String> {
+fn compare(a: &A, cmp: fn(Expr, Expr) -> Expr, f: fn(f64, f64) -> bool) -> Result<PwPlan, String> {
     binary(
         a,
-        code,
+        cmp(x(), arg(1)),
         |d| Ok((d, DType::Bool)),
         move |_, x, y| Ok(f(x, y) as i32 as f64),
     )
 }
 
 pub fn eq(a: &A) -> Result<PwPlan, String> {
-    compare(a, Code::Eq, |x, y| x == y)
+    compare(a, ex::eq, |x, y| x == y)
 }
 pub fn ne(a: &A) -> Result<PwPlan, String> {
-    compare(a, Code::Ne, |x, y| x != y)
+    compare(a, ex::ne, |x, y| x != y)
 }
 pub fn lt(a: &A) -> Result<PwPlan, String> {
-    compare(a, Code::Lt, |x, y| x < y)
+    compare(a, ex::lt, |x, y| x < y)
 }
 pub fn le(a: &A) -> Result<PwPlan, String> {
-    compare(a, Code::Le, |x, y| x <= y)
+    compare(a, ex::le, |x, y| x <= y)
 }
 pub fn gt(a: &A) -> Result<PwPlan, String> {
-    compare(a, Code::Gt, |x, y| x > y)
+    compare(a, ex::gt, |x, y| x > y)
 }
 pub fn ge(a: &A) -> Result<PwPlan, String> {
-    compare(a, Code::Ge, |x, y| x >= y)
+    compare(a, ex::ge, |x, y| x >= y)
 }
 
 /// `logical_and` / `logical_or`: nonzero is true, the result is bool.
-fn logical(a: &A, code: Code, f: fn(bool, bool) -> bool) -> Result<PwPlan, String> {
+fn logical(a: &A, op: fn(Expr, Expr) -> Expr, f: fn(bool, bool) -> bool) -> Result<PwPlan, String> {
     binary(
         a,
-        code,
+        op(x(), arg(1)),
         |d| Ok((d, DType::Bool)),
         move |_, x, y| Ok(f(x != 0.0, y != 0.0) as i32 as f64),
     )
 }
 
 pub fn logical_and(a: &A) -> Result<PwPlan, String> {
-    logical(a, Code::LogicalAnd, |x, y| x && y)
+    logical(a, ex::and, |x, y| x && y)
 }
 pub fn logical_or(a: &A) -> Result<PwPlan, String> {
-    logical(a, Code::LogicalOr, |x, y| x || y)
+    logical(a, ex::or, |x, y| x || y)
 }
 
 /// `remainder`: `x - floor(x / y) * y`, the divisor's sign (Python's `%`).
@@ -581,7 +543,7 @@ pub fn remainder(a: &A) -> Result<PwPlan, String> {
     if common_of(a)? == DType::Bool {
         return Err("\"remainder_cpu\" not implemented for 'Bool'".into());
     }
-    binary(a, Code::Remainder, same, |dt, x, y| {
+    binary(a, ex::rem(x(), arg(1)), same, |dt, x, y| {
         if dt.is_integral() {
             if y == 0.0 {
                 return Err("ZeroDivisionError".into());
@@ -604,7 +566,7 @@ pub fn floor_divide(a: &A) -> Result<PwPlan, String> {
     if common_of(a)? == DType::Bool {
         return Err("\"div_floor_cpu\" not implemented for 'Bool'".into());
     }
-    binary(a, Code::DivFloor, same, |dt, x, y| {
+    binary(a, ex::div_floor(x(), arg(1)), same, |dt, x, y| {
         if dt.is_integral() {
             if y == 0.0 {
                 return Err("ZeroDivisionError".into());
@@ -637,7 +599,7 @@ pub fn where_(a: &A) -> Result<PwPlan, String> {
     let y = t_or_s(a, 2)?;
     let dt = result_type(&[promo_of(&x), promo_of(&y)])?;
     Ok(PwPlan {
-        code: Code::Where,
+        expr: ex::select(arg(0), arg(1), arg(2)),
         operands: smallvec::smallvec![
             Operand {
                 src: Src::Arg(0),
@@ -687,11 +649,18 @@ pub fn clamp(a: &A) -> Result<PwPlan, String> {
         }
         operands.push(o);
     }
+    // The bounds present follow `self`; NaN anywhere gives NaN.
+    let mut expr = x();
+    let mut k = 1;
+    if has[0] {
+        expr = ex::max(expr, arg(k));
+        k += 1;
+    }
+    if has[1] {
+        expr = ex::min(expr, arg(k));
+    }
     Ok(PwPlan {
-        code: Code::Clamp {
-            min: has[0],
-            max: has[1],
-        },
+        expr,
         operands,
         out_dtype: dt,
         f: Box::new(move |v| {
@@ -717,7 +686,7 @@ pub fn clamp(a: &A) -> Result<PwPlan, String> {
 // ---------------------------------------------------------------- derivatives
 
 pub fn sign(a: &A) -> Result<PwPlan, String> {
-    unary(a, Code::Sign, false, false, |x| {
+    unary(a, "sign", ex::sign(x()), false, false, |x| {
         if x > 0.0 {
             1.0
         } else if x < 0.0 {
@@ -729,28 +698,29 @@ pub fn sign(a: &A) -> Result<PwPlan, String> {
 }
 
 /// A backward op `(grad, x)`: floating operands promoted together.
-fn backward(a: &A, name: &str, code: Code, f: fn(f64, f64) -> f64) -> Result<PwPlan, String> {
+fn backward(a: &A, name: &str, expr: Expr, f: fn(f64, f64) -> f64) -> Result<PwPlan, String> {
     for i in 0..2 {
         if !a.is_tensor(i) || !a.tensor(i)?.dtype.is_float() {
             return Err(format!("{name} takes two floating point tensors"));
         }
     }
-    binary(a, code, same, move |_, g, x| Ok(f(g, x)))
+    binary(a, expr, same, move |_, g, x| Ok(f(g, x)))
 }
 
 /// A backward op declared by its expression over `(grad, x)` (operands 0
 /// and 1).
 fn backward_expr(a: &A, name: &str, expr: Expr) -> Result<PwPlan, String> {
     let e = expr.clone();
-    let mut p = backward(a, name, Code::Expr(expr), |g, _| g)?;
+    let mut p = backward(a, name, expr, |g, _| g)?;
     p.f = Box::new(move |v| Ok(e.eval(v)));
     Ok(p)
 }
 
 pub fn threshold_backward(a: &A) -> Result<PwPlan, String> {
     let threshold = a.scalar(2)?.to_f64();
-    let code = Code::ThresholdBackward { threshold };
-    let mut p = backward(a, "threshold_backward", code, |g, _| g)?;
+    // `(grad, x)`: 0 where x <= threshold.
+    let e = ex::select(ex::le(arg(1), lit(threshold)), lit(0.0), x());
+    let mut p = backward(a, "threshold_backward", e, |g, _| g)?;
     p.f = Box::new(move |v| Ok(if v[1] <= threshold { 0.0 } else { v[0] }));
     Ok(p)
 }

@@ -1,0 +1,255 @@
+//! An op's element expression (`ops::expr`) rendered as WGSL: each call a
+//! `let` of its type. Types follow the operands (floats compute in f32,
+//! f16 included; i64 in i32 with every result outside the range flagged
+//! in the status word; u32; bool); a literal takes the type of what it
+//! meets. What each function means per type is written here once.
+
+use super::*;
+use kiln_functionalize::ops::expr::{Expr, Func};
+
+/// The type an expression's values compute in on the device.
+fn compute(d: DType) -> DType {
+    if d == DType::F16 {
+        DType::F32
+    } else {
+        d
+    }
+}
+
+impl Gen<'_> {
+    /// `e` over operand values `vals` (of dtypes `types`) for node `n`:
+    /// the value and its dtype.
+    pub(super) fn render(
+        &mut self,
+        n: NodeId,
+        e: &Expr,
+        vals: &[String],
+        types: &[DType],
+    ) -> R<(String, DType)> {
+        self.render_as(n, e, vals, types, DType::F32)
+    }
+
+    /// As `render`; a literal alone takes `want`.
+    fn render_as(
+        &mut self,
+        n: NodeId,
+        e: &Expr,
+        vals: &[String],
+        types: &[DType],
+        want: DType,
+    ) -> R<(String, DType)> {
+        let (func, args) = match e {
+            Expr::Operand(i) => {
+                let (Some(v), Some(d)) = (vals.get(*i), types.get(*i)) else {
+                    return Err(bug(format!("an expression reads operand {i}")));
+                };
+                return Ok((v.clone(), compute(*d)));
+            }
+            Expr::Lit(v) => return Ok((lit(*v, want)?, want)),
+            Expr::Call(func, args) if args.len() == func.arity() => (*func, args),
+            Expr::Call(func, _) => return Err(bug(format!("{func:?} with wrong arity"))),
+        };
+        // The operands' type: the first that is not a literal (a select's
+        // condition aside); literals take it.
+        let first = usize::from(func == Func::Select);
+        let mut done: Vec<Option<(String, DType)>> = vec![None; args.len()];
+        for (i, a) in args.iter().enumerate() {
+            if !matches!(a, Expr::Lit(_)) {
+                done[i] = Some(self.render_as(n, a, vals, types, want)?);
+            }
+        }
+        let t = done[first..]
+            .iter()
+            .flatten()
+            .map(|(_, d)| *d)
+            .find(|d| *d != DType::Bool || func_keeps_bool(func))
+            .or_else(|| done[first..].iter().flatten().map(|(_, d)| *d).next())
+            .unwrap_or(want);
+        let mut a = vec![];
+        for (i, x) in args.iter().enumerate() {
+            let (s, d) = match done[i].take() {
+                Some(r) => r,
+                None => (lit(lit_value(x), t)?, t),
+            };
+            // A select's condition and logic's operands keep their type.
+            let keep = (func == Func::Select && i == 0)
+                || matches!(func, Func::And | Func::Or | Func::Not);
+            a.push(if keep { (s, d) } else { (cast(&s, d, t), t) });
+        }
+        let (text, out) = element(func, &a, t).ok_or_else(|| {
+            CompileError::no_kernel(format!(
+                "`{}` on {t:?} values has no GPU kernel yet",
+                self.g.nodes[n].op.name()
+            ))
+        })?;
+        let text = if func == Func::Log1p {
+            // log(u) * x / (u - 1) with u = 1 + x, the rounding of u
+            // undone (Goldberg); plain log(u) where x is large or infinite.
+            let x = &a[0].0;
+            let u = self.body.bind("f32", format!("1.0 + {x}"));
+            format!(
+                "select(select(log({u}) * ({x} / ({u} - 1.0)), log({u}), {x} > 1.0e4), {x}, {u} == 1.0)"
+            )
+        } else {
+            text
+        };
+        let r = self.body.bind(ty(out), text);
+        if t == DType::I64 {
+            if let Some(c) = i64_overflow(func, &a, &r) {
+                self.flag_overflow(n, &c)?;
+            }
+        }
+        Ok((r, out))
+    }
+}
+
+/// Bool operands of these functions are their own type (else a bool
+/// among numbers is a number: `gt(x, 0) * x`).
+fn func_keeps_bool(f: Func) -> bool {
+    matches!(f, Func::And | Func::Or | Func::Not | Func::Eq | Func::Ne)
+}
+
+fn lit_value(e: &Expr) -> f64 {
+    match e {
+        Expr::Lit(v) => *v,
+        _ => f64::NAN,
+    }
+}
+
+/// Function `f` over operands `a` of type `t` (a select's condition and
+/// logic's operands as they are): the WGSL and its type; `None` where the
+/// type has no such function.
+fn element(f: Func, a: &[(String, DType)], t: DType) -> Option<(String, DType)> {
+    let x = &a[0].0;
+    let y = a.get(1).map(|p| p.0.as_str()).unwrap_or("");
+    let truth = |(s, d): &(String, DType)| cast(s, *d, DType::Bool);
+    let b = DType::Bool;
+    if let Some(op) = comparison(f) {
+        return Some((compare(op, x, y, t), b));
+    }
+    match f {
+        Func::And => return Some((format!("({} && {})", truth(&a[0]), truth(&a[1])), b)),
+        Func::Or => return Some((format!("({} || {})", truth(&a[0]), truth(&a[1])), b)),
+        Func::Not => {
+            let e = match a[0].1 {
+                DType::Bool => format!("!{x}"),
+                d => format!("{x} == {}", literal(0.0, d)),
+            };
+            return Some((e, b));
+        }
+        Func::Select => {
+            let c = truth(&a[0]);
+            return Some((format!("select({}, {}, {c})", a[2].0, a[1].0), t));
+        }
+        _ => {}
+    }
+    let e = match t {
+        DType::F32 => float(f, x, y)?,
+        DType::Bool => match f {
+            Func::Add | Func::Max => format!("{x} || {y}"),
+            Func::Mul | Func::Min => format!("{x} && {y}"),
+            Func::Abs | Func::Sign => x.clone(),
+            // x ** y: false only for false ** true.
+            Func::Pow => format!("{x} || !{y}"),
+            _ => return None,
+        },
+        _ => integer(f, x, y, t == DType::U32)?,
+    };
+    Some((e, t))
+}
+
+fn comparison(f: Func) -> Option<&'static str> {
+    Some(match f {
+        Func::Gt => ">",
+        Func::Lt => "<",
+        Func::Ge => ">=",
+        Func::Le => "<=",
+        Func::Eq => "==",
+        Func::Ne => "!=",
+        _ => return None,
+    })
+}
+
+/// `x op y`; floats test NaN by its bits (a compiler may assume none).
+fn compare(op: &str, x: &str, y: &str, t: DType) -> String {
+    let e = format!("{x} {op} {y}");
+    match (t == DType::F32, op) {
+        (false, _) => e,
+        (true, "!=") => format!("({e} || k_isnan({x}) || k_isnan({y}))"),
+        (true, _) => format!("({e} && !k_isnan({x}) && !k_isnan({y}))"),
+    }
+}
+
+fn float(f: Func, x: &str, y: &str) -> Option<String> {
+    let nan2 = format!("k_isnan({x}) || k_isnan({y})");
+    Some(match f {
+        Func::Neg => format!("-({x})"),
+        Func::Add => format!("{x} + {y}"),
+        Func::Sub => format!("{x} - {y}"),
+        Func::Mul => format!("{x} * {y}"),
+        Func::Div => format!("{x} / {y}"),
+        Func::Exp => format!("exp({x})"),
+        Func::Log => format!("log({x})"),
+        Func::Sqrt => format!("sqrt({x})"),
+        Func::Rsqrt => format!("inverseSqrt({x})"),
+        Func::Sin => format!("sin({x})"),
+        Func::Cos => format!("cos({x})"),
+        Func::Abs => format!("abs({x})"),
+        Func::Tanh => format!("tanh({x})"),
+        Func::Erf => format!("k_erf({x})"),
+        // Rendered by the caller (it binds a temporary).
+        Func::Log1p => String::new(),
+        Func::Max => format!("select(max({x}, {y}), {x} + {y}, {nan2})"),
+        Func::Min => format!("select(min({x}, {y}), {x} + {y}, {nan2})"),
+        Func::DivTrunc => format!("trunc({x} / {y})"),
+        Func::DivFloor => format!("floor({x} / {y})"),
+        Func::Rem => format!("{x} - floor({x} / {y}) * {y}"),
+        Func::Pow => format!("k_powf({x}, {y})"),
+        Func::Sign => format!("select(select({x}, -1.0, {x} < 0.0), 1.0, {x} > 0.0)"),
+        _ => return None,
+    })
+}
+
+/// i32 (and i64, held as i32) or, with `unsigned`, u32.
+fn integer(f: Func, x: &str, y: &str, unsigned: bool) -> Option<String> {
+    let (zero, one) = if unsigned { ("0u", "1u") } else { ("0i", "1i") };
+    Some(match f {
+        Func::Add => format!("{x} + {y}"),
+        Func::Sub => format!("{x} - {y}"),
+        Func::Mul => format!("{x} * {y}"),
+        Func::Neg if !unsigned => format!("-{x}"),
+        Func::Abs if unsigned => x.to_string(),
+        Func::Abs => format!("abs({x})"),
+        Func::Max => format!("max({x}, {y})"),
+        Func::Min => format!("min({x}, {y})"),
+        Func::DivTrunc => format!("{x} / {y}"),
+        Func::DivFloor if unsigned => format!("{x} / {y}"),
+        Func::DivFloor => format!(
+            "select({x} / {y}, {x} / {y} - {one}, ({x} % {y} != {zero}) && (({x} < {zero}) != ({y} < {zero})))"
+        ),
+        Func::Rem if unsigned => format!("{x} % {y}"),
+        Func::Rem => format!(
+            "select({x} % {y}, {x} % {y} + {y}, ({x} % {y} != {zero}) && (({x} % {y} < {zero}) != ({y} < {zero})))"
+        ),
+        Func::Pow if unsigned => format!("k_powu({x}, {y})"),
+        Func::Pow => format!("k_powi({x}, {y})"),
+        Func::Sign if unsigned => format!("min({x}, {one})"),
+        Func::Sign => format!("sign({x})"),
+        _ => return None,
+    })
+}
+
+/// When i64 function `f` over `a` (computed in i32 as `r`) left the range.
+fn i64_overflow(f: Func, a: &[(String, DType)], r: &str) -> Option<String> {
+    let x = &a[0].0;
+    let y = a.get(1).map(|p| p.0.as_str()).unwrap_or("");
+    Some(match f {
+        Func::Add => format!("k_add_ovf({x}, {y}, {r})"),
+        Func::Sub => format!("k_sub_ovf({x}, {y}, {r})"),
+        Func::Mul => format!("k_mul_ovf({x}, {y})"),
+        Func::Neg | Func::Abs => format!("{x} == (-2147483647i - 1i)"),
+        Func::DivTrunc | Func::DivFloor => format!("{x} == (-2147483647i - 1i) && {y} == -1i"),
+        Func::Pow => format!("abs(pow(f32({x}), f32({y}))) >= 2147483648.0"),
+        _ => return None,
+    })
+}
