@@ -454,3 +454,58 @@ fn i64_beyond_32_bits_and_bad_indices_are_errors() {
     let e = err_of(s.compile(&big));
     assert!(e.contains("3000000000"), "{e}");
 }
+
+/// Integer element expressions mean what eager computes: floor division
+/// and Python's remainder round toward minus infinity, `add` with `alpha`
+/// scales before adding (and each step is range-checked for i64), `where`
+/// and `clamp` keep integers, bools add as `or`.
+#[test]
+fn integer_expressions_match_eager() {
+    let s = session();
+    let g: Graph = parse(
+        "graph f(%i: i64[4], %j: i64[4], %k: i32[4], %m: i32[4], %p: bool[4], %q: bool[4]) {
+  %a = add(%i, %j, 3)
+  %d = div(%k, %m, \"floor\")
+  %t = div(%k, %m, \"trunc\")
+  %r = remainder(%k, %m)
+  %c = clamp(%k, -5, 5)
+  %w = where(%p, %k, %m)
+  %o = add(%p, %q)
+  return (%a, %d, %t, %r, %c, %w, %o)
+}",
+    )
+    .unwrap();
+    let exe = s.compile(&g).unwrap();
+    let all = exe.options(Fetch::Host, Fetch::Host);
+    let run = |i: &[i64], j: &[i64]| {
+        let ins = [
+            HostTensor::from_slice(&[4], i).unwrap(),
+            HostTensor::from_slice(&[4], j).unwrap(),
+            HostTensor::from_slice(&[4], &[7i32, -7, 7, -7]).unwrap(),
+            HostTensor::from_slice(&[4], &[2i32, 2, -2, -2]).unwrap(),
+            HostTensor::from_bools(&[4], &[true, false, true, false]).unwrap(),
+            HostTensor::from_bools(&[4], &[false, false, true, true]).unwrap(),
+        ];
+        let ins: Vec<Input> = ins.iter().map(Input::Host).collect();
+        s.run(&exe, &ins, &all)
+    };
+    let r = run(&[1, -2, 3, 4], &[10, 20, -30, 40]).unwrap();
+    let mut outs = r.outputs.into_iter().map(host);
+    assert_eq!(
+        outs.next().unwrap().to_vec::<i64>().unwrap(),
+        vec![31, 58, -87, 124]
+    );
+    let ints: Vec<Vec<i32>> = (0..5)
+        .map(|_| outs.next().unwrap().to_vec::<i32>().unwrap())
+        .collect();
+    assert_eq!(ints[0], vec![3, -4, -4, 3], "floor division");
+    assert_eq!(ints[1], vec![3, -3, -3, 3], "truncating division");
+    assert_eq!(ints[2], vec![1, 1, -1, -1], "remainder");
+    assert_eq!(ints[3], vec![5, -5, 5, -5], "clamp");
+    assert_eq!(ints[4], vec![7, 2, 7, -2], "where");
+    let bools = outs.next().unwrap();
+    assert_eq!(bools.bytes(), &[1, 0, 1, 1], "bool add");
+    // 3 * j leaves the 32-bit range although i + 3 j would not wrap back.
+    let e = err_of(run(&[0; 4], &[800_000_000, 0, 0, 0]));
+    assert!(e.contains("= add("), "{e}");
+}

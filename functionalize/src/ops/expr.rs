@@ -239,5 +239,19 @@ mod tests {
         assert_eq!(relu.eval(&[3.0]), 3.0);
         assert!(max(x(), lit(1.0)).eval(&[f64::NAN]).is_nan());
         assert_eq!(log1p(x()).eval(&[1e-20]), 1e-20);
+        let y = || operand(1);
+        assert_eq!(div_floor(x(), y()).eval(&[-7.0, 2.0]), -4.0);
+        assert_eq!(div_trunc(x(), y()).eval(&[-7.0, 2.0]), -3.0);
+        assert_eq!(rem(x(), y()).eval(&[-7.0, 2.0]), 1.0);
+        assert_eq!(pow(x(), y()).eval(&[2.0, 10.0]), 1024.0);
+        assert!(sign(x()).eval(&[f64::NAN]).is_nan());
+        assert_eq!(sign(x()).eval(&[-0.5]), -1.0);
+        assert_eq!(and(x(), not(y())).eval(&[2.0, 0.0]), 1.0);
+        assert_eq!(or(eq(x(), y()), ne(x(), x())).eval(&[1.0, 2.0]), 0.0);
+        assert_eq!(ne(x(), x()).eval(&[f64::NAN]), 1.0);
+        assert_eq!(
+            ge(x(), y()).eval(&[2.0, 2.0]) + le(x(), y()).eval(&[3.0, 2.0]),
+            1.0
+        );
     }
 }
