@@ -165,9 +165,42 @@ fn main() {
     std::fs::create_dir_all(&tmp).unwrap();
     let session = Session::open().unwrap_or_else(|e| panic!("{e}"));
     let gpu = session.gpu().clone();
-    let software = gpu.info.device_type == wgpu::DeviceType::Cpu;
     eprintln!("adapter: {}", gpu.describe());
 
+    let w = workloads(&tmp);
+    let torch = run_torch(&tmp, &w);
+    let mut md = String::new();
+    header(&mut md, &gpu, &torch);
+    functionalize_section(&mut md, &tmp, &w, &torch);
+    programs_section(&mut md, &session, &w, &torch);
+    chain_section(&mut md, &session, &torch);
+    let mut model = minilm_section(&mut md, &session, &w, &torch);
+    export_section(&mut md, &mut model, &tmp);
+    web_section(&mut md, &model);
+    transforms_section(&mut md, &w.losses, &torch["transforms"], &session);
+    std::fs::create_dir_all(out_path.parent().unwrap_or(Path::new("."))).unwrap();
+    std::fs::write(&out_path, &md).unwrap();
+    let _ = std::fs::remove_dir_all(&tmp);
+    println!("{md}");
+    eprintln!("wrote {}", out_path.display());
+}
+
+/// What the report measures, on both sides: random programs for the pass,
+/// the programs, the transforms' losses, MiniLM; with the JSON that tells
+/// `benches/torch_bench.py` where their files are.
+struct Workloads {
+    func_sizes: [usize; 4],
+    func_programs: Vec<Graph>,
+    graphs: Vec<(String, Graph, Vec<RTensor>)>,
+    losses: Vec<(String, Graph)>,
+    model_dir: PathBuf,
+    batches: [usize; 3],
+    json: Value,
+}
+
+/// The workloads, their programs and inputs written under `tmp` for the
+/// PyTorch side.
+fn workloads(tmp: &Path) -> Workloads {
     // Workloads, and their inputs written for the PyTorch side.
     let func_sizes = [1_000usize, 10_000, 100_000, 1_000_000];
     let func_programs: Vec<Graph> = func_sizes
@@ -263,7 +296,7 @@ fn main() {
     }
     let model_dir = fetch(None).expect("the MiniLM model");
     let batches = [1usize, 8, 32];
-    let workloads = json!({
+    let json = json!({
         "functionalize": w_func,
         "programs": w_prog,
         "blocks": blocks,
@@ -271,10 +304,24 @@ fn main() {
         "transforms": w_trans,
         "minilm": {"dir": model_dir, "batches": batches, "sentences": SENTENCES},
     });
+    Workloads {
+        func_sizes,
+        func_programs,
+        graphs,
+        losses,
+        model_dir,
+        batches,
+        json,
+    }
+}
+
+/// PyTorch's figures for the workloads (`benches/torch_bench.py`), or an
+/// error object where python3 with torch is missing.
+fn run_torch(tmp: &Path, w: &Workloads) -> Value {
     let wpath = tmp.join("workloads.json");
-    std::fs::write(&wpath, workloads.to_string()).unwrap();
+    std::fs::write(&wpath, w.json.to_string()).unwrap();
     eprintln!("PyTorch side (benches/torch_bench.py) ...");
-    let torch: Value = std::process::Command::new("python3")
+    std::process::Command::new("python3")
         .arg("benches/torch_bench.py")
         .arg(&wpath)
         .output()
@@ -285,13 +332,17 @@ fn main() {
             }
             serde_json::from_slice(&o.stdout).ok()
         })
-        .unwrap_or_else(|| json!({"error": "python3 with torch is not available"}));
+        .unwrap_or_else(|| json!({"error": "python3 with torch is not available"}))
+}
+
+/// The report's title, how to regenerate it, and the machine.
+fn header(md: &mut String, gpu: &kiln::engine::Gpu, torch: &Value) {
+    let software = gpu.info.device_type == wgpu::DeviceType::Cpu;
     let torch_version = torch["torch"]
         .as_str()
         .unwrap_or("not available")
         .to_string();
 
-    let mut md = String::new();
     let _ = writeln!(md, "# Performance\n");
     let _ = writeln!(
         md,
@@ -320,7 +371,11 @@ fn main() {
         torch["threads"].as_i64().unwrap_or(0)
     );
     let _ = writeln!(md, "- date: {}\n", date());
+}
 
+/// Section 1: the pass on random programs, library and CLI, beside
+/// PyTorch's functionalize.
+fn functionalize_section(md: &mut String, tmp: &Path, w: &Workloads, torch: &Value) {
     // 1. Functionalization.
     eprintln!("functionalize ...");
     let _ = writeln!(
@@ -337,7 +392,7 @@ fn main() {
     // refuses them: see above); at 1k and 10k also the mix without what it
     // refuses, the seed it handled, timed on both sides.
     let mut cli_seed42 = vec![];
-    for (&n, g42) in func_sizes.iter().zip(&func_programs) {
+    for (&n, g42) in w.func_sizes.iter().zip(&w.func_programs) {
         for (mode, remove) in [
             ("mutations", Remove::Mutations),
             ("mutations_and_views", Remove::MutationsAndViews),
@@ -351,7 +406,7 @@ fn main() {
                 cases.push((
                     format!("PyTorch-traceable, seed {seed}"),
                     std::borrow::Cow::Owned(random_program_with(&mut Seeded(seed), n, TRACEABLE)),
-                    Some(torch_s(&torch, &["functionalize", &n.to_string(), mode])),
+                    Some(torch_s(torch, &["functionalize", &n.to_string(), mode])),
                 ));
             }
             for (label, g, t) in cases {
@@ -405,7 +460,11 @@ fn main() {
         startup * 1e3,
         net.join("; ")
     );
+}
 
+/// Sections 2 to 4: fusion and memory per program, then its runs.
+fn programs_section(md: &mut String, session: &Session, w: &Workloads, torch: &Value) {
+    let gpu = session.gpu();
     // 2.-4. Programs: fusion, memory, executor.
     eprintln!("programs ...");
     let _ = writeln!(md, "\n## 2. Fusion and 3. memory, per program\n");
@@ -417,7 +476,7 @@ fn main() {
     );
     let mut exec_rows = String::new();
     let (mut over_bytes, mut over_eager) = (vec![], vec![]);
-    for (name, g, ins) in &graphs {
+    for (name, g, ins) in &w.graphs {
         let p = compile_with(g, &gpu.compile_options()).unwrap();
         let m = p.memory.clone();
         let (k, moved, min) = (p.kernels.len(), p.bytes_moved(), p.min_bytes);
@@ -467,8 +526,8 @@ fn main() {
                 ins.iter().map(HostTensor::from_rtensor).collect(),
             )
         };
-        let pr = profile(&session, &exe, &ins, 10, 0.0).unwrap();
-        let t = torch_s(&torch, &["programs", name, "eager_s"]);
+        let pr = profile(session, &exe, &ins, 10, 0.0).unwrap();
+        let t = torch_s(torch, &["programs", name, "eager_s"]);
         let _ = writeln!(
             exec_rows,
             "| {name} | {k} | {} | {} | {} |",
@@ -482,7 +541,7 @@ fn main() {
         md,
         "\nMoving more than 1.05x the minimum: {} of {} ({}). Planned peak above eager: {} ({}).\n",
         over_bytes.len(),
-        graphs.len(),
+        w.graphs.len(),
         over_bytes.join(", "),
         over_eager.len(),
         if over_eager.is_empty() { "none".into() } else { over_eager.join(", ") }
@@ -500,8 +559,8 @@ fn main() {
         ("mlp_block_256x512x1024", "mlp"),
         ("attention_128x256_4heads", "attention"),
     ] {
-        let c = torch_s(&torch, &["blocks", key, "compile_s"]);
-        let e = torch_s(&torch, &["blocks", key, "eager_s"]);
+        let c = torch_s(torch, &["blocks", key, "compile_s"]);
+        let e = torch_s(torch, &["blocks", key, "eager_s"]);
         let _ = writeln!(
             md,
             "\n{name}: PyTorch eager (direct module code) {} ms, torch.compile {} ms.",
@@ -509,7 +568,11 @@ fn main() {
             cell(c, 1e3, 2)
         );
     }
+}
 
+/// The elementwise chain at growing sizes, in GB/s.
+fn chain_section(md: &mut String, session: &Session, torch: &Value) {
+    let gpu = session.gpu();
     eprintln!("elementwise chain ...");
     let _ = writeln!(
         md,
@@ -529,15 +592,15 @@ fn main() {
         let x = HostTensor::from_slice(&[n], &x).unwrap();
         let kiln = session
             .compile(&g)
-            .and_then(|exe| profile(&session, &exe, std::slice::from_ref(&x), 5, 0.0))
+            .and_then(|exe| profile(session, &exe, std::slice::from_ref(&x), 5, 0.0))
             .map(|p| p.kernels_ms / 1e3)
             .map_err(|e| e.to_string());
         let gbs = |r: &Result<f64, String>| match r {
             Ok(s) => format!("{:.2}", bytes / s / 1e9),
             Err(_) => "-".into(),
         };
-        let e = torch_s(&torch, &["chain", &n.to_string(), "eager_s"]);
-        let c = torch_s(&torch, &["chain", &n.to_string(), "compile_s"]);
+        let e = torch_s(torch, &["chain", &n.to_string(), "eager_s"]);
+        let c = torch_s(torch, &["chain", &n.to_string(), "compile_s"]);
         let _ = writeln!(
             md,
             "| {n} | {} | {} | {} | {} | {} | {} |",
@@ -549,7 +612,12 @@ fn main() {
             gbs(&c),
         );
     }
+}
 
+/// Section 5: MiniLM per batch, beside sentence-transformers; the model,
+/// weights uploaded, for the sections after.
+fn minilm_section(md: &mut String, session: &Session, w: &Workloads, torch: &Value) -> MiniLm {
+    let software = session.gpu().info.device_type == wgpu::DeviceType::Cpu;
     eprintln!("MiniLM ...");
     let _ = writeln!(md, "\n## 5. MiniLM (all-MiniLM-L6-v2)\n");
     let _ = writeln!(md, "Kiln: one `Session`; the weights are uploaded once as constants (straight from the memory-mapped file), each bucket compiles once (compile = trace + functionalize + schedule + codegen + pipelines) and a run uploads the token ids and the mask and reads back only the embeddings. Figures as in section 4 (median of 3 runs, 1 at 32 x 128). PyTorch: sentence-transformers `encode` (tokenization included) on the CPU.\n");
@@ -558,9 +626,9 @@ fn main() {
         md,
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
-    let mut model = MiniLm::load(&model_dir).expect("loads");
-    model.upload_weights(&session).expect("uploads the weights");
-    for (b, padded) in batches.iter().map(|&b| (b, false)).chain([(32, true)]) {
+    let mut model = MiniLm::load(&w.model_dir).expect("loads");
+    model.upload_weights(session).expect("uploads the weights");
+    for (b, padded) in w.batches.iter().map(|&b| (b, false)).chain([(32, true)]) {
         let texts: Vec<&str> = (0..b).map(|i| SENTENCES[i % SENTENCES.len()]).collect();
         let ids: Vec<Vec<u32>> = texts.iter().map(|t| model.tokenize(t).unwrap()).collect();
         let (_, mut seq) = MiniLm::bucket_of(&ids);
@@ -573,12 +641,12 @@ fn main() {
         let exe = session.compile(&g).unwrap();
         let compile_s = t.elapsed().as_secs_f64();
         let runs = if b * seq > 1024 { 1 } else { 3 };
-        let pr = profile(&session, &exe, &[id, mask], runs, compile_s * 1e3).unwrap();
+        let pr = profile(session, &exe, &[id, mask], runs, compile_s * 1e3).unwrap();
         let sps = b as f64 / (pr.full_ms / 1e3);
         let ts = if padded {
             Err("not run at 128 tokens".to_string())
         } else {
-            torch_s(&torch, &["minilm", &b.to_string(), "eager_s"])
+            torch_s(torch, &["minilm", &b.to_string(), "eager_s"])
         };
         let _ = writeln!(
             md,
@@ -593,14 +661,7 @@ fn main() {
     if software {
         let _ = writeln!(md, "\nOn a software adapter every Kiln time above is lavapipe running the shaders on the same CPU cores PyTorch uses: the ratios compare two CPU implementations, not a GPU with a CPU.");
     }
-    export_section(&mut md, &mut model, &tmp);
-    web_section(&mut md, &model);
-    transforms_section(&mut md, &losses, &torch["transforms"], &session);
-    std::fs::create_dir_all(out_path.parent().unwrap_or(Path::new("."))).unwrap();
-    std::fs::write(&out_path, &md).unwrap();
-    let _ = std::fs::remove_dir_all(&tmp);
-    println!("{md}");
-    eprintln!("wrote {}", out_path.display());
+    model
 }
 
 /// The program's loss: the sum of every element of every floating output
