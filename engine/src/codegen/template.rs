@@ -24,11 +24,11 @@
 
 use super::*;
 
-/// A template of `shaders/templates/`.
-#[derive(Clone, Copy)]
+/// A template of `shaders/templates/`, parsed once.
 pub(super) struct Template {
     pub(super) name: &'static str,
     pub(super) src: &'static str,
+    parsed: std::sync::OnceLock<Result<Block<'static>, String>>,
 }
 
 macro_rules! template {
@@ -36,18 +36,19 @@ macro_rules! template {
         Template {
             name: $file,
             src: include_str!(concat!("../../../shaders/templates/", $file)),
+            parsed: std::sync::OnceLock::new(),
         }
     };
 }
 
-pub(super) const ATTENTION: Template = template!("attention.wgsl");
-pub(super) const MATMUL_VEC4: Template = template!("matmul_vec4.wgsl");
-pub(super) const MATMUL: Template = template!("matmul.wgsl");
-pub(super) const ROW_COMBINE: Template = template!("row_combine.wgsl");
+pub(super) static ATTENTION: Template = template!("attention.wgsl");
+pub(super) static MATMUL_VEC4: Template = template!("matmul_vec4.wgsl");
+pub(super) static MATMUL: Template = template!("matmul.wgsl");
+pub(super) static ROW_COMBINE: Template = template!("row_combine.wgsl");
 
 /// Every template (for the coverage test).
 #[cfg(test)]
-pub(super) const ALL: [Template; 4] = [ATTENTION, MATMUL_VEC4, MATMUL, ROW_COMBINE];
+pub(super) static ALL: [&Template; 4] = [&ATTENTION, &MATMUL_VEC4, &MATMUL, &ROW_COMBINE];
 
 /// A value of a template's environment.
 #[derive(Clone, Debug)]
@@ -60,7 +61,7 @@ pub(super) enum V {
 
 /// The names a template reads.
 #[derive(Default, Clone)]
-pub(super) struct Env(HashMap<String, V>);
+pub(super) struct Env(rustc_hash::FxHashMap<String, V>);
 
 impl Env {
     pub(super) fn s(mut self, k: &str, v: impl Into<String>) -> Self {
@@ -80,7 +81,13 @@ impl Env {
         self
     }
     pub(super) fn set(&mut self, k: &str, v: impl Into<String>) {
-        self.0.insert(k.into(), V::Str(v.into()));
+        // Holes and unrolled loops rebind the same names: no new key.
+        match self.0.get_mut(k) {
+            Some(slot) => *slot = V::Str(v.into()),
+            None => {
+                self.0.insert(k.into(), V::Str(v.into()));
+            }
+        }
     }
     /// A string or count bound to `k`.
     pub(super) fn get(&self, k: &str) -> R<String> {
@@ -92,14 +99,41 @@ impl Env {
     }
 }
 
+/// `k` in decimal (unrolled loops print their counters in most lines:
+/// cheaper than the formatting machinery).
+fn push_decimal(out: &mut String, k: usize) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut k = k;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (k % 10) as u8;
+        k /= 10;
+        if k == 0 {
+            break;
+        }
+    }
+    out.extend(digits[i..].iter().map(|&d| d as char));
+}
+
 /// The generator's part of a template: `@hole args` with the environment
 /// at that line (it may bind names for the lines after it).
 pub(super) type Holes<'h, 'a> = dyn FnMut(&mut Gen<'a>, &str, &[String], &mut Env) -> R<()> + 'h;
 
+/// Text with names to replace, split once at parsing.
+enum Seg<'t> {
+    Lit(&'t str),
+    Name(&'t str),
+    /// `${c$i}`: a name built from names.
+    Built(Vec<Seg<'t>>),
+}
+
+type Text<'t> = Vec<Seg<'t>>;
+
 /// A parsed line: its number in the file and what it does.
 enum Line<'t> {
-    Text(&'t str),
-    Shared(&'t str),
+    Text(Text<'t>),
+    Shared(Text<'t>),
     If(
         &'t str,
         bool,
@@ -107,9 +141,9 @@ enum Line<'t> {
         Vec<(usize, Line<'t>)>,
     ),
     For(&'t str, &'t str, Vec<(usize, Line<'t>)>),
-    Bind(bool, &'t str, &'t str, &'t str),
-    Set(&'t str, &'t str),
-    Hole(&'t str, Vec<&'t str>),
+    Bind(bool, Text<'t>, Text<'t>, Text<'t>),
+    Set(Text<'t>, Text<'t>),
+    Hole(&'t str, Vec<Text<'t>>),
 }
 
 type Block<'t> = Vec<(usize, Line<'t>)>;
@@ -148,7 +182,7 @@ impl Template {
             let (word, rest) = l.split_once(' ').unwrap_or((l, ""));
             let line = match word {
                 "#else" | "#end" => return Ok((out, Some(word))),
-                "#shared" => Line::Shared(rest),
+                "#shared" => Line::Shared(self.text(n, rest)?),
                 "#if" => {
                     let (neg, name) = match rest.strip_prefix('!') {
                         Some(r) => (true, r),
@@ -182,49 +216,92 @@ impl Template {
                     let Some((name, ty, e)) = parsed else {
                         return Err(self.err(n, "`#let name: ty = expr`"));
                     };
+                    let (name, ty, e) = (self.text(n, name)?, self.text(n, ty)?, self.text(n, e)?);
                     Line::Bind(word == "#var", name, ty, e)
                 }
                 "#set" => {
                     let Some((name, v)) = rest.split_once('=') else {
                         return Err(self.err(n, "`#set name = text`"));
                     };
-                    Line::Set(name.trim(), v.trim())
+                    Line::Set(self.text(n, name.trim())?, self.text(n, v.trim())?)
                 }
-                w if w.starts_with('@') => Line::Hole(&w[1..], rest.split_whitespace().collect()),
+                w if w.starts_with('@') => {
+                    let args = rest.split_whitespace().map(|a| self.text(n, a));
+                    Line::Hole(&w[1..], args.collect::<R<_>>()?)
+                }
                 w if w.starts_with('#') => {
                     return Err(self.err(n, format!("unknown directive `{w}`")))
                 }
-                _ => Line::Text(l),
+                _ => Line::Text(self.text(n, l)?),
             };
             out.push((n, line));
         }
         Ok((out, None))
     }
 
-    /// `s` with `$name` and `${name}` replaced from `env`.
-    fn subst(&self, n: usize, s: &str, env: &Env) -> R<String> {
-        let mut out = String::with_capacity(s.len());
+    /// `s` split at its names: `$name`, `${name}`.
+    fn text(&self, n: usize, s: &'static str) -> R<Text<'static>> {
+        let mut out = vec![];
         let mut rest = s;
         while let Some(i) = rest.find('$') {
-            out.push_str(&rest[..i]);
+            if i > 0 {
+                out.push(Seg::Lit(&rest[..i]));
+            }
             rest = &rest[i + 1..];
-            // `${acc$i$j}`: the name itself may be built from names.
-            let (name, after) = if let Some(r) = rest.strip_prefix('{') {
+            if let Some(r) = rest.strip_prefix('{') {
                 let end = r.find('}').ok_or_else(|| self.err(n, "`${` without `}`"))?;
-                (self.subst(n, &r[..end], env)?, &r[end + 1..])
+                let inner = &r[..end];
+                out.push(if inner.contains('$') {
+                    Seg::Built(self.text(n, inner)?)
+                } else {
+                    Seg::Name(inner)
+                });
+                rest = &r[end + 1..];
             } else {
                 let end = rest
                     .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                     .unwrap_or(rest.len());
-                (rest[..end].to_string(), &rest[end..])
-            };
-            out.push_str(
-                &env.get(&name)
-                    .map_err(|_| self.err(n, format!("`${name}` unbound")))?,
-            );
-            rest = after;
+                out.push(Seg::Name(&rest[..end]));
+                rest = &rest[end..];
+            }
         }
-        out.push_str(rest);
+        if !rest.is_empty() {
+            out.push(Seg::Lit(rest));
+        }
+        Ok(out)
+    }
+
+    /// `t` with its names' values, appended to `out`.
+    fn expand(&self, n: usize, t: &Text, env: &Env, out: &mut String) -> R<()> {
+        for seg in t {
+            let built;
+            let name = match seg {
+                Seg::Lit(s) => {
+                    out.push_str(s);
+                    continue;
+                }
+                Seg::Name(name) => *name,
+                Seg::Built(t) => {
+                    built = self.string(n, t, env)?;
+                    built.as_str()
+                }
+            };
+            match env.0.get(name) {
+                Some(V::Str(v)) => out.push_str(v),
+                Some(V::Count(k)) => push_decimal(out, *k),
+                _ => return Err(self.err(n, format!("`${name}` unbound"))),
+            }
+        }
+        Ok(())
+    }
+
+    fn string(&self, n: usize, t: &Text, env: &Env) -> R<String> {
+        let literal: usize = t
+            .iter()
+            .map(|s| if let Seg::Lit(l) = s { l.len() } else { 8 })
+            .sum();
+        let mut out = String::with_capacity(literal);
+        self.expand(n, t, env, &mut out)?;
         Ok(out)
     }
 
@@ -235,8 +312,12 @@ impl Template {
         env: &mut Env,
         holes: &mut Holes<'_, 'a>,
     ) -> R<()> {
-        let block = self.parse()?;
-        self.run(&block, gen, env, holes)
+        let block = self
+            .parsed
+            .get_or_init(|| self.parse().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| bug(e.clone()))?;
+        self.run(block, gen, env, holes)
     }
 
     fn run<'a>(
@@ -250,8 +331,8 @@ impl Template {
             #[cfg(test)]
             tests::cover(self.name, *n);
             match line {
-                Line::Text(t) => gen.body.stmt(self.subst(*n, t, env)?),
-                Line::Shared(t) => gen.shared.push(self.subst(*n, t, env)?),
+                Line::Text(t) => gen.body.stmt(self.string(*n, t, env)?),
+                Line::Shared(t) => gen.shared.push(self.string(*n, t, env)?),
                 Line::If(name, neg, then, els) => {
                     let Some(V::Flag(f)) = env.0.get(*name) else {
                         return Err(self.err(*n, format!("`{name}` is no flag")));
@@ -270,27 +351,32 @@ impl Template {
                         _ => return Err(self.err(*n, format!("`{over}` is no count or list"))),
                     };
                     for item in items {
-                        env.0.insert(x.to_string(), item);
+                        match env.0.get_mut(*x) {
+                            Some(slot) => *slot = item,
+                            None => {
+                                env.0.insert(x.to_string(), item);
+                            }
+                        }
                         self.run(body, gen, env, holes)?;
                     }
                 }
                 Line::Bind(var, name, ty, e) => {
-                    let (e, ty) = (self.subst(*n, e, env)?, self.subst(*n, ty, env)?);
+                    let (e, ty) = (self.string(*n, e, env)?, self.string(*n, ty, env)?);
                     let t = if *var {
                         gen.body.var(&ty, e)
                     } else {
                         gen.body.bind(&ty, e)
                     };
-                    env.set(&self.subst(*n, name, env)?, t);
+                    env.set(&self.string(*n, name, env)?, t);
                 }
                 Line::Set(name, v) => {
-                    let v = self.subst(*n, v, env)?;
-                    env.set(&self.subst(*n, name, env)?, v);
+                    let v = self.string(*n, v, env)?;
+                    env.set(&self.string(*n, name, env)?, v);
                 }
                 Line::Hole(h, args) => {
                     let args = args
                         .iter()
-                        .map(|a| self.subst(*n, a, env))
+                        .map(|a| self.string(*n, a, env))
                         .collect::<R<Vec<_>>>()?;
                     holes(gen, h, &args, env)?;
                 }
