@@ -28,7 +28,7 @@ use super::*;
 pub(super) struct Template {
     pub(super) name: &'static str,
     pub(super) src: &'static str,
-    parsed: std::sync::OnceLock<Result<Block<'static>, String>>,
+    parsed: std::sync::OnceLock<Result<Parsed, String>>,
 }
 
 macro_rules! template {
@@ -57,11 +57,17 @@ pub(super) enum V {
     Count(usize),
     Flag(bool),
     List(Vec<String>),
+    /// A name a template reads that nothing bound (yet).
+    Unbound,
 }
 
-/// The names a template reads.
+/// The names a template reads, each in a slot: a template resolves its
+/// names to slots once per rendering, not per line.
 #[derive(Default, Clone)]
-pub(super) struct Env(rustc_hash::FxHashMap<String, V>);
+pub(super) struct Env {
+    index: rustc_hash::FxHashMap<String, usize>,
+    slots: Vec<V>,
+}
 
 impl Env {
     pub(super) fn s(mut self, k: &str, v: impl Into<String>) -> Self {
@@ -69,29 +75,39 @@ impl Env {
         self
     }
     pub(super) fn n(mut self, k: &str, v: usize) -> Self {
-        self.0.insert(k.into(), V::Count(v));
+        self.put(k, V::Count(v));
         self
     }
     pub(super) fn b(mut self, k: &str, v: bool) -> Self {
-        self.0.insert(k.into(), V::Flag(v));
+        self.put(k, V::Flag(v));
         self
     }
     pub(super) fn l(mut self, k: &str, v: Vec<String>) -> Self {
-        self.0.insert(k.into(), V::List(v));
+        self.put(k, V::List(v));
         self
     }
     pub(super) fn set(&mut self, k: &str, v: impl Into<String>) {
-        // Holes and unrolled loops rebind the same names: no new key.
-        match self.0.get_mut(k) {
-            Some(slot) => *slot = V::Str(v.into()),
-            None => {
-                self.0.insert(k.into(), V::Str(v.into()));
-            }
+        self.put(k, V::Str(v.into()));
+    }
+    fn put(&mut self, k: &str, v: V) {
+        let i = self.slot(k);
+        self.slots[i] = v;
+    }
+    /// `k`'s slot (a new, unbound one for a new name).
+    fn slot(&mut self, k: &str) -> usize {
+        if let Some(&i) = self.index.get(k) {
+            return i;
         }
+        self.index.insert(k.into(), self.slots.len());
+        self.slots.push(V::Unbound);
+        self.slots.len() - 1
+    }
+    fn value(&self, k: &str) -> Option<&V> {
+        self.index.get(k).map(|&i| &self.slots[i])
     }
     /// A string or count bound to `k`.
     pub(super) fn get(&self, k: &str) -> R<String> {
-        match self.0.get(k) {
+        match self.value(k) {
             Some(V::Str(s)) => Ok(s.clone()),
             Some(V::Count(n)) => Ok(n.to_string()),
             _ => Err(bug(format!("template value `{k}` unbound"))),
@@ -123,7 +139,8 @@ pub(super) type Holes<'h, 'a> = dyn FnMut(&mut Gen<'a>, &str, &[String], &mut En
 /// Text with names to replace, split once at parsing.
 enum Seg<'t> {
     Lit(&'t str),
-    Name(&'t str),
+    /// A symbol of the template (`Parsed::names`).
+    Name(usize),
     /// `${c$i}`: a name built from names.
     Built(Vec<Seg<'t>>),
 }
@@ -140,7 +157,7 @@ enum Line<'t> {
         Vec<(usize, Line<'t>)>,
         Vec<(usize, Line<'t>)>,
     ),
-    For(&'t str, &'t str, Vec<(usize, Line<'t>)>),
+    For(usize, &'t str, Vec<(usize, Line<'t>)>),
     Bind(bool, Text<'t>, Text<'t>, Text<'t>),
     Set(Text<'t>, Text<'t>),
     Hole(&'t str, Vec<Text<'t>>),
@@ -148,13 +165,34 @@ enum Line<'t> {
 
 type Block<'t> = Vec<(usize, Line<'t>)>;
 
+/// A rendering's symbols: the template's names and their slots in the
+/// environment.
+struct Scope<'p> {
+    names: &'p [&'static str],
+    slots: Vec<usize>,
+}
+
+/// A parsed template: its lines and the names they read.
+struct Parsed {
+    block: Block<'static>,
+    names: Vec<&'static str>,
+}
+
+/// The symbol of `name` in `names` (added if new).
+fn symbol(names: &mut Vec<&'static str>, name: &'static str) -> usize {
+    names.iter().position(|n| *n == name).unwrap_or_else(|| {
+        names.push(name);
+        names.len() - 1
+    })
+}
+
 impl Template {
     fn err(&self, line: usize, msg: impl std::fmt::Display) -> CompileError {
         bug(format!("template {}:{}: {msg}", self.name, line + 1))
     }
 
     /// The template's lines, directives nested.
-    fn parse(&self) -> R<Block<'static>> {
+    fn parse(&self) -> R<Parsed> {
         let lines: Vec<(usize, &'static str)> = self
             .src
             .lines()
@@ -163,9 +201,10 @@ impl Template {
             .filter(|(_, l)| !l.is_empty() && !l.starts_with("##"))
             .collect();
         let mut at = 0;
-        let (block, end) = self.block(&lines, &mut at)?;
+        let mut names = vec![];
+        let (block, end) = self.block(&mut names, &lines, &mut at)?;
         match end {
-            None => Ok(block),
+            None => Ok(Parsed { block, names }),
             Some(e) => Err(self.err(lines[at - 1].0, format!("`{e}` without an opening"))),
         }
     }
@@ -173,6 +212,7 @@ impl Template {
     /// Lines up to a `#else` / `#end` (returned) or the end.
     fn block(
         &self,
+        names: &mut Vec<&'static str>,
         lines: &[(usize, &'static str)],
         at: &mut usize,
     ) -> R<(Block<'static>, Option<&'static str>)> {
@@ -182,15 +222,15 @@ impl Template {
             let (word, rest) = l.split_once(' ').unwrap_or((l, ""));
             let line = match word {
                 "#else" | "#end" => return Ok((out, Some(word))),
-                "#shared" => Line::Shared(self.text(n, rest)?),
+                "#shared" => Line::Shared(self.text(names, n, rest)?),
                 "#if" => {
                     let (neg, name) = match rest.strip_prefix('!') {
                         Some(r) => (true, r),
                         None => (false, rest),
                     };
-                    let (then, end) = self.block(lines, at)?;
+                    let (then, end) = self.block(names, lines, at)?;
                     let els = match end {
-                        Some("#else") => match self.block(lines, at)? {
+                        Some("#else") => match self.block(names, lines, at)? {
                             (b, Some("#end")) => b,
                             _ => return Err(self.err(n, "`#if` without `#end`")),
                         },
@@ -203,8 +243,8 @@ impl Template {
                     let Some((x, over)) = rest.split_once(" in ") else {
                         return Err(self.err(n, "`#for x in name`"));
                     };
-                    match self.block(lines, at)? {
-                        (b, Some("#end")) => Line::For(x.trim(), over.trim(), b),
+                    match self.block(names, lines, at)? {
+                        (b, Some("#end")) => Line::For(symbol(names, x.trim()), over.trim(), b),
                         _ => return Err(self.err(n, "`#for` without `#end`")),
                     }
                 }
@@ -216,23 +256,30 @@ impl Template {
                     let Some((name, ty, e)) = parsed else {
                         return Err(self.err(n, "`#let name: ty = expr`"));
                     };
-                    let (name, ty, e) = (self.text(n, name)?, self.text(n, ty)?, self.text(n, e)?);
+                    let (name, ty, e) = (
+                        self.text(names, n, name)?,
+                        self.text(names, n, ty)?,
+                        self.text(names, n, e)?,
+                    );
                     Line::Bind(word == "#var", name, ty, e)
                 }
                 "#set" => {
                     let Some((name, v)) = rest.split_once('=') else {
                         return Err(self.err(n, "`#set name = text`"));
                     };
-                    Line::Set(self.text(n, name.trim())?, self.text(n, v.trim())?)
+                    Line::Set(
+                        self.text(names, n, name.trim())?,
+                        self.text(names, n, v.trim())?,
+                    )
                 }
                 w if w.starts_with('@') => {
-                    let args = rest.split_whitespace().map(|a| self.text(n, a));
+                    let args = rest.split_whitespace().map(|a| self.text(names, n, a));
                     Line::Hole(&w[1..], args.collect::<R<_>>()?)
                 }
                 w if w.starts_with('#') => {
                     return Err(self.err(n, format!("unknown directive `{w}`")))
                 }
-                _ => Line::Text(self.text(n, l)?),
+                _ => Line::Text(self.text(names, n, l)?),
             };
             out.push((n, line));
         }
@@ -240,7 +287,7 @@ impl Template {
     }
 
     /// `s` split at its names: `$name`, `${name}`.
-    fn text(&self, n: usize, s: &'static str) -> R<Text<'static>> {
+    fn text(&self, names: &mut Vec<&'static str>, n: usize, s: &'static str) -> R<Text<'static>> {
         let mut out = vec![];
         let mut rest = s;
         while let Some(i) = rest.find('$') {
@@ -252,16 +299,16 @@ impl Template {
                 let end = r.find('}').ok_or_else(|| self.err(n, "`${` without `}`"))?;
                 let inner = &r[..end];
                 out.push(if inner.contains('$') {
-                    Seg::Built(self.text(n, inner)?)
+                    Seg::Built(self.text(names, n, inner)?)
                 } else {
-                    Seg::Name(inner)
+                    Seg::Name(symbol(names, inner))
                 });
                 rest = &r[end + 1..];
             } else {
                 let end = rest
                     .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
                     .unwrap_or(rest.len());
-                out.push(Seg::Name(&rest[..end]));
+                out.push(Seg::Name(symbol(names, &rest[..end])));
                 rest = &rest[end..];
             }
         }
@@ -272,36 +319,41 @@ impl Template {
     }
 
     /// `t` with its names' values, appended to `out`.
-    fn expand(&self, n: usize, t: &Text, env: &Env, out: &mut String) -> R<()> {
+    fn expand(&self, n: usize, t: &Text, env: &Env, sc: &Scope, out: &mut String) -> R<()> {
         for seg in t {
-            let built;
-            let name = match seg {
+            let (value, built) = match seg {
                 Seg::Lit(s) => {
                     out.push_str(s);
                     continue;
                 }
-                Seg::Name(name) => *name,
+                Seg::Name(i) => (&env.slots[sc.slots[*i]], None),
                 Seg::Built(t) => {
-                    built = self.string(n, t, env)?;
-                    built.as_str()
+                    let name = self.string(n, t, env, sc)?;
+                    (env.value(&name).unwrap_or(&V::Unbound), Some(name))
                 }
             };
-            match env.0.get(name) {
-                Some(V::Str(v)) => out.push_str(v),
-                Some(V::Count(k)) => push_decimal(out, *k),
-                _ => return Err(self.err(n, format!("`${name}` unbound"))),
+            match value {
+                V::Str(v) => out.push_str(v),
+                V::Count(k) => push_decimal(out, *k),
+                _ => {
+                    let name = match (seg, built) {
+                        (Seg::Name(i), _) => sc.names[*i].to_string(),
+                        (_, b) => b.unwrap_or_default(),
+                    };
+                    return Err(self.err(n, format!("`${name}` unbound")));
+                }
             }
         }
         Ok(())
     }
 
-    fn string(&self, n: usize, t: &Text, env: &Env) -> R<String> {
+    fn string(&self, n: usize, t: &Text, env: &Env, sc: &Scope) -> R<String> {
         let literal: usize = t
             .iter()
             .map(|s| if let Seg::Lit(l) = s { l.len() } else { 8 })
             .sum();
         let mut out = String::with_capacity(literal);
-        self.expand(n, t, env, &mut out)?;
+        self.expand(n, t, env, sc, &mut out)?;
         Ok(out)
     }
 
@@ -312,12 +364,16 @@ impl Template {
         env: &mut Env,
         holes: &mut Holes<'_, 'a>,
     ) -> R<()> {
-        let block = self
+        let parsed = self
             .parsed
             .get_or_init(|| self.parse().map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|e| bug(e.clone()))?;
-        self.run(block, gen, env, holes)
+        let sc = Scope {
+            names: &parsed.names,
+            slots: parsed.names.iter().map(|k| env.slot(k)).collect(),
+        };
+        self.run(&parsed.block, gen, env, &sc, holes)
     }
 
     fn run<'a>(
@@ -325,58 +381,54 @@ impl Template {
         block: &Block<'static>,
         gen: &mut Gen<'a>,
         env: &mut Env,
+        sc: &Scope,
         holes: &mut Holes<'_, 'a>,
     ) -> R<()> {
         for (n, line) in block {
             #[cfg(test)]
             tests::cover(self.name, *n);
             match line {
-                Line::Text(t) => gen.body.stmt(self.string(*n, t, env)?),
-                Line::Shared(t) => gen.shared.push(self.string(*n, t, env)?),
+                Line::Text(t) => gen.body.stmt(self.string(*n, t, env, sc)?),
+                Line::Shared(t) => gen.shared.push(self.string(*n, t, env, sc)?),
                 Line::If(name, neg, then, els) => {
-                    let Some(V::Flag(f)) = env.0.get(*name) else {
+                    let Some(V::Flag(f)) = env.value(name) else {
                         return Err(self.err(*n, format!("`{name}` is no flag")));
                     };
                     let b = if f != neg { then } else { els };
-                    self.run(b, gen, env, holes)?;
+                    self.run(b, gen, env, sc, holes)?;
                 }
                 Line::For(x, over, body) => {
-                    let count = over.parse().ok().or(match env.0.get(*over) {
+                    let count = over.parse().ok().or(match env.value(over) {
                         Some(V::Count(k)) => Some(*k),
                         _ => None,
                     });
-                    let items: Vec<V> = match env.0.get(*over) {
+                    let items: Vec<V> = match env.value(over) {
                         _ if count.is_some() => (0..count.unwrap_or(0)).map(V::Count).collect(),
                         Some(V::List(l)) => l.iter().cloned().map(V::Str).collect(),
                         _ => return Err(self.err(*n, format!("`{over}` is no count or list"))),
                     };
                     for item in items {
-                        match env.0.get_mut(*x) {
-                            Some(slot) => *slot = item,
-                            None => {
-                                env.0.insert(x.to_string(), item);
-                            }
-                        }
-                        self.run(body, gen, env, holes)?;
+                        env.slots[sc.slots[*x]] = item;
+                        self.run(body, gen, env, sc, holes)?;
                     }
                 }
                 Line::Bind(var, name, ty, e) => {
-                    let (e, ty) = (self.string(*n, e, env)?, self.string(*n, ty, env)?);
+                    let (e, ty) = (self.string(*n, e, env, sc)?, self.string(*n, ty, env, sc)?);
                     let t = if *var {
                         gen.body.var(&ty, e)
                     } else {
                         gen.body.bind(&ty, e)
                     };
-                    env.set(&self.string(*n, name, env)?, t);
+                    env.set(&self.string(*n, name, env, sc)?, t);
                 }
                 Line::Set(name, v) => {
-                    let v = self.string(*n, v, env)?;
-                    env.set(&self.string(*n, name, env)?, v);
+                    let v = self.string(*n, v, env, sc)?;
+                    env.set(&self.string(*n, name, env, sc)?, v);
                 }
                 Line::Hole(h, args) => {
                     let args = args
                         .iter()
-                        .map(|a| self.string(*n, a, env))
+                        .map(|a| self.string(*n, a, env, sc))
                         .collect::<R<Vec<_>>>()?;
                     holes(gen, h, &args, env)?;
                 }
