@@ -67,32 +67,35 @@ impl Gen<'_> {
             .unwrap_or(want);
         let mut a = vec![];
         for (i, x) in args.iter().enumerate() {
-            let (s, d) = match done[i].take() {
-                Some(r) => r,
-                None => (lit(lit_value(x), t)?, t),
+            let (s, d) = match (done[i].take(), x) {
+                (Some(r), _) => r,
+                (None, Expr::Lit(v)) => (lit(*v, t)?, t),
+                (None, _) => return Err(bug("an operand left unrendered")),
             };
             // A select's condition and logic's operands keep their type.
             let keep = (func == Func::Select && i == 0)
                 || matches!(func, Func::And | Func::Or | Func::Not);
             a.push(if keep { (s, d) } else { (cast(&s, d, t), t) });
         }
-        let (text, out) = element(func, &a, t).ok_or_else(|| {
+        let rendered = if func == Func::Log1p && t == DType::F32 {
+            // log(u) * x / (u - 1) with u = 1 + x, the rounding of u
+            // undone (Goldberg); plain log(u) where x is large or infinite.
+            // (It binds a temporary, so it is rendered here.)
+            let x = &a[0].0;
+            let u = self.body.bind("f32", format!("1.0 + {x}"));
+            Some((
+                format!("select(select(log({u}) * ({x} / ({u} - 1.0)), log({u}), {x} > 1.0e4), {x}, {u} == 1.0)"),
+                t,
+            ))
+        } else {
+            element(func, &a, t)
+        };
+        let (text, out) = rendered.ok_or_else(|| {
             CompileError::no_kernel(format!(
                 "`{}` on {t:?} values has no GPU kernel yet",
                 self.g.nodes[n].op.name()
             ))
         })?;
-        let text = if func == Func::Log1p {
-            // log(u) * x / (u - 1) with u = 1 + x, the rounding of u
-            // undone (Goldberg); plain log(u) where x is large or infinite.
-            let x = &a[0].0;
-            let u = self.body.bind("f32", format!("1.0 + {x}"));
-            format!(
-                "select(select(log({u}) * ({x} / ({u} - 1.0)), log({u}), {x} > 1.0e4), {x}, {u} == 1.0)"
-            )
-        } else {
-            text
-        };
         let r = self.body.bind(ty(out), text);
         if t == DType::I64 {
             if let Some(c) = i64_overflow(func, &a, &r) {
@@ -107,13 +110,6 @@ impl Gen<'_> {
 /// among numbers is a number: `gt(x, 0) * x`).
 fn func_keeps_bool(f: Func) -> bool {
     matches!(f, Func::And | Func::Or | Func::Not | Func::Eq | Func::Ne)
-}
-
-fn lit_value(e: &Expr) -> f64 {
-    match e {
-        Expr::Lit(v) => *v,
-        _ => f64::NAN,
-    }
 }
 
 /// Function `f` over operands `a` of type `t` (a select's condition and
@@ -197,8 +193,6 @@ fn float(f: Func, x: &str, y: &str) -> Option<String> {
         Func::Abs => format!("abs({x})"),
         Func::Tanh => format!("tanh({x})"),
         Func::Erf => format!("k_erf({x})"),
-        // Rendered by the caller (it binds a temporary).
-        Func::Log1p => String::new(),
         Func::Max => format!("select(max({x}, {y}), {x} + {y}, {nan2})"),
         Func::Min => format!("select(min({x}, {y}), {x} + {y}, {nan2})"),
         Func::DivTrunc => format!("trunc({x} / {y})"),

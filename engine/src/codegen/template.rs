@@ -63,7 +63,7 @@ pub(super) enum V {
 
 /// The names a template reads, each in a slot: a template resolves its
 /// names to slots once per rendering, not per line.
-#[derive(Default, Clone)]
+#[derive(Default)]
 pub(super) struct Env {
     index: rustc_hash::FxHashMap<String, usize>,
     slots: Vec<V>,
