@@ -30,6 +30,17 @@ pub fn write(
     opts: &ExportOptions,
 ) -> Result<usize, String> {
     let w = MappedTensors::open(weights).map_err(|e| e.to_string())?;
+    write_with(session, g, &w, output, opts)
+}
+
+/// `write` with the weights already mapped (an imported archive's).
+pub fn write_with(
+    session: &Session,
+    g: &Graph,
+    w: &MappedTensors,
+    output: &Path,
+    opts: &ExportOptions,
+) -> Result<usize, String> {
     let names = Names::of(g);
     let found: Vec<(String, HostTensor)> = g
         .inputs

@@ -209,13 +209,22 @@ fn kiln_dtype(d: Dtype) -> Option<DType> {
     })
 }
 
-/// A safetensors file mapped in memory: its tensors are host tensors
-/// borrowing the mapped bytes (no copy, no conversion). Tensors of dtypes
-/// Kiln lacks (f64 buffers and such) are listed apart.
+/// Where a mapped tensor's bytes are: a range of the mapped file, or a
+/// copy (a compressed archive entry, a strided weight made contiguous, a
+/// constant made at import).
+pub enum Src {
+    Map(std::ops::Range<usize>),
+    Owned(Vec<u8>),
+}
+
+/// A safetensors file (or a `.pt2` archive's weights) mapped in memory: its
+/// tensors are host tensors borrowing the mapped bytes (no copy, no
+/// conversion). Tensors of dtypes Kiln lacks (f64 buffers and such) are
+/// listed apart.
 pub struct MappedTensors {
     path: String,
     map: memmap2::Mmap,
-    tensors: Vec<(String, DType, Vec<usize>, std::ops::Range<usize>)>,
+    tensors: Vec<(String, DType, Vec<usize>, Src)>,
     /// Names of tensors whose dtype Kiln does not support, with the dtype.
     pub skipped: Vec<(String, String)>,
 }
@@ -242,7 +251,8 @@ impl MappedTensors {
             match kiln_dtype(t.dtype()) {
                 Some(d) => {
                     let start = t.data().as_ptr() as usize - base;
-                    tensors.push((name, d, t.shape().to_vec(), start..start + t.data().len()));
+                    let range = start..start + t.data().len();
+                    tensors.push((name, d, t.shape().to_vec(), Src::Map(range)));
                 }
                 None => skipped.push((name, format!("{:?}", t.dtype()))),
             }
@@ -256,8 +266,30 @@ impl MappedTensors {
         })
     }
 
+    /// Tensors of an already mapped file (an archive), by name.
+    pub fn from_parts(
+        path: String,
+        map: memmap2::Mmap,
+        mut tensors: Vec<(String, DType, Vec<usize>, Src)>,
+    ) -> MappedTensors {
+        tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        MappedTensors {
+            path,
+            map,
+            tensors,
+            skipped: vec![],
+        }
+    }
+
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    fn bytes<'a>(&'a self, s: &'a Src) -> &'a [u8] {
+        match s {
+            Src::Map(r) => &self.map[r.clone()],
+            Src::Owned(v) => v,
+        }
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
@@ -266,8 +298,12 @@ impl MappedTensors {
 
     /// The tensor `name`, borrowing the mapped file.
     pub fn get(&self, name: &str) -> Option<HostTensor<'_>> {
-        let (_, d, sizes, range) = self.tensors.iter().find(|t| t.0 == name)?;
-        HostTensor::new(*d, sizes.clone(), &self.map[range.clone()]).ok()
+        let i = self
+            .tensors
+            .binary_search_by(|t| t.0.as_str().cmp(name))
+            .ok()?;
+        let (_, d, sizes, src) = &self.tensors[i];
+        HostTensor::new(*d, sizes.clone(), self.bytes(src)).ok()
     }
 
     /// Every tensor, by name.
@@ -275,7 +311,7 @@ impl MappedTensors {
         self.tensors.iter().filter_map(|(n, d, s, r)| {
             Some((
                 n.as_str(),
-                HostTensor::new(*d, s.clone(), &self.map[r.clone()]).ok()?,
+                HostTensor::new(*d, s.clone(), self.bytes(r)).ok()?,
             ))
         })
     }

@@ -6,6 +6,7 @@
 //! interpreter, the pass) and [`kiln_engine`] (the GPU engine).
 
 pub mod export;
+pub mod import;
 pub mod io;
 pub mod minilm;
 pub mod probe;

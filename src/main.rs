@@ -152,8 +152,10 @@ enum Cmd {
     /// weights (parameters found in the weights file become constants).
     Export {
         prog: PathBuf,
+        /// Parameters found here become constants (a `.pt2` archive's own
+        /// weights without it).
         #[arg(long)]
-        weights: PathBuf,
+        weights: Option<PathBuf>,
         #[arg(long)]
         output: PathBuf,
         /// Store f32 weights as f16 (half the file; widened at load).
@@ -175,6 +177,18 @@ enum Cmd {
         #[arg(long, conflicts_with = "wgsl")]
         requires: bool,
     },
+    /// Convert a `torch.export` archive (`.pt2`) into a Kiln program and
+    /// a safetensors file of its weights.
+    Import {
+        model: PathBuf,
+        /// Where to write the program (standard output without it).
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// Where to write the weights (parameters, buffers, constants), by
+        /// parameter name.
+        #[arg(long)]
+        weights_output: Option<PathBuf>,
+    },
     /// List the op table: each op's overloads, kind, lowering class and
     /// which rules it has (vjp, jvp, batching, GPU).
     Ops {
@@ -193,9 +207,22 @@ enum WeightsDtype {
     F16,
 }
 
-/// Reads a program's text; `-` is standard input (the spec's CLI).
+/// Imports a `.pt2` archive.
+fn import(path: &Path) -> Result<kiln::import::Imported, String> {
+    kiln::import::open(path).map_err(|e| e.to_string())
+}
+
+/// Is the file a `.pt2` archive (rather than a program's text)?
+fn is_pt2(path: &Path) -> bool {
+    path != Path::new("-") && kiln::import::is_pt2(path)
+}
+
+/// Reads a program's text; `-` is standard input (the spec's CLI); a
+/// `.pt2` archive is imported.
 fn read_source(path: &Path) -> Result<String, String> {
-    if path == Path::new("-") {
+    if is_pt2(path) {
+        Ok(import(path)?.text)
+    } else if path == Path::new("-") {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
             .map_err(|e| format!("cannot read standard input: {e}"))?;
@@ -205,8 +232,11 @@ fn read_source(path: &Path) -> Result<String, String> {
     }
 }
 
-/// Reads and parses a program.
+/// Reads and parses a program (or imports an archive's).
 fn read_program(path: &Path) -> Result<Graph, String> {
+    if is_pt2(path) {
+        return Ok(import(path)?.graph);
+    }
     parse(&read_source(path)?).map_err(|e| format!("{}:{e}", path.display()))
 }
 
@@ -230,7 +260,15 @@ fn main_result(cli: Cli) -> Result<(), String> {
             weights_dtype,
             web,
         } => {
-            let g = read_program(&prog)?;
+            let imported = if is_pt2(&prog) {
+                Some(import(&prog)?)
+            } else {
+                None
+            };
+            let g = match &imported {
+                Some(i) => i.graph.clone(),
+                None => read_program(&prog)?,
+            };
             let session = if web {
                 kiln::engine::Session::open_web_like()
             } else {
@@ -240,8 +278,16 @@ fn main_result(cli: Cli) -> Result<(), String> {
             let opts = kiln::engine::export::ExportOptions {
                 f16_weights: matches!(weights_dtype, Some(WeightsDtype::F16)),
             };
-            let n = kiln::export::write(&session, &g, &weights, &output, &opts)
-                .map_err(|e| format!("{}: {e}", prog.display()))?;
+            let n = match (&weights, &imported) {
+                (Some(w), _) => kiln::export::write(&session, &g, w, &output, &opts),
+                (None, Some(i)) => {
+                    kiln::export::write_with(&session, &g, &i.weights, &output, &opts)
+                }
+                (None, None) => {
+                    Err("--weights is needed (only a .pt2 archive brings its own weights)".into())
+                }
+            }
+            .map_err(|e| format!("{}: {e}", prog.display()))?;
             eprintln!(
                 "wrote {} ({n} bytes, for {})",
                 output.display(),
@@ -250,6 +296,11 @@ fn main_result(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Cmd::Ops { json, markdown } => list_ops(json, markdown),
+        Cmd::Import {
+            model,
+            output,
+            weights_output,
+        } => import_cmd(&model, output.as_deref(), weights_output.as_deref()),
         Cmd::Inspect {
             file,
             wgsl,
@@ -340,6 +391,37 @@ fn main_result(cli: Cli) -> Result<(), String> {
     }
 }
 
+/// `kiln import`: the program, and its weights by parameter name.
+fn import_cmd(model: &Path, output: Option<&Path>, weights: Option<&Path>) -> Result<(), String> {
+    let imp = import(model)?;
+    match output {
+        Some(p) => std::fs::write(p, &imp.text)
+            .map_err(|e| format!("cannot write {}: {e}", p.display()))?,
+        None => print!("{}", imp.text),
+    }
+    if let Some(w) = weights {
+        let named: Vec<(String, kiln::engine::HostTensor)> = imp
+            .weights
+            .iter()
+            .map(|(n, t)| (n.to_string(), t))
+            .collect();
+        kiln::io::save_host(w, &named).map_err(|e| e.to_string())?;
+    }
+    let params = imp.roles.len();
+    let users = imp
+        .roles
+        .iter()
+        .filter(|r| matches!(r, kiln::import::Role::User(_)))
+        .count();
+    eprintln!(
+        "imported {}: {} statements, {} weights, {users} inputs",
+        model.display(),
+        imp.graph.order.len(),
+        params - users
+    );
+    Ok(())
+}
+
 /// `kiln ops`: the op table as text, JSON or Markdown.
 fn list_ops(json: bool, markdown: bool) -> Result<(), String> {
     use kiln::functionalize::ops::catalog;
@@ -406,11 +488,23 @@ fn run(
         return kiln::export::run(&e, inputs, output, matches!(backend, Backend::Gpu))
             .map_err(|e| format!("{}: {e}", prog.display()));
     }
-    let mut g = read_program(prog)?;
+    let imported = if is_pt2(prog) {
+        Some(import(prog)?)
+    } else {
+        None
+    };
+    let mut g = match &imported {
+        Some(i) => i.graph.clone(),
+        None => read_program(prog)?,
+    };
     if let Some(m) = mode {
         g = functionalize(&g, m.into())
             .map_err(|e| format!("{}:{e}", prog.display()))?
             .graph;
+    }
+    if let Some(imp) = &imported {
+        return kiln::import::run(imp, &g, inputs, output, matches!(backend, Backend::Gpu))
+            .map_err(|e| format!("{}: {e}", prog.display()));
     }
     match backend {
         Backend::Reference => {
@@ -477,16 +571,34 @@ fn profile(
         let g = e.graph().map_err(|e| at(&e))?;
         return measure(&session, &exe, &g, inputs, runs, load_ms, json).map_err(|e| at(&e));
     }
-    let g = read_program(prog)?;
+    let imported = if is_pt2(prog) {
+        Some(import(prog)?)
+    } else {
+        None
+    };
+    let g = match &imported {
+        Some(i) => i.graph.clone(),
+        None => read_program(prog)?,
+    };
     let session = Session::open().map_err(|e| e.to_string())?;
-    let weights = weights
+    let opened = weights
         .map(kiln::io::MappedTensors::open)
         .transpose()
         .map_err(|e| e.to_string())?;
+    // An archive's weights are constants unless --weights says otherwise;
+    // the buffers the program writes stay inputs.
+    let written = match &imported {
+        Some(_) => kiln::import::mutated(&g)?,
+        None => vec![false; g.inputs.len()],
+    };
+    let weights = opened.as_ref().or(imported.as_ref().map(|i| &i.weights));
     if let Some(w) = &weights {
         let names = kiln::functionalize::text::Names::of(&g);
-        for &v in &g.inputs {
+        for (i, &v) in g.inputs.iter().enumerate() {
             let name = names.get(v);
+            if written[i] {
+                continue;
+            }
             if let Some(t) = w.get(&name) {
                 session.add_constant(&name, &t).map_err(|e| e.to_string())?;
             }

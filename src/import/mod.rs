@@ -1,0 +1,127 @@
+//! Importing `torch.export` programs (`.pt2` archives, `../shared/spec/
+//! import.md`): the archive is read and checked (`archive`), its graph
+//! becomes a Kiln program in the text format (`convert`), ATen ops Kiln
+//! runs through their decompositions are expanded on the way
+//! (`decomp`), and the weights become the program's bound parameters.
+//! The program then goes through the same functionalization, transforms,
+//! compiler and export as any other.
+
+mod archive;
+mod convert;
+mod decomp;
+mod run;
+
+pub use archive::is_zip as is_pt2;
+pub use run::{mutated, run};
+
+use crate::io::{MappedTensors, Src};
+use kiln_functionalize::{DType, Graph};
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// Not a readable PT2 archive, or a damaged one.
+    #[error("{0}")]
+    Archive(String),
+    /// A schema version this reader does not know.
+    #[error("{0}")]
+    Version(String),
+    /// A weight or constant that cannot be read as its config says.
+    #[error("{0}")]
+    Weight(String),
+    /// An op (or argument) Kiln does not run: names the op, the node and
+    /// the user's source line.
+    #[error("{0}")]
+    Op(String),
+    /// Sizes that are symbolic (a dynamic-shape export).
+    #[error("{0}")]
+    Symbolic(String),
+    /// Anything else the program holds that Kiln does not.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The converted program does not parse (a bug: the message says so).
+    #[error("{0}")]
+    Program(String),
+}
+
+/// What a parameter of an imported program stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A parameter, buffer or constant of the model, by state-dict name
+    /// (`layer1.0.conv1.weight`); bound to the archive's weights.
+    Weight(String),
+    /// An argument of the model's `forward`, by its name.
+    User(String),
+    /// A constant Kiln made at import (pooling divisors and such).
+    Made,
+}
+
+/// A `.pt2` archive as a Kiln program with its weights.
+pub struct Imported {
+    /// The program in the text format (`kiln import` prints it).
+    pub text: String,
+    pub graph: Graph,
+    /// One per parameter of `graph`.
+    pub roles: Vec<Role>,
+    /// Every `Role::Weight` and `Role::Made` parameter, by parameter name.
+    pub weights: MappedTensors,
+}
+
+impl Imported {
+    /// Is parameter `i` bound to the archive's weights?
+    pub fn is_weight(&self, i: usize) -> bool {
+        !matches!(self.roles[i], Role::User(_))
+    }
+
+    /// The name `kiln run` writes parameter `i`'s final value under: a
+    /// weight's state-dict name, a user input's own name.
+    pub fn output_name(&self, i: usize, param: &str) -> String {
+        match &self.roles[i] {
+            Role::Weight(fqn) => fqn.clone(),
+            Role::User(n) => n.clone(),
+            Role::Made => param.to_string(),
+        }
+    }
+}
+
+/// Reads a `.pt2` archive: checks it, converts its graph, binds its
+/// weights.
+pub fn open(path: &Path) -> Result<Imported, ImportError> {
+    let a = archive::open(path)?;
+    let prog = convert::convert(&a)?;
+    let graph = kiln_functionalize::parse(&prog.text).map_err(|e| {
+        ImportError::Program(format!(
+            "{}: the imported program does not parse ({e}); this is a bug in Kiln's \
+             importer, please report it with the archive",
+            a.path
+        ))
+    })?;
+    let mut tensors: Vec<(String, DType, Vec<usize>, Src)> = vec![];
+    for (param, fqn) in &prog.bound {
+        let s = a.get(fqn).expect("convert binds stored tensors only");
+        let bytes = match &s.bytes {
+            Src::Map(r) => Src::Map(r.clone()),
+            Src::Owned(v) => Src::Owned(v.clone()),
+        };
+        tensors.push((param.clone(), s.dtype, s.sizes.clone(), bytes));
+    }
+    for m in prog.made {
+        tensors.push((m.name, m.dtype, m.sizes, Src::Owned(m.bytes)));
+    }
+    let weights = MappedTensors::from_parts(a.path.clone(), a.map, tensors);
+    Ok(Imported {
+        text: prog.text,
+        graph,
+        roles: prog.roles,
+        weights,
+    })
+}
+
+/// Row-major strides of `sizes`.
+fn contiguous_strides(sizes: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; sizes.len()];
+    for d in (0..sizes.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * sizes[d + 1];
+    }
+    s
+}

@@ -1,0 +1,271 @@
+"""Import fixtures: models exported with torch.export, and what eager PyTorch
+computes for them.
+
+For each model below this writes, under tests/fixtures/import/:
+
+- NAME.pt2: torch.export.save(torch.export.export(model.eval(), args));
+- NAME.inputs.safetensors: the user inputs, by the names torch.export gives
+  them (the forward's argument names);
+- NAME.expected.safetensors: what `kiln run NAME.pt2` must write: the
+  flattened outputs as output.0, output.1, ..., each buffer the program
+  mutates under its state-dict name (its final value), each user input
+  under its own name (its final value).
+
+Weights are random (seeded), and models are kept small: the committed
+archives hold their weights. Families come from their own libraries
+(torchvision's MobileNet, ShuffleNet, SqueezeNet and blocks), at reduced
+widths. Run with `--check` to regenerate in memory and compare with the
+committed files (archives compared by graph and weights, not bytes: zip
+timestamps differ).
+
+    python3 tests/torch_ref/make_import_fixtures.py [--only NAME] [--check]
+"""
+
+import argparse
+import copy
+import io
+import os
+import sys
+import zipfile
+
+import torch
+from safetensors.torch import load_file, save_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OUT = os.path.join(ROOT, "tests", "fixtures", "import")
+
+
+class SmallCnnCache(torch.nn.Module):
+    """Conv, batch norm, hardswish, pooling; a buffer written through
+    index_copy_ and a result mutated in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.register_buffer("cache", torch.zeros(4, 8))
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x, idx):
+        y = torch.nn.functional.hardswish(self.bn(self.conv(x)))
+        y = torch.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)
+        self.cache.index_copy_(0, idx, y)
+        y.relu_()
+        return self.fc(y), y.sum()
+
+
+class ConvZoo(torch.nn.Module):
+    """Convolutions of every form: stride, padding, dilation, groups,
+    depthwise, 1x1, `same`, 1-d; max and average pools with ceil mode and
+    padding; hardtanh / relu6 / hardsigmoid in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(4, 8, 3, stride=2, padding=1)
+        self.b = torch.nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=2)
+        self.dw = torch.nn.Conv2d(8, 8, 5, padding=2, groups=8, bias=False)
+        self.pw = torch.nn.Conv2d(8, 6, 1)
+        self.same = torch.nn.Conv2d(6, 6, (2, 3), padding="same")
+        self.c1 = torch.nn.Conv1d(6, 4, 3, stride=2)
+
+    def forward(self, x):
+        y = torch.nn.functional.relu6(self.a(x))
+        y = self.b(y)
+        torch.nn.functional.hardtanh_(y, -0.5, 0.75)
+        y = self.dw(y) + y
+        y = torch.nn.functional.hardsigmoid(self.pw(y), inplace=True)
+        y = self.same(y)
+        p = torch.nn.functional.max_pool2d(y, 3, stride=2, padding=1, ceil_mode=True)
+        q = torch.nn.functional.avg_pool2d(y, 3, stride=2, padding=1, ceil_mode=True,
+                                           count_include_pad=False)
+        r = torch.nn.functional.avg_pool2d(y, 2)
+        s = torch.nn.functional.adaptive_avg_pool2d(y, (3, 2))
+        t = self.c1(y.flatten(2))
+        return p, q, r, s, t
+
+
+class KvCache(torch.nn.Module):
+    """A decoder step the eager way: keys and values written into buffers
+    through index_copy_ and slice assignment, attention over the cache."""
+
+    def __init__(self):
+        super().__init__()
+        self.q = torch.nn.Linear(16, 16)
+        self.kv = torch.nn.Linear(16, 32)
+        self.register_buffer("k_cache", torch.zeros(1, 2, 8, 8))
+        self.register_buffer("v_cache", torch.zeros(1, 2, 8, 8))
+
+    def forward(self, x, pos):
+        q = self.q(x).view(1, 2, 2, 8).transpose(1, 2)
+        k, v = self.kv(x).split(16, dim=-1)
+        k = k.view(1, 2, 2, 8).transpose(1, 2)
+        v = v.view(1, 2, 2, 8).transpose(1, 2)
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache[:, :, 2:4] = v
+        att = torch.nn.functional.scaled_dot_product_attention(q, self.k_cache, self.v_cache)
+        return att.transpose(1, 2).reshape(1, 2, 16)
+
+
+class ViewsInPlace(torch.nn.Module):
+    """Views written in place, in-place view ops, dtype round trips."""
+
+    def forward(self, x):
+        y = x.clone()
+        y[0].mul_(2)
+        y.t_()
+        d = y.diagonal()
+        d.add_(1)
+        z = y.to(torch.float16).to(torch.float32)
+        w = z.unsqueeze(0)
+        w.squeeze_(0)
+        x.add_(torch.nn.functional.dropout(w, 0.5, training=False))
+        return y, z.new_ones(3) + z.sum()
+
+
+def mobilenet_v2():
+    import torchvision
+    return torchvision.models.mobilenet_v2(width_mult=0.25, num_classes=10)
+
+
+def mobilenet_v3_small():
+    import torchvision
+    return torchvision.models.mobilenet_v3_small(width_mult=0.25, num_classes=10)
+
+
+def shufflenet():
+    import torchvision
+    from torchvision.models.shufflenetv2 import ShuffleNetV2
+    return ShuffleNetV2([2, 2, 2], [8, 16, 32, 64, 128], num_classes=10)
+
+
+def squeezenet():
+    import torchvision
+    return torchvision.models.squeezenet1_1(num_classes=10)
+
+
+def tiny_resnet():
+    """torchvision's BasicBlock and Bottleneck at small widths (ResNet
+    itself fixes 64..512 channels: 45 MB of weights)."""
+    from torchvision.models.resnet import BasicBlock, Bottleneck
+
+    def down(i, o, s):
+        return torch.nn.Sequential(torch.nn.Conv2d(i, o, 1, stride=s, bias=False),
+                                   torch.nn.BatchNorm2d(o))
+
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 7, stride=2, padding=3, bias=False),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(inplace=True),
+        torch.nn.MaxPool2d(3, stride=2, padding=1),
+        BasicBlock(8, 8),
+        BasicBlock(8, 16, stride=2, downsample=down(8, 16, 2)),
+        Bottleneck(16, 8, stride=2, downsample=down(16, 32, 2)),
+        torch.nn.AdaptiveAvgPool2d((1, 1)),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32, 10),
+    )
+
+
+def image(n=1, c=3, h=32, w=32):
+    return (torch.randn(n, c, h, w),)
+
+
+MODELS = {
+    "small_cnn_cache": (SmallCnnCache, lambda: (torch.randn(2, 3, 8, 8), torch.tensor([3, 1]))),
+    "conv_zoo": (ConvZoo, lambda: (torch.randn(2, 4, 15, 13),)),
+    "kv_cache": (KvCache, lambda: (torch.randn(1, 2, 16), torch.tensor([5, 6]))),
+    "views_in_place": (ViewsInPlace, lambda: (torch.randn(3, 3),)),
+    "mobilenet_v2": (mobilenet_v2, lambda: image(1, 3, 32, 32)),
+    "mobilenet_v3_small": (mobilenet_v3_small, lambda: image(1, 3, 32, 32)),
+    "shufflenet_v2": (shufflenet, lambda: image(1, 3, 32, 32)),
+    "squeezenet": (squeezenet, lambda: image(1, 3, 48, 48)),
+    "tiny_resnet": (tiny_resnet, lambda: image(2, 3, 32, 32)),
+}
+
+
+def randomize(model, seed):
+    """Random weights, and batch-norm statistics that are not the identity."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("running_mean"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.1)
+            elif name.endswith("running_var"):
+                b.copy_(torch.rand(b.shape, generator=g) + 0.5)
+
+
+def flatten(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    out = []
+    for v in (x.values() if isinstance(x, dict) else x):
+        out.extend(flatten(v))
+    return out
+
+
+def make(name):
+    ctor, args_fn = MODELS[name]
+    torch.manual_seed(0)
+    model = ctor().eval()
+    randomize(model, 1)
+    args = args_fn()
+    ep = torch.export.export(copy.deepcopy(model), tuple(a.clone() for a in args))
+    sig = ep.run_decompositions().graph_signature
+    user_names = [s.arg.name for s in ep.graph_signature.input_specs
+                  if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    pt2 = io.BytesIO()
+    torch.export.save(ep, pt2)
+    # Eager, on its own copies.
+    eager = copy.deepcopy(model)
+    run_args = tuple(a.clone() for a in args)
+    with torch.no_grad():
+        outs = flatten(eager(*run_args))
+    expected = {f"output.{i}": o.detach().contiguous() for i, o in enumerate(outs)}
+    state = dict(eager.named_buffers())
+    for fqn in sig.buffers_to_mutate.values():
+        expected[fqn] = state[fqn].detach().contiguous()
+    for n, a in zip(user_names, run_args):
+        expected[n] = a.contiguous()
+    inputs = {n: a.contiguous() for n, a in zip(user_names, args)}
+    return pt2.getvalue(), inputs, expected
+
+
+def archive_contents(data):
+    z = zipfile.ZipFile(io.BytesIO(data))
+    return {i.filename.split("/", 1)[-1]: z.read(i.filename) for i in z.infolist()
+            if ".data/serialization_id" not in i.filename and "sample_inputs" not in i.filename}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only")
+    ap.add_argument("--check", action="store_true")
+    a = ap.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    bad = []
+    for name in MODELS:
+        if a.only and name != a.only:
+            continue
+        pt2, inputs, expected = make(name)
+        base = os.path.join(OUT, name)
+        if a.check:
+            old = open(base + ".pt2", "rb").read()
+            if archive_contents(old) != archive_contents(pt2):
+                bad.append(name + ".pt2")
+            for suffix, d in ((".inputs.safetensors", inputs), (".expected.safetensors", expected)):
+                have = load_file(base + suffix)
+                if have.keys() != d.keys() or any(not torch.equal(have[k], d[k]) for k in d):
+                    bad.append(name + suffix)
+            continue
+        open(base + ".pt2", "wb").write(pt2)
+        save_file(inputs, base + ".inputs.safetensors")
+        save_file(expected, base + ".expected.safetensors")
+        size = sum(os.path.getsize(base + s) for s in (".pt2", ".inputs.safetensors", ".expected.safetensors"))
+        print(f"{name}: {size / 1024:.0f} KiB, outputs {sorted(expected)}")
+    if bad:
+        print("differ from the committed fixtures:", ", ".join(bad))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
