@@ -30,17 +30,6 @@ pub fn write(
     opts: &ExportOptions,
 ) -> Result<usize, String> {
     let w = MappedTensors::open(weights).map_err(|e| e.to_string())?;
-    write_with(session, g, &w, output, opts)
-}
-
-/// `write` with the weights already mapped (an imported archive's).
-pub fn write_with(
-    session: &Session,
-    g: &Graph,
-    w: &MappedTensors,
-    output: &Path,
-    opts: &ExportOptions,
-) -> Result<usize, String> {
     let names = Names::of(g);
     let found: Vec<(String, HostTensor)> = g
         .inputs
@@ -50,6 +39,17 @@ pub fn write_with(
             w.get(&n).map(|t| (n, t))
         })
         .collect();
+    write_found(session, g, found, output, opts)
+}
+
+/// `write` with the constants chosen: `(parameter name, tensor)`.
+pub fn write_found(
+    session: &Session,
+    g: &Graph,
+    found: Vec<(String, HostTensor)>,
+    output: &Path,
+    opts: &ExportOptions,
+) -> Result<usize, String> {
     let bytes = export::export(session, g, &found, opts).map_err(|e| e.to_string())?;
     std::fs::write(output, &bytes)
         .map_err(|e| format!("cannot write {}: {e}", output.display()))?;

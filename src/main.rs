@@ -281,7 +281,21 @@ fn main_result(cli: Cli) -> Result<(), String> {
             let n = match (&weights, &imported) {
                 (Some(w), _) => kiln::export::write(&session, &g, w, &output, &opts),
                 (None, Some(i)) => {
-                    kiln::export::write_with(&session, &g, &i.weights, &output, &opts)
+                    // The archive's weights, except the buffers the
+                    // program writes: those stay inputs.
+                    let written = kiln::import::mutated(&g)?;
+                    let names = kiln::functionalize::text::Names::of(&g);
+                    let found = g
+                        .inputs
+                        .iter()
+                        .enumerate()
+                        .filter(|&(k, _)| i.is_weight(k) && !written[k])
+                        .filter_map(|(_, &v)| {
+                            let n = names.get(v);
+                            i.weights.get(&n).map(|t| (n, t))
+                        })
+                        .collect();
+                    kiln::export::write_found(&session, &g, found, &output, &opts)
                 }
                 (None, None) => {
                     Err("--weights is needed (only a .pt2 archive brings its own weights)".into())

@@ -209,10 +209,13 @@ pub fn user_line(trace: &str) -> Option<String> {
         out
     };
     let is_torch = |f: &str| ["/torch/", "\\torch\\"].iter().any(|p| f.contains(p));
+    // Code FX generated (`File "<eval_with_key>.5"`) is nobody's source.
+    let generated = |f: &str| f.starts_with("File \"<");
     let (frame, code) = frames
         .iter()
         .rev()
-        .find(|(f, _)| !is_torch(f))
+        .find(|(f, _)| !is_torch(f) && !generated(f))
+        .or(frames.iter().rev().find(|(f, _)| !generated(f)))
         .or(frames.last())?;
     Some(match code {
         Some(c) => format!("{frame}: `{c}`"),
@@ -813,7 +816,7 @@ fn lower_node(out: &mut Out, n: &Node, raw: &Value) -> Result<(), ImportError> {
         return Err(ImportError::Op(format!(
             "the higher-order op `{hop}` ({}) is not supported: Kiln imports straight-line \
              programs; rewrite the model without `torch.cond`, `while_loop` or `torch.no_grad` \
-             regions inside forward, or export with torch.export.export(...).run_decompositions()",
+             regions inside forward",
             n.place()
         )));
     }

@@ -183,6 +183,55 @@ MODELS = {
 }
 
 
+class UnknownOp(torch.nn.Module):
+    def forward(self, x):
+        y = x + 1
+        return y.cumprod(0)
+
+
+class Cond(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: x + 1, lambda x: x - 1, (x,))
+
+
+class Plain(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 + 1
+
+
+class Double(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2).double()
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+# Archives Kiln must refuse, and what the error must say (each line of
+# NAME.expect, case-sensitive).
+REFUSED = {
+    "unknown_op": (UnknownOp, lambda: (torch.randn(3, 2),), {},
+                   ["aten.cumprod.default", "node `cumprod`", "make_import_fixtures.py",
+                    "y.cumprod(0)"]),
+    "dynamic_batch": (Plain, lambda: (torch.randn(4, 3),),
+                      {"dynamic_shapes": {"x": {0: torch.export.Dim("batch", min=2, max=64)}}},
+                      ["input `x`", "dimension 0", "static shapes"]),
+    "cond": (Cond, lambda: (torch.randn(3),), {}, ["higher-order op `cond`"]),
+    "float64_weights": (Double, lambda: (torch.randn(4, 3, dtype=torch.float64),), {},
+                        ["tensor `lin.bias`", "float64", "model.float()"]),
+}
+
+
+def make_refused(name):
+    ctor, args_fn, kwargs, expect = REFUSED[name]
+    torch.manual_seed(0)
+    ep = torch.export.export(ctor().eval(), args_fn(), **kwargs)
+    pt2 = io.BytesIO()
+    torch.export.save(ep, pt2)
+    return pt2.getvalue(), "\n".join(expect) + "\n"
+
+
 def randomize(model, seed):
     """Random weights, and batch-norm statistics that are not the identity."""
     g = torch.Generator().manual_seed(seed)
@@ -262,6 +311,19 @@ def main():
         save_file(expected, base + ".expected.safetensors")
         size = sum(os.path.getsize(base + s) for s in (".pt2", ".inputs.safetensors", ".expected.safetensors"))
         print(f"{name}: {size / 1024:.0f} KiB, outputs {sorted(expected)}")
+    os.makedirs(os.path.join(OUT, "refused"), exist_ok=True)
+    for name in REFUSED:
+        if a.only and name != a.only:
+            continue
+        pt2, expect = make_refused(name)
+        base = os.path.join(OUT, "refused", name)
+        if a.check:
+            if archive_contents(open(base + ".pt2", "rb").read()) != archive_contents(pt2):
+                bad.append("refused/" + name + ".pt2")
+            continue
+        open(base + ".pt2", "wb").write(pt2)
+        open(base + ".expect", "w").write(expect)
+        print(f"refused/{name}: {len(pt2) / 1024:.0f} KiB")
     if bad:
         print("differ from the committed fixtures:", ", ".join(bad))
         sys.exit(1)
