@@ -889,7 +889,7 @@ fn neutral(name: &str, a: &A) -> bool {
 
 /// A node of an op the table has: its arguments placed by name into the
 /// overload of the same name (`add.Tensor`), defaults filled between.
-fn call_table(out: &mut Out, n: &Node) -> Result<Vec<String>, ImportError> {
+pub fn call_table(out: &mut Out, n: &Node) -> Result<Vec<String>, ImportError> {
     let Some(id) = ops::lookup(&n.op) else {
         return Err(unknown(n, &format!("aten.{}.{}", n.op, n.overload)));
     };

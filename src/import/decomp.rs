@@ -42,6 +42,10 @@ pub fn find(op: &str) -> Option<Decomp> {
         "unflatten" => unflatten,
         "new_zeros" | "new_ones" | "new_full" | "new_empty" => new_fill,
         "pad" => pad,
+        "diff" => diff,
+        "min" | "max" => min_max,
+        "__and__" | "bitwise_and" | "__or__" | "bitwise_or" | "__xor__" | "bitwise_xor"
+        | "__invert__" | "bitwise_not" => bitwise,
         "expand_as" => expand_as,
         "view_as" | "reshape_as" => view_as,
         "t_" | "transpose_" | "swapdims_" | "swapaxes_" | "unsqueeze_" | "squeeze_"
@@ -230,6 +234,101 @@ fn new_fill(o: &mut Out, n: &Node) -> R {
         // `new_empty`'s values are unspecified: zeros are one choice.
         _ => o.emit_out(n, 0, "zeros", &[size, d]),
     }])
+}
+
+/// `diff`: differences of neighbours along `dim`, `n` times, after
+/// `prepend` and `append` are joined (bools: `ne`, as ATen).
+fn diff(o: &mut Out, n: &Node) -> R {
+    let x = n.tensor("self")?;
+    let m = o.meta(x)?.clone();
+    let rank = m.sizes.len() as i64;
+    let d = n.int("dim", -1)?;
+    let d = if d < 0 { d + rank } else { d };
+    if d < 0 || d >= rank {
+        return Err(format!("dimension {d} out of range for rank {rank}"));
+    }
+    let mut v = o.val(x)?;
+    let mut len = m.sizes[d as usize];
+    let pre = n.opt_tensor("prepend")?;
+    let app = n.opt_tensor("append")?;
+    if pre.is_some() || app.is_some() {
+        let mut parts = vec![];
+        for t in [pre, Some(x), app].into_iter().flatten() {
+            parts.push(o.val(t)?);
+            if t != x {
+                len += o.meta(t)?.sizes.get(d as usize).copied().unwrap_or(1);
+            }
+        }
+        v = o.emit(
+            &n.name,
+            "cat",
+            &[format!("[{}]", parts.join(", ")), d.to_string()],
+        );
+    }
+    let times = n.int("n", 1)?;
+    if times < 1 {
+        return Ok(vec![v]);
+    }
+    let op = if m.dtype == DType::Bool { "ne" } else { "sub" };
+    for k in 0..times {
+        if len == 0 {
+            break;
+        }
+        let hi = o.emit(
+            &n.name,
+            "narrow",
+            &[v.clone(), d.to_string(), "1".into(), (len - 1).to_string()],
+        );
+        let lo = o.emit(
+            &n.name,
+            "narrow",
+            &[v, d.to_string(), "0".into(), (len - 1).to_string()],
+        );
+        v = if k + 1 == times {
+            o.emit_out(n, 0, op, &[hi, lo])
+        } else {
+            o.emit(&n.name, op, &[hi, lo])
+        };
+        len -= 1;
+    }
+    Ok(vec![v])
+}
+
+/// `min.other` / `max.other` are the elementwise `minimum` / `maximum`;
+/// the other overloads are the table's.
+fn min_max(o: &mut Out, n: &Node) -> R {
+    if n.overload != "other" {
+        return super::convert::call_table(o, n).map_err(|e| e.to_string());
+    }
+    let x = o.val(n.tensor("self")?)?;
+    let y = o.val(n.tensor("other")?)?;
+    let op = if n.op == "min" { "minimum" } else { "maximum" };
+    Ok(vec![o.emit_out(n, 0, op, &[x, y])])
+}
+
+/// Bitwise ops of bools are the logical ones (masks); of integers Kiln
+/// has none yet.
+fn bitwise(o: &mut Out, n: &Node) -> R {
+    let x = n.tensor("self")?;
+    if o.meta(x)?.dtype != DType::Bool {
+        return Err(format!(
+            "bitwise ops of {} tensors are not supported yet (of bool tensors they are)",
+            o.meta(x)?.dtype.name()
+        ));
+    }
+    let v = o.val(x)?;
+    let op = match n.op.trim_start_matches("__").trim_start_matches("bitwise_") {
+        "and__" | "and" => "logical_and",
+        "or__" | "or" => "logical_or",
+        "xor__" | "xor" => "ne",
+        _ => return Ok(vec![o.emit_out(n, 0, "logical_not", &[v])]),
+    };
+    let other = match n.get("other") {
+        Some(A::Tensor(t)) => o.val(t)?,
+        Some(a) => super::convert::render(o, a)?,
+        None => return Err("argument `other` is missing".into()),
+    };
+    Ok(vec![o.emit_out(n, 0, op, &[v, other])])
 }
 
 fn pad(o: &mut Out, n: &Node) -> R {

@@ -166,6 +166,54 @@ def tiny_resnet():
     )
 
 
+def hf(kind):
+    """A transformers model at a tiny size (random weights, no download)."""
+    import transformers as t
+    small = dict(vocab_size=96, max_position_embeddings=32)
+    if kind == "bert":
+        cfg = t.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, **small)
+        return t.BertModel(cfg)
+    if kind == "roberta":
+        cfg = t.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                              intermediate_size=64, pad_token_id=1, **small)
+        return t.RobertaModel(cfg)
+    if kind == "distilbert":
+        cfg = t.DistilBertConfig(dim=32, n_layers=2, n_heads=4, hidden_dim=64, **small)
+        return t.DistilBertModel(cfg)
+    if kind == "gpt2":
+        cfg = t.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                           use_cache=False)
+        return t.GPT2Model(cfg)
+    if kind == "llama":
+        cfg = t.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=64, use_cache=False, **small)
+        return t.LlamaModel(cfg)
+    if kind == "qwen2":
+        cfg = t.Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=64, use_cache=False, **small)
+        return t.Qwen2Model(cfg)
+    if kind == "t5":
+        cfg = t.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+        return t.T5EncoderModel(cfg)
+    if kind == "clip":
+        cfg = t.CLIPTextConfig(vocab_size=96, hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=2, num_attention_heads=4,
+                               max_position_embeddings=32, bos_token_id=0, eos_token_id=1,
+                               pad_token_id=1)
+        return t.CLIPTextModel(cfg)
+    raise ValueError(kind)
+
+
+def tokens(with_mask, batch=2):
+    ids = torch.randint(2, 96, (batch, 8))
+    if not with_mask:
+        return (ids,)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, 5:] = 0
+    return (ids, mask)
+
+
 def image(n=1, c=3, h=32, w=32):
     return (torch.randn(n, c, h, w),)
 
@@ -180,6 +228,16 @@ MODELS = {
     "shufflenet_v2": (shufflenet, lambda: image(1, 3, 32, 32)),
     "squeezenet": (squeezenet, lambda: image(1, 3, 48, 48)),
     "tiny_resnet": (tiny_resnet, lambda: image(2, 3, 32, 32)),
+    "bert": (lambda: hf("bert"), lambda: tokens(True)),
+    "roberta": (lambda: hf("roberta"), lambda: tokens(True)),
+    "distilbert": (lambda: hf("distilbert"), lambda: tokens(True)),
+    # Batch 1: GPT-2's Conv1D views an attention output that this
+    # transformers leaves non-contiguous at batch 2 (export refuses).
+    "gpt2": (lambda: hf("gpt2"), lambda: tokens(False, batch=1)),
+    "llama": (lambda: hf("llama"), lambda: tokens(False)),
+    "qwen2": (lambda: hf("qwen2"), lambda: tokens(False)),
+    "t5_encoder": (lambda: hf("t5"), lambda: tokens(True)),
+    "clip_text": (lambda: hf("clip"), lambda: tokens(False)),
 }
 
 
