@@ -652,6 +652,27 @@ fn zero_size_dimensions_run() {
     valid_and_as_the_reference(src, "zero-size");
 }
 
+/// Maps of the same shape that read elsewhere (a zero `constant_pad_nd`, a
+/// `flip`) after a row kernel or a product are not its epilogue (Swin's
+/// window shift once failed to compile: "layer_norm cannot be computed
+/// inline").
+#[test]
+fn remaps_after_kernels_are_not_epilogues() {
+    let src = "graph f(%x: f32[1, 8, 8, 8], %w: f32[8], %b: f32[8], %m: f32[8, 8]) {
+  %l = layer_norm(%x, [8], %w, %b)
+  %p = constant_pad_nd(%l, [0, 0, 0, 0, 0, 0], 0.0)
+  %a = narrow(%p, 1, 2, 6)
+  %c = narrow(%p, 1, 0, 2)
+  %k = cat([%a, %c], 1)
+  %q = matmul(%x, %m)
+  %f = flip(%q, [3])
+  %g = add(%f, 1)
+  %h = mul(%f, 2)
+  return (%k, %g, %h)
+}";
+    valid_and_as_the_reference(src, "remap after a kernel");
+}
+
 /// Every kernel of `src` passes naga, and its outputs on random inputs are
 /// the reference's.
 fn valid_and_as_the_reference(src: &str, what: &str) {

@@ -121,7 +121,17 @@ fn elementwise_tail(g: &Graph, s: &Schedule, r: ValueId) -> ValueId {
         };
         let node = &g.nodes[u];
         match node.results[..] {
-            [y] if node.op.def().lowering.is_plain_map() && g.meta(y).sizes == *sizes => x = y,
+            [y] if node.op.def().lowering.is_plain_map()
+                && node
+                    .op
+                    .def()
+                    .lowering
+                    .elem()
+                    .is_some_and(|e| e.reads_in_place())
+                && g.meta(y).sizes == *sizes =>
+            {
+                x = y
+            }
             _ => return x,
         }
     }

@@ -105,7 +105,8 @@ impl Node<'_> {
         }
     }
 
-    /// An `int[N]` argument: a list, or one integer for every entry.
+    /// An `int[N]` argument: a list, or one integer for every entry (`n`
+    /// 0: a list of any length).
     pub fn ints(&self, name: &str, n: usize, default: &[i64]) -> Result<Vec<i64>, String> {
         let v = match self.get(name) {
             None => default.to_vec(),
@@ -114,6 +115,7 @@ impl Node<'_> {
             Some(a) => return Err(format!("argument `{name}` is {a:?}, not integers")),
         };
         match v.len() {
+            _ if n == 0 => Ok(v),
             1 if n > 1 => Ok(vec![v[0]; n]),
             0 => Ok(vec![]),
             l if l == n => Ok(v),

@@ -43,6 +43,11 @@ pub fn find(op: &str) -> Option<Decomp> {
         "new_zeros" | "new_ones" | "new_full" | "new_empty" => new_fill,
         "pad" => pad,
         "diff" => diff,
+        "roll" => roll,
+        "mish" | "mish_" => mish,
+        "logsumexp" => logsumexp,
+        "rms_norm" => rms_norm,
+        "group_norm" => group_norm,
         "min" | "max" => min_max,
         "__and__" | "bitwise_and" | "__or__" | "bitwise_or" | "__xor__" | "bitwise_xor"
         | "__invert__" | "bitwise_not" => bitwise,
@@ -292,6 +297,184 @@ fn diff(o: &mut Out, n: &Node) -> R {
         len -= 1;
     }
     Ok(vec![v])
+}
+
+/// `roll`: per dimension, the last `shift` elements moved first (`cat` of
+/// two `narrow`s); without dimensions, of the flattened tensor.
+fn roll(o: &mut Out, n: &Node) -> R {
+    let x = n.tensor("self")?;
+    let sizes = o.meta(x)?.sizes.clone();
+    let shifts = n.ints("shifts", 0, &[])?;
+    let dims = n.ints("dims", 0, &[])?;
+    let mut v = o.val(x)?;
+    let (sizes_now, pairs): (Vec<usize>, Vec<(i64, usize)>) = if dims.is_empty() {
+        if shifts.len() != 1 {
+            return Err("roll without dims takes one shift".into());
+        }
+        let numel = sizes.iter().product();
+        v = o.emit(&n.name, "reshape", &[v, "[-1]".into()]);
+        (vec![numel], vec![(shifts[0], 0)])
+    } else {
+        if dims.len() != shifts.len() {
+            return Err("roll: as many shifts as dims".into());
+        }
+        let rank = sizes.len() as i64;
+        let mut pairs = vec![];
+        for (&s, &d) in shifts.iter().zip(&dims) {
+            let d = if d < 0 { d + rank } else { d };
+            let d = usize::try_from(d)
+                .ok()
+                .filter(|&d| d < sizes.len())
+                .ok_or_else(|| format!("dimension {d} out of range"))?;
+            pairs.push((s, d));
+        }
+        (sizes.clone(), pairs)
+    };
+    for (s, d) in pairs {
+        let len = sizes_now[d] as i64;
+        if len == 0 {
+            continue;
+        }
+        let k = s.rem_euclid(len);
+        if k == 0 {
+            continue;
+        }
+        let tail = o.emit(
+            &n.name,
+            "narrow",
+            &[
+                v.clone(),
+                d.to_string(),
+                (len - k).to_string(),
+                k.to_string(),
+            ],
+        );
+        let head = o.emit(
+            &n.name,
+            "narrow",
+            &[v, d.to_string(), "0".into(), (len - k).to_string()],
+        );
+        v = o.emit(
+            &n.name,
+            "cat",
+            &[format!("[{tail}, {head}]"), d.to_string()],
+        );
+    }
+    if dims.is_empty() {
+        v = o.emit(&n.name, "reshape", &[v, usizes(&sizes)]);
+    }
+    Ok(vec![o.emit_out(n, 0, "clone", &[v])])
+}
+
+/// ATen: `x * tanh(softplus(x))`.
+fn mish(o: &mut Out, n: &Node) -> R {
+    let x = o.val(n.tensor("self")?)?;
+    let sp = o.emit(&n.name, "softplus", &[x.clone()]);
+    let t = o.emit(&n.name, "tanh", &[sp]);
+    last(o, n, &x, "mul", &[x.clone(), t])
+}
+
+/// ATen: `m + log(sum(exp(x - m)))`, `m` the maximum (0 where infinite).
+fn logsumexp(o: &mut Out, n: &Node) -> R {
+    let x = o.val(n.tensor("self")?)?;
+    let dims = ints(&n.ints("dim", 0, &[])?);
+    let keep = n.bool("keepdim", false)?;
+    let b = &n.name;
+    let m = o.emit(b, "amax", &[x.clone(), dims.clone(), "true".into()]);
+    let a = o.emit(b, "abs", &[m.clone()]);
+    let inf = o.emit(b, "eq", &[a, "inf".into()]);
+    let m = o.emit(b, "masked_fill", &[m, inf, "0.0".into()]);
+    let d = o.emit(b, "sub", &[x, m.clone()]);
+    let e = o.emit(b, "exp", &[d]);
+    let s = o.emit(b, "sum", &[e, dims.clone(), keep.to_string()]);
+    let l = o.emit(b, "log", &[s]);
+    let m = if keep {
+        m
+    } else {
+        o.emit(b, "squeeze", &[m, dims])
+    };
+    Ok(vec![o.emit_out(n, 0, "add", &[l, m])])
+}
+
+/// ATen: `x * rsqrt(mean(x^2) + eps) * weight` over the normalized
+/// dimensions (`eps` default: the dtype's epsilon).
+fn rms_norm(o: &mut Out, n: &Node) -> R {
+    let x = n.tensor("input")?;
+    let m = o.meta(x)?.clone();
+    let shape = n.ints("normalized_shape", 0, &[])?;
+    let k = shape.len() as i64;
+    let dims: Vec<i64> = (1..=k).map(|i| -i).collect();
+    let eps = n.opt_float("eps")?.unwrap_or(match m.dtype {
+        DType::F16 => 0.0009765625,
+        _ => f32::EPSILON as f64,
+    });
+    let v = o.val(x)?;
+    let b = &n.name;
+    let sq = o.emit(b, "mul", &[v.clone(), v.clone()]);
+    let mean = o.emit(b, "mean", &[sq, ints(&dims), "true".into()]);
+    let pe = o.emit(b, "add", &[mean, float(eps)]);
+    let r = o.emit(b, "rsqrt", &[pe]);
+    match n.opt_tensor("weight")? {
+        Some(w) => {
+            let y = o.emit(b, "mul", &[v, r]);
+            let w = o.val(w)?;
+            Ok(vec![o.emit_out(n, 0, "mul", &[y, w])])
+        }
+        None => Ok(vec![o.emit_out(n, 0, "mul", &[v, r])]),
+    }
+}
+
+/// ATen: statistics over each group of channels (and the spatial
+/// dimensions), then the per-channel affine.
+fn group_norm(o: &mut Out, n: &Node) -> R {
+    let x = n.tensor("input")?;
+    let m = o.meta(x)?.clone();
+    if m.sizes.len() < 2 {
+        return Err("group norm needs N, C, ...".into());
+    }
+    let g = usize::try_from(n.int("num_groups", 1)?).unwrap_or(0);
+    let (batch, c) = (m.sizes[0], m.sizes[1]);
+    if g == 0 || c % g != 0 {
+        return Err(format!("{c} channels in {g} groups"));
+    }
+    let eps = float(n.float("eps", 1e-5)?);
+    let b = &n.name;
+    let v = o.val(x)?;
+    let grouped = o.emit(
+        b,
+        "reshape",
+        &[
+            v,
+            usizes(&[
+                batch,
+                g,
+                m.sizes.iter().product::<usize>() / (batch * g).max(1),
+            ]),
+        ],
+    );
+    let mean = o.emit(b, "mean", &[grouped.clone(), "[-1]".into(), "true".into()]);
+    let var = o.emit(
+        b,
+        "var",
+        &[grouped.clone(), "[-1]".into(), "0".into(), "true".into()],
+    );
+    let ve = o.emit(b, "add", &[var, eps]);
+    let r = o.emit(b, "rsqrt", &[ve]);
+    let d = o.emit(b, "sub", &[grouped, mean]);
+    let nrm = o.emit(b, "mul", &[d, r]);
+    let mut y = o.emit(b, "reshape", &[nrm, usizes(&m.sizes)]);
+    let rank = m.sizes.len();
+    if let Some(w) = n.opt_tensor("weight")? {
+        let w = o.val(w)?;
+        let w = channel(o, b, w, c, rank);
+        y = o.emit(b, "mul", &[y, w]);
+    }
+    if let Some(bias) = n.opt_tensor("bias")? {
+        let bias = o.val(bias)?;
+        let bias = channel(o, b, bias, c, rank);
+        y = o.emit(b, "add", &[y, bias]);
+    }
+    Ok(vec![o.emit_out(n, 0, "alias", &[y])])
 }
 
 /// `min.other` / `max.other` are the elementwise `minimum` / `maximum`;

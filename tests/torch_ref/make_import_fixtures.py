@@ -143,6 +143,51 @@ def squeezenet():
     return torchvision.models.squeezenet1_1(num_classes=10)
 
 
+def efficientnet():
+    from torchvision.models import efficientnet as E
+    setting, last = E._efficientnet_conf("efficientnet_b0", width_mult=0.25, depth_mult=0.25)
+    return E.EfficientNet(setting, 0.2, last_channel=last, num_classes=10)
+
+
+def regnet():
+    from torchvision.models import regnet as R
+    params = R.BlockParams.from_init_params(depth=4, w_0=8, w_a=8.0, w_m=2.0, group_width=8)
+    return R.RegNet(params, num_classes=10, stem_width=8)
+
+
+def convnext():
+    from torchvision.models import convnext as C
+    return C.ConvNeXt([C.CNBlockConfig(8, 16, 1), C.CNBlockConfig(16, None, 1)], num_classes=10)
+
+
+def vit():
+    from torchvision.models import vision_transformer as V
+    return V.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                               hidden_dim=16, mlp_dim=32, num_classes=10)
+
+
+def swin():
+    from torchvision.models import swin_transformer as S
+    return S.SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[2, 2], num_heads=[2, 2],
+                             window_size=[4, 4], num_classes=10)
+
+
+class NextOps(torch.nn.Module):
+    """The next families' ops: group and RMS norm, mish, logsumexp, roll,
+    diff."""
+
+    def __init__(self):
+        super().__init__()
+        self.gn = torch.nn.GroupNorm(2, 4)
+        self.rms = torch.nn.RMSNorm(5)
+
+    def forward(self, x):
+        y = torch.nn.functional.mish(self.gn(x))
+        z = self.rms(y.flatten(2)[..., :5])
+        return (y.logsumexp(dim=(2, 3)), torch.roll(y, shifts=(1, -2), dims=(2, 3)),
+                torch.roll(z, 3), z.diff(dim=-1), x.diff(n=2, dim=2, prepend=x[:, :, :1]))
+
+
 def tiny_resnet():
     """torchvision's BasicBlock and Bottleneck at small widths (ResNet
     itself fixes 64..512 channels: 45 MB of weights)."""
@@ -228,6 +273,12 @@ MODELS = {
     "shufflenet_v2": (shufflenet, lambda: image(1, 3, 32, 32)),
     "squeezenet": (squeezenet, lambda: image(1, 3, 48, 48)),
     "tiny_resnet": (tiny_resnet, lambda: image(2, 3, 32, 32)),
+    "efficientnet": (efficientnet, lambda: image(1, 3, 32, 32)),
+    "regnet": (regnet, lambda: image(1, 3, 32, 32)),
+    "convnext": (convnext, lambda: image(1, 3, 32, 32)),
+    "vit": (vit, lambda: image(2, 3, 32, 32)),
+    "swin": (swin, lambda: image(1, 3, 32, 32)),
+    "next_ops": (NextOps, lambda: (torch.randn(2, 4, 6, 5),)),
     "bert": (lambda: hf("bert"), lambda: tokens(True)),
     "roberta": (lambda: hf("roberta"), lambda: tokens(True)),
     "distilbert": (lambda: hf("distilbert"), lambda: tokens(True)),

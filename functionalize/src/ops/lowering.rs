@@ -99,6 +99,23 @@ pub enum Elem {
     Arange,
 }
 
+impl Elem {
+    /// Does element `i` read each input of the result's shape at `i`
+    /// (rather than elsewhere: a flip, a pad, a join)? Only such maps can
+    /// follow a kernel as its epilogue, element by element.
+    pub fn reads_in_place(self) -> bool {
+        matches!(
+            self,
+            Elem::Pointwise
+                | Elem::Same
+                | Elem::Cast
+                | Elem::Triangle { .. }
+                | Elem::MaskedFill
+                | Elem::CopyFrom
+        )
+    }
+}
+
 /// How a `Remap` finds the input element of a result element.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RemapKind {
