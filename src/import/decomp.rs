@@ -18,7 +18,8 @@ type R = Result<Vec<String>, String>;
 
 pub fn find(op: &str) -> Option<Decomp> {
     Some(match op {
-        "conv1d" | "conv2d" | "conv3d" | "convolution" | "_convolution" => conv,
+        "conv1d" | "conv2d" | "conv3d" | "convolution" | "_convolution" | "conv_transpose1d"
+        | "conv_transpose2d" | "conv_transpose3d" => conv,
         "batch_norm" | "_native_batch_norm_legit_no_training" => batch_norm,
         "max_pool1d" | "max_pool2d" | "max_pool3d" => max_pool,
         "avg_pool1d" | "avg_pool2d" | "avg_pool3d" => avg_pool,
@@ -43,6 +44,11 @@ pub fn find(op: &str) -> Option<Decomp> {
         "new_zeros" | "new_ones" | "new_full" | "new_empty" => new_fill,
         "pad" => pad,
         "diff" => diff,
+        "upsample_nearest1d"
+        | "upsample_nearest2d"
+        | "upsample_nearest3d"
+        | "upsample_linear1d"
+        | "upsample_bilinear2d" => upsample,
         "roll" => roll,
         "mish" | "mish_" => mish,
         "logsumexp" => logsumexp,
@@ -1010,9 +1016,6 @@ fn conv(o: &mut Out, n: &Node) -> R {
     let x = n.tensor("input")?;
     let w = n.tensor("weight")?;
     let (xm, wm) = (o.meta(x)?.clone(), o.meta(w)?.clone());
-    if n.bool("transposed", false)? {
-        return Err("transposed convolution is not supported yet".into());
-    }
     if wm.sizes.len() < 3 {
         return Err(format!("a weight of rank {}", wm.sizes.len()));
     }
@@ -1031,34 +1034,52 @@ fn conv(o: &mut Out, n: &Node) -> R {
         .ok()
         .filter(|&g| g > 0)
         .ok_or("groups must be positive")?;
-    let stride = n.ints("stride", sp, &vec![1; sp])?;
+    let mut stride = n.ints("stride", sp, &vec![1; sp])?;
     let dilation = n.ints("dilation", sp, &vec![1; sp])?;
-    let kernel = &wm.sizes[2..];
+    if stride.iter().chain(&dilation).any(|&x| x < 1) {
+        return Err("stride and dilation must be positive".into());
+    }
     let mut v = o.val(x)?;
+    let mut wv = o.val(w)?;
+    let mut w_sizes = wm.sizes.clone();
     let b = n.name.clone();
     let mut sizes = xm.sizes.clone();
     if !batched {
         v = o.emit(&b, "unsqueeze", &[v, "0".into()]);
         sizes.insert(0, 1);
     }
-    let (batch, c, o_ch) = (sizes[0], sizes[1], wm.sizes[0]);
-    if c != wm.sizes[1] * groups || o_ch % groups != 0 {
+    let transposed = n.op.starts_with("conv_transpose") || n.bool("transposed", false)?;
+    let mut explicit_pads = None;
+    if transposed {
+        let (xv, ws, wvv, pads) = transpose_as_conv(
+            o, n, &b, v, &mut sizes, wv, &wm.sizes, groups, &stride, &dilation,
+        )?;
+        v = xv;
+        w_sizes = ws;
+        wv = wvv;
+        explicit_pads = Some(pads);
+        stride = vec![1; sp];
+    }
+    let kernel = w_sizes[2..].to_vec();
+    let (batch, c, o_ch) = (sizes[0], sizes[1], w_sizes[0]);
+    if c != w_sizes[1] * groups || o_ch % groups != 0 {
         return Err(format!(
             "input of {c} channels, weight {:?} with {groups} groups",
             wm.sizes
         ));
     }
     // Padding: per dimension (left, right); `same` puts the odd one right.
-    let pads: Vec<(usize, usize)> = match n.get("padding") {
-        Some(A::Str(s)) if s == "valid" => vec![(0, 0); sp],
-        Some(A::Str(s)) if s == "same" => (0..sp)
+    let pads: Vec<(usize, usize)> = match (explicit_pads, n.get("padding")) {
+        (Some(p), _) => p,
+        (None, Some(A::Str(s))) if s == "valid" => vec![(0, 0); sp],
+        (None, Some(A::Str(s))) if s == "same" => (0..sp)
             .map(|i| {
                 let total = dilation[i] as usize * (kernel[i] - 1);
                 (total / 2, total - total / 2)
             })
             .collect(),
-        Some(A::Str(s)) => return Err(format!("padding `{s}`")),
-        _ => n
+        (None, Some(A::Str(s))) => return Err(format!("padding `{s}`")),
+        (None, _) => n
             .ints("padding", sp, &vec![0; sp])?
             .into_iter()
             .map(|p| (p as usize, p as usize))
@@ -1090,7 +1111,7 @@ fn conv(o: &mut Out, n: &Node) -> R {
         .map(|w| w.outputs(false))
         .collect::<Result<Vec<_>, _>>()?;
     let l: usize = outs.iter().product();
-    let k: usize = wm.sizes[1] * kernel.iter().product::<usize>();
+    let k: usize = w_sizes[1] * kernel.iter().product::<usize>();
     let pointwise = ws
         .iter()
         .all(|w| w.kernel == 1 && w.stride == 1 && w.pad == 0);
@@ -1115,7 +1136,6 @@ fn conv(o: &mut Out, n: &Node) -> R {
     } else {
         vec![groups, o_ch / groups, k]
     };
-    let wv = o.val(w)?;
     let w2 = o.emit(&b, "reshape", &[wv, usizes(&w_shape)]);
     let prod = o.emit(&b, "matmul", &[w2, cols]);
     let mut out_shape = vec![batch, o_ch];
@@ -1140,4 +1160,202 @@ fn conv(o: &mut Out, n: &Node) -> R {
         r = o.emit_out(n, 0, "squeeze", &[r, "0".into()]);
     }
     Ok(vec![r])
+}
+
+/// A transposed convolution as a convolution: the input with `stride - 1`
+/// zeros between elements, padded by `dilation (k - 1) - padding` (plus
+/// `output_padding` on the right; cropped where negative), and the weight
+/// flipped with its channel roles swapped per group. Returns the input,
+/// the weight's sizes and value, and the padding.
+#[allow(clippy::too_many_arguments)]
+fn transpose_as_conv(
+    o: &mut Out,
+    n: &Node,
+    b: &str,
+    mut v: String,
+    sizes: &mut [usize],
+    w: String,
+    w_sizes: &[usize],
+    groups: usize,
+    stride: &[i64],
+    dilation: &[i64],
+) -> Result<(String, Vec<usize>, String, Vec<(usize, usize)>), String> {
+    let sp = w_sizes.len() - 2;
+    let padding = n.ints("padding", sp, &vec![0; sp])?;
+    let extra = n.ints("output_padding", sp, &vec![0; sp])?;
+    let (cin, cout_g) = (w_sizes[0], w_sizes[1]);
+    if cin != sizes[1] || cin % groups != 0 {
+        return Err(format!(
+            "input of {} channels, transposed weight {w_sizes:?} with {groups} groups",
+            sizes[1]
+        ));
+    }
+    let mut pads = vec![];
+    for i in 0..sp {
+        let d = 2 + i;
+        let s = stride[i] as usize;
+        if s > 1 && sizes[d] > 0 {
+            // [.., L, ..] -> [.., L, s, ..] with zeros after each element.
+            let mut zs: Vec<usize> = sizes[..=d].to_vec();
+            zs.push(s - 1);
+            zs.extend_from_slice(&sizes[d + 1..]);
+            let dt = o.meta(n.tensor("input")?)?.dtype.name();
+            let z = o.emit(b, "zeros", &[usizes(&zs), dt.into()]);
+            let u = o.emit(b, "unsqueeze", &[v, (d + 1).to_string()]);
+            let c = o.emit(b, "cat", &[format!("[{u}, {z}]"), (d + 1).to_string()]);
+            let mut merged = sizes.to_vec();
+            merged[d] *= s;
+            let r = o.emit(b, "reshape", &[c, usizes(&merged)]);
+            let len = (sizes[d] - 1) * s + 1;
+            v = o.emit(
+                b,
+                "narrow",
+                &[r, d.to_string(), "0".into(), len.to_string()],
+            );
+            sizes[d] = len;
+        }
+        let span = dilation[i] * (w_sizes[2 + i] as i64 - 1);
+        let (l, r) = (span - padding[i], span - padding[i] + extra[i]);
+        if l < 0 || r < 0 {
+            // Negative padding crops.
+            let (cl, cr) = ((-l).max(0) as usize, (-r).max(0) as usize);
+            if cl + cr >= sizes[d] {
+                return Err("padding larger than the output".into());
+            }
+            let len = sizes[d] - cl - cr;
+            v = o.emit(
+                b,
+                "narrow",
+                &[v, d.to_string(), cl.to_string(), len.to_string()],
+            );
+            sizes[d] = len;
+        }
+        pads.push((l.max(0) as usize, r.max(0) as usize));
+    }
+    // [Cin, Cout/G, k...] -> flipped, [G, Cin/G, Cout/G, k...] with the
+    // channel roles swapped -> [Cout, Cin/G, k...].
+    let spatial: Vec<i64> = (2..2 + sp as i64).collect();
+    let f = o.emit(b, "flip", &[w, ints(&spatial)]);
+    let mut g_shape = vec![groups, cin / groups, cout_g];
+    g_shape.extend_from_slice(&w_sizes[2..]);
+    let r = o.emit(b, "reshape", &[f, usizes(&g_shape)]);
+    let t = o.emit(b, "transpose", &[r, "1".into(), "2".into()]);
+    let mut new_sizes = vec![groups * cout_g, cin / groups];
+    new_sizes.extend_from_slice(&w_sizes[2..]);
+    let wt = o.emit(b, "reshape", &[t, usizes(&new_sizes)]);
+    Ok((v, new_sizes, wt, pads))
+}
+
+/// `upsample_nearest*` and `upsample_(bi)linear*`, per spatial dimension
+/// (last first): nearest as an `index_select` of ATen's source indices,
+/// linear as a product with the interpolation matrix (two weights per
+/// output), both made at import.
+fn upsample(o: &mut Out, n: &Node) -> R {
+    let x = n.tensor("input").or_else(|_| n.tensor("self"))?;
+    let m = o.meta(x)?.clone();
+    let sp = match &n.op {
+        op if op.ends_with("1d") => 1,
+        op if op.ends_with("3d") => 3,
+        _ => 2,
+    };
+    if m.sizes.len() != sp + 2 {
+        return Err(format!(
+            "input of rank {}, expected {}",
+            m.sizes.len(),
+            sp + 2
+        ));
+    }
+    let linear = n.op.contains("linear");
+    if linear && !matches!(m.dtype, DType::F32 | DType::F16) {
+        return Err(format!("linear upsampling of {}", m.dtype.name()));
+    }
+    let align = n.bool("align_corners", false)?;
+    let ins = &m.sizes[2..];
+    // Scales: `scale_factors` (`.vec`), or `scales_h` / `scales_w` / ...
+    let factors: Vec<Option<f64>> = match n.get("scale_factors") {
+        Some(A::Floats(f)) => f.iter().map(|&x| Some(x)).collect(),
+        _ => {
+            let names: &[&str] = match sp {
+                1 => &["scales"],
+                2 => &["scales_h", "scales_w"],
+                _ => &["scales_d", "scales_h", "scales_w"],
+            };
+            names
+                .iter()
+                .map(|k| n.opt_float(k))
+                .collect::<Result<_, _>>()?
+        }
+    };
+    let outs: Vec<usize> = match n.get("output_size") {
+        Some(A::Ints(v)) => v.iter().map(|&x| x.max(0) as usize).collect(),
+        _ => ins
+            .iter()
+            .zip(&factors)
+            .map(|(&i, f)| (i as f64 * f.unwrap_or(1.0)).floor() as usize)
+            .collect(),
+    };
+    if outs.len() != sp || factors.len() != sp && !factors.is_empty() {
+        return Err("output size and scales of the wrong length".into());
+    }
+    // ATen's `area_pixel_compute_scale`, in f32 as the float kernels do.
+    let scale = |k: usize| -> f32 {
+        let (i, o) = (ins[k] as f32, outs[k] as f32);
+        if align {
+            if outs[k] > 1 {
+                (i - 1.0) / (o - 1.0)
+            } else {
+                0.0
+            }
+        } else {
+            match factors.get(k).copied().flatten() {
+                Some(f) if f > 0.0 => (1.0 / f) as f32,
+                _ => i / o,
+            }
+        }
+    };
+    let mut v = o.val(x)?;
+    for k in (0..sp).rev() {
+        let (len, out, d) = (ins[k], outs[k], 2 + k);
+        let sc = scale(k);
+        if !linear {
+            let idx: Vec<u8> = (0..out)
+                .flat_map(|j| {
+                    let src = ((j as f32 * sc).floor() as i64).min(len as i64 - 1);
+                    src.to_le_bytes()
+                })
+                .collect();
+            let c = o.constant(&format!("{}_index{k}", n.name), DType::I64, vec![out], idx);
+            v = o.emit(&n.name, "index_select", &[v, d.to_string(), c]);
+            continue;
+        }
+        // [len, out]: column j mixes the two source elements of output j.
+        let mut mat = vec![0f32; len * out];
+        for j in 0..out {
+            let src = if align {
+                j as f32 * sc
+            } else {
+                ((j as f32 + 0.5) * sc - 0.5).max(0.0)
+            };
+            let i0 = (src.floor() as usize).min(len - 1);
+            let i1 = (i0 + 1).min(len - 1);
+            let l1 = src - i0 as f32;
+            mat[i0 * out + j] += 1.0 - l1;
+            mat[i1 * out + j] += l1;
+        }
+        let (dtype, bytes) = float_bytes(m.dtype, mat.into_iter());
+        let c = o.constant(&format!("{}_lerp{k}", n.name), dtype, vec![len, out], bytes);
+        let last = (sp + 1) as i64;
+        let t = if d as i64 == last {
+            v
+        } else {
+            o.emit(&n.name, "transpose", &[v, d.to_string(), last.to_string()])
+        };
+        let p = o.emit(&n.name, "matmul", &[t, c]);
+        v = if d as i64 == last {
+            p
+        } else {
+            o.emit(&n.name, "transpose", &[p, d.to_string(), last.to_string()])
+        };
+    }
+    Ok(vec![o.emit_out(n, 0, "contiguous", &[v])])
 }

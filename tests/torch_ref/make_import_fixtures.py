@@ -188,6 +188,28 @@ class NextOps(torch.nn.Module):
                 torch.roll(z, 3), z.diff(dim=-1), x.diff(n=2, dim=2, prepend=x[:, :, :1]))
 
 
+class Decoder(torch.nn.Module):
+    """The decoder side of segmentation and generative models: transposed
+    convolutions (stride, padding, output padding, groups, dilation),
+    nearest and bilinear upsampling."""
+
+    def __init__(self):
+        super().__init__()
+        self.up1 = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1)
+        self.up2 = torch.nn.ConvTranspose2d(6, 4, (2, 3), stride=(1, 2), groups=2, dilation=(2, 1))
+        self.up3 = torch.nn.ConvTranspose1d(4, 2, 4, stride=3, padding=2)
+
+    def forward(self, x):
+        y = torch.relu(self.up1(x))
+        y = self.up2(y)
+        a = torch.nn.functional.interpolate(y, scale_factor=2, mode="nearest")
+        b = torch.nn.functional.interpolate(y, size=(7, 9), mode="bilinear", align_corners=False)
+        c = torch.nn.functional.interpolate(y, scale_factor=1.5, mode="bilinear", align_corners=True)
+        d = torch.nn.functional.interpolate(x, size=(5, 3), mode="nearest")
+        e = self.up3(y.flatten(2)[..., :9])
+        return a, b, c, d, e
+
+
 def tiny_resnet():
     """torchvision's BasicBlock and Bottleneck at small widths (ResNet
     itself fixes 64..512 channels: 45 MB of weights)."""
@@ -279,6 +301,7 @@ MODELS = {
     "vit": (vit, lambda: image(2, 3, 32, 32)),
     "swin": (swin, lambda: image(1, 3, 32, 32)),
     "next_ops": (NextOps, lambda: (torch.randn(2, 4, 6, 5),)),
+    "decoder": (Decoder, lambda: (torch.randn(1, 4, 5, 4),)),
     "bert": (lambda: hf("bert"), lambda: tokens(True)),
     "roberta": (lambda: hf("roberta"), lambda: tokens(True)),
     "distilbert": (lambda: hf("distilbert"), lambda: tokens(True)),
