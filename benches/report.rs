@@ -38,6 +38,24 @@ mod train_mlp;
 use common::{ATTENTION, LAYER_NORM, LINEAR, MLP, SENTENCES, SOFTMAX};
 
 const CHAIN_SIZES: [usize; 3] = [1 << 20, 1 << 24, 1 << 26];
+
+/// Imported models (`tests/fixtures/import/NAME.pt2`; `bench/` holds the
+/// convolution measured alone), and that convolution's FLOPs: 2 N O OH OW
+/// C k k for a 3x3, 64 -> 64 channel convolution of a 56 x 56 image.
+const IMPORTED: &[&str] = &[
+    "mobilenet_v2",
+    "mobilenet_v3_small",
+    "efficientnet",
+    "tiny_resnet",
+    "convnext",
+    "vit",
+    "swin",
+    "bert",
+    "gpt2",
+    "llama",
+    "bench/conv2d_64x56",
+];
+const CONV_FLOPS: f64 = 2.0 * 64.0 * 56.0 * 56.0 * 64.0 * 9.0;
 /// Seeds of the random programs offered to PyTorch's functionalize.
 const FUNC_SEEDS: std::ops::RangeInclusive<u64> = 42..=49;
 /// The random programs offered to it: without what it refuses where eager
@@ -167,6 +185,18 @@ fn main() {
     let gpu = session.gpu().clone();
     eprintln!("adapter: {}", gpu.describe());
 
+    // `KILN_REPORT_ONLY=imports`: section 9 alone (both sides), to measure
+    // the imported models without the whole report.
+    if std::env::var("KILN_REPORT_ONLY").as_deref() == Ok("imports") {
+        let json = json!({"imports": import_workloads(&tmp)});
+        let torch = run_torch_json(&tmp, &json);
+        let mut md = String::new();
+        header(&mut md, &gpu, &torch);
+        import_section(&mut md, &session, &tmp, &torch);
+        std::fs::write(&out_path, &md).unwrap();
+        println!("{md}");
+        return;
+    }
     let w = workloads(&tmp);
     let torch = run_torch(&tmp, &w);
     let mut md = String::new();
@@ -178,6 +208,7 @@ fn main() {
     export_section(&mut md, &mut model, &tmp);
     web_section(&mut md, &model);
     transforms_section(&mut md, &w.losses, &torch["transforms"], &session);
+    import_section(&mut md, &session, &tmp, &torch);
     std::fs::create_dir_all(out_path.parent().unwrap_or(Path::new("."))).unwrap();
     std::fs::write(&out_path, &md).unwrap();
     let _ = std::fs::remove_dir_all(&tmp);
@@ -297,6 +328,7 @@ fn workloads(tmp: &Path) -> Workloads {
     let model_dir = fetch(None).expect("the MiniLM model");
     let batches = [1usize, 8, 32];
     let json = json!({
+        "imports": import_workloads(tmp),
         "functionalize": w_func,
         "programs": w_prog,
         "blocks": blocks,
@@ -318,8 +350,12 @@ fn workloads(tmp: &Path) -> Workloads {
 /// PyTorch's figures for the workloads (`benches/torch_bench.py`), or an
 /// error object where python3 with torch is missing.
 fn run_torch(tmp: &Path, w: &Workloads) -> Value {
+    run_torch_json(tmp, &w.json)
+}
+
+fn run_torch_json(tmp: &Path, json: &Value) -> Value {
     let wpath = tmp.join("workloads.json");
-    std::fs::write(&wpath, w.json.to_string()).unwrap();
+    std::fs::write(&wpath, json.to_string()).unwrap();
     eprintln!("PyTorch side (benches/torch_bench.py) ...");
     std::process::Command::new("python3")
         .arg("benches/torch_bench.py")
@@ -566,6 +602,122 @@ fn programs_section(md: &mut String, session: &Session, w: &Workloads, torch: &V
             "\n{name}: PyTorch eager (direct module code) {} ms, torch.compile {} ms.",
             cell(e, 1e3, 2),
             cell(c, 1e3, 2)
+        );
+    }
+}
+
+/// The imported models for the PyTorch side.
+fn import_workloads(tmp: &Path) -> Vec<Value> {
+    IMPORTED
+        .iter()
+        .map(|n| {
+            let base = PathBuf::from("tests/fixtures/import").join(n);
+            json!({"name": n, "pt2": base.with_extension("pt2"),
+                   "inputs": import_inputs(tmp, n)})
+        })
+        .collect()
+}
+
+/// The user inputs of imported model `name`: the fixture's, or (`bench/`
+/// models) seeded random values written under `tmp`.
+fn import_inputs(tmp: &Path, name: &str) -> PathBuf {
+    let base = PathBuf::from("tests/fixtures/import").join(name);
+    if !name.starts_with("bench/") {
+        return base.with_extension("inputs.safetensors");
+    }
+    let imp = kiln::import::open(&base.with_extension("pt2")).unwrap_or_else(|e| panic!("{e}"));
+    let g = &imp.graph;
+    let names = kiln::functionalize::text::Names::of(g);
+    let ins = random_inputs(g, 7, 1.0);
+    let user: Vec<(String, RTensor)> = g
+        .inputs
+        .iter()
+        .zip(ins)
+        .enumerate()
+        .filter(|(i, _)| !imp.is_weight(*i))
+        .map(|(_, (&v, t))| (names.get(v), t))
+        .collect();
+    let path = tmp.join(format!("{}.inputs.safetensors", name.replace('/', "_")));
+    kiln::io::save_all(&path, &user).unwrap();
+    path
+}
+
+/// Imported `torch.export` models: import and compile time, kernels, bytes
+/// against the minimum, and a run with the weights as session constants
+/// beside PyTorch eager running the same exported program on the CPU.
+fn import_section(md: &mut String, session: &Session, tmp: &Path, torch: &Value) {
+    eprintln!("imported models ...");
+    let _ = writeln!(md, "\n## 9. Imported models (`.pt2`)\n");
+    let _ = writeln!(md, "`torch.export` archives of `tests/fixtures/import/` (small widths, random weights; `docs/import.md`). Import = reading and checking the archive and converting its graph (best of 3); compile = `Session::compile` with the weights as constants; run figures as in section 4 (the weights uploaded once, the user inputs per run). PyTorch eager: the same model (built again by `tests/torch_ref/make_import_fixtures.py`, same weights) on the same inputs, CPU, best of 5. `conv2d_64x56` is one 3x3 convolution, 64 -> 64 channels, 56 x 56, batch 1 ({:.0} MFLOP).\n", CONV_FLOPS / 1e6);
+    let _ = writeln!(md, "| model | import ms | compile ms | kernels | bytes moved | minimum | moved / min | pipelines | kernels ms | GFLOP/s | GB/s | full ms | full / kernels | uploaded B | read back B | PyTorch eager ms | Kiln / PyTorch time |");
+    let _ = writeln!(
+        md,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let mut conv = None;
+    for name in IMPORTED {
+        let base = PathBuf::from("tests/fixtures/import").join(name);
+        let pt2 = base.with_extension("pt2");
+        let row = (|| -> Result<String, String> {
+            let t = Instant::now();
+            let mut imp = kiln::import::open(&pt2).map_err(|e| e.to_string())?;
+            let mut import_ms = t.elapsed().as_secs_f64() * 1e3;
+            for _ in 0..2 {
+                let t = Instant::now();
+                imp = kiln::import::open(&pt2).map_err(|e| e.to_string())?;
+                import_ms = import_ms.min(t.elapsed().as_secs_f64() * 1e3);
+            }
+            let g = &imp.graph;
+            let p = compile_with(g, &session.gpu().compile_options()).map_err(|e| e.to_string())?;
+            // Constants are named per model: the session holds them all.
+            let names = kiln::functionalize::text::Names::of(g);
+            let mut renamed = g.clone();
+            for (i, &v) in g.inputs.iter().enumerate() {
+                if imp.is_weight(i) {
+                    let n = names.get(v);
+                    let c = format!("{name}.{n}");
+                    let w = imp.weights.get(&n).ok_or(format!("weight {n}"))?;
+                    session.add_constant(&c, &w).map_err(|e| e.to_string())?;
+                    renamed.values[v].name = Some(c.into());
+                }
+            }
+            let t = Instant::now();
+            let exe = session.compile(&renamed).map_err(|e| e.to_string())?;
+            let compile_ms = t.elapsed().as_secs_f64() * 1e3;
+            let file = kiln::io::MappedTensors::open(&import_inputs(tmp, name))
+                .map_err(|e| e.to_string())?;
+            let ins = file
+                .inputs_for(g, &|i| imp.is_weight(i))
+                .map_err(|e| e.to_string())?;
+            let pr = profile(session, &exe, &ins, 10, compile_ms).map_err(|e| e.to_string())?;
+            let tt = torch_s(torch, &["imports", name, "eager_s"]);
+            if name.starts_with("bench/") {
+                conv = Some((pr.kernels_ms, tt.clone()));
+            }
+            Ok(format!(
+                "| {name} | {import_ms:.1} | {compile_ms:.0} | {} | {} | {} | {} | {} | {} | {} |",
+                p.kernels.len(),
+                p.bytes_moved(),
+                p.min_bytes,
+                ratio(p.bytes_moved() as f64, p.min_bytes as f64),
+                runtime_cells(&pr),
+                cell(tt.clone(), 1e3, 3),
+                tt.map_or("-".into(), |t| ratio(pr.full_ms / 1e3, t)),
+            ))
+        })();
+        let _ = writeln!(
+            md,
+            "{}",
+            row.unwrap_or_else(|e| format!("| {name} | error: {e} |"))
+        );
+    }
+    if let Some((ms, t)) = conv {
+        let _ = writeln!(
+            md,
+            "\nconv2d 3x3, 64 -> 64, 56 x 56: Kiln {:.1} GFLOP/s on this adapter (kernels time), PyTorch `conv2d` {} GFLOP/s on this machine's CPU ({} threads).",
+            CONV_FLOPS / 1e9 / (ms.max(1e-9) * 1e-3),
+            t.map_or("-".into(), |t| format!("{:.1}", CONV_FLOPS / 1e9 / t)),
+            torch["threads"].as_u64().map_or("?".into(), |n| n.to_string()),
         );
     }
 }

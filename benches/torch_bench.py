@@ -13,6 +13,8 @@ WORKLOADS.json (written by the report bench) names:
       attention blocks, eager and torch.compile
   chain: [n, ...] elementwise chain tanh(x * 2 + 1) * 0.5 - x, GB/s
   minilm: {"dir": model dir, "batches": [...], "sentences": [...]}
+  imports: [{"name", "pt2", "inputs"}] the models of torch.export archives
+      (tests/fixtures/import), built again by make_import_fixtures.py, eager
 
 Every figure is the best of a few runs after a warm-up. A section that
 fails reports its error instead of numbers.
@@ -247,6 +249,34 @@ def minilm_rows(cfg):
     return out
 
 
+def import_rows(items):
+    """Each imported model built again as the fixture script builds it
+    (same seeds, so the same weights), run eagerly on the same inputs."""
+    import inspect
+
+    import make_import_fixtures as mf
+
+    out = {}
+    for it in items:
+        row = out.setdefault(it["name"], {})
+        try:
+            name = it["name"].split("/")[-1]
+            ctor = (mf.MODELS.get(name) or mf.BENCH[name])[0]
+            torch.manual_seed(0)
+            model = ctor().eval()
+            mf.randomize(model, 1)
+            ins = load_file(it["inputs"])
+            params = inspect.signature(model.forward).parameters
+            args = [ins[n] for n in params if n in ins]
+            if len(args) != len(ins):
+                args = list(ins.values())
+            with torch.no_grad():
+                row["eager_s"] = best(lambda: model(*args), reps=5)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = err(e)
+    return out
+
+
 def main() -> int:
     w = json.loads(Path(sys.argv[1]).read_text())
     res = {"torch": torch.__version__, "threads": torch.get_num_threads()}
@@ -257,6 +287,7 @@ def main() -> int:
         ("chain", chain_rows),
         ("transforms", transform_rows),
         ("minilm", minilm_rows),
+        ("imports", import_rows),
     ]:
         if key in w:
             try:

@@ -292,8 +292,11 @@ fn import_and_export_from_the_command_line() {
     .unwrap();
 }
 
+/// An archive's entries: (name, bytes).
+type Entries = Vec<(String, Vec<u8>)>;
+
 /// The archive's entries (name, bytes), to rebuild changed copies.
-fn entries(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+fn entries(bytes: &[u8]) -> Entries {
     let mut z = zip::ZipArchive::new(std::io::Cursor::new(bytes)).unwrap();
     (0..z.len())
         .map(|i| {
@@ -340,7 +343,7 @@ fn damaged_archives_are_refused_clearly() {
     let good = std::fs::read(fixture("small_cnn_cache", ".pt2")).unwrap();
     let p = dir().join("damaged.pt2");
     let e = entries(&good);
-    let with = |f: &dyn Fn(&mut Vec<(String, Vec<u8>)>)| {
+    let with = |f: &dyn Fn(&mut Entries)| {
         let mut e = e.clone();
         f(&mut e);
         rezip(&e)

@@ -330,9 +330,13 @@ pub fn sym_int(v: &Value) -> Option<i64> {
     v.get("as_int").and_then(Value::as_i64)
 }
 
+/// A `TensorMeta`: dtype code, sizes and strides (`None` where
+/// symbolic), storage offset.
+pub type TensorMeta = (i64, Vec<Option<i64>>, Vec<Option<i64>>, i64);
+
 /// A tensor meta's dtype, sizes and strides (`TensorMeta`); `Err` names
 /// what is wrong.
-pub fn tensor_meta(m: &Value) -> Result<(i64, Vec<Option<i64>>, Vec<Option<i64>>, i64), String> {
+pub fn tensor_meta(m: &Value) -> Result<TensorMeta, String> {
     let dtype = m.get("dtype").and_then(Value::as_i64).ok_or("no dtype")?;
     let ints = |k: &str| -> Result<Vec<Option<i64>>, String> {
         Ok(m.get(k)

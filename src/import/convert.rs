@@ -301,14 +301,14 @@ impl Out {
     /// `%fresh = op(args)`, named after `base`.
     pub fn emit(&mut self, base: &str, op: &str, args: &[String]) -> String {
         let name = self.fresh(base);
-        self.statement(&[name.clone()], op, args);
+        self.statement(std::slice::from_ref(&name), op, args);
         format!("%{name}")
     }
 
     /// `%out = op(args)` for output `i` of `n` (its own name where free).
     pub fn emit_out(&mut self, n: &Node, i: usize, op: &str, args: &[String]) -> String {
         let name = self.claim(&n.out(i));
-        self.statement(&[name.clone()], op, args);
+        self.statement(std::slice::from_ref(&name), op, args);
         format!("%{name}")
     }
 
@@ -413,7 +413,7 @@ pub fn convert(a: &Archive) -> Result<Program, ImportError> {
         "# imported from {} by kiln import",
         a.path.rsplit('/').next().unwrap_or(&a.path)
     );
-    let _ = writeln!(text, "graph {}({}) {{", "model", params.join(", "));
+    let _ = writeln!(text, "graph model({}) {{", params.join(", "));
     text.push_str(&out.lines);
     let _ = writeln!(text, "  return ({})", returns.join(", "));
     text.push_str("}\n");

@@ -375,7 +375,7 @@ fn roll(o: &mut Out, n: &Node) -> R {
 /// ATen: `x * tanh(softplus(x))`.
 fn mish(o: &mut Out, n: &Node) -> R {
     let x = o.val(n.tensor("self")?)?;
-    let sp = o.emit(&n.name, "softplus", &[x.clone()]);
+    let sp = o.emit(&n.name, "softplus", std::slice::from_ref(&x));
     let t = o.emit(&n.name, "tanh", &[sp]);
     last(o, n, &x, "mul", &[x.clone(), t])
 }
@@ -387,7 +387,7 @@ fn logsumexp(o: &mut Out, n: &Node) -> R {
     let keep = n.bool("keepdim", false)?;
     let b = &n.name;
     let m = o.emit(b, "amax", &[x.clone(), dims.clone(), "true".into()]);
-    let a = o.emit(b, "abs", &[m.clone()]);
+    let a = o.emit(b, "abs", std::slice::from_ref(&m));
     let inf = o.emit(b, "eq", &[a, "inf".into()]);
     let m = o.emit(b, "masked_fill", &[m, inf, "0.0".into()]);
     let d = o.emit(b, "sub", &[x, m.clone()]);
@@ -1162,6 +1162,10 @@ fn conv(o: &mut Out, n: &Node) -> R {
     Ok(vec![r])
 }
 
+/// The input, the weight's sizes and value, and the padding of a
+/// transposed convolution rewritten as a convolution.
+type AsConv = (String, Vec<usize>, String, Vec<(usize, usize)>);
+
 /// A transposed convolution as a convolution: the input with `stride - 1`
 /// zeros between elements, padded by `dilation (k - 1) - padding` (plus
 /// `output_padding` on the right; cropped where negative), and the weight
@@ -1179,7 +1183,7 @@ fn transpose_as_conv(
     groups: usize,
     stride: &[i64],
     dilation: &[i64],
-) -> Result<(String, Vec<usize>, String, Vec<(usize, usize)>), String> {
+) -> Result<AsConv, String> {
     let sp = w_sizes.len() - 2;
     let padding = n.ints("padding", sp, &vec![0; sp])?;
     let extra = n.ints("output_padding", sp, &vec![0; sp])?;

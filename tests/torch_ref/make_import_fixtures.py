@@ -355,6 +355,19 @@ REFUSED = {
 }
 
 
+class Conv64(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(64, 64, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+# Measured by the report bench only (benches/report.rs, section 9).
+BENCH = {"conv2d_64x56": (Conv64, lambda: (torch.randn(1, 64, 56, 56),))}
+
+
 def make_refused(name):
     ctor, args_fn, kwargs, expect = REFUSED[name]
     torch.manual_seed(0)
@@ -443,6 +456,18 @@ def main():
         save_file(expected, base + ".expected.safetensors")
         size = sum(os.path.getsize(base + s) for s in (".pt2", ".inputs.safetensors", ".expected.safetensors"))
         print(f"{name}: {size / 1024:.0f} KiB, outputs {sorted(expected)}")
+    os.makedirs(os.path.join(OUT, "bench"), exist_ok=True)
+    for name in BENCH:
+        if a.only and name != a.only or a.check:
+            continue
+        torch.manual_seed(0)
+        ctor, args_fn = BENCH[name]
+        args = args_fn()
+        ep = torch.export.export(ctor().eval(), args)
+        ep._example_inputs = None  # the bench makes its own inputs
+        base = os.path.join(OUT, "bench", name)
+        torch.export.save(ep, base + ".pt2")
+        print(f"bench/{name}")
     os.makedirs(os.path.join(OUT, "refused"), exist_ok=True)
     for name in REFUSED:
         if a.only and name != a.only:
