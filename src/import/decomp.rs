@@ -7,7 +7,7 @@
 //! tensor (eval-mode `dropout`, `detach_`, `to` of the same dtype) bind
 //! their result to it, as eager returns the tensor itself.
 
-use super::convert::{float, ints, usizes, Node, Out, A};
+use super::convert::{float, ints, usizes, Meta, Node, Out, A};
 use kiln_functionalize::DType;
 
 /// A decomposition: writes the node's statements, returns its outputs'
@@ -824,50 +824,41 @@ fn pool_rank(n: &Node, rank: usize) -> Result<usize, String> {
     Ok(sp)
 }
 
-fn max_pool(o: &mut Out, n: &Node) -> R {
-    let x = n.tensor("self")?;
-    let m = o.meta(x)?.clone();
+/// A pooling node's input, spatial rank, windows and output sizes.
+fn pool_windows(
+    o: &Out,
+    n: &Node,
+    what: &str,
+    dilation: bool,
+) -> Result<(Meta, usize, Vec<Window>, Vec<usize>), String> {
+    let m = o.meta(n.tensor("self")?)?.clone();
     if !matches!(m.dtype, DType::F32 | DType::F16) {
-        return Err(format!(
-            "max pooling of {} (Kiln pools floats)",
-            m.dtype.name()
-        ));
+        return Err(format!("{what} of {} (Kiln pools floats)", m.dtype.name()));
     }
     let sp = pool_rank(n, m.sizes.len())?;
-    let ws = windows(n, &m.sizes, sp, "kernel_size", true)?;
+    let ws = windows(n, &m.sizes, sp, "kernel_size", dilation)?;
     let ceil = n.bool("ceil_mode", false)?;
-    for w in &ws {
-        if w.pad * 2 > w.kernel {
-            return Err("padding should be at most half of the kernel size".into());
-        }
-    }
     let outs = ws
         .iter()
         .map(|w| w.outputs(ceil))
         .collect::<Result<Vec<_>, _>>()?;
-    let v = o.val(x)?;
+    Ok((m, sp, ws, outs))
+}
+
+fn max_pool(o: &mut Out, n: &Node) -> R {
+    let (m, sp, ws, outs) = pool_windows(o, n, "max pooling", true)?;
+    if ws.iter().any(|w| w.pad * 2 > w.kernel) {
+        return Err("padding should be at most half of the kernel size".into());
+    }
+    let v = o.val(n.tensor("self")?)?;
     let u = unfold_windows(o, &n.name, v, m.sizes.len(), &ws, &outs, "-inf");
     Ok(vec![o.emit_out(n, 0, "amax", &[u, window_dims(sp)])])
 }
 
 fn avg_pool(o: &mut Out, n: &Node) -> R {
-    let x = n.tensor("self")?;
-    let m = o.meta(x)?.clone();
-    if !matches!(m.dtype, DType::F32 | DType::F16) {
-        return Err(format!(
-            "average pooling of {} (Kiln pools floats)",
-            m.dtype.name()
-        ));
-    }
-    let sp = pool_rank(n, m.sizes.len())?;
-    let ws = windows(n, &m.sizes, sp, "kernel_size", false)?;
-    let ceil = n.bool("ceil_mode", false)?;
+    let (m, sp, ws, outs) = pool_windows(o, n, "average pooling", false)?;
     let include_pad = n.bool("count_include_pad", true)?;
-    let outs = ws
-        .iter()
-        .map(|w| w.outputs(ceil))
-        .collect::<Result<Vec<_>, _>>()?;
-    let v = o.val(x)?;
+    let v = o.val(n.tensor("self")?)?;
     let u = unfold_windows(o, &n.name, v, m.sizes.len(), &ws, &outs, "0.0");
     let sum = o.emit(&n.name, "sum", &[u, window_dims(sp)]);
     if let Some(d) = n
