@@ -10,7 +10,6 @@
 //! under its argument name, and PyTorch's logits as `output.0` (optional).
 
 use kiln::engine::{Fetch, Input, Session};
-use kiln::functionalize::text::Names;
 use std::path::PathBuf;
 
 fn top5(logits: &[f64]) -> Vec<(usize, f64)> {
@@ -45,13 +44,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Weights are session constants, uploaded once; the image is an input.
     let session = Session::open()?;
-    let names = Names::of(g);
-    for (i, &v) in g.inputs.iter().enumerate() {
-        if imp.is_weight(i) {
-            let n = names.get(v);
-            let w = imp.weights.get(&n).ok_or(format!("weight {n} missing"))?;
-            session.add_constant(&n, &w)?;
-        }
+    for (n, w) in imp.constants(g)? {
+        session.add_constant(&n, &w)?;
     }
     let t = std::time::Instant::now();
     let exe = session.compile(g)?;

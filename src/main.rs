@@ -232,6 +232,15 @@ fn read_source(path: &Path) -> Result<String, String> {
     }
 }
 
+/// A program and, for a `.pt2` archive, the import (its weights).
+fn load(path: &Path) -> Result<(Graph, Option<kiln::import::Imported>), String> {
+    if is_pt2(path) {
+        let i = import(path)?;
+        return Ok((i.graph.clone(), Some(i)));
+    }
+    Ok((read_program(path)?, None))
+}
+
 /// Reads and parses a program (or imports an archive's).
 fn read_program(path: &Path) -> Result<Graph, String> {
     if is_pt2(path) {
@@ -260,15 +269,7 @@ fn main_result(cli: Cli) -> Result<(), String> {
             weights_dtype,
             web,
         } => {
-            let imported = if is_pt2(&prog) {
-                Some(import(&prog)?)
-            } else {
-                None
-            };
-            let g = match &imported {
-                Some(i) => i.graph.clone(),
-                None => read_program(&prog)?,
-            };
+            let (g, imported) = load(&prog)?;
             let session = if web {
                 kiln::engine::Session::open_web_like()
             } else {
@@ -280,23 +281,11 @@ fn main_result(cli: Cli) -> Result<(), String> {
             };
             let n = match (&weights, &imported) {
                 (Some(w), _) => kiln::export::write(&session, &g, w, &output, &opts),
-                (None, Some(i)) => {
-                    // The archive's weights, except the buffers the
-                    // program writes: those stay inputs.
-                    let written = kiln::import::mutated(&g)?;
-                    let names = kiln::functionalize::text::Names::of(&g);
-                    let found = g
-                        .inputs
-                        .iter()
-                        .enumerate()
-                        .filter(|&(k, _)| i.is_weight(k) && !written[k])
-                        .filter_map(|(_, &v)| {
-                            let n = names.get(v);
-                            i.weights.get(&n).map(|t| (n, t))
-                        })
-                        .collect();
+                // The archive's weights, except the buffers the program
+                // writes: those stay inputs.
+                (None, Some(i)) => i.constants(&g).and_then(|found| {
                     kiln::export::write_found(&session, &g, found, &output, &opts)
-                }
+                }),
                 (None, None) => {
                     Err("--weights is needed (only a .pt2 archive brings its own weights)".into())
                 }
@@ -502,15 +491,7 @@ fn run(
         return kiln::export::run(&e, inputs, output, matches!(backend, Backend::Gpu))
             .map_err(|e| format!("{}: {e}", prog.display()));
     }
-    let imported = if is_pt2(prog) {
-        Some(import(prog)?)
-    } else {
-        None
-    };
-    let mut g = match &imported {
-        Some(i) => i.graph.clone(),
-        None => read_program(prog)?,
-    };
+    let (mut g, imported) = load(prog)?;
     if let Some(m) = mode {
         g = functionalize(&g, m.into())
             .map_err(|e| format!("{}:{e}", prog.display()))?
@@ -585,38 +566,30 @@ fn profile(
         let g = e.graph().map_err(|e| at(&e))?;
         return measure(&session, &exe, &g, inputs, runs, load_ms, json).map_err(|e| at(&e));
     }
-    let imported = if is_pt2(prog) {
-        Some(import(prog)?)
-    } else {
-        None
-    };
-    let g = match &imported {
-        Some(i) => i.graph.clone(),
-        None => read_program(prog)?,
-    };
+    let (g, imported) = load(prog)?;
     let session = Session::open().map_err(|e| e.to_string())?;
     let opened = weights
         .map(kiln::io::MappedTensors::open)
         .transpose()
         .map_err(|e| e.to_string())?;
-    // An archive's weights are constants unless --weights says otherwise;
-    // the buffers the program writes stay inputs.
-    let written = match &imported {
-        Some(_) => kiln::import::mutated(&g)?,
-        None => vec![false; g.inputs.len()],
-    };
-    let weights = opened.as_ref().or(imported.as_ref().map(|i| &i.weights));
-    if let Some(w) = &weights {
-        let names = kiln::functionalize::text::Names::of(&g);
-        for (i, &v) in g.inputs.iter().enumerate() {
-            let name = names.get(v);
-            if written[i] {
-                continue;
-            }
-            if let Some(t) = w.get(&name) {
-                session.add_constant(&name, &t).map_err(|e| e.to_string())?;
-            }
+    // Parameters found in --weights are constants; without it, an
+    // archive's weights (except the buffers the program writes).
+    let constants = match (&opened, &imported) {
+        (Some(w), _) => {
+            let names = kiln::functionalize::text::Names::of(&g);
+            g.inputs
+                .iter()
+                .filter_map(|&v| {
+                    let n = names.get(v);
+                    w.get(&n).map(|t| (n, t))
+                })
+                .collect()
         }
+        (None, Some(i)) => i.constants(&g)?,
+        (None, None) => vec![],
+    };
+    for (n, t) in &constants {
+        session.add_constant(n, t).map_err(|e| e.to_string())?;
     }
     let t = std::time::Instant::now();
     let exe = session.compile(&g).map_err(|e| at(&e))?;

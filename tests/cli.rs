@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{iota, root, t};
+use common::{iota, kiln, root, t};
 use kiln::functionalize::DType;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,18 +12,6 @@ fn dir() -> PathBuf {
     let d = std::env::temp_dir().join(format!("kiln-cli-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn kiln(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .output()
-        .expect("run kiln");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
 }
 
 fn write(name: &str, text: &str) -> PathBuf {
@@ -419,20 +407,8 @@ fn exports_run_from_the_command_line() {
     for ((n, a), (_, b)) in want.iter().zip(&on_web) {
         common::close_accumulated(n, a, b, 1e-5).unwrap();
     }
-    // The runtime alone: `cargo test` builds only this package's binaries,
-    // so build kiln-run (same target dir and profile) when it is missing.
-    let exe = std::env::current_exe().unwrap();
-    let kr = exe.parent().unwrap().parent().unwrap().join("kiln-run");
-    if !kr.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build.args(["build", "-p", "kiln-runtime", "--bin", "kiln-run"]);
-        if kr.parent().is_some_and(|d| d.ends_with("release")) {
-            build.arg("--release");
-        }
-        let st = build.status().unwrap();
-        assert!(st.success() && kr.exists(), "cannot build {}", kr.display());
-    }
+    // The runtime alone.
+    let kr = common::kiln_run_exe();
     let o = dir().join("kiln_run.safetensors");
     let out = Command::new(&kr)
         .args([s(&model), "--inputs", s(&fix), "--output", s(&o)])

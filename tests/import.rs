@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::root;
+use common::{kiln, root};
 use kiln::functionalize::{functionalize, Graph, RTensor, Remove};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -167,18 +167,6 @@ fn unsupported_archives_are_refused_clearly() {
     assert!(n >= 4, "refused fixtures missing");
 }
 
-fn kiln(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .output()
-        .expect("run kiln");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
 /// `kiln import` writes a program and its weights that run like the
 /// archive; `kiln export` of the archive needs no weights, and `kiln-run`
 /// runs the export.
@@ -251,17 +239,7 @@ fn import_and_export_from_the_command_line() {
     );
     // kiln-run (the runtime alone) on the export: the buffer the program
     // writes is an input of the export, by parameter name.
-    let exe = std::env::current_exe().unwrap();
-    let kr = exe.parent().unwrap().parent().unwrap().join("kiln-run");
-    if !kr.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = Command::new(cargo);
-        build.args(["build", "-p", "kiln-runtime", "--bin", "kiln-run"]);
-        if kr.parent().is_some_and(|d| d.ends_with("release")) {
-            build.arg("--release");
-        }
-        assert!(build.status().unwrap().success() && kr.exists());
-    }
+    let kr = common::kiln_run_exe();
     let o = dir().join("small_kiln_run.safetensors");
     let mut ins = kiln::io::load_all(&fixture(name, ".inputs.safetensors")).unwrap();
     ins.push((

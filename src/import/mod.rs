@@ -15,6 +15,7 @@ pub use archive::is_zip as is_pt2;
 pub use run::{mutated, run};
 
 use crate::io::{MappedTensors, Src};
+use kiln_engine::HostTensor;
 use kiln_functionalize::{DType, Graph};
 use std::path::Path;
 
@@ -73,6 +74,27 @@ impl Imported {
         !matches!(self.roles[i], Role::User(_))
     }
 
+    /// The weights that can be session constants of `g` (this program,
+    /// maybe functionalized): all but the buffers the program writes,
+    /// which stay inputs. `(parameter name, tensor)`.
+    pub fn constants(&self, g: &Graph) -> Result<Vec<(String, HostTensor<'_>)>, String> {
+        let written = mutated(g)?;
+        let names = kiln_functionalize::text::Names::of(g);
+        g.inputs
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| self.is_weight(i) && !written[i])
+            .map(|(_, &v)| {
+                let n = names.get(v);
+                let t = self
+                    .weights
+                    .get(&n)
+                    .ok_or_else(|| format!("weight `{n}` is missing from the archive"))?;
+                Ok((n, t))
+            })
+            .collect()
+    }
+
     /// The name `kiln run` writes parameter `i`'s final value under: a
     /// weight's state-dict name, a user input's own name.
     pub fn output_name(&self, i: usize, param: &str) -> String {
@@ -96,19 +118,21 @@ pub fn open(path: &Path) -> Result<Imported, ImportError> {
             a.path
         ))
     })?;
+    // Each stored tensor moves to the parameter bound to it (one per
+    // state-dict name; a tensor no parameter names is dropped).
+    let mut stored: std::collections::HashMap<String, archive::Stored> =
+        a.tensors.into_iter().map(|s| (s.name.clone(), s)).collect();
     let mut tensors: Vec<(String, DType, Vec<usize>, Src)> = vec![];
-    for (param, fqn) in &prog.bound {
-        let s = a.get(fqn).expect("convert binds stored tensors only");
-        let bytes = match &s.bytes {
-            Src::Map(r) => Src::Map(r.clone()),
-            Src::Owned(v) => Src::Owned(v.clone()),
-        };
-        tensors.push((param.clone(), s.dtype, s.sizes.clone(), bytes));
+    for (param, fqn) in prog.bound {
+        let s = stored
+            .remove(&fqn)
+            .expect("convert binds each stored tensor once");
+        tensors.push((param, s.dtype, s.sizes, s.bytes));
     }
     for m in prog.made {
         tensors.push((m.name, m.dtype, m.sizes, Src::Owned(m.bytes)));
     }
-    let weights = MappedTensors::from_parts(a.path.clone(), a.map, tensors);
+    let weights = MappedTensors::from_parts(a.path, a.map, tensors);
     Ok(Imported {
         text: prog.text,
         graph,

@@ -64,12 +64,8 @@ pub fn run(
     let finals: Vec<HostTensor> = if gpu {
         let session = Session::open().map_err(|e| e.to_string())?;
         eprintln!("adapter: {}", session.gpu().describe());
-        for (i, &v) in g.inputs.iter().enumerate() {
-            if imp.is_weight(i) && !written[i] {
-                session
-                    .add_constant(&names.get(v), &all[i])
-                    .map_err(|e| e.to_string())?;
-            }
+        for (n, t) in imp.constants(g)? {
+            session.add_constant(&n, &t).map_err(|e| e.to_string())?;
         }
         let exe = session.compile(g).map_err(|e| e.to_string())?;
         let wanted = exe.input_params();

@@ -251,3 +251,35 @@ pub fn example_names() -> Vec<String> {
         .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
         .collect()
 }
+
+/// Runs the `kiln` binary: (success, stdout, stderr).
+pub fn kiln(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .expect("run kiln");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// The runtime-only `kiln-run` of this test build: `cargo test` builds
+/// only this package's binaries, so it is built (same target dir and
+/// profile) when missing.
+pub fn kiln_run_exe() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let kr = exe.parent().unwrap().parent().unwrap().join("kiln-run");
+    if !kr.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = std::process::Command::new(cargo);
+        build.args(["build", "-p", "kiln-runtime", "--bin", "kiln-run"]);
+        if kr.parent().is_some_and(|d| d.ends_with("release")) {
+            build.arg("--release");
+        }
+        let st = build.status().unwrap();
+        assert!(st.success() && kr.exists(), "cannot build {}", kr.display());
+    }
+    kr
+}
