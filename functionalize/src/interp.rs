@@ -191,7 +191,13 @@ pub fn eager_peak_bytes(g: &Graph) -> usize {
         };
         for &r in &node.results {
             let s = match (aliases, node.args.first()) {
-                (true, Some(Arg::Tensor(t))) => storage[t],
+                (true, Some(Arg::Tensor(t))) => {
+                    // `resize_` grows the storage.
+                    let m = g.meta(r);
+                    let s = storage[t];
+                    bytes[s] = bytes[s].max(m.storage_numel * m.dtype.size_bytes());
+                    s
+                }
                 _ => fresh(g.meta(r), &mut bytes),
             };
             storage.insert(r, s);
@@ -262,6 +268,13 @@ pub fn eval(
     match &def.rule {
         Rule::View(_) => {
             let t = this()?;
+            // `resize_` beyond the storage grows it, for every alias.
+            let need = outs.iter().map(|m| m.storage_numel).max().unwrap_or(0);
+            let mut data = t.storage.data.borrow_mut();
+            if data.len() < need {
+                data.resize(need, 0.0);
+            }
+            drop(data);
             Ok(outs.iter().map(|m| t.view(m.clone())).collect())
         }
         Rule::ViewOrCopy(f) => {

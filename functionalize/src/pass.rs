@@ -199,6 +199,8 @@ struct StorageState {
     /// source graph, when `base` is not (a write-back through a copy that
     /// changed the layout). Restored lazily, only when something reads it.
     layout: Option<ValueId>,
+    /// A view of it was taken (`resize_` cannot grow it then).
+    viewed: bool,
 }
 
 /// Views regenerated from a storage's base, by generation and chain
@@ -525,6 +527,7 @@ impl Pass {
             gen: 0,
             input,
             layout: None,
+            viewed: false,
         });
         let a = Alias {
             storage: self.storages.len() - 1,
@@ -1058,11 +1061,58 @@ impl Pass {
 
     fn view(&mut self, src: &Graph, n: NodeId) -> Result<()> {
         let node = &src.nodes[n];
+        // `transpose_` is `transpose` whose result the front end named
+        // `self` from then on.
+        let op = match node.op.def().metadata {
+            None => node.op,
+            Some(ops::Metadata::View(view)) => {
+                self.metadata_of_input(src, n)?;
+                view
+            }
+            Some(ops::Metadata::Resize) => {
+                self.metadata_of_input(src, n)?;
+                return self.resize(src, n);
+            }
+        };
+        let rest: Rc<[Arg<ValueId>]> = node.args[1..].into();
+        self.view_step(src, n, op, node.overload, rest)
+    }
+
+    /// Refuses an op changing the metadata of a program input itself (not
+    /// of a view of it): the caller's tensor would change shape.
+    fn metadata_of_input(&self, src: &Graph, n: NodeId) -> Result<()> {
+        let node = &src.nodes[n];
+        let this = *node.args[0].tensors()[0];
+        let a = self.alias(this)?;
+        match self.storages[a.storage].input {
+            Some(i) if a.chain.is_empty() => {
+                let name = src.values[src.inputs[i]].name.as_deref().unwrap_or("?");
+                let op = node.op.name();
+                Err(self.err(format!(
+                    "{op} would change the shape of program input `%{name}` for its caller, which \
+                     a program cannot do; use the out-of-place op, or apply {op} to a view or clone"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Source node `n`'s results as the view `op(self, rest...)` of its
+    /// `self`, bound by `overload`.
+    fn view_step(
+        &mut self,
+        src: &Graph,
+        n: NodeId,
+        op: OpId,
+        overload: usize,
+        rest: Rc<[Arg<ValueId>]>,
+    ) -> Result<()> {
+        let node = &src.nodes[n];
         let this = *node.args[0].tensors()[0];
         let a = self.alias(this)?;
         let gen = self.storages[a.storage].gen;
-        let rest: Rc<[Arg<ValueId>]> = node.args[1..].into();
-        let strided = node.op.def().inverse == Some(Inverse::AsStrided);
+        self.storages[a.storage].viewed = true;
+        let strided = op.def().inverse == Some(Inverse::AsStrided);
         let (chain, input) = if strided {
             // Offsets and strides of as_strided refer to the whole storage:
             // it is a view of the base, whatever view it was applied to.
@@ -1081,7 +1131,7 @@ impl Pass {
         // nothing about its results there.
         let source = (!strided || self.mode == Remove::Mutations).then(|| {
             Rc::new(Source {
-                overload: node.overload,
+                overload,
                 input: src.values[this].meta.clone(),
                 results: node
                     .results
@@ -1090,10 +1140,10 @@ impl Pass {
                     .collect(),
             })
         });
-        let sig = self.step_sig(node.op, &rest);
+        let sig = self.step_sig(op, &rest);
         for (i, &r) in node.results.iter().enumerate() {
             let step = Step::new(
-                node.op,
+                op,
                 rest.clone(),
                 i,
                 src.values[r].meta.clone(),
@@ -1116,6 +1166,73 @@ impl Pass {
             );
         }
         Ok(())
+    }
+
+    /// `resize_`, as PyTorch's functionalization does it: shrinking is an
+    /// `as_strided` view of the storage (its tail kept for a later grow);
+    /// growing gives a tensor that is neither a view nor viewed a new
+    /// storage: its elements in storage order, then zeros (eager's are
+    /// uninitialized).
+    fn resize(&mut self, src: &Graph, n: NodeId) -> Result<()> {
+        let node = &src.nodes[n];
+        let this = *node.args[0].tensors()[0];
+        let out = node.results[0];
+        let m = src.values[out].meta.clone();
+        if m.storage_numel <= src.meta(this).storage_numel {
+            let op = ops::lookup("as_strided").expect("as_strided is in the table");
+            let int_list = |d: &[usize]| Arg::IntList(d.iter().map(|&x| x as i64).collect());
+            let rest: Rc<[Arg<ValueId>]> = Rc::new([
+                int_list(&m.sizes),
+                int_list(&m.strides),
+                Arg::Int(m.offset as i64),
+            ]);
+            return self.view_step(src, n, op, 0, rest);
+        }
+        let a = self.alias(this)?;
+        let s = &self.storages[a.storage];
+        let refuse = if !a.chain.is_empty() {
+            Some("it is a view (or was resized smaller before): only a tensor that owns its storage grows")
+        } else if s.viewed {
+            Some("it has views, which would keep the old storage")
+        } else {
+            None
+        };
+        if let Some(why) = refuse {
+            return Err(self.err(format!(
+                "resize_ to {} elements cannot grow this tensor: {why}; resize a clone instead \
+                 (PyTorch's functionalization refuses it too)",
+                m.storage_numel
+            )));
+        }
+        let order = self.storage_order(a.storage)?;
+        let v = self.regen(a.storage, &order.links())?;
+        let flat = self.reshaped(v, &[-1])?;
+        let have = self.out.meta(flat).numel();
+        let zeros = self.emit(
+            "zeros",
+            vec![
+                Arg::IntList(vec![(m.storage_numel - have) as i64]),
+                Arg::Dtype(m.dtype),
+            ],
+        )?;
+        let all = self.emit(
+            "cat",
+            vec![Arg::TensorList(vec![Some(flat), Some(zeros)]), Arg::Int(0)],
+        )?;
+        let sizes: Vec<i64> = m.sizes.iter().map(|&x| x as i64).collect();
+        let value = self.reshaped(all, &sizes)?;
+        self.new_storage(out, value, m, None);
+        Ok(())
+    }
+
+    /// `v` (dense, in the new graph) reshaped: `reshape`, or `view_copy`
+    /// without views.
+    fn reshaped(&mut self, v: ValueId, sizes: &[i64]) -> Result<ValueId> {
+        let op = match self.mode {
+            Remove::Mutations => "reshape",
+            Remove::MutationsAndViews => "view_copy",
+        };
+        self.emit(op, vec![Arg::Tensor(v), Arg::IntList(sizes.to_vec())])
     }
 
     fn mutation(&mut self, src: &Graph, n: NodeId) -> Result<()> {

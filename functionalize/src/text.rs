@@ -251,6 +251,11 @@ struct Parser<'a> {
     names: HashMap<&'a str, u32>,
     /// By value number: the name and the metadata.
     named: Vec<(&'a str, Arc<Meta>)>,
+    /// By value number: the tensor object it is, as eager sees objects
+    /// (the value number of its first value): an in-place op's result is
+    /// its `self`. An op that changes `self`'s metadata rebinds every
+    /// name of the object.
+    objects: Vec<u32>,
     /// The inferred metadata, each held once.
     pool: MetaPool,
 }
@@ -365,7 +370,31 @@ impl<'a> Parser<'a> {
     fn define(&mut self, name: &'a str, meta: Arc<Meta>) -> bool {
         let n = self.named.len() as u32;
         self.named.push((name, meta));
+        self.objects.push(n);
         self.names.insert(name, n).is_none()
+    }
+
+    /// After `op` on `self_` (a value number) gave values `first..`: an
+    /// in-place op's result is `self_`'s object; one that changes its
+    /// metadata (`transpose_`, `resize_`) makes every name of the object
+    /// name the result, as every Python reference to it sees the change.
+    fn same_object(&mut self, op: ops::OpId, self_: u32, first: u32) {
+        let def = op.def();
+        if def.kind != ops::OpKind::InPlace && def.metadata.is_none() {
+            return;
+        }
+        let object = self.objects[self_ as usize];
+        if let Some(o) = self.objects.get_mut(first as usize) {
+            *o = object;
+        }
+        if def.metadata.is_some() {
+            let objects = &self.objects;
+            for n in self.names.values_mut() {
+                if objects[*n as usize] == object {
+                    *n = first;
+                }
+            }
+        }
     }
 
     fn header(&mut self, out: &mut impl FnMut(Item<'a>) -> bool) -> Result<()> {
@@ -560,13 +589,26 @@ impl<'a> Parser<'a> {
             );
             return Err(stmt_err(self, msg));
         }
+        let first = self.named.len() as u32;
         for ((name, t), m) in lhs.iter().zip(&results) {
             if !self.define(name, m.clone()) {
                 return self.fail(t, format!("`%{name}` is defined twice"));
             }
         }
+        let mut lhs: smallvec::SmallVec<[&'a str; 2]> = lhs.iter().map(|(n, _)| *n).collect();
+        if let Some(Arg::Tensor(v)) = bound.first() {
+            let self_ = number(v) as u32;
+            if lhs.is_empty() && op.def().metadata.is_some() {
+                // Unnamed, the result still takes over `self`'s names.
+                let name = self.named[self_ as usize].0;
+                self.named.push((name, results[0].clone()));
+                self.objects.push(first);
+                lhs.push(name);
+            }
+            self.same_object(op, self_, first);
+        }
         Ok(Item::Stmt(Stmt {
-            lhs: lhs.iter().map(|(n, _)| *n).collect(),
+            lhs,
             line: op_tok.line,
             op,
             overload,
@@ -700,6 +742,7 @@ pub(crate) fn parse_lines(
         cur,
         names: HashMap::with_capacity_and_hasher(lines, Default::default()),
         named: Vec::with_capacity(lines + lines / 4),
+        objects: Vec::with_capacity(lines + lines / 4),
         pool: MetaPool::default(),
     };
     let mut b = Build {

@@ -129,8 +129,14 @@ pub type Executor<'a> =
 /// follows the mathematics (checked against finite differences in
 /// `tests/transforms.rs`): `as_strided_scatter`'s gradient for `self` has
 /// its mask inverted; a `view_copy`'s forward-mode tangent aliases its
-/// base's, so a later `zero_` of the base zeroes it.
-pub const TORCH_FUNC_WRONG: [(&str, &str); 2] = [("scatter_ops", "vjp"), ("view_copies", "jvp")];
+/// base's, so a later `zero_` of the base zeroes it; batched `resize_`
+/// addresses the whole batch's storage, so every example after the first
+/// reads its neighbours' elements (vmap checked against a loop).
+pub const TORCH_FUNC_WRONG: [(&str, &str); 3] = [
+    ("scatter_ops", "vjp"),
+    ("view_copies", "jvp"),
+    ("in_place_metadata", "vmap"),
+];
 
 /// Kiln's `vjp`, `jvp` and `vmap` of example program `name` against
 /// `torch.func`'s (`tests/fixtures/transforms/NAME.safetensors`, made by
@@ -228,7 +234,7 @@ pub fn check_torch_transforms(name: &str, exec: &mut Executor, rel: f64) -> Resu
         compare_all("jvp tangent", &got[g.outputs.len()..], &want)?;
         n += 1;
     }
-    if fx.contains_key("vmap.out.0") {
+    if fx.contains_key("vmap.out.0") && !wrong("vmap") {
         let b = vmap(&g, &vec![Some(0); g.inputs.len()], 3, None).map_err(|e| e.to_string())?;
         let args: Vec<RTensor> = params
             .iter()

@@ -67,7 +67,10 @@ fn entry(d: &OpDef) -> Entry {
     Entry {
         name: d.name.clone(),
         overloads: d.schemas.iter().map(|s| s.overload.clone()).collect(),
-        kind: kind_name(d.kind),
+        kind: match d.metadata {
+            Some(_) => "in-place view",
+            None => kind_name(d.kind),
+        },
         lowering: f.lowering.class_name(),
         vjp: f.rules.vjp.is_some(),
         jvp: f.rules.jvp.is_some(),

@@ -101,6 +101,21 @@ pub struct OpDef {
     pub rules: Rules,
     /// A custom function's implementation and rules.
     pub custom: Option<std::sync::Arc<dyn crate::function::Function>>,
+    /// Changes `self`'s metadata in place and returns `self`: front ends
+    /// rebind every name of `self` to the result.
+    pub metadata: Option<Metadata>,
+}
+
+/// How an op changes its `self`'s metadata in place (`OpDef::metadata`);
+/// its storage's contents stay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metadata {
+    /// `self` becomes this view of itself (`transpose_`: `transpose`),
+    /// bound by the overload of the same index.
+    View(OpId),
+    /// `resize_`: contiguous with the new sizes over the same storage,
+    /// grown when it holds too few elements.
+    Resize,
 }
 
 /// How the functionalization pass writes a view's new value back into the
@@ -162,6 +177,7 @@ impl OpDef {
             gathers: false,
             rules: Rules::default(),
             custom: None,
+            metadata: None,
         }
     }
 

@@ -605,3 +605,20 @@ pub fn unbind(a: &A) -> Result<Metas, String> {
         .map(|i| select_meta(m, d as i64, i as i64))
         .collect()
 }
+
+/// `resize_`: `size`, contiguous at `self`'s offset, over a storage grown
+/// to hold it when it is too small (as eager grows it).
+pub fn resize(a: &A) -> Result<Metas, String> {
+    let m = me(a)?;
+    let sizes = a
+        .int_list(1)?
+        .iter()
+        .map(|&s| to_usize(s, "resize_: every size"))
+        .collect::<Result<Vec<usize>, String>>()?;
+    crate::meta::check_size(&sizes)?;
+    let n = numel(&sizes);
+    let strides = contiguous_strides(&sizes);
+    let mut out = m.restrided(sizes, strides, m.offset);
+    out.storage_numel = m.storage_numel.max(m.offset + n);
+    Ok(smallvec::smallvec![out])
+}

@@ -146,6 +146,29 @@ impl Builder {
         self.decl(id)
     }
 
+    /// `<view>_` (`transpose_`): `self` becomes that view of itself. Same
+    /// rule, inverse and copy as the view, whose overloads these
+    /// `schemas` follow one for one.
+    fn view_in_place(&mut self, name: &str, view: &str, schemas: &[&str]) -> OpId {
+        let v = self.find(view);
+        let base = &self.ops[v.0 as usize];
+        let Rule::View(rule) = base.rule else {
+            panic!("{view} is not a view")
+        };
+        assert_eq!(
+            base.schemas.texts().count(),
+            schemas.len(),
+            "{name}: one schema per overload of {view}"
+        );
+        let (inverse, copy) = (base.inverse, base.counterpart);
+        let id = self.add(name, View, schemas, Rule::View(rule)).id();
+        let d = &mut self.ops[id.0 as usize];
+        d.inverse = inverse;
+        d.counterpart = copy;
+        d.metadata = Some(super::Metadata::View(v));
+        id
+    }
+
     /// `<name>_copy` with the view's schemas and a contiguous result.
     fn copy_of(&mut self, view: OpId) -> OpId {
         let v = &self.ops[view.0 as usize];

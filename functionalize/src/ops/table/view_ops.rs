@@ -210,4 +210,38 @@ pub(super) fn declare(b: &mut Builder) {
         views::as_strided,
         None,
     ).rules(d::scatter_view, d::jvp_linear, bt::per_element);
+    // Metadata changed in place (after the scatters: they set inverses).
+    for (name, base, schemas) in [
+        ("transpose_", "transpose", &["transpose_(Tensor(a!) self, int dim0, int dim1) -> Tensor(a!)"][..]),
+        ("swapdims_", "transpose", &["swapdims_(Tensor(a!) self, int dim0, int dim1) -> Tensor(a!)"]),
+        ("swapaxes_", "transpose", &["swapaxes_(Tensor(a!) self, int axis0, int axis1) -> Tensor(a!)"]),
+        ("t_", "t", &["t_(Tensor(a!) self) -> Tensor(a!)"]),
+        ("unsqueeze_", "unsqueeze", &["unsqueeze_(Tensor(a!) self, int dim) -> Tensor(a!)"]),
+        (
+            "squeeze_",
+            "squeeze",
+            &[
+                "squeeze_(Tensor(a!) self) -> Tensor(a!)",
+                "squeeze_.dim(Tensor(a!) self, int dim) -> Tensor(a!)",
+                "squeeze_.dims(Tensor(a!) self, int[] dim) -> Tensor(a!)",
+            ],
+        ),
+        (
+            "as_strided_",
+            "as_strided",
+            &["as_strided_(Tensor(a!) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a!)"],
+        ),
+    ] {
+        b.view_in_place(name, base, schemas);
+    }
+    // Eager grows the storage with uninitialized elements; Kiln's are 0.
+    let resize = b
+        .add(
+            "resize_",
+            View,
+            &["resize_(Tensor(a!) self, SymInt[] size) -> Tensor(a!)"],
+            Rule::View(views::resize),
+        )
+        .id();
+    b.ops[resize.0 as usize].metadata = Some(super::super::Metadata::Resize);
 }
