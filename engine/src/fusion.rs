@@ -21,8 +21,11 @@ pub enum Class {
 pub fn class(g: &Graph, n: NodeId) -> Result<Class, CompileError> {
     let def = g.nodes[n].op.def();
     match def.lowering {
-        Lowering::None | Lowering::NoKernel => {
+        Lowering::None | Lowering::NoKernel | Lowering::Composite => {
             let kind = match def.kind {
+                _ if def.lowering == Lowering::Composite => {
+                    "a composite op (functionalize first: it becomes its parts)"
+                }
                 OpKind::View | OpKind::MultiView | OpKind::ViewOrCopy => {
                     "a view (functionalize with mutations_and_views first)"
                 }

@@ -47,7 +47,7 @@ use kiln_functionalize::graph::{Graph, ValueId};
 #[cfg(feature = "compiler")]
 use kiln_functionalize::ops::OpKind;
 #[cfg(feature = "compiler")]
-use kiln_functionalize::{functionalize, Remove};
+use kiln_functionalize::{functionalize_decomposed, Remove};
 #[cfg(feature = "compiler")]
 use std::collections::HashSet;
 
@@ -195,7 +195,7 @@ pub(crate) fn compile_functional(
             msg: format!("no such parameter (the program has {})", src.inputs.len()),
         });
     }
-    let f = functionalize(src, Remove::MutationsAndViews)?;
+    let f = functionalize_decomposed(src, Remove::MutationsAndViews)?;
     if let Some(m) = f
         .mutated_inputs
         .iter()

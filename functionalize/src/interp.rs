@@ -302,6 +302,7 @@ pub fn eval(
                 .collect())
         }
         Rule::Scatter(view) => ops::kernels::scatter_eval(args, outs, *view),
+        Rule::Composite(f) => ops::composite::eval(op, *f, args, outs, &|o, a, m| eval(o, a, m)),
         Rule::InPlace(f) => {
             let t = this()?;
             check_hazards(&t, args, *f)?;

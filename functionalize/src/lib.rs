@@ -30,8 +30,8 @@ pub use graph::{Graph, NodeId, ValueId};
 pub use interp::{run, RunResult};
 pub use meta::Meta;
 pub use pass::{
-    functionalize, functionalize_traced, parse_functionalized, Functionalized, Functionalizer,
-    MutatedInput, Pruned, Remove,
+    functionalize, functionalize_decomposed, functionalize_traced, parse_functionalized,
+    Functionalized, Functionalizer, MutatedInput, Pruned, Remove,
 };
 pub use tensor::RTensor;
 pub use text::{parse, print};

@@ -258,12 +258,26 @@ struct Pass {
     /// The source statement being rewritten, and its line (for messages).
     at: Option<NodeId>,
     at_line: Option<usize>,
+    /// Composite ops are emitted as their parts.
+    decompose: bool,
 }
 
 /// Functionalizes `g`. Errors name the statement that cannot be
 /// functionalized (writes whose result would depend on visiting order).
+/// Composite ops (`conv2d`, ...) stay, as in PyTorch's functionalization.
 pub fn functionalize(g: &Graph, mode: Remove) -> Result<Functionalized> {
+    run(Functionalizer::new(mode, g.order.len()), g)
+}
+
+/// `functionalize`, with every composite op replaced by its parts (nested
+/// ones too): the program the compiler and the transforms read.
+pub fn functionalize_decomposed(g: &Graph, mode: Remove) -> Result<Functionalized> {
     let mut f = Functionalizer::new(mode, g.order.len());
+    f.pass.decompose = true;
+    run(f, g)
+}
+
+fn run(mut f: Functionalizer, g: &Graph) -> Result<Functionalized> {
     for &n in &g.order {
         if !f.node(g, n) {
             break;
@@ -300,6 +314,7 @@ impl Functionalizer {
             pending_names: Vec::with_capacity(3 * statements),
             at: None,
             at_line: None,
+            decompose: false,
         };
         Functionalizer {
             pass,
@@ -465,6 +480,53 @@ pub fn parse_functionalized(src: &str, mode: Remove) -> Result<(Graph, Pruned)> 
     Ok((g, r))
 }
 
+/// Where a composite's decomposition emits: the pass's new graph.
+struct Parts<'a>(&'a mut Pass);
+
+impl crate::rule::Emit for Parts<'_> {
+    fn meta(&self, v: ValueId) -> &Meta {
+        self.0.out.meta(v)
+    }
+    fn call_id(
+        &mut self,
+        op: OpId,
+        args: Vec<Arg<ValueId>>,
+    ) -> std::result::Result<crate::graph::Results, String> {
+        let p = &mut *self.0;
+        let def = op.def();
+        // Without views, a part that is a view is its copy (values are
+        // contiguous, so `reshape` is `view_copy` and `contiguous` nothing).
+        let (op, args) = match (p.mode, def.kind) {
+            (_, OpKind::InPlace) => {
+                return Err(format!(
+                    "internal error: a decomposition writes with {}",
+                    def.name
+                ))
+            }
+            (Remove::MutationsAndViews, OpKind::View | OpKind::MultiView) => {
+                p.view_call(op, args).map_err(|e| e.to_string())?
+            }
+            (Remove::MutationsAndViews, OpKind::ViewOrCopy) if def.name == "contiguous" => {
+                return match args.first() {
+                    Some(Arg::Tensor(v)) => Ok(smallvec::smallvec![*v]),
+                    _ => Err("internal error: contiguous without a tensor".into()),
+                };
+            }
+            (Remove::MutationsAndViews, OpKind::ViewOrCopy) => (p.view_op(op), args),
+            _ => (op, args),
+        };
+        p.emit_as(op, None, args).map_err(|e| e.to_string())
+    }
+    fn call_all(
+        &mut self,
+        name: &str,
+        args: Vec<Arg<ValueId>>,
+    ) -> std::result::Result<crate::graph::Results, String> {
+        let op = ops::lookup(name).ok_or_else(|| format!("internal error: no op {name}"))?;
+        self.call_id(op, args)
+    }
+}
+
 /// FX's name for the `k`-th value named after `base`: `base`, `base_1`, ...
 fn fx_name(base: &str, k: u32) -> Name {
     if k == 0 {
@@ -551,6 +613,9 @@ impl Pass {
         bound: Option<usize>,
         args: Vec<Arg<ValueId>>,
     ) -> Result<crate::graph::Results> {
+        if let (Rule::Composite(f), true) = (&op.def().rule, self.decompose) {
+            return self.expand(op, *f, args);
+        }
         let res = match bound {
             Some(overload) => self.out.call_bound(op, overload, args),
             None => self.out.call(op, &args),
@@ -589,6 +654,9 @@ impl Pass {
         ins: &[&Arc<Meta>],
         results: impl Iterator<Item = Arc<Meta>>,
     ) -> Result<crate::graph::Results> {
+        if self.decompose && matches!(op.def().rule, Rule::Composite(_)) {
+            return self.emit_as(op, Some(overload), args);
+        }
         let results = if self.same_input_metas(ins, &args) {
             results.collect()
         } else if self.contiguous_pointwise(op, ins, &args) {
@@ -597,6 +665,22 @@ impl Pass {
             return self.emit_as(op, Some(overload), args);
         };
         Ok(self.emit_inferred(op, overload, args, results))
+    }
+
+    /// Composite `op`'s parts in its place (nested composites expand in
+    /// turn): the program the compiler and the transforms read has none.
+    fn expand(
+        &mut self,
+        op: OpId,
+        f: ops::composite::DecompFn,
+        args: Vec<Arg<ValueId>>,
+    ) -> Result<crate::graph::Results> {
+        let (overload, bound) = ops::bind(op, &args).map_err(|m| self.err(m))?;
+        let name = &op.def().schemas[overload].overload;
+        let mut parts = Parts(self);
+        let res =
+            f(&mut parts, name, &bound).map_err(|m| self.err(format!("{}: {m}", op.name())))?;
+        Ok(res.into_iter().collect())
     }
 
     /// Appends `op(args)` bound by `overload`, with `results` known.
@@ -1208,16 +1292,12 @@ impl Pass {
         let v = self.regen(a.storage, &order.links())?;
         let flat = self.reshaped(v, &[-1])?;
         let have = self.out.meta(flat).numel();
-        let zeros = self.emit(
-            "zeros",
-            vec![
-                Arg::IntList(vec![(m.storage_numel - have) as i64]),
-                Arg::Dtype(m.dtype),
-            ],
-        )?;
         let all = self.emit(
-            "cat",
-            vec![Arg::TensorList(vec![Some(flat), Some(zeros)]), Arg::Int(0)],
+            "constant_pad_nd",
+            vec![
+                Arg::Tensor(flat),
+                Arg::IntList(vec![0, (m.storage_numel - have) as i64]),
+            ],
         )?;
         let sizes: Vec<i64> = m.sizes.iter().map(|&x| x as i64).collect();
         let value = self.reshaped(all, &sizes)?;

@@ -293,7 +293,9 @@ impl Schema {
                 "Tensor[]" | "Tensor?[]" => ParamType::TensorList,
                 "int" | "SymInt" => ParamType::Int,
                 "int[]" | "SymInt[]" => ParamType::IntList,
-                "int[1]" => ParamType::IntListOrInt,
+                // `int[2] stride=1`: a fixed-length list a bare integer
+                // may stand for (repeated by the op's rule).
+                t if is_fixed_int_list(t) => ParamType::IntListOrInt,
                 "float" => ParamType::Float,
                 "Scalar" => ParamType::Scalar,
                 "bool" => ParamType::Bool,
@@ -493,8 +495,22 @@ fn split_top_level(s: &str) -> Vec<&str> {
     out
 }
 
+/// `int[N]` or `SymInt[N]` for a digit `N`.
+fn is_fixed_int_list(t: &str) -> bool {
+    let inner = t
+        .strip_prefix("int[")
+        .or_else(|| t.strip_prefix("SymInt["))
+        .and_then(|r| r.strip_suffix(']'));
+    inner.is_some_and(|n| n.len() == 1 && n.as_bytes()[0].is_ascii_digit())
+}
+
 fn parse_default(d: &str, ty: ParamType) -> Arg<()> {
     match d {
+        _ if ty == ParamType::IntListOrInt && d != "None" && !d.starts_with('[') => {
+            Arg::IntList(vec![d
+                .parse()
+                .unwrap_or_else(|_| panic!("bad default {d}"))])
+        }
         "None" => Arg::None,
         "True" => Arg::Bool(true),
         "False" => Arg::Bool(false),

@@ -948,7 +948,16 @@ fn write_arg(s: &mut String, a: &Arg<ValueId>, names: &Names) {
 fn write_node(s: &mut String, g: &Graph, n: NodeId, names: &Names) {
     let node = &g.nodes[n];
     let def = node.op.def();
-    let k = def.schemas[node.overload].needed_args(&node.args);
+    let mut k = def.schemas[node.overload].needed_args(&node.args);
+    // Defaults dropped must not make another overload bind (`conv2d`
+    // without its `"valid"` is the sizes overload).
+    if k < node.args.len() && def.schemas.len() > 1 {
+        while k < node.args.len()
+            && ops::bind(node.op, &node.args[..k]).map(|(o, _)| o) != Ok(node.overload)
+        {
+            k += 1;
+        }
+    }
     for (i, &r) in node.results.iter().enumerate() {
         s.push_str(if i == 0 { "%" } else { ", %" });
         s.push_str(names.name(r));

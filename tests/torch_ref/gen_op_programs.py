@@ -961,6 +961,7 @@ def generate():
     gen_reductions()
     gen_linalg()
     gen_decoder_ops()
+    gen_composites()
     return CASES
 
 
@@ -1112,6 +1113,101 @@ def gen_decoder_ops():
                           ("f32", "bool", "int -1..2"), ("bool", "f32", None)):
         add("_to_copy", f"{src}_to_{dst}", [f"%x: {src}[3, 50]"], ["%t = t(%x)", f"%y = _to_copy(%t, {dst})"],
             ["%y"], [f"%x: {ann}"] if ann else None)
+
+
+def gen_composites():
+    """Composite ops (decomposed into table ops): convolution, pooling,
+    normalization, the hard activations, rolls and differences."""
+    c = "conv2d"
+    add(c, "basic_bias", ["%x: f32[2, 3, 7, 6]", "%w: f32[4, 3, 3, 3]", "%b: f32[4]"], [f"%y = {c}(%x, %w, %b)"], ["%y"])
+    add(c, "stride_padding", ["%x: f32[1, 3, 9, 8]", "%w: f32[5, 3, 3, 2]"], [f"%y = {c}(%x, %w, none, [2, 3], [1, 2])"], ["%y"])
+    add(c, "dilation_groups", ["%x: f32[2, 4, 9, 9]", "%w: f32[6, 2, 3, 3]", "%b: f32[6]"], [f"%y = {c}(%x, %w, %b, 1, 2, 2, 2)"], ["%y"])
+    add(c, "depthwise", ["%x: f32[1, 6, 8, 7]", "%w: f32[6, 1, 3, 3]"], [f"%y = {c}(%x, %w, none, 1, 1, 1, 6)"], ["%y"])
+    add(c, "pointwise_1x1", ["%x: f32[2, 8, 5, 5]", "%w: f32[3, 8, 1, 1]", "%b: f32[3]"], [f"%y = {c}(%x, %w, %b)"], ["%y"])
+    add(c, "padding_same_even_kernel", ["%x: f32[1, 2, 6, 7]", "%w: f32[3, 2, 4, 2]"], [f'%y = {c}(%x, %w, none, 1, "same", [1, 2])'], ["%y"])
+    add(c, "padding_valid", ["%x: f32[1, 2, 6, 7]", "%w: f32[3, 2, 3, 3]"], [f'%y = {c}(%x, %w, none, 1, "valid")'], ["%y"])
+    add(c, "unbatched", ["%x: f32[3, 6, 5]", "%w: f32[2, 3, 3, 3]", "%b: f32[2]"], [f"%y = {c}(%x, %w, %b, 1, 1)"], ["%y"])
+    add(c, "transposed_input", ["%x: f32[2, 3, 6, 7]", "%w: f32[4, 3, 3, 3]"], ["%t = transpose(%x, 2, 3)", f"%y = {c}(%t, %w)"], ["%y"])
+    add(c, "f16", ["%x: f16[1, 3, 6, 6]", "%w: f16[2, 3, 3, 3]", "%b: f16[2]"], [f"%y = {c}(%x, %w, %b, 1, 1)"], ["%y"])
+    add("conv1d", "stride_dilation", ["%x: f32[2, 3, 20]", "%w: f32[4, 3, 5]", "%b: f32[4]"], ["%y = conv1d(%x, %w, %b, 2, 3, 2)"], ["%y"])
+    add("conv1d", "groups_same", ["%x: f32[1, 4, 11]", "%w: f32[4, 2, 3]"], ['%y = conv1d(%x, %w, none, 1, "same", 1, 2)'], ["%y"])
+    add("conv3d", "basic", ["%x: f32[1, 2, 5, 6, 4]", "%w: f32[3, 2, 2, 3, 2]", "%b: f32[3]"], ["%y = conv3d(%x, %w, %b, 1, [1, 0, 1])"], ["%y"])
+    t = "conv_transpose2d"
+    add(t, "stride2_output_padding", ["%x: f32[2, 4, 5, 4]", "%w: f32[4, 3, 3, 3]", "%b: f32[3]"], [f"%y = {t}(%x, %w, %b, 2, 1, 1)"], ["%y"])
+    add(t, "groups_dilation", ["%x: f32[1, 4, 4, 5]", "%w: f32[4, 2, 2, 3]"], [f"%y = {t}(%x, %w, none, [1, 2], 0, 0, 2, [2, 1])"], ["%y"])
+    add("conv_transpose1d", "stride3_padding", ["%x: f32[2, 3, 7]", "%w: f32[3, 2, 4]"], ["%y = conv_transpose1d(%x, %w, none, 3, 2)"], ["%y"])
+    add("convolution", "explicit", ["%x: f32[1, 3, 8, 8]", "%w: f32[4, 3, 3, 3]", "%b: f32[4]"],
+        ["%y = convolution(%x, %w, %b, [2, 1], [1, 1], [1, 2], false, [0, 0], 1)"], ["%y"])
+    add("convolution", "transposed", ["%x: f32[1, 4, 5, 5]", "%w: f32[4, 2, 3, 3]"],
+        ["%y = convolution(%x, %w, none, [2, 2], [1, 1], [1, 1], true, [1, 0], 1)"], ["%y"])
+    m = "max_pool2d"
+    add(m, "kernel3_stride2_pad1", ["%x: f32[2, 3, 9, 8]"], [f"%y = {m}(%x, 3, 2, 1)"], ["%y"])
+    add(m, "ceil_mode_dilation", ["%x: f32[1, 2, 10, 9]"], [f"%y = {m}(%x, [3, 2], [2, 2], [1, 0], [2, 1], true)"], ["%y"])
+    add(m, "unbatched_default_stride", ["%x: f32[3, 8, 6]"], [f"%y = {m}(%x, 2)"], ["%y"])
+    add(m, "f16", ["%x: f16[1, 2, 6, 6]"], [f"%y = {m}(%x, 2)"], ["%y"])
+    add("max_pool1d", "basic", ["%x: f32[2, 3, 11]"], ["%y = max_pool1d(%x, 3, 2, 1)"], ["%y"])
+    a = "avg_pool2d"
+    add(a, "include_pad", ["%x: f32[2, 3, 7, 8]"], [f"%y = {a}(%x, 3, 2, 1)"], ["%y"])
+    add(a, "exclude_pad_ceil", ["%x: f32[1, 2, 7, 6]"], [f"%y = {a}(%x, 3, 2, 1, true, false)"], ["%y"])
+    add(a, "ceil_include_pad", ["%x: f32[1, 2, 8, 8]"], [f"%y = {a}(%x, 3, 2, 1, true)"], ["%y"])
+    add(a, "divisor_override", ["%x: f32[1, 2, 6, 6]"], [f"%y = {a}(%x, 2, 2, 0, false, true, 3)"], ["%y"])
+    add("avg_pool1d", "basic", ["%x: f32[2, 3, 10]"], ["%y = avg_pool1d(%x, 4, 3, 2, false, false)"], ["%y"])
+    p = "adaptive_avg_pool2d"
+    add(p, "to_1x1", ["%x: f32[2, 5, 7, 6]"], [f"%y = {p}(%x, [1, 1])"], ["%y"])
+    add(p, "equal_windows", ["%x: f32[1, 3, 8, 6]"], [f"%y = {p}(%x, [4, 3])"], ["%y"])
+    add(p, "unequal_windows", ["%x: f32[2, 3, 7, 5]"], [f"%y = {p}(%x, [3, 2])"], ["%y"])
+    add("adaptive_avg_pool1d", "unequal", ["%x: f32[2, 3, 10]"], ["%y = adaptive_avg_pool1d(%x, 4)"], ["%y"])
+    b = "batch_norm"
+    add(b, "eval", ["%x: f32[2, 3, 4, 5]", "%w: f32[3]", "%b: f32[3]", "%m: f32[3]", "%v: f32[3]"],
+        [f"%y = {b}(%x, %w, %b, %m, %v, false, 0.1, 1e-5, true)"], ["%y"], ["%v: uniform 0.5..2.0"])
+    add(b, "eval_no_affine_2d", ["%x: f32[4, 3]", "%m: f32[3]", "%v: f32[3]"],
+        [f"%y = {b}(%x, none, none, %m, %v, false, 0.1, 0.001, true)"], ["%y"], ["%v: uniform 0.5..2.0"])
+    add(b, "training_batch_stats", ["%x: f32[3, 2, 5]", "%w: f32[2]", "%b: f32[2]"],
+        [f"%y = {b}(%x, %w, %b, none, none, true, 0.1, 1e-5, true)"], ["%y"])
+    add("_native_batch_norm_legit_no_training", "three_results", ["%x: f32[2, 3, 4]", "%w: f32[3]", "%b: f32[3]", "%m: f32[3]", "%v: f32[3]"],
+        ["%y, %s, %r = _native_batch_norm_legit_no_training(%x, %w, %b, %m, %v, 0.1, 1e-5)"], ["%y", "%s", "%r"], ["%v: uniform 0.5..2.0"])
+    add("group_norm", "affine", ["%x: f32[2, 6, 3, 4]", "%w: f32[6]", "%b: f32[6]"], ["%y = group_norm(%x, 3, %w, %b)"], ["%y"])
+    add("group_norm", "plain_eps", ["%x: f32[3, 4, 5]"], ["%y = group_norm(%x, 2, none, none, 0.01)"], ["%y"])
+    add("rms_norm", "weight", ["%x: f32[3, 50]", "%w: f32[50]"], ["%y = rms_norm(%x, [50], %w)"], ["%y"])
+    add("rms_norm", "two_dims_eps", ["%x: f32[2, 3, 8]"], ["%y = rms_norm(%x, [3, 8], none, 0.001)"], ["%y"])
+    for op in ["hardswish", "hardsigmoid", "relu6", "mish"]:
+        add(op, "f32", ["%x: f32[3, 50]"], [f"%y = {op}(%x)"], ["%y"], ["%x: uniform -8.0..8.0"])
+        add(op + "_", "transposed", ["%x: f32[50, 3]"], ["%c = clone(%x)", "%t = t(%c)", f"%y = {op}_(%t)"], ["%y", "%c"], ["%x: uniform -8.0..8.0"])
+    add("hardswish", "f16", ["%x: f16[50]"], ["%y = hardswish(%x)"], ["%y"], ["%x: uniform -8.0..8.0"])
+    add("hardtanh", "bounds", ["%x: f32[3, 50]"], ["%y = hardtanh(%x, -0.5, 2)"], ["%y"], ["%x: uniform -4.0..4.0"])
+    add("hardtanh_", "default_bounds", ["%x: f32[50]"], ["%c = clone(%x)", "%y = hardtanh_(%c)"], ["%c"])
+    add("logsumexp", "dim_keepdim", ["%x: f32[3, 50]"], ["%y = logsumexp(%x, [1], true)", "%z = logsumexp(%x, 0)"], ["%y", "%z"])
+    add("logsumexp", "infinities", ["%x: f32[3]"], ["%m = full([2, 3], -inf)", "%y = logsumexp(%m, [1])"], ["%y"], None,
+        "all -inf: the result is -inf, not nan")
+    add("roll", "dims", ["%x: f32[4, 5, 3]"], ["%y = roll(%x, [2, -7], [0, 1])"], ["%y"])
+    add("roll", "flattened", ["%x: f32[3, 4]"], ["%y = roll(%x, 5)"], ["%y"])
+    add("diff", "twice_last_dim", ["%x: f32[3, 7]"], ["%y = diff(%x, 2)"], ["%y"])
+    add("diff", "prepend_append", ["%x: f32[4, 3]", "%p: f32[1, 3]", "%q: f32[2, 3]"], ["%y = diff(%x, 1, 0, %p, %q)"], ["%y"])
+    add("diff", "bool", ["%x: bool[9]"], ["%y = diff(%x)"], ["%y"])
+    # Metadata changed in place: later names of the tensor see the view.
+    mv = [
+        ("transpose_", "negative_dims", "%x: f32[3, 4, 5]", "transpose_(%c, -1, 0)"),
+        ("t_", "matrix", "%x: f32[3, 5]", "t_(%c)"),
+        ("swapdims_", "middle", "%x: f32[3, 4, 5]", "swapdims_(%c, 1, 2)"),
+        ("swapaxes_", "first_last", "%x: f32[3, 4, 5]", "swapaxes_(%c, 0, 2)"),
+        ("unsqueeze_", "last", "%x: f32[3, 5]", "unsqueeze_(%c, -1)"),
+        ("squeeze_", "all", "%x: f32[3, 1, 5, 1]", "squeeze_(%c)"),
+        ("squeeze_", "dim", "%x: f32[3, 1, 5]", "squeeze_(%c, 1)"),
+        ("squeeze_", "dims", "%x: f32[1, 3, 1, 5]", "squeeze_(%c, [0, 2])"),
+        ("as_strided_", "rows_with_gaps", "%x: f32[12]", "as_strided_(%c, [3, 3], [4, 1], 1)"),
+        ("resize_", "shrink", "%x: f32[3, 5]", "resize_(%c, [2, 4])"),
+    ]
+    for op, case, param, call in mv:
+        add(op, case, [param], ["%c = clone(%x)", f"%v = {call}", "%y = mul_(%c, 2)", "%z = add(%c, 1)"], ["%z", "%v"])
+    add("resize_", "grow_then_write", ["%x: f32[2, 3]", "%w: f32[2]"],
+        ["%c = clone(%x)", "%v = resize_(%c, [4, 2])", "%r = slice(%c, 0, 3, 4)", "%s = copy_(%r, %w)"], ["%c"], None,
+        "rows 3.. are new (eager leaves them uninitialized): written before read")
+    add("conv_transpose3d", "stride2", ["%x: f32[1, 2, 3, 2, 3]", "%w: f32[2, 3, 2, 2, 2]", "%b: f32[3]"],
+        ["%y = conv_transpose3d(%x, %w, %b, 2)"], ["%y"])
+    add("max_pool3d", "padding", ["%x: f32[1, 2, 5, 4, 6]"], ["%y = max_pool3d(%x, 3, 2, 1)"], ["%y"])
+    add("avg_pool3d", "ceil", ["%x: f32[1, 2, 5, 4, 6]"], ["%y = avg_pool3d(%x, 2, 2, 0, true)"], ["%y"])
+    add("_adaptive_avg_pool2d", "unequal", ["%x: f32[1, 2, 5, 7]"], ["%y = _adaptive_avg_pool2d(%x, [2, 3])"], ["%y"])
+    add("adaptive_avg_pool3d", "mixed", ["%x: f32[1, 2, 4, 5, 6]"], ["%y = adaptive_avg_pool3d(%x, [2, 3, 6])"], ["%y"])
 
 
 def main(argv=None) -> int:

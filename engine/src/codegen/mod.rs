@@ -601,7 +601,7 @@ impl<'a> Gen<'a> {
             Lowering::Map(_) | Lowering::Free(_) | Lowering::RegionScatter { .. } => {
                 Ok(vec![self.map_kernel(v, label, |s, i| s.node_at(n, k, i))?])
             }
-            Lowering::None => Err(CompileError::no_kernel(format!(
+            Lowering::None | Lowering::Composite => Err(CompileError::no_kernel(format!(
                 "`{name}` has no kernel (functionalize first)"
             ))),
             Lowering::NoKernel => Err(CompileError::no_kernel(format!(

@@ -64,6 +64,8 @@ fn entry(d: &OpDef) -> Entry {
         _ => None,
     };
     let f = via.unwrap_or(d);
+    // A composite runs, differentiates and batches as its parts.
+    let parts = matches!(f.rule, super::Rule::Composite(_));
     Entry {
         name: d.name.clone(),
         overloads: d.schemas.iter().map(|s| s.overload.clone()).collect(),
@@ -72,9 +74,9 @@ fn entry(d: &OpDef) -> Entry {
             None => kind_name(d.kind),
         },
         lowering: f.lowering.class_name(),
-        vjp: f.rules.vjp.is_some(),
-        jvp: f.rules.jvp.is_some(),
-        batching: f.rules.batch.is_some(),
+        vjp: parts || f.rules.vjp.is_some(),
+        jvp: parts || f.rules.jvp.is_some(),
+        batching: parts || f.rules.batch.is_some(),
         gpu: has_kernel(f),
         via: via.map(|v| v.name.clone()),
         inverse: d.inverse.map(inverse_name),

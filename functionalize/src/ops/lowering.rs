@@ -12,6 +12,8 @@ pub enum Lowering {
     /// A functional op no GPU kernel computes yet: compiling it fails
     /// naming the op.
     NoKernel,
+    /// A composite: functionalization replaces it by its parts.
+    Composite,
     /// Element `i` of the result is an expression of the inputs at
     /// computed indices: inlined into consumers.
     Map(Elem),
@@ -233,6 +235,7 @@ impl Lowering {
         match self {
             Lowering::None => "-",
             Lowering::NoKernel => "none yet",
+            Lowering::Composite => "its parts",
             Lowering::Map(_) => "map",
             Lowering::Free(_) => "free map",
             Lowering::RegionScatter { .. } => "region scatter",

@@ -10,6 +10,8 @@
 pub mod args;
 pub mod batching;
 pub mod catalog;
+pub mod composite;
+pub mod decomp;
 pub mod derivatives;
 pub mod expr;
 pub mod inverse;
@@ -71,6 +73,9 @@ pub enum Rule {
     },
     /// A custom function (registered by `custom::register`): `OpDef::custom` has its rules.
     Custom,
+    /// A decomposition into other ops (`composite`): its shape rule,
+    /// reference, lowering and transform rules are the parts'.
+    Composite(composite::DecompFn),
 }
 
 pub struct OpDef {
@@ -324,6 +329,7 @@ pub fn infer(id: OpId, args: &[Arg<&Meta>]) -> Result<Metas, String> {
             .map(|m| Meta::contiguous(m.dtype, m.sizes))
             .collect()),
         Rule::Scatter(view) => kernels::scatter_infer(args, *view),
+        Rule::Composite(f) => composite::infer(id, *f, args),
         Rule::InPlace(f) => {
             let this = args.first().and_then(|a| {
                 if let Arg::Tensor(t) = a {

@@ -12,7 +12,7 @@ pub mod emit;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, Results, ValueId};
 use crate::ops::OpId;
-use crate::pass::{functionalize, Remove};
+use crate::pass::{functionalize_decomposed, Remove};
 use crate::schema::Arg;
 use emit::{t, Emitter, R};
 
@@ -29,7 +29,7 @@ struct Prepared {
 
 impl Prepared {
     fn new(g: &Graph) -> Result<Prepared> {
-        let f = functionalize(g, Remove::MutationsAndViews)?;
+        let f = functionalize_decomposed(g, Remove::MutationsAndViews)?;
         let g = f.graph;
         let copy_ = crate::ops::lookup("copy_").expect("copy_ is in the table");
         let mut body = vec![];

@@ -4,6 +4,7 @@
 //! JVP and batching rules, view inverse. In-place forms (`add_`) and view
 //! copies (`slice_copy`) are derived from their base entries.
 
+mod composites;
 mod fills;
 mod indexing;
 mod linalg;
@@ -265,6 +266,26 @@ impl Builder {
         self.decl(id)
     }
 
+    /// A composite op: its decomposition into other ops of the table
+    /// (`composite`), with an in-place form when `inplace`.
+    fn composite(
+        &mut self,
+        name: &str,
+        schemas: &[&str],
+        f: super::composite::DecompFn,
+        inplace: bool,
+    ) -> Decl<'_> {
+        let rule = Rule::Composite(f);
+        let id = if inplace {
+            self.with_inplace(name, Functional, schemas, rule, L::Composite)
+                .id()
+        } else {
+            self.add(name, Functional, schemas, rule).id()
+        };
+        self.ops[id.0 as usize].lowering = L::Composite;
+        self.decl(id)
+    }
+
     fn kernel(
         &mut self,
         name: &str,
@@ -291,6 +312,7 @@ pub(super) fn build() -> Table {
     reductions::declare(&mut b);
     linalg::declare(&mut b);
     indexing::declare(&mut b);
+    composites::declare(&mut b);
     // Functional ops no declaration gave a kernel say so.
     for o in &mut b.ops {
         if o.lowering == L::None && matches!(o.kind, Functional | Factory) {

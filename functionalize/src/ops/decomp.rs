@@ -1,0 +1,1167 @@
+//! The decompositions of the composite ops (`composite`), as ATen's own
+//! decompositions compute them: convolution as an unfolded input times the
+//! weight (the GPU compiler fuses the unfold into the product's operand
+//! loads, so no column buffer exists), pooling as a reduction over
+//! unfolded windows, batch norm as a per-channel scale and shift, the hard
+//! activations as clamps. Each checks what eager checks first, naming the
+//! op, so a bad call is refused as eager refuses it and not by a part.
+
+use super::args::ArgsExt;
+use crate::dtype::DType;
+use crate::id::ValueId;
+use crate::rule::{float, int, ints, t, Emit, R};
+use crate::schema::Arg;
+
+type A = [Arg<ValueId>];
+type Out = R<Vec<ValueId>>;
+
+fn one(v: ValueId) -> Out {
+    Ok(vec![v])
+}
+
+fn usizes(v: &[usize]) -> Arg<ValueId> {
+    Arg::IntList(v.iter().map(|&x| x as i64).collect())
+}
+
+fn reshape(e: &mut dyn Emit, v: ValueId, sizes: &[usize]) -> R<ValueId> {
+    e.call("reshape", vec![t(v), usizes(sizes)])
+}
+
+/// List argument `i` with one entry per spatial dimension (`sp`); a single
+/// entry stands for all (`stride=1`); empty gives `default`.
+fn per_dim(a: &A, i: usize, sp: usize, what: &str, default: Option<&[i64]>) -> R<Vec<i64>> {
+    let l = a.int_list(i)?;
+    match (l.len(), default) {
+        (0, Some(d)) => Ok(d.to_vec()),
+        (1, _) => Ok(vec![l[0]; sp]),
+        (k, _) if k == sp => Ok(l.to_vec()),
+        _ => Err(format!("{what} must have 1 or {sp} entries, got {l:?}")),
+    }
+}
+
+fn positive(v: &[i64], what: &str) -> R<Vec<usize>> {
+    v.iter()
+        .map(|&x| {
+            usize::try_from(x)
+                .ok()
+                .filter(|&x| x > 0)
+                .ok_or_else(|| format!("{what} must be positive, got {v:?}"))
+        })
+        .collect()
+}
+
+fn non_negative(v: &[i64], what: &str) -> R<Vec<usize>> {
+    v.iter()
+        .map(|&x| usize::try_from(x).map_err(|_| format!("{what} must be non-negative, got {v:?}")))
+        .collect()
+}
+
+fn floats_only(e: &dyn Emit, v: ValueId, what: &str) -> R<()> {
+    match e.dtype(v) {
+        DType::F32 | DType::F16 => Ok(()),
+        d => Err(format!(
+            "{what} of {} is not supported (floats are)",
+            d.name()
+        )),
+    }
+}
+
+/// `[C]` per-channel values shaped to broadcast along dimension 1 of a
+/// rank-`rank` tensor.
+fn channel(e: &mut dyn Emit, v: ValueId, c: usize, rank: usize) -> R<ValueId> {
+    if rank <= 2 {
+        return Ok(v);
+    }
+    let mut s = vec![c];
+    s.resize(rank - 1, 1);
+    reshape(e, v, &s)
+}
+
+// ---------------------------------------------------------------- windows
+
+/// A pooling or convolution window along one dimension.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    size: usize,
+    kernel: usize,
+    stride: usize,
+    pad: usize,
+    dilation: usize,
+}
+
+impl Window {
+    fn span(&self) -> usize {
+        self.dilation * (self.kernel - 1) + 1
+    }
+
+    /// Positions a window starts at, ATen's `pooling_output_shape`.
+    fn outputs(&self, ceil: bool) -> R<usize> {
+        let avail = self.size + 2 * self.pad;
+        if avail < self.span() {
+            return Err(format!(
+                "a window of {} is larger than the padded input ({avail})",
+                self.span()
+            ));
+        }
+        let mut out =
+            (avail - self.span() + if ceil { self.stride - 1 } else { 0 }) / self.stride + 1;
+        if ceil && (out - 1) * self.stride >= self.size + self.pad {
+            out -= 1;
+        }
+        Ok(out)
+    }
+}
+
+/// `v` padded with `value` and unfolded into `outs` windows along each of
+/// its last `ws.len()` dimensions: the window elements become new trailing
+/// dimensions (`[..., o1, o2, k1, k2]`).
+fn unfold_windows(
+    e: &mut dyn Emit,
+    mut v: ValueId,
+    ws: &[Window],
+    outs: &[usize],
+    value: f64,
+) -> R<ValueId> {
+    let (sp, rank) = (ws.len(), e.rank(v));
+    // Right padding: enough for the last window (ceil mode), at least the
+    // left padding.
+    let rights: Vec<usize> = ws
+        .iter()
+        .zip(outs)
+        .map(|(w, &out)| {
+            let need = (out - 1) * w.stride + w.span();
+            need.saturating_sub(w.size + w.pad).max(w.pad)
+        })
+        .collect();
+    if ws.iter().zip(&rights).any(|(w, &r)| w.pad > 0 || r > 0) {
+        let mut pads = vec![];
+        for (w, &r) in ws.iter().zip(&rights).rev() {
+            pads.push(w.pad as i64);
+            pads.push(r as i64);
+        }
+        v = e.call("constant_pad_nd", vec![t(v), ints(&pads), float(value)])?;
+    }
+    for (i, (w, &out)) in ws.iter().zip(outs).enumerate() {
+        let d = (rank - sp + i) as i64;
+        v = e.call(
+            "unfold",
+            vec![t(v), int(d), int(w.span() as i64), int(w.stride as i64)],
+        )?;
+        // Right padding may leave room for more windows than eager has.
+        let have = (w.size + w.pad + rights[i] - w.span()) / w.stride + 1;
+        if have > out {
+            v = e.call("narrow", vec![t(v), int(d), int(0), int(out as i64)])?;
+        }
+        if w.dilation > 1 {
+            let last = (rank + i) as i64;
+            v = e.call(
+                "slice",
+                vec![
+                    t(v),
+                    int(last),
+                    int(0),
+                    int(w.span() as i64),
+                    int(w.dilation as i64),
+                ],
+            )?;
+        }
+    }
+    Ok(v)
+}
+
+/// The trailing window dimensions of `unfold_windows`' result.
+fn window_dims(sp: usize) -> Arg<ValueId> {
+    ints(&(1..=sp as i64).map(|i| -i).collect::<Vec<_>>())
+}
+
+// ------------------------------------------------------------ convolution
+
+/// How a convolution pads.
+enum Padding {
+    Explicit(Vec<usize>),
+    Same,
+    Valid,
+}
+
+/// A convolution's arguments after `conv2d`, `conv_transpose2d`, ...
+/// brought them to `convolution`'s.
+struct Conv {
+    sp: usize,
+    stride: Vec<usize>,
+    padding: Padding,
+    dilation: Vec<usize>,
+    transposed: bool,
+    output_padding: Vec<usize>,
+    groups: usize,
+}
+
+/// Argument 4 of `conv2d` and `conv2d.padding`: sizes or `same`/`valid`.
+fn padding_arg(a: &A, sp: usize, op: &str) -> R<Padding> {
+    match a.get(4) {
+        Some(Arg::Str(s)) if s == "same" => Ok(Padding::Same),
+        Some(Arg::Str(s)) if s == "valid" => Ok(Padding::Valid),
+        Some(Arg::Str(s)) => Err(format!(
+            "{op}: invalid padding string '{s}' (it takes 'same' or 'valid')"
+        )),
+        _ => Ok(Padding::Explicit(non_negative(
+            &per_dim(a, 4, sp, "padding", None)?,
+            "padding",
+        )?)),
+    }
+}
+
+fn conv_nd(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    let op = format!("conv{sp}d");
+    let c = Conv {
+        sp,
+        stride: positive(&per_dim(a, 3, sp, "stride", None)?, "stride")?,
+        padding: padding_arg(a, sp, &op)?,
+        dilation: positive(&per_dim(a, 5, sp, "dilation", None)?, "dilation")?,
+        transposed: false,
+        output_padding: vec![0; sp],
+        groups: groups(a.int(6)?)?,
+    };
+    conv(e, a, &c, &op)
+}
+
+fn groups(g: i64) -> R<usize> {
+    usize::try_from(g)
+        .ok()
+        .filter(|&g| g > 0)
+        .ok_or_else(|| format!("non-positive groups is not supported (got {g})"))
+}
+
+pub fn conv1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    conv_nd(e, a, 1)
+}
+pub fn conv2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    conv_nd(e, a, 2)
+}
+pub fn conv3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    conv_nd(e, a, 3)
+}
+
+fn conv_transpose_nd(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    let c = Conv {
+        sp,
+        stride: positive(&per_dim(a, 3, sp, "stride", None)?, "stride")?,
+        padding: Padding::Explicit(non_negative(
+            &per_dim(a, 4, sp, "padding", None)?,
+            "padding",
+        )?),
+        output_padding: non_negative(
+            &per_dim(a, 5, sp, "output_padding", None)?,
+            "output_padding",
+        )?,
+        groups: groups(a.int(6)?)?,
+        dilation: positive(&per_dim(a, 7, sp, "dilation", None)?, "dilation")?,
+        transposed: true,
+    };
+    conv(e, a, &c, &format!("conv_transpose{sp}d"))
+}
+
+pub fn conv_transpose1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    conv_transpose_nd(e, a, 1)
+}
+pub fn conv_transpose2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    conv_transpose_nd(e, a, 2)
+}
+pub fn conv_transpose3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    conv_transpose_nd(e, a, 3)
+}
+
+/// `convolution(input, weight, bias, stride, padding, dilation,
+/// transposed, output_padding, groups)`.
+pub fn convolution(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let w = *a.tensor(1)?;
+    let sp = e.rank(w).saturating_sub(2).max(1);
+    let c = Conv {
+        sp,
+        stride: positive(&per_dim(a, 3, sp, "stride", None)?, "stride")?,
+        padding: Padding::Explicit(non_negative(
+            &per_dim(a, 4, sp, "padding", None)?,
+            "padding",
+        )?),
+        dilation: positive(&per_dim(a, 5, sp, "dilation", None)?, "dilation")?,
+        transposed: a.bool(6)?,
+        output_padding: non_negative(
+            &per_dim(a, 7, sp, "output_padding", None)?,
+            "output_padding",
+        )?,
+        groups: groups(a.int(8)?)?,
+    };
+    conv(e, a, &c, "convolution")
+}
+
+/// Every convolution: `a` holds input, weight and bias first.
+fn conv(e: &mut dyn Emit, a: &A, c: &Conv, op: &str) -> Out {
+    let (x, w) = (*a.tensor(0)?, *a.tensor(1)?);
+    let bias = a.opt_tensor(2)?.copied();
+    let sp = c.sp;
+    let (xs, wsz) = (e.sizes(x), e.sizes(w));
+    if wsz.len() != sp + 2 {
+        return Err(format!(
+            "{op}: expected a weight of rank {}, got sizes {wsz:?}",
+            sp + 2
+        ));
+    }
+    let batched = match xs.len() {
+        r if r == sp + 2 => true,
+        r if r == sp + 1 => false,
+        _ => {
+            return Err(format!(
+                "{op}: expected a {}D (unbatched) or {}D (batched) input, got sizes {xs:?}",
+                sp + 1,
+                sp + 2
+            ))
+        }
+    };
+    floats_only(e, x, op)?;
+    if e.dtype(x) != e.dtype(w) || bias.is_some_and(|b| e.dtype(b) != e.dtype(x)) {
+        return Err(format!(
+            "{op}: input type ({}) and weight type ({}) should be the same",
+            e.dtype(x).name(),
+            e.dtype(w).name()
+        ));
+    }
+    // f16 as eager computes it: in f32, the bias included, rounded once.
+    let half = e.dtype(x) == DType::F16;
+    let (x, w, bias) = if half {
+        let b = match bias {
+            Some(b) => Some(e.cast(b, DType::F32)?),
+            None => None,
+        };
+        (e.cast(x, DType::F32)?, e.cast(w, DType::F32)?, b)
+    } else {
+        (x, w, bias)
+    };
+    let mut v = x;
+    let mut sizes = xs.clone();
+    if !batched {
+        v = e.call("unsqueeze", vec![t(v), int(0)])?;
+        sizes.insert(0, 1);
+    }
+    let (mut wv, mut w_sizes) = (w, wsz.clone());
+    let mut stride = c.stride.clone();
+    let mut explicit = None;
+    if c.transposed {
+        let (xv, ws, wt, pads) = transpose_as_conv(e, v, &mut sizes, w, &wsz, c, op)?;
+        v = xv;
+        w_sizes = ws;
+        wv = wt;
+        explicit = Some(pads);
+        stride = vec![1; sp];
+    }
+    let kernel = w_sizes[2..].to_vec();
+    let (batch, ch, o_ch) = (sizes[0], sizes[1], w_sizes[0]);
+    let g = c.groups;
+    if ch != w_sizes[1] * g || o_ch % g != 0 {
+        return Err(format!(
+            "{op}: given groups={g}, weight of size {wsz:?}, expected input {sizes:?} to have {} \
+             channels, but got {ch} channels instead",
+            w_sizes[1] * g
+        ));
+    }
+    if let Some(b) = bias {
+        if e.sizes(b) != [o_ch] {
+            return Err(format!(
+                "{op}: a bias of sizes {:?} for {o_ch} output channels",
+                e.sizes(b)
+            ));
+        }
+    }
+    // Padding per dimension (left, right); `same` puts the odd one right.
+    let pads: Vec<(usize, usize)> = match (explicit, &c.padding) {
+        (Some(p), _) => p,
+        (None, Padding::Valid) => vec![(0, 0); sp],
+        (None, Padding::Same) => {
+            if stride.iter().any(|&s| s != 1) {
+                return Err(format!(
+                    "{op}: padding='same' is not supported for strided convolutions"
+                ));
+            }
+            (0..sp)
+                .map(|i| {
+                    let total = c.dilation[i] * (kernel[i] - 1);
+                    (total / 2, total - total / 2)
+                })
+                .collect()
+        }
+        (None, Padding::Explicit(p)) => p.iter().map(|&p| (p, p)).collect(),
+    };
+    let ws: Vec<Window> = (0..sp)
+        .map(|i| {
+            let (l, r) = pads[i];
+            Window {
+                size: sizes[2 + i] + l + r - 2 * l.min(r),
+                kernel: kernel[i],
+                stride: stride[i],
+                pad: l.min(r),
+                dilation: c.dilation[i],
+            }
+        })
+        .collect();
+    if ws.iter().any(|w| w.kernel == 0) {
+        return Err(format!("{op}: a weight with a zero-sized kernel {wsz:?}"));
+    }
+    // Asymmetric (`same`) padding: the extra column padded first.
+    if pads.iter().any(|(l, r)| l != r) {
+        let mut p = vec![];
+        for (l, r) in pads.iter().rev() {
+            p.push((l - l.min(r)) as i64);
+            p.push((r - l.min(r)) as i64);
+        }
+        v = e.call("constant_pad_nd", vec![t(v), ints(&p), float(0.0)])?;
+    }
+    let outs = ws
+        .iter()
+        .map(|w| w.outputs(false))
+        .collect::<R<Vec<_>>>()
+        .map_err(|m| format!("{op}: {m}"))?;
+    let l: usize = outs.iter().product();
+    let k: usize = w_sizes[1] * kernel.iter().product::<usize>();
+    let pointwise = ws
+        .iter()
+        .all(|w| w.kernel == 1 && w.stride == 1 && w.pad == 0);
+    let cols_shape = if g == 1 {
+        vec![batch, k, l]
+    } else {
+        vec![batch, g, k, l]
+    };
+    let cols = if pointwise {
+        reshape(e, v, &cols_shape)?
+    } else {
+        let u = unfold_windows(e, v, &ws, &outs, 0.0)?;
+        // [N, C, o..., k...] -> [N, C, k..., o...].
+        let mut perm: Vec<i64> = vec![0, 1];
+        perm.extend((2 + sp..2 + 2 * sp).map(|d| d as i64));
+        perm.extend((2..2 + sp).map(|d| d as i64));
+        let p = e.call("permute", vec![t(u), ints(&perm)])?;
+        reshape(e, p, &cols_shape)?
+    };
+    let w_shape = if g == 1 {
+        vec![o_ch, k]
+    } else {
+        vec![g, o_ch / g, k]
+    };
+    let w2 = reshape(e, wv, &w_shape)?;
+    let prod = e.call("matmul", vec![t(w2), t(cols)])?;
+    let mut out_shape = vec![batch, o_ch];
+    out_shape.extend(&outs);
+    let mut r = reshape(e, prod, &out_shape)?;
+    if let Some(b) = bias {
+        let bc = channel(e, b, o_ch, sp + 2)?;
+        r = e.call("add", vec![t(r), t(bc)])?;
+    }
+    if !batched {
+        r = e.call("squeeze", vec![t(r), int(0)])?;
+    }
+    if half {
+        r = e.cast(r, DType::F16)?;
+    }
+    one(r)
+}
+
+/// The input, the weight's sizes and value, and the padding of a
+/// transposed convolution rewritten as a convolution.
+type AsConv = (ValueId, Vec<usize>, ValueId, Vec<(usize, usize)>);
+
+/// A transposed convolution as a convolution: the input with `stride - 1`
+/// zeros between elements, padded by `dilation (k - 1) - padding` (plus
+/// `output_padding` on the right; cropped where negative), and the weight
+/// flipped with its channel roles swapped per group.
+fn transpose_as_conv(
+    e: &mut dyn Emit,
+    mut v: ValueId,
+    sizes: &mut [usize],
+    w: ValueId,
+    w_sizes: &[usize],
+    c: &Conv,
+    op: &str,
+) -> R<AsConv> {
+    let sp = c.sp;
+    let Padding::Explicit(padding) = &c.padding else {
+        return Err(format!("{op}: padding must be sizes"));
+    };
+    let (cin, cout_g, g) = (w_sizes[0], w_sizes[1], c.groups);
+    if cin != sizes[1] || cin % g != 0 {
+        return Err(format!(
+            "{op}: given transposed=1, weight of size {w_sizes:?}, expected input {sizes:?} to \
+             have {cin} channels, but got {} channels instead",
+            sizes[1]
+        ));
+    }
+    let dtype = e.dtype(v);
+    let mut pads = vec![];
+    for i in 0..sp {
+        let d = 2 + i;
+        let s = c.stride[i];
+        if c.output_padding[i] >= s.max(c.dilation[i]) {
+            return Err(format!(
+                "{op}: output padding must be smaller than either stride or dilation"
+            ));
+        }
+        if s > 1 && sizes[d] > 0 {
+            // [.., L, ..] -> [.., L, s, ..] with zeros after each element.
+            let mut zs: Vec<usize> = sizes[..=d].to_vec();
+            zs.push(s - 1);
+            zs.extend_from_slice(&sizes[d + 1..]);
+            let z = e.call("zeros", vec![usizes(&zs), Arg::Dtype(dtype)])?;
+            let u = e.call("unsqueeze", vec![t(v), int(d as i64 + 1)])?;
+            let cat = e.call(
+                "cat",
+                vec![Arg::TensorList(vec![Some(u), Some(z)]), int(d as i64 + 1)],
+            )?;
+            let mut merged = sizes.to_vec();
+            merged[d] *= s;
+            let r = reshape(e, cat, &merged)?;
+            let len = (sizes[d] - 1) * s + 1;
+            v = e.call("narrow", vec![t(r), int(d as i64), int(0), int(len as i64)])?;
+            sizes[d] = len;
+        }
+        let span = (c.dilation[i] * (w_sizes[2 + i].max(1) - 1)) as i64;
+        let (l, r) = (
+            span - padding[i] as i64,
+            span - padding[i] as i64 + c.output_padding[i] as i64,
+        );
+        if l < 0 || r < 0 {
+            // Negative padding crops.
+            let (cl, cr) = ((-l).max(0) as usize, (-r).max(0) as usize);
+            if cl + cr >= sizes[d] {
+                return Err(format!("{op}: the padding leaves no output"));
+            }
+            let len = sizes[d] - cl - cr;
+            v = e.call(
+                "narrow",
+                vec![t(v), int(d as i64), int(cl as i64), int(len as i64)],
+            )?;
+            sizes[d] = len;
+        }
+        pads.push((l.max(0) as usize, r.max(0) as usize));
+    }
+    // [Cin, Cout/G, k...] -> flipped, [G, Cin/G, Cout/G, k...] with the
+    // channel roles swapped -> [Cout, Cin/G, k...].
+    let spatial: Vec<i64> = (2..2 + sp as i64).collect();
+    let f = e.call("flip", vec![t(w), ints(&spatial)])?;
+    let mut g_shape = vec![g, cin / g, cout_g];
+    g_shape.extend_from_slice(&w_sizes[2..]);
+    let r = reshape(e, f, &g_shape)?;
+    let tr = e.call("transpose", vec![t(r), int(1), int(2)])?;
+    let mut new_sizes = vec![g * cout_g, cin / g];
+    new_sizes.extend_from_slice(&w_sizes[2..]);
+    let wt = reshape(e, tr, &new_sizes)?;
+    Ok((v, new_sizes, wt, pads))
+}
+
+// ---------------------------------------------------------------- pooling
+
+/// A pool's input checked (rank `sp + 1` or `sp + 2`, floats), its
+/// windows and output sizes.
+struct Pool {
+    x: ValueId,
+    sp: usize,
+    ws: Vec<Window>,
+    outs: Vec<usize>,
+}
+
+fn pool(
+    e: &mut dyn Emit,
+    a: &A,
+    sp: usize,
+    op: &str,
+    dilation: Option<usize>,
+    ceil: bool,
+) -> R<Pool> {
+    let x = *a.tensor(0)?;
+    let sizes = e.sizes(x);
+    if sizes.len() != sp + 1 && sizes.len() != sp + 2 {
+        return Err(format!(
+            "{op}: expected {}D or {}D input, got sizes {sizes:?}",
+            sp + 1,
+            sp + 2
+        ));
+    }
+    floats_only(e, x, op)?;
+    let k = positive(&per_dim(a, 1, sp, "kernel_size", None)?, "kernel_size")?;
+    let s = positive(
+        &per_dim(
+            a,
+            2,
+            sp,
+            "stride",
+            Some(&k.iter().map(|&x| x as i64).collect::<Vec<_>>()),
+        )?,
+        "stride",
+    )?;
+    let p = non_negative(&per_dim(a, 3, sp, "padding", None)?, "padding")?;
+    let d = match dilation {
+        Some(i) => positive(&per_dim(a, i, sp, "dilation", None)?, "dilation")?,
+        None => vec![1; sp],
+    };
+    let at = sizes.len() - sp;
+    let ws: Vec<Window> = (0..sp)
+        .map(|i| Window {
+            size: sizes[at + i],
+            kernel: k[i],
+            stride: s[i],
+            pad: p[i],
+            dilation: d[i],
+        })
+        .collect();
+    if ws.iter().any(|w| w.pad * 2 > w.kernel) {
+        return Err(format!(
+            "{op}: pad should be at most half of effective kernel size, but got pad={p:?}, \
+             kernel_size={k:?}"
+        ));
+    }
+    let outs = ws
+        .iter()
+        .map(|w| w.outputs(ceil))
+        .collect::<R<Vec<_>>>()
+        .map_err(|m| format!("{op}: {m}"))?;
+    Ok(Pool { x, sp, ws, outs })
+}
+
+fn max_pool(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    let p = pool(e, a, sp, &format!("max_pool{sp}d"), Some(4), a.bool(5)?)?;
+    let u = unfold_windows(e, p.x, &p.ws, &p.outs, f64::NEG_INFINITY)?;
+    one(e.call("amax", vec![t(u), window_dims(p.sp)])?)
+}
+
+pub fn max_pool1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    max_pool(e, a, 1)
+}
+pub fn max_pool2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    max_pool(e, a, 2)
+}
+pub fn max_pool3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    max_pool(e, a, 3)
+}
+
+/// `avg_pool1d(self, kernel_size, stride, padding, ceil_mode,
+/// count_include_pad)`; 2-d and 3-d add `divisor_override`.
+fn avg_pool(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    let ceil = a.bool(4)?;
+    let include_pad = a.bool(5)?;
+    let p = pool(e, a, sp, &format!("avg_pool{sp}d"), None, ceil)?;
+    let u = unfold_windows(e, p.x, &p.ws, &p.outs, 0.0)?;
+    let sum = e.call("sum", vec![t(u), window_dims(sp)])?;
+    if let Some(d) = a.opt_int(6).ok().flatten() {
+        if d == 0 {
+            return Err(format!("avg_pool{sp}d: divisor must be not zero"));
+        }
+        return one(e.call("div", vec![t(sum), int(d)])?);
+    }
+    // ATen's divisor per output position: the window clipped to the padded
+    // input (or to the input without `count_include_pad`).
+    let per_dim: Vec<Vec<usize>> =
+        p.ws.iter()
+            .zip(&p.outs)
+            .map(|(w, &out)| {
+                (0..out)
+                    .map(|i| {
+                        let start = (i * w.stride) as i64 - w.pad as i64;
+                        let end = (start + w.kernel as i64).min((w.size + w.pad) as i64);
+                        let (s, en) = (start.max(0), end.min(w.size as i64));
+                        (if include_pad { end - start } else { en - s }) as usize
+                    })
+                    .collect()
+            })
+            .collect();
+    if per_dim
+        .iter()
+        .all(|d| d.iter().all(|&x| x == per_dim[0][0]))
+    {
+        let d: usize = per_dim.iter().map(|d| d[0]).product();
+        return one(e.call("div", vec![t(sum), int(d as i64)])?);
+    }
+    // Unequal divisors: the same windows summed over ones (the padded
+    // extent counting as input with `count_include_pad`).
+    let dtype = e.dtype(p.x);
+    let (shape, ws): (Vec<usize>, Vec<Window>) = if include_pad {
+        let ws: Vec<Window> =
+            p.ws.iter()
+                .map(|w| Window {
+                    size: w.size + 2 * w.pad,
+                    pad: 0,
+                    ..*w
+                })
+                .collect();
+        (ws.iter().map(|w| w.size).collect(), ws)
+    } else {
+        (p.ws.iter().map(|w| w.size).collect(), p.ws.clone())
+    };
+    let ones = e.call("ones", vec![usizes(&shape), Arg::Dtype(dtype)])?;
+    let windows = unfold_windows(e, ones, &ws, &p.outs, 0.0)?;
+    let counts = e.call("sum", vec![t(windows), window_dims(sp)])?;
+    one(e.call("div", vec![t(sum), t(counts)])?)
+}
+
+pub fn avg_pool1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    avg_pool(e, a, 1)
+}
+pub fn avg_pool2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    avg_pool(e, a, 2)
+}
+pub fn avg_pool3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    avg_pool(e, a, 3)
+}
+
+/// Adaptive average pooling: the mean over the input (output 1), over
+/// equal windows (sizes that divide), else a product per dimension with
+/// the averaging matrix, made from `arange`s (ATen's windows
+/// `[floor(j len / out), ceil((j + 1) len / out))`).
+fn adaptive_avg_pool(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    let op = format!("adaptive_avg_pool{sp}d");
+    let x = *a.tensor(0)?;
+    let sizes = e.sizes(x);
+    if sizes.len() != sp + 1 && sizes.len() != sp + 2 {
+        return Err(format!(
+            "{op}: expected {}D or {}D input, got sizes {sizes:?}",
+            sp + 1,
+            sp + 2
+        ));
+    }
+    floats_only(e, x, &op)?;
+    let at = sizes.len() - sp;
+    let ins = sizes[at..].to_vec();
+    let outs: Vec<usize> = per_dim(a, 1, sp, "output_size", None)?
+        .iter()
+        .zip(&ins)
+        .map(|(&o, &i)| if o < 0 { i } else { o as usize })
+        .collect();
+    if outs.contains(&0) || ins.contains(&0) {
+        return Err(format!(
+            "{op}: empty input or output sizes ({sizes:?} to {outs:?})"
+        ));
+    }
+    if outs.iter().all(|&s| s == 1) {
+        return one(e.call("mean", vec![t(x), window_dims(sp), Arg::Bool(true)])?);
+    }
+    if ins.iter().zip(&outs).all(|(i, o)| i % o == 0) {
+        let ws: Vec<Window> = ins
+            .iter()
+            .zip(&outs)
+            .map(|(&i, &o)| Window {
+                size: i,
+                kernel: i / o,
+                stride: i / o,
+                pad: 0,
+                dilation: 1,
+            })
+            .collect();
+        let u = unfold_windows(e, x, &ws, &outs, 0.0)?;
+        return one(e.call("mean", vec![t(u), window_dims(sp)])?);
+    }
+    let dtype = e.dtype(x);
+    let mut v = x;
+    for k in (0..sp).rev() {
+        let (len, out) = (ins[k] as i64, outs[k] as i64);
+        let j = e.call("arange", vec![int(out), Arg::Dtype(DType::I64)])?;
+        let jl = e.call("mul", vec![t(j), int(len)])?;
+        let start = e.call("floor_divide", vec![t(jl), int(out)])?;
+        let jl1 = e.call("add", vec![t(jl), int(len + out - 1)])?;
+        let end = e.call("floor_divide", vec![t(jl1), int(out)])?;
+        let i = e.call("arange", vec![int(len), Arg::Dtype(DType::I64)])?;
+        let i = reshape(e, i, &[len as usize, 1])?;
+        let ge = e.call("ge", vec![t(i), t(start)])?;
+        let lt = e.call("lt", vec![t(i), t(end)])?;
+        let inside = e.call("logical_and", vec![t(ge), t(lt)])?;
+        let inside = e.call("_to_copy", vec![t(inside), Arg::Dtype(dtype)])?;
+        let count = e.call("sub", vec![t(end), t(start)])?;
+        let count = e.call("_to_copy", vec![t(count), Arg::Dtype(dtype)])?;
+        let mat = e.call("div", vec![t(inside), t(count)])?;
+        let d = (at + k) as i64;
+        let last = sizes.len() as i64 - 1;
+        // Bring dimension k last, multiply, put it back.
+        let tr = if d == last {
+            v
+        } else {
+            e.call("transpose", vec![t(v), int(d), int(last)])?
+        };
+        let p = e.call("matmul", vec![t(tr), t(mat)])?;
+        v = if d == last {
+            p
+        } else {
+            e.call("transpose", vec![t(p), int(d), int(last)])?
+        };
+    }
+    one(e.call("clone", vec![t(v)])?)
+}
+
+pub fn adaptive_avg_pool1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    adaptive_avg_pool(e, a, 1)
+}
+pub fn adaptive_avg_pool2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    adaptive_avg_pool(e, a, 2)
+}
+pub fn adaptive_avg_pool3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    adaptive_avg_pool(e, a, 3)
+}
+
+// ----------------------------------------------------------- normalization
+
+/// ATen: `scale = weight / sqrt(var + eps)`, `shift = bias - mean * scale`,
+/// `x * scale + shift` per channel (dimension 1).
+#[allow(clippy::too_many_arguments)]
+fn normalize(
+    e: &mut dyn Emit,
+    x: ValueId,
+    mean: ValueId,
+    var: ValueId,
+    weight: Option<ValueId>,
+    bias: Option<ValueId>,
+    eps: f64,
+) -> R<ValueId> {
+    let sizes = e.sizes(x);
+    let (c, rank) = (sizes[1], sizes.len());
+    let ve = e.call("add", vec![t(var), float(eps)])?;
+    let mut scale = e.call("rsqrt", vec![t(ve)])?;
+    if let Some(w) = weight {
+        scale = e.call("mul", vec![t(w), t(scale)])?;
+    }
+    let ms = e.call("mul", vec![t(mean), t(scale)])?;
+    let shift = match bias {
+        Some(b) => e.call("sub", vec![t(b), t(ms)])?,
+        None => e.call("neg", vec![t(ms)])?,
+    };
+    let scale = channel(e, scale, c, rank)?;
+    let shift = channel(e, shift, c, rank)?;
+    let y = e.call("mul", vec![t(x), t(scale)])?;
+    e.call("add", vec![t(y), t(shift)])
+}
+
+fn channels(e: &dyn Emit, x: ValueId, op: &str, stats: &[Option<ValueId>]) -> R<usize> {
+    let sizes = e.sizes(x);
+    if sizes.len() < 2 {
+        return Err(format!(
+            "{op}: expected an input of at least 2 dimensions (N, C, ...), got sizes {sizes:?}"
+        ));
+    }
+    floats_only(e, x, op)?;
+    for s in stats.iter().flatten() {
+        if e.sizes(*s) != [sizes[1]] {
+            return Err(format!(
+                "{op}: a per-channel argument of sizes {:?} for {} channels",
+                e.sizes(*s),
+                sizes[1]
+            ));
+        }
+    }
+    Ok(sizes[1])
+}
+
+/// `batch_norm(input, weight, bias, running_mean, running_var, training,
+/// momentum, eps, cudnn_enabled)`.
+pub fn batch_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let (w, b) = (a.opt_tensor(1)?.copied(), a.opt_tensor(2)?.copied());
+    let (rm, rv) = (a.opt_tensor(3)?.copied(), a.opt_tensor(4)?.copied());
+    channels(e, x, "batch_norm", &[w, b, rm, rv])?;
+    let eps = a.float(7)?;
+    if !a.bool(5)? {
+        let (Some(rm), Some(rv)) = (rm, rv) else {
+            return Err(
+                "batch_norm: running_mean and running_var must be defined in evaluation mode"
+                    .into(),
+            );
+        };
+        return one(normalize(e, x, rm, rv, w, b, eps)?);
+    }
+    if rm.is_some() || rv.is_some() {
+        return Err(
+            "batch_norm in training mode writes running_mean and running_var in place, which \
+             this functional op cannot: pass none for them and update them with copy_ (the \
+             import writes the update)"
+                .into(),
+        );
+    }
+    let rank = e.rank(x) as i64;
+    let dims: Vec<i64> = std::iter::once(0).chain(2..rank).collect();
+    let mean = e.call("mean", vec![t(x), ints(&dims)])?;
+    let var = e.call("var", vec![t(x), ints(&dims), int(0)])?;
+    one(normalize(e, x, mean, var, w, b, eps)?)
+}
+
+/// `_native_batch_norm_legit_no_training(input, weight, bias,
+/// running_mean, running_var, momentum, eps)`: the result and two empty
+/// saved statistics.
+pub fn native_batch_norm_eval(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let (w, b) = (a.opt_tensor(1)?.copied(), a.opt_tensor(2)?.copied());
+    let (rm, rv) = (*a.tensor(3)?, *a.tensor(4)?);
+    channels(
+        e,
+        x,
+        "_native_batch_norm_legit_no_training",
+        &[w, b, Some(rm), Some(rv)],
+    )?;
+    let y = normalize(e, x, rm, rv, w, b, a.float(6)?)?;
+    let dtype = e.dtype(x);
+    let empty = e.call("zeros", vec![usizes(&[0]), Arg::Dtype(dtype)])?;
+    let empty2 = e.call("zeros", vec![usizes(&[0]), Arg::Dtype(dtype)])?;
+    Ok(vec![y, empty, empty2])
+}
+
+/// `group_norm(input, num_groups, weight, bias, eps, cudnn_enabled)`:
+/// statistics over each group of channels and the spatial dimensions, then
+/// the per-channel affine.
+pub fn group_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let (w, b) = (a.opt_tensor(2)?.copied(), a.opt_tensor(3)?.copied());
+    let c = channels(e, x, "group_norm", &[w, b])?;
+    let sizes = e.sizes(x);
+    let g = usize::try_from(a.int(1)?).unwrap_or(0);
+    if g == 0 || c % g != 0 {
+        return Err(format!(
+            "group_norm: expected number of channels in input to be divisible by num_groups, \
+             but got input of sizes {sizes:?} and num_groups={}",
+            a.int(1)?
+        ));
+    }
+    let batch = sizes[0];
+    let per = sizes.iter().product::<usize>() / (batch * g).max(1);
+    let grouped = reshape(e, x, &[batch, g, per])?;
+    let mean = e.call("mean", vec![t(grouped), ints(&[-1]), Arg::Bool(true)])?;
+    let var = e.call(
+        "var",
+        vec![t(grouped), ints(&[-1]), int(0), Arg::Bool(true)],
+    )?;
+    let ve = e.call("add", vec![t(var), float(a.float(4)?)])?;
+    let r = e.call("rsqrt", vec![t(ve)])?;
+    let d = e.call("sub", vec![t(grouped), t(mean)])?;
+    let nrm = e.call("mul", vec![t(d), t(r)])?;
+    let mut y = reshape(e, nrm, &sizes)?;
+    if let Some(w) = w {
+        let w = channel(e, w, c, sizes.len())?;
+        y = e.call("mul", vec![t(y), t(w)])?;
+    }
+    if let Some(b) = b {
+        let b = channel(e, b, c, sizes.len())?;
+        y = e.call("add", vec![t(y), t(b)])?;
+    }
+    one(y)
+}
+
+/// `rms_norm(input, normalized_shape, weight, eps)`:
+/// `x * rsqrt(mean(x^2) + eps) * weight` over the normalized dimensions
+/// (`eps` by default the dtype's machine epsilon).
+pub fn rms_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    floats_only(e, x, "rms_norm")?;
+    let shape = a.int_list(1)?.to_vec();
+    let sizes = e.sizes(x);
+    let k = shape.len();
+    if k > sizes.len()
+        || shape
+            .iter()
+            .zip(&sizes[sizes.len() - k..])
+            .any(|(&s, &x)| s != x as i64)
+    {
+        return Err(format!(
+            "rms_norm: normalized_shape {shape:?} is not the trailing sizes of the input {sizes:?}"
+        ));
+    }
+    let weight = a.opt_tensor(2)?.copied();
+    if let Some(w) = weight {
+        if e.sizes(w)
+            .iter()
+            .map(|&s| s as i64)
+            .ne(shape.iter().copied())
+        {
+            return Err(format!(
+                "rms_norm: weight of sizes {:?} for normalized_shape {shape:?}",
+                e.sizes(w)
+            ));
+        }
+    }
+    let eps = match a.get(3) {
+        Some(Arg::Float(f)) => *f,
+        _ if e.dtype(x) == DType::F16 => 0.0009765625,
+        _ => f32::EPSILON as f64,
+    };
+    let dims: Vec<i64> = (1..=k as i64).map(|i| -i).collect();
+    let sq = e.call("mul", vec![t(x), t(x)])?;
+    let mean = e.call("mean", vec![t(sq), ints(&dims), Arg::Bool(true)])?;
+    let pe = e.call("add", vec![t(mean), float(eps)])?;
+    let r = e.call("rsqrt", vec![t(pe)])?;
+    let y = e.call("mul", vec![t(x), t(r)])?;
+    match weight {
+        Some(w) => one(e.call("mul", vec![t(y), t(w)])?),
+        None => one(y),
+    }
+}
+
+// ------------------------------------------------------------ activations
+
+/// ATen: `x * min(max(x + 3, 0), 6) / 6`.
+pub fn hardswish(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    floats_only(e, x, "hardswish")?;
+    let p = e.call("add", vec![t(x), float(3.0)])?;
+    let c = e.call("clamp", vec![t(p), float(0.0), float(6.0)])?;
+    let m = e.call("mul", vec![t(x), t(c)])?;
+    one(e.call("div", vec![t(m), float(6.0)])?)
+}
+
+/// ATen: `min(max(x + 3, 0), 6) / 6`.
+pub fn hardsigmoid(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    floats_only(e, x, "hardsigmoid")?;
+    let p = e.call("add", vec![t(x), float(3.0)])?;
+    let c = e.call("clamp", vec![t(p), float(0.0), float(6.0)])?;
+    one(e.call("div", vec![t(c), float(6.0)])?)
+}
+
+/// `hardtanh(self, min_val=-1, max_val=1)`: a clamp.
+pub fn hardtanh(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let (lo, hi) = (a.scalar(1)?.to_f64(), a.scalar(2)?.to_f64());
+    if e.dtype(x) == DType::Bool {
+        return Err("hardtanh of bool is not supported".into());
+    }
+    one(e.call("clamp", vec![t(x), float(lo), float(hi)])?)
+}
+
+/// `relu6`: `hardtanh(x, 0, 6)`.
+pub fn relu6(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    one(e.call("hardtanh", vec![t(x), float(0.0), float(6.0)])?)
+}
+
+/// ATen: `x * tanh(softplus(x))`.
+pub fn mish(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    floats_only(e, x, "mish")?;
+    let sp = e.call("softplus", vec![t(x)])?;
+    let th = e.call("tanh", vec![t(sp)])?;
+    one(e.call("mul", vec![t(x), t(th)])?)
+}
+
+/// `logsumexp(self, dim, keepdim)`: `m + log(sum(exp(x - m)))`, `m` the
+/// maximum (0 where it is infinite).
+pub fn logsumexp(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    floats_only(e, x, "logsumexp")?;
+    let dims = ints(a.int_list(1)?);
+    let keep = a.bool(2)?;
+    let m = e.call("amax", vec![t(x), dims.clone(), Arg::Bool(true)])?;
+    let ab = e.call("abs", vec![t(m)])?;
+    let inf = e.call("eq", vec![t(ab), float(f64::INFINITY)])?;
+    let m = e.call("masked_fill", vec![t(m), t(inf), float(0.0)])?;
+    let d = e.call("sub", vec![t(x), t(m)])?;
+    let ex = e.call("exp", vec![t(d)])?;
+    let s = e.call("sum", vec![t(ex), dims.clone(), Arg::Bool(keep)])?;
+    let l = e.call("log", vec![t(s)])?;
+    let m = if keep {
+        m
+    } else {
+        e.call("squeeze", vec![t(m), dims])?
+    };
+    one(e.call("add", vec![t(l), t(m)])?)
+}
+
+// ------------------------------------------------------------------ shifts
+
+/// `roll(self, shifts, dims)`: per dimension, the last `shift` elements
+/// moved first (`cat` of two `narrow`s); without dims, of the flattened
+/// tensor.
+pub fn roll(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let sizes = e.sizes(x);
+    let shifts = a.int_list(1)?.to_vec();
+    let dims = a.int_list(2)?.to_vec();
+    let mut v = x;
+    let (now, pairs): (Vec<usize>, Vec<(i64, usize)>) = if dims.is_empty() {
+        if shifts.len() != 1 {
+            return Err(format!(
+                "roll: without dims it takes one shift, got {shifts:?}"
+            ));
+        }
+        v = reshape(e, v, &[sizes.iter().product()])?;
+        (vec![sizes.iter().product()], vec![(shifts[0], 0)])
+    } else {
+        if dims.len() != shifts.len() {
+            return Err(format!(
+                "roll: shifts and dimensions must align. shifts: {}, dims: {}",
+                shifts.len(),
+                dims.len()
+            ));
+        }
+        let pairs = shifts
+            .iter()
+            .zip(&dims)
+            .map(|(&s, &d)| Ok((s, crate::meta::wrap_dim(d, sizes.len())?)))
+            .collect::<R<Vec<_>>>()?;
+        (sizes.clone(), pairs)
+    };
+    for (s, d) in pairs {
+        let len = now[d] as i64;
+        if len == 0 {
+            continue;
+        }
+        let k = s.rem_euclid(len);
+        if k == 0 {
+            continue;
+        }
+        let tail = e.call("narrow", vec![t(v), int(d as i64), int(len - k), int(k)])?;
+        let head = e.call("narrow", vec![t(v), int(d as i64), int(0), int(len - k)])?;
+        v = e.call(
+            "cat",
+            vec![Arg::TensorList(vec![Some(tail), Some(head)]), int(d as i64)],
+        )?;
+    }
+    if dims.is_empty() {
+        v = reshape(e, v, &sizes)?;
+    }
+    one(e.call("clone", vec![t(v)])?)
+}
+
+/// `diff(self, n, dim, prepend, append)`: differences of neighbours along
+/// `dim`, `n` times, after `prepend` and `append` are joined (bools:
+/// `ne`, as ATen).
+pub fn diff(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let times = a.int(1)?;
+    if times < 0 {
+        return Err(format!("diff expects n to be non-negative, got {times}"));
+    }
+    let rank = e.rank(x);
+    if rank == 0 {
+        return Err("diff expects input to be at least one-dimensional".into());
+    }
+    let d = crate::meta::wrap_dim(a.int(2)?, rank)?;
+    let pre = a.opt_tensor(3)?.copied();
+    let app = a.opt_tensor(4)?.copied();
+    let mut v = x;
+    if pre.is_some() || app.is_some() {
+        let parts: Vec<Option<ValueId>> = [pre, Some(x), app]
+            .into_iter()
+            .flatten()
+            .map(Some)
+            .collect();
+        v = e.call("cat", vec![Arg::TensorList(parts), int(d as i64)])?;
+    }
+    let mut len = e.sizes(v)[d];
+    let op = if e.dtype(x) == DType::Bool {
+        "ne"
+    } else {
+        "sub"
+    };
+    for _ in 0..times {
+        if len == 0 {
+            break;
+        }
+        let hi = e.call(
+            "narrow",
+            vec![t(v), int(d as i64), int(1), int(len as i64 - 1)],
+        )?;
+        let lo = e.call(
+            "narrow",
+            vec![t(v), int(d as i64), int(0), int(len as i64 - 1)],
+        )?;
+        v = e.call(op, vec![t(hi), t(lo)])?;
+        len -= 1;
+    }
+    one(e.call("clone", vec![t(v)])?)
+}

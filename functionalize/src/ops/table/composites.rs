@@ -1,0 +1,166 @@
+//! Composite ops: each a decomposition into other ops of the table
+//! (`decomp.rs`), as ATen's CompositeImplicitAutograd ops are. Their
+//! reference, GPU lowering and transform rules are their parts'.
+
+use super::*;
+use crate::ops::decomp as dc;
+
+pub(super) fn declare(b: &mut Builder) {
+    for (name, conv, f) in [
+        (
+            "conv1d",
+            "SymInt[1]",
+            dc::conv1d as super::super::composite::DecompFn,
+        ),
+        ("conv2d", "SymInt[2]", dc::conv2d),
+        ("conv3d", "SymInt[3]", dc::conv3d),
+    ] {
+        b.composite(
+            name,
+            &[
+                &format!("{name}(Tensor input, Tensor weight, Tensor? bias=None, {conv} stride=1, {conv} padding=0, {conv} dilation=1, SymInt groups=1) -> Tensor"),
+                &format!("{name}.padding(Tensor input, Tensor weight, Tensor? bias=None, {conv} stride=1, str padding=\"valid\", {conv} dilation=1, SymInt groups=1) -> Tensor"),
+            ],
+            f,
+            false,
+        );
+    }
+    for (name, conv, f) in [
+        (
+            "conv_transpose1d",
+            "SymInt[1]",
+            dc::conv_transpose1d as super::super::composite::DecompFn,
+        ),
+        ("conv_transpose2d", "SymInt[2]", dc::conv_transpose2d),
+        ("conv_transpose3d", "SymInt[3]", dc::conv_transpose3d),
+    ] {
+        b.composite(
+            name,
+            &[&format!("{name}.input(Tensor input, Tensor weight, Tensor? bias=None, {conv} stride=1, {conv} padding=0, {conv} output_padding=0, SymInt groups=1, {conv} dilation=1) -> Tensor")],
+            f,
+            false,
+        );
+    }
+    b.composite(
+        "convolution",
+        &["convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor"],
+        dc::convolution,
+        false,
+    );
+    for (name, k, f) in [
+        (
+            "max_pool1d",
+            "int[1]",
+            dc::max_pool1d as super::super::composite::DecompFn,
+        ),
+        ("max_pool2d", "int[2]", dc::max_pool2d),
+        ("max_pool3d", "int[3]", dc::max_pool3d),
+    ] {
+        b.composite(
+            name,
+            &[&format!("{name}(Tensor self, {k} kernel_size, {k} stride=[], {k} padding=0, {k} dilation=1, bool ceil_mode=False) -> Tensor")],
+            f,
+            false,
+        );
+    }
+    b.composite(
+        "avg_pool1d",
+        &["avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor"],
+        dc::avg_pool1d,
+        false,
+    );
+    for (name, k, f) in [
+        (
+            "avg_pool2d",
+            "int[2]",
+            dc::avg_pool2d as super::super::composite::DecompFn,
+        ),
+        ("avg_pool3d", "int[3]", dc::avg_pool3d),
+    ] {
+        b.composite(
+            name,
+            &[&format!("{name}(Tensor self, {k} kernel_size, {k} stride=[], {k} padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None) -> Tensor")],
+            f,
+            false,
+        );
+    }
+    for (name, k, f) in [
+        (
+            "adaptive_avg_pool1d",
+            "int[1]",
+            dc::adaptive_avg_pool1d as super::super::composite::DecompFn,
+        ),
+        ("adaptive_avg_pool2d", "SymInt[2]", dc::adaptive_avg_pool2d),
+        ("_adaptive_avg_pool2d", "SymInt[2]", dc::adaptive_avg_pool2d),
+        ("adaptive_avg_pool3d", "SymInt[3]", dc::adaptive_avg_pool3d),
+    ] {
+        b.composite(
+            name,
+            &[&format!("{name}(Tensor self, {k} output_size) -> Tensor")],
+            f,
+            false,
+        );
+    }
+    b.composite(
+        "batch_norm",
+        &["batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool training, float momentum, float eps, bool cudnn_enabled) -> Tensor"],
+        dc::batch_norm,
+        false,
+    );
+    b.composite(
+        "_native_batch_norm_legit_no_training",
+        &["_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)"],
+        dc::native_batch_norm_eval,
+        false,
+    );
+    b.composite(
+        "group_norm",
+        &["group_norm(Tensor input, SymInt num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05, bool cudnn_enabled=True) -> Tensor"],
+        dc::group_norm,
+        false,
+    );
+    b.composite(
+        "rms_norm",
+        &["rms_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor"],
+        dc::rms_norm,
+        false,
+    );
+    b.composite(
+        "hardswish",
+        &["hardswish(Tensor self) -> Tensor"],
+        dc::hardswish,
+        true,
+    );
+    b.composite(
+        "hardsigmoid",
+        &["hardsigmoid(Tensor self) -> Tensor"],
+        dc::hardsigmoid,
+        true,
+    );
+    b.composite(
+        "hardtanh",
+        &["hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor"],
+        dc::hardtanh,
+        true,
+    );
+    b.composite("relu6", &["relu6(Tensor self) -> Tensor"], dc::relu6, true);
+    b.composite("mish", &["mish(Tensor self) -> Tensor"], dc::mish, true);
+    b.composite(
+        "logsumexp",
+        &["logsumexp(Tensor self, int[1] dim, bool keepdim=False) -> Tensor"],
+        dc::logsumexp,
+        false,
+    );
+    b.composite(
+        "roll",
+        &["roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor"],
+        dc::roll,
+        false,
+    );
+    b.composite(
+        "diff",
+        &["diff(Tensor self, int n=1, int dim=-1, Tensor? prepend=None, Tensor? append=None) -> Tensor"],
+        dc::diff,
+        false,
+    );
+}
