@@ -396,7 +396,9 @@ fn main_result(cli: Cli) -> Result<(), String> {
 
 /// `kiln import`: the program, and its weights by parameter name.
 fn import_cmd(model: &Path, output: Option<&Path>, weights: Option<&Path>) -> Result<(), String> {
-    let imp = import(model)?;
+    // The program as exported, every weight kept (the other commands fold
+    // batch norms into convolutions).
+    let imp = kiln::import::open_as_exported(model).map_err(|e| e.to_string())?;
     match output {
         Some(p) => std::fs::write(p, &imp.text)
             .map_err(|e| format!("cannot write {}: {e}", p.display()))?,

@@ -37,6 +37,14 @@ impl Archive {
     pub fn get(&self, name: &str) -> Option<&Stored> {
         self.tensors.iter().find(|t| t.name == name)
     }
+
+    /// A stored tensor's bytes.
+    pub fn bytes<'a>(&'a self, s: &'a Stored) -> &'a [u8] {
+        match &s.bytes {
+            Src::Map(r) => &self.map[r.clone()],
+            Src::Owned(v) => v,
+        }
+    }
 }
 
 struct Zip<'a> {

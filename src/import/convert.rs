@@ -5,7 +5,7 @@
 //! already functionalized export as `copy_` into the buffer.
 
 use super::archive::{self, Archive};
-use super::{decomp, ImportError, Role};
+use super::{decomp, fold, ImportError, Role};
 use kiln_functionalize::schema::{Arg, Schema};
 use kiln_functionalize::{ops, DType};
 use serde_json::Value;
@@ -238,6 +238,8 @@ pub struct Out {
     metas: HashMap<String, Meta>,
     /// State-dict name -> the parameter bound to it.
     by_fqn: HashMap<String, String>,
+    /// Graph input name -> state-dict name, for stored tensors.
+    weight_of: HashMap<String, String>,
     pub made: Vec<Made>,
 }
 
@@ -367,7 +369,10 @@ pub fn usizes(v: &[usize]) -> String {
 }
 
 /// Reads the archive's graph and writes the Kiln program.
-pub fn convert(a: &Archive) -> Result<Program, ImportError> {
+/// `fold`: batch norms fold into the convolutions before them (`fold`),
+/// and the weights no statement reads any more are no parameters. Off,
+/// the program is the export as it is, every weight a parameter.
+pub fn convert(a: &Archive, fold: bool) -> Result<Program, ImportError> {
     let gm = a
         .model
         .get("graph_module")
@@ -385,6 +390,7 @@ pub fn convert(a: &Archive) -> Result<Program, ImportError> {
         env: HashMap::new(),
         metas: HashMap::new(),
         by_fqn: HashMap::new(),
+        weight_of: HashMap::new(),
         made: vec![],
     };
     let symbolic = read_metas(a, graph, &mut out)?;
@@ -393,11 +399,64 @@ pub fn convert(a: &Archive) -> Result<Program, ImportError> {
         .get("nodes")
         .and_then(Value::as_array)
         .ok_or_else(|| damaged(a, "the graph has no `nodes` list"))?;
-    for (i, nv) in nodes.iter().enumerate() {
-        let n = node(nv).map_err(|m| damaged(a, &format!("node {i}: {m}")))?;
-        lower_node(&mut out, &n, nv)?;
+    let parsed = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, nv)| node(nv).map_err(|m| damaged(a, &format!("node {i}: {m}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let folds = match fold {
+        true => fold::plan(a, &parsed, &out.weight_of, &written(&parsed, sig, &out)),
+        false => HashMap::new(),
+    };
+    for (n, nv) in parsed.iter().zip(nodes) {
+        if let Some(f) = folds.get(&n.name) {
+            folded_conv(&mut out, n, f)?;
+        } else if !folds.values().any(|f| f.norm_node == n.name) {
+            lower_node(&mut out, n, nv)?;
+        }
     }
     let returns = outputs(a, sig, &mut out)?;
+    if !folds.is_empty() {
+        // The folded convolutions' weights and the batch norms' tensors.
+        let mut i = 0;
+        let mut bound = bound;
+        while i < params.len() - users {
+            let name = params[i][1..]
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            if mentions(&out.lines, &name) {
+                i += 1;
+                continue;
+            }
+            params.remove(i);
+            roles.remove(i);
+            bound.retain(|(p, _)| *p != name);
+        }
+        return finish(a, out, params, roles, bound, users, returns);
+    }
+    finish(a, out, params, roles, bound, users, returns)
+}
+
+/// Does the program text read `%name`?
+fn mentions(lines: &str, name: &str) -> bool {
+    let pat = format!("%{name}");
+    lines.match_indices(&pat).any(|(i, _)| {
+        !lines[i + pat.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
+/// The program's text around its statements.
+fn finish(
+    a: &Archive,
+    out: Out,
+    mut params: Vec<String>,
+    mut roles: Vec<Role>,
+    bound: Vec<(String, String)>,
+    users: usize,
+    returns: Vec<String>,
+) -> Result<Program, ImportError> {
     // Constants made at import are weights: before the user inputs.
     let at = params.len() - users;
     for m in out.made.iter().rev() {
@@ -423,6 +482,96 @@ pub fn convert(a: &Archive) -> Result<Program, ImportError> {
         bound,
         made: out.made,
     })
+}
+
+/// Graph tensors the program writes: `self` of in-place ops, and the
+/// targets of an already functionalized export's mutations.
+fn written(nodes: &[Node], sig: &Value, out: &Out) -> HashSet<String> {
+    let mut w: HashSet<String> = nodes
+        .iter()
+        .filter(|n| n.op.ends_with('_'))
+        .filter_map(|n| match n.args.first() {
+            Some((_, A::Tensor(t))) => Some(t.clone()),
+            _ => None,
+        })
+        .collect();
+    let specs = sig.get("output_specs").and_then(Value::as_array);
+    for spec in specs.into_iter().flatten() {
+        for key in ["buffer_name", "user_input_name"] {
+            let target = spec
+                .as_object()
+                .and_then(|o| o.values().next())
+                .and_then(|b| b.get(key))
+                .and_then(Value::as_str);
+            if let Some(t) = target {
+                w.insert(t.to_string());
+                w.extend(
+                    out.weight_of
+                        .iter()
+                        .filter(|(_, f)| *f == t)
+                        .map(|(n, _)| n.clone()),
+                );
+            }
+        }
+    }
+    w
+}
+
+/// A convolution with a batch norm folded into it: the table's op on the
+/// folded weight and bias, its result also the batch norm's.
+fn folded_conv(out: &mut Out, n: &Node, f: &fold::Fold) -> Result<(), ImportError> {
+    let w = out.constant(
+        &format!("{}_folded_weight", n.name),
+        f.dtype,
+        f.weight_sizes.clone(),
+        f.weight.clone(),
+    );
+    let b = out.constant(
+        &format!("{}_folded_bias", n.name),
+        f.dtype,
+        vec![f.weight_sizes[0]],
+        f.bias.clone(),
+    );
+    let (wn, bn) = (
+        format!("{}__folded_w", n.name),
+        format!("{}__folded_b", n.name),
+    );
+    out.bind(&wn, w);
+    out.bind(&bn, b);
+    let args = n
+        .args
+        .iter()
+        .map(|(k, a)| match k.as_str() {
+            "weight" => (k.clone(), A::Tensor(wn.clone())),
+            "bias" => (k.clone(), A::Tensor(bn.clone())),
+            _ => (k.clone(), a.clone()),
+        })
+        .chain(
+            (!n.args.iter().any(|(k, _)| k == "bias"))
+                .then(|| ("bias".to_string(), A::Tensor(bn.clone()))),
+        )
+        .collect();
+    let conv = Node {
+        op: n.op.clone(),
+        overload: n.overload.clone(),
+        name: n.name.clone(),
+        args,
+        outputs: n.outputs.clone(),
+        trace: n.trace,
+    };
+    let results = if let Some(d) = decomp::find(&conv.op) {
+        d(out, &conv)
+            .map_err(|m| ImportError::Op(format!("`{}` ({}): {m}", conv.target(), conv.place())))?
+    } else {
+        call_table(out, &conv)?
+    };
+    for (name, v) in n.outputs.iter().zip(&results) {
+        if let Some(name) = name {
+            out.bind(name, v.clone());
+        }
+    }
+    out.bind(&f.norm_output, results[0].clone());
+    Ok(())
 }
 
 fn damaged(a: &Archive, msg: &str) -> ImportError {
@@ -551,6 +700,7 @@ fn parameters(
         decls.push(format!("%{kiln}: {}{}", s.dtype.name(), usizes(&s.sizes)));
         out.bind(&name, format!("%{kiln}"));
         out.by_fqn.insert(fqn.clone(), format!("%{kiln}"));
+        out.weight_of.insert(name.clone(), fqn.clone());
         roles.push(Role::Weight(fqn.clone()));
         bound.push((kiln, fqn));
     }

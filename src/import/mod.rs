@@ -2,13 +2,15 @@
 //! import.md`): the archive is read and checked (`archive`), its graph
 //! becomes a Kiln program in the text format (`convert`), ATen ops Kiln
 //! runs through their decompositions are expanded on the way
-//! (`decomp`), and the weights become the program's bound parameters.
+//! (`decomp`), batch norms fold into the convolutions before them
+//! (`fold`), and the weights become the program's bound parameters.
 //! The program then goes through the same functionalization, transforms,
 //! compiler and export as any other.
 
 mod archive;
 mod convert;
 mod decomp;
+mod fold;
 mod run;
 
 pub use archive::is_zip as is_pt2;
@@ -107,10 +109,21 @@ impl Imported {
 }
 
 /// Reads a `.pt2` archive: checks it, converts its graph, binds its
-/// weights.
+/// weights. Batch norms fold into the convolutions before them
+/// (`open_as_exported` keeps the program as exported).
 pub fn open(path: &Path) -> Result<Imported, ImportError> {
+    open_with(path, true)
+}
+
+/// `open`, the program as exported: every op, every weight a parameter
+/// (what `kiln import` prints and writes).
+pub fn open_as_exported(path: &Path) -> Result<Imported, ImportError> {
+    open_with(path, false)
+}
+
+fn open_with(path: &Path, fold: bool) -> Result<Imported, ImportError> {
     let a = archive::open(path)?;
-    let prog = convert::convert(&a)?;
+    let prog = convert::convert(&a, fold)?;
     let graph = kiln_functionalize::parse(&prog.text).map_err(|e| {
         ImportError::Program(format!(
             "{}: the imported program does not parse ({e}); this is a bug in Kiln's \
