@@ -105,13 +105,17 @@ fn is_plain_conv(n: &Node) -> bool {
     }
 }
 
-/// A stored tensor the program does not write, by graph name: its values.
+/// A stored tensor's dtype, sizes and values.
+type Values = (DType, Vec<usize>, Vec<f64>);
+
+/// A stored tensor the program does not write, by graph name: its values
+/// (`Some(None)`: the argument is absent; `None`: not foldable).
 fn stored(
     a: &Archive,
     arg: Option<&A>,
     weights: &HashMap<String, String>,
     written: &HashSet<String>,
-) -> Option<Option<(DType, Vec<usize>, Vec<f64>)>> {
+) -> Option<Option<Values>> {
     let name = match arg {
         None | Some(A::None) => return Some(None),
         Some(A::Tensor(t)) => t,
@@ -145,7 +149,7 @@ fn fold(
 ) -> Option<Fold> {
     let (dtype, w_sizes, w) = stored(a, conv.get("weight"), weights, written)??;
     let o = *w_sizes.first()?;
-    let per = |v: Option<(DType, Vec<usize>, Vec<f64>)>| -> Option<Option<Vec<f64>>> {
+    let per = |v: Option<Values>| -> Option<Option<Vec<f64>>> {
         match v {
             None => Some(None),
             Some((_, s, v)) if s == [o] => Some(Some(v)),
