@@ -144,14 +144,6 @@ impl Node<'_> {
         }
     }
 
-    pub fn str(&self, name: &str, default: &str) -> Result<String, String> {
-        match self.get(name) {
-            None => Ok(default.to_string()),
-            Some(A::Str(s)) => Ok(s.clone()),
-            Some(a) => Err(format!("argument `{name}` is {a:?}, not a string")),
-        }
-    }
-
     /// A `ScalarType?` argument.
     pub fn dtype(&self, name: &str) -> Result<Option<DType>, String> {
         match self.get(name) {

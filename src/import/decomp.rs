@@ -37,7 +37,6 @@ pub fn find(op: &str) -> Option<Decomp> {
         "flatten" => flatten,
         "unflatten" => unflatten,
         "new_zeros" | "new_ones" | "new_full" | "new_empty" => new_fill,
-        "pad" => pad,
         "upsample_nearest1d"
         | "upsample_nearest2d"
         | "upsample_nearest3d"
@@ -241,19 +240,6 @@ fn bitwise(o: &mut Out, n: &Node) -> R {
         None => return Err("argument `other` is missing".into()),
     };
     Ok(vec![o.emit_out(n, 0, op, &[v, other])])
-}
-
-fn pad(o: &mut Out, n: &Node) -> R {
-    let mode = n.str("mode", "constant")?;
-    if mode != "constant" {
-        return Err(format!(
-            "pad mode `{mode}` is not supported yet (Kiln imports constant padding)"
-        ));
-    }
-    let x = o.val(n.tensor("self")?)?;
-    let p = ints(&n.ints("pad", 0, &[])?);
-    let value = float(n.opt_float("value")?.unwrap_or(0.0));
-    Ok(vec![o.emit_out(n, 0, "constant_pad_nd", &[x, p, value])])
 }
 
 fn expand_as(o: &mut Out, n: &Node) -> R {

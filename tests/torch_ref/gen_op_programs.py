@@ -1202,6 +1202,17 @@ def gen_composites():
     add("resize_", "grow_then_write", ["%x: f32[2, 3]", "%w: f32[2]"],
         ["%c = clone(%x)", "%v = resize_(%c, [4, 2])", "%r = slice(%c, 0, 3, 4)", "%s = copy_(%r, %w)"], ["%c"], None,
         "rows 3.. are new (eager leaves them uninitialized): written before read")
+    for mode in ["reflect", "replicate", "circular"]:
+        add("pad", mode, ["%x: f32[2, 3, 5, 6]"], [f'%y = pad(%x, [2, 1, 0, 3], "{mode}")'], ["%y"])
+    add("pad", "constant_value", ["%x: f32[3, 4]"], ['%y = pad(%x, [1, 2], "constant", 0.5)'], ["%y"])
+    add("pad", "constant_crop", ["%x: f32[3, 4]"], ["%y = pad(%x, [-1, 2, 1, -1])"], ["%y"])
+    add("pad", "reflect_3d_transposed", ["%x: f32[2, 4, 3, 5]"], ["%t = transpose(%x, 2, 3)", '%y = pad(%t, [1, 1, 2, 2, 1, 0], "reflect")'], ["%y"])
+    for op, sp in [("reflection_pad", 1), ("reflection_pad", 2), ("reflection_pad", 3),
+                   ("replication_pad", 1), ("replication_pad", 2), ("replication_pad", 3)]:
+        shape = [2, 3, 4, 5, 6][: sp + 2]
+        p = [1, 2, 2, 0, 0, 1][: 2 * sp]
+        add(f"{op}{sp}d", "batched", [f"%x: f32{shp(shape)}"], [f"%y = {op}{sp}d(%x, {shp(p)})"], ["%y"])
+    add("reflection_pad2d", "unbatched", ["%x: f32[3, 4, 5]"], ["%y = reflection_pad2d(%x, [3, 3, 1, 2])"], ["%y"])
     add("conv_transpose3d", "stride2", ["%x: f32[1, 2, 3, 2, 3]", "%w: f32[2, 3, 2, 2, 2]", "%b: f32[3]"],
         ["%y = conv_transpose3d(%x, %w, %b, 2)"], ["%y"])
     add("max_pool3d", "padding", ["%x: f32[1, 2, 5, 4, 6]"], ["%y = max_pool3d(%x, 3, 2, 1)"], ["%y"])

@@ -423,32 +423,21 @@ fn conv(e: &mut dyn Emit, a: &A, c: &Conv, op: &str) -> Out {
     let pointwise = ws
         .iter()
         .all(|w| w.kernel == 1 && w.stride == 1 && w.pad == 0);
-    let cols_shape = if g == 1 {
-        vec![batch, k, l]
-    } else {
-        vec![batch, g, k, l]
-    };
-    let cols = if pointwise {
-        reshape(e, v, &cols_shape)?
-    } else {
-        let u = unfold_windows(e, v, &ws, &outs, 0.0)?;
-        // [N, C, o..., k...] -> [N, C, k..., o...].
-        let mut perm: Vec<i64> = vec![0, 1];
-        perm.extend((2 + sp..2 + 2 * sp).map(|d| d as i64));
-        perm.extend((2..2 + sp).map(|d| d as i64));
-        let p = e.call("permute", vec![t(u), ints(&perm)])?;
-        reshape(e, p, &cols_shape)?
-    };
-    let w_shape = if g == 1 {
-        vec![o_ch, k]
-    } else {
-        vec![g, o_ch / g, k]
-    };
-    let w2 = reshape(e, wv, &w_shape)?;
-    let prod = e.call("matmul", vec![t(w2), t(cols)])?;
     let mut out_shape = vec![batch, o_ch];
     out_shape.extend(&outs);
-    let mut r = reshape(e, prod, &out_shape)?;
+    let mut r = if g > 1 && g == ch && !pointwise {
+        depthwise(e, v, wv, &ws, &outs, &kernel, o_ch / g, &out_shape)?
+    } else {
+        let cols = columns(e, v, &ws, &outs, pointwise, g, k, l)?;
+        let w_shape = if g == 1 {
+            vec![o_ch, k]
+        } else {
+            vec![g, o_ch / g, k]
+        };
+        let w2 = reshape(e, wv, &w_shape)?;
+        let prod = e.call("matmul", vec![t(w2), t(cols)])?;
+        reshape(e, prod, &out_shape)?
+    };
     if let Some(b) = bias {
         let bc = channel(e, b, o_ch, sp + 2)?;
         r = e.call("add", vec![t(r), t(bc)])?;
@@ -460,6 +449,67 @@ fn conv(e: &mut dyn Emit, a: &A, c: &Conv, op: &str) -> Out {
         r = e.cast(r, DType::F16)?;
     }
     one(r)
+}
+
+/// A depthwise convolution (one input channel per group, `m` outputs
+/// each): the windows times the weight, summed over the window, so the
+/// GPU compiler makes it one reduction reading the input through the
+/// unfold (a matrix product per channel would be one row each).
+#[allow(clippy::too_many_arguments)]
+fn depthwise(
+    e: &mut dyn Emit,
+    v: ValueId,
+    w: ValueId,
+    ws: &[Window],
+    outs: &[usize],
+    kernel: &[usize],
+    m: usize,
+    out_shape: &[usize],
+) -> R<ValueId> {
+    let sp = ws.len();
+    let c = e.sizes(v)[1];
+    // [N, C, 1, o..., k...] * [1, C, m, 1..., k...].
+    let u = unfold_windows(e, v, ws, outs, 0.0)?;
+    let u = e.call("unsqueeze", vec![t(u), int(2)])?;
+    let mut w_shape = vec![1, c, m];
+    w_shape.extend(std::iter::repeat_n(1, sp));
+    w_shape.extend_from_slice(kernel);
+    let w = reshape(e, w, &w_shape)?;
+    let p = e.call("mul", vec![t(u), t(w)])?;
+    let s = e.call("sum", vec![t(p), window_dims(sp)])?;
+    reshape(e, s, out_shape)
+}
+
+/// The input as the columns of a convolution's product: `[N, (G,) C/G *
+/// k, L]`.
+#[allow(clippy::too_many_arguments)]
+fn columns(
+    e: &mut dyn Emit,
+    v: ValueId,
+    ws: &[Window],
+    outs: &[usize],
+    pointwise: bool,
+    g: usize,
+    k: usize,
+    l: usize,
+) -> R<ValueId> {
+    let sp = ws.len();
+    let batch = e.sizes(v)[0];
+    let cols_shape = if g == 1 {
+        vec![batch, k, l]
+    } else {
+        vec![batch, g, k, l]
+    };
+    if pointwise {
+        return reshape(e, v, &cols_shape);
+    }
+    let u = unfold_windows(e, v, ws, outs, 0.0)?;
+    // [N, C, o..., k...] -> [N, C, k..., o...].
+    let mut perm: Vec<i64> = vec![0, 1];
+    perm.extend((2 + sp..2 + 2 * sp).map(|d| d as i64));
+    perm.extend((2..2 + sp).map(|d| d as i64));
+    let p = e.call("permute", vec![t(u), ints(&perm)])?;
+    reshape(e, p, &cols_shape)
 }
 
 /// The input, the weight's sizes and value, and the padding of a
@@ -1164,4 +1214,167 @@ pub fn diff(e: &mut dyn Emit, _: &str, a: &A) -> Out {
         len -= 1;
     }
     one(e.call("clone", vec![t(v)])?)
+}
+
+// ---------------------------------------------------------------- padding
+
+/// How `pad` fills the border.
+#[derive(Clone, Copy, PartialEq)]
+enum PadMode {
+    Reflect,
+    Replicate,
+    Circular,
+}
+
+/// `pad(self, pad, mode, value)`: `constant_pad_nd` for `constant`; the
+/// other modes per dimension (the pairs of `pad` from the last dimension
+/// back) as a `cat` of the input with its mirrored (`reflect`), edge
+/// (`replicate`) or opposite (`circular`) slices.
+pub fn pad(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let p = a.int_list(1)?.to_vec();
+    let mode = match a.opt_str(2)?.unwrap_or("constant") {
+        "constant" => {
+            let value = match a.get(3) {
+                Some(Arg::Float(v)) => *v,
+                _ => 0.0,
+            };
+            return one(e.call("constant_pad_nd", vec![t(x), ints(&p), float(value)])?);
+        }
+        "reflect" => PadMode::Reflect,
+        "replicate" => PadMode::Replicate,
+        "circular" => PadMode::Circular,
+        m => {
+            return Err(format!(
+                "Unrecognised padding mode {m} (it takes constant, reflect, replicate or circular)"
+            ))
+        }
+    };
+    if matches!(a.get(3), Some(Arg::Float(v)) if *v != 0.0) {
+        return Err(format!(
+            "Padding mode \"{}\" doesn't take in value argument",
+            a.opt_str(2)?.unwrap_or_default()
+        ));
+    }
+    // ATen pads 1, 2 or 3 trailing dimensions of a (un)batched input.
+    let rank = e.rank(x);
+    if !matches!((p.len(), rank), (2, 2 | 3) | (4, 3 | 4) | (6, 4 | 5)) {
+        return Err(format!(
+            "Only 2D, 3D, 4D, 5D padding with non-constant padding are supported for now \
+             (padding {p:?} of an input of rank {rank})"
+        ));
+    }
+    one(pad_border(e, x, &p, mode, "pad")?)
+}
+
+fn pad_border(e: &mut dyn Emit, x: ValueId, p: &[i64], mode: PadMode, op: &str) -> R<ValueId> {
+    let sizes = e.sizes(x);
+    if p.len() % 2 != 0 || p.len() / 2 > sizes.len() {
+        return Err(format!(
+            "{op}: padding length must be even and at most twice the input's rank ({sizes:?}), \
+             got {p:?}"
+        ));
+    }
+    let mut v = x;
+    for (i, pair) in p.chunks(2).enumerate() {
+        let d = sizes.len() - 1 - i;
+        let (l, r) = (pair[0], pair[1]);
+        if l < 0 || r < 0 {
+            return Err(format!(
+                "{op}: negative padding {p:?} is only for constant mode"
+            ));
+        }
+        let (l, r, n) = (l as usize, r as usize, sizes[d]);
+        let fits = match mode {
+            PadMode::Reflect => l < n && r < n,
+            PadMode::Replicate => n > 0 || l + r == 0,
+            PadMode::Circular => l <= n && r <= n,
+        };
+        if !fits {
+            return Err(format!(
+                "{op}: padding ({l}, {r}) at dimension {d} of an input of sizes {sizes:?} is too \
+                 large for this mode"
+            ));
+        }
+        if l + r == 0 {
+            continue;
+        }
+        let di = int(d as i64);
+        let narrow = |e: &mut dyn Emit, v: ValueId, s: usize, len: usize| {
+            e.call(
+                "narrow",
+                vec![t(v), di.clone(), int(s as i64), int(len as i64)],
+            )
+        };
+        let side = |e: &mut dyn Emit, v: ValueId, left: bool, k: usize| -> R<ValueId> {
+            match mode {
+                PadMode::Reflect => {
+                    let s = if left {
+                        narrow(e, v, 1, k)?
+                    } else {
+                        narrow(e, v, n - 1 - k, k)?
+                    };
+                    e.call("flip", vec![t(s), ints(&[d as i64])])
+                }
+                PadMode::Replicate => {
+                    let edge = narrow(e, v, if left { 0 } else { n - 1 }, 1)?;
+                    let mut to = e.sizes(v);
+                    to[d] = k;
+                    e.call("expand", vec![t(edge), usizes(&to)])
+                }
+                PadMode::Circular if left => narrow(e, v, n - k, k),
+                PadMode::Circular => narrow(e, v, 0, k),
+            }
+        };
+        let mut parts = vec![];
+        if l > 0 {
+            parts.push(Some(side(e, v, true, l)?));
+        }
+        parts.push(Some(v));
+        if r > 0 {
+            parts.push(Some(side(e, v, false, r)?));
+        }
+        v = e.call("cat", vec![Arg::TensorList(parts), di])?;
+    }
+    Ok(v)
+}
+
+fn border_pad(e: &mut dyn Emit, a: &A, sp: usize, mode: PadMode, op: &str) -> Out {
+    let x = *a.tensor(0)?;
+    let rank = e.rank(x);
+    if rank != sp + 1 && rank != sp + 2 {
+        return Err(format!(
+            "{op}: expected {}D or {}D input, got sizes {:?}",
+            sp + 1,
+            sp + 2,
+            e.sizes(x)
+        ));
+    }
+    let p = a.int_list(1)?.to_vec();
+    if p.len() != 2 * sp {
+        return Err(format!(
+            "{op}: padding must have {} entries, got {p:?}",
+            2 * sp
+        ));
+    }
+    one(pad_border(e, x, &p, mode, op)?)
+}
+
+pub fn reflection_pad1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    border_pad(e, a, 1, PadMode::Reflect, "reflection_pad1d")
+}
+pub fn reflection_pad2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    border_pad(e, a, 2, PadMode::Reflect, "reflection_pad2d")
+}
+pub fn reflection_pad3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    border_pad(e, a, 3, PadMode::Reflect, "reflection_pad3d")
+}
+pub fn replication_pad1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    border_pad(e, a, 1, PadMode::Replicate, "replication_pad1d")
+}
+pub fn replication_pad2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    border_pad(e, a, 2, PadMode::Replicate, "replication_pad2d")
+}
+pub fn replication_pad3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    border_pad(e, a, 3, PadMode::Replicate, "replication_pad3d")
 }

@@ -163,4 +163,29 @@ pub(super) fn declare(b: &mut Builder) {
         dc::diff,
         false,
     );
+    b.composite(
+        "pad",
+        &["pad(Tensor self, SymInt[] pad, str mode=\"constant\", float? value=None) -> Tensor"],
+        dc::pad,
+        false,
+    );
+    for (name, k, f) in [
+        (
+            "reflection_pad1d",
+            "SymInt[2]",
+            dc::reflection_pad1d as super::super::composite::DecompFn,
+        ),
+        ("reflection_pad2d", "SymInt[4]", dc::reflection_pad2d),
+        ("reflection_pad3d", "SymInt[6]", dc::reflection_pad3d),
+        ("replication_pad1d", "SymInt[2]", dc::replication_pad1d),
+        ("replication_pad2d", "SymInt[4]", dc::replication_pad2d),
+        ("replication_pad3d", "SymInt[6]", dc::replication_pad3d),
+    ] {
+        b.composite(
+            name,
+            &[&format!("{name}(Tensor self, {k} padding) -> Tensor")],
+            f,
+            false,
+        );
+    }
 }
