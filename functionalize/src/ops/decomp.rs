@@ -1269,7 +1269,7 @@ pub fn pad(e: &mut dyn Emit, _: &str, a: &A) -> Out {
 
 fn pad_border(e: &mut dyn Emit, x: ValueId, p: &[i64], mode: PadMode, op: &str) -> R<ValueId> {
     let sizes = e.sizes(x);
-    if p.len() % 2 != 0 || p.len() / 2 > sizes.len() {
+    if !p.len().is_multiple_of(2) || p.len() / 2 > sizes.len() {
         return Err(format!(
             "{op}: padding length must be even and at most twice the input's rank ({sizes:?}), \
              got {p:?}"
