@@ -1213,6 +1213,10 @@ def gen_composites():
         p = [1, 2, 2, 0, 0, 1][: 2 * sp]
         add(f"{op}{sp}d", "batched", [f"%x: f32{shp(shape)}"], [f"%y = {op}{sp}d(%x, {shp(p)})"], ["%y"])
     add("reflection_pad2d", "unbatched", ["%x: f32[3, 4, 5]"], ["%y = reflection_pad2d(%x, [3, 3, 1, 2])"], ["%y"])
+    add("max_pool2d_with_indices", "padding_stride", ["%x: f32[2, 3, 9, 8]"], ["%y, %i = max_pool2d_with_indices(%x, 3, 2, 1)"], ["%y", "%i"])
+    add("max_pool2d_with_indices", "ceil_dilation_unbatched", ["%x: f32[2, 10, 9]"], ["%y, %i = max_pool2d_with_indices(%x, [3, 2], [2, 2], [1, 0], [2, 1], true)"], ["%y", "%i"])
+    add("max_pool1d_with_indices", "basic", ["%x: f32[2, 3, 11]"], ["%y, %i = max_pool1d_with_indices(%x, 3, 2, 1)"], ["%y", "%i"])
+    add("max_pool3d_with_indices", "basic", ["%x: f32[1, 2, 5, 4, 6]"], ["%y, %i = max_pool3d_with_indices(%x, 2, [1, 2, 2])"], ["%y", "%i"])
     add("conv_transpose3d", "stride2", ["%x: f32[1, 2, 3, 2, 3]", "%w: f32[2, 3, 2, 2, 2]", "%b: f32[3]"],
         ["%y = conv_transpose3d(%x, %w, %b, 2)"], ["%y"])
     add("max_pool3d", "padding", ["%x: f32[1, 2, 5, 4, 6]"], ["%y = max_pool3d(%x, 3, 2, 1)"], ["%y"])

@@ -688,6 +688,68 @@ pub fn max_pool3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
     max_pool(e, a, 3)
 }
 
+/// `max_pool2d_with_indices`: the maxima, and where each was in the
+/// input (the flat index into its spatial dimensions, as ATen gives it):
+/// `max.dim` over the flattened window gives the element within the
+/// window, `arange`s of the output positions place it.
+fn max_pool_with_indices(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    let p = pool(
+        e,
+        a,
+        sp,
+        &format!("max_pool{sp}d_with_indices"),
+        Some(4),
+        a.bool(5)?,
+    )?;
+    let u = unfold_windows(e, p.x, &p.ws, &p.outs, f64::NEG_INFINITY)?;
+    let sizes = e.sizes(u);
+    let mut flat: Vec<usize> = sizes[..sizes.len() - sp].to_vec();
+    flat.push(p.ws.iter().map(|w| w.kernel).product());
+    let u = reshape(e, u, &flat)?;
+    let r = e.call_all("max", vec![t(u), int(-1)])?;
+    let (vals, mut rest) = (r[0], r[1]);
+    let xs = e.sizes(p.x);
+    let at = xs.len() - sp;
+    let mut index: Option<ValueId> = None;
+    let mut plane = 1i64;
+    for i in (0..sp).rev() {
+        let w = p.ws[i];
+        let k = w.kernel as i64;
+        let j = e.call("remainder", vec![t(rest), int(k)])?;
+        rest = e.call("floor_divide", vec![t(rest), int(k)])?;
+        // Output positions along dimension i, shaped to broadcast.
+        let o = e.call(
+            "arange",
+            vec![int(p.outs[i] as i64), Arg::Dtype(DType::I64)],
+        )?;
+        let mut shape = vec![p.outs[i]];
+        shape.extend(std::iter::repeat_n(1, sp - 1 - i));
+        let o = reshape(e, o, &shape)?;
+        let start = e.call("mul", vec![t(o), int(w.stride as i64)])?;
+        let start = e.call("sub", vec![t(start), int(w.pad as i64)])?;
+        let off = e.call("mul", vec![t(j), int(w.dilation as i64)])?;
+        let pos = e.call("add", vec![t(off), t(start)])?;
+        let term = e.call("mul", vec![t(pos), int(plane)])?;
+        index = Some(match index {
+            None => term,
+            Some(acc) => e.call("add", vec![t(acc), t(term)])?,
+        });
+        plane *= xs[at + i] as i64;
+    }
+    let index = index.ok_or("internal error: a pool without dimensions")?;
+    Ok(vec![vals, e.call("clone", vec![t(index)])?])
+}
+
+pub fn max_pool1d_with_indices(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    max_pool_with_indices(e, a, 1)
+}
+pub fn max_pool2d_with_indices(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    max_pool_with_indices(e, a, 2)
+}
+pub fn max_pool3d_with_indices(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    max_pool_with_indices(e, a, 3)
+}
+
 /// `avg_pool1d(self, kernel_size, stride, padding, ceil_mode,
 /// count_include_pad)`; 2-d and 3-d add `divisor_override`.
 fn avg_pool(e: &mut dyn Emit, a: &A, sp: usize) -> Out {

@@ -63,6 +63,30 @@ pub(super) fn declare(b: &mut Builder) {
             false,
         );
     }
+    for (name, k, f) in [
+        (
+            "max_pool1d_with_indices",
+            "int[1]",
+            dc::max_pool1d_with_indices as super::super::composite::DecompFn,
+        ),
+        (
+            "max_pool2d_with_indices",
+            "int[2]",
+            dc::max_pool2d_with_indices,
+        ),
+        (
+            "max_pool3d_with_indices",
+            "int[3]",
+            dc::max_pool3d_with_indices,
+        ),
+    ] {
+        b.composite(
+            name,
+            &[&format!("{name}(Tensor self, {k} kernel_size, {k} stride=[], {k} padding=0, {k} dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)")],
+            f,
+            false,
+        );
+    }
     b.composite(
         "avg_pool1d",
         &["avg_pool1d(Tensor self, int[1] kernel_size, int[1] stride=[], int[1] padding=0, bool ceil_mode=False, bool count_include_pad=True) -> Tensor"],
