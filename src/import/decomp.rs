@@ -217,29 +217,29 @@ fn min_max(o: &mut Out, n: &Node) -> R {
     Ok(vec![o.emit_out(n, 0, op, &[x, y])])
 }
 
-/// Bitwise ops of bools are the logical ones (masks); of integers Kiln
-/// has none yet.
+/// Python's operators (`__and__`, `__invert__`, ...) are the table's
+/// `bitwise_*` ops.
 fn bitwise(o: &mut Out, n: &Node) -> R {
-    let x = n.tensor("self")?;
-    if o.meta(x)?.dtype != DType::Bool {
-        return Err(format!(
-            "bitwise ops of {} tensors are not supported yet (of bool tensors they are)",
-            o.meta(x)?.dtype.name()
-        ));
-    }
-    let v = o.val(x)?;
-    let op = match n.op.trim_start_matches("__").trim_start_matches("bitwise_") {
-        "and__" | "and" => "logical_and",
-        "or__" | "or" => "logical_or",
-        "xor__" | "xor" => "ne",
-        _ => return Ok(vec![o.emit_out(n, 0, "logical_not", &[v])]),
+    let op = match n.op.trim_start_matches("__").trim_end_matches("__") {
+        "and" | "bitwise_and" => "bitwise_and",
+        "or" | "bitwise_or" => "bitwise_or",
+        "xor" | "bitwise_xor" => "bitwise_xor",
+        _ => "bitwise_not",
     };
-    let other = match n.get("other") {
-        Some(A::Tensor(t)) => o.val(t)?,
-        Some(a) => super::convert::render(o, a)?,
-        None => return Err("argument `other` is missing".into()),
+    let overload = match n.get("other") {
+        Some(A::Tensor(_)) => "Tensor",
+        Some(_) => "Scalar",
+        None => "default",
     };
-    Ok(vec![o.emit_out(n, 0, op, &[v, other])])
+    let renamed = Node {
+        op: op.into(),
+        overload: overload.into(),
+        name: n.name.clone(),
+        args: n.args.clone(),
+        outputs: n.outputs.clone(),
+        trace: n.trace,
+    };
+    super::convert::call_table(o, &renamed).map_err(|e| e.to_string())
 }
 
 fn expand_as(o: &mut Out, n: &Node) -> R {

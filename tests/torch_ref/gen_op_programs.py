@@ -1217,6 +1217,16 @@ def gen_composites():
     add("max_pool2d_with_indices", "ceil_dilation_unbatched", ["%x: f32[2, 10, 9]"], ["%y, %i = max_pool2d_with_indices(%x, [3, 2], [2, 2], [1, 0], [2, 1], true)"], ["%y", "%i"])
     add("max_pool1d_with_indices", "basic", ["%x: f32[2, 3, 11]"], ["%y, %i = max_pool1d_with_indices(%x, 3, 2, 1)"], ["%y", "%i"])
     add("max_pool3d_with_indices", "basic", ["%x: f32[1, 2, 5, 4, 6]"], ["%y, %i = max_pool3d_with_indices(%x, 2, [1, 2, 2])"], ["%y", "%i"])
+    for op in ["bitwise_and", "bitwise_or", "bitwise_xor"]:
+        add(op, "i32", ["%a: i32[3, 50]", "%b: i32[3, 50]"], [f"%y = {op}(%a, %b)"], ["%y"], ["%a: int -100..100", "%b: int -100..100"])
+        add(op, "i64_scalar", ["%a: i64[50]"], [f"%y = {op}(%a, 12)"], ["%y"], ["%a: int -1000..1000"])
+        add(op, "u32_broadcast_transposed", ["%a: u32[50, 3]", "%b: u32[3]"], ["%t = t(%a)", "%c = unsqueeze(%b, 1)", f"%y = {op}(%t, %c)"], ["%y"])
+        add(op, "bool", ["%a: bool[3, 50]", "%b: bool[3, 50]"], [f"%y = {op}(%a, %b)"], ["%y"])
+        add(op + "_", "i32_in_place", ["%a: i32[50]", "%b: i32[50]"], ["%c = clone(%a)", f"%y = {op}_(%c, %b)"], ["%c"], ["%a: int -100..100", "%b: int -100..100"])
+    add("bitwise_not", "i32", ["%a: i32[3, 50]"], ["%y = bitwise_not(%a)"], ["%y"], ["%a: int -100..100"])
+    add("bitwise_not", "i64", ["%a: i64[50]"], ["%y = bitwise_not(%a)"], ["%y"], ["%a: int -1000..1000"])
+    add("bitwise_not", "bool", ["%a: bool[50]"], ["%y = bitwise_not(%a)"], ["%y"])
+    add("bitwise_not_", "bool_in_place", ["%a: bool[50]"], ["%c = clone(%a)", "%y = bitwise_not_(%c)"], ["%c"])
     add("conv_transpose3d", "stride2", ["%x: f32[1, 2, 3, 2, 3]", "%w: f32[2, 3, 2, 2, 2]", "%b: f32[3]"],
         ["%y = conv_transpose3d(%x, %w, %b, 2)"], ["%y"])
     add("max_pool3d", "padding", ["%x: f32[1, 2, 5, 4, 6]"], ["%y = max_pool3d(%x, 3, 2, 1)"], ["%y"])

@@ -147,6 +147,10 @@ fn element(f: Func, a: &[(String, DType)], t: DType) -> Option<(String, DType)> 
             Func::Abs | Func::Sign => x.clone(),
             // x ** y: false only for false ** true.
             Func::Pow => format!("{x} || !{y}"),
+            Func::BitAnd => format!("{x} && {y}"),
+            Func::BitOr => format!("{x} || {y}"),
+            Func::BitXor => format!("{x} != {y}"),
+            Func::BitNot => format!("!{x}"),
             _ => return None,
         },
         _ => integer(f, x, y, t == DType::U32)?,
@@ -227,6 +231,11 @@ fn integer(f: Func, x: &str, y: &str, unsigned: bool) -> Option<String> {
         ),
         Func::Pow if unsigned => format!("k_powu({x}, {y})"),
         Func::Pow => format!("k_powi({x}, {y})"),
+        // Two's complement: i64 values held in i32 keep their bits.
+        Func::BitAnd => format!("{x} & {y}"),
+        Func::BitOr => format!("{x} | {y}"),
+        Func::BitXor => format!("{x} ^ {y}"),
+        Func::BitNot => format!("~{x}"),
         Func::Sign if unsigned => format!("min({x}, {one})"),
         Func::Sign => format!("sign({x})"),
         _ => return None,

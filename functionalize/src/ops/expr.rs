@@ -55,6 +55,11 @@ pub enum Func {
     Rem,
     /// `a ** b`.
     Pow,
+    /// Bitwise logic of integers (of bools: logic).
+    BitAnd,
+    BitOr,
+    BitXor,
+    BitNot,
     /// -1, 0 or 1 by the sign (NaN and signed zeros kept).
     Sign,
 }
@@ -74,6 +79,7 @@ impl Func {
             | Func::Cos
             | Func::Erf
             | Func::Not
+            | Func::BitNot
             | Func::Sign => 1,
             Func::Select => 3,
             _ => 2,
@@ -139,6 +145,10 @@ funcs! {
     rem: Rem(a, b);
     pow: Pow(a, b);
     sign: Sign(a);
+    bit_and: BitAnd(a, b);
+    bit_or: BitOr(a, b);
+    bit_xor: BitXor(a, b);
+    bit_not: BitNot(a);
 }
 
 macro_rules! binop {
@@ -210,6 +220,10 @@ impl Expr {
                     Func::DivFloor => (a[0] / a[1]).floor(),
                     Func::Rem => a[0] - (a[0] / a[1]).floor() * a[1],
                     Func::Pow => a[0].powf(a[1]),
+                    Func::BitAnd => ((a[0] as i64) & (a[1] as i64)) as f64,
+                    Func::BitOr => ((a[0] as i64) | (a[1] as i64)) as f64,
+                    Func::BitXor => ((a[0] as i64) ^ (a[1] as i64)) as f64,
+                    Func::BitNot => !(a[0] as i64) as f64,
                     Func::Sign if a[0] > 0.0 => 1.0,
                     Func::Sign if a[0] < 0.0 => -1.0,
                     Func::Sign => a[0],

@@ -538,6 +538,74 @@ pub fn logical_or(a: &A) -> Result<PwPlan, String> {
     logical(a, ex::or, |x, y| x || y)
 }
 
+/// `bitwise_and` / `or` / `xor`: integers and bools (of bools, logic).
+fn bitwise(
+    a: &A,
+    name: &str,
+    op: fn(Expr, Expr) -> Expr,
+    f: fn(i64, i64) -> i64,
+) -> Result<PwPlan, String> {
+    let d = common_of(a)?;
+    if d.is_float() {
+        return Err(format!(
+            "\"{name}_cpu\" not implemented for '{}'",
+            aten_name(d)
+        ));
+    }
+    binary(a, op(x(), arg(1)), same, move |_, x, y| {
+        Ok(f(x as i64, y as i64) as f64)
+    })
+}
+
+/// ATen's name of a dtype in its kernel errors.
+fn aten_name(d: DType) -> &'static str {
+    match d {
+        DType::F16 => "Half",
+        DType::F32 => "Float",
+        DType::I32 => "Int",
+        DType::I64 => "Long",
+        DType::U32 => "UInt32",
+        DType::Bool => "Bool",
+    }
+}
+
+pub fn bitwise_and(a: &A) -> Result<PwPlan, String> {
+    bitwise(a, "bitwise_and", ex::bit_and, |x, y| x & y)
+}
+pub fn bitwise_or(a: &A) -> Result<PwPlan, String> {
+    bitwise(a, "bitwise_or", ex::bit_or, |x, y| x | y)
+}
+pub fn bitwise_xor(a: &A) -> Result<PwPlan, String> {
+    bitwise(a, "bitwise_xor", ex::bit_xor, |x, y| x ^ y)
+}
+
+/// `bitwise_not`: `~x` of integers, `not` of bools.
+pub fn bitwise_not(a: &A) -> Result<PwPlan, String> {
+    let d = a.tensor(0)?.dtype;
+    if d.is_float() {
+        return Err(format!(
+            "\"bitwise_not_cpu\" not implemented for '{}'",
+            aten_name(d)
+        ));
+    }
+    Ok(PwPlan {
+        expr: ex::bit_not(x()),
+        operands: smallvec::smallvec![Operand {
+            src: Src::Arg(0),
+            cast: d,
+        }],
+        out_dtype: d,
+        f: Box::new(move |v| {
+            let x = v[0] as i64;
+            Ok(match d {
+                DType::Bool => (x == 0) as i64 as f64,
+                DType::U32 => (!(x as u32)) as f64,
+                _ => !x as f64,
+            })
+        }),
+    })
+}
+
 /// `remainder`: `x - floor(x / y) * y`, the divisor's sign (Python's `%`).
 pub fn remainder(a: &A) -> Result<PwPlan, String> {
     if common_of(a)? == DType::Bool {

@@ -222,6 +222,22 @@ pub(super) fn declare(b: &mut Builder) {
         )
         .rules(d::no_grad, d::jvp_none, bt::elementwise);
     }
+    for (n, plan) in [
+        ("bitwise_and", p::bitwise_and as p::PlanFn),
+        ("bitwise_or", p::bitwise_or),
+        ("bitwise_xor", p::bitwise_xor),
+    ] {
+        let [s0, s1] = bin(n);
+        b.pointwise(n, &[&s0, &s1], plan, true)
+            .rules(d::no_grad, d::jvp_none, bt::elementwise);
+    }
+    b.pointwise(
+        "bitwise_not",
+        &[&unary("bitwise_not")],
+        p::bitwise_not,
+        true,
+    )
+    .rules(d::no_grad, d::jvp_none, bt::elementwise);
     b.pointwise(
         "remainder",
         &[
