@@ -56,12 +56,7 @@ impl Emit for Shapes {
         &self.metas[number(v)]
     }
     fn call_id(&mut self, op: OpId, args: Vec<Arg<ValueId>>) -> R<Results> {
-        let (_, bound) = bind(op, &args)?;
-        let metas: Vec<Arg<&Meta>> = bound
-            .iter()
-            .map(|a| a.map(&mut |v| &self.metas[number(*v)]))
-            .collect();
-        let outs = infer_op(op, &metas).map_err(|e| format!("{}: {e}", op.name()))?;
+        let (_, outs) = bind_infer(&self.metas, op, &args)?;
         Ok(outs
             .into_iter()
             .map(|m| {
@@ -71,9 +66,23 @@ impl Emit for Shapes {
             .collect())
     }
     fn call_all(&mut self, name: &str, args: Vec<Arg<ValueId>>) -> R<Results> {
-        let op = super::lookup(name).ok_or_else(|| format!("internal error: no op {name}"))?;
-        self.call_id(op, args)
+        self.call_id(by_name(name)?, args)
     }
+}
+
+/// `op(args)` bound, and its results' metadata (`metas` by value number).
+fn bind_infer(metas: &[Meta], op: OpId, args: &[Arg<ValueId>]) -> R<(Vec<Arg<ValueId>>, Metas)> {
+    let (_, bound) = bind(op, args)?;
+    let m: Vec<Arg<&Meta>> = bound
+        .iter()
+        .map(|a| a.map(&mut |v| &metas[number(*v)]))
+        .collect();
+    let outs = infer_op(op, &m).map_err(|e| format!("{}: {e}", op.name()))?;
+    Ok((bound, outs))
+}
+
+fn by_name(name: &str) -> R<OpId> {
+    super::lookup(name).ok_or_else(|| format!("internal error: no op {name}"))
 }
 
 /// The results' metadata of composite `op`: fresh tensors, never views of
@@ -120,12 +129,7 @@ impl Emit for Eager<'_> {
         &self.metas[number(v)]
     }
     fn call_id(&mut self, op: OpId, args: Vec<Arg<ValueId>>) -> R<Results> {
-        let (_, bound) = bind(op, &args)?;
-        let metas: Vec<Arg<&Meta>> = bound
-            .iter()
-            .map(|a| a.map(&mut |v| &self.metas[number(*v)]))
-            .collect();
-        let outs = infer_op(op, &metas).map_err(|e| format!("{}: {e}", op.name()))?;
+        let (bound, outs) = bind_infer(&self.metas, op, &args)?;
         let tensors: Vec<Arg<RTensor>> = bound
             .iter()
             .map(|a| a.map(&mut |v| self.values[number(*v)].clone()))
@@ -141,8 +145,7 @@ impl Emit for Eager<'_> {
             .collect())
     }
     fn call_all(&mut self, name: &str, args: Vec<Arg<ValueId>>) -> R<Results> {
-        let op = super::lookup(name).ok_or_else(|| format!("internal error: no op {name}"))?;
-        self.call_id(op, args)
+        self.call_id(by_name(name)?, args)
     }
 }
 

@@ -19,6 +19,33 @@ fn one(v: ValueId) -> Out {
     Ok(vec![v])
 }
 
+/// The ops of one family at spatial rank 1, 2 and 3 (`conv1d`, `conv2d`,
+/// `conv3d`): `f` with the rank.
+macro_rules! by_rank {
+    ($($f:ident => $one:ident, $two:ident, $three:ident;)*) => {$(
+        pub fn $one(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+            $f(e, a, 1)
+        }
+        pub fn $two(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+            $f(e, a, 2)
+        }
+        pub fn $three(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+            $f(e, a, 3)
+        }
+    )*};
+}
+
+by_rank! {
+    conv_nd => conv1d, conv2d, conv3d;
+    conv_transpose_nd => conv_transpose1d, conv_transpose2d, conv_transpose3d;
+    max_pool => max_pool1d, max_pool2d, max_pool3d;
+    max_pool_with_indices => max_pool1d_with_indices, max_pool2d_with_indices, max_pool3d_with_indices;
+    avg_pool => avg_pool1d, avg_pool2d, avg_pool3d;
+    adaptive_avg_pool => adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d;
+    reflection_pad => reflection_pad1d, reflection_pad2d, reflection_pad3d;
+    replication_pad => replication_pad1d, replication_pad2d, replication_pad3d;
+}
+
 fn usizes(v: &[usize]) -> Arg<ValueId> {
     Arg::IntList(v.iter().map(|&x| x as i64).collect())
 }
@@ -231,16 +258,6 @@ fn groups(g: i64) -> R<usize> {
         .ok_or_else(|| format!("non-positive groups is not supported (got {g})"))
 }
 
-pub fn conv1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    conv_nd(e, a, 1)
-}
-pub fn conv2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    conv_nd(e, a, 2)
-}
-pub fn conv3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    conv_nd(e, a, 3)
-}
-
 fn conv_transpose_nd(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
     let c = Conv {
         sp,
@@ -258,16 +275,6 @@ fn conv_transpose_nd(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
         transposed: true,
     };
     conv(e, a, &c, &format!("conv_transpose{sp}d"))
-}
-
-pub fn conv_transpose1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    conv_transpose_nd(e, a, 1)
-}
-pub fn conv_transpose2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    conv_transpose_nd(e, a, 2)
-}
-pub fn conv_transpose3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    conv_transpose_nd(e, a, 3)
 }
 
 /// `convolution(input, weight, bias, stride, padding, dilation,
@@ -678,16 +685,6 @@ fn max_pool(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
     one(e.call("amax", vec![t(u), window_dims(p.sp)])?)
 }
 
-pub fn max_pool1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    max_pool(e, a, 1)
-}
-pub fn max_pool2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    max_pool(e, a, 2)
-}
-pub fn max_pool3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    max_pool(e, a, 3)
-}
-
 /// `max_pool2d_with_indices`: the maxima, and where each was in the
 /// input (the flat index into its spatial dimensions, as ATen gives it):
 /// `max.dim` over the flattened window gives the element within the
@@ -738,16 +735,6 @@ fn max_pool_with_indices(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
     }
     let index = index.ok_or("internal error: a pool without dimensions")?;
     Ok(vec![vals, e.call("clone", vec![t(index)])?])
-}
-
-pub fn max_pool1d_with_indices(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    max_pool_with_indices(e, a, 1)
-}
-pub fn max_pool2d_with_indices(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    max_pool_with_indices(e, a, 2)
-}
-pub fn max_pool3d_with_indices(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    max_pool_with_indices(e, a, 3)
 }
 
 /// `avg_pool1d(self, kernel_size, stride, padding, ceil_mode,
@@ -807,16 +794,6 @@ fn avg_pool(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
     let windows = unfold_windows(e, ones, &ws, &p.outs, 0.0)?;
     let counts = e.call("sum", vec![t(windows), window_dims(sp)])?;
     one(e.call("div", vec![t(sum), t(counts)])?)
-}
-
-pub fn avg_pool1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    avg_pool(e, a, 1)
-}
-pub fn avg_pool2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    avg_pool(e, a, 2)
-}
-pub fn avg_pool3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    avg_pool(e, a, 3)
 }
 
 /// Adaptive average pooling: the mean over the input (output 1), over
@@ -899,16 +876,6 @@ fn adaptive_avg_pool(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
         };
     }
     one(e.call("clone", vec![t(v)])?)
-}
-
-pub fn adaptive_avg_pool1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    adaptive_avg_pool(e, a, 1)
-}
-pub fn adaptive_avg_pool2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    adaptive_avg_pool(e, a, 2)
-}
-pub fn adaptive_avg_pool3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    adaptive_avg_pool(e, a, 3)
 }
 
 // ----------------------------------------------------------- normalization
@@ -1422,21 +1389,16 @@ fn border_pad(e: &mut dyn Emit, a: &A, sp: usize, mode: PadMode, op: &str) -> Ou
     one(pad_border(e, x, &p, mode, op)?)
 }
 
-pub fn reflection_pad1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    border_pad(e, a, 1, PadMode::Reflect, "reflection_pad1d")
+fn reflection_pad(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    border_pad(e, a, sp, PadMode::Reflect, &format!("reflection_pad{sp}d"))
 }
-pub fn reflection_pad2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    border_pad(e, a, 2, PadMode::Reflect, "reflection_pad2d")
-}
-pub fn reflection_pad3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    border_pad(e, a, 3, PadMode::Reflect, "reflection_pad3d")
-}
-pub fn replication_pad1d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    border_pad(e, a, 1, PadMode::Replicate, "replication_pad1d")
-}
-pub fn replication_pad2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    border_pad(e, a, 2, PadMode::Replicate, "replication_pad2d")
-}
-pub fn replication_pad3d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
-    border_pad(e, a, 3, PadMode::Replicate, "replication_pad3d")
+
+fn replication_pad(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    border_pad(
+        e,
+        a,
+        sp,
+        PadMode::Replicate,
+        &format!("replication_pad{sp}d"),
+    )
 }
