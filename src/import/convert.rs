@@ -402,16 +402,16 @@ pub fn convert(a: &Archive, fold: bool) -> Result<Program, ImportError> {
     };
     for (n, nv) in parsed.iter().zip(nodes) {
         if let Some(f) = folds.get(&n.name) {
-            folded_conv(&mut out, n, f)?;
+            folded_conv(&mut out, n, nv, f)?;
         } else if !folds.values().any(|f| f.norm_node == n.name) {
             lower_node(&mut out, n, nv)?;
         }
     }
     let returns = outputs(a, sig, &mut out)?;
+    let mut bound = bound;
     if !folds.is_empty() {
         // The folded convolutions' weights and the batch norms' tensors.
         let mut i = 0;
-        let mut bound = bound;
         while i < params.len() - users {
             let name = params[i][1..]
                 .split(':')
@@ -426,7 +426,6 @@ pub fn convert(a: &Archive, fold: bool) -> Result<Program, ImportError> {
             roles.remove(i);
             bound.retain(|(p, _)| *p != name);
         }
-        return finish(a, out, params, roles, bound, users, returns);
     }
     finish(a, out, params, roles, bound, users, returns)
 }
@@ -511,7 +510,7 @@ fn written(nodes: &[Node], sig: &Value, out: &Out) -> HashSet<String> {
 
 /// A convolution with a batch norm folded into it: the table's op on the
 /// folded weight and bias, its result also the batch norm's.
-fn folded_conv(out: &mut Out, n: &Node, f: &fold::Fold) -> Result<(), ImportError> {
+fn folded_conv(out: &mut Out, n: &Node, raw: &Value, f: &fold::Fold) -> Result<(), ImportError> {
     let w = out.constant(
         &format!("{}_folded_weight", n.name),
         f.dtype,
@@ -551,18 +550,16 @@ fn folded_conv(out: &mut Out, n: &Node, f: &fold::Fold) -> Result<(), ImportErro
         outputs: n.outputs.clone(),
         trace: n.trace,
     };
-    let results = if let Some(d) = decomp::find(&conv.op) {
-        d(out, &conv)
-            .map_err(|m| ImportError::Op(format!("`{}` ({}): {m}", conv.target(), conv.place())))?
-    } else {
-        call_table(out, &conv)?
+    lower_node(out, &conv, raw)?;
+    let Some(Some(result)) = n.outputs.first() else {
+        return Err(ImportError::Op(format!(
+            "`{}` ({}): a convolution without a result",
+            n.target(),
+            n.place()
+        )));
     };
-    for (name, v) in n.outputs.iter().zip(&results) {
-        if let Some(name) = name {
-            out.bind(name, v.clone());
-        }
-    }
-    out.bind(&f.norm_output, results[0].clone());
+    let v = out.val(result).map_err(ImportError::Op)?;
+    out.bind(&f.norm_output, v);
     Ok(())
 }
 

@@ -66,6 +66,16 @@ fn per_dim(a: &A, i: usize, sp: usize, what: &str, default: Option<&[i64]>) -> R
     }
 }
 
+/// `per_dim` of sizes that must be positive (strides, dilations).
+fn positive_dims(a: &A, i: usize, sp: usize, what: &str) -> R<Vec<usize>> {
+    positive(&per_dim(a, i, sp, what, None)?, what)
+}
+
+/// `per_dim` of sizes that may be 0 (paddings).
+fn padding_dims(a: &A, i: usize, sp: usize, what: &str) -> R<Vec<usize>> {
+    non_negative(&per_dim(a, i, sp, what, None)?, what)
+}
+
 fn positive(v: &[i64], what: &str) -> R<Vec<usize>> {
     v.iter()
         .map(|&x| {
@@ -230,10 +240,7 @@ fn padding_arg(a: &A, sp: usize, op: &str) -> R<Padding> {
         Some(Arg::Str(s)) => Err(format!(
             "{op}: invalid padding string '{s}' (it takes 'same' or 'valid')"
         )),
-        _ => Ok(Padding::Explicit(non_negative(
-            &per_dim(a, 4, sp, "padding", None)?,
-            "padding",
-        )?)),
+        _ => Ok(Padding::Explicit(padding_dims(a, 4, sp, "padding")?)),
     }
 }
 
@@ -241,9 +248,9 @@ fn conv_nd(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
     let op = format!("conv{sp}d");
     let c = Conv {
         sp,
-        stride: positive(&per_dim(a, 3, sp, "stride", None)?, "stride")?,
+        stride: positive_dims(a, 3, sp, "stride")?,
         padding: padding_arg(a, sp, &op)?,
-        dilation: positive(&per_dim(a, 5, sp, "dilation", None)?, "dilation")?,
+        dilation: positive_dims(a, 5, sp, "dilation")?,
         transposed: false,
         output_padding: vec![0; sp],
         groups: groups(a.int(6)?)?,
@@ -261,17 +268,11 @@ fn groups(g: i64) -> R<usize> {
 fn conv_transpose_nd(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
     let c = Conv {
         sp,
-        stride: positive(&per_dim(a, 3, sp, "stride", None)?, "stride")?,
-        padding: Padding::Explicit(non_negative(
-            &per_dim(a, 4, sp, "padding", None)?,
-            "padding",
-        )?),
-        output_padding: non_negative(
-            &per_dim(a, 5, sp, "output_padding", None)?,
-            "output_padding",
-        )?,
+        stride: positive_dims(a, 3, sp, "stride")?,
+        padding: Padding::Explicit(padding_dims(a, 4, sp, "padding")?),
+        output_padding: padding_dims(a, 5, sp, "output_padding")?,
         groups: groups(a.int(6)?)?,
-        dilation: positive(&per_dim(a, 7, sp, "dilation", None)?, "dilation")?,
+        dilation: positive_dims(a, 7, sp, "dilation")?,
         transposed: true,
     };
     conv(e, a, &c, &format!("conv_transpose{sp}d"))
@@ -284,17 +285,11 @@ pub fn convolution(e: &mut dyn Emit, _: &str, a: &A) -> Out {
     let sp = e.rank(w).saturating_sub(2).max(1);
     let c = Conv {
         sp,
-        stride: positive(&per_dim(a, 3, sp, "stride", None)?, "stride")?,
-        padding: Padding::Explicit(non_negative(
-            &per_dim(a, 4, sp, "padding", None)?,
-            "padding",
-        )?),
-        dilation: positive(&per_dim(a, 5, sp, "dilation", None)?, "dilation")?,
+        stride: positive_dims(a, 3, sp, "stride")?,
+        padding: Padding::Explicit(padding_dims(a, 4, sp, "padding")?),
+        dilation: positive_dims(a, 5, sp, "dilation")?,
         transposed: a.bool(6)?,
-        output_padding: non_negative(
-            &per_dim(a, 7, sp, "output_padding", None)?,
-            "output_padding",
-        )?,
+        output_padding: padding_dims(a, 7, sp, "output_padding")?,
         groups: groups(a.int(8)?)?,
     };
     conv(e, a, &c, "convolution")
@@ -639,7 +634,7 @@ fn pool(
         ));
     }
     floats_only(e, x, op)?;
-    let k = positive(&per_dim(a, 1, sp, "kernel_size", None)?, "kernel_size")?;
+    let k = positive_dims(a, 1, sp, "kernel_size")?;
     let s = positive(
         &per_dim(
             a,
@@ -650,7 +645,7 @@ fn pool(
         )?,
         "stride",
     )?;
-    let p = non_negative(&per_dim(a, 3, sp, "padding", None)?, "padding")?;
+    let p = padding_dims(a, 3, sp, "padding")?;
     let d = match dilation {
         Some(i) => positive(&per_dim(a, i, sp, "dilation", None)?, "dilation")?,
         None => vec![1; sp],
