@@ -455,6 +455,62 @@ fn i64_beyond_32_bits_and_bad_indices_are_errors() {
     assert!(e.contains("3000000000"), "{e}");
 }
 
+/// An i64 value out of the device's range that a `where` discards is no
+/// error (eager computes it, then drops it: T5's position buckets cast
+/// `log(0)` to i64); chosen, or read by anything but elementwise ops, it is.
+#[test]
+fn i64_out_of_range_values_a_where_discards_are_no_error() {
+    let s = session();
+    let g: Graph = parse(
+        "graph f(%x: f32[4], %k: i64[4]) {
+  %m = ne(%k, 0)
+  %c = _to_copy(%x, i64)
+  %d = add(%c, 8)
+  %f = full_like(%d, 15)
+  %e = minimum(%d, %f)
+  %w = where(%m, %e, 0)
+  %n = sum(%w)
+  return (%w, %n)
+}",
+    )
+    .unwrap();
+    let exe = s.compile(&g).unwrap();
+    let all = exe.options(Fetch::Host, Fetch::Host);
+    let run = |x: &[f32], m: &[i64]| {
+        let x = HostTensor::from_slice(&[4], x).unwrap();
+        let m = HostTensor::from_slice(&[4], m).unwrap();
+        s.run(&exe, &[Input::Host(&x), Input::Host(&m)], &all)
+    };
+    let r = run(&[1.0, f32::NEG_INFINITY, 3e9, 2.5], &[1, 0, 0, 1]).unwrap();
+    let outs: Vec<Vec<i64>> = r
+        .outputs
+        .into_iter()
+        .map(|o| host(o).to_vec::<i64>().unwrap())
+        .collect();
+    assert_eq!(outs, vec![vec![9, 0, 0, 10], vec![19]]);
+    let e = err_of(run(&[1.0, f32::NEG_INFINITY, 0.0, 0.0], &[1, 1, 1, 1]));
+    assert!(e.contains("= _to_copy(") && e.contains("2147483647"), "{e}");
+    // Stored before the `where`: the value itself reaches memory.
+    let g: Graph = parse(
+        "graph f(%x: f32[4], %k: i64[4]) {
+  %m = ne(%k, 0)
+  %c = _to_copy(%x, i64)
+  %w = where(%m, %c, 0)
+  return (%w, %c)
+}",
+    )
+    .unwrap();
+    let exe = s.compile(&g).unwrap();
+    let x = HostTensor::from_slice(&[4], &[1.0f32, 3e9, 0.0, 0.0]).unwrap();
+    let m = HostTensor::from_slice(&[4], &[1i64, 0, 1, 1]).unwrap();
+    let e = err_of(s.run(
+        &exe,
+        &[Input::Host(&x), Input::Host(&m)],
+        &exe.options(Fetch::Host, Fetch::Host),
+    ));
+    assert!(e.contains("= _to_copy("), "{e}");
+}
+
 /// Integer element expressions mean what eager computes: floor division
 /// and Python's remainder round toward minus infinity, `add` with `alpha`
 /// scales before adding (and each step is range-checked for i64), `where`

@@ -16,7 +16,7 @@ pub use crate::fusion::{
     class, inlined_region, is_free, reads, reads_value, scatter_view, Class, Fused, Schedule,
 };
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
-use kiln_functionalize::ops::{Lowering, Rule};
+use kiln_functionalize::ops::{Elem, Lowering, Rule};
 use kiln_functionalize::schema::Arg;
 use std::collections::{HashMap, HashSet};
 
@@ -82,9 +82,10 @@ pub fn schedule(
                 && !force.contains(&r)
                 && chain_link(g, &s, r)
                 && chain_root_is_fresh(g, &s, r);
+            let readers = uses.iter().filter(|&&u| reads_values(g, u, r)).count();
             let mut mat = c == Class::Kernel
                 || out_set.contains(&r)
-                || (uses.len() > 1 && !is_free(g, n) && !link)
+                || (readers > 1 && !is_free(g, n) && !link)
                 || force.contains(&r);
             // A scatter whose base dies here writes only its region into the
             // base's buffer: worth a buffer of its own when it has one
@@ -104,6 +105,19 @@ pub fn schedule(
     }
     fuse_products(g, &mut s, &out_set, force, attention);
     Ok(s)
+}
+
+/// Does node `u` read the elements of its input `r`? (`full_like`,
+/// `zeros_like`, `arange` read only sizes.)
+pub fn reads_values(g: &Graph, u: NodeId, r: ValueId) -> bool {
+    let node = &g.nodes[u];
+    match node.op.def().lowering.elem() {
+        Some(Elem::Fill { value }) => {
+            matches!(node.args.get(value), Some(Arg::Tensor(t)) if *t == r)
+        }
+        Some(Elem::Constant { .. } | Elem::Arange) => false,
+        _ => true,
+    }
 }
 
 /// The end of the chain of elementwise ops that starts at `r`: each link

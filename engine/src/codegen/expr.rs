@@ -17,35 +17,31 @@ fn compute(d: DType) -> DType {
 }
 
 impl Gen<'_> {
-    /// `e` over operand values `vals` (of dtypes `types`) for node `n`:
-    /// the value and its dtype.
+    /// `e` over operand values `vals` (of dtypes `types`, carrying i64
+    /// range fault codes `codes`: `Gen::settle`) for node `n`: the value,
+    /// its dtype and the fault code it carries.
     pub(super) fn render(
         &mut self,
         n: NodeId,
         e: &Expr,
         vals: &[String],
         types: &[DType],
-    ) -> R<(String, DType)> {
-        self.render_as(n, e, vals, types, DType::F32)
+        codes: &[Option<String>],
+    ) -> R<Rendered> {
+        self.render_as(n, e, &Operands { vals, types, codes }, DType::F32)
     }
 
     /// As `render`; a literal alone takes `want`.
-    fn render_as(
-        &mut self,
-        n: NodeId,
-        e: &Expr,
-        vals: &[String],
-        types: &[DType],
-        want: DType,
-    ) -> R<(String, DType)> {
+    fn render_as(&mut self, n: NodeId, e: &Expr, o: &Operands, want: DType) -> R<Rendered> {
         let (func, args) = match e {
             Expr::Operand(i) => {
-                let (Some(v), Some(d)) = (vals.get(*i), types.get(*i)) else {
+                let (Some(v), Some(d)) = (o.vals.get(*i), o.types.get(*i)) else {
                     return Err(bug(format!("an expression reads operand {i}")));
                 };
-                return Ok((v.clone(), compute(*d)));
+                let code = o.codes.get(*i).cloned().flatten();
+                return Ok((v.clone(), compute(*d), code));
             }
-            Expr::Lit(v) => return Ok((lit(*v, want)?, want)),
+            Expr::Lit(v) => return Ok((lit(*v, want)?, want, None)),
             Expr::Call(func, args) if args.len() == func.arity() => (*func, args),
             Expr::Call(func, _) => return Err(bug(format!("{func:?} with wrong arity"))),
         };
@@ -53,9 +49,12 @@ impl Gen<'_> {
         // condition aside); literals take it.
         let first = usize::from(func == Func::Select);
         let mut done: Vec<Option<(String, DType)>> = vec![None; args.len()];
+        let mut codes: Vec<Option<String>> = vec![None; args.len()];
         for (i, a) in args.iter().enumerate() {
             if !matches!(a, Expr::Lit(_)) {
-                done[i] = Some(self.render_as(n, a, vals, types, want)?);
+                let (s, d, c) = self.render_as(n, a, o, want)?;
+                done[i] = Some((s, d));
+                codes[i] = c;
             }
         }
         let t = done[first..]
@@ -97,13 +96,32 @@ impl Gen<'_> {
             ))
         })?;
         let r = self.body.bind(ty(out), text);
+        // The operands' faults: a select keeps the chosen branch's.
+        let mut code = if func == Func::Select && (codes[1].is_some() || codes[2].is_some()) {
+            let pick = |c: &Option<String>| c.clone().unwrap_or_else(|| "0u".into());
+            let cond = &a[0].0;
+            let chosen = format!("select({}, {}, {cond})", pick(&codes[2]), pick(&codes[1]));
+            either(codes[0].take(), Some(chosen))
+        } else {
+            codes.into_iter().fold(None, either)
+        };
         if t == DType::I64 {
             if let Some(c) = i64_overflow(func, &a, &r) {
-                self.flag_overflow(n, &c)?;
+                code = either(code, Some(self.overflow_code(n, &c)));
             }
         }
-        Ok((r, out))
+        Ok((r, out, code))
     }
+}
+
+/// A rendered value, its dtype and the i64 range fault code it carries.
+type Rendered = (String, DType, Option<String>);
+
+/// An expression's operands: values, dtypes, fault codes.
+struct Operands<'a> {
+    vals: &'a [String],
+    types: &'a [DType],
+    codes: &'a [Option<String>],
 }
 
 /// Bool operands of these functions are their own type (else a bool

@@ -59,7 +59,8 @@ impl Gen<'_> {
             Elem::Cast => {
                 let x = t(0)?;
                 let v = self.value_at(x, idx)?;
-                self.narrowed(n, &v, g.meta(x).dtype, out.dtype)
+                let code = self.fault_of(&v);
+                self.narrowed(n, &v, g.meta(x).dtype, out.dtype, code)
             }
             Elem::Triangle { upper } => self.triangle_at(n, upper, idx),
             Elem::Join { .. } => self.join_at(n, idx),
@@ -117,7 +118,7 @@ impl Gen<'_> {
             return Err(bug(format!("{} has no elementwise plan", def.name)));
         };
         let p = plan(&metas(g, n)).map_err(bug)?;
-        let mut vals = vec![];
+        let (mut vals, mut codes) = (vec![], vec![]);
         for o in &p.operands {
             vals.push(match o.src {
                 Src::Arg(i) => {
@@ -125,14 +126,18 @@ impl Gen<'_> {
                     let tm = g.meta(t);
                     let ti = self.broadcast_index(idx, &out.sizes, tm);
                     let x = self.value_at(t, &ti)?;
+                    codes.push(self.fault_of(&x));
                     cast(&x, tm.dtype, o.cast)
                 }
-                Src::Const { value, .. } => lit(value, o.cast)?,
+                Src::Const { value, .. } => {
+                    codes.push(None);
+                    lit(value, o.cast)?
+                }
             });
         }
         let types: Vec<DType> = p.operands.iter().map(|o| o.cast).collect();
-        let (r, dt) = self.render(n, &p.expr, &vals, &types)?;
-        self.narrowed(n, &r, dt, out.dtype)
+        let (r, dt, code) = self.render(n, &p.expr, &vals, &types, &codes)?;
+        self.narrowed(n, &r, dt, out.dtype, code)
     }
 
     /// `tril` / `triu` (`upper`): the input, zero outside the triangle.

@@ -73,6 +73,10 @@ pub struct Gen<'a> {
     pub locs: &'a HashMap<ValueId, Loc>,
     body: Body,
     memo: HashMap<(ValueId, String), String>,
+    /// i64 range faults carried with a value instead of raised where it
+    /// is computed (`settle`): its variable -> a `u32` variable holding the
+    /// fault's status code, 0 where none.
+    pending: HashMap<String, String>,
     shared: Vec<String>,
     /// Values computed by the elementwise kernel being generated: readable
     /// only at the invocation's own index (another invocation's write is
@@ -122,6 +126,14 @@ fn bug(msg: impl Into<String>) -> CompileError {
     CompileError::internal(Stage::Codegen, msg)
 }
 
+/// Either of two status codes (a nonzero one wins).
+fn either(a: Option<String>, b: Option<String>) -> Option<String> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(format!("max({a}, {b})")),
+        (a, b) => a.or(b),
+    }
+}
+
 fn u(v: usize) -> String {
     format!("{v}u")
 }
@@ -134,6 +146,7 @@ impl<'a> Gen<'a> {
             locs,
             body: Body::default(),
             memo: HashMap::new(),
+            pending: HashMap::new(),
             shared: vec![],
             group: vec![],
             own: "gid".into(),
@@ -157,6 +170,84 @@ impl<'a> Gen<'a> {
         }
     }
 
+    /// The status code of `fault` at statement `n`: its 1-based position
+    /// times 2, plus the fault.
+    fn fault_pos(&self, n: NodeId, fault: Fault) -> usize {
+        (self.g.order.iter().position(|&m| m == n).unwrap_or(0) + 1) * 2 + fault as usize
+    }
+
+    /// An i64 range fault of statement `n` where `cond` holds, as a status
+    /// code expression (0 where it does not).
+    pub(super) fn overflow_code(&self, n: NodeId, cond: &str) -> String {
+        format!(
+            "select(0u, {}u, {cond})",
+            self.fault_pos(n, Fault::I64Range)
+        )
+    }
+
+    /// Where the range faults `code` of value `r` (node `n`'s result) go.
+    /// Eager computes i64 in 64 bits, so a value out of the device's range
+    /// only matters if it reaches a result: when every consumer of `n` is
+    /// an elementwise map computed inline, the code travels with `r` into
+    /// them (a `where` drops the branch it discards: T5's position buckets
+    /// cast `log(0)` to i64, then select it away); anything else (a store,
+    /// an index, a reduction) records it now.
+    pub(super) fn settle(&mut self, n: NodeId, r: &str, code: Option<String>) -> R<()> {
+        let Some(code) = code else {
+            return Ok(());
+        };
+        if self.carries(n) {
+            let c = self.body.bind("u32", code);
+            self.pending.insert(r.to_string(), c);
+            return Ok(());
+        }
+        self.raise(&code)
+    }
+
+    /// The pending fault code of value variable `x`, if any.
+    pub(super) fn fault_of(&self, x: &str) -> Option<String> {
+        self.pending.get(x).cloned()
+    }
+
+    /// Node `n`'s results are never stored and only elementwise maps and
+    /// casts read their values (each computes them inline, so it takes
+    /// the code; `full_like` and the like read only their sizes).
+    fn carries(&self, n: NodeId) -> bool {
+        let g = self.g;
+        g.nodes[n].results.iter().all(|&r| {
+            (!self.s.is_materialized.contains(&r) || self.registers.contains(&r))
+                && self.s.uses.get(&r).is_some_and(|us| {
+                    !us.is_empty()
+                        && us.iter().all(|&u| {
+                            !crate::schedule::reads_values(g, u, r)
+                                || matches!(
+                                    g.nodes[u].op.def().lowering.elem(),
+                                    Some(ops::Elem::Pointwise | ops::Elem::Cast)
+                                )
+                        })
+                })
+        })
+    }
+
+    /// Records `code` (a `u32` status code expression) in the status word
+    /// where it is not 0.
+    fn raise(&mut self, code: &str) -> R<()> {
+        let word = self
+            .status
+            .ok_or_else(|| bug("i64 arithmetic in a program without a status word"))?;
+        self.status_used = true;
+        let loc = Loc {
+            buf: Buf::Arena,
+            word,
+            packed: false,
+        };
+        let slot = self.slot(loc, 1, true);
+        let c = self.body.bind("u32", code.to_string());
+        self.body
+            .stmt(format!("if ({c} != 0u) {{ {} }}", slot.set_word("0u", &c)));
+        Ok(())
+    }
+
     /// Records at run time that statement `n` produced an i64 value outside
     /// the device's 32-bit range where `cond` holds (`wgsl::ty`).
     pub(super) fn flag_overflow(&mut self, n: NodeId, cond: &str) -> R<()> {
@@ -176,13 +267,13 @@ impl<'a> Gen<'a> {
     }
 
     /// Records `fault` of statement `n` in the status word where `cond`
-    /// holds: the statement's 1-based position times 2, plus the fault.
+    /// holds.
     fn flag(&mut self, n: NodeId, cond: &str, fault: Fault) -> R<()> {
         let word = self
             .status
             .ok_or_else(|| bug("i64 arithmetic in a program without a status word"))?;
         self.status_used = true;
-        let pos = (self.g.order.iter().position(|&m| m == n).unwrap_or(0) + 1) * 2 + fault as usize;
+        let pos = self.fault_pos(n, fault);
         let loc = Loc {
             buf: Buf::Arena,
             word,
@@ -362,6 +453,7 @@ impl<'a> Gen<'a> {
         }
         let shared = std::mem::take(&mut self.shared);
         self.memo.clear();
+        self.pending.clear();
         self.vec = Vectorize::default();
         let (decls, bindings) = self.take_bindings();
         KernelCode {
@@ -440,19 +532,30 @@ impl<'a> Gen<'a> {
         self.ravel(&m, &a.strides, a.offset)
     }
 
-    /// Element `idx` of value `v`, as a shader value of `v`'s dtype.
-    /// `r` (of dtype `from`) converted to `to`, flagging values an i64
-    /// result cannot hold on the device (`wgsl::ty`).
-    fn narrowed(&mut self, n: NodeId, r: &str, from: DType, to: DType) -> R<String> {
-        if to == DType::I64 {
-            if from.is_float() {
-                self.flag_overflow(n, &format!("!({r} >= -2147483648.0 && {r} < 2147483648.0)"))?;
-            } else if from == DType::U32 {
-                self.flag_overflow(n, &format!("{r} > 2147483647u"))?;
-            }
-        }
-        Ok(self.body.bind(ty(to), cast(r, from, to)))
+    /// `r` (of dtype `from`, carrying range faults `code`) converted to
+    /// `to` as node `n`'s result, with the faults of values an i64 result
+    /// cannot hold on the device (`wgsl::ty`) settled.
+    fn narrowed(
+        &mut self,
+        n: NodeId,
+        r: &str,
+        from: DType,
+        to: DType,
+        code: Option<String>,
+    ) -> R<String> {
+        let own = match (to, from) {
+            (DType::I64, f) if f.is_float() => Some(
+                self.overflow_code(n, &format!("!({r} >= -2147483648.0 && {r} < 2147483648.0)")),
+            ),
+            (DType::I64, DType::U32) => Some(self.overflow_code(n, &format!("{r} > 2147483647u"))),
+            _ => None,
+        };
+        let x = self.body.bind(ty(to), cast(r, from, to));
+        self.settle(n, &x, either(code, own))?;
+        Ok(x)
     }
+
+    /// Element `idx` of value `v`, as a shader value of `v`'s dtype.
 
     pub fn value_at(&mut self, v: ValueId, idx: &str) -> R<String> {
         let key = (v, idx.to_string());
