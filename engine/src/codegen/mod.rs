@@ -556,7 +556,6 @@ impl<'a> Gen<'a> {
     }
 
     /// Element `idx` of value `v`, as a shader value of `v`'s dtype.
-
     pub fn value_at(&mut self, v: ValueId, idx: &str) -> R<String> {
         let key = (v, idx.to_string());
         if let Some(x) = self.memo.get(&key) {
