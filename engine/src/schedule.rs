@@ -121,20 +121,30 @@ pub fn reads_values(g: &Graph, u: NodeId, r: ValueId) -> bool {
 }
 
 /// The end of the chain of elementwise ops that starts at `r`: each link
-/// is `r`'s shape, reads the previous link at its own index and is its
-/// only use. A link with a buffer ends the chain; `r` when there is none.
+/// is the previous one's shape, reads it at its own index and is its only
+/// use, or is a pure reshape of it (a convolution's product reshaped to
+/// NCHW before its bias: element `i` is still element `i`). A link with a
+/// buffer of its own ends the chain; `r` when there is none.
 fn elementwise_tail(g: &Graph, s: &Schedule, r: ValueId) -> ValueId {
-    let sizes = &g.meta(r).sizes;
-    let mut x = r;
+    let mut sizes = &g.meta(r).sizes;
+    let (mut x, mut end) = (r, r);
     loop {
-        if x != r && s.is_materialized.contains(&x) {
+        let alias = s.alias_of.get(&x).is_some();
+        if x != r && s.is_materialized.contains(&x) && !alias {
             return x;
         }
+        if !alias {
+            end = x;
+        }
         let [u] = s.uses.get(&x).map(Vec::as_slice).unwrap_or(&[])[..] else {
-            return x;
+            return end;
         };
         let node = &g.nodes[u];
         match node.results[..] {
+            [y] if s.alias_of.get(&y) == Some(&x) => {
+                x = y;
+                sizes = &g.meta(y).sizes;
+            }
             [y] if node.op.def().lowering.is_plain_map()
                 && node
                     .op
@@ -146,9 +156,29 @@ fn elementwise_tail(g: &Graph, s: &Schedule, r: ValueId) -> ValueId {
             {
                 x = y
             }
-            _ => return x,
+            _ => return end,
         }
     }
+}
+
+/// The pure reshapes between product result `r` and its epilogue's tail
+/// `t` (`elementwise_tail`): computed inside the epilogue, no alias left.
+fn reshapes_between(g: &Graph, s: &Schedule, r: ValueId, t: ValueId) -> Vec<ValueId> {
+    let mut out = vec![];
+    let mut x = r;
+    while x != t {
+        let Some(&[u]) = s.uses.get(&x).map(Vec::as_slice) else {
+            break;
+        };
+        let [y] = g.nodes[u].results[..] else {
+            break;
+        };
+        if s.alias_of.get(&y) == Some(&x) {
+            out.push(y);
+        }
+        x = y;
+    }
+    out
 }
 
 /// Does `v` reach only matrix-product operands, through index maps? Such
@@ -229,6 +259,10 @@ fn fuse_products(
         if t == r || written_between(g, s, &[n], tail_node) {
             continue;
         }
+        let reshapes = reshapes_between(g, s, r, t);
+        if reshapes.iter().any(|y| out.contains(y)) {
+            continue;
+        }
         if !s.is_materialized.contains(&t) {
             if !feeds_products_only(g, s, t) {
                 continue;
@@ -237,6 +271,10 @@ fn fuse_products(
         }
         s.fused.insert(t, Fused::Epilogue { product: n });
         absorbed.push(r);
+        for y in reshapes {
+            s.alias_of.remove(&y);
+            absorbed.push(y);
+        }
     }
     for v in &absorbed {
         s.is_materialized.remove(v);
