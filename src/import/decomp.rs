@@ -5,12 +5,11 @@
 //! itself; views by another name (`flatten`, `view_as`, `expand_as`); the
 //! in-place view ops, whose later nodes name the tensor by its old node;
 //! training-mode `batch_norm`, which writes its running statistics;
-//! upsampling with index and interpolation tables made here. Convolution,
-//! pooling, normalization and the activations are composite ops of the
-//! table (`kiln_functionalize::ops::decomp`).
+//! upsampling's `.vec` overload, its sizes spelled out. Convolution,
+//! pooling, normalization, upsampling and the activations are composite
+//! ops of the table (`kiln_functionalize::ops::decomp`).
 
 use super::convert::{float, ints, usizes, Node, Out, A};
-use kiln_functionalize::DType;
 
 /// A decomposition: writes the node's statements, returns its outputs'
 /// Kiln values.
@@ -40,8 +39,12 @@ pub fn find(op: &str) -> Option<Decomp> {
         "upsample_nearest1d"
         | "upsample_nearest2d"
         | "upsample_nearest3d"
+        | "_upsample_nearest_exact1d"
+        | "_upsample_nearest_exact2d"
+        | "_upsample_nearest_exact3d"
         | "upsample_linear1d"
-        | "upsample_bilinear2d" => upsample,
+        | "upsample_bilinear2d"
+        | "upsample_trilinear3d" => upsample,
         "min" | "max" => min_max,
         "__and__" | "bitwise_and" | "__or__" | "bitwise_or" | "__xor__" | "bitwise_xor"
         | "__invert__" | "bitwise_not" => bitwise,
@@ -360,29 +363,9 @@ fn batch_norm(o: &mut Out, n: &Node) -> R {
     )])
 }
 
-/// Little-endian bytes of floats in `dtype` (f32 or f16).
-fn float_bytes(dtype: DType, vals: impl Iterator<Item = f32>) -> (DType, Vec<u8>) {
-    let mut out = vec![];
-    for v in vals {
-        match dtype {
-            DType::F16 => out.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
-            _ => out.extend_from_slice(&v.to_le_bytes()),
-        }
-    }
-    (
-        if dtype == DType::F16 {
-            DType::F16
-        } else {
-            DType::F32
-        },
-        out,
-    )
-}
-
-/// `upsample_nearest*` and `upsample_(bi)linear*`, per spatial dimension
-/// (last first): nearest as an `index_select` of ATen's source indices,
-/// linear as a product with the interpolation matrix (two weights per
-/// output), both made at import.
+/// `upsample_*` and its `.vec` overload (`output_size` or `scale_factors`,
+/// as `F.interpolate` calls it): the table's composite with the output
+/// sizes and per-dimension scales spelled out.
 fn upsample(o: &mut Out, n: &Node) -> R {
     let x = n.tensor("input").or_else(|_| n.tensor("self"))?;
     let m = o.meta(x)?.clone();
@@ -398,11 +381,6 @@ fn upsample(o: &mut Out, n: &Node) -> R {
             sp + 2
         ));
     }
-    let linear = n.op.contains("linear");
-    if linear && !matches!(m.dtype, DType::F32 | DType::F16) {
-        return Err(format!("linear upsampling of {}", m.dtype.name()));
-    }
-    let align = n.bool("align_corners", false)?;
     let ins = &m.sizes[2..];
     // Scales: `scale_factors` (`.vec`), or `scales_h` / `scales_w` / ...
     let factors: Vec<Option<f64>> = match n.get("scale_factors") {
@@ -419,76 +397,32 @@ fn upsample(o: &mut Out, n: &Node) -> R {
                 .collect::<Result<_, _>>()?
         }
     };
-    let outs: Vec<usize> = match n.get("output_size") {
-        Some(A::Ints(v)) => v.iter().map(|&x| x.max(0) as usize).collect(),
+    let outs: Vec<i64> = match n.get("output_size") {
+        Some(A::Ints(v)) => v.clone(),
         _ => ins
             .iter()
             .zip(&factors)
-            .map(|(&i, f)| (i as f64 * f.unwrap_or(1.0)).floor() as usize)
+            .map(|(&i, f)| (i as f64 * f.unwrap_or(1.0)).floor() as i64)
             .collect(),
     };
     if outs.len() != sp || factors.len() != sp && !factors.is_empty() {
         return Err("output size and scales of the wrong length".into());
     }
-    // ATen's `area_pixel_compute_scale`, in f32 as the float kernels do.
-    let scale = |k: usize| -> f32 {
-        let (i, o) = (ins[k] as f32, outs[k] as f32);
-        if align {
-            if outs[k] > 1 {
-                (i - 1.0) / (o - 1.0)
-            } else {
-                0.0
-            }
-        } else {
-            match factors.get(k).copied().flatten() {
-                Some(f) if f > 0.0 => (1.0 / f) as f32,
-                _ => i / o,
-            }
-        }
+    let list = |v: &[i64]| {
+        format!(
+            "[{}]",
+            v.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
+        )
     };
-    let mut v = o.val(x)?;
-    for k in (0..sp).rev() {
-        let (len, out, d) = (ins[k], outs[k], 2 + k);
-        let sc = scale(k);
-        if !linear {
-            let idx: Vec<u8> = (0..out)
-                .flat_map(|j| {
-                    let src = ((j as f32 * sc).floor() as i64).min(len as i64 - 1);
-                    src.to_le_bytes()
-                })
-                .collect();
-            let c = o.constant(&format!("{}_index{k}", n.name), DType::I64, vec![out], idx);
-            v = o.emit(&n.name, "index_select", &[v, d.to_string(), c]);
-            continue;
-        }
-        // [len, out]: column j mixes the two source elements of output j.
-        let mut mat = vec![0f32; len * out];
-        for j in 0..out {
-            let src = if align {
-                j as f32 * sc
-            } else {
-                ((j as f32 + 0.5) * sc - 0.5).max(0.0)
-            };
-            let i0 = (src.floor() as usize).min(len - 1);
-            let i1 = (i0 + 1).min(len - 1);
-            let l1 = src - i0 as f32;
-            mat[i0 * out + j] += 1.0 - l1;
-            mat[i1 * out + j] += l1;
-        }
-        let (dtype, bytes) = float_bytes(m.dtype, mat.into_iter());
-        let c = o.constant(&format!("{}_lerp{k}", n.name), dtype, vec![len, out], bytes);
-        let last = (sp + 1) as i64;
-        let t = if d as i64 == last {
-            v
-        } else {
-            o.emit(&n.name, "transpose", &[v, d.to_string(), last.to_string()])
-        };
-        let p = o.emit(&n.name, "matmul", &[t, c]);
-        v = if d as i64 == last {
-            p
-        } else {
-            o.emit(&n.name, "transpose", &[p, d.to_string(), last.to_string()])
-        };
+    let mut args = vec![o.val(x)?, list(&outs)];
+    if n.op.contains("linear") {
+        args.push(n.bool("align_corners", false)?.to_string());
     }
-    Ok(vec![o.emit_out(n, 0, "contiguous", &[v])])
+    for k in 0..sp {
+        args.push(match factors.get(k).copied().flatten() {
+            Some(f) => format!("{f:?}"),
+            None => "none".into(),
+        });
+    }
+    Ok(vec![o.emit_out(n, 0, &n.op, &args)])
 }

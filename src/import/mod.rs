@@ -55,7 +55,8 @@ pub enum Role {
     Weight(String),
     /// An argument of the model's `forward`, by its name.
     User(String),
-    /// A constant Kiln made at import (pooling divisors and such).
+    /// A constant Kiln made at import (a convolution with a batch norm
+    /// folded in: its weight and bias).
     Made,
 }
 

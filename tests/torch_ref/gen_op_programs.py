@@ -1213,6 +1213,26 @@ def gen_composites():
         p = [1, 2, 2, 0, 0, 1][: 2 * sp]
         add(f"{op}{sp}d", "batched", [f"%x: f32{shp(shape)}"], [f"%y = {op}{sp}d(%x, {shp(p)})"], ["%y"])
     add("reflection_pad2d", "unbatched", ["%x: f32[3, 4, 5]"], ["%y = reflection_pad2d(%x, [3, 3, 1, 2])"], ["%y"])
+    # Upsampling: ATen's source indices and weights, per dimension.
+    u = "upsample_nearest2d"
+    add(u, "twice", ["%x: f32[2, 3, 4, 5]"], [f"%y = {u}(%x, [8, 10])"], ["%y"])
+    add(u, "fractional_down", ["%x: f32[1, 2, 5, 7]"], [f"%y = {u}(%x, [7, 4])"], ["%y"])
+    add(u, "scales_given", ["%x: f32[1, 2, 4, 4]"], [f"%y = {u}(%x, [6, 6], 1.5, 1.5)"], ["%y"])
+    add(u, "f16", ["%x: f16[1, 2, 3, 3]"], [f"%y = {u}(%x, [5, 4])"], ["%y"])
+    add("upsample_nearest1d", "basic", ["%x: f32[2, 3, 5]"], ["%y = upsample_nearest1d(%x, [12])"], ["%y"])
+    add("upsample_nearest3d", "basic", ["%x: f32[1, 2, 3, 4, 2]"], ["%y = upsample_nearest3d(%x, [5, 6, 4])"], ["%y"])
+    add("_upsample_nearest_exact2d", "basic", ["%x: f32[1, 2, 5, 6]"], ["%y = _upsample_nearest_exact2d(%x, [8, 9])"], ["%y"])
+    add("_upsample_nearest_exact1d", "down", ["%x: f32[2, 2, 9]"], ["%y = _upsample_nearest_exact1d(%x, [4])"], ["%y"])
+    add("_upsample_nearest_exact3d", "basic", ["%x: f32[1, 1, 2, 3, 4]"], ["%y = _upsample_nearest_exact3d(%x, [3, 5, 6])"], ["%y"])
+    b = "upsample_bilinear2d"
+    add(b, "half_pixel", ["%x: f32[2, 3, 5, 4]"], [f"%y = {b}(%x, [9, 7], false)"], ["%y"])
+    add(b, "align_corners", ["%x: f32[1, 2, 4, 5]"], [f"%y = {b}(%x, [7, 8], true)"], ["%y"])
+    add(b, "scales_given", ["%x: f32[1, 2, 4, 4]"], [f"%y = {b}(%x, [6, 6], false, 1.5, 1.5)"], ["%y"])
+    add(b, "down", ["%x: f32[1, 2, 9, 8]"], [f"%y = {b}(%x, [4, 3], false)"], ["%y"])
+    add(b, "f16", ["%x: f16[1, 2, 4, 4]"], [f"%y = {b}(%x, [8, 8], false)"], ["%y"])
+    add("upsample_linear1d", "half_pixel", ["%x: f32[2, 3, 6]"], ["%y = upsample_linear1d(%x, [13], false)"], ["%y"])
+    add("upsample_linear1d", "align_one_output", ["%x: f32[1, 2, 6]"], ["%y = upsample_linear1d(%x, [1], true)"], ["%y"])
+    add("upsample_trilinear3d", "basic", ["%x: f32[1, 2, 3, 4, 3]"], ["%y = upsample_trilinear3d(%x, [5, 6, 4], false)"], ["%y"])
     add("max_pool2d_with_indices", "padding_stride", ["%x: f32[2, 3, 9, 8]"], ["%y, %i = max_pool2d_with_indices(%x, 3, 2, 1)"], ["%y", "%i"])
     add("max_pool2d_with_indices", "ceil_dilation_unbatched", ["%x: f32[2, 10, 9]"], ["%y, %i = max_pool2d_with_indices(%x, [3, 2], [2, 2], [1, 0], [2, 1], true)"], ["%y", "%i"])
     add("max_pool1d_with_indices", "basic", ["%x: f32[2, 3, 11]"], ["%y, %i = max_pool1d_with_indices(%x, 3, 2, 1)"], ["%y", "%i"])

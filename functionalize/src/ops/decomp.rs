@@ -44,6 +44,9 @@ by_rank! {
     adaptive_avg_pool => adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d;
     reflection_pad => reflection_pad1d, reflection_pad2d, reflection_pad3d;
     replication_pad => replication_pad1d, replication_pad2d, replication_pad3d;
+    upsample_nearest => upsample_nearest1d, upsample_nearest2d, upsample_nearest3d;
+    upsample_nearest_exact => upsample_nearest_exact1d, upsample_nearest_exact2d, upsample_nearest_exact3d;
+    upsample_linear => upsample_linear1d, upsample_bilinear2d, upsample_trilinear3d;
 }
 
 fn usizes(v: &[usize]) -> Arg<ValueId> {
@@ -1069,6 +1072,149 @@ pub fn rms_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
 // ------------------------------------------------------------ activations
 
 /// ATen: `x * min(max(x + 3, 0), 6) / 6`.
+// ------------------------------------------------------------ upsampling
+
+/// How an upsampling op picks its source elements.
+#[derive(Clone, Copy, PartialEq)]
+enum Pick {
+    Nearest,
+    /// `_upsample_nearest_exact*`: the nearest to the output's centre.
+    NearestExact,
+    Linear,
+}
+
+fn upsample_nearest(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    upsample(e, a, sp, Pick::Nearest)
+}
+
+fn upsample_nearest_exact(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    upsample(e, a, sp, Pick::NearestExact)
+}
+
+fn upsample_linear(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
+    upsample(e, a, sp, Pick::Linear)
+}
+
+/// Optional float argument `i`.
+fn opt_float(a: &A, i: usize) -> R<Option<f64>> {
+    match a.get(i) {
+        Some(Arg::None) | None => Ok(None),
+        _ => a.float(i).map(Some),
+    }
+}
+
+/// `upsample_*(self, output_size, [align_corners,] scales...)`: one
+/// spatial dimension at a time, the last first (as ATen's kernels nest
+/// them), each an `index_select` of ATen's source indices (nearest) or
+/// the two neighbours weighted (linear), the indices and weights computed
+/// from `arange` in f32 as ATen's float kernels compute them.
+fn upsample(e: &mut dyn Emit, a: &A, sp: usize, pick: Pick) -> Out {
+    let op = match pick {
+        Pick::Nearest => format!("upsample_nearest{sp}d"),
+        Pick::NearestExact => format!("_upsample_nearest_exact{sp}d"),
+        Pick::Linear => [
+            "upsample_linear1d",
+            "upsample_bilinear2d",
+            "upsample_trilinear3d",
+        ][sp - 1]
+            .into(),
+    };
+    let x = *a.tensor(0)?;
+    let xs = e.sizes(x);
+    if xs.len() != sp + 2 {
+        return Err(format!(
+            "{op}: expected a {}D input, got sizes {xs:?}",
+            sp + 2
+        ));
+    }
+    let outs = a.int_list(1)?;
+    if outs.len() != sp || outs.iter().any(|&o| o <= 0) {
+        return Err(format!(
+            "{op}: output_size must hold {sp} positive sizes, got {outs:?}"
+        ));
+    }
+    let (align, first_scale) = if pick == Pick::Linear {
+        (a.bool(2)?, 3)
+    } else {
+        (false, 2)
+    };
+    floats_only(e, x, &op)?;
+    if xs[2..].iter().any(|&s| s == 0) {
+        return Err(format!(
+            "{op}: input sizes {xs:?} have an empty spatial dimension"
+        ));
+    }
+    // f16 weights as eager's f32 arithmetic gives them (nearest only picks).
+    let half = e.dtype(x) == DType::F16 && pick == Pick::Linear;
+    let mut v = if half { e.cast(x, DType::F32)? } else { x };
+    for k in (0..sp).rev() {
+        let (len, out, d) = (xs[2 + k], outs[k] as usize, 2 + k);
+        // ATen's `area_pixel_compute_scale`, in f32.
+        let given = opt_float(a, first_scale + k)?.filter(|&f| f > 0.0);
+        let sc = if align {
+            if out > 1 {
+                (len as f32 - 1.0) / (out as f32 - 1.0)
+            } else {
+                0.0
+            }
+        } else {
+            given.map_or(len as f32 / out as f32, |f| (1.0 / f) as f32)
+        };
+        let j = e.call("arange", vec![int(out as i64), Arg::Dtype(DType::F32)])?;
+        let last = |e: &mut dyn Emit, i: ValueId| -> R<ValueId> {
+            e.call("clamp", vec![t(i), Arg::None, int(len as i64 - 1)])
+        };
+        if pick != Pick::Linear {
+            if pick == Pick::Nearest && out == len {
+                continue;
+            }
+            let j = if pick == Pick::NearestExact {
+                e.call("add", vec![t(j), float(0.5)])?
+            } else {
+                j
+            };
+            let src = e.call("mul", vec![t(j), float(sc as f64)])?;
+            // Non-negative: the conversion floors.
+            let i = e.call("_to_copy", vec![t(src), Arg::Dtype(DType::I64)])?;
+            let i = last(e, i)?;
+            v = e.call("index_select", vec![t(v), int(d as i64), t(i)])?;
+            continue;
+        }
+        let src = if align {
+            e.call("mul", vec![t(j), float(sc as f64)])?
+        } else {
+            let j = e.call("add", vec![t(j), float(0.5)])?;
+            let s = e.call("mul", vec![t(j), float(sc as f64)])?;
+            let s = e.call("sub", vec![t(s), float(0.5)])?;
+            e.call("clamp", vec![t(s), float(0.0), Arg::None])?
+        };
+        let i0 = e.call("_to_copy", vec![t(src), Arg::Dtype(DType::I64)])?;
+        let i0 = last(e, i0)?;
+        let i1 = e.call("add", vec![t(i0), int(1)])?;
+        let i1 = last(e, i1)?;
+        let f0 = e.call("_to_copy", vec![t(i0), Arg::Dtype(DType::F32)])?;
+        let l1 = e.call("sub", vec![t(src), t(f0)])?;
+        let l1 = e.call("clamp", vec![t(l1), float(0.0), float(1.0)])?;
+        let nl = e.call("neg", vec![t(l1)])?;
+        let l0 = e.call("add", vec![t(nl), float(1.0)])?;
+        // [out] -> [out, 1, ...] along dimension d.
+        let mut w_shape = vec![out];
+        w_shape.extend(std::iter::repeat_n(1, sp - 1 - k));
+        let (l0, l1) = (reshape(e, l0, &w_shape)?, reshape(e, l1, &w_shape)?);
+        let x0 = e.call("index_select", vec![t(v), int(d as i64), t(i0)])?;
+        let x1 = e.call("index_select", vec![t(v), int(d as i64), t(i1)])?;
+        let p0 = e.call("mul", vec![t(x0), t(l0)])?;
+        let p1 = e.call("mul", vec![t(x1), t(l1)])?;
+        v = e.call("add", vec![t(p0), t(p1)])?;
+    }
+    if half {
+        v = e.cast(v, DType::F16)?;
+    } else if v == x {
+        v = e.call("clone", vec![t(v)])?;
+    }
+    one(v)
+}
+
 pub fn hardswish(e: &mut dyn Emit, _: &str, a: &A) -> Out {
     let x = *a.tensor(0)?;
     floats_only(e, x, "hardswish")?;

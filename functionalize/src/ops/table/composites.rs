@@ -212,4 +212,49 @@ pub(super) fn declare(b: &mut Builder) {
             false,
         );
     }
+    for (sp, f, fe, fl) in [
+        (
+            1,
+            dc::upsample_nearest1d as super::super::composite::DecompFn,
+            dc::upsample_nearest_exact1d as super::super::composite::DecompFn,
+            dc::upsample_linear1d as super::super::composite::DecompFn,
+        ),
+        (
+            2,
+            dc::upsample_nearest2d,
+            dc::upsample_nearest_exact2d,
+            dc::upsample_bilinear2d,
+        ),
+        (
+            3,
+            dc::upsample_nearest3d,
+            dc::upsample_nearest_exact3d,
+            dc::upsample_trilinear3d,
+        ),
+    ] {
+        let scales = match sp {
+            1 => "float? scales=None",
+            2 => "float? scales_h=None, float? scales_w=None",
+            _ => "float? scales_d=None, float? scales_h=None, float? scales_w=None",
+        };
+        let linear = [
+            "upsample_linear1d",
+            "upsample_bilinear2d",
+            "upsample_trilinear3d",
+        ][sp - 1];
+        for (name, f, align) in [
+            (format!("upsample_nearest{sp}d"), f, ""),
+            (format!("_upsample_nearest_exact{sp}d"), fe, ""),
+            (linear.to_string(), fl, "bool align_corners, "),
+        ] {
+            b.composite(
+                &name,
+                &[&format!(
+                    "{name}(Tensor self, SymInt[{sp}] output_size, {align}{scales}) -> Tensor"
+                )],
+                f,
+                false,
+            );
+        }
+    }
 }
