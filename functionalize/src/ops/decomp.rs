@@ -1071,7 +1071,6 @@ pub fn rms_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
 
 // ------------------------------------------------------------ activations
 
-/// ATen: `x * min(max(x + 3, 0), 6) / 6`.
 // ------------------------------------------------------------ upsampling
 
 /// How an upsampling op picks its source elements.
@@ -1139,7 +1138,7 @@ fn upsample(e: &mut dyn Emit, a: &A, sp: usize, pick: Pick) -> Out {
         (false, 2)
     };
     floats_only(e, x, &op)?;
-    if xs[2..].iter().any(|&s| s == 0) {
+    if xs[2..].contains(&0) {
         return Err(format!(
             "{op}: input sizes {xs:?} have an empty spatial dimension"
         ));
@@ -1215,6 +1214,7 @@ fn upsample(e: &mut dyn Emit, a: &A, sp: usize, pick: Pick) -> Out {
     one(v)
 }
 
+/// ATen: `x * min(max(x + 3, 0), 6) / 6`.
 pub fn hardswish(e: &mut dyn Emit, _: &str, a: &A) -> Out {
     let x = *a.tensor(0)?;
     floats_only(e, x, "hardswish")?;
