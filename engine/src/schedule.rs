@@ -129,7 +129,7 @@ fn elementwise_tail(g: &Graph, s: &Schedule, r: ValueId) -> ValueId {
     let mut sizes = &g.meta(r).sizes;
     let (mut x, mut end) = (r, r);
     loop {
-        let alias = s.alias_of.get(&x).is_some();
+        let alias = s.alias_of.contains_key(&x);
         if x != r && s.is_materialized.contains(&x) && !alias {
             return x;
         }
