@@ -773,10 +773,10 @@ fn minilm_section(md: &mut String, session: &Session, w: &Workloads, torch: &Val
     eprintln!("MiniLM ...");
     let _ = writeln!(md, "\n## 5. MiniLM (all-MiniLM-L6-v2)\n");
     let _ = writeln!(md, "Kiln: one `Session`; the weights are uploaded once as constants (straight from the memory-mapped file), each bucket compiles once (compile = trace + functionalize + schedule + codegen + pipelines) and a run uploads the token ids and the mask and reads back only the embeddings. Figures as in section 4 (median of 3 runs, 1 at 32 x 128). PyTorch: sentence-transformers `encode` (tokenization included) on the CPU.\n");
-    let _ = writeln!(md, "| batch x tokens | kernels | pipelines | kernels ms | full ms | full / kernels | uploaded B | read back B | compile s | Kiln sentences/s | PyTorch sentences/s | Kiln / PyTorch throughput |");
+    let _ = writeln!(md, "| batch x tokens | kernels | pipelines | kernels ms | GFLOP/s | GB/s | full ms | full / kernels | uploaded B | read back B | compile s | Kiln sentences/s | PyTorch sentences/s | Kiln / PyTorch throughput |");
     let _ = writeln!(
         md,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     let mut model = MiniLm::load(&w.model_dir).expect("loads");
     model.upload_weights(session).expect("uploads the weights");

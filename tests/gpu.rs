@@ -866,6 +866,53 @@ fn row_kernel_and_reduction_epilogues_fuse() {
     }
 }
 
+/// Elementwise work that reads a row sum or mean broadcast back over its
+/// rows (RMS norm as LLaMA writes it, a mean subtracted) is computed by
+/// the reduction's kernel: one kernel each, the mean never in memory, in
+/// the row-tiled GPU kernel (rows up to 1024 wide), and a row per
+/// invocation; wider rows and other reductions keep two kernels on GPUs.
+#[test]
+fn row_reductions_fuse_with_their_broadcast_consumers() {
+    for w in [5usize, 300, 1500] {
+        let src = format!(
+            "graph f(%x: f32[7, {w}], %w: f32[{w}]) {{
+  %sq = pow(%x, 2)
+  %ms = mean(%sq, [-1], true)
+  %e = add(%ms, 1e-06)
+  %r = rsqrt(%e)
+  %xn = mul(%x, %r)
+  %h = mul(%xn, %w)
+  %m = mean(%x, [1], true)
+  %c = sub(%x, %m)
+  %a = amax(%x, [1], true)
+  %d = sub(%x, %a)
+  return (%h, %c, %d)
+}}"
+        );
+        let g = parse(&src).unwrap();
+        let p = kiln::engine::compile(&g).unwrap();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        if w <= 1024 {
+            assert_eq!(labels.len(), 4, "{labels:?}");
+            let fused = labels.iter().filter(|l| l.starts_with("mean+")).count();
+            assert_eq!(fused, 2, "{labels:?}");
+            // Reads x (and w) and writes h and c, nothing else.
+            let rows = 4 * 7 * w;
+            assert_eq!(p.kernels[0].bytes_written, rows);
+        } else {
+            assert_eq!(labels.len(), 6, "{labels:?}");
+        }
+        let ins = kiln::functionalize::random::random_inputs(&g, w as u64, 2.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        for mut e in [engine(), gpu_variants()] {
+            let got = e.run(&g, ins.clone()).unwrap();
+            for (a, b) in got.outputs.iter().zip(&want.outputs) {
+                close_gpu(&format!("width {w}"), a, b, 1e-5).unwrap();
+            }
+        }
+    }
+}
+
 /// Inputs that share memory (`TensorSpec::view`: a synthetic base): the
 /// traced program takes the base alone, so a write through one input shows
 /// in the other, on the reference, after functionalization (both modes)

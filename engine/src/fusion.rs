@@ -87,6 +87,11 @@ pub enum Fused {
         softmax: NodeId,
         product: NodeId,
     },
+    /// Elementwise work over the rows a reduction reduces, reading the
+    /// reduction's result broadcast along them (RMS norm's
+    /// `x * rsqrt(mean(x^2) + eps) * w`): computed by the reduction's
+    /// kernel once the row's result is known, the result never stored.
+    Rows { reduction: NodeId },
 }
 
 impl Schedule {

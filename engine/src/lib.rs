@@ -248,13 +248,7 @@ pub(crate) fn compile_functional(
     // decided on the plan, before any code is generated.
     let mut force: HashSet<ValueId> = if options.contiguous_operands {
         let pinned = options.constants.iter().map(|&i| g.inputs[i]).collect();
-        let s = schedule::schedule(
-            &g,
-            &outputs,
-            pinned,
-            &HashSet::new(),
-            options.fuse_attention,
-        )?;
+        let s = schedule::schedule(&g, &outputs, pinned, &HashSet::new(), options)?;
         schedule::inline_product_operands(&g, &s)
     } else {
         HashSet::new()

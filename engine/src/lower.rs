@@ -346,7 +346,10 @@ fn kernel_flops(
 ) -> usize {
     if let [v] = grp {
         match sched.fused.get(v) {
-            Some(&schedule::Fused::Epilogue { product }) => {
+            Some(
+                &schedule::Fused::Epilogue { product }
+                | &schedule::Fused::Rows { reduction: product },
+            ) => {
                 // A product's 2 M N K, or one operation per element for a
                 // row kernel or reduction; then one per element and tail op.
                 return product_flops(g, product).unwrap_or(elements)
@@ -501,7 +504,7 @@ pub(crate) fn plan(
 ) -> Result<Planned, CompileError> {
     let outputs = io.outputs;
     let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
-    let mut sched = schedule::schedule(g, outputs, pinned, force, options.fuse_attention)?;
+    let mut sched = schedule::schedule(g, outputs, pinned, force, options)?;
     check_buffer_sizes(g, &sched, options)?;
     let groups = group_kernels(g, &sched, options)?;
     let registers = register_only(g, &mut sched, &groups, outputs);

@@ -27,7 +27,7 @@ pub fn schedule(
     outputs: &[ValueId],
     pinned: HashSet<ValueId>,
     force: &HashSet<ValueId>,
-    attention: bool,
+    options: &crate::CompileOptions,
 ) -> Result<Schedule, CompileError> {
     let mut uses: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
     for &n in &g.order {
@@ -103,7 +103,8 @@ pub fn schedule(
             }
         }
     }
-    fuse_products(g, &mut s, &out_set, force, attention);
+    fuse_rows(g, &mut s, &out_set, force, options.workgroup_rows);
+    fuse_products(g, &mut s, &out_set, force, options.fuse_attention);
     Ok(s)
 }
 
@@ -117,6 +118,104 @@ pub fn reads_values(g: &Graph, u: NodeId, r: ValueId) -> bool {
         }
         Some(Elem::Constant { .. } | Elem::Arange) => false,
         _ => true,
+    }
+}
+
+/// Reductions whose result only elementwise ops read, broadcast back over
+/// the reduced rows, up to a stored value of the rows' shape (RMS norm,
+/// `x - amax(x)`, a mean subtracted): `Fused::Rows`, one kernel where
+/// there were a reduction and an elementwise kernel. On GPUs only where
+/// the reduction is a row-tiled sum or mean (`codegen::reduction`), whose
+/// lanes each hold their row's elements; a row per invocation (CPU
+/// adapters) loops over the row a second time.
+fn fuse_rows(
+    g: &Graph,
+    s: &mut Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+    workgroup_rows: bool,
+) {
+    for &n in &g.order {
+        let Lowering::Reduce(red) = g.nodes[n].op.def().lowering else {
+            continue;
+        };
+        let Some(r) = absorbable(g, s, out, force, n) else {
+            continue;
+        };
+        let Some(&Arg::Tensor(input)) = g.nodes[n].args.first() else {
+            continue;
+        };
+        let rows = &g.meta(input).sizes;
+        if workgroup_rows && !row_tiled(g, n, red) {
+            continue;
+        }
+        // A tail two reductions reach stays with the first: the second's
+        // result is read from memory.
+        let Some(t) = broadcast_tail(g, s, r, rows).filter(|t| !s.fused.contains_key(t)) else {
+            continue;
+        };
+        let tail_node = g.node_of(t).unwrap_or(n);
+        if written_between(g, s, &[n], tail_node) {
+            continue;
+        }
+        s.fused.insert(t, Fused::Rows { reduction: n });
+        s.is_materialized.remove(&r);
+        s.materialized.retain(|&v| v != r);
+    }
+}
+
+/// Is reduction `n` a float sum or mean over trailing dimensions at most
+/// 1024 wide (`codegen::reduction::RowTile`, not looped)?
+fn row_tiled(g: &Graph, n: NodeId, red: kiln_functionalize::ops::Reduction) -> bool {
+    use kiln_functionalize::ops::Reduction as Red;
+    let node = &g.nodes[n];
+    let (Some(&Arg::Tensor(x)), [r]) = (node.args.first(), &node.results[..]) else {
+        return false;
+    };
+    let (xs, rs) = (&g.meta(x).sizes, &g.meta(*r).sizes);
+    // Kept dims first, reduced (size 1) last: trailing rows.
+    let width: usize = xs
+        .iter()
+        .zip(rs)
+        .skip_while(|(a, b)| a == b)
+        .map(|(a, b)| if *b == 1 { *a } else { 0 })
+        .product();
+    matches!(red, Red::Sum | Red::Mean)
+        && g.meta(*r).dtype.is_float()
+        && xs.len() == rs.len()
+        && (1..=1024).contains(&width)
+}
+
+/// The stored value of shape `rows` ending the chain of elementwise ops
+/// from reduction result `r` (kept dims: `rows` with the reduced ones 1):
+/// each link the only use of the one before, of its shape or broadcast
+/// up to `rows`, never stored before the end.
+fn broadcast_tail(g: &Graph, s: &Schedule, r: ValueId, rows: &[usize]) -> Option<ValueId> {
+    let rs = &g.meta(r).sizes;
+    if rs.len() != rows.len() || rs.iter().zip(rows).any(|(&a, &b)| a != b && a != 1) {
+        return None;
+    }
+    let mut x = r;
+    loop {
+        if x != r && s.is_materialized.contains(&x) {
+            return (g.meta(x).sizes[..] == *rows
+                && !s.alias_of.contains_key(&x)
+                && !s.inplace.contains_key(&x))
+            .then_some(x);
+        }
+        let [u] = s.uses.get(&x).map(Vec::as_slice).unwrap_or(&[])[..] else {
+            return None;
+        };
+        let node = &g.nodes[u];
+        let [y] = node.results[..] else {
+            return None;
+        };
+        let ys = &g.meta(y).sizes;
+        let pointwise = matches!(node.op.def().lowering, Lowering::Map(Elem::Pointwise));
+        if !pointwise || (ys != &g.meta(x).sizes && ys[..] != *rows) {
+            return None;
+        }
+        x = y;
     }
 }
 
@@ -233,8 +332,9 @@ fn fuse_products(
             continue;
         }
         let t = elementwise_tail(g, s, r);
-        // A tail two products reach stays with the first.
-        if !claimed.insert(t) {
+        // A tail two products reach stays with the first (or with a
+        // reduction: `fuse_rows`).
+        if s.fused.contains_key(&t) || !claimed.insert(t) {
             continue;
         }
         if let Some((p, o, on)) = attention
@@ -305,7 +405,7 @@ pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
             Fused::Attention {
                 scores, product, ..
             } => vec![scores, product],
-            Fused::Epilogue { .. } => vec![],
+            Fused::Epilogue { .. } | Fused::Rows { .. } => vec![],
         })
         .collect();
     let mut out = HashSet::new();

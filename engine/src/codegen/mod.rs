@@ -105,6 +105,13 @@ pub struct Gen<'a> {
     /// In an epilogue kernel: (the kernel's own result, the elementwise
     /// tail stored in its place).
     epilogue: Option<(ValueId, ValueId)>,
+    /// In a reduction kernel with a `Fused::Rows` tail: (the reduction's
+    /// result, the tail stored over its rows instead).
+    rows: Option<(ValueId, ValueId)>,
+    /// While a `Fused::Rows` tail is computed at one element: the
+    /// reduction's result and its value for that element's row (the tail
+    /// reads it only broadcast, at that row: `schedule::fuse_rows`).
+    row_result: Option<(ValueId, String)>,
     /// The element count of the 1-D kernel being generated when its
     /// invocations loop over the grid (`guard`).
     stride_over: Option<usize>,
@@ -160,6 +167,8 @@ impl<'a> Gen<'a> {
             subgroup: None,
             uses_subgroup: false,
             epilogue: None,
+            rows: None,
+            row_result: None,
             stride_over: None,
             rules: BindingRules::default(),
             slots: vec![],
@@ -557,6 +566,9 @@ impl<'a> Gen<'a> {
 
     /// Element `idx` of value `v`, as a shader value of `v`'s dtype.
     pub fn value_at(&mut self, v: ValueId, idx: &str) -> R<String> {
+        if let Some((_, x)) = self.row_result.as_ref().filter(|(r, _)| *r == v) {
+            return Ok(x.clone());
+        }
         let key = (v, idx.to_string());
         if let Some(x) = self.memo.get(&key) {
             return Ok(x.clone());
@@ -637,6 +649,14 @@ impl<'a> Gen<'a> {
                 let label = format!("{}+{label}", g.nodes[product].op.name());
                 let ks = self.kernel_of(product, r, label);
                 self.epilogue = None;
+                return ks;
+            }
+            Some(&Fused::Rows { reduction }) => {
+                let r = g.nodes[reduction].results[0];
+                self.rows = Some((r, v));
+                let label = format!("{}+{label}", g.nodes[reduction].op.name());
+                let ks = self.kernel_of(reduction, r, label);
+                self.rows = None;
                 return ks;
             }
             Some(&Fused::Attention {

@@ -222,7 +222,21 @@ impl Gen<'_> {
                 format!("select({res}, {}, {nv})", literal(f64::NAN, DType::F32)),
             );
         }
-        self.store_to(v, "gid", &res)?;
+        if self.rows.is_some_and(|(r, _)| r == v) {
+            // The tail over the row: a second pass over its elements.
+            self.body
+                .stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(count)));
+            let saved = std::mem::take(&mut self.memo);
+            let rm = self.unravel("r", &rs);
+            let rst: Vec<usize> = reduced.iter().map(|&d| istr[d]).collect();
+            let roff = self.ravel(&rm, &rst, 0);
+            let at = self.body.bind("u32", format!("{kbase} + {roff}"));
+            self.rows_tail_at(v, &res, &at)?;
+            self.body.stmt("}".into());
+            self.memo = saved;
+        } else {
+            self.store_to(v, "gid", &res)?;
+        }
         Ok(self.finish(
             label,
             wgsl::grid(nout, self.workgroup),
@@ -257,11 +271,40 @@ impl Gen<'_> {
         } else {
             total
         };
-        self.body
-            .stmt(format!("if ({lane} == 0u && {row} < {}) {{", u(t.rows)));
-        self.store_to(v, &row, &cast(&res, DType::F32, od))?;
-        self.body.stmt("}".into());
+        if self.rows.is_some_and(|(r, _)| r == v) {
+            // Every lane has the row's result: the tail at its elements.
+            let res = self.body.bind(ty(od), cast(&res, DType::F32, od));
+            for (_, inr, _, at) in &xs {
+                self.body.stmt(format!("if ({inr}) {{"));
+                self.rows_tail_at(v, &res, at)?;
+                self.body.stmt("}".into());
+            }
+        } else {
+            self.body
+                .stmt(format!("if ({lane} == 0u && {row} < {}) {{", u(t.rows)));
+            self.store_to(v, &row, &cast(&res, DType::F32, od))?;
+            self.body.stmt("}".into());
+        }
         Ok(self.finish(label, wgsl::fold(t.workgroups()), [64, 1, 1]))
+    }
+
+    /// The `Fused::Rows` tail of reduction result `v` at element `at` of
+    /// its rows, stored there: its reads of `v` get `res`, the row's
+    /// result.
+    fn rows_tail_at(&mut self, v: ValueId, res: &str, at: &str) -> R<()> {
+        let Some((_, t)) = self.rows else {
+            return Err(bug("a row tail outside a row kernel"));
+        };
+        let g = self.g;
+        let saved = self.memo.clone();
+        self.row_result = Some((v, res.to_string()));
+        let Def::Node(tn, tk) = g.values[t].def else {
+            return Err(bug("a row tail without a node"));
+        };
+        let y = self.node_at(tn, tk, at);
+        self.row_result = None;
+        self.memo = saved;
+        self.store_plain(t, at, &y?)
     }
 
     /// The input of node `n` (softmax, cumsum: `(self, dim, ...)`) and its
