@@ -823,6 +823,39 @@ fn product_epilogues_fuse() {
     }
 }
 
+/// A product's result split into heads (a view and a transpose or
+/// permute) is stored by the product kernel where the heads have each
+/// element: no copy kernel, with elementwise work after the split too,
+/// on GPUs and on CPU adapters (whose products read such operands from a
+/// buffer of their own: the product storing it).
+#[test]
+fn head_splits_are_stored_by_their_products() {
+    let src = "graph heads(%x: f32[2, 6, 16], %wq: f32[16, 16], %bq: f32[16], %wk: f32[16, 16]) {
+  %q0 = linear(%x, %wq, %bq)
+  %q1 = view(%q0, [2, 6, 2, 8])
+  %q = transpose(%q1, 1, 2)
+  %qs = mul(%q, 0.5)
+  %k0 = linear(%x, %wk)
+  %k1 = view(%k0, [2, 6, 2, 8])
+  %k = permute(%k1, [0, 2, 3, 1])
+  %s = matmul(%qs, %k)
+  return (%s, %qs)
+}";
+    let g = parse(src).unwrap();
+    let p = kiln::engine::compile(&g).unwrap();
+    let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+    assert_eq!(labels.len(), 3, "{labels:?}");
+    assert!(labels[0].starts_with("linear+"), "{labels:?}");
+    let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    for mut e in [engine(), gpu_variants()] {
+        let got = e.run(&g, ins.clone()).unwrap();
+        for (a, b) in got.outputs.iter().zip(&want.outputs) {
+            close_gpu("heads", a, b, 1e-5).unwrap();
+        }
+    }
+}
+
 /// Elementwise tails of row kernels, reductions and gathers are stored by
 /// those kernels (the softmax, norm, sum and embedding results themselves
 /// never reach memory), in every row-kernel variant: one row per

@@ -71,6 +71,10 @@ pub struct Schedule {
     /// Materialized values computed in one kernel with matrix products
     /// whose results never reach memory.
     pub fused: HashMap<ValueId, Fused>,
+    /// Epilogue tails whose chain permutes the kernel's result (tail ->
+    /// the permuting copies, in order): element `i` is stored where the
+    /// last copy has it.
+    pub permuted: HashMap<ValueId, Vec<ValueId>>,
 }
 
 /// A kernel computing a value together with products it absorbs.

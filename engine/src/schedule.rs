@@ -46,6 +46,7 @@ pub fn schedule(
         pinned,
         pos: g.order.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
         fused: HashMap::new(),
+        permuted: HashMap::new(),
     };
     for &v in &g.inputs {
         s.is_materialized.insert(v);
@@ -224,7 +225,7 @@ fn broadcast_tail(g: &Graph, s: &Schedule, r: ValueId, rows: &[usize]) -> Option
 /// use, or is a pure reshape of it (a convolution's product reshaped to
 /// NCHW before its bias: element `i` is still element `i`). A link with a
 /// buffer of its own ends the chain; `r` when there is none.
-fn elementwise_tail(g: &Graph, s: &Schedule, r: ValueId) -> ValueId {
+fn elementwise_tail(g: &Graph, s: &Schedule, r: ValueId, permute: bool) -> ValueId {
     let mut sizes = &g.meta(r).sizes;
     let (mut x, mut end) = (r, r);
     loop {
@@ -255,14 +256,36 @@ fn elementwise_tail(g: &Graph, s: &Schedule, r: ValueId) -> ValueId {
             {
                 x = y
             }
+            [y] if permute && permuted_copy(g, u, x) => {
+                x = y;
+                sizes = &g.meta(y).sizes;
+            }
             _ => return end,
         }
     }
 }
 
-/// The pure reshapes between product result `r` and its epilogue's tail
-/// `t` (`elementwise_tail`): computed inside the epilogue, no alias left.
-fn reshapes_between(g: &Graph, s: &Schedule, r: ValueId, t: ValueId) -> Vec<ValueId> {
+/// Is node `u` a copy of `x` through a view that permutes its elements
+/// (a transpose, a head split or merge, a reshape: every element read
+/// once)? An epilogue stores `x`'s element `i` where the copy has it
+/// (`Schedule::permuted`): no copy kernel.
+fn permuted_copy(g: &Graph, u: NodeId, x: ValueId) -> bool {
+    let node = &g.nodes[u];
+    let Rule::ViewCopy(view) = node.op.def().rule else {
+        return false;
+    };
+    if node.args.first() != Some(&Arg::Tensor(x)) || node.results.len() != 1 {
+        return false;
+    }
+    let y = node.results[0];
+    g.meta(y).numel() == g.meta(x).numel()
+        && crate::index::Affine::view(g, view, g.meta(x), &node.args[1..], 0)
+            .is_ok_and(|a| a.is_permutation())
+}
+
+/// The values from product result `r` (excluded) to its epilogue's tail
+/// `t` (`elementwise_tail`), each the only use of the one before.
+fn chain_between(g: &Graph, s: &Schedule, r: ValueId, t: ValueId) -> Vec<ValueId> {
     let mut out = vec![];
     let mut x = r;
     while x != t {
@@ -272,9 +295,7 @@ fn reshapes_between(g: &Graph, s: &Schedule, r: ValueId, t: ValueId) -> Vec<Valu
         let [y] = g.nodes[u].results[..] else {
             break;
         };
-        if s.alias_of.get(&y) == Some(&x) {
-            out.push(y);
-        }
+        out.push(y);
         x = y;
     }
     out
@@ -331,7 +352,7 @@ fn fuse_products(
         if absorbed.contains(&r) || s.fused.contains_key(&r) {
             continue;
         }
-        let t = elementwise_tail(g, s, r);
+        let t = elementwise_tail(g, s, r, false);
         // A tail two products reach stays with the first (or with a
         // reduction: `fuse_rows`).
         if s.fused.contains_key(&t) || !claimed.insert(t) {
@@ -353,16 +374,40 @@ fn fuse_products(
             absorbed.extend([r, g.nodes[p].results[0]]);
             continue;
         }
+        // Not an attention's scores: the tail may go on through a
+        // permuting copy (a head split), stored where the copy has it.
+        let t = match elementwise_tail(g, s, r, true) {
+            t2 if t2 != t && (s.fused.contains_key(&t2) || !claimed.insert(t2)) => continue,
+            t2 => t2,
+        };
         // The fused kernel runs where the tail is: no kernel in between may
         // write a buffer the product reads (a re-inplaced scatter).
         let tail_node = g.node_of(t).unwrap_or(n);
         if t == r || written_between(g, s, &[n], tail_node) {
             continue;
         }
-        let reshapes = reshapes_between(g, s, r, t);
+        let chain = chain_between(g, s, r, t);
+        let reshapes: Vec<ValueId> = chain
+            .iter()
+            .copied()
+            .filter(|y| s.alias_of.contains_key(y))
+            .collect();
         if reshapes.iter().any(|y| out.contains(y)) {
             continue;
         }
+        let permuted: Vec<ValueId> = chain
+            .iter()
+            .copied()
+            .filter(|&y| {
+                !s.alias_of.contains_key(&y)
+                    && g.node_of(y).is_some_and(|u| {
+                        matches!(g.nodes[u].op.def().rule, Rule::ViewCopy(_))
+                            && g.nodes[u].args.first().is_some_and(
+                                |a| matches!(a, Arg::Tensor(x) if permuted_copy(g, u, *x)),
+                            )
+                    })
+            })
+            .collect();
         if !s.is_materialized.contains(&t) {
             if !feeds_products_only(g, s, t) {
                 continue;
@@ -370,6 +415,9 @@ fn fuse_products(
             added.push(t);
         }
         s.fused.insert(t, Fused::Epilogue { product: n });
+        if !permuted.is_empty() {
+            s.permuted.insert(t, permuted);
+        }
         absorbed.push(r);
         for y in reshapes {
             s.alias_of.remove(&y);

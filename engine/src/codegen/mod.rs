@@ -609,11 +609,58 @@ impl<'a> Gen<'a> {
             let Def::Node(tn, tk) = self.g.values[target].def else {
                 return Err(bug("an epilogue without a node"));
             };
-            let y = self.node_at(tn, tk, idx)?;
+            // Through permuting copies: the chain before each at the
+            // element, then the tail where the last has it.
+            let (mut at, mut last) = (idx.to_string(), None);
+            for &p in self.s.permuted.get(&target).into_iter().flatten() {
+                let (px, j) = self.permuted_at(p, &at)?;
+                self.memo.insert((p, j.clone()), px.clone());
+                at = j;
+                last = Some((p, px));
+            }
+            let y = match last {
+                Some((p, px)) if p == target => px,
+                _ => self.node_at(tn, tk, &at)?,
+            };
             self.memo = saved;
-            return self.store_plain(target, idx, &y);
+            return self.store_plain(target, &at, &y);
         }
         self.store_plain(v, idx, value)
+    }
+
+    /// For permuting copy `p` (`schedule::permuted_copy`) of a value
+    /// computed at element `idx`: that value there, and the element of
+    /// `p` holding it.
+    fn permuted_at(&mut self, p: ValueId, idx: &str) -> R<(String, String)> {
+        let g = self.g;
+        let Def::Node(n, k) = g.values[p].def else {
+            return Err(bug("a permuted epilogue without a node"));
+        };
+        let node = &g.nodes[n];
+        let (&Rule::ViewCopy(view), Some(&Arg::Tensor(input))) =
+            (&node.op.def().rule, node.args.first())
+        else {
+            return Err(bug("a permuted epilogue through no view copy"));
+        };
+        let x = self.value_at(input, idx)?;
+        let a = Affine::view(g, view, g.meta(input), &node.args[1..], k).map_err(bug)?;
+        let cs = contiguous_strides(&a.sizes);
+        let mut terms = vec![];
+        for ((&size, &stride), &c) in a.sizes.iter().zip(&a.strides).zip(&cs) {
+            if size > 1 {
+                terms.push(format!(
+                    "(({idx} / {}) % {}) * {}",
+                    u(stride),
+                    u(size),
+                    u(c)
+                ));
+            }
+        }
+        if terms.is_empty() {
+            terms.push("0u".into());
+        }
+        let at = self.body.bind("u32", terms.join(" + "));
+        Ok((x, at))
     }
 
     fn store_plain(&mut self, v: ValueId, idx: &str, value: &str) -> R<()> {
