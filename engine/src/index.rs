@@ -97,29 +97,14 @@ impl Affine {
         }
     }
 
-    /// Reads element `i` itself (dimensions of size 1 aside).
     /// Is this map a bijection onto a contiguous tensor's elements (a
-    /// permutation of a reshape: every element read once)? Then
-    /// `inverse_dims` finds, for an element of the source, where it lands.
+    /// permutation of a reshape: every element read once)? Then an
+    /// element of the source has one place here (`Gen::permuted_at`).
     pub fn is_permutation(&self) -> bool {
-        let mut dims: Vec<(usize, usize)> = self
-            .sizes
-            .iter()
-            .zip(&self.strides)
-            .filter(|(&s, _)| s != 1)
-            .map(|(&s, &st)| (st, s))
-            .collect();
-        dims.sort_unstable_by(|a, b| b.cmp(a));
-        let mut want = 1;
-        for &(st, s) in dims.iter().rev() {
-            if st != want {
-                return false;
-            }
-            want *= s;
-        }
-        self.offset == 0
+        self.offset == 0 && kiln_functionalize::meta::fills_block(&self.sizes, &self.strides)
     }
 
+    /// Reads element `i` itself (dimensions of size 1 aside).
     pub fn is_identity(&self) -> bool {
         let want = contiguous_strides(&self.sizes);
         self.offset == 0

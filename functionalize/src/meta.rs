@@ -98,22 +98,7 @@ impl Meta {
     /// ATen's `is_non_overlapping_and_dense`: the elements fill a block of
     /// the storage exactly, in some order of the dimensions.
     pub fn is_non_overlapping_and_dense(&self) -> bool {
-        let mut dims: Vec<(usize, usize)> = self
-            .sizes
-            .iter()
-            .zip(&self.strides)
-            .filter(|(&s, _)| s != 1)
-            .map(|(&s, &st)| (st, s))
-            .collect();
-        dims.sort();
-        let mut expected = 1;
-        for (st, s) in dims {
-            if st != expected {
-                return false;
-            }
-            expected *= s;
-        }
-        true
+        fills_block(&self.sizes, &self.strides)
     }
 
     /// ATen's `get_overlap_status(a, b) == Partial` for two views of one
@@ -372,6 +357,26 @@ pub fn unravel(mut i: usize, sizes: &[usize]) -> Vec<usize> {
         }
     }
     m
+}
+
+/// Do `sizes` and `strides` address each element of a block of
+/// `numel(sizes)` elements exactly once, in some order of the dimensions?
+pub fn fills_block(sizes: &[usize], strides: &[usize]) -> bool {
+    let mut dims: Vec<(usize, usize)> = sizes
+        .iter()
+        .zip(strides)
+        .filter(|(&s, _)| s != 1)
+        .map(|(&s, &st)| (st, s))
+        .collect();
+    dims.sort();
+    let mut expected = 1;
+    for (st, s) in dims {
+        if st != expected {
+            return false;
+        }
+        expected *= s;
+    }
+    true
 }
 
 #[cfg(test)]

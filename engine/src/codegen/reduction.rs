@@ -161,10 +161,8 @@ impl Gen<'_> {
         self.body
             .stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(count)));
         let saved = std::mem::take(&mut self.memo);
-        let rm = self.unravel("r", &rs);
         let rst: Vec<usize> = reduced.iter().map(|&d| istr[d]).collect();
-        let roff = self.ravel(&rm, &rst, 0);
-        let at = self.body.bind("u32", format!("{kbase} + {roff}"));
+        let at = self.reduced_element(&kbase, &rs, &rst);
         let x = self.value_at(input, &at)?;
         let x = self.body.bind(acc_ty, cast(&x, im.dtype, acc_dt));
         match (red_op, &comp, &nan) {
@@ -195,10 +193,7 @@ impl Gen<'_> {
             self.body
                 .stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(count)));
             let saved = std::mem::take(&mut self.memo);
-            let rm = self.unravel("r", &rs);
-            let rst: Vec<usize> = reduced.iter().map(|&d| istr[d]).collect();
-            let roff = self.ravel(&rm, &rst, 0);
-            let at = self.body.bind("u32", format!("{kbase} + {roff}"));
+            let at = self.reduced_element(&kbase, &rs, &rst);
             let x = self.value_at(input, &at)?;
             let x = self.body.bind("f32", cast(&x, im.dtype, DType::F32));
             let d = self
@@ -227,10 +222,7 @@ impl Gen<'_> {
             self.body
                 .stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(count)));
             let saved = std::mem::take(&mut self.memo);
-            let rm = self.unravel("r", &rs);
-            let rst: Vec<usize> = reduced.iter().map(|&d| istr[d]).collect();
-            let roff = self.ravel(&rm, &rst, 0);
-            let at = self.body.bind("u32", format!("{kbase} + {roff}"));
+            let at = self.reduced_element(&kbase, &rs, &rst);
             self.rows_tail_at(v, &res, &at)?;
             self.body.stmt("}".into());
             self.memo = saved;
@@ -242,6 +234,14 @@ impl Gen<'_> {
             wgsl::grid(nout, self.workgroup),
             [self.workgroup, 1, 1],
         ))
+    }
+
+    /// Element `r` (the loop's counter) of the reduced dims (sizes `rs`,
+    /// strides `rst`) of the line starting at `kbase`.
+    fn reduced_element(&mut self, kbase: &str, rs: &[usize], rst: &[usize]) -> String {
+        let rm = self.unravel("r", rs);
+        let roff = self.ravel(&rm, rst, 0);
+        self.body.bind("u32", format!("{kbase} + {roff}"))
     }
 
     /// `sum` or `mean` of contiguous rows (`reduce`'s trailing dims): a row
