@@ -395,18 +395,14 @@ fn fuse_products(
         if reshapes.iter().any(|y| out.contains(y)) {
             continue;
         }
-        let permuted: Vec<ValueId> = chain
-            .iter()
-            .copied()
-            .filter(|&y| {
-                !s.alias_of.contains_key(&y)
-                    && g.node_of(y).is_some_and(|u| {
-                        matches!(g.nodes[u].op.def().rule, Rule::ViewCopy(_))
-                            && g.nodes[u].args.first().is_some_and(
-                                |a| matches!(a, Arg::Tensor(x) if permuted_copy(g, u, *x)),
-                            )
-                    })
+        // Each link reads the one before: `r`, then the chain.
+        let permuted: Vec<ValueId> = std::iter::once(r)
+            .chain(chain.iter().copied())
+            .zip(chain.iter().copied())
+            .filter(|&(x, y)| {
+                !s.alias_of.contains_key(&y) && g.node_of(y).is_some_and(|u| permuted_copy(g, u, x))
             })
+            .map(|(_, y)| y)
             .collect();
         if !s.is_materialized.contains(&t) {
             if !feeds_products_only(g, s, t) {

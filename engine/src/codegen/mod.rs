@@ -644,22 +644,16 @@ impl<'a> Gen<'a> {
         };
         let x = self.value_at(input, idx)?;
         let a = Affine::view(g, view, g.meta(input), &node.args[1..], k).map_err(bug)?;
+        // `p`'s dims by decreasing stride are the input's contiguous
+        // layout: unravel the element there, ravel it in `p`'s.
         let cs = contiguous_strides(&a.sizes);
-        let mut terms = vec![];
-        for ((&size, &stride), &c) in a.sizes.iter().zip(&a.strides).zip(&cs) {
-            if size > 1 {
-                terms.push(format!(
-                    "(({idx} / {}) % {}) * {}",
-                    u(stride),
-                    u(size),
-                    u(c)
-                ));
-            }
-        }
-        if terms.is_empty() {
-            terms.push("0u".into());
-        }
-        let at = self.body.bind("u32", terms.join(" + "));
+        let mut dims: Vec<usize> = (0..a.sizes.len()).collect();
+        dims.sort_by_key(|&d| std::cmp::Reverse(a.strides[d]));
+        let sizes: Vec<usize> = dims.iter().map(|&d| a.sizes[d]).collect();
+        let strides: Vec<usize> = dims.iter().map(|&d| cs[d]).collect();
+        let m = self.unravel(idx, &sizes);
+        let at = self.ravel(&m, &strides, 0);
+        let at = self.body.bind("u32", at);
         Ok((x, at))
     }
 
@@ -690,20 +684,18 @@ impl<'a> Gen<'a> {
             return Ok(vec![]);
         }
         match self.s.fused.get(&v) {
-            Some(&Fused::Epilogue { product }) => {
-                let r = g.nodes[product].results[0];
-                self.epilogue = Some((r, v));
-                let label = format!("{}+{label}", g.nodes[product].op.name());
-                let ks = self.kernel_of(product, r, label);
-                self.epilogue = None;
-                return ks;
-            }
-            Some(&Fused::Rows { reduction }) => {
-                let r = g.nodes[reduction].results[0];
-                self.rows = Some((r, v));
-                let label = format!("{}+{label}", g.nodes[reduction].op.name());
-                let ks = self.kernel_of(reduction, r, label);
-                self.rows = None;
+            Some(&(Fused::Epilogue { product: n } | Fused::Rows { reduction: n })) => {
+                // The kernel of `n`, storing `v` in place of its result.
+                let r = g.nodes[n].results[0];
+                let rows = matches!(self.s.fused.get(&v), Some(Fused::Rows { .. }));
+                *if rows {
+                    &mut self.rows
+                } else {
+                    &mut self.epilogue
+                } = Some((r, v));
+                let label = format!("{}+{label}", g.nodes[n].op.name());
+                let ks = self.kernel_of(n, r, label);
+                (self.rows, self.epilogue) = (None, None);
                 return ks;
             }
             Some(&Fused::Attention {
