@@ -38,6 +38,7 @@ mod train_mlp;
 use common::{ATTENTION, LAYER_NORM, LINEAR, MLP, SENTENCES, SOFTMAX};
 
 const CHAIN_SIZES: [usize; 3] = [1 << 20, 1 << 24, 1 << 26];
+const TRANSPOSED_CHAIN_SIDE: usize = 4096;
 
 /// Imported models (`tests/fixtures/import/NAME.pt2`; `bench/` holds the
 /// convolution measured alone), and that convolution's FLOPs: 2 N O OH OW
@@ -185,14 +186,26 @@ fn main() {
     let gpu = session.gpu().clone();
     eprintln!("adapter: {}", gpu.describe());
 
-    // `KILN_REPORT_ONLY=imports`: section 9 alone (both sides), to measure
-    // the imported models without the whole report.
-    if std::env::var("KILN_REPORT_ONLY").as_deref() == Ok("imports") {
-        let json = json!({"imports": import_workloads(&tmp)});
+    // `KILN_REPORT_ONLY=imports` (section 9) or `=chains` (the chains of
+    // section 4) alone, both sides, without the whole report.
+    let only = std::env::var("KILN_REPORT_ONLY").ok();
+    if let Some(only) = only
+        .as_deref()
+        .filter(|o| ["imports", "chains"].contains(o))
+    {
+        let json = match only {
+            "imports" => json!({"imports": import_workloads(&tmp)}),
+            _ => json!({"chain": CHAIN_SIZES, "transposed_chain": TRANSPOSED_CHAIN_SIDE}),
+        };
         let torch = run_torch_json(&tmp, &json);
         let mut md = String::new();
         header(&mut md, &gpu, &torch);
-        import_section(&mut md, &session, &tmp, &torch);
+        if only == "imports" {
+            import_section(&mut md, &session, &tmp, &torch);
+        } else {
+            chain_section(&mut md, &session, &torch);
+            transposed_chain_section(&mut md, &session, &torch);
+        }
         std::fs::write(&out_path, &md).unwrap();
         println!("{md}");
         return;
@@ -204,6 +217,7 @@ fn main() {
     functionalize_section(&mut md, &tmp, &w, &torch);
     programs_section(&mut md, &session, &w, &torch);
     chain_section(&mut md, &session, &torch);
+    transposed_chain_section(&mut md, &session, &torch);
     let mut model = minilm_section(&mut md, &session, &w, &torch);
     export_section(&mut md, &mut model, &tmp);
     web_section(&mut md, &model);
@@ -333,6 +347,7 @@ fn workloads(tmp: &Path) -> Workloads {
         "programs": w_prog,
         "blocks": blocks,
         "chain": CHAIN_SIZES,
+        "transposed_chain": TRANSPOSED_CHAIN_SIDE,
         "transforms": w_trans,
         "minilm": {"dir": model_dir, "batches": batches, "sentences": SENTENCES},
     });
@@ -764,6 +779,92 @@ fn chain_section(md: &mut String, session: &Session, torch: &Value) {
             gbs(&c),
         );
     }
+}
+
+/// The transposed chain (examples/programs/transposed_chain.txt) at 4096 x
+/// 4096 beside the same chain without the transpose (`mul(x, 1.0)` in its
+/// place) and untiled (`tile_transposes` off): what a transposed read
+/// costs.
+fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
+    eprintln!("transposed chain ...");
+    let n = TRANSPOSED_CHAIN_SIDE;
+    let (src, plain) = transposed_chain_programs(n);
+    let _ = writeln!(md, "\n### Transposed chain (f32, {n} x {n})\n");
+    let _ = writeln!(md, "`examples/programs/transposed_chain.txt` at {n} x {n}: `x.t()` plus a broadcast row, then 8 elementwise ops (tanh, sigmoid, exp among them), one kernel at the minimum bytes either way. Plain: the same chain with `mul(x, 1.0)` for the transpose. Untiled: `tile_transposes` off (each invocation reads its transposed element directly). GB/s = 8 bytes per element (the row aside) over the GPU time of the kernels (median of 5). PyTorch: best of 5 calls on the same inputs.\n");
+    let _ = writeln!(
+        md,
+        "| chain | Kiln ms | Kiln GB/s | / plain | PyTorch eager ms | torch.compile ms |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
+    let xs: Vec<f32> = (0..n * n).map(|i| (i % 1000) as f32 / 1000.0).collect();
+    let bs: Vec<f32> = (0..n).map(|i| (i % 7) as f32 / 7.0).collect();
+    let ins = [
+        HostTensor::from_slice(&[n, n], &xs).unwrap(),
+        HostTensor::from_slice(&[n], &bs).unwrap(),
+    ];
+    let untiled = Session::with_options(
+        session.gpu().clone(),
+        kiln::engine::CompileOptions {
+            tile_transposes: false,
+            ..session.compile_options().clone()
+        },
+    );
+    let time = |s: &Session, src: &str| -> Result<f64, String> {
+        let g = parse(src).map_err(|e| e.to_string())?;
+        s.compile(&g)
+            .and_then(|exe| profile(s, &exe, &ins, 5, 0.0))
+            .map(|p| p.kernels_ms / 1e3)
+            .map_err(|e| e.to_string())
+    };
+    let plain_s = time(session, &plain);
+    let rows = [
+        ("transposed", time(session, &src), "transposed"),
+        ("transposed, untiled", time(&untiled, &src), "transposed"),
+        ("plain", plain_s.clone(), "plain"),
+    ];
+    let bytes = (n * n * 8) as f64;
+    for (name, r, key) in rows {
+        let ratio = match (&r, &plain_s) {
+            (Ok(a), Ok(b)) => format!("{:.2}", a / b),
+            _ => "-".into(),
+        };
+        let gbs = r
+            .as_ref()
+            .map_or("-".into(), |s| format!("{:.2}", bytes / s / 1e9));
+        let _ = writeln!(
+            md,
+            "| {name} | {} | {gbs} | {ratio} | {} | {} |",
+            cell(r.clone(), 1e3, 1),
+            cell(
+                torch_s(torch, &["transposed_chain", key, "eager_s"]),
+                1e3,
+                1
+            ),
+            cell(
+                torch_s(torch, &["transposed_chain", key, "compile_s"]),
+                1e3,
+                1
+            ),
+        );
+    }
+}
+
+/// The transposed chain's program at `n` x `n`, and the same without the
+/// transpose.
+fn transposed_chain_programs(n: usize) -> (String, String) {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/programs/transposed_chain.txt"),
+    )
+    .unwrap();
+    let src = text
+        .replace("f32[40, 48]", &format!("f32[{n}, {n}]"))
+        .replace("f32[40]", &format!("f32[{n}]"));
+    let plain = src.replace("%t = t(%x)", "%t = mul(%x, 1.0)");
+    assert!(
+        src != text && plain != src,
+        "transposed_chain.txt changed shape"
+    );
+    (src, plain)
 }
 
 /// Section 5: MiniLM per batch, beside sentence-transformers; the model,

@@ -12,6 +12,7 @@ WORKLOADS.json (written by the report bench) names:
   blocks: {"mlp": {...}, "attention": {...}} inputs of the MLP and
       attention blocks, eager and torch.compile
   chain: [n, ...] elementwise chain tanh(x * 2 + 1) * 0.5 - x, GB/s
+  transposed_chain: n  examples/programs/transposed_chain.txt at n x n
   minilm: {"dir": model dir, "batches": [...], "sentences": [...]}
   imports: [{"name", "pt2", "inputs"}] the models of torch.export archives
       (tests/fixtures/import), built again by make_import_fixtures.py, eager
@@ -231,6 +232,34 @@ def chain_rows(sizes):
     return out
 
 
+def transposed_chain(t, b):
+    a = t + b
+    f = torch.tanh(a * 0.5) * torch.sigmoid(a)
+    return (torch.exp(f) - t) * 1.5 + 0.25
+
+
+def transposed_chain_rows(n):
+    """examples/programs/transposed_chain.txt at n x n, with x.t() and
+    with x * 1.0 (a contiguous copy) in its place."""
+    out = {}
+    x = torch.rand(n, n)
+    b = torch.rand(n)
+    for key, f in [("transposed", lambda x, b: transposed_chain(x.t(), b)), ("plain", lambda x, b: transposed_chain(x * 1.0, b))]:
+        row = {}
+        try:
+            with torch.no_grad():
+                row["eager_s"] = best(lambda: f(x, b), reps=5)
+                try:
+                    cf = torch.compile(f)
+                    row["compile_s"] = best(lambda: cf(x, b), reps=5)
+                except Exception as e:  # noqa: BLE001
+                    row["compile_error"] = err(e)
+        except Exception as e:  # noqa: BLE001
+            row["error"] = err(e)
+        out[key] = row
+    return out
+
+
 def minilm_rows(cfg):
     from sentence_transformers import SentenceTransformer
 
@@ -285,6 +314,7 @@ def main() -> int:
         ("programs", program_rows),
         ("blocks", block_rows),
         ("chain", chain_rows),
+        ("transposed_chain", transposed_chain_rows),
         ("transforms", transform_rows),
         ("minilm", minilm_rows),
         ("imports", import_rows),

@@ -446,6 +446,42 @@ pub fn reads_own_only(g: &Graph, s: &Schedule, n: NodeId, k: usize, members: &[V
     }
 }
 
+/// The view copies (node, result) of stored values that the kernel
+/// computing `group` reads at its own element: reached from the members
+/// through reads at the element itself, computed inline. Where such a
+/// view transposes, the kernel can stage it through workgroup memory
+/// (`Gen::transposed_tile`).
+pub fn own_view_copies(g: &Graph, s: &Schedule, group: &[ValueId]) -> Vec<(NodeId, usize)> {
+    let mut found = vec![];
+    let mut seen = std::collections::HashSet::new();
+    let mut stack: Vec<ValueId> = group.to_vec();
+    while let Some(v) = stack.pop() {
+        let Def::Node(n, k) = g.values[v].def else {
+            continue;
+        };
+        if !seen.insert(v) {
+            continue;
+        }
+        let Ok(rs) = reads(g, n, k) else {
+            continue;
+        };
+        if let (Rule::ViewCopy(_), [Read::At(input, _)]) = (&g.nodes[n].op.def().rule, &rs[..]) {
+            if s.is_materialized.contains(input) {
+                found.push((n, k));
+            }
+            continue;
+        }
+        for r in rs {
+            if let Read::At(t, a) = r {
+                if a.is_identity() && !s.is_materialized.contains(&t) {
+                    stack.push(t);
+                }
+            }
+        }
+    }
+    found
+}
+
 struct Walk<'a> {
     members: &'a [ValueId],
     roots: &'a [ValueId],

@@ -102,6 +102,13 @@ pub struct CompileOptions {
     /// whole row (CPU adapters, where lavapipe's barriers cost more than
     /// they save: 72 vs 21 ms for softmax over 49152 rows of 128).
     pub workgroup_rows: bool,
+    /// Elementwise kernels reading a stored tensor through a transposing
+    /// view (`x.t()`, a permute moving the innermost dimension) run in
+    /// 16x16 tiles: each workgroup loads its tile of the source along the
+    /// source's rows into workgroup memory, then computes and stores along
+    /// the result's rows, so both sides are contiguous (coalesced on GPUs;
+    /// on lavapipe a 4096x4096 transposed chain TODO).
+    pub tile_transposes: bool,
     /// Invocations per workgroup of elementwise and other 1-D kernels: 256
     /// on GPUs (an H100 copies 1868 GB/s with 256, 799 with 64), 64 on CPU
     /// adapters (lavapipe: a 16M-element chain in 54 ms with 64, 75 with
@@ -155,6 +162,7 @@ impl Default for CompileOptions {
         CompileOptions {
             tile_min_rows: 0,
             workgroup_rows: true,
+            tile_transposes: true,
             workgroup: kernel::WORKGROUP,
             vectorize: true,
             grid_stride: Some(2048),

@@ -573,6 +573,7 @@ pub(crate) fn generate(
     gen.registers = registers.clone();
     gen.tile_min_rows = options.tile_min_rows;
     gen.workgroup_rows = options.workgroup_rows;
+    gen.tile_transposes = options.tile_transposes;
     gen.workgroup = options.workgroup;
     gen.grid_stride = options.grid_stride;
     gen.subgroup = options.subgroup;

@@ -4,6 +4,16 @@
 
 use super::*;
 
+/// A result tiled for transposing reads (`Gen::transposed_tile`).
+pub(super) struct Tile {
+    /// The result's shape as the views see it (`Affine::simplified`).
+    sizes: Vec<usize>,
+    /// The dimension along which the views read their sources' rows.
+    row: usize,
+    /// (node, result, index map, source) of each view.
+    views: Vec<(NodeId, usize, Affine, ValueId)>,
+}
+
 impl Gen<'_> {
     /// One kernel computing every value of `group` (elementwise values of
     /// one shape): inputs are read once, and later members read earlier
@@ -20,6 +30,14 @@ impl Gen<'_> {
     }
 
     fn map_group_inner(&mut self, group: &[ValueId]) -> R<KernelCode> {
+        let packs = group
+            .iter()
+            .any(|v| self.locs.get(v).is_some_and(|l| l.packed));
+        if self.tile_transposes && !packs {
+            if let Some(tile) = self.transposed_tile(group) {
+                return self.map_group_tiled(group, tile);
+            }
+        }
         if self.vectorize {
             if let Some(k) = self.map_group_vec4(group)? {
                 return Ok(k);
@@ -165,6 +183,175 @@ impl Gen<'_> {
                 self.body
                     .stmt(format!("{var}[gid] = vec4<u32>({});", w.join(", ")));
             }
+        }
+        Ok(())
+    }
+
+    /// The transposing view copies `group` reads at its own element
+    /// (`index::own_view_copies`) that one tiling serves: stored 32-bit
+    /// sources, read along a dimension other than the innermost, both
+    /// at least a tile wide.
+    fn transposed_tile(&self, group: &[ValueId]) -> Option<Tile> {
+        let g = self.g;
+        let mut tile: Option<Tile> = None;
+        for (n, k) in crate::index::own_view_copies(g, self.s, group) {
+            let node = &g.nodes[n];
+            let (Rule::ViewCopy(view), Some(&Arg::Tensor(input))) =
+                (&node.op.def().rule, node.args.first())
+            else {
+                continue;
+            };
+            let d = g.meta(input).dtype;
+            if self.locs.get(&input).is_none_or(|l| l.packed) || wgsl::per_word(d) != 1 {
+                continue;
+            }
+            let Ok(a) = Affine::view(g, *view, g.meta(input), &node.args[1..], k) else {
+                continue;
+            };
+            let s = a.simplified();
+            let Some((&c, &cs)) = s.sizes.last().zip(s.strides.last()) else {
+                continue;
+            };
+            let Some(row) = s.strides.iter().position(|&st| st == 1) else {
+                continue;
+            };
+            if cs <= 1 || c < TILE || s.sizes[row] < TILE {
+                continue;
+            }
+            match &mut tile {
+                None => {
+                    tile = Some(Tile {
+                        sizes: s.sizes.clone(),
+                        row,
+                        views: vec![(n, k, a, input)],
+                    })
+                }
+                Some(t) if t.sizes == s.sizes && t.row == row => t.views.push((n, k, a, input)),
+                Some(_) => {}
+            }
+        }
+        let t = tile?;
+        // Workgroups: tiles along the columns, the rows, then the rest.
+        let rest = numel(&t.sizes) / (t.sizes[t.row] * t.sizes[t.sizes.len() - 1]);
+        let fits = |n: usize| n <= 65535;
+        (fits(t.sizes[t.row].div_ceil(TILE))
+            && fits(t.sizes[t.sizes.len() - 1].div_ceil(TILE))
+            && fits(rest))
+        .then_some(t)
+    }
+
+    /// `map_group` over 16x16 tiles of the result (viewed as `tile.sizes`,
+    /// rows along `tile.row`): each invocation first loads the element of
+    /// the transposing views' sources at the transposed position in the
+    /// tile, so a row of invocations reads a row of the source; after the
+    /// barrier it computes its own element, reading those views from
+    /// workgroup memory, and stores along the result's rows.
+    fn map_group_tiled(&mut self, group: &[ValueId], tile: Tile) -> R<KernelCode> {
+        let g = self.g;
+        self.vec4_ranges.clear();
+        let Tile { sizes, row, views } = tile;
+        let last = sizes.len() - 1;
+        let (rows, cols) = (sizes[row], sizes[last]);
+        let others: Vec<usize> = (0..sizes.len())
+            .filter(|&d| d != row && d != last)
+            .collect();
+        let rest: Vec<String> = {
+            let os: Vec<usize> = others.iter().map(|&d| sizes[d]).collect();
+            self.unravel("wid.z", &os)
+        };
+        let strides = contiguous_strides(&sizes);
+        let element = |gen: &mut Self, r: &str, c: &str| {
+            let mut m = vec!["0u".to_string(); sizes.len()];
+            for (&d, x) in others.iter().zip(&rest) {
+                m[d] = x.clone();
+            }
+            m[row] = r.to_string();
+            m[last] = c.to_string();
+            gen.ravel(&m, &strides, 0)
+        };
+        // Workgroups of `self.workgroup` invocations: 16 wide, each
+        // invocation handling `per` rows of the tile (CPU adapters: 16x4,
+        // four rows each; GPUs: 16x16).
+        let high = (self.workgroup as usize / TILE).clamp(1, TILE);
+        let per = TILE / high;
+        let t = u(TILE);
+        let r0 = self.body.bind("u32", format!("wid.y * {t}"));
+        let c0 = self.body.bind("u32", format!("wid.x * {t}"));
+        let mut tiles = HashMap::new();
+        for (i, (_, _, _, input)) in views.iter().enumerate() {
+            self.shared.push(format!(
+                "var<workgroup> tile{i}: array<{}, {}>;",
+                ty(g.meta(*input).dtype),
+                TILE * (TILE + 1)
+            ));
+        }
+        // The transposed positions, clamped into the result: every
+        // invocation reaches the barrier.
+        let rt = self
+            .body
+            .bind("u32", format!("min({r0} + lid.x, {})", u(rows - 1)));
+        for j in 0..per {
+            let ty_ = self.body.bind("u32", format!("lid.y + {}", u(j * high)));
+            let ct = self
+                .body
+                .bind("u32", format!("min({c0} + {ty_}, {})", u(cols - 1)));
+            let at = element(self, &rt, &ct);
+            for (i, (n, k, a, input)) in views.iter().enumerate() {
+                let src = self.index_at(a, &at);
+                let x = self.value_at(*input, &src)?;
+                self.body
+                    .stmt(format!("tile{i}[lid.x * {} + {ty_}] = {x};", u(TILE + 1)));
+                tiles.insert((*n, *k), format!("tile{i}"));
+            }
+        }
+        self.body.stmt("workgroupBarrier();".into());
+        let c = self.body.bind("u32", format!("{c0} + lid.x"));
+        self.tiles = tiles;
+        let mut computed = Ok(());
+        for j in 0..per {
+            // Rows grow with `j`: past the end, so are the later ones.
+            let ty_ = self.body.bind("u32", format!("lid.y + {}", u(j * high)));
+            let r = self.body.bind("u32", format!("{r0} + {ty_}"));
+            self.body.stmt(format!(
+                "if ({r} >= {} || {c} >= {}) {{ return; }}",
+                u(rows),
+                u(cols)
+            ));
+            let e = element(self, &r, &c);
+            self.tile_at = format!("{ty_} * {} + lid.x", u(TILE + 1));
+            computed = self.tiled_members(group, &e);
+            if computed.is_err() {
+                break;
+            }
+        }
+        self.tiles.clear();
+        self.own = "gid".into();
+        computed?;
+        let label = group
+            .iter()
+            .map(|&v| g.values[v].name.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("+");
+        let grid = [
+            cols.div_ceil(TILE) as u32,
+            rows.div_ceil(TILE) as u32,
+            (numel(&sizes) / (rows * cols)) as u32,
+        ];
+        Ok(self.finish(label, grid, [TILE as u32, high as u32, 1]))
+    }
+
+    /// Each member of a tiled group at element `e`.
+    fn tiled_members(&mut self, group: &[ValueId], e: &str) -> R<()> {
+        self.own = e.to_string();
+        for &v in group {
+            let Def::Node(n, k) = self.g.values[v].def else {
+                return Err(bug("a kernel for an input"));
+            };
+            let x = self.node_at(n, k, e)?;
+            if !self.registers.contains(&v) {
+                self.store_to(v, e, &x)?;
+            }
+            self.memo.insert((v, e.to_string()), x);
         }
         Ok(())
     }

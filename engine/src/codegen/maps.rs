@@ -50,6 +50,12 @@ impl Gen<'_> {
                 let Rule::ViewCopy(view) = def.rule else {
                     return Err(bug(format!("{} is no view copy", def.name)));
                 };
+                if idx == self.own {
+                    if let Some(tile) = self.tiles.get(&(n, k)) {
+                        let at = format!("{tile}[{}]", self.tile_at);
+                        return Ok(self.body.bind(ty(out.dtype), at));
+                    }
+                }
                 let input = t(0)?;
                 let a = Affine::view(g, view, g.meta(input), &node.args[1..], k).map_err(bug)?;
                 let at = self.index_at(&a, idx);

@@ -91,6 +91,14 @@ pub struct Gen<'a> {
     pub registers: std::collections::HashSet<ValueId>,
     /// See `CompileOptions::workgroup_rows`.
     pub workgroup_rows: bool,
+    /// See `CompileOptions::tile_transposes`.
+    pub tile_transposes: bool,
+    /// In a transposed tile kernel (`map_group_tiled`): view copies read
+    /// at the invocation's element from workgroup memory, by the array
+    /// holding them.
+    tiles: HashMap<(NodeId, usize), String>,
+    /// The index into those arrays of the element computed now.
+    tile_at: String,
     /// See `CompileOptions::vectorize`.
     pub vectorize: bool,
     vec: Vectorize,
@@ -141,6 +149,10 @@ fn either(a: Option<String>, b: Option<String>) -> Option<String> {
     }
 }
 
+/// The side of a transposed tile (`Gen::map_group_tiled`): 16x16
+/// invocations, rows of 16 elements read and written together.
+const TILE: usize = 16;
+
 fn u(v: usize) -> String {
     format!("{v}u")
 }
@@ -160,6 +172,9 @@ impl<'a> Gen<'a> {
             tile_min_rows: 0,
             registers: Default::default(),
             workgroup_rows: true,
+            tile_transposes: false,
+            tiles: HashMap::new(),
+            tile_at: String::new(),
             vectorize: false,
             vec: Vectorize::default(),
             workgroup: wgsl::WORKGROUP,

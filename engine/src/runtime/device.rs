@@ -171,6 +171,7 @@ impl Gpu {
                 0
             },
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
+            tile_transposes: true,
             vectorize: true,
             contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
             fuse_attention: self.info.device_type != wgpu::DeviceType::Cpu,
