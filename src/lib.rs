@@ -11,6 +11,7 @@ pub mod io;
 pub mod minilm;
 pub mod probe;
 pub mod profile;
+pub mod soak;
 pub mod train;
 
 pub use kiln_engine as engine;

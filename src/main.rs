@@ -99,6 +99,19 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Run a program many times on one session from several threads
+    /// (seeded random inputs, or `--inputs`) and report resident and
+    /// device memory after a warm-up and at the end, the longest run and
+    /// any run whose outputs differed from the first: leaks and stalls.
+    Soak {
+        prog: PathBuf,
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        #[arg(long, default_value_t = 100_000)]
+        runs: u64,
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+    },
     /// Print the functionalized program.
     Functionalize {
         prog: PathBuf,
@@ -357,6 +370,12 @@ fn main_result(cli: Cli) -> Result<(), String> {
             }
             Ok(())
         }
+        Cmd::Soak {
+            prog,
+            inputs,
+            runs,
+            threads,
+        } => soak(&prog, inputs.as_deref(), runs, threads),
         Cmd::Vjp { prog, wrt } => transformed(&prog, |g| {
             kiln::functionalize::transform::vjp(g, wrt.as_deref())
         }),
@@ -628,6 +647,38 @@ fn measure(
     } else {
         print!("{}", p.table());
     }
+    Ok(())
+}
+
+/// `kiln soak`: the program's runs on one session, memory watched.
+fn soak(prog: &Path, inputs: Option<&Path>, runs: u64, threads: usize) -> Result<(), String> {
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", prog.display());
+    let g = read_program(prog)?;
+    let session = kiln::engine::Session::open().map_err(|e| e.to_string())?;
+    let exe = session.compile(&g).map_err(|e| at(&e))?;
+    let wanted = exe.input_params();
+    let ins: Vec<kiln::engine::HostTensor<'static>> = match inputs {
+        Some(p) => {
+            let f = kiln::io::MappedTensors::open(p).map_err(|e| e.to_string())?;
+            f.inputs_for(&g, &|i| !wanted.contains(&i))
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|t| t.into_owned())
+                .collect()
+        }
+        None => kiln::profile::random_inputs(&g, &wanted, 0x5eed),
+    };
+    let job = kiln::soak::Job {
+        name: prog.display().to_string(),
+        exe,
+        inputs: ins,
+    };
+    println!("adapter: {}", session.gpu().describe());
+    let r = kiln::soak::soak(&session, &[job], runs, threads, &|n| {
+        eprintln!("{n} of {runs} runs")
+    })
+    .map_err(|e| at(&e))?;
+    println!("{}", r.to_text());
     Ok(())
 }
 

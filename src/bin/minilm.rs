@@ -66,6 +66,18 @@ struct Args {
     /// optional feature) instead of for this machine's adapter.
     #[arg(long)]
     web: bool,
+    /// Run the model this many times on one session from `--threads`
+    /// threads, the buckets of `--soak-buckets` alternating, and report
+    /// resident and device memory after the warm-up and at the end, the
+    /// longest run and any output that changed.
+    #[arg(long)]
+    soak: Option<u64>,
+    /// With `--soak`: threads sharing the session.
+    #[arg(long, default_value = "4")]
+    threads: usize,
+    /// With `--soak`: the buckets, `BATCHxTOKENS` separated by commas.
+    #[arg(long, value_delimiter = ',', value_parser = parse_bucket, default_values = ["1x16", "4x32"])]
+    soak_buckets: Vec<(usize, usize)>,
     sentences: Vec<String>,
 }
 
@@ -192,6 +204,17 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let mut model = MiniLm::load(&dir)?;
+    if let Some(runs) = args.soak {
+        let session = Session::open()?;
+        let texts: Vec<&str> = sentences.iter().map(String::as_str).collect();
+        let jobs = kiln::soak::minilm_jobs(&mut model, &session, &texts, &args.soak_buckets)?;
+        println!("adapter: {}", session.gpu().describe());
+        let report = kiln::soak::soak(&session, &jobs, runs, args.threads, &|n| {
+            eprintln!("{n} of {runs} runs")
+        })?;
+        println!("{}", report.to_text());
+        return Ok(());
+    }
     if let Some(bucket) = args.profile {
         return profile_bucket(&mut model, &sentences, bucket, args.runs, args.json);
     }

@@ -16,6 +16,16 @@ pub struct Gpu {
     lost: Arc<(AtomicBool, Mutex<String>)>,
 }
 
+/// Device objects alive at one moment (`Gpu::held`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    pub buffers: isize,
+    /// Device memory allocated for those buffers.
+    pub buffer_bytes: isize,
+    pub bind_groups: isize,
+    pub pipelines: isize,
+}
+
 const INSTALL_HINT: &str =
     "install a Vulkan, Metal or DX12 driver; on Debian or Ubuntu without a GPU, \
      `apt-get install mesa-vulkan-drivers libvulkan1` gives the software adapter lavapipe";
@@ -154,6 +164,20 @@ impl Gpu {
                 "{doing}: out of GPU memory ({e})"
             ))),
             (None, None) => r,
+        }
+    }
+
+    /// What the device holds now, by wgpu's own counters (every buffer,
+    /// bind group and pipeline created on it and not yet dropped): a
+    /// leak shows as growth between two readings. Zeros where the
+    /// backend keeps no counters (WebGPU in a browser).
+    pub fn held(&self) -> Held {
+        let c = self.device.get_internal_counters();
+        Held {
+            buffers: c.hal.buffers.read(),
+            buffer_bytes: c.hal.buffer_memory.read(),
+            bind_groups: c.hal.bind_groups.read(),
+            pipelines: c.hal.compute_pipelines.read(),
         }
     }
 

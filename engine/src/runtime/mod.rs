@@ -9,7 +9,7 @@ mod host;
 mod session;
 
 pub use buffers::DeviceTensor;
-pub use device::Gpu;
+pub use device::{Gpu, Held};
 pub use host::{Element, HostTensor};
 pub use session::{
     Executable, Fetch, Input, Output, RunOptions, RunResult, RunStats, Session, SessionTotals,

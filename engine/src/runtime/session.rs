@@ -642,6 +642,27 @@ impl Executable {
         ptrs.len()
     }
 
+    /// Makes run buffers now for `n` runs at once (`n` threads running
+    /// this executable together, with `options`), so none is allocated
+    /// while they run.
+    pub fn reserve_runs(&self, n: usize, options: &RunOptions) -> Result<(), EngineError> {
+        let mut ready = self
+            .contexts
+            .lock()
+            .map(|mut c| std::mem::take(&mut *c))
+            .unwrap_or_default();
+        while ready.len() < n {
+            ready.push(pollster::block_on(self.new_context())?);
+        }
+        let prepared = ready
+            .iter_mut()
+            .try_for_each(|c| self.prepare(c, options).map(|_| ()));
+        for c in ready {
+            self.give_back(c);
+        }
+        prepared
+    }
+
     async fn take_context(&self) -> Result<RunContext, EngineError> {
         if let Some(c) = self.contexts.lock().ok().and_then(|mut c| c.pop()) {
             return Ok(c);
