@@ -211,6 +211,17 @@ fn main() {
         return;
     }
     let w = workloads(&tmp);
+    // `KILN_REPORT_ONLY=programs`: sections 2 to 4's per-program tables.
+    if only.as_deref() == Some("programs") {
+        let json = json!({"programs": w.json["programs"], "blocks": w.json["blocks"]});
+        let torch = run_torch_json(&tmp, &json);
+        let mut md = String::new();
+        header(&mut md, &gpu, &torch);
+        programs_section(&mut md, &session, &w, &torch);
+        std::fs::write(&out_path, &md).unwrap();
+        println!("{md}");
+        return;
+    }
     let torch = run_torch(&tmp, &w);
     let mut md = String::new();
     header(&mut md, &gpu, &torch);

@@ -372,6 +372,24 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
         }),
         // The index at the element (broadcast), self anywhere.
         Elem::Remap(_) | Elem::Index => Ok(tensors(0).into_iter().map(Read::Other).collect()),
+        // The index at the element's position along `dim`, self anywhere.
+        Elem::IndexSelect { index, dim } => {
+            let t = tensors(0);
+            let (src, idx) = (t[0], args_tensor(node, index)?);
+            let (outer, inner) = index_select_split(g.meta(src), node.args.get(dim))?;
+            let nidx = g.meta(idx).numel();
+            Ok(vec![
+                Read::Other(src),
+                Read::At(
+                    idx,
+                    Affine {
+                        sizes: vec![outer, nidx, inner],
+                        strides: vec![0, 1, 0],
+                        offset: 0,
+                    },
+                ),
+            ])
+        }
         Elem::GatherAlong { .. } => {
             let t = tensors(0);
             Ok(vec![Read::Other(t[0]), at(t[1])])
@@ -386,6 +404,33 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
         // Factories and fills of a literal read nothing.
         Elem::Constant { .. } | Elem::Arange => Ok(vec![]),
     }
+}
+
+/// Tensor argument `i` of `node`.
+fn args_tensor(node: &kiln_functionalize::graph::Node, i: usize) -> Result<ValueId, String> {
+    match node.args.get(i) {
+        Some(Arg::Tensor(t)) => Ok(*t),
+        _ => Err(format!("{}: argument {i} is not a tensor", node.op.name())),
+    }
+}
+
+/// `index_select(self, dim, ...)`'s result as `[outer, index, inner]`
+/// around `dim`: the sizes before and after it.
+pub fn index_select_split(
+    src: &Meta,
+    dim: Option<&Arg<ValueId>>,
+) -> Result<(usize, usize), String> {
+    let Some(&Arg::Int(d)) = dim else {
+        return Err("index_select: no dim".into());
+    };
+    if src.sizes.is_empty() {
+        return Ok((1, 1));
+    }
+    let d = wrap_dim(d, src.dim())?;
+    Ok((
+        src.sizes[..d].iter().product(),
+        src.sizes[d + 1..].iter().product(),
+    ))
 }
 
 /// Where an inlined value is read, relative to the element a kernel

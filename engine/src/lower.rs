@@ -282,10 +282,18 @@ fn may_fault(g: &Graph, n: kiln_functionalize::graph::NodeId) -> bool {
         Lowering::Gather(_)
             | Lowering::IndexPut
             | Lowering::Map(
-                Elem::Index | Elem::IndexAdd | Elem::GatherAlong { .. } | Elem::ScatterInto { .. }
+                Elem::Index
+                    | Elem::IndexAdd
+                    | Elem::GatherAlong { .. }
+                    | Elem::IndexSelect { .. }
+                    | Elem::ScatterInto { .. }
             )
             | Lowering::Free(
-                Elem::Index | Elem::IndexAdd | Elem::GatherAlong { .. } | Elem::ScatterInto { .. }
+                Elem::Index
+                    | Elem::IndexAdd
+                    | Elem::GatherAlong { .. }
+                    | Elem::IndexSelect { .. }
+                    | Elem::ScatterInto { .. }
             )
     );
     i64_arithmetic || indexed

@@ -51,6 +51,10 @@ pub fn schedule(
     for &v in &g.inputs {
         s.is_materialized.insert(v);
     }
+    // Values computed inline from no buffer at all (index arithmetic from
+    // `arange`, fills): every reader recomputes them, no kernel stores
+    // them (upsampling's source indices and weights).
+    let mut pure: HashSet<ValueId> = HashSet::new();
     for &n in &g.order {
         let c = class(g, n)?;
         if let Some(input) = reshape_of(g, &s, n) {
@@ -84,9 +88,15 @@ pub fn schedule(
                 && chain_link(g, &s, r)
                 && chain_root_is_fresh(g, &s, r);
             let readers = uses.iter().filter(|&&u| reads_values(g, u, r)).count();
+            let computed = c == Class::Map
+                && g.nodes[n]
+                    .args
+                    .iter()
+                    .flat_map(|a| a.tensors())
+                    .all(|t| pure.contains(t) || !reads_values(g, n, *t));
             let mut mat = c == Class::Kernel
                 || out_set.contains(&r)
-                || (readers > 1 && !is_free(g, n) && !link)
+                || (readers > 1 && !is_free(g, n) && !link && !computed)
                 || force.contains(&r);
             // A scatter whose base dies here writes only its region into the
             // base's buffer: worth a buffer of its own when it has one
@@ -101,6 +111,8 @@ pub fn schedule(
             if mat {
                 s.materialized.push(r);
                 s.is_materialized.insert(r);
+            } else if computed {
+                pure.insert(r);
             }
         }
     }

@@ -67,4 +67,50 @@ impl Gen<'_> {
             [self.workgroup, 1, 1],
         ))
     }
+
+    /// Element `idx` of `index_select(self, dim, index)` (`Elem::IndexSelect`),
+    /// computed inline: `self` at the element's position with the index's
+    /// value in place of its position along `dim`.
+    pub(super) fn index_select_at(
+        &mut self,
+        n: NodeId,
+        index: usize,
+        dim: usize,
+        idx: &str,
+    ) -> R<String> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let tensor = |i: usize| match node.args.get(i) {
+            Some(Arg::Tensor(t)) => Ok(*t),
+            _ => Err(bug(format!("index_select: argument {i} is not a tensor"))),
+        };
+        let (src, ix) = (tensor(0)?, tensor(index)?);
+        let sm = g.meta(src);
+        let (outer, inner) =
+            crate::index::index_select_split(sm, node.args.get(dim)).map_err(bug)?;
+        let len = sm.numel() / (outer * inner).max(1);
+        let nidx = g.meta(ix).numel();
+        let _ = outer;
+        let o = self
+            .body
+            .bind("u32", format!("{idx} / {}", u(nidx * inner)));
+        let p = self
+            .body
+            .bind("u32", format!("({idx} / {}) % {}", u(inner), u(nidx)));
+        let q = self.body.bind("u32", format!("{idx} % {}", u(inner)));
+        let iv = self.value_at(ix, &p)?;
+        let iv = self
+            .body
+            .bind("i32", cast(&iv, g.meta(ix).dtype, DType::I32));
+        self.flag_index(n, &iv, len, false)?;
+        let r = self.body.bind(
+            "u32",
+            format!("u32(clamp({iv}, 0i, {}i))", len.max(1) as i32 - 1),
+        );
+        let at = self.body.bind(
+            "u32",
+            format!("({o} * {} + {r}) * {} + {q}", u(len), u(inner)),
+        );
+        self.value_at(src, &at)
+    }
 }

@@ -85,6 +85,7 @@ impl Gen<'_> {
                 self.value_at(x, &at)
             }
             Elem::GatherAlong { index, dim } => self.gather_along_at(n, index, dim, idx),
+            Elem::IndexSelect { index, dim } => self.index_select_at(n, index, dim, idx),
             Elem::ScatterInto { add, copy } => self.scatter_into_at(n, add, copy, idx),
             Elem::CopyFrom => {
                 let src = t(1)?;

@@ -367,7 +367,10 @@ pub(crate) fn indexed_dim(b: &mut dyn Batch, c: &Call) -> Out {
         return per_element(b, c);
     }
     // `index_select` (a gather) has no source to align.
-    if matches!(c.op.def().lowering, Lowering::Gather(_)) {
+    if matches!(
+        c.op.def().lowering,
+        Lowering::Map(crate::ops::Elem::IndexSelect { .. })
+    ) {
         return dim1(b, c);
     }
     let r = b.lrank(c.tensor(0)?);

@@ -84,6 +84,10 @@ pub enum Elem {
     /// `self` along `dim` at the index tensor's value here; `index` and
     /// `dim` are argument positions (`gather`, `take_along_dim`).
     GatherAlong { index: usize, dim: usize },
+    /// `self` with position `p` along `dim` taken from `index[p]`, a 1-d
+    /// index (`index_select`); argument positions. Inline, so chained
+    /// selections (upsampling's, per dimension) are one kernel.
+    IndexSelect { index: usize, dim: usize },
     /// `self`, then every source element whose index names this position
     /// (the last wins): `scatter`, `scatter_add` (`add`), `index_copy`
     /// (`copy`: a whole-slice index).

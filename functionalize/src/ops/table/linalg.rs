@@ -157,11 +157,7 @@ pub(super) fn declare(b: &mut Builder) {
         &["index_select(Tensor self, int dim, Tensor index) -> Tensor"],
         k::index_select_infer,
         k::index_select_eval,
-        L::Gather(GatherForm {
-            table: 0,
-            index: 2,
-            dim: Some(1),
-        }),
+        L::Map(crate::ops::Elem::IndexSelect { index: 2, dim: 1 }),
     )
     .rules(d::index_select, d::jvp_linear, bt::indexed_dim);
 }
