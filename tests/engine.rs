@@ -378,3 +378,73 @@ fn compile_errors_name_the_statement() {
         "{e}"
     );
 }
+
+/// The deterministic figures of every example program (kernels, bytes
+/// moved, planned peak), compiled for GPUs (the defaults) and for CPU
+/// adapters (lavapipe's choices), never worse than recorded in
+/// tests/fixtures/fusion_figures.json. Better is recorded with
+/// `KILN_BLESS=1 cargo test --test engine fusion_figures`.
+#[test]
+fn fusion_figures_never_regress() {
+    use serde_json::{json, Value};
+    let path = root().join("tests/fixtures/fusion_figures.json");
+    let recorded: Value = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(json!({}));
+    let cpu = kiln::engine::CompileOptions {
+        tile_min_rows: usize::MAX,
+        workgroup_rows: false,
+        workgroup: 64,
+        contiguous_operands: true,
+        fuse_attention: false,
+        grid_stride: None,
+        ..Default::default()
+    };
+    let variants = [
+        ("gpu", kiln::engine::CompileOptions::default()),
+        ("cpu", cpu),
+    ];
+    let mut now = serde_json::Map::new();
+    let mut worse = vec![];
+    for p in programs(&root().join("examples/programs")) {
+        let name = p.file_stem().unwrap().to_string_lossy().to_string();
+        let g = parse(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        let mut row = serde_json::Map::new();
+        for (variant, options) in &variants {
+            let prog = kiln::engine::compile_with(&g, options).unwrap();
+            let figures = [
+                ("kernels", prog.kernels.len()),
+                ("bytes", prog.bytes_moved()),
+                ("peak", prog.memory.planned_peak()),
+            ];
+            for (what, got) in figures {
+                if let Some(was) = recorded[&name][variant][what].as_u64() {
+                    if got as u64 > was {
+                        worse.push(format!("{name} ({variant}): {what} {was} -> {got}"));
+                    }
+                }
+            }
+            row.insert(
+                variant.to_string(),
+                json!(figures
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), json!(v)))
+                    .collect::<serde_json::Map<_, _>>()),
+            );
+        }
+        now.insert(name, Value::Object(row));
+    }
+    if std::env::var("KILN_BLESS").is_ok() {
+        let text = serde_json::to_string_pretty(&Value::Object(now)).unwrap();
+        std::fs::write(&path, text + "\n").unwrap();
+        return;
+    }
+    assert!(worse.is_empty(), "figures got worse:\n{}", worse.join("\n"));
+    for name in now.keys() {
+        assert!(
+            recorded.get(name).is_some(),
+            "{name} has no recorded figures: run with KILN_BLESS=1"
+        );
+    }
+}
