@@ -1,4 +1,5 @@
-//! Gathers: `embedding` and `index_select`.
+//! Gathers: `embedding` (a kernel of its own) and `index_select`
+//! (computed inline).
 
 use super::*;
 
@@ -38,27 +39,8 @@ impl Gen<'_> {
                 sizes[dim + 1..].iter().product::<usize>(),
             )
         };
-        let nidx = g.meta(idx).numel();
-        // out = [outer, nidx, inner]
-        let o = self.body.bind("u32", format!("gid / {}", u(nidx * inner)));
-        let p = self
-            .body
-            .bind("u32", format!("(gid / {}) % {}", u(inner), u(nidx)));
-        let q = self.body.bind("u32", format!("gid % {}", u(inner)));
-        let iv = self.value_at(idx, &p)?;
-        let iv = self
-            .body
-            .bind("i32", cast(&iv, g.meta(idx).dtype, DType::I32));
-        self.flag_index(n, &iv, len, false)?;
-        let r = self.body.bind(
-            "u32",
-            format!("u32(clamp({iv}, 0i, {}i))", len.max(1) as i32 - 1),
-        );
-        let at = self.body.bind(
-            "u32",
-            format!("({o} * {} + {r}) * {} + {q}", u(len), u(inner)),
-        );
         let _ = outer;
+        let at = self.selected(n, idx, len, inner, "gid")?;
         let x = self.value_at(src, &at)?;
         self.store_to(v, "gid", &x)?;
         Ok(self.finish(
@@ -89,8 +71,24 @@ impl Gen<'_> {
         let (outer, inner) =
             crate::index::index_select_split(sm, node.args.get(dim)).map_err(bug)?;
         let len = sm.numel() / (outer * inner).max(1);
+        let at = self.selected(n, ix, len, inner, idx)?;
+        self.value_at(src, &at)
+    }
+
+    /// Where element `idx` of a selection's result (`[outer, index,
+    /// inner]` around a dimension of `len`) reads its table: at the index
+    /// tensor's value for its position along that dimension (checked:
+    /// a fault out of bounds; clamped).
+    fn selected(
+        &mut self,
+        n: NodeId,
+        ix: ValueId,
+        len: usize,
+        inner: usize,
+        idx: &str,
+    ) -> R<String> {
+        let g = self.g;
         let nidx = g.meta(ix).numel();
-        let _ = outer;
         let o = self
             .body
             .bind("u32", format!("{idx} / {}", u(nidx * inner)));
@@ -107,10 +105,9 @@ impl Gen<'_> {
             "u32",
             format!("u32(clamp({iv}, 0i, {}i))", len.max(1) as i32 - 1),
         );
-        let at = self.body.bind(
+        Ok(self.body.bind(
             "u32",
             format!("({o} * {} + {r}) * {} + {q}", u(len), u(inner)),
-        );
-        self.value_at(src, &at)
+        ))
     }
 }
