@@ -71,6 +71,30 @@ def chain(n):
                     "%e", [], f, "tanh(x * 2 + 1) * 0.5 - x")
 
 
+def transposed_chain(n, transposed=True):
+    # examples/programs/transposed_chain.txt at n x n; `transposed=False`:
+    # the same chain with x * 1.0 for x.t() (what the transpose costs).
+    def f(t, x, b):
+        tt = x.t() if transposed else x * 1.0
+        a = tt + b
+        g = t.exp(t.tanh(a * 0.5) * t.sigmoid(a))
+        return (g - tt) * 1.5 + 0.25
+    first = "%t = t(%x)" if transposed else "%t = mul(%x, 1.0)"
+    body = first + """
+%a = add(%t, %b)
+%c = mul(%a, 0.5)
+%d = tanh(%c)
+%e = sigmoid(%a)
+%f = mul(%d, %e)
+%g = exp(%f)
+%h = sub(%g, %t)
+%i = mul(%h, 1.5)
+%j = add(%i, 0.25)"""
+    name = f"{'transposed' if transposed else 'plain'}_chain_{n}x{n}"
+    return Workload(name, "memory", [("x", "f32", [n, n]), ("b", "f32", [n])], body, "%j", [], f,
+                    "x.t() (or x * 1.0) + row, 8 elementwise ops")
+
+
 def softmax(r, c):
     def f(t, s):
         return t.softmax(s, -1)
@@ -261,10 +285,11 @@ def llama_block(t_new, dim=512, heads=8, cache=256, ffn=1408):
 
 def workloads(quick: bool) -> list[Workload]:
     if quick:
-        return [chain(256), softmax(384, 128), layer_norm(64, 384), linear(64, 96, 128),
+        return [chain(256), transposed_chain(256), transposed_chain(256, False), softmax(384, 128), layer_norm(64, 384), linear(64, 96, 128),
                 linear(1, 96, 128), mm(64, 96, 128), attention(1, 2, 16, 32),
                 encoder_layer(1, 16), llama_block(8, dim=64, heads=2, cache=16, ffn=96)]
-    return [chain(4096), softmax(49152, 128), layer_norm(4096, 384),
+    return [chain(4096), transposed_chain(4096), transposed_chain(4096, False),
+            softmax(49152, 128), layer_norm(4096, 384),
             linear(4096, 384, 1536), linear(16, 384, 1536), linear(1, 384, 1536),
             mm(4096, 384, 1536), attention(8, 12, 128, 32), encoder_layer(8, 128),
             llama_block(128)]
