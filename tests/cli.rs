@@ -119,6 +119,33 @@ fn profile_reports_kernels_times_and_bytes_per_run() {
 }
 
 #[test]
+fn soak_reports_memory_and_runs() {
+    let prog = write(
+        "soak.txt",
+        "graph s(%x: f32[4, 6], %y: f32[6]) {
+  %a = add(%x, %y)
+  %m = sum(%a, [1])
+  return (%a, %m)
+}
+",
+    );
+    let (ok, out, err) = kiln(&["soak", s(&prog), "--runs", "300", "--threads", "2"]);
+    assert!(ok, "{err}");
+    for needle in [
+        "300 runs of",
+        "after warm-up (30 runs): resident",
+        "at the end (300 runs)",
+        "buffers",
+        "0 mismatched outputs",
+    ] {
+        assert!(out.contains(needle), "{needle:?} not in:\n{out}");
+    }
+    // A missing program is an error naming it, not a panic.
+    let (ok, _, err) = kiln(&["soak", "/nonexistent/p.txt", "--runs", "3"]);
+    assert!(!ok && err.contains("/nonexistent/p.txt"), "{err}");
+}
+
+#[test]
 fn print_is_canonical_and_stable() {
     let prog = write("p.txt", PROG);
     let (ok, first, err) = kiln(&["print", s(&prog)]);
