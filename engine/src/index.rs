@@ -374,8 +374,9 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
         Elem::Remap(_) | Elem::Index => Ok(tensors(0).into_iter().map(Read::Other).collect()),
         // The index at the element's position along `dim`, self anywhere.
         Elem::IndexSelect { index, dim } => {
-            let t = tensors(0);
-            let (src, idx) = (t[0], args_tensor(node, index)?);
+            let [src, idx] = tensors(0)[..] else {
+                return Err(format!("{}: argument {index} is not a tensor", def.name));
+            };
             let (outer, inner) = index_select_split(g.meta(src), node.args.get(dim))?;
             let nidx = g.meta(idx).numel();
             Ok(vec![
@@ -403,14 +404,6 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
         }
         // Factories and fills of a literal read nothing.
         Elem::Constant { .. } | Elem::Arange => Ok(vec![]),
-    }
-}
-
-/// Tensor argument `i` of `node`.
-fn args_tensor(node: &kiln_functionalize::graph::Node, i: usize) -> Result<ValueId, String> {
-    match node.args.get(i) {
-        Some(Arg::Tensor(t)) => Ok(*t),
-        _ => Err(format!("{}: argument {i} is not a tensor", node.op.name())),
     }
 }
 

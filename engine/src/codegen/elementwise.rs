@@ -111,11 +111,7 @@ impl Gen<'_> {
                     .stmt(format!("if ({at} < {}) {{ {st} }}", u(total)));
             }
         }
-        let label = group
-            .iter()
-            .map(|&v| g.values[v].name.clone().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("+");
+        let label = self.group_label(group);
         Ok(self.finish(
             label,
             wgsl::grid(count.div_ceil(lanes), self.workgroup),
@@ -134,11 +130,7 @@ impl Gen<'_> {
         let g = self.g;
         let count = g.meta(group[0]).numel();
         self.vec4_body(group, count)?;
-        let label = group
-            .iter()
-            .map(|&v| g.values[v].name.clone().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("+");
+        let label = self.group_label(group);
         Ok(Some(self.finish(
             label,
             wgsl::grid(count / 4, self.workgroup),
@@ -278,7 +270,8 @@ impl Gen<'_> {
         let r0 = self.body.bind("u32", format!("wid.y * {t}"));
         let c0 = self.body.bind("u32", format!("wid.x * {t}"));
         let mut tiles = HashMap::new();
-        for (i, (_, _, _, input)) in views.iter().enumerate() {
+        for (i, (n, k, _, input)) in views.iter().enumerate() {
+            tiles.insert((*n, *k), format!("tile{i}"));
             self.shared.push(format!(
                 "var<workgroup> tile{i}: array<{}, {}>;",
                 ty(g.meta(*input).dtype),
@@ -296,12 +289,11 @@ impl Gen<'_> {
                 .body
                 .bind("u32", format!("min({c0} + {ty_}, {})", u(cols - 1)));
             let at = element(self, &rt, &ct);
-            for (i, (n, k, a, input)) in views.iter().enumerate() {
+            for (i, (_, _, a, input)) in views.iter().enumerate() {
                 let src = self.index_at(a, &at);
                 let x = self.value_at(*input, &src)?;
                 self.body
                     .stmt(format!("tile{i}[lid.x * {} + {ty_}] = {x};", u(TILE + 1)));
-                tiles.insert((*n, *k), format!("tile{i}"));
             }
         }
         self.body.stmt("workgroupBarrier();".into());
@@ -327,17 +319,22 @@ impl Gen<'_> {
         self.tiles.clear();
         self.own = "gid".into();
         computed?;
-        let label = group
-            .iter()
-            .map(|&v| g.values[v].name.clone().unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("+");
+        let label = self.group_label(group);
         let grid = [
             cols.div_ceil(TILE) as u32,
             rows.div_ceil(TILE) as u32,
             (numel(&sizes) / (rows * cols)) as u32,
         ];
         Ok(self.finish(label, grid, [TILE as u32, high as u32, 1]))
+    }
+
+    /// A multi-output kernel's label: its members' names.
+    fn group_label(&self, group: &[ValueId]) -> String {
+        group
+            .iter()
+            .map(|&v| self.g.values[v].name.clone().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("+")
     }
 
     /// Each member of a tiled group at element `e`.

@@ -13,14 +13,10 @@ impl Gen<'_> {
         let Lowering::Gather(form) = node.op.def().lowering else {
             return Err(bug(format!("{} is no gather", node.op.name())));
         };
-        let tensor = |i: usize| match node.args.get(i) {
-            Some(Arg::Tensor(t)) => Ok(*t),
-            _ => Err(bug(format!(
-                "{}: argument {i} is not a tensor",
-                node.op.name()
-            ))),
-        };
-        let (src, idx) = (tensor(form.table)?, tensor(form.index)?);
+        let (src, idx) = (
+            self.tensor_arg(n, form.table)?,
+            self.tensor_arg(n, form.index)?,
+        );
         let dim = match form.dim.map(|i| &node.args[i]) {
             None => 0usize,
             Some(&Arg::Int(d)) => {
@@ -28,18 +24,9 @@ impl Gen<'_> {
             }
             Some(_) => return Err(bug(format!("{}: no dim", node.op.name()))),
         };
-        let sm = g.meta(src).clone();
-        let sizes = &sm.sizes;
-        let (outer, len, inner) = if sizes.is_empty() {
-            (1, 1, 1)
-        } else {
-            (
-                sizes[..dim].iter().product::<usize>(),
-                sizes[dim],
-                sizes[dim + 1..].iter().product::<usize>(),
-            )
-        };
-        let _ = outer;
+        let sizes = &g.meta(src).sizes;
+        let len = sizes.get(dim).copied().unwrap_or(1);
+        let inner = sizes.get(dim + 1..).map_or(1, |s| s.iter().product());
         let at = self.selected(n, idx, len, inner, "gid")?;
         let x = self.value_at(src, &at)?;
         self.store_to(v, "gid", &x)?;
@@ -62,11 +49,7 @@ impl Gen<'_> {
     ) -> R<String> {
         let g = self.g;
         let node = &g.nodes[n];
-        let tensor = |i: usize| match node.args.get(i) {
-            Some(Arg::Tensor(t)) => Ok(*t),
-            _ => Err(bug(format!("index_select: argument {i} is not a tensor"))),
-        };
-        let (src, ix) = (tensor(0)?, tensor(index)?);
+        let (src, ix) = (self.tensor_arg(n, 0)?, self.tensor_arg(n, index)?);
         let sm = g.meta(src);
         let (outer, inner) =
             crate::index::index_select_split(sm, node.args.get(dim)).map_err(bug)?;

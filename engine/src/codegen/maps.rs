@@ -28,7 +28,7 @@ fn tensor_arg(g: &Graph, n: NodeId, i: usize) -> R<ValueId> {
 
 impl Gen<'_> {
     /// Tensor argument `i` of node `n`.
-    fn tensor_arg(&self, n: NodeId, i: usize) -> R<ValueId> {
+    pub(super) fn tensor_arg(&self, n: NodeId, i: usize) -> R<ValueId> {
         tensor_arg(self.g, n, i)
     }
 
