@@ -675,6 +675,10 @@ def run(args) -> int:
             + (f" ERROR {r['error']}" if "error" in r else ""))
         save()
 
+    if args.soak or args.soak_small:
+        results["soak"] = soak_side(args, d, model, work, env, budget)
+        save()
+
     if args.no_torch:
         torch = {"error": "not run (--no-torch)"}
     else:
@@ -704,6 +708,48 @@ def run(args) -> int:
 
 
 # ---------------------------------------------------------------- PyTorch
+
+SOAK_PROGRAM = """graph soak(%x: f32[4, 6], %y: f32[6]) {
+  %s = add(%x, %y)
+  %t = tanh(%s)
+  %m = sum(%t, [1])
+  return (%t, %m)
+}
+"""
+
+
+def soak_side(args, d: Path, model: Path, work: Path, env: dict, budget) -> dict:
+    """Issue #30's soak on the device: `minilm --soak` (buckets alternating)
+    and `kiln soak` of a small program, each report's text kept."""
+    out = {}
+    jobs = []
+    if args.soak:
+        jobs.append(("minilm", [str(d / "bin" / "minilm"), "--model", str(model), "--soak",
+                                str(args.soak), "--threads", "4", "--soak-buckets",
+                                args.soak_buckets, *SENTENCES]))
+    if args.soak_small:
+        prog = work / "soak_small.txt"
+        prog.write_text(SOAK_PROGRAM)
+        jobs.append(("small", [str(d / "bin" / "kiln"), "soak", str(prog), "--runs",
+                               str(args.soak_small), "--threads", "4"]))
+    for name, cmd in jobs:
+        left = budget.left() - 10
+        if left < 20:
+            out[name] = {"error": "skipped: the run's time budget was spent"}
+            continue
+        log(f"soak {name}: {' '.join(cmd[1:4])} ... (at most {left:.0f} s)")
+        t = time.monotonic()
+        try:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=left)
+            out[name] = {"rc": p.returncode, "report": p.stdout[-6000:],
+                         "stderr_tail": p.stderr[-1500:]}
+        except subprocess.TimeoutExpired as e:
+            out[name] = {"error": f"timed out after {left:.0f} s",
+                         "stderr_tail": (e.stderr or b"")[-1500:].decode(errors="replace")}
+        out[name]["wall_s"] = round(time.monotonic() - t, 1)
+        log(f"soak {name}: {out[name].get('report', out[name].get('error', ''))}")
+    return out
+
 
 def torch_side(args) -> int:
     """Times each workload on CUDA: eager (events around repeated calls on
@@ -1052,6 +1098,10 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--only", help="comma-separated workload names (minilm_BxT for MiniLM)")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--soak", type=int, default=0, help="then MiniLM this many times (minilm --soak)")
+    p.add_argument("--soak-buckets", default="1x16,4x32")
+    p.add_argument("--soak-small", type=int, default=0,
+                   help="then a small program this many times (kiln soak)")
     p = sub.add_parser("report")
     p.add_argument("outdir")
     p.add_argument("--baseline", help="an earlier run's OUTDIR: its Kiln kernel times beside these")
