@@ -6,11 +6,15 @@
 #       its weights packed int8 per row, the workload programs, a manifest:
 #       all in .gpu-bench/ (ignored; under 64 MiB, for the device's `carry`)
 #   scripts/gpu-bench.sh run OUTDIR [--quick] [--budget S] [--only A,B]
-#       there: unpacks the loaders where none is installed, then the WGSL
+#       [--soak N] [--soak-small N]
+#       there: unpacks the binaries, and the loaders where none is
+#       installed, then the WGSL
 #       copy probe (`kiln bandwidth`), `kiln profile --json` per workload,
 #       MiniLM at 1x16, 8x128, 32x128, and PyTorch (CUDA eager and
 #       torch.compile) on the same workloads and weights; writes
-#       OUTDIR/kiln.json, torch.json, system.json
+#       OUTDIR/kiln.json, torch.json, system.json; with --soak, MiniLM N
+#       times on one session (4 threads) and/or a small program, memory
+#       reported after the warm-up and at the end (issue #30's soak)
 #   scripts/gpu-bench.sh report OUTDIR [--output F]
 #       here: docs/performance-gpu.md from those files
 #

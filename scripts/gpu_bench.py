@@ -437,10 +437,11 @@ MODEL_FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "vocab.
                "config_sentence_transformers.json", "1_Pooling/config.json"]
 
 
-def pack_binaries(d: Path) -> None:
-    """xz the binaries (a third of their size) so the folder and the tree fit one carry."""
+def pack_binaries(d: Path, quick: bool) -> None:
+    """xz the binaries (a third of their size) so the folder and the tree fit
+    one carry; the dry run, which never travels, packs fast."""
     for b in sorted((d / "bin").iterdir()):
-        with open(b, "rb") as f, lzma.open(str(b) + ".xz", "wb", preset=6) as g:
+        with open(b, "rb") as f, lzma.open(str(b) + ".xz", "wb", preset=0 if quick else 6) as g:
             shutil.copyfileobj(f, g)
         b.unlink()
 
@@ -515,7 +516,7 @@ def prepare(args) -> int:
         "sentences": SENTENCES,
     }
     (d / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    pack_binaries(d)
+    pack_binaries(d, args.quick)
     # A device call carries the repository's tracked files beside the folder.
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True).stdout
     tree = sum((REPO / f).stat().st_size for f in tracked.decode().split("\0")
@@ -701,7 +702,8 @@ def run(args) -> int:
     if wgsl.exists():
         shutil.make_archive(str(out / "wgsl"), "gztar", root_dir=wgsl)
     failed = [n for n, r in list(results["workloads"].items()) + list(results["minilm"].items())
-              if "error" in r] + (["probe"] if "error" in results["probe"] else [])
+              if "error" in r] + [f"soak {n}" for n, r in results.get("soak", {}).items()
+                                  if "error" in r or r.get("rc")] + (["probe"] if "error" in results["probe"] else [])
     log(f"done: {out}/kiln.json, torch.json, system.json"
         + (f"; Kiln failed on {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
@@ -1071,6 +1073,9 @@ def report(args) -> int:
     for ms, n, x in rows[:20]:
         L.append(f"| {n} | {x['name']} | {fmt(ms, 4)} | {fmt(x.get('gb_per_s'))} | {fmt(x.get('gflop_per_s'))} |")
     L.append("")
+    for name, r in kiln.get("soak", {}).items():
+        L.append(f"## Soak: {name} ({r.get('wall_s', '-')} s)\n")
+        L.append("```\n" + (r.get("report") or r.get("error", "")).strip() + "\n```\n")
     text = "\n".join(L) + "\n"
     if args.output == "-":
         sys.stdout.write(text)

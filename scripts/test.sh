@@ -30,7 +30,8 @@ python3 tests/torch_ref/gen_op_programs.py --check
 # so the one command a GPU machine gets is known to work before it does.
 GB=target/gpu-bench-quick
 ./scripts/gpu-bench.sh prepare --quick --binaries target/debug --dir "$GB/carry"
-./scripts/gpu-bench.sh run "$GB/out" --quick --dir "$GB/carry" --work "$GB/work" --no-torch
+./scripts/gpu-bench.sh run "$GB/out" --quick --dir "$GB/carry" --work "$GB/work" --no-torch \
+    --soak 4 --soak-small 200
 ./scripts/gpu-bench.sh report "$GB/out" --output "$GB/report.md"
 (cd web && cargo fmt -- --check)
 ./scripts/web.sh test

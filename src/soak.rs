@@ -139,7 +139,8 @@ impl Times {
         for (b, &c) in self.counts.iter().enumerate() {
             seen += c;
             if seen * 2 >= total && c > 0 {
-                return Times::edge(b);
+                // The bucket's upper edge, at most the longest run seen.
+                return Times::edge(b).min(self.max_ms);
             }
         }
         0.0
