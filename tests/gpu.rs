@@ -823,6 +823,57 @@ fn product_epilogues_fuse() {
     }
 }
 
+/// Products of one left operand with the same rows (Q, K and V
+/// projections; two batched products of one tensor) run as one launch,
+/// each with its own epilogue and width, at tiled, skinny and CPU-adapter
+/// sizes; a product reading a sibling's result (SwiGLU's up projection
+/// times its gate) waits for it in a launch of its own.
+#[test]
+fn sibling_products_share_a_launch() {
+    for rows in [3usize, 37, 130] {
+        let src = format!(
+            "graph sib(%x: f32[{rows}, 24], %wq: f32[16, 24], %bq: f32[16], %wk: f32[40, 24], %wv: f32[72, 24], %bv: f32[72], %y: f32[2, {rows}, 24], %m1: f32[24, 5], %m2: f32[24, 9]) {{
+  %q = linear(%x, %wq, %bq)
+  %k0 = linear(%x, %wk)
+  %k = gelu(%k0)
+  %v0 = linear(%x, %wv, %bv)
+  %v1 = view(%v0, [{rows}, 8, 9])
+  %v = transpose(%v1, 0, 1)
+  %g = linear(%x, %wq)
+  %u0 = linear(%x, %wq)
+  %s = silu(%g)
+  %u = mul(%u0, %s)
+  %p = matmul(%y, %m1)
+  %r = matmul(%y, %m2)
+  %r2 = mul(%r, 2.0)
+  return (%q, %k, %v, %u, %p, %r2)
+}}"
+        );
+        let g = parse(&src).unwrap();
+        // Native limits: the four siblings bind 10 buffers (a browser's 8
+        // split them in two launches).
+        let options = kiln::engine::CompileOptions {
+            max_bindings: 16,
+            ..Default::default()
+        };
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        // q, k, v and the gate in one launch; the up projection reading
+        // the gate in one of its own; the two batched products in one.
+        assert_eq!(labels.len(), 3, "{rows} rows: {labels:?}");
+        assert_eq!(labels[0].matches(" | ").count(), 3, "{labels:?}");
+        assert_eq!(labels[2].matches(" | ").count(), 1, "{labels:?}");
+        let ins = kiln::functionalize::random::random_inputs(&g, rows as u64, 1.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        for mut e in [engine(), gpu_variants()] {
+            let got = e.run(&g, ins.clone()).unwrap();
+            for (i, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
+                close_gpu(&format!("{rows} rows, output {i}"), a, b, 1e-5).unwrap();
+            }
+        }
+    }
+}
+
 /// A product's result split into heads (a view and a transpose or
 /// permute) is stored by the product kernel where the heads have each
 /// element: no copy kernel, with elementwise work after the split too,
@@ -844,8 +895,10 @@ fn head_splits_are_stored_by_their_products() {
     let g = parse(src).unwrap();
     let p = kiln::engine::compile(&g).unwrap();
     let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
-    assert_eq!(labels.len(), 3, "{labels:?}");
+    // Q and K (siblings: the same x, the same rows) in one launch.
+    assert_eq!(labels.len(), 2, "{labels:?}");
     assert!(labels[0].starts_with("linear+"), "{labels:?}");
+    assert!(labels[0].contains(" | linear"), "{labels:?}");
     let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
     let want = kiln::run(&g, ins.clone()).unwrap();
     for mut e in [engine(), gpu_variants()] {

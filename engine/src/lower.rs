@@ -105,7 +105,10 @@ fn register_only(
         .flat_map(|(&a, &b)| [a, b])
         .collect();
     let mut out = HashSet::new();
-    for grp in groups.iter().filter(|grp| grp.len() > 1) {
+    for grp in groups
+        .iter()
+        .filter(|grp| grp.len() > 1 && is_map(g, sched, grp[0]))
+    {
         for &v in grp {
             let kept =
                 outputs.contains(&v) || shared.contains(&v) || sched.inplace.contains_key(&v);
@@ -212,7 +215,7 @@ fn vec4_ranges(
         .iter()
         .all(|&v| wgsl::per_word(g.meta(v).dtype) == 1 && !locs.get(&v).is_some_and(|l| l.packed));
     if !options.vectorize
-        || !(grp.len() > 1 || is_map(g, sched, grp[0]))
+        || !is_map(g, sched, grp[0])
         || !word_sized
         || count < 4
         || !count.is_multiple_of(4)
@@ -456,7 +459,7 @@ impl Packing {
     fn of(g: &Graph, sched: &schedule::Schedule, groups: &[Vec<ValueId>]) -> Packing {
         let map_written = groups
             .iter()
-            .filter(|grp| grp.len() > 1 || is_map(g, sched, grp[0]))
+            .filter(|grp| is_map(g, sched, grp[0]))
             .flatten()
             .copied()
             .collect();
@@ -595,14 +598,14 @@ pub(crate) fn generate(
     for ((grp, &planned), vec4) in groups.iter().zip(&bindings).zip(vec4) {
         gen.vec4_ranges = vec4;
         let cost = KernelCost::of(g, &sched, grp, &registers, &packing);
-        let codes = if grp.len() > 1 || is_map(g, &sched, grp[0]) {
+        let codes = if is_map(g, &sched, grp[0]) {
             if g.meta(grp[0]).numel() == 0 {
                 vec![]
             } else {
                 vec![gen.map_group(grp).map_err(|e| at_value(e, g, grp[0]))?]
             }
         } else {
-            gen.kernel(grp[0]).map_err(|e| at_value(e, g, grp[0]))?
+            gen.siblings(grp).map_err(|e| at_value(e, g, grp[0]))?
         };
         let flops = kernel_flops(g, &sched, grp, cost.ops.len(), cost.elements);
         for code in codes {
@@ -667,7 +670,8 @@ fn check_buffer_sizes(
 }
 
 /// Kernels: consecutive elementwise values of one shape fuse into one
-/// multi-output kernel; everything else is a kernel of its own.
+/// multi-output kernel, consecutive sibling products into one launch
+/// (`sibling_product`); everything else is a kernel of its own.
 fn group_kernels(
     g: &Graph,
     sched: &schedule::Schedule,
@@ -680,20 +684,68 @@ fn group_kernels(
         };
         schedule::class(g, n)?;
         let map = is_map(g, sched, v);
-        let joins = map
-            && groups.last().is_some_and(|grp: &Vec<ValueId>| {
-                let mut all = grp.clone();
-                all.push(v);
-                is_map(g, sched, grp[0])
-                    && buffers_touched(g, sched, &all) <= options.max_bindings
-                    && crate::index::fits_group(g, sched, grp, v)
-            });
+        let joins = groups.last().is_some_and(|grp: &Vec<ValueId>| {
+            let mut all = grp.clone();
+            all.push(v);
+            buffers_touched(g, sched, &all) <= options.max_bindings
+                && if map {
+                    is_map(g, sched, grp[0]) && crate::index::fits_group(g, sched, grp, v)
+                } else {
+                    sibling_product(g, sched, grp, v)
+                }
+        });
         match groups.last_mut() {
             Some(grp) if joins => grp.push(v),
             _ => groups.push(vec![v]),
         }
     }
     Ok(groups)
+}
+
+/// The product whose kernel computes `v` (the product itself, or an
+/// elementwise tail stored in its place), with its left operand and its
+/// result.
+fn product_kernel(g: &Graph, sched: &schedule::Schedule, v: ValueId) -> Option<(ValueId, ValueId)> {
+    let n = match sched.fused.get(&v) {
+        Some(&schedule::Fused::Epilogue { product }) => product,
+        Some(_) => return None,
+        None => g.node_of(v)?,
+    };
+    let node = &g.nodes[n];
+    let form = node.op.def().lowering.product()?;
+    let left = if form.linear { 0 } else { form.left };
+    Some((
+        *node.args.get(left)?.tensors().first()?.to_owned(),
+        node.results[0],
+    ))
+}
+
+/// `v` joins the products of `grp` in one launch: every one a product (or
+/// its epilogue tail) of the same left operand, results of one dtype and
+/// the same sizes but the last (the same rows and batches), none written
+/// in place, and `v`'s kernel reading nothing the group computes.
+fn sibling_product(g: &Graph, sched: &schedule::Schedule, grp: &[ValueId], v: ValueId) -> bool {
+    let Some((a, r)) = product_kernel(g, sched, v) else {
+        return false;
+    };
+    let rows = |r: ValueId| {
+        let m = g.meta(r);
+        (m.dtype, m.sizes[..m.dim().saturating_sub(1)].to_vec())
+    };
+    let computed: HashSet<ValueId> = grp.iter().map(|&w| sched.root(w)).collect();
+    let reads_group = g.node_of(v).is_some_and(|n| {
+        schedule::reads(g, sched, n)
+            .into_iter()
+            .any(|x| computed.contains(&sched.root(x)))
+    });
+    !reads_group
+        && !sched.inplace.contains_key(&v)
+        && g.meta(r).dim() > 0
+        && grp.iter().all(|&w| {
+            !sched.inplace.contains_key(&w)
+                && product_kernel(g, sched, w)
+                    .is_some_and(|(aw, rw)| aw == a && rows(rw) == rows(r))
+        })
 }
 
 fn lifetimes(
@@ -876,8 +928,7 @@ impl KernelCost {
         reads.dedup();
         // Elementwise kernels and in-place scatters read each buffer at most
         // once per invocation; other kernels are charged whole buffers.
-        let per_thread =
-            grp.len() > 1 || is_map(g, sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
+        let per_thread = is_map(g, sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
         // A gather reads of its table only the rows it copies.
         let table = g
             .node_of(grp[0])

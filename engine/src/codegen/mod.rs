@@ -13,6 +13,7 @@ mod matmul;
 mod reduction;
 mod scatter;
 mod select;
+mod siblings;
 mod template;
 
 use crate::error::{CompileError, Stage};
@@ -123,6 +124,9 @@ pub struct Gen<'a> {
     /// The element count of the 1-D kernel being generated when its
     /// invocations loop over the grid (`guard`).
     stride_over: Option<usize>,
+    /// While the branches of a sibling-product kernel are generated
+    /// (`siblings`): each finished kernel body, kept to be joined.
+    parts: Option<Vec<siblings::Part>>,
     pub rules: BindingRules,
     slots: Vec<SlotInfo>,
     /// Tensor ranges (buffer, word, words) the elementwise kernel being
@@ -185,6 +189,7 @@ impl<'a> Gen<'a> {
             rows: None,
             row_result: None,
             stride_over: None,
+            parts: None,
             rules: BindingRules::default(),
             slots: vec![],
             vec4_ranges: HashSet::new(),
@@ -479,6 +484,24 @@ impl<'a> Gen<'a> {
         self.memo.clear();
         self.pending.clear();
         self.vec = Vectorize::default();
+        if let Some(parts) = &mut self.parts {
+            // A branch of a sibling-product kernel: its bindings stay for
+            // the joined kernel.
+            parts.push(siblings::Part {
+                label: label.clone(),
+                grid,
+                wg,
+                lines: body.lines,
+                shared,
+            });
+            return KernelCode {
+                label,
+                wgsl: String::new(),
+                grid,
+                bindings: vec![],
+                subgroup: false,
+            };
+        }
         let (decls, bindings) = self.take_bindings();
         KernelCode {
             label,
