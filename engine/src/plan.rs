@@ -50,7 +50,8 @@ pub fn plan(requests: &[Request], align: usize) -> MemoryPlan {
             at = at.max(e);
         }
         offsets[i] = at;
-        arena = arena.max(at + size);
+        // Offsets are aligned; the arena ends at the last word in use.
+        arena = arena.max(at + r.bytes.div_ceil(4) * 4);
         placed.push(i);
     }
     let steps = requests.iter().map(|r| r.last + 1).max().unwrap_or(0);
