@@ -29,7 +29,7 @@ python3 tests/torch_ref/gen_op_programs.py --check
 # prepare, run and report at small sizes with the suite's debug binaries,
 # so the one command a GPU machine gets is known to work before it does.
 GB=target/gpu-bench-quick
-./scripts/gpu-bench.sh prepare --quick --binaries target/debug --dir "$GB/carry"
+./scripts/gpu-bench.sh prepare --quick --binaries "${CARGO_TARGET_DIR:-target}/debug" --dir "$GB/carry"
 ./scripts/gpu-bench.sh run "$GB/out" --quick --dir "$GB/carry" --work "$GB/work" --no-torch \
     --soak 4 --soak-small 200
 ./scripts/gpu-bench.sh report "$GB/out" --output "$GB/report.md"
