@@ -18,6 +18,8 @@ DIST=web/dist
 # The native run of the exported model, for the page test (not served).
 CHECK=target/web-check
 WASM_TARGET_DIR=${KILN_WASM_TARGET_DIR:-$ROOT/target/wasm}
+# The native binaries (export, inspect, run), wherever cargo puts them.
+BIN="${CARGO_TARGET_DIR:-target}/release"
 BINDGEN_VERSION=$(sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' web/Cargo.toml)
 BUCKET=${KILN_WEB_BUCKET:-8x32}
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
@@ -82,7 +84,7 @@ build_model() {
         "A woman is slicing an onion in the kitchen." \
         "The stock market fell sharply after the announcement." \
         "Kiln turns programs with views and mutations into pure functions." "Hi")
-    ./target/release/minilm --export "$DIST/minilm.kiln" --bucket "$BUCKET" --f16-weights --web \
+    "$BIN"/minilm --export "$DIST/minilm.kiln" --bucket "$BUCKET" --f16-weights --web \
         "${sentences[@]}"
     mkdir -p "$CHECK"
     mv "$DIST/minilm.inputs.safetensors" "$CHECK/"
@@ -94,9 +96,9 @@ build_model() {
 print(json.dumps([{"file": "minilm.kiln", "weights": "f16",
     "bytes": os.path.getsize(sys.argv[1] + "/minilm.kiln"),
     "requires": json.loads(sys.argv[2])}], indent=1))' \
-        "$DIST" "$(./target/release/kiln inspect "$DIST/minilm.kiln" --requires)" >"$DIST/models.json"
-    cp "$(./target/release/minilm --print-model-dir)/tokenizer.json" "$DIST/tokenizer.json"
-    ./target/release/kiln run "$DIST/minilm.kiln" --inputs "$CHECK/minilm.inputs.safetensors" \
+        "$DIST" "$("$BIN"/kiln inspect "$DIST/minilm.kiln" --requires)" >"$DIST/models.json"
+    cp "$("$BIN"/minilm --print-model-dir)/tokenizer.json" "$DIST/tokenizer.json"
+    "$BIN"/kiln run "$DIST/minilm.kiln" --inputs "$CHECK/minilm.inputs.safetensors" \
         --output "$CHECK/native.safetensors"
 }
 
