@@ -604,8 +604,10 @@ pub(crate) fn generate(
             } else {
                 vec![gen.map_group(grp).map_err(|e| at_value(e, g, grp[0]))?]
             }
-        } else {
+        } else if grp.len() > 1 {
             gen.siblings(grp).map_err(|e| at_value(e, g, grp[0]))?
+        } else {
+            gen.kernel(grp[0]).map_err(|e| at_value(e, g, grp[0]))?
         };
         let flops = kernel_flops(g, &sched, grp, cost.ops.len(), cost.elements);
         for code in codes {
@@ -712,8 +714,7 @@ fn product_kernel(g: &Graph, sched: &schedule::Schedule, v: ValueId) -> Option<(
         None => g.node_of(v)?,
     };
     let node = &g.nodes[n];
-    let form = node.op.def().lowering.product()?;
-    let left = if form.linear { 0 } else { form.left };
+    let left = node.op.def().lowering.product()?.left;
     Some((
         *node.args.get(left)?.tensors().first()?.to_owned(),
         node.results[0],

@@ -80,8 +80,9 @@ fn join(parts: &[Part]) -> Option<Part> {
 }
 
 impl Gen<'_> {
-    /// The kernel computing the products (or their epilogue tails) `grp`,
-    /// or where they cannot share a launch, a kernel each.
+    /// The kernel computing the sibling products (or their epilogue tails)
+    /// `grp`, two or more, or where they cannot share a launch, a kernel
+    /// each (generated again: the joined attempt's bindings are dropped).
     pub fn siblings(&mut self, grp: &[ValueId]) -> R<Vec<KernelCode>> {
         self.parts = Some(vec![]);
         let mut generated = Ok(());
