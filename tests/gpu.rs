@@ -180,6 +180,8 @@ fn gpu_variants() -> Engine {
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     let mut options = gpu.compile_options();
     options.tile_min_rows = 0;
+    // Products of 100 rows or more in 128-row tiles, shorter in 64.
+    options.tall_tiles_from = 100;
     options.workgroup_rows = true;
     options.workgroup = 256;
     options.vectorize = true;
@@ -444,9 +446,10 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
 }";
     let g = parse(src).unwrap();
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
-    for tiled in [true, false] {
+    for (tiled, tall) in [(true, false), (true, true), (false, false)] {
         let mut options = gpu.compile_options();
         options.tile_min_rows = if tiled { 0 } else { usize::MAX };
+        options.tall_tiles_from = if tall { 0 } else { usize::MAX };
         options.contiguous_operands = false;
         let p = kiln::engine::compile_with(&g, &options).unwrap();
         let vec4 = p
@@ -462,10 +465,12 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
         // row-major, vectors of its columns), u4 (exp(x4) element by
         // element, B's vectors); z's 66 columns and v's transposed A keep
         // the scalar tiles.
+        // (Tall: A's tiles of 128 rows, 640 vectors.)
+        let tile = if tall { 640 } else { 320 };
         let vec4_tiles = p
             .kernels
             .iter()
-            .filter(|k| k.code.wgsl.contains("array<vec4<f32>, 320>"))
+            .filter(|k| k.code.wgsl.contains(&format!("array<vec4<f32>, {tile}>")))
             .count();
         assert_eq!(vec4_tiles, if tiled { 4 } else { 0 });
         let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
@@ -473,7 +478,7 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
         let want = kiln::run(&g, ins.clone()).unwrap();
         let got = e.run(&g, ins).unwrap();
         for (a, b) in got.outputs.iter().zip(&want.outputs) {
-            close_gpu(&format!("tiled {tiled}"), a, b, 1e-5).unwrap();
+            close_gpu(&format!("tiled {tiled}, tall {tall}"), a, b, 1e-5).unwrap();
         }
     }
 }

@@ -96,6 +96,11 @@ pub struct CompileOptions {
     /// CPU adapters: never tiled (lavapipe, linear 128x384x1536: 11.5
     /// GFLOP/s in vec4 blocks, 4.0 tiled, 3.6 in scalar blocks).
     pub tile_min_rows: usize,
+    /// f32 products of at least this many rows whose tiles load as `vec4`
+    /// run in 128x64 tiles, 8x4 outputs an invocation, instead of 64x64
+    /// and 4x4: fewer workgroup-memory reads per multiply-add, half the
+    /// workgroups. `usize::MAX`: never.
+    pub tall_tiles_from: usize,
     /// Softmax and layer norm over contiguous rows of up to 1024: a row per
     /// 1-64 invocations reducing through workgroup memory (GPUs: coalesced
     /// reads, one pass over the data); `false` gives each invocation a
@@ -162,6 +167,7 @@ impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
             tile_min_rows: 0,
+            tall_tiles_from: usize::MAX,
             workgroup_rows: true,
             tile_transposes: true,
             workgroup: kernel::WORKGROUP,

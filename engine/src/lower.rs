@@ -583,6 +583,7 @@ pub(crate) fn generate(
     let mut gen = Gen::new(g, &sched, &layout.locs);
     gen.registers = registers.clone();
     gen.tile_min_rows = options.tile_min_rows;
+    gen.tall_tiles_from = options.tall_tiles_from;
     gen.workgroup_rows = options.workgroup_rows;
     gen.tile_transposes = options.tile_transposes;
     gen.workgroup = options.workgroup;

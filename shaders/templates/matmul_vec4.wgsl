@@ -13,16 +13,22 @@
 ## banks (20-word stride); B row-major (`b_cols`: bound as vectors along
 ## its columns) holds 16 vectors of columns per k, 17 apart.
 ##
+## `tall`: 128-row tiles, each invocation accumulating an 8x4 block and
+## loading two vectors of A's tile per step (12 workgroup-memory reads per
+## 128 multiply-adds instead of 8 per 64), for products with rows enough
+## to fill the GPU with half as many workgroups.
+##
 ## Holes: @offsets binds aoff, boff (the batch entry's first element of
 ## each operand); @load k kb binds pa, pb: this invocation's vectors of A
-## and B at k (B row-major: at its row kb); @outputs opens the epilogue.
-## `o$i` = 16 i, `comp$i` = the i-th vector component.
-#shared var<workgroup> ta: array<vec4<f32>, 320>;
+## and B at k (B row-major: at its row kb), and pa1 (tall: A's row 64
+## further); @outputs opens the epilogue. `o$i` = 16 i, `comp$i` = the
+## i-th vector component, `tm` the rows an invocation, `bm` the tile's.
+#shared var<workgroup> ta: array<vec4<f32>, $ta_len>;
 #shared var<workgroup> tb: array<vec4<f32>, 320>;
 let bz = wid.z;
 let lin = lid.y * 16u + lid.x;
 @offsets
-#for i in 4
+#for i in tm
     #for j in 4
         #var c$i$j: f32 = 0.0
     #end
@@ -31,7 +37,10 @@ let lin = lid.y * 16u + lid.x;
 ## B's column lin / 4 at the same k, or (row-major) B's row lin / 16 at
 ## columns lin % 16 * 4.
 let kq = (lin % 4u) * 4u;
-let ar = wid.y * 64u + lin / 4u;
+let ar = wid.y * ${bm}u + lin / 4u;
+#if tall
+    let ar1 = ar + 64u;
+#end
 #if b_cols
     let kr = lin / 16u;
     let bc = wid.x * 64u + (lin % 16u) * 4u;
@@ -40,9 +49,15 @@ let ar = wid.y * 64u + lin / 4u;
 #end
 @load kq kr
 var pa = $pa;
+#if tall
+    var pa1 = $pa1;
+#end
 var pb = $pb;
 for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
     ta[(lin / 4u) * 5u + lin % 4u] = pa;
+    #if tall
+        ta[(lin / 4u + 64u) * 5u + lin % 4u] = pa1;
+    #end
     #if b_cols
         tb[(lin / 16u) * 17u + lin % 16u] = pb;
     #else
@@ -56,10 +71,13 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
         #end
         @load kn kbn
         pa = $pa;
+        #if tall
+            pa1 = $pa1;
+        #end
         pb = $pb;
     }
     for (var q = 0u; q < 4u; q = q + 1u) {
-        #for i in 4
+        #for i in tm
             let a$i = ta[(lid.y + ${o$i}u) * 5u + q];
         #end
         #if b_cols
@@ -67,7 +85,7 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
             ## vector of B's row for each of the four k.
             #for k in 4
                 let b$k = tb[(q * 4u + ${k}u) * 17u + lid.x];
-                #for i in 4
+                #for i in tm
                     #for j in 4
                         ${c$i$j} = fma(a$i.${comp$k}, b$k.${comp$j}, ${c$i$j});
                     #end
@@ -77,7 +95,7 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
             #for j in 4
                 let b$j = tb[(lid.x + ${o$j}u) * 5u + q];
             #end
-            #for i in 4
+            #for i in tm
                 #for j in 4
                     #for k in 4
                         ${c$i$j} = fma(a$i.${comp$k}, b$j.${comp$k}, ${c$i$j});

@@ -43,12 +43,15 @@ struct Quads<'o> {
 }
 
 /// The names the tiled product templates share: `o$i` = 16 i (the
-/// invocation's rows and columns are 16 apart), `comp$i` the vector
-/// components.
+/// invocation's rows and columns are 16 apart; up to 8 rows), `comp$i`
+/// the vector components.
 fn tile_env() -> Env {
     let mut env = Env::default();
+    for i in 0..8 {
+        env = env.n(&format!("o{i}"), 16 * i);
+    }
     for (i, c) in ["x", "y", "z", "w"].iter().enumerate() {
-        env = env.n(&format!("o{i}"), 16 * i).s(&format!("comp{i}"), *c);
+        env = env.s(&format!("comp{i}"), *c);
     }
     env
 }
@@ -229,10 +232,14 @@ impl Gen<'_> {
         let nb = numel(&batch).max(1);
         let tiled = nn >= self.tile_min_rows;
         let skinny = tiled && (1..=SKINNY_ROWS).contains(&nn) && mm > 0;
+        // Rows of a workgroup's tile (the loop variant: 64).
+        let mut tile_rows = 64;
         let acc = if skinny {
             self.skinny_product(&a, &b, &batch, nn, kk, mm, acc_dt)?
         } else if tiled {
-            self.tiled_product(&a, &b, &batch, nn, kk, mm, acc_dt)?
+            let (acc, rows) = self.tiled_product(&a, &b, &batch, nn, kk, mm, acc_dt)?;
+            tile_rows = rows;
+            acc
         } else {
             // Each invocation computes a 4x4 block: 16 multiply-adds per 8
             // loads, no workgroup memory, no barriers.
@@ -296,8 +303,7 @@ impl Gen<'_> {
         self.store_to(v, &oi, &res)?;
         self.memo = saved_epilogue;
         // Both variants end in a loop over the invocation's outputs; a
-        // workgroup covers 64 columns and 64 rows (16 for short tiled
-        // products).
+        // workgroup covers 64 columns and `tile_rows` rows.
         self.body.stmt("}".into());
         let (grid, wg) = if skinny {
             (
@@ -305,13 +311,12 @@ impl Gen<'_> {
                 [SKINNY_LANES as u32, SKINNY_COLS as u32, 1],
             )
         } else {
-            let rows = if tiled {
-                16 * matmul_rows_per_invocation(nn)
-            } else {
-                64
-            };
             (
-                [mm.div_ceil(64) as u32, nn.div_ceil(rows) as u32, nb as u32],
+                [
+                    mm.div_ceil(64) as u32,
+                    nn.div_ceil(tile_rows) as u32,
+                    nb as u32,
+                ],
                 [16, 16, 1],
             )
         };
@@ -801,6 +806,7 @@ impl Gen<'_> {
         kk: usize,
         mm: usize,
         acc_dt: DType,
+        tall: bool,
     ) -> R<Option<String>> {
         if acc_dt != DType::F32
             || matmul_rows_per_invocation(nn) != 4
@@ -843,8 +849,13 @@ impl Gen<'_> {
         } else {
             "lid.x + 16u * (ij % 4u)"
         };
+        let tm = if tall { 8 } else { 4 };
         let mut env = tile_env()
             .b("b_cols", quads.b_cols.is_some())
+            .b("tall", tall)
+            .n("tm", tm)
+            .n("bm", 16 * tm)
+            .n("ta_len", 16 * tm * 5)
             .s("kk", u(kk));
         let mut acc = None;
         let mut holes = |gen: &mut Self, hole: &str, args: &[String], env: &mut Env| -> R<()> {
@@ -855,10 +866,14 @@ impl Gen<'_> {
                     let (pa, pb) = gen.vec4_quads(&quads, &aoff, &boff, &args[0], &args[1])?;
                     env.set("pa", pa);
                     env.set("pb", pb);
+                    if tall {
+                        let pa1 = gen.vec4_quad_a(&quads, &aoff, "ar1", &args[0])?;
+                        env.set("pa1", pa1);
+                    }
                 }
                 "outputs" => {
-                    let accs = accumulators(env, 4)?;
-                    acc = Some(gen.tile_outputs(&accs, 64, col, nn, mm, "f32"));
+                    let accs = accumulators(env, tm)?;
+                    acc = Some(gen.tile_outputs(&accs, 16 * tm, col, nn, mm, "f32"));
                 }
                 _ => return Err(bug(format!("matmul template: no hole `{hole}`"))),
             }
@@ -917,6 +932,16 @@ impl Gen<'_> {
         Ok(format!("vec4<f32>({})", parts.join(", ")))
     }
 
+    /// This invocation's vector of A's tile at `k` on row `line`, bound to
+    /// a fresh name with fresh fused loads.
+    fn vec4_quad_a(&mut self, q: &Quads, aoff: &str, line: &str, k: &str) -> R<String> {
+        let saved = std::mem::take(&mut self.memo);
+        let pa = self.quad_along_k(q.a, &q.sa, aoff, line, q.nn, q.a.rs, k, q.kk)?;
+        let pa = self.body.bind("vec4<f32>", pa);
+        self.memo = saved;
+        Ok(pa)
+    }
+
     /// This invocation's vectors of A's and B's tiles at `k` (B row-major:
     /// its row `kb`), bound to fresh names with fresh fused loads.
     fn vec4_quads(
@@ -927,10 +952,9 @@ impl Gen<'_> {
         k: &str,
         kb: &str,
     ) -> R<(String, String)> {
-        let (a, b, nn, kk, mm) = (q.a, q.b, q.nn, q.kk, q.mm);
+        let (b, kk, mm) = (q.b, q.kk, q.mm);
+        let pa = self.vec4_quad_a(q, aoff, "ar", k)?;
         let saved = std::mem::take(&mut self.memo);
-        let pa = self.quad_along_k(a, &q.sa, aoff, "ar", nn, a.rs, k, kk)?;
-        let pa = self.body.bind("vec4<f32>", pa);
         let pb = match &q.b_cols {
             Some(s) => {
                 let at = format!(
@@ -960,8 +984,10 @@ impl Gen<'_> {
     /// output tile per workgroup of 16x16 invocations (16x64 for products
     /// of at most 16 rows, batch-1 inference, where bigger tiles would
     /// idle), K in steps of 16 through workgroup memory; the vec4 form
-    /// where it applies. Opens the epilogue loop over the invocation's
-    /// outputs (`row`, `col`, `bz` in scope) and returns its accumulator.
+    /// where it applies, in 128x64 tiles for products of at least
+    /// `tall_tiles_from` rows. Opens the epilogue loop over the
+    /// invocation's outputs (`row`, `col`, `bz` in scope) and returns its
+    /// accumulator and the tile's rows.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn tiled_product(
         &mut self,
@@ -972,9 +998,10 @@ impl Gen<'_> {
         kk: usize,
         mm: usize,
         acc_dt: DType,
-    ) -> R<String> {
-        if let Some(acc) = self.tiled_vec4_product(a, b, batch, nn, kk, mm, acc_dt)? {
-            return Ok(acc);
+    ) -> R<(String, usize)> {
+        let tall = nn >= self.tall_tiles_from;
+        if let Some(acc) = self.tiled_vec4_product(a, b, batch, nn, kk, mm, acc_dt, tall)? {
+            return Ok((acc, if tall { 128 } else { 64 }));
         }
         let at = ty(acc_dt);
         let tm = matmul_rows_per_invocation(nn);
@@ -1014,7 +1041,8 @@ impl Gen<'_> {
             Ok(())
         };
         template::MATMUL.render(self, &mut env, &mut holes)?;
-        acc.ok_or_else(|| bug("matmul template without outputs"))
+        acc.map(|acc| (acc, bm))
+            .ok_or_else(|| bug("matmul template without outputs"))
     }
 
     /// A's tile (`16 tm` rows x 16 k) element by element, `tm` elements an

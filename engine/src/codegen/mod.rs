@@ -87,6 +87,8 @@ pub struct Gen<'a> {
     own: String,
     /// See `CompileOptions::tile_min_rows`.
     pub tile_min_rows: usize,
+    /// See `CompileOptions::tall_tiles_from`.
+    pub tall_tiles_from: usize,
     /// Fused kernel members only their own kernel reads: computed, never
     /// stored.
     pub registers: std::collections::HashSet<ValueId>,
@@ -174,6 +176,7 @@ impl<'a> Gen<'a> {
             group: vec![],
             own: "gid".into(),
             tile_min_rows: 0,
+            tall_tiles_from: usize::MAX,
             registers: Default::default(),
             workgroup_rows: true,
             tile_transposes: false,

@@ -520,9 +520,15 @@ pub(super) mod tests {
             let Ok(g) = kiln_functionalize::text::parse(src) else {
                 continue;
             };
-            for (gpu, subgroup) in [(true, None), (true, Some(32)), (false, None)] {
+            let variants = [
+                (true, None, false),
+                (true, Some(32), true),
+                (false, None, false),
+            ];
+            for (gpu, subgroup, tall) in variants {
                 let options = crate::CompileOptions {
                     tile_min_rows: if gpu { 0 } else { usize::MAX },
+                    tall_tiles_from: if tall { 0 } else { usize::MAX },
                     workgroup_rows: gpu,
                     workgroup: if gpu { 256 } else { 64 },
                     vectorize: gpu,

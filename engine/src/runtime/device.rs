@@ -194,6 +194,7 @@ impl Gpu {
             } else {
                 0
             },
+            tall_tiles_from: tall_tiles_from(),
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
             tile_transposes: true,
             vectorize: true,
@@ -238,5 +239,20 @@ impl Gpu {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| EngineError::Device(e.to_string()))?;
         self.check()
+    }
+}
+
+/// `CompileOptions::tall_tiles_from` on this machine: `KILN_TALL_TILES`
+/// (a row count, or `off`) overrides the default, so that one run of
+/// `scripts/gpu-bench.sh` can time both tile shapes.
+fn tall_tiles_from() -> usize {
+    const DEFAULT: usize = usize::MAX;
+    match std::env::var("KILN_TALL_TILES") {
+        Ok(v) if v == "off" => usize::MAX,
+        Ok(v) => v.parse().unwrap_or_else(|_| {
+            log::warn!("KILN_TALL_TILES={v:?}: not a row count or `off`; ignored");
+            DEFAULT
+        }),
+        Err(_) => DEFAULT,
     }
 }
