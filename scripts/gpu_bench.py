@@ -426,6 +426,112 @@ def weights_file(w: Workload, path: Path) -> bool:
     return True
 
 
+# Kiln's GPU results against its reference interpreter (CPU) on the same
+# inputs: largest difference over the reference's largest magnitude.
+CHECK_TOLERANCE = 1e-4
+# MiniLM's embeddings (unit vectors): cosine to the reference's, per sentence.
+CHECK_COSINE = 0.9999
+
+
+def f32_values(data: bytes):
+    try:
+        import numpy as np
+        return np.frombuffer(data, dtype=np.float32).astype(np.float64)
+    except ImportError:
+        return array("f", data)
+
+
+def relative_error(got: bytes, want: bytes) -> float:
+    g, w = f32_values(got), f32_values(want)
+    if len(g) != len(w):
+        return math.inf
+    try:
+        import numpy as np
+        fin = np.isfinite(w)
+        scale = max(1.0, float(np.abs(w[fin]).max(initial=0.0)))
+        same_nan = np.array_equal(np.isfinite(g), fin)
+        return float(np.abs(g[fin] - w[fin]).max(initial=0.0)) / scale if same_nan else math.inf
+    except ImportError:
+        pairs = [(a, b) for a, b in zip(g, w) if math.isfinite(b)]
+        scale = max([1.0] + [abs(b) for _, b in pairs])
+        return max([0.0] + [abs(a - b) for a, b in pairs]) / scale
+
+
+def check_workload(w: Workload, kiln: str, prog: Path, work: Path, env: dict, timeout: float) -> dict:
+    """`kiln run` of the workload on the GPU and on the reference
+    interpreter, seeded inputs (the weights as `weights_file` makes them):
+    each result's largest difference, relative."""
+    ts = {}
+    for i, (name, dt, sizes) in enumerate(w.params):
+        if dt != "f32":
+            return {"skipped": f"parameter {name} is {dt}"}
+        n = math.prod(sizes)
+        if name in w.weights and (name.startswith("g") or name.endswith("norm")):
+            data = array("f", [1.0] * n).tobytes()
+        elif name in w.weights:
+            data = random_f32(n, 1000 + i, 1.0 / math.sqrt(sizes[-1]))
+        else:
+            data = random_f32(n, 2000 + i, 1.0)
+        ts[name] = ("F32", sizes, data)
+    inputs = work / f"{w.name}.check-inputs.safetensors"
+    write_safetensors(inputs, ts)
+    got, want = work / f"{w.name}.gpu.safetensors", work / f"{w.name}.reference.safetensors"
+    t = time.monotonic()
+    for backend, path in (("gpu", got), ("reference", want)):
+        left = timeout - (time.monotonic() - t)
+        if left < 5:
+            return {"error": f"no time left for the {backend} run"}
+        try:
+            p = subprocess.run([kiln, "run", str(prog), "--inputs", str(inputs), "--output", str(path),
+                                "--backend", backend], env=env, capture_output=True, text=True,
+                               timeout=left)
+        except subprocess.TimeoutExpired:
+            return {"error": f"the {backend} run took over {left:.0f} s"}
+        if p.returncode != 0:
+            return {"error": f"kiln run --backend {backend}: {p.stderr[-300:]}"}
+    g, r = read_safetensors(got), read_safetensors(want)
+    errs = {k: relative_error(g[k][2], r[k][2]) for k in r if k in g and r[k][0] == "F32"}
+    worst = max(errs.values(), default=0.0)
+    out = {"max_relative_error": worst, "results": len(errs), "tolerance": CHECK_TOLERANCE,
+           "wall_s": round(time.monotonic() - t, 1)}
+    if worst > CHECK_TOLERANCE or len(errs) < len(r):
+        out["error"] = f"GPU results differ from the reference: {worst:.3g} (tolerance {CHECK_TOLERANCE})"
+    return out
+
+
+def check_minilm(minilm: str, model: Path, work: Path, env: dict, timeout: float) -> dict:
+    """MiniLM's embeddings of SENTENCES on the GPU against the reference
+    interpreter's: the smallest cosine."""
+    t = time.monotonic()
+    emb = {}
+    for backend in ("gpu", "reference"):
+        path = work / f"minilm.{backend}.safetensors"
+        left = timeout - (time.monotonic() - t)
+        try:
+            p = subprocess.run([minilm, "--model", str(model), "--backend", backend, "--output",
+                                str(path), *SENTENCES], env=env, capture_output=True, text=True,
+                               timeout=max(left, 5))
+        except subprocess.TimeoutExpired:
+            return {"error": f"the {backend} run took over {left:.0f} s"}
+        if p.returncode != 0:
+            return {"error": f"minilm --backend {backend}: {p.stderr[-300:]}"}
+        emb[backend] = f32_values(read_safetensors(path)["embeddings"][2])
+    d = 384
+    cos = []
+    for i in range(len(SENTENCES)):
+        a = emb["gpu"][i * d:(i + 1) * d]
+        b = emb["reference"][i * d:(i + 1) * d]
+        dot = sum(x * y for x, y in zip(a, b))
+        na = math.sqrt(sum(x * x for x in a))
+        nb = math.sqrt(sum(y * y for y in b))
+        cos.append(dot / (na * nb) if na and nb else 0.0)
+    out = {"min_cosine": min(cos), "sentences": len(cos), "tolerance": CHECK_COSINE,
+           "wall_s": round(time.monotonic() - t, 1)}
+    if min(cos) < CHECK_COSINE:
+        out["error"] = f"GPU embeddings differ from the reference: cosine {min(cos):.6f}"
+    return out
+
+
 def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -651,9 +757,17 @@ def run(args) -> int:
         if weights_file(by_name[name], wf):
             cmd += ["--weights", str(wf)]
         r = run_json(cmd, {**env, "KILN_DUMP_WGSL": str(wgsl / name)}, min(120, budget.left() - 20))
+        if not args.no_check and "error" not in r:
+            c = check_workload(by_name[name], kiln, prog, work, env, min(90, budget.left() - 20))
+            r["check"] = c
+            if "error" in c:
+                r["error"] = c["error"]
         results["workloads"][name] = r
+        c = r.get("check", {})
+        checked = (f"; {c['max_relative_error']:.2g} from the reference" if "max_relative_error" in c
+                   else f"; check: {c.get('skipped', c.get('error'))}" if c else "")
         log(f"kiln {name}: kernels {r.get('kernels_ms', '-')} ms, full {r.get('full_ms', '-')} ms"
-            + (f" ERROR {r['error']}" if "error" in r else ""))
+            + checked + (f" ERROR {r['error']}" if "error" in r else ""))
         save()
 
     model = work / "model"
@@ -674,6 +788,12 @@ def run(args) -> int:
         results["minilm"][bucket] = r
         log(f"kiln minilm {bucket}: kernels {r.get('kernels_ms', '-')} ms, full {r.get('full_ms', '-')} ms"
             + (f" ERROR {r['error']}" if "error" in r else ""))
+        save()
+
+    if not args.no_check and budget.left() > 40:
+        c = check_minilm(str(d / "bin" / "minilm"), model, work, env, min(120, budget.left() - 20))
+        results["minilm_check"] = c
+        log("minilm check: " + (c["error"] if "error" in c else f"smallest cosine {c['min_cosine']:.7f}"))
         save()
 
     if args.soak or args.soak_small:
@@ -702,7 +822,7 @@ def run(args) -> int:
     if wgsl.exists():
         shutil.make_archive(str(out / "wgsl"), "gztar", root_dir=wgsl)
     failed = [n for n, r in list(results["workloads"].items()) + list(results["minilm"].items())
-              if "error" in r] + [f"soak {n}" for n, r in results.get("soak", {}).items()
+              if "error" in r] + (["minilm check"] if "error" in results.get("minilm_check", {}) else []) + [f"soak {n}" for n, r in results.get("soak", {}).items()
                                   if "error" in r or r.get("rc")] + (["probe"] if "error" in results["probe"] else [])
     log(f"done: {out}/kiln.json, torch.json, system.json"
         + (f"; Kiln failed on {', '.join(failed)}" if failed else ""))
@@ -1042,6 +1162,27 @@ def report(args) -> int:
                  f"{fmt(k['full_ms'] / tf if tf else None, 3)} |"
                  + (f" {before('minilm', bucket)} |" if base_name else ""))
     L.append("")
+    L.append("## Results checked\n")
+    L.append("Each workload's results from the GPU against Kiln's reference interpreter (CPU) on the "
+             "same seeded inputs (`kiln run --backend gpu|reference`): the largest difference over the "
+             f"reference's largest magnitude (tolerance {CHECK_TOLERANCE:g}); MiniLM's embeddings of "
+             f"{len(SENTENCES)} sentences: the smallest cosine (tolerance {CHECK_COSINE}).\n")
+    L.append("| workload | relative error | ok |\n|---|---|---|")
+    for n, k in kiln["workloads"].items():
+        c = k.get("check")
+        if not c:
+            L.append(f"| {n} | unchecked | - |")
+        elif "max_relative_error" in c:
+            L.append(f"| {n} | {c['max_relative_error']:.2g} | {'no' if 'error' in c else 'yes'} |")
+        else:
+            L.append(f"| {n} | {c.get('skipped', c.get('error', ''))[:100]} | {'no' if 'error' in c else '-'} |")
+    mc = kiln.get("minilm_check")
+    if mc and "min_cosine" in mc:
+        L.append(f"| MiniLM ({mc['sentences']} sentences) | cosine {mc['min_cosine']:.7f} | "
+                 f"{'no' if 'error' in mc else 'yes'} |")
+    else:
+        L.append(f"| MiniLM | {(mc or {}).get('error', 'unchecked')[:100]} | {'no' if mc else '-'} |")
+    L.append("")
     L.append("## Goals (issue #32)\n")
     L.append("| goal | measured | met |\n|---|---|---|")
     for text, how, key, limit in GOALS:
@@ -1103,6 +1244,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--only", help="comma-separated workload names (minilm_BxT for MiniLM)")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the GPU results' check against the reference interpreter")
     p.add_argument("--soak", type=int, default=0, help="then MiniLM this many times (minilm --soak)")
     p.add_argument("--soak-buckets", default="1x16,4x32")
     p.add_argument("--soak-small", type=int, default=0,

@@ -180,8 +180,8 @@ fn gpu_variants() -> Engine {
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     let mut options = gpu.compile_options();
     options.tile_min_rows = 0;
-    // Products of 100 rows or more in 128-row tiles, shorter in 64.
-    options.tall_tiles_from = 100;
+    // Products of two 128-row tiles or more in those, smaller in 64.
+    options.tall_tiles_from = 2;
     options.workgroup_rows = true;
     options.workgroup = 256;
     options.vectorize = true;

@@ -984,8 +984,8 @@ impl Gen<'_> {
     /// output tile per workgroup of 16x16 invocations (16x64 for products
     /// of at most 16 rows, batch-1 inference, where bigger tiles would
     /// idle), K in steps of 16 through workgroup memory; the vec4 form
-    /// where it applies, in 128x64 tiles for products of at least
-    /// `tall_tiles_from` rows. Opens the epilogue loop over the
+    /// where it applies, in 128x64 tiles where those number at least
+    /// `tall_tiles_from`. Opens the epilogue loop over the
     /// invocation's outputs (`row`, `col`, `bz` in scope) and returns its
     /// accumulator and the tile's rows.
     #[allow(clippy::too_many_arguments)]
@@ -999,7 +999,7 @@ impl Gen<'_> {
         mm: usize,
         acc_dt: DType,
     ) -> R<(String, usize)> {
-        let tall = nn >= self.tall_tiles_from;
+        let tall = nn.div_ceil(128) * mm.div_ceil(64) * numel(batch).max(1) >= self.tall_tiles_from;
         if let Some(acc) = self.tiled_vec4_product(a, b, batch, nn, kk, mm, acc_dt, tall)? {
             return Ok((acc, if tall { 128 } else { 64 }));
         }

@@ -176,7 +176,7 @@ impl<'a> Gen<'a> {
             group: vec![],
             own: "gid".into(),
             tile_min_rows: 0,
-            tall_tiles_from: usize::MAX,
+            tall_tiles_from: 512,
             registers: Default::default(),
             workgroup_rows: true,
             tile_transposes: false,

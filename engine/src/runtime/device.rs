@@ -194,7 +194,7 @@ impl Gpu {
             } else {
                 0
             },
-            tall_tiles_from: tall_tiles_from(),
+            tall_tiles_from: tall_tiles_from(CompileOptions::default().tall_tiles_from),
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
             tile_transposes: true,
             vectorize: true,
@@ -243,16 +243,15 @@ impl Gpu {
 }
 
 /// `CompileOptions::tall_tiles_from` on this machine: `KILN_TALL_TILES`
-/// (a row count, or `off`) overrides the default, so that one run of
-/// `scripts/gpu-bench.sh` can time both tile shapes.
-fn tall_tiles_from() -> usize {
-    const DEFAULT: usize = usize::MAX;
+/// (a count of workgroups, or `off`) overrides the default, so that one
+/// run of `scripts/gpu-bench.sh` can time both tile shapes.
+fn tall_tiles_from(default: usize) -> usize {
     match std::env::var("KILN_TALL_TILES") {
         Ok(v) if v == "off" => usize::MAX,
         Ok(v) => v.parse().unwrap_or_else(|_| {
-            log::warn!("KILN_TALL_TILES={v:?}: not a row count or `off`; ignored");
-            DEFAULT
+            log::warn!("KILN_TALL_TILES={v:?}: not a count of workgroups or `off`; ignored");
+            default
         }),
-        Err(_) => DEFAULT,
+        Err(_) => default,
     }
 }
