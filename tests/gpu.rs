@@ -785,6 +785,19 @@ fn attention_is_one_kernel_at_awkward_sizes() {
         // Nothing of [b, h, sq, sk] is written.
         let out = 4 * b * h * sq * dv;
         assert_eq!(p.kernels[0].bytes_written, out, "{labels:?}");
+        // With subgroups, four invocations share a query row where both
+        // head widths divide by four (both attention kernels here).
+        let sg = kiln::engine::CompileOptions {
+            subgroup: Some(8),
+            ..Default::default()
+        };
+        let p = kiln::engine::compile_with(&g, &sg).unwrap();
+        let shared = p
+            .kernels
+            .iter()
+            .filter(|k| k.code.wgsl.contains("subgroupShuffleXor(s, 2u)"))
+            .count();
+        assert_eq!(shared, if d % 4 == 0 && dv % 4 == 0 { 2 } else { 0 });
         let ins = kiln::functionalize::random::random_inputs(&g, (sq * sk) as u64, 2.0);
         let want = kiln::run(&g, ins.clone()).unwrap();
         for e in &mut engines {

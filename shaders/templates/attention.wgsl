@@ -10,6 +10,13 @@
 ## a time; an H100 ran MiniLM 32 x 128's attention at 7 TFLOP/s looped);
 ## wide heads keep them (unrolled, lavapipe takes minutes to compile).
 ##
+## With subgroups, `lanes` consecutive invocations share a query row
+## (`part` = which): each holds every `lanes`-th element of q and of the
+## accumulator, and a score is their partial dot products summed by
+## subgroup shuffles. A lane's walk over the keys, the kernel's critical
+## path, is `lanes` times shorter (MiniLM's 128 queries of head 32: 8
+## multiply-adds a key instead of 32).
+##
 ## Holes: @offsets binds qoff, koff, voff (the batch entry's first
 ## element of each operand); @load_q reads the query row into `q`;
 ## @stage k|v binds `x` and `ok` for element `e` of the tile; @score binds
@@ -18,12 +25,13 @@
 #shared var<workgroup> ks: array<f32, $ks_len>;
 #shared var<workgroup> vs: array<f32, $vs_len>;
 let bz = wid.y;
-let i = wid.x * $w + lid.x;
+let part = lid.x % ${lanes}u;
+let i = wid.x * $wq + lid.x / ${lanes}u;
 let ic = min(i, $sq_last);
 @offsets
-var q: array<f32, $dk>;
+var q: array<f32, $dkl>;
 @load_q
-var acc: array<f32, $dv>;
+var acc: array<f32, $dvl>;
 var m: f32 = $ninf;
 var l: f32 = 0.0;
 var sc: array<f32, $keys>;
@@ -50,8 +58,11 @@ for (var j0 = 0u; j0 < $sk; j0 = j0 + ${keys}u) {
         #end
         var s: f32 = 0.0;
         let kb = $jj * ${dk}u;
-        #for d in dk
-            s = s + q[$d] * ks[kb + ${d}u];
+        #for d in dkl
+            s = s + q[$d] * ks[kb + ${dl$d}u + part];
+        #end
+        #for b in lane_masks
+            s = s + subgroupShuffleXor(s, $b);
         #end
         let j = j0 + $jj;
         #let si: u32 = bz * $sq_sk + ic * $sk + min(j, $sk_last)
@@ -70,7 +81,7 @@ for (var j0 = 0u; j0 < $sk; j0 = j0 + ${keys}u) {
     let dead = mn == $ninf;
     let alpha = select(exp(m - mn), 1.0, dead);
     l = l * alpha;
-    #for c in dv
+    #for c in dvl
         acc[$c] = acc[$c] * alpha;
     #end
     #for jj in keys_at
@@ -82,8 +93,8 @@ for (var j0 = 0u; j0 < $sk; j0 = j0 + ${keys}u) {
         let p = select(exp(sc[$jj] - mn), 0.0, dead);
         l = l + p;
         let vb = $jj * ${dv}u;
-        #for c in dv
-            acc[$c] = acc[$c] + p * vs[vb + ${c}u];
+        #for c in dvl
+            acc[$c] = acc[$c] + p * vs[vb + ${dl$c}u + part];
         #end
         }
     #end
@@ -92,7 +103,7 @@ for (var j0 = 0u; j0 < $sk; j0 = j0 + ${keys}u) {
 }
 if (i >= $sq) { return; }
 #let orow: u32 = bz * $sq_dv + i * ${dv}u
-#for c in dv
-    #let oi: u32 = $orow + ${c}u
+#for c in dvl
+    #let oi: u32 = $orow + ${dl$c}u + part
     @store
 #end

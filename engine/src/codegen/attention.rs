@@ -12,6 +12,9 @@ use super::*;
 /// Keys per tile.
 const KEYS: usize = 16;
 
+/// Invocations sharing a query row where the device has subgroups.
+const LANES: usize = 4;
+
 /// Query rows per workgroup: the rows of one batch entry, up to the
 /// device's workgroup size.
 fn rows_per_workgroup(rows: usize, workgroup: u32) -> usize {
@@ -178,7 +181,13 @@ impl Gen<'_> {
                 "attention over {nb} batch entries: too many workgroups"
             )));
         }
-        let w = rows_per_workgroup(sq, self.workgroup);
+        let lanes = match self.subgroup {
+            Some(sg) if sg >= LANES && dk % LANES == 0 && dv % LANES == 0 => LANES,
+            _ => 1,
+        };
+        // Query rows a workgroup, and its invocations.
+        let wq = rows_per_workgroup(sq, self.workgroup / lanes as u32);
+        let w = wq * lanes;
         let unroll = KEYS * (dk + dv) <= 1024;
         let keys_at = if unroll {
             (0..KEYS).map(u).collect()
@@ -191,7 +200,15 @@ impl Gen<'_> {
             .n("vs_len", KEYS * dv)
             .n("dk", dk)
             .n("dv", dv)
+            .n("dkl", dk / lanes)
+            .n("dvl", dv / lanes)
+            .n("lanes", lanes)
+            .l(
+                "lane_masks",
+                (0..lanes.trailing_zeros()).map(|b| u(1 << b)).collect(),
+            )
             .s("w", u(w))
+            .s("wq", u(wq))
             .s("sq", u(sq))
             .s("sq_last", u(sq - 1))
             .s("sk", u(sk))
@@ -201,12 +218,15 @@ impl Gen<'_> {
             .s("ninf", literal(f64::NEG_INFINITY, DType::F32))
             .b("unroll", unroll)
             .l("keys_at", keys_at);
+        for d in 0..dk.max(dv) {
+            env = env.n(&format!("dl{d}"), d * lanes);
+        }
         let mut holes = |gen: &mut Self, hole: &str, args: &[String], env: &mut Env| -> R<()> {
             match hole {
                 "offsets" => {
                     gen.batch_offsets(&batch, &[("qoff", &q), ("koff", &k), ("voff", &v)], env)
                 }
-                "load_q" => gen.load_query(&q, dk, &env.get("qoff")?)?,
+                "load_q" => gen.load_query(&q, dk, lanes, &env.get("qoff")?)?,
                 "stage" => {
                     let (x, ok) = if args[0] == "k" {
                         gen.stage_tile(&k, true, dk, sk, &env.get("koff")?)?
@@ -232,7 +252,7 @@ impl Gen<'_> {
             Ok(())
         };
         template::ATTENTION.render(self, &mut env, &mut holes)?;
-        let grid = [sq.div_ceil(w) as u32, nb as u32, 1];
+        let grid = [sq.div_ceil(wq) as u32, nb as u32, 1];
         Ok(self.finish(
             format!("attention#{}", label.split('#').nth(1).unwrap_or("")),
             grid,
@@ -240,13 +260,17 @@ impl Gen<'_> {
         ))
     }
 
-    /// The query row `ic` into `q` (registers), with fresh fused loads.
-    fn load_query(&mut self, q: &Operand, dk: usize, qoff: &str) -> R<()> {
+    /// This invocation's elements of query row `ic` (every `lanes`-th from
+    /// `part`) into `q` (registers), with fresh fused loads.
+    fn load_query(&mut self, q: &Operand, dk: usize, lanes: usize, qoff: &str) -> R<()> {
         let dt = self.meta(q.v).dtype;
         self.memo.clear();
         let qrow = self.body.bind("u32", format!("{qoff} + ic * {}", u(q.rs)));
-        for d in 0..dk {
-            let qi = self.body.bind("u32", format!("{qrow} + {}", u(d * q.cs)));
+        for d in 0..dk / lanes {
+            let qi = self.body.bind(
+                "u32",
+                format!("{qrow} + ({} + part) * {}", u(d * lanes), u(q.cs)),
+            );
             let x = self.value_at(q.v, &qi)?;
             let x = cast(&x, dt, DType::F32);
             self.body.stmt(format!("q[{d}] = {x};"));
