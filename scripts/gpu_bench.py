@@ -407,19 +407,25 @@ def random_f32(n: int, seed: int, scale: float) -> bytes:
         return array("f", (rnd.uniform(-scale, scale) for _ in range(n))).tobytes()
 
 
+def param_f32(w: Workload, i: int) -> bytes:
+    """Parameter `i` of the workload, seeded: weights small (norm gains 1),
+    as trained weights are; other inputs in [-1, 1)."""
+    name, _, sizes = w.params[i]
+    n = math.prod(sizes)
+    if name not in w.weights:
+        return random_f32(n, 2000 + i, 1.0)
+    if name.startswith("g") or name.endswith("norm"):
+        return array("f", [1.0] * n).tobytes()
+    return random_f32(n, 1000 + i, 1.0 / math.sqrt(sizes[-1]))
+
+
 def weights_file(w: Workload, path: Path) -> bool:
-    """The workload's constant parameters (seeded, small values) as a
-    safetensors file; False when it has none."""
+    """The workload's constant parameters (`param_f32`) as a safetensors
+    file; False when it has none."""
     ts = {}
     for i, (name, dt, sizes) in enumerate(w.params):
         if name in w.weights:
-            n = math.prod(sizes)
-            # Norm gains near 1, the rest small, as trained weights are.
-            if name.startswith("g") or name.endswith("norm"):
-                data = array("f", [1.0] * n).tobytes()
-            else:
-                data = random_f32(n, 1000 + i, 1.0 / math.sqrt(sizes[-1]))
-            ts[name] = ("F32", sizes, data)
+            ts[name] = ("F32", sizes, param_f32(w, i))
     if not ts:
         return False
     write_safetensors(path, ts)
@@ -459,20 +465,13 @@ def relative_error(got: bytes, want: bytes) -> float:
 
 def check_workload(w: Workload, kiln: str, prog: Path, work: Path, env: dict, timeout: float) -> dict:
     """`kiln run` of the workload on the GPU and on the reference
-    interpreter, seeded inputs (the weights as `weights_file` makes them):
-    each result's largest difference, relative."""
+    interpreter, every parameter from `param_f32`: each result's largest
+    difference, relative."""
     ts = {}
     for i, (name, dt, sizes) in enumerate(w.params):
         if dt != "f32":
             return {"skipped": f"parameter {name} is {dt}"}
-        n = math.prod(sizes)
-        if name in w.weights and (name.startswith("g") or name.endswith("norm")):
-            data = array("f", [1.0] * n).tobytes()
-        elif name in w.weights:
-            data = random_f32(n, 1000 + i, 1.0 / math.sqrt(sizes[-1]))
-        else:
-            data = random_f32(n, 2000 + i, 1.0)
-        ts[name] = ("F32", sizes, data)
+        ts[name] = ("F32", sizes, param_f32(w, i))
     inputs = work / f"{w.name}.check-inputs.safetensors"
     write_safetensors(inputs, ts)
     got, want = work / f"{w.name}.gpu.safetensors", work / f"{w.name}.reference.safetensors"
