@@ -296,6 +296,22 @@ def workloads(quick: bool) -> list[Workload]:
             llama_block(128)]
 
 
+# The import suite's fixtures (tests/fixtures/import: small `torch.export`
+# archives, their inputs and PyTorch's outputs), part of the tree a device
+# call carries: profiled, and their GPU results checked against PyTorch's.
+IMPORTS = REPO / "tests" / "fixtures" / "import"
+IMPORTS_QUICK = ["bert", "llama", "tiny_resnet", "swin"]
+# tests/import.rs's tolerance: |kiln - torch| <= ABS + REL |torch|.
+IMPORT_ABS, IMPORT_REL = 1e-5, 1e-4
+
+
+def import_models(quick: bool) -> list[str]:
+    names = sorted(p.name[:-len(".pt2")] for p in IMPORTS.glob("*.pt2")
+                   if (IMPORTS / (p.name[:-4] + ".expected.safetensors")).exists()
+                   and (IMPORTS / (p.name[:-4] + ".inputs.safetensors")).exists())
+    return [n for n in names if n in IMPORTS_QUICK] if quick else names
+
+
 def minilm_buckets(quick: bool) -> list[tuple[int, int]]:
     return [(1, 16)] if quick else [(1, 16), (8, 128), (32, 128)]
 
@@ -498,6 +514,41 @@ def check_workload(w: Workload, kiln: str, prog: Path, work: Path, env: dict, ti
     return out
 
 
+def check_import(kiln: str, name: str, work: Path, env: dict, timeout: float) -> dict:
+    """`kiln run NAME.pt2 --backend gpu` against PyTorch's outputs (the
+    fixture's expected file), with the import suite's tolerance."""
+    out = work / f"{name}.import.safetensors"
+    try:
+        p = subprocess.run([kiln, "run", str(IMPORTS / f"{name}.pt2"), "--inputs",
+                            str(IMPORTS / f"{name}.inputs.safetensors"), "--output", str(out),
+                            "--backend", "gpu"], env=env, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"kiln run took over {timeout:.0f} s"}
+    if p.returncode != 0:
+        return {"error": f"kiln run --backend gpu: {p.stderr[-300:]}"}
+    got, want = read_safetensors(out), read_safetensors(IMPORTS / f"{name}.expected.safetensors")
+    if sorted(got) != sorted(want):
+        return {"error": f"wrote {sorted(got)}, PyTorch's file has {sorted(want)}"}
+    worst, bad = 0.0, []
+    for k, (dt, shape, data) in want.items():
+        if got[k][0] != dt or got[k][1] != shape:
+            bad.append(f"{k}: {got[k][0]}{got[k][1]}, PyTorch {dt}{shape}")
+        elif dt != "F32":
+            if got[k][2] != data:
+                bad.append(f"{k} differs")
+        else:
+            for x, y in zip(f32_values(got[k][2]), f32_values(data)):
+                if math.isnan(x) and math.isnan(y):
+                    continue
+                excess = abs(x - y) / (IMPORT_ABS + IMPORT_REL * abs(y))
+                worst = max(worst, excess if excess == excess else math.inf)
+    r = {"worst_of_tolerance": worst, "results": len(want)}
+    if bad or worst > 1.0:
+        r["error"] = "; ".join(bad) or f"outside the tolerance ({worst:.3g} of it)"
+    return r
+
+
 def check_minilm(minilm: str, model: Path, work: Path, env: dict, timeout: float) -> dict:
     """MiniLM's embeddings of SENTENCES on the GPU against the reference
     interpreter's: the smallest cosine."""
@@ -618,6 +669,7 @@ def prepare(args) -> int:
         "workloads": [{"name": w.name, "kind": w.kind, "note": w.note,
                        "params": w.params, "weights": sorted(w.weights)} for w in ws],
         "minilm": [f"{b}x{t}" for b, t in minilm_buckets(args.quick)],
+        "imports": import_models(args.quick),
         "sentences": SENTENCES,
     }
     (d / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -789,6 +841,26 @@ def run(args) -> int:
             + (f" ERROR {r['error']}" if "error" in r else ""))
         save()
 
+    results["imports"] = {}
+    for name in manifest.get("imports", []):
+        if only and f"import_{name}" not in only:
+            continue
+        if budget.left() < 30:
+            results["imports"][name] = {"error": "skipped: the run's time budget was spent"}
+            continue
+        r = run_json([kiln, "profile", str(IMPORTS / f"{name}.pt2"), "--inputs",
+                      str(IMPORTS / f"{name}.inputs.safetensors"), "--runs", runs, "--json"],
+                     env, min(120, budget.left() - 20))
+        if not args.no_check and "error" not in r:
+            r["check"] = check_import(kiln, name, work, env, min(60, budget.left() - 20))
+            if "error" in r["check"]:
+                r["error"] = r["check"]["error"]
+        results["imports"][name] = r
+        log(f"kiln import {name}: kernels {r.get('kernels_ms', '-')} ms, full {r.get('full_ms', '-')} ms"
+            + (f" ERROR {r['error']}" if "error" in r else
+               f"; {r['check']['worst_of_tolerance']:.2g} of the tolerance to PyTorch" if "check" in r else ""))
+        save()
+
     if not args.no_check and budget.left() > 40:
         c = check_minilm(str(d / "bin" / "minilm"), model, work, env, min(120, budget.left() - 20))
         results["minilm_check"] = c
@@ -820,9 +892,11 @@ def run(args) -> int:
     save()
     if wgsl.exists():
         shutil.make_archive(str(out / "wgsl"), "gztar", root_dir=wgsl)
-    failed = [n for n, r in list(results["workloads"].items()) + list(results["minilm"].items())
-              if "error" in r] + (["minilm check"] if "error" in results.get("minilm_check", {}) else []) + [f"soak {n}" for n, r in results.get("soak", {}).items()
-                                  if "error" in r or r.get("rc")] + (["probe"] if "error" in results["probe"] else [])
+    runs_done = (list(results["workloads"].items()) + list(results["minilm"].items())
+                 + [(f"import {n}", r) for n, r in results["imports"].items()]
+                 + [("minilm check", results.get("minilm_check", {})), ("probe", results["probe"])])
+    failed = [n for n, r in runs_done if "error" in r]
+    failed += [f"soak {n}" for n, r in results.get("soak", {}).items() if "error" in r or r.get("rc")]
     log(f"done: {out}/kiln.json, torch.json, system.json"
         + (f"; Kiln failed on {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
@@ -1182,6 +1256,25 @@ def report(args) -> int:
     else:
         L.append(f"| MiniLM | {(mc or {}).get('error', 'unchecked')[:100]} | {'no' if mc else '-'} |")
     L.append("")
+    imports = kiln.get("imports") or {}
+    if imports:
+        L.append("## Imported models (the import suite's `.pt2` fixtures)\n")
+        L.append("`kiln profile NAME.pt2 --inputs NAME.inputs.safetensors --json` on the fixture's "
+                 "inputs (small models: batch 2, a few tokens or pixels; launch-bound), and "
+                 "`kiln run --backend gpu` against PyTorch's outputs in the fixture, within the "
+                 f"import suite's tolerance ({IMPORT_ABS:g} + {IMPORT_REL:g} |torch|; 1 = at it).\n")
+        L.append("| model | kernels | Kiln kernels ms | Kiln full ms | of the tolerance to PyTorch | ok |")
+        L.append("|---|---|---|---|---|---|")
+        for n, k in imports.items():
+            c = k.get("check") or {}
+            if "kernels_ms" not in k:
+                L.append(f"| {n} | error: {k.get('error', '')[:120]} | | | | no |")
+                continue
+            worst = c.get("worst_of_tolerance")
+            L.append(f"| {n} | {len(k['kernels'])} | {fmt(k['kernels_ms'], 4)} | {fmt(k['full_ms'], 4)} | "
+                     f"{'-' if worst is None else f'{worst:.2g}'} | "
+                     f"{'no' if 'error' in k else ('yes' if c else 'unchecked')} |")
+        L.append("")
     L.append("## Goals (issue #32)\n")
     L.append("| goal | measured | met |\n|---|---|---|")
     for text, how, key, limit in GOALS:
