@@ -146,6 +146,15 @@ fn op_programs_on_the_gpu() {
     check_dir("tests/programs/ops");
 }
 
+/// The default (GPU) options with a launch per kernel: for tests that
+/// count kernels of a form.
+fn apart() -> kiln::engine::CompileOptions {
+    kiln::engine::CompileOptions {
+        share_launches: false,
+        ..Default::default()
+    }
+}
+
 fn limited_engine(adjust: impl FnOnce(&mut kiln::engine::wgpu::Limits)) -> Engine {
     let gpu = pollster::block_on(kiln::engine::Gpu::with_limits(adjust))
         .unwrap_or_else(|e| panic!("the GPU tests need a wgpu adapter: {e}"));
@@ -450,6 +459,8 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
         let mut options = gpu.compile_options();
         options.tile_min_rows = if tiled { 0 } else { usize::MAX };
         options.tall_tiles_from = if tall { 0 } else { usize::MAX };
+        // A launch each: the counts below are of products' kernels.
+        options.share_launches = false;
         options.contiguous_operands = false;
         let p = kiln::engine::compile_with(&g, &options).unwrap();
         let vec4 = p
@@ -479,6 +490,60 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
         let got = e.run(&g, ins).unwrap();
         for (a, b) in got.outputs.iter().zip(&want.outputs) {
             close_gpu(&format!("tiled {tiled}, tall {tall}"), a, b, 1e-5).unwrap();
+        }
+    }
+}
+
+/// Independent kernels share a launch (`codegen::siblings`): reductions
+/// of one tensor, and writes into a K and a V cache in place, on the GPU
+/// variant (grid-stride loops, rows through workgroup memory) and on this
+/// adapter's; results and mutated caches as the reference computes them.
+#[test]
+fn independent_kernels_share_a_launch() {
+    let src = "graph f(%x: f32[6, 40], %kc: f32[2, 8, 4], %vc: f32[2, 8, 4], %k: f32[2, 3, 4], %v: f32[2, 3, 4]) {
+  %s = sum(%x, [1])
+  %m = amax(%x, [1])
+  %n = mean(%x, [1])
+  %ks = slice(%kc, 1, 2, 5)
+  %kw = copy_(%ks, %k)
+  %vs = slice(%vc, 1, 2, 5)
+  %vw = copy_(%vs, %v)
+  return (%s, %m, %n)
+}";
+    let g = parse(src).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    // GPU variant: the sum and the mean reduce rows in workgroups of 64,
+    // the amax and the scatters run 256 invocations a workgroup: two
+    // launches. This CPU adapter's variant: 64 throughout, one launch.
+    for (options, launches) in [
+        (kiln::engine::CompileOptions::default(), 2),
+        (gpu.compile_options(), 1),
+    ] {
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        let parts: usize = labels.iter().map(|l| l.split(" | ").count()).sum();
+        assert_eq!(parts, 5, "{labels:?}");
+        assert_eq!(labels.len(), launches, "{labels:?}");
+        let apart = kiln::engine::CompileOptions {
+            share_launches: false,
+            ..options.clone()
+        };
+        assert_eq!(
+            kiln::engine::compile_with(&g, &apart)
+                .unwrap()
+                .kernels
+                .len(),
+            5
+        );
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        let ins = kiln::functionalize::random::random_inputs(&g, 9, 1.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        let got = e.run(&g, ins).unwrap();
+        for (a, b) in got.outputs.iter().zip(&want.outputs) {
+            close_gpu("output", a, b, 1e-5).unwrap();
+        }
+        for (a, b) in got.inputs.iter().zip(&want.inputs) {
+            close_gpu("parameter", a, b, 0.0).unwrap();
         }
     }
 }
@@ -554,7 +619,11 @@ fn sums_over_trailing_dims_in_row_kernels() {
 }}"
             );
             let g = parse(&src).unwrap();
-            let p = kiln::engine::compile_with(&g, &options).unwrap();
+            let counted = kiln::engine::CompileOptions {
+                share_launches: false,
+                ..options.clone()
+            };
+            let p = kiln::engine::compile_with(&g, &counted).unwrap();
             let rows = p
                 .kernels
                 .iter()
@@ -611,7 +680,8 @@ fn row_kernels_at_awkward_widths() {
 }}"
         );
         let g = parse(&src).unwrap();
-        let p = kiln::engine::compile(&g).unwrap();
+        // Counted with a launch each (the engines below share launches).
+        let p = kiln::engine::compile_with(&g, &apart()).unwrap();
         let rows = p
             .kernels
             .iter()
@@ -622,6 +692,7 @@ fn row_kernels_at_awkward_widths() {
             &g,
             &kiln::engine::CompileOptions {
                 subgroup: sg,
+                share_launches: false,
                 ..options.clone()
             },
         )
@@ -776,15 +847,12 @@ fn attention_is_one_kernel_at_awkward_sizes() {
         let g = parse(&src).unwrap();
         let p = kiln::engine::compile(&g).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
-        assert_eq!(
-            labels.iter().filter(|l| l.starts_with("attention")).count(),
-            2,
-            "{labels:?}"
-        );
-        assert_eq!(p.kernels.len(), 3, "{labels:?}");
+        // The two attentions (independent) share one launch.
+        assert_eq!(labels.len(), 2, "{labels:?}");
+        assert_eq!(labels[0], "attention#matmul_1 | attention#matmul_3");
         // Nothing of [b, h, sq, sk] is written.
         let out = 4 * b * h * sq * dv;
-        assert_eq!(p.kernels[0].bytes_written, out, "{labels:?}");
+        assert_eq!(p.kernels[0].bytes_written, 2 * out, "{labels:?}");
         // With subgroups, four invocations share a query row where both
         // head widths divide by four (both attention kernels here).
         let sg = kiln::engine::CompileOptions {
@@ -792,11 +860,11 @@ fn attention_is_one_kernel_at_awkward_sizes() {
             ..Default::default()
         };
         let p = kiln::engine::compile_with(&g, &sg).unwrap();
-        let shared = p
+        let shared: usize = p
             .kernels
             .iter()
-            .filter(|k| k.code.wgsl.contains("subgroupShuffleXor(s, 2u)"))
-            .count();
+            .map(|k| k.code.wgsl.matches("subgroupShuffleXor(s, 2u)").count())
+            .sum();
         assert_eq!(shared, if d % 4 == 0 && dv % 4 == 0 { 2 } else { 0 });
         let ins = kiln::functionalize::random::random_inputs(&g, (sq * sk) as u64, 2.0);
         let want = kiln::run(&g, ins.clone()).unwrap();
@@ -949,7 +1017,12 @@ fn row_kernel_and_reduction_epilogues_fuse() {
         );
         let g = parse(&src).unwrap();
         let p = kiln::engine::compile(&g).unwrap();
-        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        // Kernels sharing a launch are labelled `a | b`.
+        let labels: Vec<&str> = p
+            .kernels
+            .iter()
+            .flat_map(|k| k.code.label.split(" | "))
+            .collect();
         assert_eq!(labels.len(), 4, "{labels:?}");
         assert!(
             labels.iter().all(|l| l.contains('+')),
@@ -994,7 +1067,7 @@ fn row_reductions_fuse_with_their_broadcast_consumers() {
 }}"
         );
         let g = parse(&src).unwrap();
-        let p = kiln::engine::compile(&g).unwrap();
+        let p = kiln::engine::compile_with(&g, &apart()).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         if w <= 1024 {
             assert_eq!(labels.len(), 4, "{labels:?}");

@@ -49,7 +49,7 @@ use kiln_functionalize::ops::OpKind;
 #[cfg(feature = "compiler")]
 use kiln_functionalize::{functionalize_decomposed, Remove};
 #[cfg(feature = "compiler")]
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 #[cfg(feature = "compiler")]
 pub use kiln_functionalize as functionalize;
@@ -157,6 +157,12 @@ pub struct CompileOptions {
     /// elements, 2026-11-26; this default, 2048, is what exports for
     /// browsers get); `None`: one invocation per element (or four).
     pub grid_stride: Option<usize>,
+    /// Independent kernels share one launch where their workgroups have
+    /// one shape (the reductions of one tensor, writes into a K and a V
+    /// cache; `codegen::siblings`), a kernel moving ahead of independent
+    /// ones to join an earlier launch unless that enlarges the arena.
+    /// `false`: a launch each (sibling products still share theirs).
+    pub share_launches: bool,
     /// The largest buffer the device allows: no tensor may be larger.
     pub max_buffer_bytes: usize,
     /// Binding offsets and sizes the device allows.
@@ -179,6 +185,7 @@ impl Default for CompileOptions {
             grid_stride: Some(2048),
             contiguous_operands: false,
             fuse_attention: true,
+            share_launches: true,
             subgroup: None,
             max_buffer_bytes: 256 << 20,
             rules: BindingRules::default(),
@@ -278,21 +285,53 @@ pub(crate) fn compile_functional(
         n_outputs,
         mutated_inputs: &mutated_inputs,
     };
-    let plan = loop {
-        match lower::plan(&g, &io, options, &force)? {
-            lower::Planned::Ready(plan) => break plan,
-            lower::Planned::Materialize(v) => {
-                if !force.insert(v) {
-                    return Err(CompileError::internal(
-                        Stage::Plan,
-                        "materializing a producer did not reduce a kernel's buffers",
-                    )
-                    .into());
+    let plan_with = |grouping: &lower::Grouping,
+                     force: &mut HashSet<ValueId>|
+     -> Result<Box<lower::KernelPlan>, EngineError> {
+        loop {
+            match lower::plan(&g, &io, options, force, grouping)? {
+                lower::Planned::Ready(plan) => return Ok(plan),
+                lower::Planned::Materialize(v) => {
+                    if !force.insert(v) {
+                        return Err(CompileError::internal(
+                            Stage::Plan,
+                            "materializing a producer did not reduce a kernel's buffers",
+                        )
+                        .into());
+                    }
                 }
             }
         }
     };
-    let p = lower::generate(&g, &io, options, *plan)?;
+    // Kernels move ahead of independent ones to share a launch, unless
+    // that plan needs a larger arena than launches of neighbours only.
+    // Kernels grouped into one launch that turn out to differ in shape are
+    // grouped again by shape (a second plan), so that the plan never keeps
+    // alive together what runs apart.
+    let mut grouping = lower::Grouping {
+        apart: HashMap::new(),
+        lookback: lower::LAUNCH_LOOKBACK,
+    };
+    let generated = loop {
+        let mut plan = plan_with(&grouping, &mut force)?;
+        if options.share_launches && grouping.lookback > 1 {
+            let near = lower::Grouping {
+                apart: grouping.apart.clone(),
+                lookback: 1,
+            };
+            let near_plan = plan_with(&near, &mut force)?;
+            if near_plan.arena_bytes() < plan.arena_bytes() {
+                plan = near_plan;
+                grouping.lookback = 1;
+            }
+        }
+        let generated = lower::generate(&g, options, *plan)?;
+        if generated.apart.is_empty() || !grouping.apart.is_empty() {
+            break generated;
+        }
+        grouping.apart = generated.apart;
+    };
+    let p = lower::assemble(&g, &io, options, generated)?;
     dump_wgsl(&p);
     g.outputs = outputs;
     Ok((p, g))

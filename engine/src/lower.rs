@@ -2,6 +2,7 @@
 //! lifetimes, packing, the arena layout, then code generation, each a
 //! stage of its own (`lower`).
 
+use crate::codegen::siblings::Shape;
 use crate::codegen::{Gen, Loc};
 use crate::error::{statement_with, CompileError, Stage};
 use crate::kernel::{HostView, Val, ValueInfo};
@@ -169,7 +170,6 @@ fn planned_bindings(
     rules: crate::codegen::BindingRules,
 ) -> usize {
     let mut ranges: HashSet<(Buf, usize, usize)> = HashSet::new();
-    let mut faults = false;
     let mut range = |v: ValueId| {
         if let Some(l) = locs.get(&v) {
             let m = g.meta(v);
@@ -184,15 +184,12 @@ fn planned_bindings(
         for r in schedule::reads(g, sched, n) {
             range(r);
         }
-        let mut nodes = schedule::inlined_region(g, sched, n);
-        nodes.insert(n);
-        faults |= nodes.iter().any(|&m| may_fault(g, m));
     }
     let slots: usize = ranges
         .iter()
         .map(|&(_, word, words)| rules.span(word, words).chunks)
         .sum();
-    slots + usize::from(faults)
+    slots + usize::from(may_fault_in(g, sched, grp))
 }
 
 /// Tensor ranges (buffer, word, words) the elementwise kernel computing
@@ -259,6 +256,17 @@ fn vec4_ranges(
     }
     out.retain(|k| !refused.contains(k));
     out
+}
+
+/// Whether a statement of the kernels computing `vals` (inlined producers
+/// included) may record a fault: the kernel binds the status word.
+fn may_fault_in(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> bool {
+    vals.iter().filter_map(|&v| g.node_of(v)).any(|n| {
+        may_fault(g, n)
+            || schedule::inlined_region(g, sched, n)
+                .into_iter()
+                .any(|m| may_fault(g, m))
+    })
 }
 
 /// Whether statement `n` may record a fault at run time (`codegen::Fault`):
@@ -498,6 +506,13 @@ pub(crate) struct KernelPlan {
     vec4: Vec<HashSet<(Buf, usize, usize)>>,
 }
 
+impl KernelPlan {
+    /// Bytes of the arena the plan needs.
+    pub fn arena_bytes(&self) -> usize {
+        self.layout.plan.arena_bytes
+    }
+}
+
 pub(crate) enum Planned {
     Ready(Box<KernelPlan>),
     /// A kernel binds more buffers than the device allows: plan again with
@@ -512,12 +527,13 @@ pub(crate) fn plan(
     io: &Interface,
     options: &CompileOptions,
     force: &HashSet<ValueId>,
+    grouping: &Grouping,
 ) -> Result<Planned, CompileError> {
     let outputs = io.outputs;
     let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
     let mut sched = schedule::schedule(g, outputs, pinned, force, options)?;
     check_buffer_sizes(g, &sched, options)?;
-    let groups = group_kernels(g, &sched, options)?;
+    let groups = group_kernels(g, &sched, options, grouping)?;
     let registers = register_only(g, &mut sched, &groups, outputs);
     let life = lifetimes(g, &sched, &groups, outputs);
     let packing = Packing::of(g, &sched, &groups);
@@ -566,10 +582,9 @@ pub(crate) fn plan(
 /// Renders the kernels of `plan` as WGSL and assembles the program.
 pub(crate) fn generate(
     g: &Graph,
-    io: &Interface,
     options: &CompileOptions,
     plan: KernelPlan,
-) -> Result<Program, CompileError> {
+) -> Result<Generated, CompileError> {
     let KernelPlan {
         sched,
         groups,
@@ -598,47 +613,60 @@ pub(crate) fn generate(
     let mut kernels = vec![];
     for ((grp, &planned), vec4) in groups.iter().zip(&bindings).zip(vec4) {
         gen.vec4_ranges = vec4;
-        let cost = KernelCost::of(g, &sched, grp, &registers, &packing);
-        let codes = if is_map(g, &sched, grp[0]) {
-            if g.meta(grp[0]).numel() == 0 {
-                vec![]
+        // The kernels of the group, each with the values it computes: one
+        // launch, or where independent kernels cannot share one, a launch
+        // each.
+        let units: Vec<(Vec<ValueId>, Vec<crate::kernel::KernelCode>)> =
+            if is_map(g, &sched, grp[0]) {
+                let codes = if g.meta(grp[0]).numel() == 0 {
+                    vec![]
+                } else {
+                    vec![gen.map_group(grp).map_err(|e| at_value(e, g, grp[0]))?]
+                };
+                vec![(grp.clone(), codes)]
+            } else if grp.len() > 1 {
+                gen.siblings(grp).map_err(|e| at_value(e, g, grp[0]))?
             } else {
-                vec![gen.map_group(grp).map_err(|e| at_value(e, g, grp[0]))?]
+                vec![(
+                    grp.clone(),
+                    gen.kernel(grp[0]).map_err(|e| at_value(e, g, grp[0]))?,
+                )]
+            };
+        for (vals, codes) in units {
+            let cost = KernelCost::of(g, &sched, &vals, &registers, &packing);
+            let flops = kernel_flops(g, &sched, &vals, cost.ops.len(), cost.elements);
+            for code in codes {
+                if code.bindings.len() > planned {
+                    return Err(CompileError::internal(
+                        Stage::Codegen,
+                        format!(
+                            "kernel {} binds {} storage buffers, its plan {planned}",
+                            code.label,
+                            code.bindings.len()
+                        ),
+                    ));
+                }
+                kernels.push(Kernel {
+                    code,
+                    ops: cost.ops.clone(),
+                    bytes_read: cost.bytes_read,
+                    bytes_written: cost.written,
+                    flops,
+                });
             }
-        } else if grp.len() > 1 {
-            gen.siblings(grp).map_err(|e| at_value(e, g, grp[0]))?
-        } else {
-            gen.kernel(grp[0]).map_err(|e| at_value(e, g, grp[0]))?
-        };
-        let flops = kernel_flops(g, &sched, grp, cost.ops.len(), cost.elements);
-        for code in codes {
-            if code.bindings.len() > planned {
-                return Err(CompileError::internal(
-                    Stage::Codegen,
-                    format!(
-                        "kernel {} binds {} storage buffers, its plan {planned}",
-                        code.label,
-                        code.bindings.len()
-                    ),
-                ));
-            }
-            kernels.push(Kernel {
-                code,
-                ops: cost.ops.clone(),
-                bytes_read: cost.bytes_read,
-                bytes_written: cost.written,
-                flops,
-            });
         }
     }
     let status_word = gen.status.filter(|_| gen.status_used);
-    let generated = Generated {
+    let apart = std::mem::take(&mut gen.apart);
+    drop(gen);
+    Ok(Generated {
         kernels,
         readback: life.readback,
         layout,
         status_word,
-    };
-    assemble(g, io, options, generated, &sched)
+        sched,
+        apart,
+    })
 }
 
 /// `e`, naming the statement computing `v` where it names none.
@@ -672,14 +700,37 @@ fn check_buffer_sizes(
     Ok(())
 }
 
+/// How `group_kernels` groups kernels into launches.
+#[derive(Default)]
+pub(crate) struct Grouping {
+    /// Kernels an earlier plan found of other launch shapes (`Gen::apart`).
+    pub apart: HashMap<ValueId, Shape>,
+    /// Launches back a kernel may look for one to join (moving ahead of
+    /// the independent kernels between): 1, the last only, or more.
+    pub lookback: usize,
+}
+
+/// The lookback tried first (a bound on the search, not on correctness).
+pub(crate) const LAUNCH_LOOKBACK: usize = 8;
+
 /// Kernels: consecutive elementwise values of one shape fuse into one
-/// multi-output kernel, consecutive sibling products into one launch
-/// (`sibling_product`); everything else is a kernel of its own.
+/// multi-output kernel; other kernels share a launch where they are
+/// siblings or independent (`sibling_product`, `independent`), a kernel
+/// moving ahead of independent ones to join an earlier launch; everything
+/// else is a kernel of its own.
 fn group_kernels(
     g: &Graph,
     sched: &schedule::Schedule,
     options: &CompileOptions,
+    grouping: &Grouping,
 ) -> Result<Vec<Vec<ValueId>>, CompileError> {
+    let apart = &grouping.apart;
+    // Kernels an earlier plan found of other launch shapes stay apart.
+    let same_shape = |a: ValueId, b: ValueId| match (apart.get(&a), apart.get(&b)) {
+        (None, None) => true,
+        (Some(Some(x)), Some(Some(y))) => x == y,
+        _ => false,
+    };
     let mut groups: Vec<Vec<ValueId>> = vec![];
     for &v in &sched.materialized {
         let Def::Node(n, _) = g.values[v].def else {
@@ -687,19 +738,40 @@ fn group_kernels(
         };
         schedule::class(g, n)?;
         let map = is_map(g, sched, v);
-        let joins = groups.last().is_some_and(|grp: &Vec<ValueId>| {
+        let joins = |grp: &Vec<ValueId>| {
             let mut all = grp.clone();
             all.push(v);
-            buffers_touched(g, sched, &all) <= options.max_bindings
+            buffers_touched(g, sched, &all) + usize::from(!map && may_fault_in(g, sched, &all))
+                <= options.max_bindings
                 && if map {
                     is_map(g, sched, grp[0]) && crate::index::fits_group(g, sched, grp, v)
                 } else {
-                    sibling_product(g, sched, grp, v)
+                    !is_map(g, sched, grp[0])
+                        && same_shape(grp[0], v)
+                        && (sibling_product(g, sched, grp, v)
+                            || options.share_launches && independent(g, sched, grp, v))
                 }
-        });
-        match groups.last_mut() {
-            Some(grp) if joins => grp.push(v),
-            _ => groups.push(vec![v]),
+        };
+        // An elementwise kernel joins the last kernel; any other may also
+        // join an earlier one, moving ahead of kernels it is independent of.
+        let reach = if map || !options.share_launches {
+            1
+        } else {
+            grouping.lookback.max(1)
+        };
+        let mut at = None;
+        for (j, grp) in groups.iter().enumerate().rev().take(reach) {
+            if joins(grp) {
+                at = Some(j);
+                break;
+            }
+            if map || !independent(g, sched, grp, v) {
+                break;
+            }
+        }
+        match at {
+            Some(j) => groups[j].push(v),
+            None => groups.push(vec![v]),
         }
     }
     Ok(groups)
@@ -748,6 +820,28 @@ fn sibling_product(g: &Graph, sched: &schedule::Schedule, grp: &[ValueId], v: Va
                 && product_kernel(g, sched, w)
                     .is_some_and(|(aw, rw)| aw == a && rows(rw) == rows(r))
         })
+}
+
+/// `v`'s kernel and the kernels of `grp` (none elementwise) can run as
+/// one launch, in any order: `v` reads no buffer the group writes, and
+/// writes none the group reads (an in-place write into a buffer a member
+/// reads first must wait for it).
+fn independent(g: &Graph, sched: &schedule::Schedule, grp: &[ValueId], v: ValueId) -> bool {
+    let reads = |w: ValueId| -> HashSet<ValueId> {
+        g.node_of(w)
+            .map(|n| {
+                schedule::reads(g, sched, n)
+                    .into_iter()
+                    .map(|r| sched.root(r))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let written: HashSet<ValueId> = grp.iter().map(|&w| sched.root(w)).collect();
+    let mine = sched.root(v);
+    !is_map(g, sched, v)
+        && reads(v).is_disjoint(&written)
+        && grp.iter().all(|&w| !reads(w).contains(&mine))
 }
 
 fn lifetimes(
@@ -892,6 +986,41 @@ impl KernelCost {
         registers: &HashSet<ValueId>,
         packing: &Packing,
     ) -> KernelCost {
+        if is_map(g, sched, grp[0]) || grp.len() == 1 {
+            return Self::one(g, sched, grp, registers, packing).0;
+        }
+        // Kernels sharing a launch: each charged as alone, a buffer several
+        // read (sibling products' left operand) once.
+        let mut cost = KernelCost {
+            ops: vec![],
+            bytes_read: 0,
+            written: 0,
+            elements: 0,
+        };
+        let mut charged: HashMap<ValueId, usize> = HashMap::new();
+        for &v in grp {
+            let (one, reads) = Self::one(g, sched, &[v], registers, packing);
+            cost.ops.extend(one.ops);
+            cost.written += one.written;
+            cost.elements = cost.elements.max(one.elements);
+            for (r, b) in reads {
+                let c = charged.entry(r).or_default();
+                *c = (*c).max(b);
+            }
+        }
+        cost.bytes_read = charged.values().sum();
+        cost
+    }
+
+    /// The cost of one kernel's values `grp`, and what it charges for
+    /// each buffer it reads.
+    fn one(
+        g: &Graph,
+        sched: &schedule::Schedule,
+        grp: &[ValueId],
+        registers: &HashSet<ValueId>,
+        packing: &Packing,
+    ) -> (KernelCost, Vec<(ValueId, usize)>) {
         let bytes = |v: ValueId| packing.bytes(g, sched, v);
         let mut ops: Vec<String> = vec![];
         let mut reads: Vec<ValueId> = vec![];
@@ -944,50 +1073,58 @@ impl KernelCost {
                     .copied(),
                 _ => None,
             });
-        let bytes_read: usize = reads
+        let charges: Vec<(ValueId, usize)> = reads
             .iter()
             .map(|&r| {
                 let whole = bytes(r);
-                if Some(r) == table {
+                let charge = if Some(r) == table {
                     whole.min(written)
                 } else if per_thread {
                     whole.min((elements * whole).div_ceil(g.meta(r).numel().max(1)))
                 } else {
                     whole
-                }
+                };
+                (r, charge)
             })
-            .sum();
-        KernelCost {
+            .collect();
+        let cost = KernelCost {
             ops,
-            bytes_read,
+            bytes_read: charges.iter().map(|c| c.1).sum(),
             written,
             elements,
-        }
+        };
+        (cost, charges)
     }
 }
 
 /// What lowering made of the kernel groups.
-struct Generated {
+pub(crate) struct Generated {
     kernels: Vec<Kernel>,
     readback: Vec<ValueId>,
     layout: Layout,
     status_word: Option<usize>,
+    sched: schedule::Schedule,
+    /// Groups of kernels that could not all share a launch
+    /// (`Gen::apart`): empty when every group became one launch.
+    pub apart: HashMap<ValueId, Shape>,
 }
 
 /// The program, with its memory figures.
-fn assemble(
+pub(crate) fn assemble(
     g: &Graph,
     io: &Interface,
     options: &CompileOptions,
     generated: Generated,
-    sched: &schedule::Schedule,
 ) -> Result<Program, CompileError> {
     let Generated {
         kernels,
         readback,
         layout,
         status_word,
+        sched,
+        apart: _,
     } = generated;
+    let sched = &sched;
     let Interface {
         src,
         outputs,

@@ -13,7 +13,7 @@ mod matmul;
 mod reduction;
 mod scatter;
 mod select;
-mod siblings;
+pub(crate) mod siblings;
 mod template;
 
 use crate::error::{CompileError, Stage};
@@ -129,6 +129,10 @@ pub struct Gen<'a> {
     /// While the branches of a sibling-product kernel are generated
     /// (`siblings`): each finished kernel body, kept to be joined.
     parts: Option<Vec<siblings::Part>>,
+    /// The launch shape (`siblings::Shape`) of each value of a group of
+    /// kernels that could not all share one launch: the plan is made
+    /// again with groups of one shape.
+    pub apart: HashMap<ValueId, siblings::Shape>,
     pub rules: BindingRules,
     slots: Vec<SlotInfo>,
     /// Tensor ranges (buffer, word, words) the elementwise kernel being
@@ -193,6 +197,7 @@ impl<'a> Gen<'a> {
             row_result: None,
             stride_over: None,
             parts: None,
+            apart: HashMap::new(),
             rules: BindingRules::default(),
             slots: vec![],
             vec4_ranges: HashSet::new(),

@@ -1,13 +1,19 @@
-//! Sibling products as one kernel: products reading the same left operand
-//! with the same rows (a transformer's Q, K and V projections), each with
-//! its own epilogue, launched as one grid whose workgroups pick their
-//! product by `wid.x` (`lower::group_kernels` groups them). One launch
-//! instead of three, and the shared operand's tiles read while they are
-//! still in cache.
+//! Independent kernels as one launch: sibling products reading the same
+//! left operand (a transformer's Q, K and V projections, each with its own
+//! epilogue; the shared operand's tiles read while they are still in
+//! cache), and neighbouring kernels that neither read what the others
+//! write nor write what they read (the reductions of one tensor, a K and a
+//! V cache written in place). One grid whose workgroups pick their part by
+//! `wid.x` (`lower::group_kernels` groups them): one launch instead of
+//! several.
 
 use super::*;
 
-/// One product's kernel body, generated as if alone.
+/// What must agree for kernels to share a launch: the workgroup's shape
+/// and the grid's height and depth (`None`: not one kernel).
+pub type Shape = Option<([u32; 3], [u32; 2])>;
+
+/// One kernel's body, generated as if alone.
 pub(super) struct Part {
     pub(super) label: String,
     pub(super) grid: [u32; 3],
@@ -26,21 +32,18 @@ fn shared_name(decl: &str) -> &str {
 }
 
 /// The parts as one kernel: workgroup `wid.x` of the joined grid runs the
-/// part whose columns it falls in, with `wid` shadowed by its place in that
-/// part's grid (uniform: barriers stay legal). `None` where they cannot
-/// share a launch: other workgroup shapes, rows or batches, workgroup
-/// memory declared differently under one name, a body reading the grid's
-/// size, or too wide a grid.
+/// part whose columns it falls in, with `wid`, `nwg` and `gid` shadowed by
+/// their values in that part's own grid (uniform: barriers stay legal).
+/// `None` where they cannot share a launch: other workgroup shapes, rows
+/// or batches, workgroup memory declared differently under one name, or
+/// too wide a grid.
 fn join(parts: &[Part]) -> Option<Part> {
     let first = parts.first()?;
     let mut shared: Vec<String> = vec![];
     let mut lines = vec![];
     let mut end = 0u32;
     for (i, p) in parts.iter().enumerate() {
-        if p.wg != first.wg
-            || p.grid[1..] != first.grid[1..]
-            || p.lines.iter().any(|l| l.contains("nwg"))
-        {
+        if p.wg != first.wg || p.grid[1..] != first.grid[1..] {
             return None;
         }
         for d in &p.shared {
@@ -57,9 +60,16 @@ fn join(parts: &[Part]) -> Option<Part> {
             _ if i + 1 == parts.len() => "} else {".to_string(),
             _ => format!("}} else if (wid.x < {end}u) {{"),
         });
-        if start > 0 {
+        lines.push(format!(
+            "let wid = vec3<u32>(wid.x - {start}u, wid.y, wid.z);"
+        ));
+        let [x, y, z] = p.grid;
+        lines.push(format!("let nwg = vec3<u32>({x}u, {y}u, {z}u);"));
+        if p.wg[1..] == [1, 1] {
+            // `wgsl::shader`'s flat invocation index, in the part's grid.
             lines.push(format!(
-                "let wid = vec3<u32>(wid.x - {start}u, wid.y, wid.z);"
+                "let gid: u32 = (wid.y * nwg.x + wid.x) * {}u + lid.x;",
+                p.wg[0]
             ));
         }
         lines.extend(p.lines.iter().cloned());
@@ -80,42 +90,78 @@ fn join(parts: &[Part]) -> Option<Part> {
 }
 
 impl Gen<'_> {
-    /// The kernel computing the sibling products (or their epilogue tails)
-    /// `grp`, two or more, or where they cannot share a launch, a kernel
-    /// each (generated again: the joined attempt's bindings are dropped).
-    pub fn siblings(&mut self, grp: &[ValueId]) -> R<Vec<KernelCode>> {
+    /// The kernels computing the independent kernels' values `grp`, two or
+    /// more, each with the values it computes: those of one workgroup
+    /// shape and grid height share a launch, the rest run alone.
+    pub fn siblings(&mut self, grp: &[ValueId]) -> R<Vec<(Vec<ValueId>, Vec<KernelCode>)>> {
+        // A first pass learns each kernel's shape; nothing of it is kept.
+        let shapes: Vec<Shape> = match self.parts_of(grp)? {
+            Some(parts) => parts
+                .iter()
+                .map(|p| Some((p.wg, [p.grid[1], p.grid[2]])))
+                .collect(),
+            None => vec![None; grp.len()],
+        };
+        drop(self.take_bindings());
+        let mut clusters: Vec<(Shape, Vec<ValueId>)> = vec![];
+        for (&v, shape) in grp.iter().zip(shapes) {
+            match clusters
+                .iter_mut()
+                .find(|c| shape.is_some() && c.0 == shape)
+            {
+                Some(c) => c.1.push(v),
+                None => clusters.push((shape, vec![v])),
+            }
+        }
+        if clusters.len() > 1 {
+            for (shape, vals) in &clusters {
+                self.apart.extend(vals.iter().map(|&v| (v, *shape)));
+            }
+        }
+        let mut out = vec![];
+        for (_, vals) in clusters {
+            if vals.len() > 1 {
+                if let Some(parts) = self.parts_of(&vals)? {
+                    if let Some(k) = join(&parts) {
+                        let subgroup = std::mem::take(&mut self.uses_subgroup);
+                        let (decls, bindings) = self.take_bindings();
+                        let code = KernelCode {
+                            label: k.label,
+                            wgsl: wgsl::shader(&decls, &k.lines, k.wg, &k.shared),
+                            grid: k.grid,
+                            bindings,
+                            subgroup,
+                        };
+                        out.push((vals, vec![code]));
+                        continue;
+                    }
+                }
+                // Start again from a clean slate: a kernel each.
+                self.apart.extend(vals.iter().map(|&v| (v, None)));
+                self.uses_subgroup = false;
+                drop(self.take_bindings());
+            }
+            for v in vals {
+                let codes = self.kernel(v)?;
+                out.push((vec![v], codes));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Each value's kernel body, generated as if alone with the bindings
+    /// of all kept for one launch; `None` unless each is one kernel.
+    fn parts_of(&mut self, vals: &[ValueId]) -> R<Option<Vec<Part>>> {
         self.parts = Some(vec![]);
         let mut generated = Ok(());
-        for &v in grp {
+        for &v in vals {
             generated = self.kernel(v).map(drop);
             if generated.is_err() {
                 break;
             }
         }
         let parts = self.parts.take().unwrap_or_default();
-        let subgroup = std::mem::take(&mut self.uses_subgroup);
-        let joined = (parts.len() == grp.len()).then(|| join(&parts)).flatten();
-        match (generated, joined) {
-            (Ok(()), Some(k)) => {
-                let (decls, bindings) = self.take_bindings();
-                Ok(vec![KernelCode {
-                    label: k.label,
-                    wgsl: wgsl::shader(&decls, &k.lines, k.wg, &k.shared),
-                    grid: k.grid,
-                    bindings,
-                    subgroup,
-                }])
-            }
-            (generated, _) => {
-                // Start again from a clean slate: a kernel each.
-                drop(self.take_bindings());
-                generated?;
-                let mut out = vec![];
-                for &v in grp {
-                    out.extend(self.kernel(v)?);
-                }
-                Ok(out)
-            }
-        }
+        generated?;
+        Ok((parts.len() == vals.len()).then_some(parts))
     }
 }
