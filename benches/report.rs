@@ -630,7 +630,10 @@ fn programs_section(md: &mut String, session: &Session, w: &Workloads, torch: &V
         if over_eager.is_empty() { "none".into() } else { over_eager.join(", ") }
     );
     let _ = writeln!(md, "The same programs as a GPU compiles them (`CompileOptions::default()`: products in tiles reading their operands in place, attention in one kernel, rows reduced by workgroups, WebGPU's 256-byte binding offsets and 8 storage buffers a kernel; what `kiln compile --stats` and browser exports give, on any machine). Kernels sharing a launch count as one; a buffer read by several kernels of one launch is counted once.\n");
-    let _ = writeln!(md, "| program | kernels | bytes moved | moved / min | planned peak | planned / eager |");
+    let _ = writeln!(
+        md,
+        "| program | kernels | bytes moved | moved / min | planned peak | planned / eager |"
+    );
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|");
     md.push_str(&gpu_rows);
     let _ = writeln!(

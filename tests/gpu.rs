@@ -495,12 +495,13 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
 }
 
 /// Independent kernels share a launch (`codegen::siblings`): reductions
-/// of one tensor, and writes into a K and a V cache in place, on the GPU
+/// of one tensor (on GPUs the mean moving ahead of the amax to join the
+/// sum), and writes into a K and a V cache in place, on the GPU
 /// variant (grid-stride loops, rows through workgroup memory) and on this
 /// adapter's; results and mutated caches as the reference computes them.
 #[test]
 fn independent_kernels_share_a_launch() {
-    let src = "graph f(%x: f32[6, 40], %kc: f32[2, 8, 4], %vc: f32[2, 8, 4], %k: f32[2, 3, 4], %v: f32[2, 3, 4]) {
+    let src = "graph f(%x: f32[64, 256], %kc: f32[2, 8, 4], %vc: f32[2, 8, 4], %k: f32[2, 3, 4], %v: f32[2, 3, 4]) {
   %s = sum(%x, [1])
   %m = amax(%x, [1])
   %n = mean(%x, [1])

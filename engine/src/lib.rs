@@ -304,7 +304,8 @@ pub(crate) fn compile_functional(
         }
     };
     // Kernels move ahead of independent ones to share a launch, unless
-    // that plan needs a larger arena than launches of neighbours only.
+    // that plan needs more memory than launches of neighbours only and
+    // more than eager execution would.
     // Kernels grouped into one launch that turn out to differ in shape are
     // grouped again by shape (a second plan), so that the plan never keeps
     // alive together what runs apart.
@@ -320,7 +321,8 @@ pub(crate) fn compile_functional(
                 lookback: 1,
             };
             let near_plan = plan_with(&near, &mut force)?;
-            if near_plan.arena_bytes() < plan.arena_bytes() {
+            let eager = kiln_functionalize::interp::eager_peak_bytes(src);
+            if near_plan.planned_peak() < plan.planned_peak() && plan.planned_peak() > eager {
                 plan = near_plan;
                 grouping.lookback = 1;
             }

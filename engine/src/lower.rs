@@ -507,9 +507,10 @@ pub(crate) struct KernelPlan {
 }
 
 impl KernelPlan {
-    /// Bytes of the arena the plan needs.
-    pub fn arena_bytes(&self) -> usize {
-        self.layout.plan.arena_bytes
+    /// The planned peak: parameters and outputs' own buffers (io) and
+    /// the arena (`MemoryStats::planned_peak`).
+    pub fn planned_peak(&self) -> usize {
+        self.layout.param_words.iter().sum::<usize>() * 4 + self.layout.plan.arena_bytes
     }
 }
 
@@ -546,7 +547,7 @@ pub(crate) fn plan(
         outputs,
         &|v| packing.packed(g, v),
     );
-    let layout = place(g, &sched, &life, &packing, options)?;
+    let layout = place(g, &sched, &groups, &life, &packing, options)?;
     let mut bindings = vec![];
     for grp in &groups {
         let n = planned_bindings(g, &sched, grp, &registers, &layout.locs, options.rules);
@@ -889,6 +890,7 @@ fn lifetimes(
 fn place(
     g: &Graph,
     sched: &schedule::Schedule,
+    groups: &[Vec<ValueId>],
     life: &Lifetimes,
     packing: &Packing,
     options: &CompileOptions,
@@ -933,18 +935,52 @@ fn place(
             roots.push(r);
         }
     }
+    // Arena tensors one kernel binds together keep their bindings apart:
+    // a binding starts at the device's alignment, and WebGPU forbids a
+    // writable binding that overlaps another binding of the same dispatch
+    // (`plan::plan`). Large tensors start at that alignment themselves
+    // (elementwise kernels bind them as vectors from their first word);
+    // the rest at 16 bytes (a vector), packed closer than eager's
+    // allocator would.
+    let window = options.rules.align_words * 4;
     let requests: Vec<plan::Request> = roots
         .iter()
-        .map(|r| plan::Request {
-            bytes: bytes(*r),
-            first: span[r].0,
-            last: span[r].1,
+        .map(|r| {
+            let bytes = bytes(*r);
+            plan::Request {
+                bytes,
+                first: span[r].0,
+                last: span[r].1,
+                align: if bytes >= 16 * window {
+                    window.max(16)
+                } else {
+                    16
+                },
+            }
         })
         .collect();
-    // Arena tensors start at the device's binding alignment: a kernel binds
-    // each tensor's own range, and WebGPU forbids a writable binding that
-    // overlaps another binding of the same dispatch.
-    let mp = plan::plan(&requests, options.rules.align_words * 4);
+    let index: HashMap<ValueId, usize> = roots.iter().enumerate().map(|(i, &r)| (r, i)).collect();
+    let bound: Vec<Vec<usize>> = groups
+        .iter()
+        .map(|grp| {
+            let mut set: Vec<usize> = vec![];
+            for &v in grp {
+                let reads = g
+                    .node_of(v)
+                    .map(|n| schedule::reads(g, sched, n))
+                    .unwrap_or_default();
+                for w in reads.into_iter().chain([v]) {
+                    if let Some(&i) = index.get(&root(w)) {
+                        if !set.contains(&i) {
+                            set.push(i);
+                        }
+                    }
+                }
+            }
+            set
+        })
+        .collect();
+    let mp = plan::plan(&requests, window, &bound);
     for (r, off) in roots.iter().zip(&mp.offsets) {
         locs.insert(
             *r,

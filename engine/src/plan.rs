@@ -3,13 +3,16 @@
 //! largest first, each at the lowest offset that overlaps no placed buffer
 //! whose lifetime intersects its own.
 
-/// A buffer to place: its size and the steps (kernel indices) during which
-/// it must hold its contents, inclusive.
+use std::collections::HashSet;
+
+/// A buffer to place: its size, the steps (kernel indices) during which
+/// it must hold its contents, inclusive, and the alignment of its offset.
 #[derive(Clone, Debug)]
 pub struct Request {
     pub bytes: usize,
     pub first: usize,
     pub last: usize,
+    pub align: usize,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -18,15 +21,31 @@ pub struct MemoryPlan {
     pub offsets: Vec<usize>,
     /// Arena size: the planned peak of intermediates.
     pub arena_bytes: usize,
-    /// The most bytes of requests alive at one step: no plan can do better.
+    /// The most bytes of requests alive at once: no plan can do better.
     pub lower_bound: usize,
     /// One buffer per request, none reused.
     pub naive: usize,
 }
 
-pub fn plan(requests: &[Request], align: usize) -> MemoryPlan {
-    let align = align.max(1);
-    let round = |b: usize| b.div_ceil(align) * align;
+/// Places `requests`. Requests one kernel binds together (a set of
+/// `bound` each) keep their binding windows apart: a binding starts at
+/// the offset rounded down to `window` bytes, and no binding of a
+/// dispatch may overlap a writable one, so such a pair never shares a
+/// `window`-aligned block.
+pub fn plan(requests: &[Request], window: usize, bound: &[Vec<usize>]) -> MemoryPlan {
+    let window = window.max(1);
+    let up = |b: usize, a: usize| b.div_ceil(a.max(1)) * a.max(1);
+    let down = |b: usize| b / window * window;
+    let mut together: HashSet<(usize, usize)> = HashSet::new();
+    for set in bound {
+        for &a in set {
+            for &b in set {
+                if a != b {
+                    together.insert((a, b));
+                }
+            }
+        }
+    }
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by(|&a, &b| requests[b].bytes.cmp(&requests[a].bytes).then(a.cmp(&b)));
     let mut offsets = vec![0; requests.len()];
@@ -34,12 +53,20 @@ pub fn plan(requests: &[Request], align: usize) -> MemoryPlan {
     let mut arena = 0;
     for i in order {
         let r = &requests[i];
-        let size = round(r.bytes);
-        // Intervals taken by placed buffers that are alive at the same time.
+        let size = up(r.bytes.max(1), 4);
+        // Intervals taken by placed buffers alive at the same time: their
+        // bytes, or for one bound with it, their whole binding window.
         let mut taken: Vec<(usize, usize)> = placed
             .iter()
             .filter(|&&j| requests[j].first <= r.last && r.first <= requests[j].last)
-            .map(|&j| (offsets[j], offsets[j] + round(requests[j].bytes)))
+            .map(|&j| {
+                let (o, e) = (offsets[j], offsets[j] + up(requests[j].bytes.max(1), 4));
+                if together.contains(&(i, j)) {
+                    (down(o), up(e, window))
+                } else {
+                    (o, e)
+                }
+            })
             .collect();
         taken.sort();
         let mut at = 0;
@@ -47,11 +74,11 @@ pub fn plan(requests: &[Request], align: usize) -> MemoryPlan {
             if at + size <= s {
                 break;
             }
-            at = at.max(e);
+            at = up(at.max(e), r.align);
         }
         offsets[i] = at;
-        // Offsets are aligned; the arena ends at the last word in use.
-        arena = arena.max(at + r.bytes.div_ceil(4) * 4);
+        // The arena ends at the last word in use.
+        arena = arena.max(at + size);
         placed.push(i);
     }
     let steps = requests.iter().map(|r| r.last + 1).max().unwrap_or(0);
@@ -65,13 +92,31 @@ pub fn plan(requests: &[Request], align: usize) -> MemoryPlan {
         offsets,
         arena_bytes: arena,
         lower_bound: live.into_iter().max().unwrap_or(0),
-        naive: requests.iter().map(|r| round(r.bytes)).sum(),
+        naive: requests.iter().map(|r| up(r.bytes, window)).sum(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tensors_bound_together_keep_their_binding_windows_apart() {
+        let req = |bytes| Request {
+            bytes,
+            first: 0,
+            last: 1,
+            align: 16,
+        };
+        let reqs = [req(20), req(20), req(8)];
+        // Apart: packed at 16 bytes.
+        assert_eq!(plan(&reqs, 256, &[]).offsets, vec![0, 32, 64]);
+        // 0 and 1 bound by one kernel: 1 starts a window of its own; 2,
+        // bound with neither, fills the gap.
+        let p = plan(&reqs, 256, &[vec![0, 1]]);
+        assert_eq!(p.offsets, vec![0, 256, 32]);
+        assert_eq!(p.arena_bytes, 276);
+    }
 
     #[test]
     fn chains_reuse_memory() {
@@ -81,9 +126,10 @@ mod tests {
                 bytes: 1000,
                 first: i,
                 last: i + 1,
+                align: 16,
             })
             .collect();
-        let p = plan(&reqs, 16);
+        let p = plan(&reqs, 16, &[]);
         assert_eq!(p.lower_bound, 2000);
         assert!(p.arena_bytes <= 2 * 1008, "{p:?}");
         assert_eq!(p.naive, 4 * 1008);
