@@ -160,6 +160,25 @@ fn batch_norms_fold_into_convolutions() {
     }
 }
 
+/// Every model compiles for GPUs and browsers (the default options:
+/// WebGPU's 8 storage buffers a kernel, launches shared), whatever adapter
+/// runs the tests; kernel counts printed (`--nocapture`).
+#[test]
+fn every_model_compiles_for_gpus_and_browsers() {
+    let mut failures = vec![];
+    for name in models() {
+        let imp = kiln::import::open(&fixture(&name, ".pt2")).unwrap();
+        match kiln::engine::compile(&imp.graph) {
+            Ok(p) => {
+                assert!(p.kernels.iter().all(|k| k.code.bindings.len() <= 8));
+                println!("{name}: {} kernels", p.kernels.len());
+            }
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn every_model_matches_pytorch_on_the_gpu() {
     // The compiler functionalizes (no views) itself; `mutations` first

@@ -161,7 +161,8 @@ pub struct CompileOptions {
     /// one shape (the reductions of one tensor, writes into a K and a V
     /// cache; `codegen::siblings`), a kernel moving ahead of independent
     /// ones to join an earlier launch unless that enlarges the arena.
-    /// `false`: a launch each (sibling products still share theirs).
+    /// `false`: a launch each (sibling products still share theirs);
+    /// `KILN_SHARE_LAUNCHES=off` makes that the default, for timing both.
     pub share_launches: bool,
     /// The largest buffer the device allows: no tensor may be larger.
     pub max_buffer_bytes: usize,
@@ -185,7 +186,7 @@ impl Default for CompileOptions {
             grid_stride: Some(2048),
             contiguous_operands: false,
             fuse_attention: true,
-            share_launches: true,
+            share_launches: std::env::var("KILN_SHARE_LAUNCHES").map_or(true, |v| v != "off"),
             subgroup: None,
             max_buffer_bytes: 256 << 20,
             rules: BindingRules::default(),
@@ -285,12 +286,15 @@ pub(crate) fn compile_functional(
         n_outputs,
         mutated_inputs: &mutated_inputs,
     };
-    let plan_with = |grouping: &lower::Grouping,
+    let plan_with = |grouping: &mut lower::Grouping,
                      force: &mut HashSet<ValueId>|
      -> Result<Box<lower::KernelPlan>, EngineError> {
         loop {
             match lower::plan(&g, &io, options, force, grouping)? {
                 lower::Planned::Ready(plan) => return Ok(plan),
+                lower::Planned::Apart(vals) => {
+                    grouping.apart.extend(vals.into_iter().map(|v| (v, None)));
+                }
                 lower::Planned::Materialize(v) => {
                     if !force.insert(v) {
                         return Err(CompileError::internal(
@@ -313,25 +317,29 @@ pub(crate) fn compile_functional(
         apart: HashMap::new(),
         lookback: lower::LAUNCH_LOOKBACK,
     };
+    let mut regrouped = false;
     let generated = loop {
-        let mut plan = plan_with(&grouping, &mut force)?;
+        let mut plan = plan_with(&mut grouping, &mut force)?;
         if options.share_launches && grouping.lookback > 1 {
-            let near = lower::Grouping {
+            let mut near = lower::Grouping {
                 apart: grouping.apart.clone(),
                 lookback: 1,
             };
-            let near_plan = plan_with(&near, &mut force)?;
+            let near_plan = plan_with(&mut near, &mut force)?;
             let eager = kiln_functionalize::interp::eager_peak_bytes(src);
             if near_plan.planned_peak() < plan.planned_peak() && plan.planned_peak() > eager {
                 plan = near_plan;
-                grouping.lookback = 1;
+                grouping = near;
             }
         }
         let generated = lower::generate(&g, options, *plan)?;
-        if generated.apart.is_empty() || !grouping.apart.is_empty() {
+        if generated.apart.is_empty() || regrouped {
             break generated;
         }
-        grouping.apart = generated.apart;
+        regrouped = true;
+        grouping
+            .apart
+            .extend(generated.apart.iter().map(|(&v, &s)| (v, s)));
     };
     let p = lower::assemble(&g, &io, options, generated)?;
     dump_wgsl(&p);

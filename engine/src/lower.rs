@@ -318,6 +318,7 @@ fn producer_to_materialize(
     g: &Graph,
     sched: &schedule::Schedule,
     grp: &[ValueId],
+    force: &HashSet<ValueId>,
 ) -> Option<ValueId> {
     let mut direct: HashSet<ValueId> = grp.iter().map(|&v| sched.root(v)).collect();
     let mut stack = vec![];
@@ -343,7 +344,9 @@ fn producer_to_materialize(
             .map(|r| sched.root(r))
             .filter(|r| !direct.contains(r))
             .collect();
-        if own.len() >= 2 && best.is_none_or(|(b, _)| own.len() > b) {
+        // A producer asked for before and still inlined (an operand the
+        // product reads in place whatever is asked) is passed over.
+        if own.len() >= 2 && !force.contains(&u) && best.is_none_or(|(b, _)| own.len() > b) {
             best = Some((own.len(), u));
         }
         if let Some(m) = g.node_of(u) {
@@ -519,6 +522,9 @@ pub(crate) enum Planned {
     /// A kernel binds more buffers than the device allows: plan again with
     /// this inlined producer computed by a kernel of its own.
     Materialize(ValueId),
+    /// Kernels grouped into one launch bind more buffers than the device
+    /// allows together: plan again with each in a launch of its own.
+    Apart(Vec<ValueId>),
 }
 
 /// Plans the kernels of functional graph `g` (the stages below), checking
@@ -552,7 +558,10 @@ pub(crate) fn plan(
     for grp in &groups {
         let n = planned_bindings(g, &sched, grp, &registers, &layout.locs, options.rules);
         if n > options.max_bindings {
-            if let Some(u) = producer_to_materialize(g, &sched, grp) {
+            if grp.len() > 1 && !is_map(g, &sched, grp[0]) {
+                return Ok(Planned::Apart(grp.clone()));
+            }
+            if let Some(u) = producer_to_materialize(g, &sched, grp, force) {
                 return Ok(Planned::Materialize(u));
             }
             let names = kiln_functionalize::text::Names::of(g);
@@ -704,7 +713,9 @@ fn check_buffer_sizes(
 /// How `group_kernels` groups kernels into launches.
 #[derive(Default)]
 pub(crate) struct Grouping {
-    /// Kernels an earlier plan found of other launch shapes (`Gen::apart`).
+    /// Kernels an earlier plan found of other launch shapes (`Gen::apart`),
+    /// or (`None`) binding too many buffers with their group: a launch of
+    /// their own.
     pub apart: HashMap<ValueId, Shape>,
     /// Launches back a kernel may look for one to join (moving ahead of
     /// the independent kernels between): 1, the last only, or more.

@@ -214,7 +214,7 @@ impl Gpu {
             } else {
                 256
             },
-            share_launches: std::env::var("KILN_SHARE_LAUNCHES").map_or(true, |v| v != "off"),
+            share_launches: CompileOptions::default().share_launches,
             max_buffer_bytes: usize::try_from(l.max_buffer_size).unwrap_or(usize::MAX),
             rules: BindingRules {
                 align_words: (l.min_storage_buffer_offset_alignment as usize / 4).max(1),
