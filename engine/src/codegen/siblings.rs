@@ -91,18 +91,25 @@ fn join(parts: &[Part]) -> Option<Part> {
 
 impl Gen<'_> {
     /// The kernels computing the independent kernels' values `grp`, two or
-    /// more, each with the values it computes: those of one workgroup
-    /// shape and grid height share a launch, the rest run alone.
+    /// more, each with the values it computes: all in one launch, or where
+    /// their workgroups or grids differ in shape, those of one shape in a
+    /// launch and the rest alone (recorded in `apart` for the next plan).
     pub fn siblings(&mut self, grp: &[ValueId]) -> R<Vec<(Vec<ValueId>, Vec<KernelCode>)>> {
-        // A first pass learns each kernel's shape; nothing of it is kept.
-        let shapes: Vec<Shape> = match self.parts_of(grp)? {
+        let parts = self.parts_of(grp)?;
+        if let Some(code) = parts.as_deref().and_then(|p| self.joined(p)) {
+            return Ok(vec![(grp.to_vec(), vec![code])]);
+        }
+        // Start again from a clean slate, by shape: those of one shape in
+        // a launch, the rest alone.
+        self.uses_subgroup = false;
+        drop(self.take_bindings());
+        let shapes: Vec<Shape> = match parts {
             Some(parts) => parts
                 .iter()
                 .map(|p| Some((p.wg, [p.grid[1], p.grid[2]])))
                 .collect(),
             None => vec![None; grp.len()],
         };
-        drop(self.take_bindings());
         let mut clusters: Vec<(Shape, Vec<ValueId>)> = vec![];
         for (&v, shape) in grp.iter().zip(shapes) {
             match clusters
@@ -113,40 +120,42 @@ impl Gen<'_> {
                 None => clusters.push((shape, vec![v])),
             }
         }
-        if clusters.len() > 1 {
-            for (shape, vals) in &clusters {
-                self.apart.extend(vals.iter().map(|&v| (v, *shape)));
-            }
-        }
         let mut out = vec![];
-        for (_, vals) in clusters {
+        for (shape, vals) in clusters {
+            let mut shape = shape;
             if vals.len() > 1 {
-                if let Some(parts) = self.parts_of(&vals)? {
-                    if let Some(k) = join(&parts) {
-                        let subgroup = std::mem::take(&mut self.uses_subgroup);
-                        let (decls, bindings) = self.take_bindings();
-                        let code = KernelCode {
-                            label: k.label,
-                            wgsl: wgsl::shader(&decls, &k.lines, k.wg, &k.shared),
-                            grid: k.grid,
-                            bindings,
-                            subgroup,
-                        };
-                        out.push((vals, vec![code]));
-                        continue;
-                    }
+                let parts = self.parts_of(&vals)?;
+                if let Some(code) = parts.as_deref().and_then(|p| self.joined(p)) {
+                    self.apart.extend(vals.iter().map(|&v| (v, shape)));
+                    out.push((vals, vec![code]));
+                    continue;
                 }
-                // Start again from a clean slate: a kernel each.
-                self.apart.extend(vals.iter().map(|&v| (v, None)));
                 self.uses_subgroup = false;
                 drop(self.take_bindings());
+                shape = None;
             }
+            self.apart.extend(vals.iter().map(|&v| (v, shape)));
             for v in vals {
                 let codes = self.kernel(v)?;
                 out.push((vec![v], codes));
             }
         }
         Ok(out)
+    }
+
+    /// The parts as one kernel with the bindings generated for them;
+    /// `None` (the bindings kept) where they cannot share a launch.
+    fn joined(&mut self, parts: &[Part]) -> Option<KernelCode> {
+        let k = join(parts)?;
+        let subgroup = std::mem::take(&mut self.uses_subgroup);
+        let (decls, bindings) = self.take_bindings();
+        Some(KernelCode {
+            label: k.label,
+            wgsl: wgsl::shader(&decls, &k.lines, k.wg, &k.shared),
+            grid: k.grid,
+            bindings,
+            subgroup,
+        })
     }
 
     /// Each value's kernel body, generated as if alone with the bindings
