@@ -160,7 +160,8 @@ pub struct CompileOptions {
     /// Independent kernels share one launch where their workgroups have
     /// one shape (the reductions of one tensor, writes into a K and a V
     /// cache; `codegen::siblings`), a kernel moving ahead of independent
-    /// ones to join an earlier launch unless that enlarges the arena.
+    /// ones to join an earlier launch unless that plan needs more memory
+    /// than joining neighbours only and more than eager's peak.
     /// `false`: a launch each (sibling products still share theirs);
     /// `KILN_SHARE_LAUNCHES=off` makes that the default, for timing both.
     pub share_launches: bool,
@@ -318,6 +319,7 @@ pub(crate) fn compile_functional(
         lookback: lower::LAUNCH_LOOKBACK,
     };
     let mut regrouped = false;
+    let eager = kiln_functionalize::interp::eager_peak_bytes(src);
     let generated = loop {
         let mut plan = plan_with(&mut grouping, &mut force)?;
         if options.share_launches && grouping.lookback > 1 {
@@ -326,7 +328,6 @@ pub(crate) fn compile_functional(
                 lookback: 1,
             };
             let near_plan = plan_with(&mut near, &mut force)?;
-            let eager = kiln_functionalize::interp::eager_peak_bytes(src);
             if near_plan.planned_peak() < plan.planned_peak() && plan.planned_peak() > eager {
                 plan = near_plan;
                 grouping = near;
@@ -337,9 +338,7 @@ pub(crate) fn compile_functional(
             break generated;
         }
         regrouped = true;
-        grouping
-            .apart
-            .extend(generated.apart.iter().map(|(&v, &s)| (v, s)));
+        grouping.apart.extend(generated.apart);
     };
     let p = lower::assemble(&g, &io, options, generated)?;
     dump_wgsl(&p);
