@@ -75,6 +75,11 @@ pub struct Schedule {
     /// the permuting copies, in order): element `i` is stored where the
     /// last copy has it.
     pub permuted: HashMap<ValueId, Vec<ValueId>>,
+    /// Products computed in the kernel of another product's epilogue
+    /// (epilogue product -> its twin): the same left operand and shapes,
+    /// both accumulated from one pass over the left operand, the twin's
+    /// result read by the epilogue from registers.
+    pub twins: HashMap<NodeId, NodeId>,
 }
 
 /// A kernel computing a value together with products it absorbs.

@@ -372,10 +372,13 @@ fn kernel_flops(
                 &schedule::Fused::Epilogue { product }
                 | &schedule::Fused::Rows { reduction: product },
             ) => {
-                // A product's 2 M N K, or one operation per element for a
-                // row kernel or reduction; then one per element and tail op.
+                // A product's 2 M N K (and its twin's), or one operation per
+                // element for a row kernel or reduction; then one per element
+                // and tail op.
+                let twin = sched.twins.get(&product).map(|&t| product_flops(g, t));
                 return product_flops(g, product).unwrap_or(elements)
-                    + ops.saturating_sub(1) * elements;
+                    + twin.flatten().unwrap_or(0)
+                    + ops.saturating_sub(1 + twin.is_some() as usize) * elements;
             }
             Some(&schedule::Fused::Attention {
                 scores, product, ..

@@ -47,6 +47,7 @@ pub fn schedule(
         pos: g.order.iter().enumerate().map(|(i, &n)| (n, i)).collect(),
         fused: HashMap::new(),
         permuted: HashMap::new(),
+        twins: HashMap::new(),
     };
     for &v in &g.inputs {
         s.is_materialized.insert(v);
@@ -118,6 +119,7 @@ pub fn schedule(
     }
     fuse_rows(g, &mut s, &out_set, force, options.workgroup_rows);
     fuse_products(g, &mut s, &out_set, force, options.fuse_attention);
+    fuse_twin_products(g, &mut s, &out_set, force);
     Ok(s)
 }
 
@@ -446,6 +448,131 @@ fn fuse_products(
         Def::Input(_) => (0, 0),
     };
     s.materialized.sort_by_key(pos);
+}
+
+/// Computes a product in the kernel of another product's epilogue that
+/// reads it (SwiGLU's `silu(x W1^T) * (x W3^T)`): both share their left
+/// operand and their shapes, so one kernel accumulates both from one
+/// pass over the left operand's tiles (`Schedule::twins`), and the first
+/// result never reaches memory. The twin's result must be read by that
+/// epilogue alone, element by element at the element being stored.
+fn fuse_twin_products(
+    g: &Graph,
+    s: &mut Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+) {
+    let mut tails: Vec<(ValueId, NodeId)> = s
+        .fused
+        .iter()
+        .filter_map(|(&t, f)| match *f {
+            Fused::Epilogue { product } => Some((t, product)),
+            _ => None,
+        })
+        .collect();
+    tails.sort_by_key(|&(_, n)| s.pos[&n]);
+    for (t, n2) in tails {
+        if s.permuted.contains_key(&t) {
+            continue;
+        }
+        let r2 = g.nodes[n2].results[0];
+        let chain = chain_between(g, s, r2, t);
+        let chain_nodes: HashSet<NodeId> = chain.iter().filter_map(|&y| g.node_of(y)).collect();
+        let twin = chain_nodes
+            .iter()
+            .flat_map(|&c| g.nodes[c].inputs())
+            .filter(|y| *y != r2 && !chain.contains(y))
+            .flat_map(|y| reads_value(g, s, y))
+            .filter(|&x| twin_product(g, s, out, force, x, n2, &chain_nodes))
+            .min();
+        let Some(x) = twin else { continue };
+        let Some(n1) = g.node_of(x) else { continue };
+        let tail_node = g.node_of(t).unwrap_or(n2);
+        if written_between(g, s, &[n1], tail_node) {
+            continue;
+        }
+        s.twins.insert(n2, n1);
+        s.is_materialized.remove(&x);
+        s.materialized.retain(|&v| v != x);
+    }
+}
+
+/// Is materialized `x` the result of a product like node `n2`'s (the same
+/// op, left operand, shapes and scalars), read only by `n2`'s epilogue
+/// (`chain`) through elementwise maps, each at its own element?
+fn twin_product(
+    g: &Graph,
+    s: &Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+    x: ValueId,
+    n2: NodeId,
+    chain: &HashSet<NodeId>,
+) -> bool {
+    let Some(n1) = g.node_of(x) else {
+        return false;
+    };
+    let (a, b) = (&g.nodes[n1], &g.nodes[n2]);
+    let Some(form) = a.op.def().lowering.product() else {
+        return false;
+    };
+    let same_args = a.args.len() == b.args.len()
+        && a.args
+            .iter()
+            .zip(&b.args)
+            .enumerate()
+            .all(|(i, (p, q))| match (p, q) {
+                (Arg::Tensor(p), Arg::Tensor(q)) if i == form.left => p == q,
+                (Arg::Tensor(p), Arg::Tensor(q)) => g.meta(*p) == g.meta(*q),
+                (Arg::Tensor(_), _) | (_, Arg::Tensor(_)) => false,
+                (p, q) => p == q,
+            });
+    n1 != n2
+        && a.op == b.op
+        && same_args
+        && a.results.len() == 1
+        && g.meta(x) == g.meta(b.results[0])
+        && s.is_materialized.contains(&x)
+        && !out.contains(&x)
+        && !force.contains(&x)
+        && !s.pinned.contains(&x)
+        && !s.fused.contains_key(&x)
+        && !s.twins.values().any(|&m| m == n1)
+        && !s.twins.contains_key(&n1)
+        && s.sharing(x) == [x]
+        && read_at_own_element(g, s, x, chain, &g.meta(x).sizes)
+}
+
+/// Does every use of `v` read it elementwise at its own element (a map of
+/// `sizes`), ending in `chain`, through values only this path reads?
+fn read_at_own_element(
+    g: &Graph,
+    s: &Schedule,
+    v: ValueId,
+    chain: &HashSet<NodeId>,
+    sizes: &[usize],
+) -> bool {
+    let uses = s.uses.get(&v).map(Vec::as_slice).unwrap_or(&[]);
+    !uses.is_empty()
+        && uses.iter().all(|&u| {
+            let node = &g.nodes[u];
+            let [y] = node.results[..] else {
+                return false;
+            };
+            let elementwise = node.op.def().lowering.is_plain_map()
+                && node
+                    .op
+                    .def()
+                    .lowering
+                    .elem()
+                    .is_some_and(|e| e.reads_in_place())
+                && g.meta(y).sizes[..] == *sizes;
+            elementwise
+                && (chain.contains(&u)
+                    || (!s.is_materialized.contains(&y)
+                        && !s.fused.contains_key(&y)
+                        && read_at_own_element(g, s, y, chain, sizes)))
+        })
 }
 
 /// Matrix-product operands computed inline (index maps such as a

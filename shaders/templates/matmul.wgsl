@@ -12,19 +12,32 @@
 ## fused producers, along whichever operand dimension is contiguous, so
 ## global reads coalesce for row-major and transposed operands alike);
 ## @outputs opens the epilogue. `o$i` = 16 i.
+##
+## `dual`: a twin product (the same A, its own B) accumulated alongside
+## in `d$i$j` from a third tile `tb2` (@tile_b2): SwiGLU's gate and up
+## projections in one pass over A.
 #shared var<workgroup> ta: array<$at, $ta_len>;
 #shared var<workgroup> tb: array<$at, $tb_len>;
+#if dual
+    #shared var<workgroup> tb2: array<$at, $tb_len>;
+#end
 let bz = wid.z;
 let lin = lid.y * 16u + lid.x;
 @offsets
 #for i in tm
     #for j in 4
         #var c$i$j: $at = $zero
+        #if dual
+            #var d$i$j: $at = $zero
+        #end
     #end
 #end
 for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
     @tile_a
     @tile_b
+    #if dual
+        @tile_b2
+    #end
     workgroupBarrier();
     for (var q = 0u; q < 16u; q = q + 1u) {
         #for i in tm
@@ -36,6 +49,16 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
         #for i in tm
             #for j in 4
                 ${c$i$j} = ${c$i$j} + a$i * b$j;
+            #end
+        #end
+        #if dual
+            #for j in 4
+                let e$j = tb2[q * 65u + lid.x + ${o$j}u];
+            #end
+            #for i in tm
+                #for j in 4
+                    ${d$i$j} = ${d$i$j} + a$i * e$j;
+                #end
             #end
         #end
     }

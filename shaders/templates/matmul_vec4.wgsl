@@ -23,14 +23,25 @@
 ## and B at k (B row-major: at its row kb), and pa1 (tall: A's row 64
 ## further); @outputs opens the epilogue. `o$i` = 16 i, `comp$i` = the
 ## i-th vector component, `tm` the rows an invocation, `bm` the tile's.
+##
+## `dual` (never with `tall`: a third tile): a twin product (the same A,
+## its own B laid out as B) accumulated alongside in `d$i$j` from tile
+## `tb2`, @load binding pb2: SwiGLU's gate and up projections in one pass
+## over A.
 #shared var<workgroup> ta: array<vec4<f32>, $ta_len>;
 #shared var<workgroup> tb: array<vec4<f32>, 320>;
+#if dual
+    #shared var<workgroup> tb2: array<vec4<f32>, 320>;
+#end
 let bz = wid.z;
 let lin = lid.y * 16u + lid.x;
 @offsets
 #for i in tm
     #for j in 4
         #var c$i$j: f32 = 0.0
+        #if dual
+            #var d$i$j: f32 = 0.0
+        #end
     #end
 #end
 ## This invocation's vector of each tile: A's row lin / 4 at k lin % 4 * 4;
@@ -53,6 +64,9 @@ var pa = $pa;
     var pa1 = $pa1;
 #end
 var pb = $pb;
+#if dual
+    var pb2 = $pb2;
+#end
 for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
     ta[(lin / 4u) * 5u + lin % 4u] = pa;
     #if tall
@@ -60,8 +74,14 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
     #end
     #if b_cols
         tb[(lin / 16u) * 17u + lin % 16u] = pb;
+        #if dual
+            tb2[(lin / 16u) * 17u + lin % 16u] = pb2;
+        #end
     #else
         tb[(lin / 4u) * 5u + lin % 4u] = pb;
+        #if dual
+            tb2[(lin / 4u) * 5u + lin % 4u] = pb2;
+        #end
     #end
     workgroupBarrier();
     if (t0 + 16u < $kk) {
@@ -75,6 +95,9 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
             pa1 = $pa1;
         #end
         pb = $pb;
+        #if dual
+            pb2 = $pb2;
+        #end
     }
     for (var q = 0u; q < 4u; q = q + 1u) {
         #for i in tm
@@ -90,6 +113,14 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
                         ${c$i$j} = fma(a$i.${comp$k}, b$k.${comp$j}, ${c$i$j});
                     #end
                 #end
+                #if dual
+                    let e$k = tb2[(q * 4u + ${k}u) * 17u + lid.x];
+                    #for i in tm
+                        #for j in 4
+                            ${d$i$j} = fma(a$i.${comp$k}, e$k.${comp$j}, ${d$i$j});
+                        #end
+                    #end
+                #end
             #end
         #else
             #for j in 4
@@ -99,6 +130,18 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
                 #for j in 4
                     #for k in 4
                         ${c$i$j} = fma(a$i.${comp$k}, b$j.${comp$k}, ${c$i$j});
+                    #end
+                #end
+            #end
+            #if dual
+                #for j in 4
+                    let e$j = tb2[(lid.x + ${o$j}u) * 5u + q];
+                #end
+                #for i in tm
+                    #for j in 4
+                        #for k in 4
+                            ${d$i$j} = fma(a$i.${comp$k}, e$j.${comp$k}, ${d$i$j});
+                        #end
                     #end
                 #end
             #end

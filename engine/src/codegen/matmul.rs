@@ -56,10 +56,11 @@ fn tile_env() -> Env {
     env
 }
 
-/// A tiled template's accumulators `c$i$j`, row-major over `rows` x 4.
-fn accumulators(env: &Env, rows: usize) -> R<Vec<String>> {
+/// A tiled template's accumulators `c$i$j` (a twin's: `d$i$j`), row-major
+/// over `rows` x 4.
+fn accumulators(env: &Env, rows: usize, name: &str) -> R<Vec<String>> {
     (0..rows)
-        .flat_map(|i| (0..4).map(move |j| format!("c{i}{j}")))
+        .flat_map(|i| (0..4).map(move |j| format!("{name}{i}{j}")))
         .map(|c| env.get(&c))
         .collect()
 }
@@ -223,6 +224,13 @@ impl Gen<'_> {
             mm,
             extra,
         } = self.product(n)?;
+        // A twin product (`Schedule::twins`): same A and shapes, its own B
+        // and addend, accumulated alongside.
+        let twin = match self.s.twins.get(&n) {
+            Some(&n1) => Some((g.nodes[n1].results[0], self.product(n1)?)),
+            None => None,
+        };
+        let b1 = twin.as_ref().map(|(_, p)| &p.b);
         let acc_dt = if om.dtype.is_float() {
             DType::F32
         } else {
@@ -234,12 +242,22 @@ impl Gen<'_> {
         let skinny = tiled && (1..=SKINNY_ROWS).contains(&nn) && mm > 0;
         // Rows of a workgroup's tile (the loop variant: 64).
         let mut tile_rows = 64;
-        let acc = if skinny {
-            self.skinny_product(&a, &b, &batch, nn, kk, mm, acc_dt)?
+        let (acc, acc1) = if skinny {
+            let mut sums = self.skinny_product(
+                &a,
+                &[&b].into_iter().chain(b1).collect::<Vec<_>>(),
+                &batch,
+                nn,
+                kk,
+                mm,
+                acc_dt,
+            )?;
+            let acc1 = (sums.len() > 1).then(|| sums.pop()).flatten();
+            (sums.remove(0), acc1)
         } else if tiled {
-            let (acc, rows) = self.tiled_product(&a, &b, &batch, nn, kk, mm, acc_dt)?;
+            let (acc, acc1, rows) = self.tiled_product(&a, &b, b1, &batch, nn, kk, mm, acc_dt)?;
             tile_rows = rows;
-            acc
+            (acc, acc1)
         } else {
             // Each invocation computes a 4x4 block: 16 multiply-adds per 8
             // loads, no workgroup memory, no barriers.
@@ -255,10 +273,14 @@ impl Gen<'_> {
             ));
             let bm = self.unravel("bz", &batch);
             let aoff = self.ravel(&bm, &a.batch, 0);
-            let boff = self.ravel(&bm, &b.batch, 0);
-            self.body.stmt(format!("var accs: array<{at}, 16>;"));
-            if !self.vec4_blocks(&a, &b, &aoff, &boff, nn, kk, mm, acc_dt)? {
-                self.scalar_blocks(&a, &b, &aoff, &boff, nn, kk, mm, acc_dt)?;
+            // The twin's block in `accs2`, from a second pass over A.
+            for (x, accs) in [(Some(&b), "accs"), (b1, "accs2")] {
+                let Some(x) = x else { continue };
+                let xoff = self.ravel(&bm, &x.batch, 0);
+                self.body.stmt(format!("var {accs}: array<{at}, 16>;"));
+                if !self.vec4_blocks(&a, x, &aoff, &xoff, nn, kk, mm, acc_dt, accs)? {
+                    self.scalar_blocks(&a, x, &aoff, &xoff, nn, kk, mm, acc_dt, accs)?;
+                }
             }
             self.body
                 .stmt("for (var ij = 0u; ij < 16u; ij = ij + 1u) {".into());
@@ -269,36 +291,23 @@ impl Gen<'_> {
                 u(nn),
                 u(mm)
             ));
-            self.body.bind(at, "accs[ij]".into())
+            let acc1 = b1.map(|_| self.body.bind(at, "accs2[ij]".into()));
+            (self.body.bind(at, "accs[ij]".into()), acc1)
         };
         let saved_epilogue = std::mem::take(&mut self.memo);
         let oi = self.body.bind(
             "u32",
             format!("bz * {} + row * {} + col", u(nn * mm), u(mm)),
         );
-        let mut res = acc.clone();
-        if let Some((c, beta, alpha)) = extra {
-            let cm = g.meta(c).clone();
-            // The addend broadcast to the whole (batched) result.
-            let mut full = batch.clone();
-            full.extend([nn, mm]);
-            let ci = self.broadcast_index(&oi, &full, &cm);
-            let cv = self.value_at(c, &ci)?;
-            let cv = cast(&cv, cm.dtype, acc_dt);
-            res = if beta == 0.0 {
-                self.body
-                    .bind(at, format!("{} * {acc}", literal(alpha, acc_dt)))
-            } else {
-                self.body.bind(
-                    at,
-                    format!(
-                        "{} * {acc} + {} * {cv}",
-                        literal(alpha, acc_dt),
-                        literal(beta, acc_dt)
-                    ),
-                )
-            };
+        if let (Some((x, p1)), Some(acc1)) = (&twin, &acc1) {
+            // The epilogue reads the twin's result here, from registers.
+            let res1 = self.with_addend(acc1, p1.extra, &batch, nn, mm, &oi, acc_dt)?;
+            let res1 = self.body.bind(ty(om.dtype), cast(&res1, acc_dt, om.dtype));
+            self.memo.insert((*x, oi.clone()), res1);
+        } else if twin.is_some() {
+            return Err(bug("a twin product without its accumulator"));
         }
+        let res = self.with_addend(&acc, extra, &batch, nn, mm, &oi, acc_dt)?;
         let res = cast(&res, acc_dt, om.dtype);
         self.store_to(v, &oi, &res)?;
         self.memo = saved_epilogue;
@@ -326,6 +335,45 @@ impl Gen<'_> {
             )));
         }
         Ok(self.finish(label, grid, wg))
+    }
+
+    /// `alpha acc + beta c` for a product's addend `(c, beta, alpha)` at
+    /// output element `oi` (`acc` where there is none).
+    #[allow(clippy::too_many_arguments)]
+    fn with_addend(
+        &mut self,
+        acc: &str,
+        extra: Option<(ValueId, f64, f64)>,
+        batch: &[usize],
+        nn: usize,
+        mm: usize,
+        oi: &str,
+        acc_dt: DType,
+    ) -> R<String> {
+        let Some((c, beta, alpha)) = extra else {
+            return Ok(acc.to_string());
+        };
+        let at = ty(acc_dt);
+        let cm = self.g.meta(c).clone();
+        // The addend broadcast to the whole (batched) result.
+        let mut full = batch.to_vec();
+        full.extend([nn, mm]);
+        let ci = self.broadcast_index(oi, &full, &cm);
+        let cv = self.value_at(c, &ci)?;
+        let cv = cast(&cv, cm.dtype, acc_dt);
+        Ok(if beta == 0.0 {
+            self.body
+                .bind(at, format!("{} * {acc}", literal(alpha, acc_dt)))
+        } else {
+            self.body.bind(
+                at,
+                format!(
+                    "{} * {acc} + {} * {cv}",
+                    literal(alpha, acc_dt),
+                    literal(beta, acc_dt)
+                ),
+            )
+        })
     }
 
     /// Whether operand `x` (f32) can be read as vectors of four along
@@ -406,6 +454,7 @@ impl Gen<'_> {
         kk: usize,
         mm: usize,
         acc_dt: DType,
+        tile: &str,
     ) -> R<bool> {
         if acc_dt != DType::F32 || mm == 0 || kk == 0 {
             return Ok(false);
@@ -458,7 +507,7 @@ impl Gen<'_> {
         ));
         for (j, comp) in ["x", "y", "z", "w"].iter().enumerate() {
             let at = lane.replace("{j}", &j.to_string());
-            self.body.stmt(format!("tb[{at}] = x.{comp};"));
+            self.body.stmt(format!("{tile}[{at}] = x.{comp};"));
         }
         self.body.stmt("}".into());
         Ok(true)
@@ -477,9 +526,11 @@ impl Gen<'_> {
         kk: usize,
         mm: usize,
         acc_dt: DType,
+        accs: &str,
     ) -> R<()> {
         let g = self.g;
         let at = ty(acc_dt);
+        self.body.stmt("{".into());
         self.body.stmt(format!("var av: array<{at}, 4>;"));
         self.body.stmt(format!("var bv: array<{at}, 4>;"));
         self.body
@@ -514,10 +565,10 @@ impl Gen<'_> {
         self.body.stmt(format!("bv[i] = {xb};"));
         self.body.stmt("}".into());
         self.memo = saved;
-        self.body.stmt(
-            "for (var i = 0u; i < 4u; i = i + 1u) { for (var j = 0u; j < 4u; j = j + 1u) { accs[i * 4u + j] = accs[i * 4u + j] + av[i] * bv[j]; } }"
-                .into(),
-        );
+        self.body.stmt(format!(
+            "for (var i = 0u; i < 4u; i = i + 1u) {{ for (var j = 0u; j < 4u; j = j + 1u) {{ {accs}[i * 4u + j] = {accs}[i * 4u + j] + av[i] * bv[j]; }} }}"
+        ));
+        self.body.stmt("}".into());
         self.body.stmt("}".into());
         Ok(())
     }
@@ -540,6 +591,7 @@ impl Gen<'_> {
         kk: usize,
         mm: usize,
         acc_dt: DType,
+        accs: &str,
     ) -> R<bool> {
         let quad = |x: usize| x.is_multiple_of(4);
         let a_ok = a.cs == 1 && quad(a.rs) && a.batch.iter().all(|&x| quad(x));
@@ -579,7 +631,7 @@ impl Gen<'_> {
                 for j in 0..4 {
                     let k = i * 4 + j;
                     self.body
-                        .stmt(format!("accs[{k}] = accs[{k}] + dot(qa{i}, qb{j});"));
+                        .stmt(format!("{accs}[{k}] = {accs}[{k}] + dot(qa{i}, qb{j});"));
                 }
             }
         } else {
@@ -600,7 +652,7 @@ impl Gen<'_> {
                 for j in 0..4 {
                     let k = i * 4 + j;
                     self.body.stmt(format!(
-                        "accs[{k}] = accs[{k}] + qr{i}.{};",
+                        "{accs}[{k}] = {accs}[{k}] + qr{i}.{};",
                         ["x", "y", "z", "w"][j]
                     ));
                 }
@@ -641,19 +693,20 @@ impl Gen<'_> {
     /// workgroup memory. A 16-row tile instead walks K serially, one load
     /// and two barriers per 16 k: an H100 took 41 us for 1x384x1536 that
     /// way, whatever the width, against 0.8 us to read the weight once.
-    /// Opens the epilogue loop (`row`, `col`, `bz` in scope) and returns
-    /// its accumulator.
+    /// Each of `bs` (a product and its twin) is accumulated from the same
+    /// loads of A. Opens the epilogue loop (`row`, `col`, `bz` in scope) and
+    /// returns the accumulator of each of `bs`.
     #[allow(clippy::too_many_arguments)]
     fn skinny_product(
         &mut self,
         a: &Operand,
-        b: &Operand,
+        bs: &[&Operand],
         batch: &[usize],
         nn: usize,
         kk: usize,
         mm: usize,
         acc_dt: DType,
-    ) -> R<String> {
+    ) -> R<Vec<String>> {
         let g = self.g;
         let at = ty(acc_dt);
         let zero = literal(0.0, acc_dt);
@@ -661,7 +714,8 @@ impl Gen<'_> {
         // Partial sums, [column][row][lane], each (column, row) run of
         // lanes rotated by its index so that the final sums (an invocation
         // per row, reading lane j of its run) hit distinct banks. At most
-        // 8 x 16 x 32 words: WebGPU's 16 KiB of workgroup memory.
+        // 8 x 16 x 32 words: WebGPU's 16 KiB of workgroup memory (a twin's
+        // sums pass through it after the first's).
         self.shared.push(format!(
             "var<workgroup> red: array<{at}, {}>;",
             SKINNY_COLS * nn * lanes
@@ -669,25 +723,31 @@ impl Gen<'_> {
         self.body.stmt("let bz = wid.z;".into());
         let bzm = self.unravel("bz", batch);
         let aoff = self.ravel(&bzm, &a.batch, 0);
-        let boff = self.ravel(&bzm, &b.batch, 0);
+        let boffs: Vec<String> = bs.iter().map(|b| self.ravel(&bzm, &b.batch, 0)).collect();
         self.body.stmt(format!(
             "let cl = min(wid.x * {}u + lid.y, {});",
             SKINNY_COLS,
             u(mm.max(1) - 1)
         ));
-        let accs: Vec<String> = (0..nn).map(|_| self.body.var(at, zero.clone())).collect();
+        let accs: Vec<Vec<String>> = bs
+            .iter()
+            .map(|_| (0..nn).map(|_| self.body.var(at, zero.clone())).collect())
+            .collect();
         let f32_quads = acc_dt == DType::F32 && kk.is_multiple_of(4) && kk > 0 && nn > 0;
         let sa = if f32_quads && a.cs == 1 {
             self.vec4_operand(a, a.rs, a.cs, kk)?
         } else {
             None
         };
-        let sb = if f32_quads && b.rs == 1 {
-            self.vec4_operand(b, b.cs, b.rs, kk)?
-        } else {
-            None
-        };
-        if f32_quads && (sa.is_some() || sb.is_some()) {
+        let mut sbs = vec![];
+        for b in bs {
+            sbs.push(if f32_quads && b.rs == 1 {
+                self.vec4_operand(b, b.cs, b.rs, kk)?
+            } else {
+                None
+            });
+        }
+        if f32_quads && (sa.is_some() || sbs.iter().any(Option::is_some)) {
             // Four consecutive k an invocation, lanes 16 bytes apart.
             self.body.stmt(format!(
                 "for (var k = lid.x * 4u; k < {}; k = k + {}u) {{",
@@ -708,15 +768,18 @@ impl Gen<'_> {
                     }
                     Ok::<String, CompileError>(format!("vec4<f32>({})", parts.join(", ")))
                 };
-            let bexpr = quad(
-                self,
-                &sb,
-                b,
-                format!("{boff} + k * {} + cl * {}", u(b.rs), u(b.cs)),
-                b.rs,
-            )?;
-            let bq = self.body.bind("vec4<f32>", bexpr);
-            for (r, acc) in accs.iter().enumerate() {
+            let mut bqs = vec![];
+            for ((b, sb), boff) in bs.iter().zip(&sbs).zip(&boffs) {
+                let bexpr = quad(
+                    self,
+                    sb,
+                    b,
+                    format!("{boff} + k * {} + cl * {}", u(b.rs), u(b.cs)),
+                    b.rs,
+                )?;
+                bqs.push(self.body.bind("vec4<f32>", bexpr));
+            }
+            for r in 0..nn {
                 let aexpr = quad(
                     self,
                     &sa,
@@ -724,8 +787,11 @@ impl Gen<'_> {
                     format!("{aoff} + {} + k * {}", u(r * a.rs), u(a.cs)),
                     a.cs,
                 )?;
-                self.body
-                    .stmt(format!("{acc} = {acc} + dot({aexpr}, {bq});"));
+                let aq = self.body.bind("vec4<f32>", aexpr);
+                for (acc, bq) in accs.iter().zip(&bqs) {
+                    let acc = &acc[r];
+                    self.body.stmt(format!("{acc} = {acc} + dot({aq}, {bq});"));
+                }
             }
             self.memo = saved;
             self.body.stmt("}".into());
@@ -736,45 +802,52 @@ impl Gen<'_> {
                 lanes
             ));
             let saved = std::mem::take(&mut self.memo);
-            let ib = self.body.bind(
-                "u32",
-                format!("{boff} + k * {} + cl * {}", u(b.rs), u(b.cs)),
-            );
-            let xb = self.value_at(b.v, &ib)?;
-            let xb = self.body.bind(at, cast(&xb, g.meta(b.v).dtype, acc_dt));
-            for (r, acc) in accs.iter().enumerate() {
+            let mut xbs = vec![];
+            for (b, boff) in bs.iter().zip(&boffs) {
+                let ib = self.body.bind(
+                    "u32",
+                    format!("{boff} + k * {} + cl * {}", u(b.rs), u(b.cs)),
+                );
+                let xb = self.value_at(b.v, &ib)?;
+                xbs.push(self.body.bind(at, cast(&xb, g.meta(b.v).dtype, acc_dt)));
+            }
+            for r in 0..nn {
                 let ia = self
                     .body
                     .bind("u32", format!("{aoff} + {} + k * {}", u(r * a.rs), u(a.cs)));
                 let xa = self.value_at(a.v, &ia)?;
-                let xa = cast(&xa, g.meta(a.v).dtype, acc_dt);
-                self.body.stmt(format!("{acc} = {acc} + {xa} * {xb};"));
+                let xa = self.body.bind(at, cast(&xa, g.meta(a.v).dtype, acc_dt));
+                for (acc, xb) in accs.iter().zip(&xbs) {
+                    let acc = &acc[r];
+                    self.body.stmt(format!("{acc} = {acc} + {xa} * {xb};"));
+                }
             }
             self.memo = saved;
             self.body.stmt("}".into());
         }
-        for (r, acc) in accs.iter().enumerate() {
+        let mut sums = vec![];
+        for (i, accs) in accs.iter().enumerate() {
+            if i > 0 {
+                // The previous sums are read before `red` is written again.
+                self.body.stmt("workgroupBarrier();".into());
+            }
+            for (r, acc) in accs.iter().enumerate() {
+                self.body.stmt(format!(
+                    "red[(lid.y * {nn}u + {r}u) * {lanes}u + (lid.x + {r}u) % {lanes}u] = {acc};",
+                ));
+            }
+            self.body.stmt("workgroupBarrier();".into());
+            // Invocation (lid.x = row, lid.y = column) adds its run of lanes.
+            let sum = self.body.var(at, zero.clone());
+            self.body.stmt(format!("if (lid.x < {}) {{", u(nn)));
+            self.body
+                .stmt(format!("let run{i} = (lid.y * {nn}u + lid.x) * {lanes}u;",));
             self.body.stmt(format!(
-                "red[(lid.y * {nn}u + {r}u) * {lanes}u + (lid.x + {r}u) % {lanes}u] = {acc};",
-                nn = nn,
-                r = r,
-                lanes = lanes
+                "for (var j = 0u; j < {lanes}u; j = j + 1u) {{ {sum} = {sum} + red[run{i} + (j + lid.x) % {lanes}u]; }}",
             ));
+            self.body.stmt("}".into());
+            sums.push(sum);
         }
-        self.body.stmt("workgroupBarrier();".into());
-        // Invocation (lid.x = row, lid.y = column) adds its run of lanes.
-        let sum = self.body.var(at, zero);
-        self.body.stmt(format!("if (lid.x < {}) {{", u(nn)));
-        self.body.stmt(format!(
-            "let run = (lid.y * {nn}u + lid.x) * {lanes}u;",
-            nn = nn,
-            lanes = lanes
-        ));
-        self.body.stmt(format!(
-            "for (var j = 0u; j < {lanes}u; j = j + 1u) {{ {sum} = {sum} + red[run + (j + lid.x) % {lanes}u]; }}",
-            lanes = lanes
-        ));
-        self.body.stmt("}".into());
         self.body
             .stmt("for (var ij = 0u; ij < 1u; ij = ij + 1u) {".into());
         self.body.stmt("let row = lid.x;".into());
@@ -785,7 +858,7 @@ impl Gen<'_> {
             u(nn),
             u(mm)
         ));
-        Ok(sum)
+        Ok(sums)
     }
 
     /// `tiled_product` for f32 products of 64-row tiles whose A is read
@@ -795,19 +868,21 @@ impl Gen<'_> {
     /// row-major B bound as vectors, four consecutive columns of B's row)
     /// straight from `vec4` bindings or assembled from four element loads
     /// (inlined producers: a head merge, a transpose). `None` (nothing
-    /// generated) where it does not apply.
+    /// generated) where it does not apply. A twin's B (`b1`, laid out as
+    /// `b`) is loaded into a tile of its own and accumulated in `d$i$j`.
     #[allow(clippy::too_many_arguments)]
     fn tiled_vec4_product(
         &mut self,
         a: &Operand,
         b: &Operand,
+        b1: Option<&Operand>,
         batch: &[usize],
         nn: usize,
         kk: usize,
         mm: usize,
         acc_dt: DType,
         tall: bool,
-    ) -> R<Option<String>> {
+    ) -> R<Option<(String, Option<String>)>> {
         if acc_dt != DType::F32
             || matmul_rows_per_invocation(nn) != 4
             || a.cs != 1
@@ -834,6 +909,26 @@ impl Gen<'_> {
             Some(_) => None,
             None => self.vec4_operand(b, b.cs, b.rs, kk)?,
         };
+        let mut twin = None;
+        if let Some(b1) = b1 {
+            let (sb1, b1_cols) = match &b_cols {
+                Some(_) => match self.vec4_operand(b1, b1.rs, b1.cs, mm)? {
+                    Some(s) => (None, Some(s)),
+                    None => return Ok(None),
+                },
+                None => (self.vec4_operand(b1, b1.cs, b1.rs, kk)?, None),
+            };
+            twin = Some(Quads {
+                a,
+                b: b1,
+                sa: None,
+                sb: sb1,
+                b_cols: b1_cols,
+                nn,
+                kk,
+                mm,
+            });
+        }
         let quads = Quads {
             a,
             b,
@@ -852,6 +947,7 @@ impl Gen<'_> {
         let tm = if tall { 8 } else { 4 };
         let mut env = tile_env()
             .b("b_cols", quads.b_cols.is_some())
+            .b("dual", twin.is_some())
             .b("tall", tall)
             .n("tm", tm)
             .n("bm", 16 * tm)
@@ -860,20 +956,35 @@ impl Gen<'_> {
         let mut acc = None;
         let mut holes = |gen: &mut Self, hole: &str, args: &[String], env: &mut Env| -> R<()> {
             match hole {
-                "offsets" => gen.batch_offsets(batch, &[("aoff", a), ("boff", b)], env),
+                "offsets" => {
+                    gen.batch_offsets(batch, &[("aoff", a), ("boff", b)], env);
+                    if let Some(t) = &twin {
+                        gen.batch_offsets(batch, &[("boff2", t.b)], env);
+                    }
+                }
                 "load" => {
                     let (aoff, boff) = (env.get("aoff")?, env.get("boff")?);
-                    let (pa, pb) = gen.vec4_quads(&quads, &aoff, &boff, &args[0], &args[1])?;
+                    let pa = gen.vec4_quad_a(&quads, &aoff, "ar", &args[0])?;
+                    let pb = gen.vec4_quad_b(&quads, &boff, &args[0], &args[1])?;
                     env.set("pa", pa);
                     env.set("pb", pb);
+                    if let Some(t) = &twin {
+                        let pb2 = gen.vec4_quad_b(t, &env.get("boff2")?, &args[0], &args[1])?;
+                        env.set("pb2", pb2);
+                    }
                     if tall {
                         let pa1 = gen.vec4_quad_a(&quads, &aoff, "ar1", &args[0])?;
                         env.set("pa1", pa1);
                     }
                 }
                 "outputs" => {
-                    let accs = accumulators(env, tm)?;
-                    acc = Some(gen.tile_outputs(&accs, 16 * tm, col, nn, mm, "f32"));
+                    let accs = accumulators(env, tm, "c")?;
+                    let first = gen.tile_outputs(&accs, 16 * tm, col, nn, mm, "f32");
+                    let second = match &twin {
+                        Some(_) => Some(gen.pick(&accumulators(env, tm, "d")?, "f32")),
+                        None => None,
+                    };
+                    acc = Some((first, second));
                 }
                 _ => return Err(bug(format!("matmul template: no hole `{hole}`"))),
             }
@@ -942,18 +1053,10 @@ impl Gen<'_> {
         Ok(pa)
     }
 
-    /// This invocation's vectors of A's and B's tiles at `k` (B row-major:
-    /// its row `kb`), bound to fresh names with fresh fused loads.
-    fn vec4_quads(
-        &mut self,
-        q: &Quads,
-        aoff: &str,
-        boff: &str,
-        k: &str,
-        kb: &str,
-    ) -> R<(String, String)> {
+    /// This invocation's vector of B's tile at `k` (B row-major: its row
+    /// `kb`), bound to a fresh name with fresh fused loads.
+    fn vec4_quad_b(&mut self, q: &Quads, boff: &str, k: &str, kb: &str) -> R<String> {
         let (b, kk, mm) = (q.b, q.kk, q.mm);
-        let pa = self.vec4_quad_a(q, aoff, "ar", k)?;
         let saved = std::mem::take(&mut self.memo);
         let pb = match &q.b_cols {
             Some(s) => {
@@ -977,7 +1080,7 @@ impl Gen<'_> {
             }
         };
         self.memo = saved;
-        Ok((pa, pb))
+        Ok(pb)
     }
 
     /// The GPU matrix product (`shaders/templates/matmul.wgsl`): a 64x64
@@ -987,21 +1090,26 @@ impl Gen<'_> {
     /// where it applies, in 128x64 tiles where those number at least
     /// `tall_tiles_from`. Opens the epilogue loop over the
     /// invocation's outputs (`row`, `col`, `bz` in scope) and returns its
-    /// accumulator and the tile's rows.
+    /// accumulator (and a twin's, from `b1`: a third tile of workgroup
+    /// memory, so never tall) and the tile's rows.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn tiled_product(
         &mut self,
         a: &Operand,
         b: &Operand,
+        b1: Option<&Operand>,
         batch: &[usize],
         nn: usize,
         kk: usize,
         mm: usize,
         acc_dt: DType,
-    ) -> R<(String, usize)> {
-        let tall = nn.div_ceil(128) * mm.div_ceil(64) * numel(batch).max(1) >= self.tall_tiles_from;
-        if let Some(acc) = self.tiled_vec4_product(a, b, batch, nn, kk, mm, acc_dt, tall)? {
-            return Ok((acc, if tall { 128 } else { 64 }));
+    ) -> R<(String, Option<String>, usize)> {
+        let tall = b1.is_none()
+            && nn.div_ceil(128) * mm.div_ceil(64) * numel(batch).max(1) >= self.tall_tiles_from;
+        if let Some((acc, acc1)) =
+            self.tiled_vec4_product(a, b, b1, batch, nn, kk, mm, acc_dt, tall)?
+        {
+            return Ok((acc, acc1, if tall { 128 } else { 64 }));
         }
         let at = ty(acc_dt);
         let tm = matmul_rows_per_invocation(nn);
@@ -1014,34 +1122,49 @@ impl Gen<'_> {
             .n("ta_len", 16 * sa)
             .n("tb_len", 16 * 65)
             .s("sa", u(sa))
-            .s("kk", u(kk));
+            .s("kk", u(kk))
+            .b("dual", b1.is_some());
         let mut acc = None;
         let mut holes = |gen: &mut Self, hole: &str, _: &[String], env: &mut Env| -> R<()> {
             match hole {
-                "offsets" => gen.batch_offsets(batch, &[("aoff", a), ("boff", b)], env),
+                "offsets" => {
+                    gen.batch_offsets(batch, &[("aoff", a), ("boff", b)], env);
+                    if let Some(b1) = b1 {
+                        gen.batch_offsets(batch, &[("boff2", b1)], env);
+                    }
+                }
                 "tile_a" => {
                     let aoff = env.get("aoff")?;
                     if !gen.vec4_tile_a(a, &aoff, bm, nn, kk, acc_dt)? {
                         gen.tile_a_elements(a, &aoff, tm, nn, kk, acc_dt)?;
                     }
                 }
-                "tile_b" => {
-                    let boff = env.get("boff")?;
-                    if !gen.vec4_tile_b(b, &boff, kk, mm, acc_dt)? {
-                        gen.tile_b_elements(b, &boff, kk, mm, acc_dt)?;
+                "tile_b" | "tile_b2" => {
+                    let (x, off, tile) = match (hole, b1) {
+                        ("tile_b2", Some(b1)) => (b1, env.get("boff2")?, "tb2"),
+                        ("tile_b2", None) => return Err(bug("matmul template: no twin")),
+                        _ => (b, env.get("boff")?, "tb"),
+                    };
+                    if !gen.vec4_tile_b(x, &off, kk, mm, acc_dt, tile)? {
+                        gen.tile_b_elements(x, &off, kk, mm, acc_dt, tile)?;
                     }
                 }
                 "outputs" => {
-                    let accs = accumulators(env, tm)?;
+                    let accs = accumulators(env, tm, "c")?;
                     let col = "lid.x + 16u * (ij % 4u)";
-                    acc = Some(gen.tile_outputs(&accs, bm, col, nn, mm, at));
+                    let first = gen.tile_outputs(&accs, bm, col, nn, mm, at);
+                    let second = match b1 {
+                        Some(_) => Some(gen.pick(&accumulators(env, tm, "d")?, at)),
+                        None => None,
+                    };
+                    acc = Some((first, second));
                 }
                 _ => return Err(bug(format!("matmul template: no hole `{hole}`"))),
             }
             Ok(())
         };
         template::MATMUL.render(self, &mut env, &mut holes)?;
-        acc.map(|acc| (acc, bm))
+        acc.map(|(acc, acc1)| (acc, acc1, bm))
             .ok_or_else(|| bug("matmul template without outputs"))
     }
 
@@ -1091,6 +1214,7 @@ impl Gen<'_> {
         kk: usize,
         mm: usize,
         acc_dt: DType,
+        tile: &str,
     ) -> R<()> {
         self.body
             .stmt("for (var e = 0u; e < 4u; e = e + 1u) {".into());
@@ -1111,7 +1235,7 @@ impl Gen<'_> {
             .bind("bool", format!("{kb} < {} && {col} < {}", u(kk), u(mm)));
         let ib = format!("{boff} + {kb} * {} + {col} * {}", u(b.rs), u(b.cs));
         let slot = format!("{k} * 65u + {c}");
-        self.load_tile("tb", &slot, b.v, &ib, &pb, acc_dt)?;
+        self.load_tile(tile, &slot, b.v, &ib, &pb, acc_dt)?;
         self.memo = saved;
         self.body.stmt("}".into());
         Ok(())
@@ -1159,6 +1283,13 @@ impl Gen<'_> {
             u(nn),
             u(mm)
         ));
+        self.pick(accs, at)
+    }
+
+    /// In a tiled product's epilogue loop, accumulator `ij` of `accs`,
+    /// picked by selects (a dynamic index would move the accumulators out
+    /// of registers).
+    fn pick(&mut self, accs: &[String], at: &str) -> String {
         let mut pick = accs[0].clone();
         for (i, c) in accs.iter().enumerate().skip(1) {
             pick = format!("select({pick}, {c}, ij == {i}u)");

@@ -455,7 +455,23 @@ pub(super) mod tests {
     /// Products and attention of the shapes the templates' branches are
     /// for (the fixtures' are mostly small): vec4 tiles along k and along
     /// B's columns, fused operands, a transposed A, f16, a wide head.
-    const EXTRA: [&str; 6] = [
+    const EXTRA: [&str; 7] = [
+        "graph twins(%x: f32[64, 32], %w1: f32[48, 32], %w3: f32[48, 32], %m1: f32[32, 64], %m3: f32[32, 64], %y: f32[64, 37], %v1: f32[24, 37], %v3: f32[24, 37], %p: f16[64, 8], %q1: f16[8, 30], %q3: f16[8, 30]) {
+           %g = linear(%x, %w1)
+           %u = linear(%x, %w3)
+           %gs = silu(%g)
+           %h = mul(%gs, %u)
+           %gm = matmul(%x, %m1)
+           %um = matmul(%x, %m3)
+           %hm = mul(%gm, %um)
+           %gy = linear(%y, %v1)
+           %uy = linear(%y, %v3)
+           %hy = mul(%gy, %uy)
+           %gp = mm(%p, %q1)
+           %up = mm(%p, %q3)
+           %hp = mul(%gp, %up)
+           return (%h, %hm, %hy, %hp)
+         }",
         "graph lin(%x: f32[64, 32], %w: f32[48, 32], %b: f32[48]) {
            %y = linear(%x, %w, %b)
            %r = relu(%y)
