@@ -286,7 +286,7 @@ pub fn minilm_jobs(
         let ids = (0..batch)
             .map(|i| {
                 let mut t = model.tokenize(sentences[i % sentences.len().max(1)])?;
-                t.truncate(seq);
+                crate::minilm::fit(&mut t, seq);
                 Ok(t)
             })
             .collect::<Result<Vec<_>, ModelError>>()?;

@@ -100,23 +100,51 @@ fn gpu_embeddings_match_sentence_transformers() {
     let r = reference();
     let mut m = model();
     let e = session();
-    // Sentences of 3 to 14 tokens in one batch share one padded shape, so
-    // padding and the mask must not change any embedding; the 49-token one
-    // runs alone in a larger bucket (lavapipe's matmuls are slow: keep the
-    // test's work small).
+    // Sentences of at most 16 tokens in one batch share one padded shape,
+    // so padding and the mask must not change any embedding; the longer
+    // ones (49 and 34 tokens, then 100 words in 115 and 300 words cut to
+    // 256) run in buckets of their own (lavapipe's matmuls are slow: keep
+    // the test's work small).
     let all: Vec<&str> = r.sentences.iter().map(|s| s.as_str()).collect();
-    let long = all.iter().position(|s| s.len() > 100).unwrap();
-    let short: Vec<usize> = (0..all.len()).filter(|&i| i != long).collect();
-    let got = embed(
-        &mut m,
-        &short.iter().map(|&i| all[i]).collect::<Vec<_>>(),
-        Some(&e),
+    let counted: Vec<(Vec<u32>, usize)> =
+        all.iter().map(|s| m.tokenize_counted(s).unwrap()).collect();
+    let short: Vec<usize> = (0..all.len())
+        .filter(|&i| counted[i].0.len() <= 16)
+        .collect();
+    let mid: Vec<usize> = (0..all.len())
+        .filter(|&i| (17..=64).contains(&counted[i].0.len()))
+        .collect();
+    let long: Vec<usize> = (0..all.len())
+        .filter(|&i| counted[i].0.len() > 64)
+        .collect();
+    assert_eq!((short.len(), mid.len(), long.len()), (9, 2, 2));
+    // The 300 words are more word pieces than the model reads: cut to 256
+    // as sentence-transformers cuts them (its ids: `tokens_match_...`).
+    let last = *long.last().unwrap();
+    assert_eq!(counted[last].0.len(), kiln::minilm::MAX_LEN);
+    assert!(
+        counted[last].1 > kiln::minilm::MAX_LEN,
+        "{}",
+        counted[last].1
     );
-    for (&i, g) in short.iter().zip(&got) {
-        check(g, &r.embedding(i), &format!("batched, sentence {i}"));
+    for group in [short, mid] {
+        let texts: Vec<&str> = group.iter().map(|&i| all[i]).collect();
+        let got = embed(&mut m, &texts, Some(&e));
+        for (&i, g) in group.iter().zip(&got) {
+            check(g, &r.embedding(i), &format!("batched, sentence {i}"));
+        }
     }
-    let one = embed(&mut m, &all[long..long + 1], Some(&e));
-    check(&one[0], &r.embedding(long), "alone, the long sentence");
+    for i in long {
+        let ids = [counted[i].0.clone()];
+        let seq = MiniLm::bucket_of(&ids).1;
+        assert!(seq >= 128, "{seq}");
+        let one = embed(&mut m, &all[i..i + 1], Some(&e));
+        check(
+            &one[0],
+            &r.embedding(i),
+            &format!("alone, sentence {i} ({seq} tokens)"),
+        );
+    }
 }
 
 #[test]
@@ -215,6 +243,21 @@ fn the_minilm_binary_runs_from_another_directory() {
         ])
         .output()
         .unwrap();
+    // Text past the model's 256 tokens: said, on standard error.
+    let many = "word ".repeat(300);
+    let cut = std::process::Command::new(&bin)
+        .current_dir(&tmp)
+        .env("KILN_MODEL_DIR", &dir)
+        .args(["Short.", &many])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&cut.stderr);
+    assert!(cut.status.success(), "{err}");
+    assert!(
+        err.contains("note: sentence 1 is 302 tokens, over the model's 256: truncated")
+            && !err.contains("sentence 0"),
+        "{err}"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

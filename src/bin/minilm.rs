@@ -127,8 +127,15 @@ fn export(
     if ids.len() > batch {
         return Err(format!("{} sentences do not fit a batch of {batch}", ids.len()).into());
     }
-    for t in &mut ids {
-        t.truncate(seq);
+    for (i, t) in ids.iter_mut().enumerate() {
+        if t.len() > seq {
+            eprintln!(
+                "note: sentence {i} has {} word pieces; the {batch}x{seq} bucket keeps the first {}",
+                t.len(),
+                seq
+            );
+        }
+        kiln::minilm::fit(t, seq);
     }
     let t = std::time::Instant::now();
     let opts = kiln::engine::export::ExportOptions { f16_weights: f16 };
@@ -171,7 +178,7 @@ fn profile_bucket(
     let ids = (0..batch)
         .map(|i| {
             let mut t = model.tokenize(&sentences[i % sentences.len()])?;
-            t.truncate(seq);
+            kiln::minilm::fit(&mut t, seq);
             Ok(t)
         })
         .collect::<Result<Vec<_>, kiln::minilm::ModelError>>()?;
@@ -229,6 +236,18 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     let texts: Vec<&str> = sentences.iter().map(String::as_str).collect();
+    // Say what the model leaves out: text past MAX_LEN word pieces.
+    for (i, s) in texts.iter().enumerate() {
+        let (_, full) = model.tokenize_counted(s)?;
+        if full > kiln::minilm::MAX_LEN {
+            eprintln!(
+                "note: sentence {i} is {full} tokens, over the model's {}: truncated as \
+                 sentence-transformers truncates it ([CLS], its first {} word pieces, [SEP])",
+                kiln::minilm::MAX_LEN,
+                kiln::minilm::MAX_LEN - 2
+            );
+        }
+    }
     let rows: Vec<Vec<f32>> = match args.backend {
         Backend::Gpu => {
             let session = Session::open()?;

@@ -24,7 +24,10 @@ mod fetch;
 pub const HIDDEN: usize = 384;
 pub const HEADS: usize = 12;
 pub const LAYERS: usize = 6;
-pub const MAX_LEN: usize = 128;
+/// The most word pieces a sentence keeps, [CLS] and [SEP] included:
+/// sentence-transformers' `max_seq_length` for this model
+/// (`sentence_bert_config.json`), which truncates longer text to it.
+pub const MAX_LEN: usize = 256;
 const LN_EPS: f64 = 1e-12;
 
 #[derive(Debug, thiserror::Error)]
@@ -132,19 +135,25 @@ impl MiniLm {
         Ok(kiln_engine::export::export(session, &g, &weights, opts)?)
     }
 
-    /// Token ids of one sentence ([CLS] ... [SEP]), at most `MAX_LEN`.
+    /// Token ids of one sentence ([CLS] ... [SEP]), at most `MAX_LEN`
+    /// (`tokenize_counted` says whether text was cut).
     pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        Ok(self.tokenize_counted(text)?.0)
+    }
+
+    /// Token ids of one sentence ([CLS] ... [SEP]) cut to `MAX_LEN` as
+    /// sentence-transformers cuts them (the first `MAX_LEN - 2` word
+    /// pieces kept, then [SEP]), and the sentence's word pieces before
+    /// cutting.
+    pub fn tokenize_counted(&self, text: &str) -> Result<(Vec<u32>, usize), ModelError> {
         let enc = self
             .tokenizer
             .encode(text, true)
             .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
         let mut ids = enc.get_ids().to_vec();
-        if ids.len() > MAX_LEN {
-            let sep = *ids.last().expect("non-empty");
-            ids.truncate(MAX_LEN - 1);
-            ids.push(sep);
-        }
-        Ok(ids)
+        let full = ids.len();
+        fit(&mut ids, MAX_LEN);
+        Ok((ids, full))
     }
 
     /// The weight parameters, in the order `forward` declares them.
@@ -286,13 +295,23 @@ impl MiniLm {
     }
 }
 
+/// Cuts token ids ([CLS] ... [SEP]) to at most `len` as sentence-transformers
+/// truncates: the first `len - 1` kept and [SEP] last.
+pub fn fit(ids: &mut Vec<u32>, len: usize) {
+    if ids.len() > len && len > 0 {
+        let sep = *ids.last().expect("non-empty");
+        ids.truncate(len - 1);
+        ids.push(sep);
+    }
+}
+
 /// Sequence lengths and batch sizes are padded up to these, so few shapes
 /// compile.
 pub fn bucket(n: usize, sizes: &[usize]) -> usize {
     sizes.iter().copied().find(|&s| s >= n).unwrap_or(n)
 }
 
-pub const SEQ_BUCKETS: [usize; 5] = [8, 16, 32, 64, 128];
+pub const SEQ_BUCKETS: [usize; 6] = [8, 16, 32, 64, 128, 256];
 pub const BATCH_BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, 32];
 const MAX_BATCH: usize = 32;
 

@@ -50,7 +50,10 @@ import torch  # noqa: E402
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
-MAX_SEQ_LENGTH = 128  # matches tokenizer.json's truncation; sentence_bert_config.json says 256
+# sentence_bert_config.json's max_seq_length: what SentenceTransformer loads
+# (checked in load_model), and what Kiln's MAX_LEN keeps. tokenizer.json's own
+# truncation (128) is not what sentence-transformers applies.
+MAX_SEQ_LENGTH = 256
 
 SENTENCES = [
     "Hi",
@@ -65,6 +68,38 @@ SENTENCES = [
     "a cup of tea.",
     "A woman is slicing an onion in the kitchen.",
     "東京 is Tokyo's name in 日本語 🙂",
+    # 3, 30, 100 and 300 words (the last over MAX_SEQ_LENGTH word pieces:
+    # truncated by the library, [CLS] + the first 254 + [SEP]).
+    "Cats chase mice.",
+    "The committee met on Tuesday afternoon to review the budget for next year, and after a "
+    "long discussion they agreed to fund the new library wing and repair the roof.",
+    "On a grey November morning the research vessel left the harbor and turned north, "
+    "carrying twelve scientists, nine crew, and enough supplies for six weeks at sea. Their "
+    "goal was to measure how quickly the ice shelf was melting and to collect water samples "
+    "from depths that no instrument had reached before. The first days were calm, but a storm "
+    "arrived on the fourth night, forcing the captain to change course and wait behind a "
+    "small island. When the weather finally cleared, the team worked around the clock, "
+    "lowering sensors, logging data, and sharing hot soup in the narrow galley.",
+    "The history of the town begins with a river crossing. Long before there were roads, "
+    "travelers followed the valley south and waded across the shallow water where the river "
+    "widened over a bed of smooth stones. A family of ferrymen settled there, built a wooden "
+    "raft, and charged a small fee to carry goods and animals to the other bank. Over the "
+    "next century a market grew around their landing: farmers brought grain, weavers brought "
+    "cloth, and merchants from the coast arrived with salt, spices and news from distant "
+    "cities. The first stone bridge was finished in the spring of 1482 after nine years of "
+    "work, paid for by a tax on every cart that crossed it. The bridge changed everything. "
+    "Inns, stables and workshops lined the approach, a church rose on the hill above the "
+    "square, and the market charter granted by the duke allowed a fair to be held every "
+    "autumn for two full weeks. Plague, fire and war each left their mark in turn. In 1630 "
+    "soldiers burned half of the houses near the water, and the people rebuilt them in brick, "
+    "which is why the old quarter still looks so different from the timber streets further up "
+    "the slope. The railway arrived in 1868 and brought mills, a brewery and thousands of new "
+    "workers, many of whom lived in crowded rows of cottages beside the tracks. Schools, a "
+    "hospital and a public library followed within a generation. Today the mills have become "
+    "apartments and galleries, the brewery houses a museum of local crafts, and the market "
+    "still fills the square every Saturday morning. Visitors who stand on the bridge at "
+    "sunset can watch swallows skim the surface of the river, exactly where the ferrymen once "
+    "pushed their raft from one muddy bank to the other, too.",
 ]
 
 
@@ -98,14 +133,15 @@ def load_model(cache_dir):
 
         model = SentenceTransformer(
             modules=[
-                models.Transformer(str(cache_dir)),
+                models.Transformer(str(cache_dir), max_seq_length=MAX_SEQ_LENGTH),
                 models.Pooling(384, "mean"),
                 models.Normalize(),
             ],
             device="cpu",
         )
     model.eval()
-    model.max_seq_length = MAX_SEQ_LENGTH
+    if model.max_seq_length != MAX_SEQ_LENGTH:
+        fail(f"the library loads max_seq_length {model.max_seq_length}, expected {MAX_SEQ_LENGTH}")
     return model
 
 
@@ -245,6 +281,7 @@ def main():
     ids = [tokenize_ids(model, s) for s in SENTENCES]
     tk = tokenizers.Tokenizer.from_file(str(cache_dir / "tokenizer.json"))
     tk.no_padding()  # tokenizer.json pads to a fixed 128 by default
+    tk.enable_truncation(MAX_SEQ_LENGTH)  # and truncates at 128: the library's is 256
     for s, i in zip(SENTENCES, ids):
         j = tk.encode(s).ids
         if i != j:
