@@ -1143,7 +1143,15 @@ fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
         let path = tmp.join(format!("minilm_{f16}.kiln"));
         let s = Session::new(gpu.clone());
         let bytes = model
-            .export(&s, b, seq, &ExportOptions { f16_weights: f16 })
+            .export(
+                &s,
+                b,
+                seq,
+                &ExportOptions {
+                    f16_weights: f16,
+                    ..Default::default()
+                },
+            )
             .unwrap();
         std::fs::write(&path, &bytes).unwrap();
         let (warm, load, emb) = {

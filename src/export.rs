@@ -50,34 +50,66 @@ pub fn write_found(
     output: &Path,
     opts: &ExportOptions,
 ) -> Result<usize, String> {
-    let bytes = export::export(session, g, &found, opts).map_err(|e| e.to_string())?;
+    let (bytes, weights) =
+        export::export_parts(session, g, &found, opts).map_err(|e| e.to_string())?;
     std::fs::write(output, &bytes)
         .map_err(|e| format!("cannot write {}: {e}", output.display()))?;
+    if let Some(name) = &opts.weights_file {
+        let path = weights_beside(output, name)?;
+        std::fs::write(&path, &weights)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
     Ok(bytes.len())
 }
 
-/// An export file mapped in memory.
+/// Where the weights file `name` of the export at `export` lives: in the
+/// same folder (a bare file name, never a path elsewhere).
+pub fn weights_beside(export: &Path, name: &str) -> Result<std::path::PathBuf, String> {
+    let bare = Path::new(name)
+        .file_name()
+        .is_some_and(|f| f == std::ffi::OsStr::new(name));
+    if !bare || name == ".." || name == "." {
+        return Err(format!(
+            "the weights file `{name}` must be a file name, beside the export (no folder)"
+        ));
+    }
+    Ok(export.parent().unwrap_or(Path::new(".")).join(name))
+}
+
+/// An export file mapped in memory, and its weights file where it keeps
+/// its constants apart (format version 3).
 pub struct ExportFile {
     map: memmap2::Mmap,
+    weights: Option<memmap2::Mmap>,
     path: String,
+}
+
+fn map_file(path: &Path) -> Result<memmap2::Mmap, String> {
+    let f =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    // SAFETY: mapped read-only; Kiln never writes an export it reads.
+    unsafe { memmap2::Mmap::map(&f) }.map_err(|e| format!("cannot map {}: {e}", path.display()))
 }
 
 impl ExportFile {
     pub fn open(path: &Path) -> Result<ExportFile, String> {
-        let f = std::fs::File::open(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        // SAFETY: mapped read-only; Kiln never writes an export it reads.
-        let map = unsafe { memmap2::Mmap::map(&f) }
-            .map_err(|e| format!("cannot map {}: {e}", path.display()))?;
+        let map = map_file(path)?;
+        let at = |e: export::ExportError| format!("{}: {e}", path.display());
+        let weights = match export::weights_of(&map).map_err(at)? {
+            Some(w) => Some(map_file(&weights_beside(path, &w.file)?)?),
+            None => None,
+        };
         Ok(ExportFile {
             map,
+            weights,
             path: path.display().to_string(),
         })
     }
 
-    /// The checked contents (`export::read`).
+    /// The checked contents (`export::read_with`).
     pub fn read(&self) -> Result<Exported<'_>, String> {
-        export::read(&self.map).map_err(|e| format!("{}: {e}", self.path))
+        export::read_with(&self.map, self.weights.as_deref())
+            .map_err(|e| format!("{}: {e}", self.path))
     }
 
     pub fn bytes(&self) -> &[u8] {

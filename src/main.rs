@@ -178,6 +178,11 @@ enum Cmd {
         /// feature) instead of for this machine's adapter.
         #[arg(long)]
         web: bool,
+        /// Keep the weights in a file of this name beside OUTPUT instead
+        /// of inside it (format version 3): exports of one model at
+        /// several shapes share it, and it is downloaded or read once.
+        #[arg(long)]
+        weights_file: Option<String>,
     },
     /// Print an export's manifest and program.
     Inspect {
@@ -281,6 +286,7 @@ fn main_result(cli: Cli) -> Result<(), String> {
             output,
             weights_dtype,
             web,
+            weights_file,
         } => {
             let (g, imported) = load(&prog)?;
             let session = if web {
@@ -291,6 +297,7 @@ fn main_result(cli: Cli) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
             let opts = kiln::engine::export::ExportOptions {
                 f16_weights: matches!(weights_dtype, Some(WeightsDtype::F16)),
+                weights_file,
             };
             let n = match (&weights, &imported) {
                 (Some(w), _) => kiln::export::write(&session, &g, w, &output, &opts),

@@ -449,6 +449,32 @@ fn exports_run_from_the_command_line() {
     for ((n, a), (_, b)) in want.iter().zip(&kiln::io::load_all(&o).unwrap()) {
         assert_eq!(a.values(), b.values(), "{n}: kiln-run differs");
     }
+    // The weights in a file of their own beside the export (format
+    // version 3): `run`, `inspect` and `kiln-run` find it there; without
+    // it the export says which file it needs.
+    let apart = dir().join("llama_apart.kiln");
+    export(&apart, &["--weights-file", "llama.weights"]);
+    assert!(std::fs::metadata(&apart).unwrap().len() < std::fs::metadata(&model).unwrap().len());
+    let got = run(&["run", s(&apart), "--backend", "gpu"], "apart.safetensors");
+    for ((n, a), (_, b)) in want.iter().zip(&got) {
+        assert_eq!(
+            a.values(),
+            b.values(),
+            "{n}: the export with its weights apart differs"
+        );
+    }
+    let out = Command::new(&kr)
+        .args([s(&apart), "--inputs", s(&fix), "--output", s(&o)])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_file(dir().join("llama.weights")).unwrap();
+    let (ok, _, err) = kiln(&["inspect", s(&apart)]);
+    assert!(!ok && err.contains("llama.weights"), "{err}");
     // A damaged file: a clear error, no panic.
     let mut bytes = std::fs::read(&model).unwrap();
     let n = bytes.len();

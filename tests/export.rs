@@ -125,7 +125,16 @@ fn f16_weights_halve_the_constants() {
     let (g, ins, weights) = example(&path);
     let s = Session::new(gpu);
     let full = export_example(&s, &g, &ins, &weights, &ExportOptions::default());
-    let half = export_example(&s, &g, &ins, &weights, &ExportOptions { f16_weights: true });
+    let half = export_example(
+        &s,
+        &g,
+        &ins,
+        &weights,
+        &ExportOptions {
+            f16_weights: true,
+            ..Default::default()
+        },
+    );
     let const_bytes = |b: &[u8]| -> u64 {
         let e = export::read(b).unwrap();
         e.manifest
@@ -159,6 +168,86 @@ fn f16_weights_halve_the_constants() {
     );
 }
 
+/// One weights file serves exports of a model at several shapes (format
+/// version 3): identical bytes from each export, the exports small, the
+/// weights uploaded once to a session that loads both, results those of
+/// the program compiled in memory; read without its weights file, or with
+/// another, an export says so.
+#[test]
+fn exports_share_a_weights_file() {
+    let gpu = gpu();
+    let s = Session::new(gpu.clone());
+    let src = |rows: usize| {
+        format!(
+            "graph lin(%x: f32[{rows}, 64], %w: f32[96, 64], %b: f32[96]) {{\n  %y = linear(%x, %w, %b)\n  %z = relu(%y)\n  return %z\n}}"
+        )
+    };
+    let opts = ExportOptions {
+        f16_weights: false,
+        weights_file: Some("lin.weights".into()),
+    };
+    // (program, inputs, export, weights file) per shape.
+    type Part = (Graph, Vec<HostTensor<'static>>, Vec<u8>, Vec<u8>);
+    let mut parts: Vec<Part> = vec![];
+    for rows in [4, 32] {
+        let g = parse(&src(rows)).unwrap();
+        let ins = kiln::functionalize::random::random_inputs(&g, rows as u64, 1.0);
+        let mut ins: Vec<HostTensor> = ins.iter().map(HostTensor::from_rtensor).collect();
+        // One model: the first shape's weights.
+        if let Some(first) = parts.first() {
+            ins[1] = first.1[1].clone();
+            ins[2] = first.1[2].clone();
+        }
+        let w = vec![
+            ("w".to_string(), ins[1].clone()),
+            ("b".to_string(), ins[2].clone()),
+        ];
+        let (file, weights) = export::export_parts(&s, &g, &w, &opts).unwrap();
+        assert!(
+            export::export(&s, &g, &w, &opts).is_err(),
+            "two files from one call"
+        );
+        parts.push((g, ins, file, weights));
+    }
+    assert!(parts[0].3 == parts[1].3, "the weights files differ");
+    assert_eq!(parts[0].3.len(), 256 * (96 * 64 * 4 / 256) + 96 * 4);
+    let blob = parts[0].3.clone();
+    let fresh = Session::new(gpu.clone());
+    let before = fresh.totals().uploaded_bytes;
+    for (g, ins, file, _) in &parts {
+        assert!(file.len() < blob.len(), "{} bytes", file.len());
+        assert_eq!(
+            export::weights_of(file).unwrap().unwrap().file,
+            "lin.weights"
+        );
+        let e = export::read(file).err().unwrap().to_string();
+        assert!(
+            e.contains("lin.weights") && e.contains("must be loaded"),
+            "{e}"
+        );
+        let e = export::read_with(file, Some(&blob[..blob.len() - 4]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not `lin.weights` as it was exported"), "{e}");
+        let e = export::read_with(file, Some(&blob)).unwrap();
+        let exe = fresh.load_exported(&e).unwrap();
+        assert_eq!(exe.input_params(), vec![0]);
+        let got = run_bytes(&fresh, &exe, ins);
+        let m = Session::new(gpu.clone());
+        m.add_constant("w", &ins[1]).unwrap();
+        m.add_constant("b", &ins[2]).unwrap();
+        let mem = m.compile(g).unwrap();
+        assert_eq!(got, run_bytes(&m, &mem, ins));
+    }
+    // The weights once, each run's x apart.
+    let runs: u64 = (4 + 32) * 64 * 4;
+    assert_eq!(
+        fresh.totals().uploaded_bytes - before,
+        (96 * 64 + 96) * 4 + runs
+    );
+}
+
 /// Errors say what is wrong: another format version, a device that lacks
 /// what the kernels need, a constant that does not fit.
 #[test]
@@ -172,7 +261,7 @@ fn refusals_say_why() {
     v1[8] = 1;
     let e = export::read(&v1).err().unwrap().to_string();
     assert!(
-        e.contains("version 1") && e.contains("reads version 2"),
+        e.contains("version 1") && e.contains("reads versions 2 and 3"),
         "{e}"
     );
     let e = export::read(&bytes[..100]).err().unwrap().to_string();

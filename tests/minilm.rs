@@ -305,7 +305,15 @@ fn exported_model_matches_bit_for_bit() {
     let mut run = |f16: bool| -> (usize, Vec<f32>) {
         let fresh = Session::new(s.gpu().clone());
         let bytes = m
-            .export(&fresh, b, t, &ExportOptions { f16_weights: f16 })
+            .export(
+                &fresh,
+                b,
+                t,
+                &ExportOptions {
+                    f16_weights: f16,
+                    ..Default::default()
+                },
+            )
             .unwrap();
         let e = export::read(&bytes).unwrap();
         let exe = fresh.load_exported(&e).unwrap();

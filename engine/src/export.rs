@@ -27,6 +27,11 @@ pub const MAGIC: [u8; 8] = *b"KILNPROG";
 /// The format this runtime writes and reads (2: the manifest carries the
 /// values' types, host views and statements; 1 left them to the text).
 pub const FORMAT_VERSION: u32 = 2;
+/// The format of an export whose constants live in a weights file of
+/// their own (`Manifest::weights`), shared by exports of one model at
+/// several shapes: a version-2 runtime refuses it rather than run without
+/// its weights.
+pub const SHARED_WEIGHTS_VERSION: u32 = 3;
 pub const HEADER_LEN: usize = 80;
 /// Constants start at multiples of this (WebGPU's copy and binding
 /// alignment).
@@ -43,6 +48,8 @@ pub enum ExportError {
     Version(String),
     #[error("the export is damaged: {0}")]
     Corrupt(String),
+    #[error("{0}")]
+    Weights(String),
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -79,6 +86,20 @@ pub struct Manifest {
     pub memory: [usize; 6],
     pub kernels: Vec<KernelEntry>,
     pub requires: Requirements,
+    /// Version 3: the constants' offsets are in this weights file (beside
+    /// the export), not in the export's own (empty) data section.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<WeightsEntry>,
+}
+
+/// A weights file several exports share: the data section of an export,
+/// stored apart (every constant at a multiple of `ALIGN`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WeightsEntry {
+    /// Its file name, looked up in the export's folder.
+    pub file: String,
+    pub bytes: u64,
+    pub crc32: u32,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -168,6 +189,10 @@ pub struct Requirements {
 pub struct ExportOptions {
     /// Store f32 constants as f16 (half the file; converted back at load).
     pub f16_weights: bool,
+    /// Keep the constants in a weights file of this name beside the
+    /// export (format version 3; `export_parts` returns its bytes): exports
+    /// of one model at several shapes share one download of its weights.
+    pub weights_file: Option<String>,
 }
 
 /// Compiles `g` for `session`'s device with the parameters found in
@@ -179,6 +204,24 @@ pub fn export(
     weights: &[(String, HostTensor<'_>)],
     opts: &ExportOptions,
 ) -> Result<Vec<u8>, EngineError> {
+    if opts.weights_file.is_some() {
+        return Err(EngineError::Internal(
+            "an export with a weights file of its own is two files: use export_parts".into(),
+        ));
+    }
+    Ok(export_parts(session, g, weights, opts)?.0)
+}
+
+/// `export`, returning the export file's bytes and those of its weights
+/// file (`ExportOptions::weights_file`; empty when the constants are
+/// inside the export).
+#[cfg(feature = "compiler")]
+pub fn export_parts(
+    session: &Session,
+    g: &Graph,
+    weights: &[(String, HostTensor<'_>)],
+    opts: &ExportOptions,
+) -> Result<(Vec<u8>, Vec<u8>), EngineError> {
     let by_name: HashMap<&str, &HostTensor> =
         weights.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let mut bound = vec![];
@@ -359,6 +402,7 @@ fn manifest(
             mem.eager_peak,
         ],
         requires: requirements(p, &kernels, gpu)?,
+        weights: None,
         kernels,
     })
 }
@@ -414,7 +458,7 @@ fn requirements(
 /// The file's bytes: `p`'s manifest, `text` (the functionalized program
 /// returning what a run returns: the outputs, then the mutated
 /// parameters' final values, so the reference can run it too) and the
-/// constants.
+/// constants; or, with a weights file, the constants' bytes apart.
 #[cfg(feature = "compiler")]
 fn write(
     p: &Program,
@@ -422,9 +466,22 @@ fn write(
     constants: &[(usize, &HostTensor<'_>)],
     gpu: &crate::Gpu,
     opts: &ExportOptions,
-) -> Result<Vec<u8>, EngineError> {
-    let (data, entries) = constant_data(constants, opts)?;
-    let manifest = manifest(p, entries, gpu)?;
+) -> Result<(Vec<u8>, Vec<u8>), EngineError> {
+    let (mut data, entries) = constant_data(constants, opts)?;
+    let mut manifest = manifest(p, entries, gpu)?;
+    let mut apart = vec![];
+    let version = match &opts.weights_file {
+        Some(file) => {
+            manifest.weights = Some(WeightsEntry {
+                file: file.clone(),
+                bytes: data.len() as u64,
+                crc32: crc32fast::hash(&data),
+            });
+            apart = std::mem::take(&mut data);
+            SHARED_WEIGHTS_VERSION
+        }
+        None => FORMAT_VERSION,
+    };
     let json = serde_json::to_vec(&manifest)
         .map_err(|e| EngineError::Internal(format!("writing the manifest: {e}")))?;
     let man_off = HEADER_LEN;
@@ -432,7 +489,7 @@ fn write(
     let data_off = (prog_off + text.len()).next_multiple_of(ALIGN);
     let mut out = Vec::with_capacity(data_off + data.len());
     out.extend(MAGIC);
-    out.extend(FORMAT_VERSION.to_le_bytes());
+    out.extend(version.to_le_bytes());
     out.extend(0u32.to_le_bytes());
     out.extend((man_off as u64).to_le_bytes());
     out.extend((json.len() as u64).to_le_bytes());
@@ -449,7 +506,7 @@ fn write(
     out.extend(text.as_bytes());
     out.resize(data_off, 0);
     out.extend(&data);
-    Ok(out)
+    Ok((out, apart))
 }
 
 /// The header's fields.
@@ -477,11 +534,11 @@ pub fn header(bytes: &[u8]) -> Result<Header, ExportError> {
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
     let version = u32_at(8);
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != SHARED_WEIGHTS_VERSION {
         return Err(ExportError::Version(format!(
-            "the file is export format version {version}; this runtime reads version \
-             {FORMAT_VERSION} (re-export the program with this kiln, or use the kiln that \
-             wrote it)"
+            "the file is export format version {version}; this runtime reads versions \
+             {FORMAT_VERSION} and {SHARED_WEIGHTS_VERSION} (re-export the program with this \
+             kiln, or use the kiln that wrote it)"
         )));
     }
     if crc32fast::hash(&bytes[..76]) != u32_at(76) {
@@ -526,22 +583,78 @@ pub struct Exported<'a> {
 
 /// Parses and checks every part of an export file: checksums, every name,
 /// range and index of the manifest, every shader (naga). A damaged or
-/// hostile file is an error, never a panic.
+/// hostile file is an error, never a panic. An export whose weights are
+/// in a file of their own (`weights_of`) needs `read_with`.
 pub fn read(bytes: &[u8]) -> Result<Exported<'_>, ExportError> {
+    read_with(bytes, None)
+}
+
+/// The manifest of an export file, its checksum checked.
+fn manifest_of(bytes: &[u8], h: &Header) -> Result<Manifest, ExportError> {
+    let json = &bytes[h.manifest.0..h.manifest.0 + h.manifest.1];
+    if crc32fast::hash(json) != h.manifest.2 {
+        return corrupt("the manifest section's checksum does not match");
+    }
+    serde_json::from_slice(json)
+        .map_err(|e| ExportError::Corrupt(format!("the manifest does not parse: {e}")))
+}
+
+/// The weights file an export reads its constants from, if it has one
+/// (format version 3): load it from the export's folder for `read_with`.
+pub fn weights_of(bytes: &[u8]) -> Result<Option<WeightsEntry>, ExportError> {
     let h = header(bytes)?;
-    let section = |(o, l): (usize, usize), crc: u32, what: &str| -> Result<&[u8], ExportError> {
-        let s = &bytes[o..o + l];
-        if crc32fast::hash(s) != crc {
-            return corrupt(format!("the {what} section's checksum does not match"));
-        }
-        Ok(s)
-    };
-    let json = section((h.manifest.0, h.manifest.1), h.manifest.2, "manifest")?;
-    let manifest: Manifest = serde_json::from_slice(json)
-        .map_err(|e| ExportError::Corrupt(format!("the manifest does not parse: {e}")))?;
-    let text = std::str::from_utf8(section((h.program.0, h.program.1), h.program.2, "program")?)
+    Ok(manifest_of(bytes, &h)?.weights)
+}
+
+/// `read` of an export and, where it keeps its constants apart, the
+/// bytes of its weights file (length and checksum checked).
+pub fn read_with<'a>(
+    bytes: &'a [u8],
+    weights: Option<&'a [u8]>,
+) -> Result<Exported<'a>, ExportError> {
+    let h = header(bytes)?;
+    let manifest = manifest_of(bytes, &h)?;
+    let program_text = &bytes[h.program.0..h.program.0 + h.program.1];
+    if crc32fast::hash(program_text) != h.program.2 {
+        return corrupt("the program section's checksum does not match");
+    }
+    let text = std::str::from_utf8(program_text)
         .map_err(|_| ExportError::Corrupt("the program text is not UTF-8".into()))?;
-    let data = &bytes[h.data.0..h.data.0 + h.data.1];
+    let data = match (&manifest.weights, weights) {
+        (None, _) if h.version == FORMAT_VERSION => &bytes[h.data.0..h.data.0 + h.data.1],
+        (Some(w), Some(blob)) if h.version == SHARED_WEIGHTS_VERSION && h.data.1 == 0 => {
+            if blob.len() as u64 != w.bytes || crc32fast::hash(blob) != w.crc32 {
+                return Err(ExportError::Weights(format!(
+                    "the weights file given for this export is not `{}` as it was exported \
+                     ({} bytes, CRC-32 {:08x}; given: {} bytes): export the model and its \
+                     weights again together",
+                    w.file,
+                    w.bytes,
+                    w.crc32,
+                    blob.len()
+                )));
+            }
+            blob
+        }
+        (Some(w), None) if h.version == SHARED_WEIGHTS_VERSION => {
+            return Err(ExportError::Weights(format!(
+                "the export keeps its weights in `{}` ({} bytes), which must be loaded with it \
+                 (from the export's folder)",
+                w.file, w.bytes
+            )))
+        }
+        _ => {
+            return corrupt(format!(
+                "a version-{} file {} a weights file of its own",
+                h.version,
+                if manifest.weights.is_some() {
+                    "naming"
+                } else {
+                    "without"
+                }
+            ))
+        }
+    };
     let (program, constants) = rebuild(&manifest, data)?;
     Ok(Exported {
         manifest,
@@ -1053,7 +1166,25 @@ impl Session {
         }
         let mut bound = vec![];
         for (i, t) in e.constant_tensors()? {
-            bound.push((i, self.upload_async(&t).await?));
+            // Exports sharing a weights file share its tensors on the
+            // device: each is uploaded once per session.
+            let key = e
+                .manifest
+                .weights
+                .as_ref()
+                .zip(e.manifest.params[i].constant.as_ref());
+            let key = key.map(|(w, c)| (w.crc32, w.bytes, c.offset, t.dtype()));
+            let d = match key.and_then(|k| self.shared_weight(&k)) {
+                Some(d) => d,
+                None => {
+                    let d = self.upload_async(&t).await?;
+                    if let Some(k) = key {
+                        self.keep_shared_weight(k, d.clone());
+                    }
+                    d
+                }
+            };
+            bound.push((i, d));
         }
         let program = e.program.clone();
         Ok(self.load_bound(program, bound).await?)

@@ -2,7 +2,7 @@
 //!
 //!     cargo run --release --bin minilm -- [--backend gpu|reference] [--model DIR] [--output FILE] SENTENCE...
 //!     cargo run --release --bin minilm -- --print-model-dir [--model DIR]
-//!     cargo run --release --bin minilm -- --export FILE [--bucket BxT] [--f16-weights] [--web] SENTENCE...
+//!     cargo run --release --bin minilm -- --export FILE [--bucket BxT] [--f16-weights] [--web] [--weights-file NAME] SENTENCE...
 //!
 //! Finds the model (`--model DIR`, `KILN_MODEL_DIR`, or the per-user
 //! cache) and fetches it there when missing, prints the adapter, the
@@ -66,6 +66,11 @@ struct Args {
     /// optional feature) instead of for this machine's adapter.
     #[arg(long)]
     web: bool,
+    /// With `--export`: keep the weights in a file of this name beside the
+    /// export (format version 3); exports of several buckets with the same
+    /// name share it.
+    #[arg(long)]
+    weights_file: Option<String>,
     /// Run the model this many times on one session from `--threads`
     /// threads, the buckets of `--soak-buckets` alternating, and report
     /// resident and device memory after the warm-up and at the end, the
@@ -112,6 +117,7 @@ fn export(
     bucket: Option<(usize, usize)>,
     f16: bool,
     web: bool,
+    weights_file: Option<String>,
     path: &std::path::Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let session = if web {
@@ -138,9 +144,17 @@ fn export(
         kiln::minilm::fit(t, seq);
     }
     let t = std::time::Instant::now();
-    let opts = kiln::engine::export::ExportOptions { f16_weights: f16 };
-    let bytes = model.export(&session, batch, seq, &opts)?;
+    let opts = kiln::engine::export::ExportOptions {
+        f16_weights: f16,
+        weights_file: weights_file.clone(),
+    };
+    let (bytes, weights) = model.export_parts(&session, batch, seq, &opts)?;
     std::fs::write(path, &bytes)?;
+    if let Some(name) = &weights_file {
+        let w = kiln::export::weights_beside(path, name)?;
+        std::fs::write(&w, &weights)?;
+        println!("wrote {} ({} bytes of weights)", w.display(), weights.len());
+    }
     println!(
         "wrote {} ({} bytes, {batch} x {seq} tokens, weights {}, for {}) in {:.0} ms",
         path.display(),
@@ -232,6 +246,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             args.bucket,
             args.f16_weights,
             args.web,
+            args.weights_file.clone(),
             path,
         );
     }

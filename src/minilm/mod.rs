@@ -127,12 +127,27 @@ impl MiniLm {
         seq: usize,
         opts: &kiln_engine::export::ExportOptions,
     ) -> Result<Vec<u8>, ModelError> {
+        Ok(self.export_parts(session, batch, seq, opts)?.0)
+    }
+
+    /// `export`, and the bytes of the weights file when
+    /// `opts.weights_file` keeps them apart (the same for every bucket:
+    /// one weights file serves them all).
+    pub fn export_parts(
+        &mut self,
+        session: &Session,
+        batch: usize,
+        seq: usize,
+        opts: &kiln_engine::export::ExportOptions,
+    ) -> Result<(Vec<u8>, Vec<u8>), ModelError> {
         let g = self.graph(batch, seq)?.clone();
         let weights = Self::weight_names()
             .into_iter()
             .map(|n| Ok((n.clone(), self.weight(&n)?)))
             .collect::<Result<Vec<_>, ModelError>>()?;
-        Ok(kiln_engine::export::export(session, &g, &weights, opts)?)
+        Ok(kiln_engine::export::export_parts(
+            session, &g, &weights, opts,
+        )?)
     }
 
     /// Token ids of one sentence ([CLS] ... [SEP]), at most `MAX_LEN`

@@ -128,6 +128,10 @@ pub struct SessionTotals {
 /// tensor, so programs bound to the old one are not found for the new).
 type ProgramKey = (u128, Vec<(usize, usize)>);
 
+/// A constant of a shared weights file: the file's CRC-32 and length, the
+/// constant's offset there, its dtype on the device.
+pub(crate) type SharedWeight = (u32, u64, u64, kiln_dtype::DType);
+
 /// A device, the constants uploaded to it, and the programs compiled for it.
 /// `Send + Sync`: share it (in an `Arc`) between threads.
 pub struct Session {
@@ -136,6 +140,10 @@ pub struct Session {
     /// The device's choices (`Gpu::compile_options`), or the caller's.
     options: crate::CompileOptions,
     constants: RwLock<HashMap<String, DeviceTensor>>,
+    /// Constants of exports with a weights file of their own, by (the
+    /// file's CRC-32 and length, the constant's offset there, its dtype on
+    /// the device): uploaded once for every export sharing the file.
+    shared_weights: Mutex<HashMap<SharedWeight, DeviceTensor>>,
     programs: Mutex<HashMap<ProgramKey, Arc<Executable>>>,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     totals: Mutex<SessionTotals>,
@@ -156,6 +164,7 @@ impl Session {
             gpu,
             options,
             constants: RwLock::new(HashMap::new()),
+            shared_weights: Mutex::new(HashMap::new()),
             programs: Mutex::new(HashMap::new()),
             pipelines: Mutex::new(HashMap::new()),
             totals: Mutex::new(SessionTotals::default()),
@@ -242,6 +251,16 @@ impl Session {
 
     pub fn constant(&self, name: &str) -> Option<DeviceTensor> {
         self.constants.read().ok()?.get(name).cloned()
+    }
+
+    pub(crate) fn shared_weight(&self, k: &SharedWeight) -> Option<DeviceTensor> {
+        self.shared_weights.lock().ok()?.get(k).cloned()
+    }
+
+    pub(crate) fn keep_shared_weight(&self, k: SharedWeight, t: DeviceTensor) {
+        if let Ok(mut m) = self.shared_weights.lock() {
+            m.insert(k, t);
+        }
     }
 
     /// Compiles `g` for this device (once: later calls with the same
