@@ -21,7 +21,9 @@ WASM_TARGET_DIR=${KILN_WASM_TARGET_DIR:-$ROOT/target/wasm}
 # The native binaries (export, inspect, run), wherever cargo puts them.
 BIN="${CARGO_TARGET_DIR:-target}/release"
 BINDGEN_VERSION=$(sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' web/Cargo.toml)
-BUCKET=${KILN_WEB_BUCKET:-8x32}
+# Sequence buckets of the page's model: each run takes the smallest that
+# holds its sentences (equal tokens per run: 256).
+BUCKETS=${KILN_WEB_BUCKETS:-8x32 4x64 2x128 1x256}
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
 
@@ -70,36 +72,69 @@ build_wasm() {
 build_model() {
     # The model for browsers: WebGPU's default limits, f16-stored weights
     # (half the download; widened to f32 at load, so no shader-f16 needed),
-    # one bucket. Its native run on the same sentences is kept beside it
-    # for the page test.
+    # one export per sequence bucket, all reading one weights file (the
+    # page downloads it once). The native run of each bucket's export on
+    # sentences that fit it is kept for the page test.
     local model_src
-    model_src=$(newest engine/src functionalize/src src)
-    if [ -f "$DIST/minilm.kiln" ] && [ "$(newest "$DIST/minilm.kiln")" -ge "$model_src" ]; then
+    model_src=$(newest engine/src functionalize/src src scripts/web.sh)
+    if [ -f "$DIST/models.json" ] && [ "$(newest "$DIST/models.json")" -ge "$model_src" ]; then
         return
     fi
-    echo "exporting MiniLM for the web ($BUCKET, f16 weights)"
+    echo "exporting MiniLM for the web (buckets $BUCKETS, f16 weights in one file)"
     cargo build -q --release --bin minilm --bin kiln
-    local sentences=("A man is playing a guitar." "Someone plays a guitar." \
+    rm -f "$DIST"/minilm*.kiln "$DIST/minilm.weights" "$DIST/minilm.kiln"
+    mkdir -p "$CHECK"
+    rm -f "$CHECK"/*.safetensors
+    local short=("A man is playing a guitar." "Someone plays a guitar." \
         "The weather is lovely today." "It's so sunny outside!" \
         "A woman is slicing an onion in the kitchen." \
         "The stock market fell sharply after the announcement." \
         "Kiln turns programs with views and mutations into pure functions." "Hi")
-    "$BIN"/minilm --export "$DIST/minilm.kiln" --bucket "$BUCKET" --f16-weights --web \
-        "${sentences[@]}"
-    mkdir -p "$CHECK"
-    mv "$DIST/minilm.inputs.safetensors" "$CHECK/"
-    python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${sentences[@]}" \
-        >"$CHECK/sentences.json"
+    # Longer text from the MiniLM fixture: 49 and 34 tokens, 100 words
+    # (115 tokens), 300 words (cut to 256 as sentence-transformers cuts).
+    local -a mid long para
+    mapfile -t mid < <(python3 -c 'import json; s = json.load(open("tests/minilm/sentences.json")); print(s[6]); print(s[10])')
+    mapfile -t long < <(python3 -c 'import json; s = json.load(open("tests/minilm/sentences.json")); print(s[11])')
+    mapfile -t para < <(python3 -c 'import json; s = json.load(open("tests/minilm/sentences.json")); print(s[12])')
+    local files=() checks=()
+    for b in $BUCKETS; do
+        local -a these
+        case "${b#*x}" in
+            32) these=("${short[@]}") ;;
+            64) these=("${mid[@]}") ;;
+            128) these=("${long[@]}") ;;
+            *) these=("${para[@]}") ;;
+        esac
+        "$BIN"/minilm --export "$DIST/minilm-$b.kiln" --bucket "$b" --f16-weights --web \
+            --weights-file minilm.weights "${these[@]}"
+        mv "$DIST/minilm-$b.inputs.safetensors" "$CHECK/"
+        "$BIN"/kiln run "$DIST/minilm-$b.kiln" \
+            --inputs "$CHECK/minilm-$b.inputs.safetensors" --output "$CHECK/native-$b.safetensors"
+        files+=("minilm-$b.kiln")
+        checks+=("$b" "$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${these[@]}")")
+    done
+    python3 -c 'import json, sys; a = sys.argv[1:]; print(json.dumps([{"bucket": a[i], "sentences": json.loads(a[i + 1])} for i in range(0, len(a), 2)], indent=1))' \
+        "${checks[@]}" >"$CHECK/checks.json"
     # The variants the page chooses from by its adapter (one: it needs only
-    # WebGPU's defaults), with what each needs.
+    # WebGPU's defaults), with what each needs (all its buckets together).
+    local reqs=()
+    for f in "${files[@]}"; do
+        reqs+=("$("$BIN"/kiln inspect "$DIST/$f" --requires)")
+    done
     python3 -c 'import json, os, sys
-print(json.dumps([{"file": "minilm.kiln", "weights": "f16",
-    "bytes": os.path.getsize(sys.argv[1] + "/minilm.kiln"),
-    "requires": json.loads(sys.argv[2])}], indent=1))' \
-        "$DIST" "$("$BIN"/kiln inspect "$DIST/minilm.kiln" --requires)" >"$DIST/models.json"
+dist, n = sys.argv[1], int(sys.argv[2])
+files, reqs = sys.argv[3:3 + n], [json.loads(r) for r in sys.argv[3 + n:]]
+# What every bucket needs: features of any, the largest limits, the
+# smallest offset alignment.
+need = {k: (min if k == "min_storage_buffer_offset_alignment" else max)(r[k] for r in reqs)
+        for k in reqs[0] if k != "features"}
+need["features"] = sorted({f for r in reqs for f in r["features"]})
+size = lambda f: os.path.getsize(os.path.join(dist, f))
+print(json.dumps([{"name": "minilm", "weights": "f16", "weights_file": "minilm.weights",
+    "buckets": files, "bytes": size("minilm.weights") + sum(map(size, files)),
+    "requires": need}], indent=1))' \
+        "$DIST" "${#files[@]}" "${files[@]}" "${reqs[@]}" >"$DIST/models.json"
     cp "$("$BIN"/minilm --print-model-dir)/tokenizer.json" "$DIST/tokenizer.json"
-    "$BIN"/kiln run "$DIST/minilm.kiln" --inputs "$CHECK/minilm.inputs.safetensors" \
-        --output "$CHECK/native.safetensors"
 }
 
 build() {

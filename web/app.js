@@ -34,7 +34,7 @@ async function start() {
   const resp = await fetch(VARIANTS);
   if (!resp.ok) throw new Error(`cannot download ${VARIANTS}: HTTP ${resp.status}`);
   const variant = await chooseVariant(await resp.json());
-  const { embedder, fromCache } = await loadEmbedder(variant.file, TOKENIZER, (loaded, total) => {
+  const { embedder, fromCache } = await loadEmbedder(variant, TOKENIZER, (loaded, total) => {
     $("progress").max = total;
     $("progress").value = loaded;
     $("progress-label").textContent = `Downloading the model… ${mb(loaded)} of ${mb(total)}`;
@@ -43,7 +43,9 @@ async function start() {
     ? "Model loaded from the browser's cache."
     : "Model downloaded (kept for the next visit).";
   const adapter = await adapterName();
-  $("adapter").textContent = `WebGPU adapter: ${adapter}; model ${variant.file} (${variant.weights} weights)`;
+  $("adapter").textContent =
+    `WebGPU adapter: ${adapter}; model ${variant.name} (${variant.weights} weights, ` +
+    `buckets ${embedder.buckets.join(", ")})`;
   $("status").textContent = `Embedding ${SENTENCES.length} sentences…`;
   const t1 = performance.now();
   const corpus = await embedder.embed(SENTENCES);
@@ -59,6 +61,15 @@ async function start() {
 }
 
 async function search(state, query) {
+  // Text past the model's tokens is cut as sentence-transformers cuts it:
+  // say so rather than rank on part of the query silently.
+  const n = state.embedder.tokenCount(query);
+  const max = state.embedder.tokens;
+  $("note").textContent =
+    n > max
+      ? `Your query is ${n} tokens; the model reads the first ${max} ([CLS], ${max - 2} word pieces, [SEP]), as sentence-transformers does.`
+      : "";
+  $("note").hidden = n <= max;
   const t = performance.now();
   const [q] = await state.embedder.embed([query]);
   const ms = performance.now() - t;
@@ -87,6 +98,8 @@ window.kiln = {
   ready: ready.then(() => true),
   /** One Float32Array of 384 floats per sentence. */
   embed: async (sentences) => (await ready).embedder.embed(sentences),
+  /** Tokens of `text` before any cut ([CLS] and [SEP] included). */
+  tokenCount: async (text) => (await ready).embedder.tokenCount(text),
   /** Ranks the built-in sentences for `query` (as the search box does). */
   search: async (query) => search(await ready, query),
   /** Whether the model came from Cache Storage, and load timings. */
@@ -99,6 +112,7 @@ window.kiln = {
       adapter: s.adapter,
       batch: s.embedder.batch,
       tokens: s.embedder.tokens,
+      buckets: s.embedder.buckets,
     };
   },
   sentences: SENTENCES,

@@ -3,6 +3,7 @@
 //
 //   import { loadProgram, loadEmbedder } from "./kiln.js";
 //   const p = await loadProgram("model.kiln");          // URL or bytes
+//   const q = await loadProgram("m-8x32.kiln", "m.weights"); // weights apart
 //   const outs = await p.run([new Float32Array(...)]);
 //
 // Everything is async; nothing blocks the page.
@@ -85,7 +86,7 @@ export async function chooseVariant(variants) {
   for (const v of variants) {
     const m = missingFor(v.requires, adapter);
     if (m.length === 0) return v;
-    reasons.push(`${v.file} needs ${m.join(", ")}`);
+    reasons.push(`${v.name ?? v.file} needs ${m.join(", ")}`);
   }
   throw new Error(`This GPU cannot run the model: ${reasons.join("; ")}.`);
 }
@@ -139,22 +140,47 @@ async function bytesOf(src, onProgress) {
   return fetchCached(String(src), onProgress);
 }
 
-/** An exported program (URL or bytes) loaded onto this page's WebGPU. */
-export async function loadProgram(src, onProgress) {
+/** An exported program (URL or bytes) loaded onto this page's WebGPU;
+ * `weights` (URL or bytes) for an export that keeps its weights in a file
+ * of their own (`--weights-file`). */
+export async function loadProgram(src, weights, onProgress) {
   await initKiln();
   const { bytes } = await bytesOf(src, onProgress);
-  return Program.load(bytes);
+  const w = weights === undefined ? undefined : (await bytesOf(weights)).bytes;
+  return Program.load(bytes, w);
 }
 
 /**
- * A sentence embedder from an exported MiniLM and its tokenizer.json (URLs
- * or bytes). Returns { embedder, fromCache }.
+ * A sentence embedder from a model variant of models.json (`{buckets:
+ * [URL...], weights_file: URL, ...}`: one export per sequence bucket,
+ * sharing one weights file) and its tokenizer.json (URL or bytes).
+ * `onProgress(loadedBytes, totalBytes)` over every file. Returns
+ * { embedder, fromCache } (fromCache: nothing was downloaded).
  */
-export async function loadEmbedder(model, tokenizer, onProgress) {
+export async function loadEmbedder(variant, tokenizer, onProgress = () => {}) {
   await initKiln();
-  const m = await bytesOf(model, onProgress);
+  const files = [variant.weights_file, ...variant.buckets].filter((f) => f);
+  const loaded = new Map();
+  const total = () => {
+    let l = 0, t = 0;
+    for (const [a, b] of loaded.values()) {
+      l += a;
+      t += b;
+    }
+    return [l, Math.max(t, variant.bytes ?? 0)];
+  };
+  const parts = await Promise.all(
+    files.map((f) =>
+      bytesOf(f, (a, b) => {
+        loaded.set(f, [a, b]);
+        onProgress(...total());
+      }),
+    ),
+  );
+  const weights = variant.weights_file ? parts[0].bytes : undefined;
+  const models = parts.slice(variant.weights_file ? 1 : 0).map((p) => p.bytes);
   const t = await bytesOf(tokenizer);
   const json = new TextDecoder().decode(t.bytes);
-  const embedder = await Embedder.load(m.bytes, json);
-  return { embedder, fromCache: m.fromCache };
+  const embedder = await Embedder.load(models, weights, json);
+  return { embedder, fromCache: parts.every((p) => p.fromCache) };
 }

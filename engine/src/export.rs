@@ -668,22 +668,25 @@ impl<'a> Exported<'a> {
     /// Every constant as its parameter's tensor: (parameter, tensor),
     /// f16-stored f32 widened, the others borrowing the file.
     pub fn constant_tensors(&self) -> Result<Vec<(usize, HostTensor<'a>)>, EngineError> {
-        self.constants
-            .iter()
-            .map(|&(i, stored, bytes)| {
-                let m = self.program.param(i);
-                let t = if stored == m.dtype {
-                    HostTensor::new(m.dtype, m.sizes.clone(), bytes)?
-                } else {
-                    let wide: Vec<f32> = bytes
-                        .chunks_exact(2)
-                        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                        .collect();
-                    HostTensor::from_slice(&m.sizes, &wide)?
-                };
-                Ok((i, t))
-            })
+        (0..self.constants.len())
+            .map(|k| self.constant_tensor(k))
             .collect()
+    }
+
+    /// Constant `k` (of `constants`) as its parameter's tensor.
+    pub fn constant_tensor(&self, k: usize) -> Result<(usize, HostTensor<'a>), EngineError> {
+        let (i, stored, bytes) = self.constants[k];
+        let m = self.program.param(i);
+        let t = if stored == m.dtype {
+            HostTensor::new(m.dtype, m.sizes.clone(), bytes)?
+        } else {
+            let wide: Vec<f32> = bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect();
+            HostTensor::from_slice(&m.sizes, &wide)?
+        };
+        Ok((i, t))
     }
 
     /// The functionalized program (parsed from the text section), its
@@ -1165,19 +1168,19 @@ impl Session {
             ))));
         }
         let mut bound = vec![];
-        for (i, t) in e.constant_tensors()? {
+        for (k, &(i, _, _)) in e.constants.iter().enumerate() {
             // Exports sharing a weights file share its tensors on the
-            // device: each is uploaded once per session.
+            // device: each is widened and uploaded once per session.
             let key = e
                 .manifest
                 .weights
                 .as_ref()
                 .zip(e.manifest.params[i].constant.as_ref());
-            let key = key.map(|(w, c)| (w.crc32, w.bytes, c.offset, t.dtype()));
+            let key = key.map(|(w, c)| (w.crc32, w.bytes, c.offset, e.program.param(i).dtype));
             let d = match key.and_then(|k| self.shared_weight(&k)) {
                 Some(d) => d,
                 None => {
-                    let d = self.upload_async(&t).await?;
+                    let d = self.upload_async(&e.constant_tensor(k)?.1).await?;
                     if let Some(k) = key {
                         self.keep_shared_weight(k, d.clone());
                     }

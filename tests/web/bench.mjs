@@ -75,10 +75,13 @@ try {
   const gz = (files) => files.reduce((n, f) => n + gzipSync(readFileSync(join(DIST, f))).length, 0);
   const raw = (files) => files.reduce((n, f) => n + readFileSync(join(DIST, f)).length, 0);
   const js = ["pkg/kiln_web.js", "kiln.js", "app.js", "sentences.js"];
+  const [variant] = JSON.parse(readFileSync(join(DIST, "models.json"), "utf8"));
+  const model = [variant.weights_file, ...variant.buckets];
   console.log(
     JSON.stringify({
       adapter: warm.info.adapter,
       bucket: [warm.info.batch, warm.info.tokens],
+      buckets: warm.info.buckets,
       cold_first_result_ms: cold.first,
       cold_from_cache: cold.info.fromCache,
       warm_first_result_ms: warm.first,
@@ -89,7 +92,8 @@ try {
       wasm_gzip_bytes: gz(["pkg/kiln_web_bg.wasm"]),
       js_bytes: raw(js),
       js_gzip_bytes: gz(js),
-      model_bytes: raw(["minilm.kiln"]),
+      model_bytes: raw(model),
+      model_gzip_bytes: gz(model),
     }),
   );
 } finally {

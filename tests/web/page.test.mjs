@@ -99,13 +99,18 @@ async function openPage(userDir, port, log) {
 }
 
 test("the page embeds like the native run, searches, and caches the model", { timeout: 600_000 }, async () => {
-  assert.ok(existsSync(join(DIST, "minilm.kiln")), "web/dist is not built: scripts/web.sh build");
-  // The sentences exported with the model and their native embeddings
-  // (`kiln run` of the same file), written by scripts/web.sh build.
+  assert.ok(existsSync(join(DIST, "minilm.weights")), "web/dist is not built: scripts/web.sh build");
+  // Per bucket, the sentences exported with it and their native
+  // embeddings (`kiln run` of the same file), written by scripts/web.sh build.
   const check = join(ROOT, "target", "web-check");
-  const sentences = JSON.parse(readFileSync(join(check, "sentences.json"), "utf8"));
-  const native = readSafetensors(join(check, "native.safetensors"), "output.0");
-  const dim = native.shape[1];
+  const checks = JSON.parse(readFileSync(join(check, "checks.json"), "utf8"));
+  const sentences = checks.flatMap((c) => c.sentences);
+  const natives = checks.flatMap((c) => {
+    const n = readSafetensors(join(check, `native-${c.bucket}.safetensors`), "output.0");
+    const d = n.shape[1];
+    return c.sentences.map((_, i) => n.data.subarray(i * d, (i + 1) * d));
+  });
+  const dim = natives[0].length;
   const { server, hits, port } = await serve();
   const userDir = mkdtempSync(join(tmpdir(), "kiln-chromium-"));
   const log = [];
@@ -113,8 +118,12 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     // First visit: downloads the model.
     let { ctx, page } = await openPage(userDir, port, log);
     const info = await page.evaluate(() => window.kiln.info());
-    console.log(`adapter: ${info.adapter}; model ready in ${info.loadMs.toFixed(0)} ms, corpus in ${info.corpusMs.toFixed(0)} ms`);
+    console.log(`adapter: ${info.adapter}; buckets ${info.buckets}; model ready in ${info.loadMs.toFixed(0)} ms, corpus in ${info.corpusMs.toFixed(0)} ms`);
     assert.equal(info.fromCache, false);
+    assert.deepEqual(info.buckets, checks.map((c) => c.bucket));
+    assert.equal(info.tokens, 256);
+    // Every length from a word to 300 words in one call: the page groups
+    // them into runs of the smallest bucket that holds them.
     const rows = await page.evaluate(
       async (s) => (await window.kiln.embed(s)).map((a) => Array.from(a)),
       sentences,
@@ -122,19 +131,28 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     assert.equal(rows.length, sentences.length);
     for (let i = 0; i < sentences.length; i++) {
       assert.equal(rows[i].length, dim);
-      const want = native.data.subarray(i * dim, (i + 1) * dim);
-      const c = cosine(rows[i], want);
-      assert.ok(c >= 0.9999, `"${sentences[i]}": cosine ${c} with the native run`);
+      const c = cosine(rows[i], natives[i]);
+      assert.ok(c >= 0.9999, `"${sentences[i].slice(0, 60)}": cosine ${c} with the native run`);
     }
-    // The generic runner on the same file: typed arrays in and out, the
-    // export's own token inputs, the native run's output; a wrong array
-    // type is an error that says what the input must be.
-    const ids = readSafetensors(join(check, "minilm.inputs.safetensors"), "input_ids");
-    const mask = readSafetensors(join(check, "minilm.inputs.safetensors"), "attention_mask");
+    // The 300 words are more tokens than the model reads: the page says so.
+    const para = checks[checks.length - 1].sentences[0];
+    assert.ok((await page.evaluate((t) => window.kiln.tokenCount(t), para)) > 256);
+    await page.fill("#query", para);
+    await page.click("#go");
+    await page.waitForSelector("#note:not([hidden])");
+    assert.match(await page.textContent("#note"), /reads the first 256/);
+    await page.waitForSelector("#results li");
+    // The generic runner on one bucket's file and the shared weights:
+    // typed arrays in and out, the export's own token inputs, the native
+    // run's output; a wrong array type is an error that says what the
+    // input must be.
+    const inputs = join(check, `minilm-${checks[0].bucket}.inputs.safetensors`);
+    const ids = readSafetensors(inputs, "input_ids");
+    const mask = readSafetensors(inputs, "attention_mask");
     const run = await page.evaluate(
-      async ([ids, mask]) => {
+      async ([file, ids, mask]) => {
         const { loadProgram } = await import("./kiln.js");
-        const p = await loadProgram("minilm.kiln");
+        const p = await loadProgram(file, "minilm.weights");
         const [out] = await p.run([Int32Array.from(ids), Int32Array.from(mask)]);
         let refused = "";
         try {
@@ -142,38 +160,54 @@ test("the page embeds like the native run, searches, and caches the model", { ti
         } catch (e) {
           refused = String(e.message ?? e);
         }
-        return { inputs: p.inputs, out: Array.from(out), refused };
+        let unweighted = "";
+        try {
+          await loadProgram(file);
+        } catch (e) {
+          unweighted = String(e.message ?? e);
+        }
+        return { inputs: p.inputs, out: Array.from(out), refused, unweighted };
       },
-      [Array.from(ids.data), Array.from(mask.data)],
+      [`minilm-${checks[0].bucket}.kiln`, Array.from(ids.data), Array.from(mask.data)],
     );
     assert.deepEqual(
       run.inputs.map((i) => [i.name, i.dtype, i.shape]),
       [["input_ids", "i32", ids.shape], ["attention_mask", "i32", mask.shape]],
     );
-    assert.equal(run.out.length, native.data.length);
-    for (let i = 0; i < sentences.length; i++) {
-      const c = cosine(run.out.slice(i * dim, (i + 1) * dim), native.data.subarray(i * dim, (i + 1) * dim));
+    const n0 = checks[0].sentences.length;
+    assert.equal(run.out.length, ids.shape[0] * dim);
+    for (let i = 0; i < n0; i++) {
+      const c = cosine(run.out.slice(i * dim, (i + 1) * dim), natives[i]);
       assert.ok(c >= 0.9999, `Program.run row ${i}: cosine ${c}`);
     }
     assert.match(run.refused, /input `input_ids` \(i32 \[8, 32\]\) must be an Int32Array of 256 elements/);
+    assert.match(run.unweighted, /minilm\.weights/);
 
     // A query through the page's own search box.
     await page.fill("#query", "Who is playing the guitar?");
     await page.click("#go");
-    await page.waitForSelector("#results li");
+    await page.waitForSelector("#note", { state: "hidden" });
+    // The previous search's results stay until this one's replace them.
+    await page
+      .waitForFunction(
+        () => /guitar/.test(document.querySelector("#results li:first-child .sentence")?.textContent ?? ""),
+        null,
+        { timeout: 120_000 },
+      )
+      .catch(() => {});
     const top = await page.textContent("#results li:first-child .sentence");
     assert.match(top, /guitar/, `top result: ${top}`);
     await page.screenshot({ path: join(ROOT, "docs", "web.png") });
     await ctx.close();
-    assert.equal(hits.get("/minilm.kiln"), 1);
+    assert.equal(hits.get("/minilm.weights"), 1);
 
     // Second visit: the model comes from Cache Storage.
     ({ ctx, page } = await openPage(userDir, port, log));
     const again = await page.evaluate(() => window.kiln.info());
     assert.equal(again.fromCache, true);
-    assert.equal(hits.get("/minilm.kiln"), 1, "the second visit downloaded the model again");
+    assert.equal(hits.get("/minilm.weights"), 1, "the second visit downloaded the weights again");
     const [q] = await page.evaluate(async (s) => (await window.kiln.embed(s)).map((a) => Array.from(a)), [sentences[0]]);
-    assert.ok(cosine(q, native.data.subarray(0, dim)) >= 0.9999);
+    assert.ok(cosine(q, natives[0]) >= 0.9999);
     await ctx.close();
   } finally {
     server.close();

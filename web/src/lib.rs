@@ -8,8 +8,9 @@
 //!
 //! ```js
 //! const p = await Program.load(bytes);      // Uint8Array of a .kiln file
+//! const q = await Program.load(bytes, weights); // a version-3 export and its weights file
 //! const [out] = await p.run([x, w]);        // typed arrays, one per input
-//! const e = await Embedder.load(bytes, tokenizerJson);
+//! const e = await Embedder.load([b8x32, b1x256], weights, tokenizerJson);
 //! const rows = await e.embed(["a sentence", "another"]); // Float32Array[]
 //! ```
 
@@ -124,6 +125,69 @@ fn typed_array(t: &HostTensor) -> Result<JsValue, JsError> {
     })
 }
 
+/// The page's WebGPU adapter as a session, or an error saying how to get
+/// one.
+async fn page_session() -> Result<Session, JsError> {
+    let gpu = Gpu::new_async().await.map_err(|e| {
+        js_err(format!(
+            "no WebGPU adapter: {e}. This page needs a browser with WebGPU \
+             (Chrome or Edge 113+, Safari 26+, Firefox 141+ on Windows; on \
+             Linux start Chromium with --enable-unsafe-webgpu)"
+        ))
+    })?;
+    Ok(Session::new(Arc::new(gpu)))
+}
+
+/// Checks an export's bytes (with its weights file's, for a version-3
+/// export) and loads it on `session`: its inputs and outputs, and the
+/// executable. Exports sharing a weights file share its device tensors.
+async fn load_on(
+    session: &Session,
+    bytes: &[u8],
+    weights: Option<&[u8]>,
+) -> Result<(Executable, Vec<Slot>, Vec<Slot>), JsError> {
+    let e = export::read_with(bytes, weights).map_err(js_err)?;
+    let exe = session.load_exported_async(&e).await.map_err(js_err)?;
+    let p = &e.program;
+    let slot = |v: usize, name: String| {
+        let m = p.value(v);
+        Slot {
+            name,
+            dtype: m.dtype,
+            sizes: m.sizes.clone(),
+        }
+    };
+    let inputs = exe
+        .input_params()
+        .into_iter()
+        .map(|i| slot(p.params[i], p.param(i).name.clone()))
+        .collect();
+    let outputs = p
+        .outputs
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| slot(v, format!("output.{k}")))
+        .collect();
+    Ok((exe, inputs, outputs))
+}
+
+/// Runs `exe` on `session` with host inputs; every output read back.
+async fn run_on(
+    session: &Session,
+    exe: &Executable,
+    inputs: &[HostTensor<'_>],
+) -> Result<Vec<HostTensor<'static>>, JsError> {
+    let feeds: Vec<Input> = inputs.iter().map(Input::Host).collect();
+    let r = session
+        .run_async(exe, &feeds, &exe.options(Fetch::Host, Fetch::Skip))
+        .await
+        .map_err(js_err)?;
+    r.outputs
+        .into_iter()
+        .map(|o| o.host().ok_or_else(|| js_err("a result was not read back")))
+        .collect()
+}
+
 /// An exported program loaded onto the page's WebGPU device.
 #[wasm_bindgen]
 pub struct Program {
@@ -137,38 +201,12 @@ pub struct Program {
 impl Program {
     /// Checks the export file's bytes (checksums, manifest, program, every
     /// shader), opens the page's WebGPU adapter, checks it offers what the
-    /// export needs, uploads the weights and makes the pipelines.
-    pub async fn load(bytes: Vec<u8>) -> Result<Program, JsError> {
-        let gpu = Gpu::new_async().await.map_err(|e| {
-            js_err(format!(
-                "no WebGPU adapter: {e}. This page needs a browser with WebGPU \
-                 (Chrome or Edge 113+, Safari 26+, Firefox 141+ on Windows; on \
-                 Linux start Chromium with --enable-unsafe-webgpu)"
-            ))
-        })?;
-        let session = Session::new(Arc::new(gpu));
-        let e = export::read(&bytes).map_err(js_err)?;
-        let exe = session.load_exported_async(&e).await.map_err(js_err)?;
-        let p = &e.program;
-        let slot = |v: usize, name: String| {
-            let m = p.value(v);
-            Slot {
-                name,
-                dtype: m.dtype,
-                sizes: m.sizes.clone(),
-            }
-        };
-        let inputs = exe
-            .input_params()
-            .into_iter()
-            .map(|i| slot(p.params[i], p.param(i).name.clone()))
-            .collect();
-        let outputs = p
-            .outputs
-            .iter()
-            .enumerate()
-            .map(|(k, &v)| slot(v, format!("output.{k}")))
-            .collect();
+    /// export needs, uploads the weights and makes the pipelines. An export
+    /// that keeps its weights in a file of their own (format version 3)
+    /// takes that file's bytes as `weights`.
+    pub async fn load(bytes: Vec<u8>, weights: Option<Vec<u8>>) -> Result<Program, JsError> {
+        let session = page_session().await?;
+        let (exe, inputs, outputs) = load_on(&session, &bytes, weights.as_deref()).await?;
         Ok(Program {
             session,
             exe,
@@ -216,107 +254,124 @@ impl Program {
             .zip(inputs.iter())
             .map(|(s, v)| s.host(&v))
             .collect::<Result<Vec<_>, _>>()?;
-        let outs = self.run_host(&host).await?;
+        let outs = run_on(&self.session, &self.exe, &host).await?;
         outs.iter().map(typed_array).collect()
     }
 }
 
-impl Program {
-    async fn run_host(
-        &self,
-        inputs: &[HostTensor<'_>],
-    ) -> Result<Vec<HostTensor<'static>>, JsError> {
-        let feeds: Vec<Input> = inputs.iter().map(Input::Host).collect();
-        let r = self
-            .session
-            .run_async(
-                &self.exe,
-                &feeds,
-                &self.exe.options(Fetch::Host, Fetch::Skip),
-            )
-            .await
-            .map_err(js_err)?;
-        r.outputs
-            .into_iter()
-            .map(|o| o.host().ok_or_else(|| js_err("a result was not read back")))
-            .collect()
-    }
-}
-
-/// Sentence embeddings from an exported all-MiniLM-L6-v2 (`minilm --export
-/// FILE --web`): the tokenizer runs here, sentences are batched by the
-/// export's bucket and padded, each result is the model's unit-length
-/// embedding.
-#[wasm_bindgen]
-pub struct Embedder {
-    program: Program,
-    tokenizer: tokenizers::Tokenizer,
+/// One compiled shape of a sentence embedder: `batch` sentences of
+/// `tokens` tokens.
+struct Bucket {
     batch: usize,
     tokens: usize,
+    exe: Executable,
+}
+
+/// Sentence embeddings from exported all-MiniLM-L6-v2 buckets (`minilm
+/// --export FILE --web --bucket BxT`, one file per bucket, sharing a
+/// `--weights-file`): the tokenizer runs here, text past the largest
+/// bucket's tokens is cut as sentence-transformers cuts it ([CLS], the
+/// first word pieces, [SEP]), sentences are grouped in order into runs of
+/// the smallest bucket that holds each group, padded; each result is the
+/// model's unit-length embedding.
+#[wasm_bindgen]
+pub struct Embedder {
+    session: Session,
+    /// By tokens, then batch.
+    buckets: Vec<Bucket>,
+    tokenizer: tokenizers::Tokenizer,
     dim: usize,
 }
 
 #[wasm_bindgen]
 impl Embedder {
-    /// Loads the export (`Program::load`) and the model's `tokenizer.json`,
-    /// and checks the export is a sentence embedder: `input_ids` and
+    /// Loads each export (`Program::load`, on one device: buckets sharing
+    /// a weights file upload it once) and the model's `tokenizer.json`,
+    /// and checks each export is a sentence embedder: `input_ids` and
     /// `attention_mask` i32 [batch, tokens] in, f32 [batch, dim] out.
-    pub async fn load(bytes: Vec<u8>, tokenizer_json: String) -> Result<Embedder, JsError> {
-        let program = Program::load(bytes).await?;
-        let shape_ok = match (&program.inputs[..], &program.outputs[..]) {
-            ([ids, mask], [out]) => {
-                ids.dtype == DType::I32
-                    && mask.dtype == DType::I32
-                    && ids.sizes.len() == 2
-                    && mask.sizes == ids.sizes
-                    && out.dtype == DType::F32
-                    && out.sizes.len() == 2
-                    && out.sizes[0] == ids.sizes[0]
+    pub async fn load(
+        models: js_sys::Array,
+        weights: Option<Vec<u8>>,
+        tokenizer_json: String,
+    ) -> Result<Embedder, JsError> {
+        let session = page_session().await?;
+        let mut buckets = vec![];
+        let mut dim = None;
+        for m in models.iter() {
+            let bytes = js_sys::Uint8Array::new(&m).to_vec();
+            let (exe, inputs, outputs) = load_on(&session, &bytes, weights.as_deref()).await?;
+            let shape_ok = match (&inputs[..], &outputs[..]) {
+                ([ids, mask], [out]) => {
+                    ids.dtype == DType::I32
+                        && mask.dtype == DType::I32
+                        && ids.sizes.len() == 2
+                        && mask.sizes == ids.sizes
+                        && out.dtype == DType::F32
+                        && out.sizes.len() == 2
+                        && out.sizes[0] == ids.sizes[0]
+                        && dim.is_none_or(|d| d == out.sizes[1])
+                }
+                _ => false,
+            };
+            if !shape_ok {
+                return Err(js_err(
+                    "the export is not a sentence embedder of the others' width: it must take \
+                     input_ids and attention_mask (i32 [batch, tokens]) and give f32 \
+                     [batch, dim] (export one with `minilm --export FILE --web`)",
+                ));
             }
-            _ => false,
-        };
-        if !shape_ok {
-            return Err(js_err(
-                "the export is not a sentence embedder: it must take input_ids and \
-                 attention_mask (i32 [batch, tokens]) and give f32 [batch, dim] \
-                 (export one with `minilm --export FILE --web`)",
-            ));
+            dim = Some(outputs[0].sizes[1]);
+            buckets.push(Bucket {
+                batch: inputs[0].sizes[0],
+                tokens: inputs[0].sizes[1],
+                exe,
+            });
         }
-        let (batch, tokens) = (program.inputs[0].sizes[0], program.inputs[0].sizes[1]);
-        let dim = program.outputs[0].sizes[1];
+        let Some(dim) = dim else {
+            return Err(js_err("no model: give at least one exported bucket"));
+        };
+        buckets.sort_by_key(|b| (b.tokens, b.batch));
         let mut tokenizer: tokenizers::Tokenizer = tokenizer_json
             .parse()
             .map_err(|e| js_err(format!("tokenizer.json: {e}")))?;
-        // Batches are padded and truncated here, to the export's bucket.
+        // Batches are padded and truncated here, to the buckets.
         tokenizer.with_padding(None);
         tokenizer
             .with_truncation(None)
             .map_err(|e| js_err(format!("tokenizer.json: {e}")))?;
         Ok(Embedder {
-            program,
+            session,
+            buckets,
             tokenizer,
-            batch,
-            tokens,
             dim,
         })
     }
 
     #[wasm_bindgen(getter)]
     pub fn adapter(&self) -> String {
-        self.program.adapter()
+        self.session.gpu().describe()
     }
 
-    /// Sentences per run (the export's bucket).
+    /// The most sentences one run takes (the largest bucket's batch).
     #[wasm_bindgen(getter)]
     pub fn batch(&self) -> usize {
-        self.batch
+        self.buckets.iter().map(|b| b.batch).max().unwrap_or(0)
     }
 
-    /// Tokens per sentence, [CLS] and [SEP] included; longer sentences are
-    /// cut (their [SEP] kept).
+    /// The most tokens a sentence keeps, [CLS] and [SEP] included (the
+    /// largest bucket's); longer sentences are cut, their [SEP] kept.
     #[wasm_bindgen(getter)]
     pub fn tokens(&self) -> usize {
-        self.tokens
+        self.buckets.iter().map(|b| b.tokens).max().unwrap_or(0)
+    }
+
+    /// The buckets, as "BATCHxTOKENS".
+    #[wasm_bindgen(getter)]
+    pub fn buckets(&self) -> Vec<String> {
+        self.buckets
+            .iter()
+            .map(|b| format!("{}x{}", b.batch, b.tokens))
+            .collect()
     }
 
     /// Floats per embedding.
@@ -325,16 +380,20 @@ impl Embedder {
         self.dim
     }
 
+    /// The tokens of `text` before any cut, [CLS] and [SEP] included (more
+    /// than `tokens`: the model reads only the first `tokens`).
+    #[wasm_bindgen(js_name = tokenCount)]
+    pub fn token_count(&self, text: &str) -> Result<usize, JsError> {
+        Ok(self.encode(text)?.len())
+    }
+
     /// The token ids the model sees for `text`.
     pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, JsError> {
-        let enc = self
-            .tokenizer
-            .encode(text, true)
-            .map_err(|e| js_err(format!("tokenizer: {e}")))?;
-        let mut ids = enc.get_ids().to_vec();
-        if ids.len() > self.tokens {
-            let sep = *ids.last().expect("longer than the bucket, so not empty");
-            ids.truncate(self.tokens - 1);
+        let mut ids = self.encode(text)?;
+        let max = self.tokens();
+        if ids.len() > max {
+            let sep = *ids.last().expect("longer than a bucket, so not empty");
+            ids.truncate(max - 1);
             ids.push(sep);
         }
         Ok(ids)
@@ -342,28 +401,64 @@ impl Embedder {
 
     /// One Float32Array of `dim` floats per sentence, in order.
     pub async fn embed(&self, sentences: Vec<String>) -> Result<js_sys::Array, JsError> {
+        let ids = sentences
+            .iter()
+            .map(|s| self.tokenize(s))
+            .collect::<Result<Vec<_>, _>>()?;
         let out = js_sys::Array::new();
-        for chunk in sentences.chunks(self.batch) {
-            let (b, t) = (self.batch, self.tokens);
-            let mut ids = vec![0i32; b * t];
-            let mut mask = vec![0i32; b * t];
-            for (i, s) in chunk.iter().enumerate() {
-                for (j, x) in self.tokenize(s)?.into_iter().enumerate() {
-                    ids[i * t + j] = x as i32;
+        let mut start = 0;
+        while start < ids.len() {
+            // The longest run of sentences from `start` some bucket holds,
+            // on the cheapest bucket that holds it.
+            let mut end = start + 1;
+            let mut longest = ids[start].len();
+            while end < ids.len() && self.bucket_for(end + 1 - start, longest.max(ids[end].len())).is_some() {
+                longest = longest.max(ids[end].len());
+                end += 1;
+            }
+            let b = self
+                .bucket_for(end - start, longest)
+                .ok_or_else(|| js_err("no bucket holds a sentence (bug: it was cut to the largest)"))?;
+            let (bn, t) = (b.batch, b.tokens);
+            let mut tok = vec![0i32; bn * t];
+            let mut mask = vec![0i32; bn * t];
+            for (i, s) in ids[start..end].iter().enumerate() {
+                for (j, &x) in s.iter().enumerate() {
+                    tok[i * t + j] = x as i32;
                     mask[i * t + j] = 1;
                 }
             }
             let inputs = [
-                HostTensor::from_slice(&[b, t], &ids).map_err(js_err)?,
-                HostTensor::from_slice(&[b, t], &mask).map_err(js_err)?,
+                HostTensor::from_slice(&[bn, t], &tok).map_err(js_err)?,
+                HostTensor::from_slice(&[bn, t], &mask).map_err(js_err)?,
             ];
-            let rows = self.program.run_host(&inputs).await?[0]
+            let rows = run_on(&self.session, &b.exe, &inputs).await?[0]
                 .to_vec::<f32>()
                 .map_err(js_err)?;
-            for row in rows.chunks_exact(self.dim).take(chunk.len()) {
+            for row in rows.chunks_exact(self.dim).take(end - start) {
                 out.push(&js_sys::Float32Array::from(row).into());
             }
+            start = end;
         }
         Ok(out)
+    }
+}
+
+impl Embedder {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, JsError> {
+        let enc = self
+            .tokenizer
+            .encode(text, true)
+            .map_err(|e| js_err(format!("tokenizer: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The bucket of fewest tokens per run that holds `n` sentences of at
+    /// most `tokens` tokens.
+    fn bucket_for(&self, n: usize, tokens: usize) -> Option<&Bucket> {
+        self.buckets
+            .iter()
+            .filter(|b| b.batch >= n && b.tokens >= tokens)
+            .min_by_key(|b| (b.batch * b.tokens, b.tokens))
     }
 }
