@@ -412,13 +412,17 @@ impl Embedder {
             // on the cheapest bucket that holds it.
             let mut end = start + 1;
             let mut longest = ids[start].len();
-            while end < ids.len() && self.bucket_for(end + 1 - start, longest.max(ids[end].len())).is_some() {
+            while end < ids.len()
+                && self
+                    .bucket_for(end + 1 - start, longest.max(ids[end].len()))
+                    .is_some()
+            {
                 longest = longest.max(ids[end].len());
                 end += 1;
             }
-            let b = self
-                .bucket_for(end - start, longest)
-                .ok_or_else(|| js_err("no bucket holds a sentence (bug: it was cut to the largest)"))?;
+            let b = self.bucket_for(end - start, longest).ok_or_else(|| {
+                js_err("no bucket holds a sentence (bug: it was cut to the largest)")
+            })?;
             let (bn, t) = (b.batch, b.tokens);
             let mut tok = vec![0i32; bn * t];
             let mut mask = vec![0i32; bn * t];
