@@ -82,7 +82,7 @@ build_model() {
     fi
     echo "exporting MiniLM for the web (buckets $BUCKETS, f16 weights in one file)"
     cargo build -q --release --bin minilm --bin kiln
-    rm -f "$DIST"/minilm*.kiln "$DIST/minilm.weights" "$DIST/minilm.kiln"
+    rm -f "$DIST"/minilm*.kiln "$DIST/minilm.weights"
     mkdir -p "$CHECK"
     rm -f "$CHECK"/*.safetensors
     local short=("A man is playing a guitar." "Someone plays a guitar." \
@@ -96,7 +96,16 @@ build_model() {
     mapfile -t mid < <(python3 -c 'import json; s = json.load(open("tests/minilm/sentences.json")); print(s[6]); print(s[10])')
     mapfile -t long < <(python3 -c 'import json; s = json.load(open("tests/minilm/sentences.json")); print(s[11])')
     mapfile -t para < <(python3 -c 'import json; s = json.load(open("tests/minilm/sentences.json")); print(s[12])')
-    local files=() checks=()
+    # Two variants of kernels over the one weights file: GPU-class (what a
+    # page's user most often has) and this adapter's own (a CPU's: for
+    # software fallback adapters, where GPU-class kernels are 2.5x slower).
+    local gfiles=() files=() checks=()
+    for b in $BUCKETS; do
+        "$BIN"/minilm --export "$DIST/minilm-gpu-$b.kiln" --bucket "$b" --f16-weights --web \
+            --weights-file minilm.weights "${short[0]}"
+        rm "$DIST/minilm-gpu-$b.inputs.safetensors"
+        gfiles+=("minilm-gpu-$b.kiln")
+    done
     for b in $BUCKETS; do
         local -a these
         case "${b#*x}" in
@@ -105,12 +114,12 @@ build_model() {
             128) these=("${long[@]}") ;;
             *) these=("${para[@]}") ;;
         esac
-        "$BIN"/minilm --export "$DIST/minilm-$b.kiln" --bucket "$b" --f16-weights --web \
-            --weights-file minilm.weights "${these[@]}"
-        mv "$DIST/minilm-$b.inputs.safetensors" "$CHECK/"
-        "$BIN"/kiln run "$DIST/minilm-$b.kiln" \
-            --inputs "$CHECK/minilm-$b.inputs.safetensors" --output "$CHECK/native-$b.safetensors"
-        files+=("minilm-$b.kiln")
+        "$BIN"/minilm --export "$DIST/minilm-cpu-$b.kiln" --bucket "$b" --f16-weights --web \
+            --web-cpu --weights-file minilm.weights "${these[@]}"
+        mv "$DIST/minilm-cpu-$b.inputs.safetensors" "$CHECK/"
+        "$BIN"/kiln run "$DIST/minilm-cpu-$b.kiln" \
+            --inputs "$CHECK/minilm-cpu-$b.inputs.safetensors" --output "$CHECK/native-$b.safetensors"
+        files+=("minilm-cpu-$b.kiln")
         checks+=("$b" "$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${these[@]}")")
     done
     python3 -c 'import json, sys; a = sys.argv[1:]; print(json.dumps([{"bucket": a[i], "sentences": json.loads(a[i + 1])} for i in range(0, len(a), 2)], indent=1))' \
@@ -118,22 +127,25 @@ build_model() {
     # The variants the page chooses from by its adapter (one: it needs only
     # WebGPU's defaults), with what each needs (all its buckets together).
     local reqs=()
-    for f in "${files[@]}"; do
+    for f in "${gfiles[@]}" "${files[@]}"; do
         reqs+=("$("$BIN"/kiln inspect "$DIST/$f" --requires)")
     done
     python3 -c 'import json, os, sys
 dist, n = sys.argv[1], int(sys.argv[2])
-files, reqs = sys.argv[3:3 + n], [json.loads(r) for r in sys.argv[3 + n:]]
-# What every bucket needs: features of any, the largest limits, the
-# smallest offset alignment.
-need = {k: (min if k == "min_storage_buffer_offset_alignment" else max)(r[k] for r in reqs)
-        for k in reqs[0] if k != "features"}
-need["features"] = sorted({f for r in reqs for f in r["features"]})
+files, reqs = sys.argv[3:3 + 2 * n], [json.loads(r) for r in sys.argv[3 + 2 * n:]]
+# What every bucket of a variant needs: features of any, the largest
+# limits, the smallest offset alignment.
+def need(rs):
+    out = {k: (min if k == "min_storage_buffer_offset_alignment" else max)(r[k] for r in rs)
+           for k in rs[0] if k != "features"}
+    out["features"] = sorted({f for r in rs for f in r["features"]})
+    return out
 size = lambda f: os.path.getsize(os.path.join(dist, f))
-print(json.dumps([{"name": "minilm", "weights": "f16", "weights_file": "minilm.weights",
-    "buckets": files, "bytes": size("minilm.weights") + sum(map(size, files)),
-    "requires": need}], indent=1))' \
-        "$DIST" "${#files[@]}" "${files[@]}" "${reqs[@]}" >"$DIST/models.json"
+print(json.dumps([{"name": "minilm-" + c, "class": c, "weights": "f16",
+    "weights_file": "minilm.weights", "buckets": fs,
+    "bytes": size("minilm.weights") + sum(map(size, fs)), "requires": need(rs)}
+    for c, fs, rs in [("gpu", files[:n], reqs[:n]), ("cpu", files[n:], reqs[n:])]], indent=1))' \
+        "$DIST" "${#files[@]}" "${gfiles[@]}" "${files[@]}" "${reqs[@]}" >"$DIST/models.json"
     cp "$("$BIN"/minilm --print-model-dir)/tokenizer.json" "$DIST/tokenizer.json"
 }
 

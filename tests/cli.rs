@@ -423,6 +423,20 @@ fn exports_run_from_the_command_line() {
     let req: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(req["features"], serde_json::json!([]), "{out}");
     assert_eq!(req["min_storage_buffer_offset_alignment"], 256, "{out}");
+    // GPU-class kernels whatever adapter compiled them (here lavapipe, a
+    // CPU): products and attention stage tiles in workgroup memory,
+    // elementwise kernels stride over the grid in workgroups of 256.
+    assert!(
+        req["max_compute_workgroup_storage_size"].as_u64().unwrap() > 0
+            && req["max_compute_invocations_per_workgroup"] == 256,
+        "{out}"
+    );
+    let (ok, wgsl, err) = kiln(&["inspect", s(&web), "--wgsl"]);
+    assert!(ok, "{err}");
+    assert!(
+        wgsl.contains("var<workgroup>") && wgsl.contains("nwg.x * nwg.y * nwg.z"),
+        "the web export holds a CPU adapter's kernels"
+    );
     assert!(
         req["max_storage_buffers_per_shader_stage"]
             .as_u64()

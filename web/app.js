@@ -57,7 +57,7 @@ async function start() {
   $("query").disabled = false;
   $("go").disabled = false;
   $("query").focus();
-  return { embedder, adapter, corpus, fromCache, loadMs: t1 - t0, corpusMs: t2 - t1 };
+  return { embedder, adapter, variant, corpus, fromCache, loadMs: t1 - t0, corpusMs: t2 - t1 };
 }
 
 async function search(state, query) {
@@ -113,6 +113,7 @@ window.kiln = {
       batch: s.embedder.batch,
       tokens: s.embedder.tokens,
       buckets: s.embedder.buckets,
+      variant: s.variant.name,
     };
   },
   sentences: SENTENCES,

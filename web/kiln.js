@@ -82,8 +82,13 @@ export function missingFor(requires, adapter) {
  */
 export async function chooseVariant(variants) {
   const adapter = await navigator.gpu.requestAdapter();
+  // A software fallback adapter (a CPU) runs the variant made with a CPU
+  // adapter's kernel choices first; a GPU the GPU-class one.
+  const cpu = Boolean(adapter.isFallbackAdapter ?? adapter.info?.isFallbackAdapter);
+  const rank = (v) => (v.class === (cpu ? "cpu" : "gpu") ? 0 : 1);
+  const ordered = [...variants].sort((a, b) => rank(a) - rank(b));
   const reasons = [];
-  for (const v of variants) {
+  for (const v of ordered) {
     const m = missingFor(v.requires, adapter);
     if (m.length === 0) return v;
     reasons.push(`${v.name ?? v.file} needs ${m.join(", ")}`);

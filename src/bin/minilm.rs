@@ -66,6 +66,11 @@ struct Args {
     /// optional feature) instead of for this machine's adapter.
     #[arg(long)]
     web: bool,
+    /// With `--export --web`: this adapter's own kernel choices instead of
+    /// GPU-class ones (made on a CPU adapter: the page's variant for
+    /// software fallback adapters).
+    #[arg(long, requires = "web")]
+    web_cpu: bool,
     /// With `--export`: keep the weights in a file of this name beside the
     /// export (format version 3); exports of several buckets with the same
     /// name share it.
@@ -116,11 +121,13 @@ fn export(
     sentences: &[String],
     bucket: Option<(usize, usize)>,
     f16: bool,
-    web: bool,
+    web: (bool, bool),
     weights_file: Option<String>,
     path: &std::path::Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let session = if web {
+    let session = if web.1 {
+        Session::open_web_like_adapter()?
+    } else if web.0 {
         Session::open_web_like()?
     } else {
         Session::open()?
@@ -245,7 +252,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             &sentences,
             args.bucket,
             args.f16_weights,
-            args.web,
+            (args.web, args.web_cpu),
             args.weights_file.clone(),
             path,
         );

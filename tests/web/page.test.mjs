@@ -121,6 +121,8 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     console.log(`adapter: ${info.adapter}; buckets ${info.buckets}; model ready in ${info.loadMs.toFixed(0)} ms, corpus in ${info.corpusMs.toFixed(0)} ms`);
     assert.equal(info.fromCache, false);
     assert.deepEqual(info.buckets, checks.map((c) => c.bucket));
+    // SwiftShader is a software fallback: the CPU-class variant.
+    assert.equal(info.variant, "minilm-cpu");
     assert.equal(info.tokens, 256);
     // Every length from a word to 300 words in one call: the page groups
     // them into runs of the smallest bucket that holds them.
@@ -146,7 +148,7 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     // typed arrays in and out, the export's own token inputs, the native
     // run's output; a wrong array type is an error that says what the
     // input must be.
-    const inputs = join(check, `minilm-${checks[0].bucket}.inputs.safetensors`);
+    const inputs = join(check, `minilm-cpu-${checks[0].bucket}.inputs.safetensors`);
     const ids = readSafetensors(inputs, "input_ids");
     const mask = readSafetensors(inputs, "attention_mask");
     const run = await page.evaluate(
@@ -168,7 +170,7 @@ test("the page embeds like the native run, searches, and caches the model", { ti
         }
         return { inputs: p.inputs, out: Array.from(out), refused, unweighted };
       },
-      [`minilm-${checks[0].bucket}.kiln`, Array.from(ids.data), Array.from(mask.data)],
+      [`minilm-cpu-${checks[0].bucket}.kiln`, Array.from(ids.data), Array.from(mask.data)],
     );
     assert.deepEqual(
       run.inputs.map((i) => [i.name, i.dtype, i.shape]),

@@ -178,9 +178,29 @@ impl Session {
     }
 
     /// A session on `Gpu::web_like`: what it compiles (and exports) runs
-    /// in a browser's WebGPU.
+    /// in a browser's WebGPU. It compiles for a GPU-class target
+    /// (`CompileOptions::default()`: tiled products through workgroup
+    /// memory, rows reduced by workgroups, attention in one kernel,
+    /// grid-stride loops, WebGPU's default limits) whatever adapter this
+    /// machine has: a page's user most often runs it on a GPU, and a CPU
+    /// adapter's choices (a row per invocation, loop products) would be
+    /// slow there.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn open_web_like() -> Result<Session, EngineError> {
+        let gpu = pollster::block_on(Gpu::web_like())?;
+        Ok(Session::with_options(
+            Arc::new(gpu),
+            crate::CompileOptions::default(),
+        ))
+    }
+
+    /// `open_web_like` with this adapter's own kernel choices (on a CPU
+    /// adapter: a row per invocation, loop products, 64-wide groups) within
+    /// WebGPU's limits: the variant a page gives software fallback adapters
+    /// (SwiftShader ran the MiniLM page's corpus in 62 s this way, 152 s
+    /// with GPU-class kernels, 2026-11-27).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn open_web_like_adapter() -> Result<Session, EngineError> {
         Ok(Session::new(Arc::new(pollster::block_on(Gpu::web_like())?)))
     }
 
