@@ -62,18 +62,10 @@ pub fn write_found(
     Ok(bytes.len())
 }
 
-/// Where the weights file `name` of the export at `export` lives: in the
-/// same folder (a bare file name, never a path elsewhere).
+/// Where the weights file `name` of the export at `export` lives
+/// (`export::weights_path`: beside it).
 pub fn weights_beside(export: &Path, name: &str) -> Result<std::path::PathBuf, String> {
-    let bare = Path::new(name)
-        .file_name()
-        .is_some_and(|f| f == std::ffi::OsStr::new(name));
-    if !bare || name == ".." || name == "." {
-        return Err(format!(
-            "the weights file `{name}` must be a file name, beside the export (no folder)"
-        ));
-    }
-    Ok(export.parent().unwrap_or(Path::new(".")).join(name))
+    export::weights_path(export, name).map_err(|e| e.to_string())
 }
 
 /// An export file mapped in memory, and its weights file where it keeps

@@ -599,6 +599,27 @@ fn manifest_of(bytes: &[u8], h: &Header) -> Result<Manifest, ExportError> {
         .map_err(|e| ExportError::Corrupt(format!("the manifest does not parse: {e}")))
 }
 
+/// Where weights file `name` of the export at `export` lives: in the same
+/// folder (a bare file name, never a path elsewhere: a manifest must not
+/// send a reader to other files).
+pub fn weights_path(
+    export: &std::path::Path,
+    name: &str,
+) -> Result<std::path::PathBuf, ExportError> {
+    let bare = std::path::Path::new(name)
+        .file_name()
+        .is_some_and(|f| f == std::ffi::OsStr::new(name));
+    if !bare || name == ".." || name == "." {
+        return Err(ExportError::Weights(format!(
+            "the weights file `{name}` must be a file name, beside the export (no folder)"
+        )));
+    }
+    Ok(export
+        .parent()
+        .unwrap_or(std::path::Path::new("."))
+        .join(name))
+}
+
 /// The weights file an export reads its constants from, if it has one
 /// (format version 3): load it from the export's folder for `read_with`.
 pub fn weights_of(bytes: &[u8]) -> Result<Option<WeightsEntry>, ExportError> {

@@ -49,19 +49,7 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
     let at = |e: export::ExportError| format!("{}: {e}", model.display());
     // A version-3 export reads its constants from a weights file beside it.
     let weights = match export::weights_of(&file).map_err(at)? {
-        Some(w) if Path::new(&w.file).file_name() == Some(std::ffi::OsStr::new(&w.file)) => {
-            Some(map(&model
-                .parent()
-                .unwrap_or(Path::new("."))
-                .join(&w.file))?)
-        }
-        Some(w) => {
-            return Err(format!(
-                "{}: its weights file `{}` is not a bare file name",
-                model.display(),
-                w.file
-            ))
-        }
+        Some(w) => Some(map(&export::weights_path(model, &w.file).map_err(at)?)?),
         None => None,
     };
     let e = export::read_with(&file, weights.as_deref()).map_err(at)?;

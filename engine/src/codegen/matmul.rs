@@ -243,7 +243,7 @@ impl Gen<'_> {
         // Rows of a workgroup's tile (the loop variant: 64).
         let mut tile_rows = 64;
         let (acc, acc1) = if skinny {
-            let mut sums = self.skinny_product(
+            let sums = self.skinny_product(
                 &a,
                 &[&b].into_iter().chain(b1).collect::<Vec<_>>(),
                 &batch,
@@ -252,8 +252,11 @@ impl Gen<'_> {
                 mm,
                 acc_dt,
             )?;
-            let acc1 = (sums.len() > 1).then(|| sums.pop()).flatten();
-            (sums.remove(0), acc1)
+            let mut sums = sums.into_iter();
+            let acc = sums
+                .next()
+                .ok_or_else(|| bug("a skinny product without its sum"))?;
+            (acc, sums.next())
         } else if tiled {
             let (acc, acc1, rows) = self.tiled_product(&a, &b, b1, &batch, nn, kk, mm, acc_dt)?;
             tile_rows = rows;
