@@ -68,6 +68,10 @@ enum Cmd {
         /// Print the generated WGSL too.
         #[arg(long)]
         wgsl: bool,
+        /// Compile with the choices of the adapter at hand (what `run` and
+        /// `profile` compile) instead of a GPU-class target's.
+        #[arg(long)]
+        adapter: bool,
     },
     /// Compile a program for the GPU at hand, run it and measure: GPU time
     /// per kernel, full run time, bytes uploaded and read back per run.
@@ -344,9 +348,22 @@ fn main_result(cli: Cli) -> Result<(), String> {
             print!("{}", print(&read_program(&prog)?));
             Ok(())
         }
-        Cmd::Compile { prog, stats, wgsl } => {
+        Cmd::Compile {
+            prog,
+            stats,
+            wgsl,
+            adapter,
+        } => {
             let g = read_program(&prog)?;
-            let p = kiln::engine::compile(&g).map_err(|e| format!("{}: {e}", prog.display()))?;
+            let options = if adapter {
+                kiln::engine::Gpu::new()
+                    .map_err(|e| e.to_string())?
+                    .compile_options()
+            } else {
+                kiln::engine::CompileOptions::default()
+            };
+            let p = kiln::engine::compile_with(&g, &options)
+                .map_err(|e| format!("{}: {e}", prog.display()))?;
             if stats || !wgsl {
                 print!("{}", p.stats());
             }

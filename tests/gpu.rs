@@ -198,6 +198,9 @@ fn gpu_variants() -> Engine {
     options.grid_stride = Some(3);
     options.fuse_attention = true;
     options.contiguous_operands = false;
+    // WebGPU's 256-byte binding offsets: small tensors a kernel binds
+    // share windows, bound once.
+    options.rules.align_words = 64;
     Engine::on(kiln::engine::Session::with_options(gpu, options))
 }
 

@@ -274,13 +274,14 @@ pub(crate) fn compile_functional(
     // A kernel binding more buffers than the device allows gets one of its
     // inlined producers computed by a kernel of its own, until all fit:
     // decided on the plan, before any code is generated.
-    let mut force: HashSet<ValueId> = if options.contiguous_operands {
+    let staged: HashSet<ValueId> = if options.contiguous_operands {
         let pinned = options.constants.iter().map(|&i| g.inputs[i]).collect();
         let s = schedule::schedule(&g, &outputs, pinned, &HashSet::new(), options)?;
         schedule::inline_product_operands(&g, &s)
     } else {
         HashSet::new()
     };
+    let mut force = staged.clone();
     let io = lower::Interface {
         src,
         outputs: &outputs,
@@ -319,9 +320,25 @@ pub(crate) fn compile_functional(
         lookback: lower::LAUNCH_LOOKBACK,
     };
     let mut regrouped = false;
+    let mut staging = !staged.is_empty();
     let eager = kiln_functionalize::interp::eager_peak_bytes(src);
     let generated = loop {
         let mut plan = plan_with(&mut grouping, &mut force)?;
+        // Staged operands (contiguous rows for a CPU adapter's products)
+        // are dropped where they would hold more memory than eager
+        // execution and the plan without them holds less.
+        if staging && plan.planned_peak() > eager {
+            staging = false;
+            let mut unstaged: HashSet<ValueId> = force.difference(&staged).copied().collect();
+            let mut g2 = lower::Grouping {
+                apart: grouping.apart.clone(),
+                lookback: grouping.lookback,
+            };
+            let p2 = plan_with(&mut g2, &mut unstaged)?;
+            if p2.planned_peak() < plan.planned_peak() {
+                (plan, grouping, force) = (p2, g2, unstaged);
+            }
+        }
         if options.share_launches && grouping.lookback > 1 {
             let mut near = lower::Grouping {
                 apart: grouping.apart.clone(),

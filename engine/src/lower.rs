@@ -8,7 +8,7 @@ use crate::error::{statement_with, CompileError, Stage};
 use crate::kernel::{HostView, Val, ValueInfo};
 use crate::wgsl::{self, Buf};
 use crate::{plan, schedule, CompileOptions, Kernel, MemoryStats, Program};
-use kiln_functionalize::graph::{Def, Graph, ValueId};
+use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::ops::Lowering;
 use std::collections::{HashMap, HashSet};
 
@@ -155,20 +155,14 @@ fn buffers_touched(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> u
     roots.len()
 }
 
-/// Storage bindings the kernel computing `grp` takes, decided on the
-/// IR before any WGSL exists: a slot per distinct tensor range it reads
-/// or writes (as codegen binds them: by location and size), each split
-/// in chunks where it exceeds the device's largest binding, and the
-/// status word where a statement of the kernel may fault (i64 results,
-/// indices read from tensors). Codegen binds at most this many.
-fn planned_bindings(
+/// The tensors (buffer, word, words) the kernels computing `grp` bind.
+fn bound_ranges(
     g: &Graph,
     sched: &schedule::Schedule,
     grp: &[ValueId],
     registers: &HashSet<ValueId>,
     locs: &HashMap<ValueId, Loc>,
-    rules: crate::codegen::BindingRules,
-) -> usize {
+) -> HashSet<(Buf, usize, usize)> {
     let mut ranges: HashSet<(Buf, usize, usize)> = HashSet::new();
     let mut range = |v: ValueId| {
         if let Some(l) = locs.get(&v) {
@@ -185,11 +179,78 @@ fn planned_bindings(
             range(r);
         }
     }
-    let slots: usize = ranges
-        .iter()
-        .map(|&(_, word, words)| rules.span(word, words).chunks)
-        .sum();
-    slots + usize::from(may_fault_in(g, sched, grp))
+    ranges
+}
+
+/// Storage bindings the kernel computing `grp` takes, decided on the
+/// IR before any WGSL exists: the windows of the tensor ranges it reads
+/// or writes (as codegen binds them: by location and size;
+/// `binding_windows`), tensors past the device's largest binding in
+/// pieces, and the status word where a statement of the kernel may fault
+/// (i64 results, indices read from tensors). Codegen binds at most this
+/// many.
+fn planned_bindings(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    grp: &[ValueId],
+    registers: &HashSet<ValueId>,
+    locs: &HashMap<ValueId, Loc>,
+    rules: crate::codegen::BindingRules,
+) -> usize {
+    let ranges = bound_ranges(g, sched, grp, registers, locs);
+    let (windows, split) = binding_windows(&ranges, rules);
+    windows.len() + split + usize::from(may_fault_in(g, sched, grp))
+}
+
+/// A binding of tensors of one buffer: (buffer, first word, end word,
+/// tensors in it).
+pub(crate) type Window = (Buf, usize, usize, usize);
+
+/// The bindings of a kernel binding tensors `ranges` (buffer, word,
+/// words): a tensor's binding starts at its word rounded down to the
+/// device's alignment, and bindings of one buffer that overlap become one
+/// covering them all (WebGPU forbids a writable binding overlapping
+/// another of the dispatch; tensors packed closer than the alignment
+/// share it). Tensors past the largest binding are bound in pieces of
+/// their own: those bindings are counted, not listed.
+fn binding_windows(
+    ranges: &HashSet<(Buf, usize, usize)>,
+    rules: crate::codegen::BindingRules,
+) -> (Vec<Window>, usize) {
+    let mut split = 0;
+    let mut whole: Vec<Window> = vec![];
+    for &(buf, word, words) in ranges {
+        let span = rules.span(word, words);
+        if span.chunks > 1 {
+            split += span.chunks;
+        } else {
+            whole.push((buf, span.start, word + words.max(1), 1));
+        }
+    }
+    whole.sort();
+    let mut out: Vec<Window> = vec![];
+    for w in whole {
+        match out.last_mut() {
+            Some(last) if last.0 == w.0 && w.1 < last.2 => {
+                last.2 = last.2.max(w.2);
+                last.3 += 1;
+            }
+            _ => out.push(w),
+        }
+    }
+    (out, split)
+}
+
+/// The bindings of the kernels computing `grp` (`binding_windows`).
+fn group_windows(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    grp: &[ValueId],
+    registers: &HashSet<ValueId>,
+    locs: &HashMap<ValueId, Loc>,
+    rules: crate::codegen::BindingRules,
+) -> Vec<Window> {
+    binding_windows(&bound_ranges(g, sched, grp, registers, locs), rules).0
 }
 
 /// Tensor ranges (buffer, word, words) the elementwise kernel computing
@@ -204,6 +265,7 @@ fn vec4_ranges(
     grp: &[ValueId],
     registers: &HashSet<ValueId>,
     locs: &HashMap<ValueId, Loc>,
+    windows: &[Window],
     options: &CompileOptions,
 ) -> HashSet<(Buf, usize, usize)> {
     let mut out = HashSet::new();
@@ -224,7 +286,10 @@ fn vec4_ranges(
         let l = locs.get(&v)?;
         let words = g.meta(v).numel();
         let span = rules.span(l.word, words);
-        let aligned = span.start == l.word && span.chunks == 1;
+        // A binding of its own, from its first word.
+        let aligned = span.start == l.word
+            && span.chunks == 1
+            && windows.contains(&(l.buf, l.word, l.word + words.max(1), 1));
         (aligned && !l.packed && wgsl::per_word(g.meta(v).dtype) == 1)
             .then_some((l.buf, l.word, words))
     };
@@ -508,6 +573,8 @@ pub(crate) struct KernelPlan {
     layout: Layout,
     /// Storage bindings each group's kernels take at most.
     bindings: Vec<usize>,
+    /// The windows each group's kernels bind (`binding_windows`).
+    windows: Vec<Vec<Window>>,
     /// Tensor ranges each group's kernel binds as vectors (`vec4_ranges`).
     vec4: Vec<HashSet<(Buf, usize, usize)>>,
 }
@@ -576,9 +643,14 @@ pub(crate) fn plan(
         }
         bindings.push(n);
     }
+    let windows: Vec<Vec<Window>> = groups
+        .iter()
+        .map(|grp| group_windows(g, &sched, grp, &registers, &layout.locs, options.rules))
+        .collect();
     let vec4 = groups
         .iter()
-        .map(|grp| vec4_ranges(g, &sched, grp, &registers, &layout.locs, options))
+        .zip(&windows)
+        .map(|(grp, w)| vec4_ranges(g, &sched, grp, &registers, &layout.locs, w, options))
         .collect();
     Ok(Planned::Ready(Box::new(KernelPlan {
         sched,
@@ -588,6 +660,7 @@ pub(crate) fn plan(
         packing,
         layout,
         bindings,
+        windows,
         vec4,
     })))
 }
@@ -606,6 +679,7 @@ pub(crate) fn generate(
         packing,
         layout,
         bindings,
+        windows,
         vec4,
     } = plan;
     let mut gen = Gen::new(g, &sched, &layout.locs);
@@ -624,8 +698,9 @@ pub(crate) fn generate(
     let align = options.rules.align_words;
     gen.status = Some(layout.plan.arena_bytes.div_ceil(4).div_ceil(align) * align);
     let mut kernels = vec![];
-    for ((grp, &planned), vec4) in groups.iter().zip(&bindings).zip(vec4) {
+    for (((grp, &planned), vec4), windows) in groups.iter().zip(&bindings).zip(vec4).zip(windows) {
         gen.vec4_ranges = vec4;
+        gen.windows = windows;
         // The kernels of the group, each with the values it computes: one
         // launch, or where independent kernels cannot share one, a launch
         // each.
@@ -649,6 +724,7 @@ pub(crate) fn generate(
             let cost = KernelCost::of(g, &sched, &vals, &registers, &packing);
             let flops = kernel_flops(g, &sched, &vals, cost.ops.len(), cost.elements);
             for code in codes {
+                check_bindings_apart(&code)?;
                 if code.bindings.len() > planned {
                     return Err(CompileError::internal(
                         Stage::Codegen,
@@ -898,6 +974,34 @@ fn lifetimes(
     }
 }
 
+/// The buffers (roots) kernels computing a matrix product read: loaded
+/// as vectors where their layout allows.
+fn product_operands(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    groups: &[Vec<ValueId>],
+) -> HashSet<ValueId> {
+    let is_product = |n: NodeId| matches!(g.nodes[n].op.def().lowering, Lowering::MatMul(_));
+    let mut out = HashSet::new();
+    for grp in groups {
+        for &v in grp {
+            let Some(n) = g.node_of(v) else { continue };
+            let product = match sched.fused.get(&v) {
+                Some(schedule::Fused::Epilogue { product }) => is_product(*product),
+                _ => is_product(n),
+            };
+            if product {
+                out.extend(
+                    schedule::reads(g, sched, n)
+                        .into_iter()
+                        .map(|r| sched.root(r)),
+                );
+            }
+        }
+    }
+    out
+}
+
 /// Parameters in buffers of their own; every other buffer planned in the
 /// arena by lifetime. A re-inplaced scatter, a reshape and an elementwise
 /// result written over its dying input live in the allocation they reuse.
@@ -949,27 +1053,34 @@ fn place(
             roots.push(r);
         }
     }
-    // Arena tensors one kernel binds together keep their bindings apart:
-    // a binding starts at the device's alignment, and WebGPU forbids a
-    // writable binding that overlaps another binding of the same dispatch
-    // (`plan::plan`). Large tensors start at that alignment themselves
-    // (elementwise kernels bind them as vectors from their first word);
-    // the rest at 16 bytes (a vector), packed closer than eager's
-    // allocator would.
+    // A binding starts at the device's alignment, and WebGPU forbids a
+    // writable binding that overlaps another binding of the same dispatch.
+    // Large tensors start at that alignment themselves (elementwise
+    // kernels bind them as vectors from their first word), products'
+    // operands at 16 bytes (their tiles and register blocks load vectors,
+    // `Gen::vec4_operand`): each is bound alone, so tensors bound with it
+    // stay out of its windows (`plan::plan`). The rest are packed a word
+    // apart; a kernel binding several whose windows overlap binds the
+    // windows once (`binding_windows`).
     let window = options.rules.align_words * 4;
+    let vectors = product_operands(g, sched, groups);
     let requests: Vec<plan::Request> = roots
         .iter()
         .map(|r| {
             let bytes = bytes(*r);
+            let large = bytes >= 16 * window;
             plan::Request {
                 bytes,
                 first: span[r].0,
                 last: span[r].1,
-                align: if bytes >= 16 * window {
+                align: if large {
                     window.max(16)
-                } else {
+                } else if vectors.contains(r) {
                     16
+                } else {
+                    4
                 },
+                own_window: large || vectors.contains(r),
             }
         })
         .collect();
@@ -1145,6 +1256,32 @@ impl KernelCost {
         };
         (cost, charges)
     }
+}
+
+/// Refuses a kernel binding one buffer twice over overlapping bytes
+/// where the dispatch writes it: WebGPU rejects such a dispatch (wgpu on
+/// Vulkan runs it), so this is checked here, on every adapter.
+fn check_bindings_apart(code: &crate::kernel::KernelCode) -> Result<(), CompileError> {
+    let b = &code.bindings;
+    for (i, x) in b.iter().enumerate() {
+        for y in &b[i + 1..] {
+            let overlap = x.offset < y.offset + y.size && y.offset < x.offset + x.size;
+            if x.buf == y.buf && (x.write || y.write) && overlap {
+                return Err(CompileError::internal(
+                    Stage::Codegen,
+                    format!(
+                        "kernel {} binds bytes {}..{} and {}..{} of one written buffer",
+                        code.label,
+                        x.offset,
+                        x.offset + x.size,
+                        y.offset,
+                        y.offset + y.size
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What lowering made of the kernel groups.

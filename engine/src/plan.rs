@@ -13,6 +13,12 @@ pub struct Request {
     pub first: usize,
     pub last: usize,
     pub align: usize,
+    /// Bound by a binding of its own wherever a kernel binds it (a vector
+    /// array, or one too large to share): buffers bound with it stay out
+    /// of its binding windows. Others bound together may share windows:
+    /// codegen binds overlapping windows as one binding
+    /// (`lower::binding_windows`).
+    pub own_window: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -28,10 +34,10 @@ pub struct MemoryPlan {
 }
 
 /// Places `requests`. Requests one kernel binds together (a set of
-/// `bound` each) keep their binding windows apart: a binding starts at
-/// the offset rounded down to `window` bytes, and no binding of a
-/// dispatch may overlap a writable one, so such a pair never shares a
-/// `window`-aligned block.
+/// `bound` each), one of them with a window of its own, keep their binding
+/// windows apart: a binding starts at the offset rounded down to `window`
+/// bytes, and no binding of a dispatch may overlap a writable one, so such
+/// a pair never shares a `window`-aligned block.
 pub fn plan(requests: &[Request], window: usize, bound: &[Vec<usize>]) -> MemoryPlan {
     let window = window.max(1);
     let up = |b: usize, a: usize| b.div_ceil(a.max(1)) * a.max(1);
@@ -40,7 +46,7 @@ pub fn plan(requests: &[Request], window: usize, bound: &[Vec<usize>]) -> Memory
     for set in bound {
         for &a in set {
             for &b in set {
-                if a != b {
+                if a != b && (requests[a].own_window || requests[b].own_window) {
                     together.insert((a, b));
                 }
             }
@@ -107,6 +113,7 @@ mod tests {
             first: 0,
             last: 1,
             align: 16,
+            own_window: true,
         };
         let reqs = [req(20), req(20), req(8)];
         // Apart: packed at 16 bytes.
@@ -116,6 +123,23 @@ mod tests {
         let p = plan(&reqs, 256, &[vec![0, 1]]);
         assert_eq!(p.offsets, vec![0, 256, 32]);
         assert_eq!(p.arena_bytes, 276);
+        // Without windows of their own, bound together or not, they pack
+        // (their kernel binds the shared window once).
+        let shared: Vec<Request> = reqs
+            .iter()
+            .map(|r| Request {
+                own_window: false,
+                align: 4,
+                ..r.clone()
+            })
+            .collect();
+        let p = plan(&shared, 256, &[vec![0, 1]]);
+        assert_eq!(p.offsets, vec![0, 20, 40]);
+        assert_eq!(p.arena_bytes, 48);
+        // One with a window of its own keeps the other out of it.
+        let mut mixed = shared.clone();
+        mixed[0].own_window = true;
+        assert_eq!(plan(&mixed, 256, &[vec![0, 1]]).offsets, vec![0, 256, 20]);
     }
 
     #[test]
@@ -127,6 +151,7 @@ mod tests {
                 first: i,
                 last: i + 1,
                 align: 16,
+                own_window: true,
             })
             .collect();
         let p = plan(&reqs, 16, &[]);

@@ -138,6 +138,10 @@ pub struct Gen<'a> {
     /// Tensor ranges (buffer, word, words) the elementwise kernel being
     /// generated binds as `vec4<u32>`: the plan's choice.
     pub vec4_ranges: HashSet<(Buf, usize, usize)>,
+    /// The bindings (buffer, first word, end word, tensors) of the kernel
+    /// being generated (`lower::binding_windows`): tensors in a window
+    /// several share are bound together, each at its own base in it.
+    pub windows: Vec<(Buf, usize, usize, usize)>,
     /// The arena word where kernels record a fault (`Fault`): see
     /// `flag`, read back after the run.
     pub status: Option<usize>,
@@ -201,6 +205,7 @@ impl<'a> Gen<'a> {
             rules: BindingRules::default(),
             slots: vec![],
             vec4_ranges: HashSet::new(),
+            windows: vec![],
             // `lower` places it.
             status: None,
             status_used: false,
@@ -344,6 +349,16 @@ impl<'a> Gen<'a> {
                     chunks,
                     chunk_words,
                 } = self.rules.span(loc.word, words);
+                if let Some(i) = self.shared_window(loc, words, chunks) {
+                    let info = &mut self.slots[i];
+                    info.written |= write;
+                    return Slot {
+                        var: format!("b{i}"),
+                        base: loc.word - info.start,
+                        chunk: None,
+                        vec4: false,
+                    };
+                }
                 let planned = start == loc.word
                     && chunks == 1
                     && self.vec4_ranges.contains(&(loc.buf, loc.word, words));
@@ -375,6 +390,36 @@ impl<'a> Gen<'a> {
             chunk: (info.chunks > 1).then_some(info.chunk_words),
             vec4: info.vec4,
         }
+    }
+
+    /// The slot of the window (`windows`) tensor `loc` of `words` words
+    /// shares with others, bound as one range of words: `None` where the
+    /// tensor's binding is its own.
+    fn shared_window(&mut self, loc: Loc, words: usize, chunks: usize) -> Option<usize> {
+        let end = loc.word + words.max(1);
+        let &(buf, lo, hi, _) = self
+            .windows
+            .iter()
+            .find(|w| chunks == 1 && w.3 > 1 && w.0 == loc.buf && w.1 <= loc.word && end <= w.2)?;
+        let i = self.slots.iter().position(|s| {
+            s.loc.buf == buf && s.start == lo && s.loc.word + s.words.max(1) == hi && !s.vec4
+        });
+        Some(i.unwrap_or_else(|| {
+            self.slots.push(SlotInfo {
+                loc: Loc {
+                    buf,
+                    word: lo,
+                    packed: false,
+                },
+                words: hi - lo,
+                start: lo,
+                chunks: 1,
+                chunk_words: hi - lo,
+                written: false,
+                vec4: false,
+            });
+            self.slots.len() - 1
+        }))
     }
 
     /// The slot of materialized f32 value `v` bound as `vec4<u32>`, when it
