@@ -1057,9 +1057,10 @@ fn place(
     // writable binding that overlaps another binding of the same dispatch.
     // Large tensors start at that alignment themselves (elementwise
     // kernels bind them as vectors from their first word), products'
-    // operands at 16 bytes (their tiles and register blocks load vectors,
-    // `Gen::vec4_operand`): each is bound alone, so tensors bound with it
-    // stay out of its windows (`plan::plan`). The rest are packed a word
+    // operands of a few windows or more at 16 bytes (their tiles and
+    // register blocks load vectors, `Gen::vec4_operand`): each is bound
+    // alone, so tensors bound with it stay out of its windows
+    // (`plan::plan`). The rest are packed a word
     // apart; a kernel binding several whose windows overlap binds the
     // windows once (`binding_windows`).
     let window = options.rules.align_words * 4;
@@ -1069,18 +1070,20 @@ fn place(
         .map(|r| {
             let bytes = bytes(*r);
             let large = bytes >= 16 * window;
+            // Vector loads pay off on operands of more than a few windows.
+            let vector = vectors.contains(r) && bytes >= 4 * window;
             plan::Request {
                 bytes,
                 first: span[r].0,
                 last: span[r].1,
                 align: if large {
                     window.max(16)
-                } else if vectors.contains(r) {
+                } else if vector {
                     16
                 } else {
                     4
                 },
-                own_window: large || vectors.contains(r),
+                own_window: large || vector,
             }
         })
         .collect();
