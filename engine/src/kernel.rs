@@ -61,6 +61,18 @@ pub struct BindingRules {
     pub max_words: usize,
 }
 
+/// One binding of a kernel over tensors of one buffer (words `start` to
+/// `end`): tensors whose bindings would overlap are bound once, together
+/// (`lower::binding_windows`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Window {
+    pub buf: Buf,
+    pub start: usize,
+    pub end: usize,
+    /// Tensors bound through it.
+    pub tensors: usize,
+}
+
 /// How a tensor of `words` words at word `word` of its buffer is bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Span {

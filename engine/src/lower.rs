@@ -3,7 +3,7 @@
 //! stage of its own (`lower`).
 
 use crate::codegen::siblings::Shape;
-use crate::codegen::{Gen, Loc};
+use crate::codegen::{Gen, Loc, Window};
 use crate::error::{statement_with, CompileError, Stage};
 use crate::kernel::{HostView, Val, ValueInfo};
 use crate::wgsl::{self, Buf};
@@ -182,13 +182,13 @@ fn bound_ranges(
     ranges
 }
 
-/// Storage bindings the kernel computing `grp` takes, decided on the
-/// IR before any WGSL exists: the windows of the tensor ranges it reads
-/// or writes (as codegen binds them: by location and size;
-/// `binding_windows`), tensors past the device's largest binding in
-/// pieces, and the status word where a statement of the kernel may fault
-/// (i64 results, indices read from tensors). Codegen binds at most this
-/// many.
+/// The bindings of the kernel computing `grp`, decided on the IR before
+/// any WGSL exists: the windows of the tensor ranges it reads or writes
+/// (as codegen binds them: by location and size; `binding_windows`), and
+/// how many storage bindings it takes: those, tensors past the device's
+/// largest binding in pieces, and the status word where a statement of
+/// the kernel may fault (i64 results, indices read from tensors). Codegen
+/// binds at most this many.
 fn planned_bindings(
     g: &Graph,
     sched: &schedule::Schedule,
@@ -196,15 +196,12 @@ fn planned_bindings(
     registers: &HashSet<ValueId>,
     locs: &HashMap<ValueId, Loc>,
     rules: crate::codegen::BindingRules,
-) -> usize {
+) -> (Vec<Window>, usize) {
     let ranges = bound_ranges(g, sched, grp, registers, locs);
     let (windows, split) = binding_windows(&ranges, rules);
-    windows.len() + split + usize::from(may_fault_in(g, sched, grp))
+    let n = windows.len() + split + usize::from(may_fault_in(g, sched, grp));
+    (windows, n)
 }
-
-/// A binding of tensors of one buffer: (buffer, first word, end word,
-/// tensors in it).
-pub(crate) type Window = (Buf, usize, usize, usize);
 
 /// The bindings of a kernel binding tensors `ranges` (buffer, word,
 /// words): a tensor's binding starts at its word rounded down to the
@@ -224,33 +221,26 @@ fn binding_windows(
         if span.chunks > 1 {
             split += span.chunks;
         } else {
-            whole.push((buf, span.start, word + words.max(1), 1));
+            whole.push(Window {
+                buf,
+                start: span.start,
+                end: word + words.max(1),
+                tensors: 1,
+            });
         }
     }
     whole.sort();
     let mut out: Vec<Window> = vec![];
     for w in whole {
         match out.last_mut() {
-            Some(last) if last.0 == w.0 && w.1 < last.2 => {
-                last.2 = last.2.max(w.2);
-                last.3 += 1;
+            Some(last) if last.buf == w.buf && w.start < last.end => {
+                last.end = last.end.max(w.end);
+                last.tensors += 1;
             }
             _ => out.push(w),
         }
     }
     (out, split)
-}
-
-/// The bindings of the kernels computing `grp` (`binding_windows`).
-fn group_windows(
-    g: &Graph,
-    sched: &schedule::Schedule,
-    grp: &[ValueId],
-    registers: &HashSet<ValueId>,
-    locs: &HashMap<ValueId, Loc>,
-    rules: crate::codegen::BindingRules,
-) -> Vec<Window> {
-    binding_windows(&bound_ranges(g, sched, grp, registers, locs), rules).0
 }
 
 /// Tensor ranges (buffer, word, words) the elementwise kernel computing
@@ -287,9 +277,13 @@ fn vec4_ranges(
         let words = g.meta(v).numel();
         let span = rules.span(l.word, words);
         // A binding of its own, from its first word.
-        let aligned = span.start == l.word
-            && span.chunks == 1
-            && windows.contains(&(l.buf, l.word, l.word + words.max(1), 1));
+        let alone = Window {
+            buf: l.buf,
+            start: l.word,
+            end: l.word + words.max(1),
+            tensors: 1,
+        };
+        let aligned = span.start == l.word && span.chunks == 1 && windows.contains(&alone);
         (aligned && !l.packed && wgsl::per_word(g.meta(v).dtype) == 1)
             .then_some((l.buf, l.word, words))
     };
@@ -625,8 +619,9 @@ pub(crate) fn plan(
     );
     let layout = place(g, &sched, &groups, &life, &packing, options)?;
     let mut bindings = vec![];
+    let mut windows: Vec<Vec<Window>> = vec![];
     for grp in &groups {
-        let n = planned_bindings(g, &sched, grp, &registers, &layout.locs, options.rules);
+        let (w, n) = planned_bindings(g, &sched, grp, &registers, &layout.locs, options.rules);
         if n > options.max_bindings {
             if grp.len() > 1 && !is_map(g, &sched, grp[0]) {
                 return Ok(Planned::Apart(grp.clone()));
@@ -642,11 +637,8 @@ pub(crate) fn plan(
             });
         }
         bindings.push(n);
+        windows.push(w);
     }
-    let windows: Vec<Vec<Window>> = groups
-        .iter()
-        .map(|grp| group_windows(g, &sched, grp, &registers, &layout.locs, options.rules))
-        .collect();
     let vec4 = groups
         .iter()
         .zip(&windows)
@@ -1060,9 +1052,9 @@ fn place(
     // operands of a few windows or more at 16 bytes (their tiles and
     // register blocks load vectors, `Gen::vec4_operand`): each is bound
     // alone, so tensors bound with it stay out of its windows
-    // (`plan::plan`). The rest are packed a word
-    // apart; a kernel binding several whose windows overlap binds the
-    // windows once (`binding_windows`).
+    // (`plan::plan`). The rest are packed a word apart; a kernel binding
+    // several whose windows overlap binds the windows once
+    // (`binding_windows`).
     let window = options.rules.align_words * 4;
     let vectors = product_operands(g, sched, groups);
     let requests: Vec<plan::Request> = roots

@@ -30,7 +30,7 @@ use kiln_functionalize::schema::Arg;
 use kiln_functionalize::DType;
 use std::collections::{HashMap, HashSet};
 
-pub use crate::kernel::{BindingRules, Fault, KernelCode, Loc};
+pub use crate::kernel::{BindingRules, Fault, KernelCode, Loc, Window};
 
 /// Elementwise kernels reading and writing four consecutive elements an
 /// invocation as `vec4<u32>` (GPUs: wider memory transactions).
@@ -138,10 +138,10 @@ pub struct Gen<'a> {
     /// Tensor ranges (buffer, word, words) the elementwise kernel being
     /// generated binds as `vec4<u32>`: the plan's choice.
     pub vec4_ranges: HashSet<(Buf, usize, usize)>,
-    /// The bindings (buffer, first word, end word, tensors) of the kernel
-    /// being generated (`lower::binding_windows`): tensors in a window
-    /// several share are bound together, each at its own base in it.
-    pub windows: Vec<(Buf, usize, usize, usize)>,
+    /// The bindings of the kernel being generated
+    /// (`lower::binding_windows`): tensors in a window several share are
+    /// bound together, each at its own base in it.
+    pub windows: Vec<Window>,
     /// The arena word where kernels record a fault (`Fault`): see
     /// `flag`, read back after the run.
     pub status: Option<usize>,
@@ -397,10 +397,14 @@ impl<'a> Gen<'a> {
     /// tensor's binding is its own.
     fn shared_window(&mut self, loc: Loc, words: usize, chunks: usize) -> Option<usize> {
         let end = loc.word + words.max(1);
-        let &(buf, lo, hi, _) = self
-            .windows
-            .iter()
-            .find(|w| chunks == 1 && w.3 > 1 && w.0 == loc.buf && w.1 <= loc.word && end <= w.2)?;
+        let &Window {
+            buf,
+            start: lo,
+            end: hi,
+            ..
+        } = self.windows.iter().find(|w| {
+            chunks == 1 && w.tensors > 1 && w.buf == loc.buf && w.start <= loc.word && end <= w.end
+        })?;
         let i = self.slots.iter().position(|s| {
             s.loc.buf == buf && s.start == lo && s.loc.word + s.words.max(1) == hi && !s.vec4
         });
