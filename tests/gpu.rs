@@ -880,6 +880,57 @@ fn fused_region_updates_match_the_reference() {
     }
 }
 
+/// Outputs taken on the host as views of buffers a run reads back anyway
+/// (no kernel, no arena): through a chain of view copies whose links other
+/// kernels read inline, and the region an in-place scatter wrote (a row
+/// updated in place and returned with its tensor). A buffer such a view is
+/// taken from is not then written in place by a later scatter.
+#[test]
+fn outputs_viewed_from_read_back_buffers() {
+    let mut e = engine();
+    for (src, views) in [
+        (
+            "graph row(%x: f32[2, 3], %y: f32[3]) {
+  %r = select(%x, 0, 1)
+  %a = add_(%r, %y)
+  return (%x, %r)
+}",
+            1,
+        ),
+        (
+            "graph chain(%x: f32[3, 4], %w: f32[3, 5]) {
+  %m = exp(%x)
+  %t = t(%m)
+  %u = unsqueeze(%t, 0)
+  %e = expand(%u, [2, 4, 3])
+  %y = mm(%t, %w)
+  return (%m, %e, %y)
+}",
+            1,
+        ),
+        (
+            // %t is taken from %b's buffer: the row's update is a kernel
+            // writing a new buffer, not %b's.
+            "graph kept(%x: f32[3, 4], %w: f32[4, 4]) {
+  %b = mm(%x, %w)
+  %t = transpose_copy(%b, 0, 1)
+  %s = select(%b, 0, 0)
+  %z = zero_(%s)
+  return (%t, %b)
+}",
+            1,
+        ),
+    ] {
+        let g = parse(src).unwrap();
+        let p = kiln::engine::compile_with(&g, &e.gpu().compile_options()).unwrap();
+        assert_eq!(p.host_views.len(), views, "{src}");
+        let ins = || kiln::functionalize::random::random_inputs(&g, 3, 1.0);
+        let want = kiln::run(&g, ins()).unwrap();
+        let got = e.run(&g, ins()).unwrap();
+        close_run(src, &got, &want, 1e-5).unwrap();
+    }
+}
+
 /// `softmax(Q K^T * scale + mask) V` compiles to one attention kernel (no
 /// score tensor in memory) and matches the reference at awkward sizes:
 /// one query, fewer keys than a tile, keys past a tile, head widths 1 to

@@ -1203,7 +1203,7 @@ impl KernelCost {
             let (w, e) = match sched.inplace.get(&v) {
                 _ if registers.contains(&v) => (0, g.meta(v).numel()),
                 Some(_) => {
-                    let src = g.meta(*g.nodes[n].args[1].tensors()[0]).numel();
+                    let src = inplace_writes(g, n);
                     (src * 4, src)
                 }
                 None => (bytes(v), g.meta(v).numel()),
@@ -1412,30 +1412,72 @@ impl Values {
     }
 }
 
+/// Elements an in-place scatter writes: its source's, or for `index_put`
+/// the indexed positions'.
+fn inplace_writes(g: &Graph, n: NodeId) -> usize {
+    use kiln_functionalize::ops::kernels::Advanced;
+    use kiln_functionalize::schema::Arg;
+    let node = &g.nodes[n];
+    match (&node.op.def().lowering, &node.args[1]) {
+        // A bool mask's positions are known at run time only: at most all.
+        (Lowering::IndexPut, Arg::TensorList(idx))
+            if !idx
+                .iter()
+                .flatten()
+                .any(|&t| g.meta(t).dtype == kiln_functionalize::DType::Bool) =>
+        {
+            let shapes: Vec<Option<&[usize]>> = idx
+                .iter()
+                .map(|t| t.map(|t| &g.meta(t).sizes[..]))
+                .collect();
+            Advanced::of(&g.meta(node.results[0]).sizes, &shapes)
+                .map(|lay| lay.rshape.iter().product())
+                .unwrap_or_else(|_| g.meta(node.results[0]).numel())
+        }
+        (Lowering::IndexPut, _) => g.meta(node.results[0]).numel(),
+        (_, a) => a.tensors().first().map_or(0, |&&t| g.meta(t).numel()),
+    }
+}
+
 /// Output `v`, a view copy of `base`'s buffer (`Schedule::host_views`), as
 /// the runtime takes it on the host: the view's sizes, strides and offset
 /// over `base` laid out contiguously.
 fn host_view(g: &Graph, v: ValueId, base: ValueId) -> Result<HostView, CompileError> {
-    use kiln_functionalize::ops::{self, Rule};
+    use kiln_functionalize::ops;
     use kiln_functionalize::schema::Arg;
     use kiln_functionalize::Meta;
     let bug = |m: &str| CompileError::internal(Stage::Assemble, format!("host view: {m}"));
-    let n = g.node_of(v).ok_or_else(|| bug("no node"))?;
-    let node = &g.nodes[n];
-    let Rule::ViewCopy(view) = node.op.def().rule else {
-        return Err(bug("not a view copy"));
-    };
-    let bm = g.meta(base);
-    let cm = Meta::contiguous(bm.dtype, bm.sizes.to_vec());
-    let mut args: Vec<Arg<&Meta>> = vec![Arg::Tensor(&cm)];
-    args.extend(node.args[1..].iter().map(|a| a.map(&mut |x| g.meta(*x))));
-    let metas = ops::infer(view, &args).map_err(|e| bug(&e))?;
-    let k = node
-        .results
-        .iter()
-        .position(|&r| r == v)
-        .ok_or_else(|| bug("not a result of its node"))?;
-    let m = metas.get(k).ok_or_else(|| bug("no such result"))?;
+    // The chain of view copies from `base` to `v` (`schedule::view_chain_base`),
+    // or the view through which `base`'s scatter wrote `v` into it
+    // (`schedule::src_as_host_view`).
+    if let Some(n) = g.node_of(base).filter(|&n| {
+        g.nodes[n].op.def().lowering.scatter_view().is_some()
+            && g.nodes[n].args.get(1) == Some(&Arg::Tensor(v))
+    }) {
+        let Some(view) = g.nodes[n].op.def().lowering.scatter_view() else {
+            return Err(bug("a scatter without a view"));
+        };
+        let bm = g.meta(base);
+        let cm = Meta::contiguous(bm.dtype, bm.sizes.to_vec());
+        let mut args: Vec<Arg<&Meta>> = vec![Arg::Tensor(&cm)];
+        args.extend(
+            g.nodes[n].args[2..]
+                .iter()
+                .map(|a| a.map(&mut |x| g.meta(*x))),
+        );
+        let m = ops::infer(view, &args)
+            .map_err(|e| bug(&e))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| bug("no view"))?;
+        return Ok(HostView {
+            base: 0,
+            sizes: m.sizes.to_vec(),
+            strides: m.strides.to_vec(),
+            offset: m.offset,
+        });
+    }
+    let m = schedule::view_chain_layout(g, v, base).ok_or_else(|| bug("not a strided view"))?;
     Ok(HostView {
         base: 0,
         sizes: m.sizes.to_vec(),

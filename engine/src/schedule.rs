@@ -16,7 +16,7 @@ pub use crate::fusion::{
     class, inlined_region, is_free, reads, reads_value, scatter_view, Class, Fused, Schedule,
 };
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
-use kiln_functionalize::ops::{Elem, Lowering, Rule};
+use kiln_functionalize::ops::{self, Elem, Lowering, Rule};
 use kiln_functionalize::schema::Arg;
 use std::collections::{HashMap, HashSet};
 
@@ -66,15 +66,10 @@ pub fn schedule(
         }
         for &r in &g.nodes[n].results {
             let uses = s.uses.get(&r).cloned().unwrap_or_default();
-            let host_view = match (&g.nodes[n].op.def().rule, g.nodes[n].args.first()) {
-                (Rule::ViewCopy(_), Some(&Arg::Tensor(input)))
-                    if out_set.contains(&r)
-                        && uses.is_empty()
-                        && s.is_materialized.contains(&input) =>
-                {
-                    Some(input)
-                }
-                _ => None,
+            let host_view = if out_set.contains(&r) && !force.contains(&r) {
+                view_chain_base(g, &s, n, r)
+            } else {
+                None
             };
             if let Some(input) = host_view {
                 s.host_views.insert(r, input);
@@ -107,6 +102,9 @@ pub fn schedule(
                 if mat || feeds_scatter {
                     mat = true;
                     s.inplace.insert(r, base);
+                    if out_set.contains(&r) {
+                        src_as_host_view(g, &mut s, force, &out_set, n);
+                    }
                 }
             }
             if mat {
@@ -121,6 +119,106 @@ pub fn schedule(
     fuse_products(g, &mut s, &out_set, force, options.fuse_attention);
     fuse_twin_products(g, &mut s, &out_set, force);
     Ok(s)
+}
+
+/// An output that in-place scatter `n` (itself read back) writes into its
+/// buffer, read by nothing else: computed inside the scatter's kernel and
+/// taken on the host as the scatter's view of that buffer (`x[0].add_(y)`
+/// returning the row and `x`), where the race check still passes with it
+/// inlined.
+fn src_as_host_view(
+    g: &Graph,
+    s: &mut Schedule,
+    force: &HashSet<ValueId>,
+    out_set: &HashSet<ValueId>,
+    n: NodeId,
+) {
+    let node = &g.nodes[n];
+    let (Some(&Arg::Tensor(base)), Some(&Arg::Tensor(src))) = (node.args.first(), node.args.get(1))
+    else {
+        return;
+    };
+    let r = node.results[0];
+    let map = g
+        .node_of(src)
+        .is_some_and(|m| class(g, m).is_ok_and(|c| c == Class::Map));
+    if !map
+        || !out_set.contains(&src)
+        || force.contains(&src)
+        || g.meta(src).dtype != g.meta(r).dtype
+        || s.uses.get(&src).is_none_or(|u| u[..] != [n])
+        || !matches!(node.op.def().lowering, Lowering::RegionScatter { .. })
+    {
+        return;
+    }
+    s.is_materialized.remove(&src);
+    if !footprint::inplace_race_free(g, s, n, base, s.root(base)) {
+        s.is_materialized.insert(src);
+        return;
+    }
+    s.materialized.retain(|&v| v != src);
+    s.host_views.insert(src, r);
+}
+
+/// The materialized buffer an output computed by view copy `n` is a view
+/// of, through a chain of view copies none of which has a buffer (each
+/// recomputed inline wherever it is read), where the chain is one strided
+/// view of it: the output is then taken on the host from that buffer, and
+/// readers on the device read through the chain.
+fn view_chain_base(g: &Graph, s: &Schedule, n: NodeId, v: ValueId) -> Option<ValueId> {
+    let mut m = n;
+    let base = loop {
+        let node = &g.nodes[m];
+        let (Rule::ViewCopy(_), Some(&Arg::Tensor(input))) =
+            (&node.op.def().rule, node.args.first())
+        else {
+            return None;
+        };
+        if s.is_materialized.contains(&input) {
+            break input;
+        }
+        m = g.node_of(input)?;
+    };
+    view_chain_layout(g, v, base).map(|_| base)
+}
+
+/// The strided layout over `base` (contiguous) of `v`, computed from it by
+/// a chain of view copies; `None` where a link is no strided view of its
+/// input's layout (a reshape across strides copies in eager).
+pub fn view_chain_layout(g: &Graph, v: ValueId, base: ValueId) -> Option<kiln_functionalize::Meta> {
+    use kiln_functionalize::Meta;
+    let mut chain = vec![];
+    let mut x = v;
+    while x != base {
+        let n = g.node_of(x)?;
+        let k = g.nodes[n].results.iter().position(|&r| r == x)?;
+        let Rule::ViewCopy(_) = g.nodes[n].op.def().rule else {
+            return None;
+        };
+        chain.push((n, k));
+        x = match g.nodes[n].args.first() {
+            Some(&Arg::Tensor(input)) => input,
+            _ => return None,
+        };
+    }
+    let bm = g.meta(base);
+    let mut m = Meta::contiguous(bm.dtype, bm.sizes.to_vec());
+    for &(n, k) in chain.iter().rev() {
+        let node = &g.nodes[n];
+        let Rule::ViewCopy(view) = node.op.def().rule else {
+            return None;
+        };
+        let mut args: Vec<Arg<&Meta>> = vec![Arg::Tensor(&m)];
+        args.extend(node.args[1..].iter().map(|a| a.map(&mut |x| g.meta(*x))));
+        let r = ops::infer(view, &args).ok()?.into_iter().nth(k)?;
+        // A fresh contiguous layout from a strided one is a copy's.
+        let fresh = r.is_contiguous() && r.offset == 0;
+        if fresh && !m.is_contiguous() && r.numel() > 1 {
+            return None;
+        }
+        m = r;
+    }
+    Some(m)
 }
 
 /// Does node `u` read the elements of its input `r`? (`full_like`,
@@ -901,7 +999,13 @@ fn reshape_of(g: &Graph, s: &Schedule, n: NodeId) -> Option<ValueId> {
 /// only where no other invocation writes (see `footprint`).
 fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) -> Option<ValueId> {
     let node = &g.nodes[n];
-    scatter_view(g, n)?;
+    // `index_put`'s one invocation walks the indexed positions in order:
+    // in place when neither its indices nor its values read the base's
+    // buffer (they would see earlier writes).
+    let index_put = node.op.def().lowering == Lowering::IndexPut;
+    if !index_put {
+        scatter_view(g, n)?;
+    }
     let Some(&Arg::Tensor(base)) = node.args.first() else {
         return None;
     };
@@ -913,7 +1017,9 @@ fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) 
     // Every value living in the base's buffer must be dead after this
     // kernel: read only before it, or here at the positions it overwrites.
     let root = s.root(base);
-    if s.pinned.contains(&root) {
+    // Outputs taken from the buffer at the end of the run must still find
+    // their elements there.
+    if s.pinned.contains(&root) || s.host_views.values().any(|&b| s.root(b) == root) {
         return None;
     }
     let mut sharing = s.sharing(root);
@@ -943,6 +1049,14 @@ fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) 
         if !ok {
             return None;
         }
+    }
+    if index_put {
+        let reads_root = node.args[1..]
+            .iter()
+            .flat_map(|a| a.tensors())
+            .flat_map(|&t| reads_value(g, s, t))
+            .any(|r| s.root(r) == root);
+        return (!reads_root).then_some(base);
     }
     footprint::inplace_race_free(g, s, n, base, root).then_some(base)
 }

@@ -817,6 +817,10 @@ impl<'a> Gen<'a> {
         if out.numel() == 0 {
             return Ok(vec![]);
         }
+        if self.s.inplace.contains_key(&v) && node.op.def().lowering == Lowering::IndexPut {
+            // `v` lives in its base's buffer: the puts alone, no copy.
+            return Ok(vec![self.index_put(n, v, format!("{label} (in place)"))?]);
+        }
         if let Some(&base) = self.s.inplace.get(&v) {
             // Re-inplaced scatter: write only the region into the base's buffer.
             return Ok(self
