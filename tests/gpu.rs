@@ -931,6 +931,57 @@ fn outputs_viewed_from_read_back_buffers() {
     }
 }
 
+/// A value several readers take, each of its elements evaluated at most a
+/// few times were it recomputed by every reader, is not stored: the two
+/// passes of a bilinear resize (the second reads the first at two rows)
+/// are one kernel, on both variants, and match the reference. One read
+/// 64 times an element (broadcast over rows) is stored and computed once.
+#[test]
+fn cheap_values_are_recomputed_by_their_readers() {
+    let mut e = engine();
+    for (src, kernels, exps) in [
+        (
+            "graph up(%x: f32[1, 3, 8, 10]) {
+  %b = upsample_bilinear2d(%x, [13, 17], false)
+  return %b
+}",
+            Some(1),
+            0,
+        ),
+        (
+            "graph wide(%x: f32[8], %y: f32[64, 8]) {
+  %h = exp(%x)
+  %a = add(%h, %y)
+  %b = mul(%h, 2)
+  return (%a, %b)
+}",
+            None,
+            1,
+        ),
+    ] {
+        let g = parse(src).unwrap();
+        for options in [
+            kiln::engine::CompileOptions::default(),
+            e.gpu().compile_options(),
+        ] {
+            let p = kiln::engine::compile_with(&g, &options).unwrap();
+            if let Some(k) = kernels {
+                assert_eq!(p.kernels.len(), k, "{src}\n{}", p.stats());
+            }
+            let computing_exp = p
+                .kernels
+                .iter()
+                .filter(|k| k.code.wgsl.contains(": f32 = exp("))
+                .count();
+            assert_eq!(computing_exp, exps, "{src}\n{}", p.stats());
+        }
+        let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        let got = e.run(&g, ins).unwrap();
+        close_run(src, &got, &want, 1e-5).unwrap();
+    }
+}
+
 /// `softmax(Q K^T * scale + mask) V` compiles to one attention kernel (no
 /// score tensor in memory) and matches the reference at awkward sizes:
 /// one query, fewer keys than a tile, keys past a tile, head widths 1 to

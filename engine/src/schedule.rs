@@ -115,10 +115,128 @@ pub fn schedule(
             }
         }
     }
+    recompute_cheap_maps(g, &mut s, &out_set, force);
     fuse_rows(g, &mut s, &out_set, force, options.workgroup_rows);
     fuse_products(g, &mut s, &out_set, force, options.fuse_attention);
     fuse_twin_products(g, &mut s, &out_set, force);
     Ok(s)
+}
+
+/// Evaluations of an element, on average, above which a value several
+/// kernels read is stored rather than recomputed by each.
+const MAX_REEVALUATIONS: usize = 4;
+
+/// Elementwise values stored only because several readers need them, each
+/// element evaluated at most `MAX_REEVALUATIONS` times in all when every
+/// reader recomputes it instead: inlined (the passes of a bilinear or
+/// trilinear resize, each reading the previous one at two rows, become one
+/// kernel with no intermediate in memory). Values read through windows
+/// (a convolution's unfold) or by products and reductions stay stored.
+/// Later values first, so each one's readers are settled.
+fn recompute_cheap_maps(
+    g: &Graph,
+    s: &mut Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+) {
+    let shared: HashSet<ValueId> = s
+        .inplace
+        .iter()
+        .chain(&s.alias_of)
+        .chain(&s.host_views)
+        .flat_map(|(&a, &b)| [a, b])
+        .collect();
+    for v in s.materialized.clone().into_iter().rev() {
+        let Some(n) = g.node_of(v) else {
+            continue;
+        };
+        let node = &g.nodes[n];
+        if node.results.len() != 1
+            || !matches!(node.op.def().lowering, Lowering::Map(e) if reads_once(e))
+            || out.contains(&v)
+            || force.contains(&v)
+            || shared.contains(&v)
+        {
+            continue;
+        }
+        let elements = g.meta(v).numel();
+        let mut last = 0;
+        let cheap =
+            evaluations(g, s, v, 0, &mut last).is_some_and(|e| e <= MAX_REEVALUATIONS * elements);
+        // The buffers `v` reads now live until its last reader: no more
+        // memory than `v`'s own buffer held over that span.
+        let mut extended: Vec<ValueId> = node
+            .inputs()
+            .into_iter()
+            .flat_map(|t| reads_value(g, s, t))
+            .filter(|b| {
+                !out.contains(b)
+                    && s.uses
+                        .get(b)
+                        .is_none_or(|us| us.iter().all(|u| *u == n || s.pos[u] < last))
+            })
+            .collect();
+        extended.sort();
+        extended.dedup();
+        let bytes = |x: ValueId| g.meta(x).numel() * g.meta(x).dtype.size_bytes();
+        let fits = extended.iter().map(|&b| bytes(b)).sum::<usize>() <= bytes(v);
+        if cheap && fits {
+            s.materialized.retain(|&w| w != v);
+            s.is_materialized.remove(&v);
+        }
+    }
+}
+
+/// Does each element of a map read each of its inputs once (rather than
+/// looping over a source: `index_add`, `scatter`)?
+fn reads_once(e: Elem) -> bool {
+    !matches!(e, Elem::IndexAdd | Elem::ScatterInto { .. })
+}
+
+/// How many times kernels would evaluate elements of `v` were it inlined
+/// into every reader (`last`: the latest of the kernels reading it):
+/// `None` when a reader is no elementwise map or needs `v`'s buffer.
+fn evaluations(
+    g: &Graph,
+    s: &Schedule,
+    v: ValueId,
+    depth: usize,
+    last: &mut usize,
+) -> Option<usize> {
+    if depth > 16 {
+        return None;
+    }
+    let mut uses = s.uses.get(&v)?.clone();
+    uses.dedup();
+    let mut total = 0usize;
+    for u in uses {
+        let node = &g.nodes[u];
+        match node.op.def().lowering {
+            Lowering::Map(e) | Lowering::Free(e) if reads_once(e) => {}
+            _ => return None,
+        }
+        let reads = node
+            .args
+            .iter()
+            .flat_map(|a| a.tensors())
+            .filter(|&&t| t == v)
+            .count();
+        for &r in &node.results {
+            let e = if s.inplace.contains_key(&r)
+                || s.alias_of.contains_key(&r)
+                || s.host_views.contains_key(&r)
+            {
+                return None;
+            } else if s.is_materialized.contains(&r) {
+                *last = (*last).max(s.pos[&u]);
+                g.meta(r).numel()
+            } else {
+                evaluations(g, s, r, depth + 1, last)?
+            };
+            total = total.checked_add(e.checked_mul(reads)?)?;
+        }
+    }
+    Some(total)
 }
 
 /// An output that in-place scatter `n` (itself read back) writes into its
