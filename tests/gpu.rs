@@ -982,6 +982,56 @@ fn cheap_values_are_recomputed_by_their_readers() {
     }
 }
 
+/// `index_copy_` and `scatter_` into parameters that die there (a KV
+/// cache) write only their source's elements, in place,
+/// duplicates resolved as the reference does (the last along `dim` wins);
+/// out-of-range positions are a run error, not a silent write.
+#[test]
+fn index_copies_and_scatters_write_in_place() {
+    let src = "graph kv(%cache: f32[2, 16, 8], %pos: i64[3], %k: f32[2, 3, 8], %idx: i64[3, 8], %vals: f32[3, 8], %x: f32[5, 8]) {
+  %c = index_copy_(%cache, 1, %pos, %k)
+  %s = scatter_(%x, 0, %idx, %vals)
+  %t = mul(%cache, 2)
+  return (%t, %x)
+}";
+    let g = parse(src).unwrap();
+    let mut e = engine();
+    for options in [
+        kiln::engine::CompileOptions::default(),
+        e.gpu().compile_options(),
+    ] {
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        // Kernels sharing a launch are one, with their labels joined.
+        let in_place: Vec<_> = p
+            .kernels
+            .iter()
+            .filter(|k| k.code.label.contains("(in place)"))
+            .collect();
+        let count: usize = in_place
+            .iter()
+            .map(|k| k.code.label.matches("(in place)").count())
+            .sum();
+        assert_eq!(count, 2, "{}", p.stats());
+        // The cache's 3 new rows of 2 x 8, and the 24 scattered values.
+        let written: usize = in_place.iter().map(|k| k.bytes_written).sum();
+        assert_eq!(written, (2 * 3 * 8 + 24) * 4, "{}", p.stats());
+    }
+    let mut ins = kiln::functionalize::random::random_inputs(&g, 11, 1.0);
+    // Position 5 twice: the later row wins.
+    ins[1] = RTensor::new(DType::I64, vec![3], &[5.0, 0.0, 5.0]);
+    let idx: Vec<f64> = (0..24).map(|i| ((i * 7) % 5) as f64).collect();
+    ins[3] = RTensor::new(DType::I64, vec![3, 8], &idx);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let got = e.run(&g, ins.clone()).unwrap();
+    close_run("in-place scatters", &got, &want, 1e-6).unwrap();
+    ins[1] = RTensor::new(DType::I64, vec![3], &[5.0, 16.0, 1.0]);
+    let Err(err) = e.run(&g, ins) else {
+        panic!("an index past the cache ran");
+    };
+    let err = err.to_string();
+    assert!(err.contains("index_copy"), "{err}");
+}
+
 /// `softmax(Q K^T * scale + mask) V` compiles to one attention kernel (no
 /// score tensor in memory) and matches the reference at awkward sizes:
 /// one query, fewer keys than a tile, keys past a tile, head widths 1 to

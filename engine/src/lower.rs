@@ -9,7 +9,7 @@ use crate::kernel::{HostView, Val, ValueInfo};
 use crate::wgsl::{self, Buf};
 use crate::{plan, schedule, CompileOptions, Kernel, MemoryStats, Program};
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
-use kiln_functionalize::ops::Lowering;
+use kiln_functionalize::ops::{Elem, Lowering};
 use std::collections::{HashMap, HashSet};
 
 /// Elementwise results written over an input that dies in the same kernel
@@ -332,7 +332,6 @@ fn may_fault_in(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> bool
 /// it produces or accumulates i64 values (beyond the device's 32 bits), or
 /// reads positions from an index tensor (out of bounds).
 fn may_fault(g: &Graph, n: kiln_functionalize::graph::NodeId) -> bool {
-    use kiln_functionalize::ops::Elem;
     let node = &g.nodes[n];
     // Fills, copies, views and indices (argmax) make no new i64 value.
     let i64_arithmetic = node
@@ -1419,6 +1418,18 @@ fn inplace_writes(g: &Graph, n: NodeId) -> usize {
     use kiln_functionalize::schema::Arg;
     let node = &g.nodes[n];
     match (&node.op.def().lowering, &node.args[1]) {
+        // `index_copy` writes its source's elements, `scatter` its index's.
+        (Lowering::Map(Elem::ScatterInto { copy, .. }), _) => {
+            let at = if *copy { 3 } else { 2 };
+            match node.args.get(at) {
+                Some(Arg::Tensor(t)) if *copy => g.meta(*t).numel(),
+                _ => node
+                    .args
+                    .get(2)
+                    .and_then(|a| a.tensors().first().map(|&&t| g.meta(t).numel()))
+                    .unwrap_or(0),
+            }
+        }
         // A bool mask's positions are known at run time only: at most all.
         (Lowering::IndexPut, Arg::TensorList(idx))
             if !idx

@@ -1117,10 +1117,14 @@ fn reshape_of(g: &Graph, s: &Schedule, n: NodeId) -> Option<ValueId> {
 /// only where no other invocation writes (see `footprint`).
 fn inplace_base(g: &Graph, s: &Schedule, outputs: &HashSet<ValueId>, n: NodeId) -> Option<ValueId> {
     let node = &g.nodes[n];
-    // `index_put`'s one invocation walks the indexed positions in order:
-    // in place when neither its indices nor its values read the base's
-    // buffer (they would see earlier writes).
-    let index_put = node.op.def().lowering == Lowering::IndexPut;
+    // `index_put`'s one invocation walks the indexed positions in order;
+    // `scatter` and `index_copy` in place write each source element once
+    // (`Gen::scatter_sources`): in place when neither their indices nor
+    // their values read the base's buffer (they would see the writes).
+    let index_put = matches!(
+        node.op.def().lowering,
+        Lowering::IndexPut | Lowering::Map(Elem::ScatterInto { add: false, .. })
+    );
     if !index_put {
         scatter_view(g, n)?;
     }

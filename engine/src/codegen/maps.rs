@@ -246,6 +246,104 @@ impl Gen<'_> {
     /// `scatter`, `scatter_add` (`add`), `index_copy` (`copy`): self, then
     /// every source element whose index names this position, in eager's
     /// order (the last write wins).
+    /// `scatter` or `index_copy` (the last write wins) in place: `out`
+    /// holds self already, so an invocation per source element writes it
+    /// where the index names, unless a later element along `dim` names the
+    /// same position (as the map form resolves duplicates). Writes the
+    /// source's elements instead of self's (a KV cache's new rows, not the
+    /// cache).
+    pub(super) fn scatter_sources(
+        &mut self,
+        n: NodeId,
+        out: ValueId,
+        copy: bool,
+        label: String,
+    ) -> R<KernelCode> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let om = g.meta(out).clone();
+        let margs = metas(g, n);
+        let index = self.tensor_arg(n, 2)?;
+        let im = g.meta(index).clone();
+        let d = if om.dim() == 0 {
+            0
+        } else {
+            kiln_functionalize::meta::wrap_dim(margs.int(1).map_err(bug)?, om.dim()).map_err(bug)?
+        };
+        // The elements written: self's shape with `dim` the index's length
+        // (`index_copy`), or the index's shape (`scatter`).
+        let shape: Vec<usize> = if copy {
+            let mut s = om.sizes.to_vec();
+            if !s.is_empty() {
+                s[d] = im.numel();
+            }
+            s
+        } else {
+            im.sizes.to_vec()
+        };
+        let count = numel(&shape);
+        if count == 0 {
+            return Err(bug("an in-place scatter of nothing"));
+        }
+        self.guard(count);
+        let q = self.unravel("gid", &shape);
+        let along = if q.is_empty() { 1 } else { shape[d] };
+        let at_index = |s: &mut Self, k: &str| -> String {
+            if copy || im.dim() == 0 {
+                k.to_string()
+            } else {
+                let mut qk = q.clone();
+                qk[d] = k.to_string();
+                s.ravel(&qk, &contiguous_strides(&im.sizes), 0)
+            }
+        };
+        let p = q.get(d).cloned().unwrap_or_else(|| "0u".into());
+        let ii = at_index(self, &p);
+        let iv = self.value_at(index, &ii)?;
+        let len = if om.dim() == 0 { 1 } else { om.sizes[d] };
+        self.flag_index(n, &iv, len, false)?;
+        // A later element naming the same position wins.
+        let later = self.body.var("bool", "false".into());
+        self.body.stmt(format!(
+            "for (var k = {p} + 1u; k < {}; k = k + 1u) {{",
+            u(along)
+        ));
+        let saved = std::mem::take(&mut self.memo);
+        let ik = at_index(self, "k");
+        let kv = self.value_at(index, &ik)?;
+        self.body
+            .stmt(format!("if ({kv} == {iv}) {{ {later} = true; }}"));
+        self.body.stmt("}".into());
+        self.memo = saved;
+        self.body.stmt(format!("if (!{later}) {{"));
+        let sv = match node.args.get(3) {
+            Some(Arg::Tensor(src)) => {
+                let sm = g.meta(*src).clone();
+                let si = if sm.dim() == 0 {
+                    "0u".to_string()
+                } else {
+                    self.ravel(&q, &contiguous_strides(&sm.sizes), 0)
+                };
+                let x = self.value_at(*src, &si)?;
+                cast(&x, sm.dtype, om.dtype)
+            }
+            _ => lit(margs.scalar(3).map_err(bug)?.to_f64(), om.dtype)?,
+        };
+        let mut qt = q.clone();
+        if !qt.is_empty() {
+            qt[d] = format!("u32({iv})");
+        }
+        let at = self.ravel(&qt, &contiguous_strides(&om.sizes), 0);
+        let at = self.body.bind("u32", at);
+        self.put(out, &at, &sv, false)?;
+        self.body.stmt("}".into());
+        Ok(self.finish(
+            label,
+            wgsl::grid(count, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
+    }
+
     fn scatter_into_at(&mut self, n: NodeId, add: bool, copy: bool, idx: &str) -> R<String> {
         let g = self.g;
         let node = &g.nodes[n];

@@ -25,7 +25,7 @@ use kiln_functionalize::meta::{contiguous_strides, numel, Meta};
 use kiln_functionalize::ops::args::ArgsExt;
 use kiln_functionalize::ops::kernels::Advanced;
 use kiln_functionalize::ops::pointwise::Src;
-use kiln_functionalize::ops::{self, Lowering, Rule};
+use kiln_functionalize::ops::{self, Elem, Lowering, Rule};
 use kiln_functionalize::schema::Arg;
 use kiln_functionalize::DType;
 use std::collections::{HashMap, HashSet};
@@ -817,9 +817,18 @@ impl<'a> Gen<'a> {
         if out.numel() == 0 {
             return Ok(vec![]);
         }
-        if self.s.inplace.contains_key(&v) && node.op.def().lowering == Lowering::IndexPut {
-            // `v` lives in its base's buffer: the puts alone, no copy.
-            return Ok(vec![self.index_put(n, v, format!("{label} (in place)"))?]);
+        if self.s.inplace.contains_key(&v) {
+            // `v` lives in its base's buffer: the writes alone, no copy.
+            match node.op.def().lowering {
+                Lowering::IndexPut => {
+                    return Ok(vec![self.index_put(n, v, format!("{label} (in place)"))?]);
+                }
+                Lowering::Map(Elem::ScatterInto { add: false, copy }) => {
+                    let label = format!("{label} (in place)");
+                    return Ok(vec![self.scatter_sources(n, v, copy, label)?]);
+                }
+                _ => {}
+            }
         }
         if let Some(&base) = self.s.inplace.get(&v) {
             // Re-inplaced scatter: write only the region into the base's buffer.
