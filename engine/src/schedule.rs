@@ -161,8 +161,10 @@ fn recompute_cheap_maps(
         }
         let elements = g.meta(v).numel();
         let mut last = 0;
-        let cheap =
-            evaluations(g, s, v, 0, &mut last).is_some_and(|e| e <= MAX_REEVALUATIONS * elements);
+        // Paths through inlined readers can multiply: the walk is bounded.
+        let mut budget = 1024;
+        let cheap = evaluations(g, s, v, &mut budget, &mut last)
+            .is_some_and(|e| e <= MAX_REEVALUATIONS * elements);
         // The buffers `v` reads now live until its last reader: no more
         // memory than `v`'s own buffer held over that span.
         let mut extended: Vec<ValueId> = node
@@ -195,17 +197,16 @@ fn reads_once(e: Elem) -> bool {
 
 /// How many times kernels would evaluate elements of `v` were it inlined
 /// into every reader (`last`: the latest of the kernels reading it):
-/// `None` when a reader is no elementwise map or needs `v`'s buffer.
+/// `None` when a reader is no elementwise map or needs `v`'s buffer, or
+/// past `budget` values visited.
 fn evaluations(
     g: &Graph,
     s: &Schedule,
     v: ValueId,
-    depth: usize,
+    budget: &mut usize,
     last: &mut usize,
 ) -> Option<usize> {
-    if depth > 16 {
-        return None;
-    }
+    *budget = budget.checked_sub(1)?;
     let mut uses = s.uses.get(&v)?.clone();
     uses.dedup();
     let mut total = 0usize;
@@ -231,7 +232,7 @@ fn evaluations(
                 *last = (*last).max(s.pos[&u]);
                 g.meta(r).numel()
             } else {
-                evaluations(g, s, r, depth + 1, last)?
+                evaluations(g, s, r, budget, last)?
             };
             total = total.checked_add(e.checked_mul(reads)?)?;
         }
