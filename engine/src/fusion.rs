@@ -117,6 +117,17 @@ impl Schedule {
         out
     }
 
+    /// Values sharing a buffer with another (in-place writes, aliases)
+    /// or read back through another's (host views), on either side.
+    pub fn shared_buffers(&self) -> HashSet<ValueId> {
+        self.inplace
+            .iter()
+            .chain(&self.alias_of)
+            .chain(&self.host_views)
+            .flat_map(|(&a, &b)| [a, b])
+            .collect()
+    }
+
     /// The value owning `v`'s buffer (through in-place writes and aliases).
     pub fn root(&self, mut v: ValueId) -> ValueId {
         loop {

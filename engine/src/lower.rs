@@ -98,13 +98,7 @@ fn register_only(
             }
         }
     }
-    let shared: HashSet<ValueId> = sched
-        .alias_of
-        .iter()
-        .chain(&sched.inplace)
-        .chain(&sched.host_views)
-        .flat_map(|(&a, &b)| [a, b])
-        .collect();
+    let shared = sched.shared_buffers();
     let mut out = HashSet::new();
     for grp in groups
         .iter()
@@ -1454,9 +1448,7 @@ fn inplace_writes(g: &Graph, n: NodeId) -> usize {
 /// the runtime takes it on the host: the view's sizes, strides and offset
 /// over `base` laid out contiguously.
 fn host_view(g: &Graph, v: ValueId, base: ValueId) -> Result<HostView, CompileError> {
-    use kiln_functionalize::ops;
     use kiln_functionalize::schema::Arg;
-    use kiln_functionalize::Meta;
     let bug = |m: &str| CompileError::internal(Stage::Assemble, format!("host view: {m}"));
     // The chain of view copies from `base` to `v` (`schedule::view_chain_base`),
     // or the view through which `base`'s scatter wrote `v` into it
@@ -1465,27 +1457,15 @@ fn host_view(g: &Graph, v: ValueId, base: ValueId) -> Result<HostView, CompileEr
         g.nodes[n].op.def().lowering.scatter_view().is_some()
             && g.nodes[n].args.get(1) == Some(&Arg::Tensor(v))
     }) {
-        let Some(view) = g.nodes[n].op.def().lowering.scatter_view() else {
-            return Err(bug("a scatter without a view"));
-        };
-        let bm = g.meta(base);
-        let cm = Meta::contiguous(bm.dtype, bm.sizes.to_vec());
-        let mut args: Vec<Arg<&Meta>> = vec![Arg::Tensor(&cm)];
-        args.extend(
-            g.nodes[n].args[2..]
-                .iter()
-                .map(|a| a.map(&mut |x| g.meta(*x))),
-        );
-        let m = ops::infer(view, &args)
-            .map_err(|e| bug(&e))?
-            .into_iter()
-            .next()
-            .ok_or_else(|| bug("no view"))?;
+        let view = g.nodes[n].op.def().lowering.scatter_view();
+        let view = view.ok_or_else(|| bug("a scatter without a view"))?;
+        let a = crate::index::Affine::view(g, view, g.meta(base), &g.nodes[n].args[2..], 0)
+            .map_err(|e| bug(&e))?;
         return Ok(HostView {
             base: 0,
-            sizes: m.sizes.to_vec(),
-            strides: m.strides.to_vec(),
-            offset: m.offset,
+            sizes: a.sizes,
+            strides: a.strides,
+            offset: a.offset,
         });
     }
     let m = schedule::view_chain_layout(g, v, base).ok_or_else(|| bug("not a strided view"))?;

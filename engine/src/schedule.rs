@@ -139,13 +139,7 @@ fn recompute_cheap_maps(
     out: &HashSet<ValueId>,
     force: &HashSet<ValueId>,
 ) {
-    let shared: HashSet<ValueId> = s
-        .inplace
-        .iter()
-        .chain(&s.alias_of)
-        .chain(&s.host_views)
-        .flat_map(|(&a, &b)| [a, b])
-        .collect();
+    let shared = s.shared_buffers();
     for v in s.materialized.clone().into_iter().rev() {
         let Some(n) = g.node_of(v) else {
             continue;

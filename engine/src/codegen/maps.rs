@@ -260,7 +260,6 @@ impl Gen<'_> {
         label: String,
     ) -> R<KernelCode> {
         let g = self.g;
-        let node = &g.nodes[n];
         let om = g.meta(out).clone();
         let margs = metas(g, n);
         let index = self.tensor_arg(n, 2)?;
@@ -316,19 +315,8 @@ impl Gen<'_> {
         self.body.stmt("}".into());
         self.memo = saved;
         self.body.stmt(format!("if (!{later}) {{"));
-        let sv = match node.args.get(3) {
-            Some(Arg::Tensor(src)) => {
-                let sm = g.meta(*src).clone();
-                let si = if sm.dim() == 0 {
-                    "0u".to_string()
-                } else {
-                    self.ravel(&q, &contiguous_strides(&sm.sizes), 0)
-                };
-                let x = self.value_at(*src, &si)?;
-                cast(&x, sm.dtype, om.dtype)
-            }
-            _ => lit(margs.scalar(3).map_err(bug)?.to_f64(), om.dtype)?,
-        };
+        let sv = self.scatter_source(n, &q)?;
+        let sv = cast(&sv, self.scatter_source_dtype(n), om.dtype);
         let mut qt = q.clone();
         if !qt.is_empty() {
             qt[d] = format!("u32({iv})");
@@ -344,16 +332,40 @@ impl Gen<'_> {
         ))
     }
 
+    /// The source of scatter node `n` at multi-index `q` (over the index's
+    /// or the source's shape): the source tensor there, or the scalar.
+    fn scatter_source(&mut self, n: NodeId, q: &[String]) -> R<String> {
+        let g = self.g;
+        let out = g.meta(g.nodes[n].results[0]).dtype;
+        match g.nodes[n].args.get(3) {
+            Some(Arg::Tensor(s)) => {
+                let sm = g.meta(*s).clone();
+                let si = if sm.dim() == 0 {
+                    "0u".to_string()
+                } else {
+                    self.ravel(q, &contiguous_strides(&sm.sizes), 0)
+                };
+                self.value_at(*s, &si)
+            }
+            _ => lit(metas(g, n).scalar(3).map_err(bug)?.to_f64(), out),
+        }
+    }
+
+    /// The dtype `scatter_source` gives.
+    fn scatter_source_dtype(&self, n: NodeId) -> DType {
+        let g = self.g;
+        match g.nodes[n].args.get(3) {
+            Some(Arg::Tensor(s)) => g.meta(*s).dtype,
+            _ => g.meta(g.nodes[n].results[0]).dtype,
+        }
+    }
+
     fn scatter_into_at(&mut self, n: NodeId, add: bool, copy: bool, idx: &str) -> R<String> {
         let g = self.g;
         let node = &g.nodes[n];
         let out = g.meta(node.results[0]).clone();
         let margs = metas(g, n);
-        let (x, index, src) = (
-            self.tensor_arg(n, 0)?,
-            self.tensor_arg(n, 2)?,
-            node.args.get(3),
-        );
+        let (x, index) = (self.tensor_arg(n, 0)?, self.tensor_arg(n, 2)?);
         let d = if out.dim() == 0 {
             0
         } else {
@@ -393,18 +405,7 @@ impl Gen<'_> {
         let iv = self.value_at(index, &ii)?;
         let len = if out.dim() == 0 { 1 } else { out.sizes[d] };
         self.flag_index(n, &iv, len, false)?;
-        let sv = match src {
-            Some(Arg::Tensor(s)) => {
-                let sm = g.meta(*s).clone();
-                let si = if sm.dim() == 0 {
-                    "0u".to_string()
-                } else {
-                    self.ravel(&q, &contiguous_strides(&sm.sizes), 0)
-                };
-                self.value_at(*s, &si)?
-            }
-            _ => lit(margs.scalar(3).map_err(bug)?.to_f64(), out.dtype)?,
-        };
+        let sv = self.scatter_source(n, &q)?;
         let here = m.get(d).cloned().unwrap_or_else(|| "0u".into());
         let update = if add { format!("{acc} + {sv}") } else { sv };
         self.body
