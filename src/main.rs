@@ -609,7 +609,7 @@ fn profile(
         let load_ms = t.elapsed().as_secs_f64() * 1e3;
         // The parameters' names and types (inputs are read by name).
         let g = e.graph().map_err(|e| at(&e))?;
-        return measure(&session, &exe, &g, inputs, runs, load_ms, json).map_err(|e| at(&e));
+        return measure(&session, &exe, &g, None, inputs, runs, load_ms, json).map_err(|e| at(&e));
     }
     let (g, imported) = load(prog)?;
     let session = Session::open().map_err(|e| e.to_string())?;
@@ -639,15 +639,29 @@ fn profile(
     let t = std::time::Instant::now();
     let exe = session.compile(&g).map_err(|e| at(&e))?;
     let compile_ms = t.elapsed().as_secs_f64() * 1e3;
-    measure(&session, &exe, &g, inputs, runs, compile_ms, json).map_err(|e| at(&e))
+    measure(
+        &session,
+        &exe,
+        &g,
+        imported.as_ref(),
+        inputs,
+        runs,
+        compile_ms,
+        json,
+    )
+    .map_err(|e| at(&e))
 }
 
 /// Runs `exe` (the program `g`) `runs` times on the inputs from the file or
-/// seeded random ones, and prints `kiln profile`'s table or JSON.
+/// seeded random ones, and prints `kiln profile`'s table or JSON. An
+/// archive's buffers the program writes (inputs, not constants) start
+/// from the archive's values, as `kiln run` does.
+#[allow(clippy::too_many_arguments)]
 fn measure(
     session: &kiln::engine::Session,
     exe: &kiln::engine::Executable,
     g: &Graph,
+    imported: Option<&kiln::import::Imported>,
     inputs: Option<&Path>,
     runs: usize,
     prepare_ms: f64,
@@ -658,11 +672,15 @@ fn measure(
         .map(kiln::io::MappedTensors::open)
         .transpose()
         .map_err(|e| e.to_string())?;
-    let ins: Vec<kiln::engine::HostTensor> = match &file {
-        Some(f) => f
+    let ins: Vec<kiln::engine::HostTensor> = match (&file, imported) {
+        (Some(f), Some(imp)) => {
+            let all = kiln::import::feeds(imp, g, f)?;
+            wanted.iter().map(|&i| all[i].clone()).collect()
+        }
+        (Some(f), None) => f
             .inputs_for(g, &|i| !wanted.contains(&i))
             .map_err(|e| e.to_string())?,
-        None => kiln::profile::random_inputs(g, &wanted, 0x5eed),
+        (None, _) => kiln::profile::random_inputs(g, &wanted, 0x5eed),
     };
     let p =
         kiln::profile::profile(session, exe, &ins, runs, prepare_ms).map_err(|e| e.to_string())?;

@@ -186,22 +186,7 @@ fn op_programs_with_the_gpu_variants() {
 
 /// The adapter at hand compiling as for a real GPU.
 fn gpu_variants() -> Engine {
-    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
-    let mut options = gpu.compile_options();
-    options.tile_min_rows = 0;
-    // Products of two 128-row tiles or more in those, smaller in 64.
-    options.tall_tiles_from = 2;
-    options.workgroup_rows = true;
-    options.workgroup = 256;
-    options.vectorize = true;
-    // Few workgroups, so invocations loop over the grid several times.
-    options.grid_stride = Some(3);
-    options.fuse_attention = true;
-    options.contiguous_operands = false;
-    // WebGPU's 256-byte binding offsets: small tensors a kernel binds
-    // share windows, bound once.
-    options.rules.align_words = 64;
-    Engine::on(kiln::engine::Session::with_options(gpu, options))
+    Engine::on(common::gpu_variant_session())
 }
 
 /// And with a browser's 8 storage buffers per kernel: fusion stays within
@@ -830,6 +815,64 @@ fn valid_and_as_the_reference(src: &str, what: &str) {
     }
 }
 
+/// f32 to f16 rounds to nearest, ties to even, on every path (a word per
+/// element, packed pairs, a round trip inside a kernel), exactly as the
+/// reference: ties, the largest finite f16 and what overflows, subnormals
+/// and their ties. WGSL leaves `pack2x16float`'s rounding to the driver
+/// (on the H200 it rounded the other way).
+#[test]
+fn f16_conversions_round_to_nearest_even() {
+    let p = |e: i32| 2f64.powi(e);
+    let vals = [
+        1.0 + p(-11),
+        1.0 + 3.0 * p(-11),
+        1.0 + p(-11) + p(-23),
+        -(1.0 + p(-11)),
+        65504.0,
+        65519.0,
+        65520.0,
+        -70000.0,
+        1e-8,
+        p(-25),
+        3.0 * p(-25),
+        1.5 * p(-24),
+        2.5 * p(-24),
+        p(-14) - p(-26),
+        p(-14) - p(-25),
+        -0.0,
+        0.1,
+        2.71831,
+        -1234.567,
+        6.0e-5,
+    ];
+    let n = vals.len();
+    let x = common::t(DType::F32, &[n], &vals);
+    let src = format!(
+        "graph f(%x: f32[{n}]) {{
+  %h = _to_copy(%x, f16)
+  %y = _to_copy(%h, f32)
+  %v = mul(%x, 1)
+  %k = _to_copy(%v, f16)
+  return (%h, %y, %k)
+}}"
+    );
+    let g = parse(&src).unwrap();
+    let want = kiln::run(&g, vec![x.clone()]).unwrap();
+    for (what, mut e) in [("this adapter", engine()), ("GPU variants", gpu_variants())] {
+        let got = e.run(&g, vec![x.clone()]).unwrap();
+        for (i, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
+            common::same_type(what, a, b).unwrap();
+            for (j, (u, v)) in a.values().iter().zip(b.values()).enumerate() {
+                assert!(
+                    u == &v || (u.is_nan() && v.is_nan()),
+                    "{what}: output {i}[{j}] ({}) is {u}, the reference {v}",
+                    vals[j]
+                );
+            }
+        }
+    }
+}
+
 /// Negative fill values meet prefix operators (`neg` of `-1i` once made
 /// `--1i`, which WGSL refuses): fills and factories of every kind.
 #[test]
@@ -1309,13 +1352,13 @@ fn row_reductions_fuse_with_their_broadcast_consumers() {
     }
 }
 
-/// Elementwise kernels reading a transposing view run in 16x16 tiles
-/// through workgroup memory (`CompileOptions::tile_transposes`): partial
+/// Elementwise kernels reading a transposing view run in square tiles
+/// (16 and 32 a side) through workgroup memory (`CompileOptions::tile_transposes`): partial
 /// tiles, batch dimensions, integers, two views in one kernel and a bare
 /// transpose, on both adapter variants, against the reference.
 #[test]
 fn transposed_reads_are_tiled() {
-    let src = "graph f(%x: f32[37, 50], %b: f32[37], %y: i32[3, 20, 33], %z: f32[50, 37], %w: f32[20, 17, 18]) {
+    let src = "graph f(%x: f32[37, 50], %b: f32[37], %y: i32[3, 40, 33], %z: f32[50, 37], %w: f32[3, 33, 40]) {
   %t = t(%x)
   %a = add(%t, %b)
   %c = tanh(%a)
@@ -1330,10 +1373,11 @@ fn transposed_reads_are_tiled() {
   return (%d, %s, %ym, %tt, %wq)
 }";
     let g = parse(src).unwrap();
-    for gpu in [true, false] {
+    for (workgroup, side) in [(256, 32), (256, 16), (64, 16)] {
         let options = kiln::engine::CompileOptions {
-            workgroup: if gpu { 256 } else { 64 },
-            vectorize: gpu,
+            workgroup,
+            transpose_tile: side,
+            vectorize: workgroup == 256,
             ..Default::default()
         };
         let p = kiln::engine::compile_with(&g, &options).unwrap();

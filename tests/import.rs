@@ -186,6 +186,44 @@ fn every_model_matches_pytorch_on_the_gpu() {
     check_all(&[None, Some(Remove::Mutations)], true);
 }
 
+/// And on the kernels a GPU-class adapter gets (grid-stride loops,
+/// workgroup rows, tiles, shared launches), which lavapipe's own options
+/// do not make: the H200 run of 2026-11-28 found `views_in_place` wrong
+/// there only.
+#[test]
+fn every_model_matches_pytorch_with_the_gpu_variants() {
+    let mut failures = vec![];
+    let names = models();
+    for name in &names {
+        let imp = kiln::import::open(&fixture(name, ".pt2")).unwrap();
+        let out = dir().join(format!("{name}-variants.safetensors"));
+        let session = common::gpu_variant_session();
+        let r = kiln::import::run_on(
+            &imp,
+            &imp.graph,
+            &fixture(name, ".inputs.safetensors"),
+            &out,
+            Some(&session),
+        )
+        .and_then(|()| {
+            let got = kiln::io::load_all(&out).map_err(|e| e.to_string())?;
+            let want = kiln::io::load_all(&fixture(name, ".expected.safetensors"))
+                .map_err(|e| e.to_string())?;
+            compare(&got, &want)
+        });
+        if let Err(e) = r {
+            failures.push(format!("{name}: {e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} models differ from PyTorch:\n{}",
+        failures.len(),
+        names.len(),
+        failures.join("\n")
+    );
+}
+
 /// Each archive under `refused/` is refused with an error holding every
 /// line of its `.expect` file.
 #[test]
@@ -274,6 +312,19 @@ fn import_and_export_from_the_command_line() {
         let (ok, out, err) = kiln(cmd);
         assert!(ok && !out.is_empty(), "{cmd:?}: {err}");
     }
+    // `profile` with the user inputs alone: the buffer the program writes
+    // starts from the archive's value, as in `run`.
+    let inputs = fixture(name, ".inputs.safetensors");
+    let (ok, out, err) = kiln(&[
+        "profile",
+        s(&pt2),
+        "--inputs",
+        s(&inputs),
+        "--runs",
+        "1",
+        "--json",
+    ]);
+    assert!(ok && out.contains("kernels_ms"), "profile: {err}");
     // Export without --weights: the archive's weights are constants.
     let model = dir().join("small.kiln");
     let (ok, _, err) = kiln(&["export", s(&pt2), "--output", s(&model)]);

@@ -113,12 +113,17 @@ pub struct CompileOptions {
     pub workgroup_rows: bool,
     /// Elementwise kernels reading a stored tensor through a transposing
     /// view (`x.t()`, a permute moving the innermost dimension) run in
-    /// 16x16 tiles: each workgroup loads its tile of the source along the
+    /// square tiles: each workgroup loads its tile of the source along the
     /// source's rows into workgroup memory, then computes and stores along
     /// the result's rows, so both sides are contiguous (coalesced on GPUs;
     /// lavapipe: the 4096x4096 transposed chain in 346 ms instead of 731,
     /// 1.19x the same chain without the transpose, 2026-11-27).
     pub tile_transposes: bool,
+    /// The side of those tiles: 32 on GPUs (a workgroup of 32x8, each
+    /// invocation four rows, so a warp reads and writes 128 contiguous
+    /// bytes; H200, 2026-11-28: see docs/gpu-runs), 16 on CPU adapters
+    /// (16x4). `KILN_TRANSPOSE_TILE` overrides it on the machine at hand.
+    pub transpose_tile: usize,
     /// Invocations per workgroup of elementwise and other 1-D kernels: 256
     /// on GPUs (an H100 copies 1868 GB/s with 256, 799 with 64), 64 on CPU
     /// adapters (lavapipe: a 16M-element chain in 54 ms with 64, 75 with
@@ -182,6 +187,7 @@ impl Default for CompileOptions {
             tall_tiles_from: 512,
             workgroup_rows: true,
             tile_transposes: true,
+            transpose_tile: 32,
             workgroup: kernel::WORKGROUP,
             vectorize: true,
             grid_stride: Some(2048),

@@ -673,6 +673,7 @@ pub(crate) fn generate(
     gen.tall_tiles_from = options.tall_tiles_from;
     gen.workgroup_rows = options.workgroup_rows;
     gen.tile_transposes = options.tile_transposes;
+    gen.transpose_tile = options.transpose_tile;
     gen.workgroup = options.workgroup;
     gen.grid_stride = options.grid_stride;
     gen.subgroup = options.subgroup;

@@ -195,10 +195,7 @@ pub fn load(slot: &Slot, index: &str, dtype: DType, packed: bool) -> String {
 pub fn pack_lane(dtype: DType, value: &str, lane: usize) -> String {
     match dtype {
         DType::Bool => format!("(select(0u, 1u, {value}) << {}u)", 8 * lane),
-        DType::F16 => format!(
-            "((pack2x16float(vec2<f32>({value}, 0.0)) & 0xffffu) << {}u)",
-            16 * lane
-        ),
+        DType::F16 => format!("(k_f16_bits({value}) << {}u)", 16 * lane),
         _ => unreachable!("{dtype} is not packed"),
     }
 }

@@ -14,7 +14,7 @@ mod fold;
 mod run;
 
 pub use archive::is_zip as is_pt2;
-pub use run::{mutated, run};
+pub use run::{feeds, mutated, run, run_on};
 
 use crate::io::{MappedTensors, Src};
 use kiln_engine::HostTensor;

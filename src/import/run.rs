@@ -22,7 +22,7 @@ pub fn mutated(g: &Graph) -> Result<Vec<bool>, String> {
 
 /// Every parameter's tensor: weights from the archive, user inputs from
 /// `inputs` (by name, checked against the program).
-fn feeds<'a>(
+pub fn feeds<'a>(
     imp: &'a Imported,
     g: &Graph,
     file: &'a MappedTensors,
@@ -48,7 +48,8 @@ fn feeds<'a>(
     Ok(out)
 }
 
-/// Runs an imported program and writes its results.
+/// Runs an imported program and writes its results (on a session of
+/// the default adapter and options where `gpu`).
 pub fn run(
     imp: &Imported,
     g: &Graph,
@@ -56,14 +57,31 @@ pub fn run(
     output: &Path,
     gpu: bool,
 ) -> Result<(), String> {
+    let session = if gpu {
+        let s = Session::open().map_err(|e| e.to_string())?;
+        eprintln!("adapter: {}", s.gpu().describe());
+        Some(s)
+    } else {
+        None
+    };
+    run_on(imp, g, inputs, output, session.as_ref())
+}
+
+/// Runs an imported program on `session` (the reference interpreter
+/// where `None`) and writes its results.
+pub fn run_on(
+    imp: &Imported,
+    g: &Graph,
+    inputs: &Path,
+    output: &Path,
+    session: Option<&Session>,
+) -> Result<(), String> {
     let file = MappedTensors::open(inputs).map_err(|e| e.to_string())?;
     let all = feeds(imp, g, &file)?;
     let written = mutated(g)?;
     let names = Names::of(g);
     let mut named: Vec<(String, HostTensor)> = vec![];
-    let finals: Vec<HostTensor> = if gpu {
-        let session = Session::open().map_err(|e| e.to_string())?;
-        eprintln!("adapter: {}", session.gpu().describe());
+    let finals: Vec<HostTensor> = if let Some(session) = session {
         for (n, t) in imp.constants(g)? {
             session.add_constant(&n, &t).map_err(|e| e.to_string())?;
         }

@@ -289,3 +289,25 @@ pub fn kiln_run_exe() -> PathBuf {
     }
     kr
 }
+
+/// A session on the adapter at hand compiling as for a real GPU (the
+/// kernels a GPU-class adapter gets, small grids so invocations loop).
+pub fn gpu_variant_session() -> kiln::engine::Session {
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let mut options = gpu.compile_options();
+    options.tile_min_rows = 0;
+    // Products of two 128-row tiles or more in those, smaller in 64.
+    options.tall_tiles_from = 2;
+    options.workgroup_rows = true;
+    options.workgroup = 256;
+    options.vectorize = true;
+    // Few workgroups, so invocations loop over the grid several times.
+    options.grid_stride = Some(3);
+    options.fuse_attention = true;
+    options.contiguous_operands = false;
+    options.transpose_tile = 32;
+    // WebGPU's 256-byte binding offsets: small tensors a kernel binds
+    // share windows, bound once.
+    options.rules.align_words = 64;
+    kiln::engine::Session::with_options(gpu, options)
+}

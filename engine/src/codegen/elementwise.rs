@@ -185,6 +185,7 @@ impl Gen<'_> {
     /// at least a tile wide.
     fn transposed_tile(&self, group: &[ValueId]) -> Option<Tile> {
         let g = self.g;
+        let side = self.transpose_tile;
         let mut tile: Option<Tile> = None;
         for (n, k) in crate::index::own_view_copies(g, self.s, group) {
             let node = &g.nodes[n];
@@ -207,7 +208,7 @@ impl Gen<'_> {
             let Some(row) = s.strides.iter().position(|&st| st == 1) else {
                 continue;
             };
-            if cs <= 1 || c < TILE || s.sizes[row] < TILE {
+            if cs <= 1 || c < side || s.sizes[row] < side {
                 continue;
             }
             match &mut tile {
@@ -226,13 +227,13 @@ impl Gen<'_> {
         // Workgroups: tiles along the columns, the rows, then the rest.
         let rest = numel(&t.sizes) / (t.sizes[t.row] * t.sizes[t.sizes.len() - 1]);
         let fits = |n: usize| n <= 65535;
-        (fits(t.sizes[t.row].div_ceil(TILE))
-            && fits(t.sizes[t.sizes.len() - 1].div_ceil(TILE))
+        (fits(t.sizes[t.row].div_ceil(side))
+            && fits(t.sizes[t.sizes.len() - 1].div_ceil(side))
             && fits(rest))
         .then_some(t)
     }
 
-    /// `map_group` over 16x16 tiles of the result (viewed as `tile.sizes`,
+    /// `map_group` over square tiles (`transpose_tile` a side) of the result (viewed as `tile.sizes`,
     /// rows along `tile.row`): each invocation first loads the element of
     /// the transposing views' sources at the transposed position in the
     /// tile, so a row of invocations reads a row of the source; after the
@@ -240,6 +241,7 @@ impl Gen<'_> {
     /// workgroup memory, and stores along the result's rows.
     fn map_group_tiled(&mut self, group: &[ValueId], tile: Tile) -> R<KernelCode> {
         let g = self.g;
+        let side = self.transpose_tile;
         self.vec4_ranges.clear();
         let Tile { sizes, row, views } = tile;
         let last = sizes.len() - 1;
@@ -261,12 +263,12 @@ impl Gen<'_> {
             m[last] = c.to_string();
             gen.ravel(&m, &strides, 0)
         };
-        // Workgroups of `self.workgroup` invocations: 16 wide, each
+        // Workgroups of `self.workgroup` invocations: `side` wide, each
         // invocation handling `per` rows of the tile (CPU adapters: 16x4,
-        // four rows each; GPUs: 16x16).
-        let high = (self.workgroup as usize / TILE).clamp(1, TILE);
-        let per = TILE / high;
-        let t = u(TILE);
+        // GPUs: 32x8, four rows each).
+        let high = (self.workgroup as usize / side).clamp(1, side);
+        let per = side / high;
+        let t = u(side);
         let r0 = self.body.bind("u32", format!("wid.y * {t}"));
         let c0 = self.body.bind("u32", format!("wid.x * {t}"));
         let mut tiles = HashMap::new();
@@ -275,7 +277,7 @@ impl Gen<'_> {
             self.shared.push(format!(
                 "var<workgroup> tile{i}: array<{}, {}>;",
                 ty(g.meta(*input).dtype),
-                TILE * (TILE + 1)
+                side * (side + 1)
             ));
         }
         // The transposed positions, clamped into the result: every
@@ -293,7 +295,7 @@ impl Gen<'_> {
                 let src = self.index_at(a, &at);
                 let x = self.value_at(*input, &src)?;
                 self.body
-                    .stmt(format!("tile{i}[lid.x * {} + {ty_}] = {x};", u(TILE + 1)));
+                    .stmt(format!("tile{i}[lid.x * {} + {ty_}] = {x};", u(side + 1)));
             }
         }
         self.body.stmt("workgroupBarrier();".into());
@@ -310,7 +312,7 @@ impl Gen<'_> {
                 u(cols)
             ));
             let e = element(self, &r, &c);
-            self.tile_at = format!("{ty_} * {} + lid.x", u(TILE + 1));
+            self.tile_at = format!("{ty_} * {} + lid.x", u(side + 1));
             computed = self.tiled_members(group, &e);
             if computed.is_err() {
                 break;
@@ -321,11 +323,11 @@ impl Gen<'_> {
         computed?;
         let label = self.group_label(group);
         let grid = [
-            cols.div_ceil(TILE) as u32,
-            rows.div_ceil(TILE) as u32,
+            cols.div_ceil(side) as u32,
+            rows.div_ceil(side) as u32,
             (numel(&sizes) / (rows * cols)) as u32,
         ];
-        Ok(self.finish(label, grid, [TILE as u32, high as u32, 1]))
+        Ok(self.finish(label, grid, [side as u32, high as u32, 1]))
     }
 
     /// A multi-output kernel's label: its members' names.

@@ -96,6 +96,8 @@ pub struct Gen<'a> {
     pub workgroup_rows: bool,
     /// See `CompileOptions::tile_transposes`.
     pub tile_transposes: bool,
+    /// See `CompileOptions::transpose_tile`.
+    pub transpose_tile: usize,
     /// In a transposed tile kernel (`map_group_tiled`): view copies read
     /// at the invocation's element from workgroup memory, by the array
     /// holding them.
@@ -188,6 +190,7 @@ impl<'a> Gen<'a> {
             registers: Default::default(),
             workgroup_rows: true,
             tile_transposes: false,
+            transpose_tile: TILE,
             tiles: HashMap::new(),
             tile_at: String::new(),
             vectorize: false,

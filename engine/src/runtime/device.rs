@@ -197,6 +197,11 @@ impl Gpu {
             tall_tiles_from: tall_tiles_from(CompileOptions::default().tall_tiles_from),
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
             tile_transposes: true,
+            transpose_tile: transpose_tile(if self.info.device_type == wgpu::DeviceType::Cpu {
+                16
+            } else {
+                CompileOptions::default().transpose_tile
+            }),
             vectorize: true,
             contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
             fuse_attention: self.info.device_type != wgpu::DeviceType::Cpu,
@@ -240,6 +245,20 @@ impl Gpu {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| EngineError::Device(e.to_string()))?;
         self.check()
+    }
+}
+
+/// `CompileOptions::transpose_tile` on this machine: `KILN_TRANSPOSE_TILE`
+/// (16 or 32) overrides the default, to time both in one run.
+fn transpose_tile(default: usize) -> usize {
+    match std::env::var("KILN_TRANSPOSE_TILE").as_deref() {
+        Ok("16") => 16,
+        Ok("32") => 32,
+        Ok(v) => {
+            log::warn!("KILN_TRANSPOSE_TILE={v:?}: not 16 or 32; ignored");
+            default
+        }
+        Err(_) => default,
     }
 }
 
