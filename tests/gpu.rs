@@ -443,10 +443,16 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
 }";
     let g = parse(src).unwrap();
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
-    for (tiled, tall) in [(true, false), (true, true), (false, false)] {
+    for (tiled, tall, wide) in [
+        (true, false, false),
+        (true, true, false),
+        (true, true, true),
+        (false, false, false),
+    ] {
         let mut options = gpu.compile_options();
         options.tile_min_rows = if tiled { 0 } else { usize::MAX };
         options.tall_tiles_from = if tall { 0 } else { usize::MAX };
+        options.wide_blocks = wide;
         // A launch each: the counts below are of products' kernels.
         options.share_launches = false;
         options.contiguous_operands = false;
@@ -464,7 +470,17 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
         // row-major, vectors of its columns), u4 (exp(x4) element by
         // element, B's vectors); z's 66 columns and v's transposed A keep
         // the scalar tiles.
-        // (Tall: A's tiles of 128 rows, 640 vectors.)
+        // (Tall: A's tiles of 128 rows, 640 vectors; wide: 8x16
+        // invocations.)
+        if wide {
+            let narrow = p
+                .kernels
+                .iter()
+                .filter(|k| k.code.wgsl.contains("array<vec4<f32>, 640>"))
+                .filter(|k| !k.code.wgsl.contains("@workgroup_size(8, 16, 1)"))
+                .count();
+            assert_eq!(narrow, 0);
+        }
         let tile = if tall { 640 } else { 320 };
         let vec4_tiles = p
             .kernels
@@ -477,7 +493,13 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
         let want = kiln::run(&g, ins.clone()).unwrap();
         let got = e.run(&g, ins).unwrap();
         for (a, b) in got.outputs.iter().zip(&want.outputs) {
-            close_gpu(&format!("tiled {tiled}, tall {tall}"), a, b, 1e-5).unwrap();
+            close_gpu(
+                &format!("tiled {tiled}, tall {tall}, wide {wide}"),
+                a,
+                b,
+                1e-5,
+            )
+            .unwrap();
         }
     }
 }
@@ -517,10 +539,16 @@ fn twin_products_are_one_kernel() {
 }";
     let g = parse(src).unwrap();
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
-    for (tiled, tall) in [(true, false), (true, true), (false, false)] {
+    for (tiled, tall, wide) in [
+        (true, false, false),
+        (true, true, false),
+        (true, true, true),
+        (false, false, false),
+    ] {
         let mut options = gpu.compile_options();
         options.tile_min_rows = if tiled { 0 } else { usize::MAX };
         options.tall_tiles_from = if tall { 0 } else { usize::MAX };
+        options.wide_blocks = wide;
         options.share_launches = false;
         options.contiguous_operands = false;
         let p = kiln::engine::compile_with(&g, &options).unwrap();

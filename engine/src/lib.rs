@@ -124,6 +124,11 @@ pub struct CompileOptions {
     /// bytes; H200, 2026-11-28: see docs/gpu-runs), 16 on CPU adapters
     /// (16x4). `KILN_TRANSPOSE_TILE` overrides it on the machine at hand.
     pub transpose_tile: usize,
+    /// Products in 128x64 tiles (`tall_tiles_from`) accumulate 8x8 blocks
+    /// in workgroups of 8x16 invocations instead of 8x4 blocks in 16x16:
+    /// 16 multiply-adds a workgroup-memory vector read instead of 10.7.
+    /// `KILN_WIDE_BLOCKS=on|off` overrides it on the machine at hand.
+    pub wide_blocks: bool,
     /// Invocations per workgroup of elementwise and other 1-D kernels: 256
     /// on GPUs (an H100 copies 1868 GB/s with 256, 799 with 64), 64 on CPU
     /// adapters (lavapipe: a 16M-element chain in 54 ms with 64, 75 with
@@ -188,6 +193,7 @@ impl Default for CompileOptions {
             workgroup_rows: true,
             tile_transposes: true,
             transpose_tile: 32,
+            wide_blocks: false,
             workgroup: kernel::WORKGROUP,
             vectorize: true,
             grid_stride: Some(2048),

@@ -674,6 +674,7 @@ pub(crate) fn generate(
     gen.workgroup_rows = options.workgroup_rows;
     gen.tile_transposes = options.tile_transposes;
     gen.transpose_tile = options.transpose_tile;
+    gen.wide_blocks = options.wide_blocks;
     gen.workgroup = options.workgroup;
     gen.grid_stride = options.grid_stride;
     gen.subgroup = options.subgroup;

@@ -19,10 +19,19 @@
 ## to fill the GPU with half as many workgroups.
 ##
 ## Holes: @offsets binds aoff, boff (the batch entry's first element of
-## each operand); @load k kb binds pa, pb: this invocation's vectors of A
-## and B at k (B row-major: at its row kb), and pa1 (tall: A's row 64
-## further); @outputs opens the epilogue. `o$i` = 16 i, `comp$i` = the
-## i-th vector component, `tm` the rows an invocation, `bm` the tile's.
+## each operand); @load k kb binds pa$r (r < ra) and pb$s (s < rb): this
+## invocation's vectors of A on rows ar$r and of B at k (B row-major: at
+## its row kb + bo$s), and pb2, the twin's; @outputs opens the epilogue.
+## `o$i` = 16 i, `comp$i` = the i-th vector component, `tm` x `tn` the
+## block an invocation (its columns p$j = wx j apart, or B row-major in
+## vectors bx$s apart: column j is component cj$j of vector bn$j), `bm`
+## the tile's rows, `wx` the workgroup's width.
+##
+## `wide` (with `tall` only): 8x8 blocks, a workgroup of 8x16
+## invocations over the same 128x64 tile, each loading four vectors of A
+## and two of B a step; its columns are 8 apart (B row-major: vectors
+## lid.x and lid.x + 8 of the tile's 16). 16 multiply-adds a
+## workgroup-memory vector read instead of 10.7.
 ##
 ## `dual` (never with `tall`: a third tile): a twin product (the same A,
 ## its own B laid out as B) accumulated alongside in `d$i$j` from tile
@@ -34,53 +43,59 @@
     #shared var<workgroup> tb2: array<vec4<f32>, 320>;
 #end
 let bz = wid.z;
-let lin = lid.y * 16u + lid.x;
+let lin = lid.y * ${wx}u + lid.x;
 @offsets
 #for i in tm
-    #for j in 4
+    #for j in tn
         #var c$i$j: f32 = 0.0
         #if dual
             #var d$i$j: f32 = 0.0
         #end
     #end
 #end
-## This invocation's vector of each tile: A's row lin / 4 at k lin % 4 * 4;
-## B's column lin / 4 at the same k, or (row-major) B's row lin / 16 at
-## columns lin % 16 * 4.
+## This invocation's vectors of each tile: A's rows lin / 4 + ao$r at k
+## lin % 4 * 4; B's columns lin / 4 + bco$s at the same k, or (row-major)
+## B's rows lin / 16 + bo$s at columns lin % 16 * 4.
 let kq = (lin % 4u) * 4u;
-let ar = wid.y * ${bm}u + lin / 4u;
-#if tall
-    let ar1 = ar + 64u;
+let arb = wid.y * ${bm}u + lin / 4u;
+#for r in ra
+    let ar$r = arb + ${ao$r}u;
 #end
 #if b_cols
     let kr = lin / 16u;
-    let bc = wid.x * 64u + (lin % 16u) * 4u;
+    let bc0 = wid.x * 64u + (lin % 16u) * 4u;
 #else
-    let bc = wid.x * 64u + lin / 4u;
+    #for s in rb
+        let bc$s = wid.x * 64u + lin / 4u + ${bco$s}u;
+    #end
 #end
 @load kq kr
-var pa = $pa;
-#if tall
-    var pa1 = $pa1;
+#for r in ra
+    var pa$r = ${pa$r};
 #end
-var pb = $pb;
+#for s in rb
+    var pb$s = ${pb$s};
+#end
 #if dual
-    var pb2 = $pb2;
+    var pd = $pb2;
 #end
 for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
-    ta[(lin / 4u) * 5u + lin % 4u] = pa;
-    #if tall
-        ta[(lin / 4u + 64u) * 5u + lin % 4u] = pa1;
+    #for r in ra
+        ta[(lin / 4u + ${ao$r}u) * 5u + lin % 4u] = pa$r;
     #end
     #if b_cols
-        tb[(lin / 16u) * 17u + lin % 16u] = pb;
+        #for s in rb
+            tb[(lin / 16u + ${bo$s}u) * 17u + lin % 16u] = pb$s;
+        #end
         #if dual
-            tb2[(lin / 16u) * 17u + lin % 16u] = pb2;
+            tb2[(lin / 16u) * 17u + lin % 16u] = pd;
         #end
     #else
-        tb[(lin / 4u) * 5u + lin % 4u] = pb;
+        #for s in rb
+            tb[(lin / 4u + ${bco$s}u) * 5u + lin % 4u] = pb$s;
+        #end
         #if dual
-            tb2[(lin / 4u) * 5u + lin % 4u] = pb2;
+            tb2[(lin / 4u) * 5u + lin % 4u] = pd;
         #end
     #end
     workgroupBarrier();
@@ -90,13 +105,14 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
             let kbn = t0 + 16u + kr;
         #end
         @load kn kbn
-        pa = $pa;
-        #if tall
-            pa1 = $pa1;
+        #for r in ra
+            pa$r = ${pa$r};
         #end
-        pb = $pb;
+        #for s in rb
+            pb$s = ${pb$s};
+        #end
         #if dual
-            pb2 = $pb2;
+            pd = $pb2;
         #end
     }
     for (var q = 0u; q < 4u; q = q + 1u) {
@@ -104,13 +120,15 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
             let a$i = ta[(lid.y + ${o$i}u) * 5u + q];
         #end
         #if b_cols
-            ## This invocation's columns are 4 lid.x .. 4 lid.x + 3: one
-            ## vector of B's row for each of the four k.
+            ## This invocation's columns are 4 lid.x .. 4 lid.x + 3 (wide:
+            ## and 32 further): a vector of B's row for each of the four k.
             #for k in 4
-                let b$k = tb[(q * 4u + ${k}u) * 17u + lid.x];
+                #for s in rb
+                    let b$k$s = tb[(q * 4u + ${k}u) * 17u + lid.x + ${bx$s}u];
+                #end
                 #for i in tm
-                    #for j in 4
-                        ${c$i$j} = fma(a$i.${comp$k}, b$k.${comp$j}, ${c$i$j});
+                    #for j in tn
+                        ${c$i$j} = fma(a$i.${comp$k}, b$k${bn$j}.${cj$j}, ${c$i$j});
                     #end
                 #end
                 #if dual
@@ -123,11 +141,11 @@ for (var t0 = 0u; t0 < $kk; t0 = t0 + 16u) {
                 #end
             #end
         #else
-            #for j in 4
-                let b$j = tb[(lid.x + ${o$j}u) * 5u + q];
+            #for j in tn
+                let b$j = tb[(lid.x + ${p$j}u) * 5u + q];
             #end
             #for i in tm
-                #for j in 4
+                #for j in tn
                     #for k in 4
                         ${c$i$j} = fma(a$i.${comp$k}, b$j.${comp$k}, ${c$i$j});
                     #end

@@ -57,10 +57,10 @@ fn tile_env() -> Env {
 }
 
 /// A tiled template's accumulators `c$i$j` (a twin's: `d$i$j`), row-major
-/// over `rows` x 4.
-fn accumulators(env: &Env, rows: usize, name: &str) -> R<Vec<String>> {
+/// over `rows` x `cols`.
+fn accumulators(env: &Env, rows: usize, cols: usize, name: &str) -> R<Vec<String>> {
     (0..rows)
-        .flat_map(|i| (0..4).map(move |j| format!("{name}{i}{j}")))
+        .flat_map(|i| (0..cols).map(move |j| format!("{name}{i}{j}")))
         .map(|c| env.get(&c))
         .collect()
 }
@@ -242,6 +242,8 @@ impl Gen<'_> {
         let skinny = tiled && (1..=SKINNY_ROWS).contains(&nn) && mm > 0;
         // Rows of a workgroup's tile (the loop variant: 64).
         let mut tile_rows = 64;
+        // Invocations across a workgroup (wide blocks: 8).
+        let mut tile_width = 16;
         let (acc, acc1) = if skinny {
             let sums = self.skinny_product(
                 &a,
@@ -258,8 +260,10 @@ impl Gen<'_> {
                 .ok_or_else(|| bug("a skinny product without its sum"))?;
             (acc, sums.next())
         } else if tiled {
-            let (acc, acc1, rows) = self.tiled_product(&a, &b, b1, &batch, nn, kk, mm, acc_dt)?;
+            let (acc, acc1, rows, wx) =
+                self.tiled_product(&a, &b, b1, &batch, nn, kk, mm, acc_dt)?;
             tile_rows = rows;
+            tile_width = wx;
             (acc, acc1)
         } else {
             // Each invocation computes a 4x4 block: 16 multiply-adds per 8
@@ -329,7 +333,7 @@ impl Gen<'_> {
                     nn.div_ceil(tile_rows) as u32,
                     nb as u32,
                 ],
-                [16, 16, 1],
+                [tile_width, 16, 1],
             )
         };
         if grid.iter().any(|&x| x > 65535) {
@@ -885,6 +889,7 @@ impl Gen<'_> {
         mm: usize,
         acc_dt: DType,
         tall: bool,
+        wide: bool,
     ) -> R<Option<(String, Option<String>)>> {
         if acc_dt != DType::F32
             || matmul_rows_per_invocation(nn) != 4
@@ -942,20 +947,47 @@ impl Gen<'_> {
             kk,
             mm,
         };
-        let col = if quads.b_cols.is_some() {
-            "lid.x * 4u + ij % 4u"
-        } else {
-            "lid.x + 16u * (ij % 4u)"
+        // Wide: 8 columns an invocation, 8 invocations across the tile.
+        let wide = wide && tall && twin.is_none();
+        let (tn, wx) = if wide { (8, 8) } else { (4, 16) };
+        let col = match (quads.b_cols.is_some(), wide) {
+            (true, false) => "lid.x * 4u + ij % 4u",
+            (true, true) => "lid.x * 4u + ij % 4u + 32u * ((ij % 8u) / 4u)",
+            (false, false) => "lid.x + 16u * (ij % 4u)",
+            (false, true) => "lid.x + 8u * (ij % 8u)",
         };
         let tm = if tall { 8 } else { 4 };
+        // Vectors of A (B) each invocation loads a step: the tile's
+        // 16 tm rows x 4 vectors (64 columns x 4) over its invocations.
+        let (ra, rb) = (tm * 64 / (wx * 16), 256 / (wx * 16));
         let mut env = tile_env()
             .b("b_cols", quads.b_cols.is_some())
             .b("dual", twin.is_some())
             .b("tall", tall)
+            .b("wide", wide)
             .n("tm", tm)
+            .n("tn", tn)
+            .n("wx", wx)
+            .n("ra", ra)
+            .n("rb", rb)
             .n("bm", 16 * tm)
             .n("ta_len", 16 * tm * 5)
             .s("kk", u(kk));
+        for r in 0..ra {
+            env = env.n(&format!("ao{r}"), r * wx * 4);
+        }
+        for s in 0..rb {
+            env = env
+                .n(&format!("bco{s}"), s * wx * 4)
+                .n(&format!("bo{s}"), s * wx)
+                .n(&format!("bx{s}"), s * wx);
+        }
+        for j in 0..tn {
+            env = env
+                .n(&format!("p{j}"), j * wx)
+                .n(&format!("bn{j}"), j / 4)
+                .s(&format!("cj{j}"), ["x", "y", "z", "w"][j % 4]);
+        }
         let mut acc = None;
         let mut holes = |gen: &mut Self, hole: &str, args: &[String], env: &mut Env| -> R<()> {
             match hole {
@@ -967,24 +999,31 @@ impl Gen<'_> {
                 }
                 "load" => {
                     let (aoff, boff) = (env.get("aoff")?, env.get("boff")?);
-                    let pa = gen.vec4_quad_a(&quads, &aoff, "ar", &args[0])?;
-                    let pb = gen.vec4_quad_b(&quads, &boff, &args[0], &args[1])?;
-                    env.set("pa", pa);
-                    env.set("pb", pb);
-                    if let Some(t) = &twin {
-                        let pb2 = gen.vec4_quad_b(t, &env.get("boff2")?, &args[0], &args[1])?;
-                        env.set("pb2", pb2);
+                    for r in 0..ra {
+                        let pa = gen.vec4_quad_a(&quads, &aoff, &format!("ar{r}"), &args[0])?;
+                        env.set(&format!("pa{r}"), pa);
                     }
-                    if tall {
-                        let pa1 = gen.vec4_quad_a(&quads, &aoff, "ar1", &args[0])?;
-                        env.set("pa1", pa1);
+                    // B row-major: every vector at column bc0, rows bo$s
+                    // further; else column bc$s.
+                    for s in 0..rb {
+                        let (kb, bc) = match quads.b_cols {
+                            Some(_) => (format!("({} + {}u)", args[1], s * wx), "bc0".into()),
+                            None => (args[1].clone(), format!("bc{s}")),
+                        };
+                        let pb = gen.vec4_quad_b(&quads, &boff, &args[0], &kb, &bc)?;
+                        env.set(&format!("pb{s}"), pb);
+                    }
+                    if let Some(t) = &twin {
+                        let pb2 =
+                            gen.vec4_quad_b(t, &env.get("boff2")?, &args[0], &args[1], "bc0")?;
+                        env.set("pb2", pb2);
                     }
                 }
                 "outputs" => {
-                    let accs = accumulators(env, tm, "c")?;
-                    let first = gen.tile_outputs(&accs, 16 * tm, col, nn, mm, "f32");
+                    let accs = accumulators(env, tm, tn, "c")?;
+                    let first = gen.tile_outputs(&accs, 16 * tm, tn, col, nn, mm, "f32");
                     let second = match &twin {
-                        Some(_) => Some(gen.pick(&accumulators(env, tm, "d")?, "f32")),
+                        Some(_) => Some(gen.pick(&accumulators(env, tm, 4, "d")?, "f32")),
                         None => None,
                     };
                     acc = Some((first, second));
@@ -1058,19 +1097,19 @@ impl Gen<'_> {
 
     /// This invocation's vector of B's tile at `k` (B row-major: its row
     /// `kb`), bound to a fresh name with fresh fused loads.
-    fn vec4_quad_b(&mut self, q: &Quads, boff: &str, k: &str, kb: &str) -> R<String> {
+    fn vec4_quad_b(&mut self, q: &Quads, boff: &str, k: &str, kb: &str, bc: &str) -> R<String> {
         let (b, kk, mm) = (q.b, q.kk, q.mm);
         let saved = std::mem::take(&mut self.memo);
         let pb = match &q.b_cols {
             Some(s) => {
                 let at = format!(
-                    "{boff} + min({kb}, {}) * {} + min(bc, {})",
+                    "{boff} + min({kb}, {}) * {} + min({bc}, {})",
                     u(kk - 1),
                     u(b.rs),
                     u(mm - 4)
                 );
                 let pb = format!(
-                    "select(vec4<f32>(0.0), {}, bc < {} && {kb} < {})",
+                    "select(vec4<f32>(0.0), {}, {bc} < {} && {kb} < {})",
                     vec4_at(s, &at),
                     u(mm),
                     u(kk)
@@ -1078,7 +1117,7 @@ impl Gen<'_> {
                 self.body.bind("vec4<f32>", pb)
             }
             None => {
-                let pb = self.quad_along_k(b, &q.sb, boff, "bc", mm, b.cs, k, kk)?;
+                let pb = self.quad_along_k(b, &q.sb, boff, bc, mm, b.cs, k, kk)?;
                 self.body.bind("vec4<f32>", pb)
             }
         };
@@ -1106,13 +1145,15 @@ impl Gen<'_> {
         kk: usize,
         mm: usize,
         acc_dt: DType,
-    ) -> R<(String, Option<String>, usize)> {
+    ) -> R<(String, Option<String>, usize, u32)> {
         let tall = b1.is_none()
             && nn.div_ceil(128) * mm.div_ceil(64) * numel(batch).max(1) >= self.tall_tiles_from;
+        let wide = tall && self.wide_blocks;
         if let Some((acc, acc1)) =
-            self.tiled_vec4_product(a, b, b1, batch, nn, kk, mm, acc_dt, tall)?
+            self.tiled_vec4_product(a, b, b1, batch, nn, kk, mm, acc_dt, tall, wide)?
         {
-            return Ok((acc, acc1, if tall { 128 } else { 64 }));
+            let wx = if wide { 8 } else { 16 };
+            return Ok((acc, acc1, if tall { 128 } else { 64 }, wx));
         }
         let at = ty(acc_dt);
         let tm = matmul_rows_per_invocation(nn);
@@ -1153,11 +1194,11 @@ impl Gen<'_> {
                     }
                 }
                 "outputs" => {
-                    let accs = accumulators(env, tm, "c")?;
+                    let accs = accumulators(env, tm, 4, "c")?;
                     let col = "lid.x + 16u * (ij % 4u)";
-                    let first = gen.tile_outputs(&accs, bm, col, nn, mm, at);
+                    let first = gen.tile_outputs(&accs, bm, 4, col, nn, mm, at);
                     let second = match b1 {
-                        Some(_) => Some(gen.pick(&accumulators(env, tm, "d")?, at)),
+                        Some(_) => Some(gen.pick(&accumulators(env, tm, 4, "d")?, at)),
                         None => None,
                     };
                     acc = Some((first, second));
@@ -1167,7 +1208,7 @@ impl Gen<'_> {
             Ok(())
         };
         template::MATMUL.render(self, &mut env, &mut holes)?;
-        acc.map(|(acc, acc1)| (acc, acc1, bm))
+        acc.map(|(acc, acc1)| (acc, acc1, bm, 16))
             .ok_or_else(|| bug("matmul template without outputs"))
     }
 
@@ -1259,14 +1300,16 @@ impl Gen<'_> {
     }
 
     /// Opens a tiled product's epilogue loop over the invocation's
-    /// accumulators (4 columns a row; rows `lid.y + 16 i` of a `bm`-row
+    /// accumulators (`tn` columns a row; rows `lid.y + 16 i` of a `bm`-row
     /// tile, columns `col` within its 64): `row`, `col` in scope, past the
     /// result skipped; returns the accumulator, picked by selects (a
     /// dynamic index would move the accumulators out of registers).
+    #[allow(clippy::too_many_arguments)]
     fn tile_outputs(
         &mut self,
         accs: &[String],
         bm: usize,
+        tn: usize,
         col: &str,
         nn: usize,
         mm: usize,
@@ -1277,8 +1320,9 @@ impl Gen<'_> {
             u(accs.len())
         ));
         self.body.stmt(format!(
-            "let row = wid.y * {} + lid.y + 16u * (ij / 4u);",
-            u(bm)
+            "let row = wid.y * {} + lid.y + 16u * (ij / {});",
+            u(bm),
+            u(tn)
         ));
         self.body.stmt(format!("let col = wid.x * 64u + {col};"));
         self.body.stmt(format!(

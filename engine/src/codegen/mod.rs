@@ -98,6 +98,8 @@ pub struct Gen<'a> {
     pub tile_transposes: bool,
     /// See `CompileOptions::transpose_tile`.
     pub transpose_tile: usize,
+    /// See `CompileOptions::wide_blocks`.
+    pub wide_blocks: bool,
     /// In a transposed tile kernel (`map_group_tiled`): view copies read
     /// at the invocation's element from workgroup memory, by the array
     /// holding them.
@@ -191,6 +193,7 @@ impl<'a> Gen<'a> {
             workgroup_rows: true,
             tile_transposes: false,
             transpose_tile: TILE,
+            wide_blocks: false,
             tiles: HashMap::new(),
             tile_at: String::new(),
             vectorize: false,

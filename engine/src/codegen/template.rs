@@ -537,14 +537,16 @@ pub(super) mod tests {
                 continue;
             };
             let variants = [
-                (true, None, false),
-                (true, Some(32), true),
-                (false, None, false),
+                (true, None, false, false),
+                (true, Some(32), true, false),
+                (true, None, true, true),
+                (false, None, false, false),
             ];
-            for (gpu, subgroup, tall) in variants {
+            for (gpu, subgroup, tall, wide_blocks) in variants {
                 let options = crate::CompileOptions {
                     tile_min_rows: if gpu { 0 } else { usize::MAX },
                     tall_tiles_from: if tall { 0 } else { usize::MAX },
+                    wide_blocks,
                     workgroup_rows: gpu,
                     workgroup: if gpu { 256 } else { 64 },
                     vectorize: gpu,

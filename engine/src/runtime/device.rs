@@ -202,6 +202,11 @@ impl Gpu {
             } else {
                 CompileOptions::default().transpose_tile
             }),
+            wide_blocks: match std::env::var("KILN_WIDE_BLOCKS").as_deref() {
+                Ok("on") => true,
+                Ok("off") => false,
+                _ => CompileOptions::default().wide_blocks,
+            },
             vectorize: true,
             contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
             fuse_attention: self.info.device_type != wgpu::DeviceType::Cpu,
