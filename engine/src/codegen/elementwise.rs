@@ -233,8 +233,8 @@ impl Gen<'_> {
         .then_some(t)
     }
 
-    /// `map_group` over square tiles (`transpose_tile` a side) of the result (viewed as `tile.sizes`,
-    /// rows along `tile.row`): each invocation first loads the element of
+    /// `map_group` over square tiles (`transpose_tile` a side) of the
+    /// result (viewed as `tile.sizes`, rows along `tile.row`): each invocation first loads the element of
     /// the transposing views' sources at the transposed position in the
     /// tile, so a row of invocations reads a row of the source; after the
     /// barrier it computes its own element, reading those views from

@@ -243,9 +243,6 @@ impl Gen<'_> {
         self.value_at(x, &at)
     }
 
-    /// `scatter`, `scatter_add` (`add`), `index_copy` (`copy`): self, then
-    /// every source element whose index names this position, in eager's
-    /// order (the last write wins).
     /// `scatter` or `index_copy` (the last write wins) in place: `out`
     /// holds self already, so an invocation per source element writes it
     /// where the index names, unless a later element along `dim` names the
@@ -360,6 +357,9 @@ impl Gen<'_> {
         }
     }
 
+    /// `scatter`, `scatter_add` (`add`), `index_copy` (`copy`): self, then
+    /// every source element whose index names this position, in eager's
+    /// order (the last write wins).
     fn scatter_into_at(&mut self, n: NodeId, add: bool, copy: bool, idx: &str) -> R<String> {
         let g = self.g;
         let node = &g.nodes[n];

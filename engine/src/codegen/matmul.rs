@@ -947,8 +947,8 @@ impl Gen<'_> {
             kk,
             mm,
         };
-        // Wide: 8 columns an invocation, 8 invocations across the tile.
-        let wide = wide && tall && twin.is_none();
+        // Wide (tall tiles only, so never a twin): 8 columns an invocation,
+        // 8 invocations across the tile.
         let (tn, wx) = if wide { (8, 8) } else { (4, 16) };
         let col = match (quads.b_cols.is_some(), wide) {
             (true, false) => "lid.x * 4u + ij % 4u",
@@ -964,7 +964,6 @@ impl Gen<'_> {
             .b("b_cols", quads.b_cols.is_some())
             .b("dual", twin.is_some())
             .b("tall", tall)
-            .b("wide", wide)
             .n("tm", tm)
             .n("tn", tn)
             .n("wx", wx)

@@ -202,11 +202,7 @@ impl Gpu {
             } else {
                 CompileOptions::default().transpose_tile
             }),
-            wide_blocks: match std::env::var("KILN_WIDE_BLOCKS").as_deref() {
-                Ok("on") => true,
-                Ok("off") => false,
-                _ => CompileOptions::default().wide_blocks,
-            },
+            wide_blocks: wide_blocks(CompileOptions::default().wide_blocks),
             vectorize: true,
             contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
             fuse_attention: self.info.device_type != wgpu::DeviceType::Cpu,
@@ -261,6 +257,20 @@ fn transpose_tile(default: usize) -> usize {
         Ok("32") => 32,
         Ok(v) => {
             log::warn!("KILN_TRANSPOSE_TILE={v:?}: not 16 or 32; ignored");
+            default
+        }
+        Err(_) => default,
+    }
+}
+
+/// `CompileOptions::wide_blocks` on this machine: `KILN_WIDE_BLOCKS`
+/// (`on` or `off`) overrides the default, to time both in one run.
+fn wide_blocks(default: bool) -> bool {
+    match std::env::var("KILN_WIDE_BLOCKS").as_deref() {
+        Ok("on") => true,
+        Ok("off") => false,
+        Ok(v) => {
+            log::warn!("KILN_WIDE_BLOCKS={v:?}: not `on` or `off`; ignored");
             default
         }
         Err(_) => default,
