@@ -1002,11 +1002,13 @@ fn outputs_viewed_from_read_back_buffers() {
     }
 }
 
-/// A value several readers take, each of its elements evaluated at most a
-/// few times were it recomputed by every reader, is not stored: the two
-/// passes of a bilinear resize (the second reads the first at two rows)
-/// are one kernel, on both variants, and match the reference. One read
-/// 64 times an element (broadcast over rows) is stored and computed once.
+/// A value several readers take, evaluated at most a few times per element
+/// of it or of what its readers store were it recomputed by every reader,
+/// is not stored: the passes of a bilinear or trilinear resize (each reads
+/// the one before at two rows) are one kernel, on both variants, and match
+/// the reference; so is a value broadcast over rows (one evaluation per
+/// element its readers write). One a reduction reads is stored and
+/// computed once.
 #[test]
 fn cheap_values_are_recomputed_by_their_readers() {
     let mut e = engine();
@@ -1020,11 +1022,29 @@ fn cheap_values_are_recomputed_by_their_readers() {
             0,
         ),
         (
+            "graph up3(%v: f32[1, 2, 3, 4, 3]) {
+  %t = upsample_trilinear3d(%v, [6, 5, 4], true)
+  return %t
+}",
+            Some(1),
+            0,
+        ),
+        (
             "graph wide(%x: f32[8], %y: f32[64, 8]) {
   %h = exp(%x)
   %a = add(%h, %y)
   %b = mul(%h, 2)
   return (%a, %b)
+}",
+            None,
+            2,
+        ),
+        (
+            "graph summed(%x: f32[8], %y: f32[64, 8]) {
+  %h = exp(%x)
+  %a = add(%h, %y)
+  %s = sum(%h, [0])
+  return (%a, %s)
 }",
             None,
             1,

@@ -52,13 +52,19 @@ pub fn plan(requests: &[Request], window: usize, bound: &[Vec<usize>]) -> Memory
         }
     }
     // First fit in a few orders (largest first, longest-lived first, by
-    // first step, largest in bytes x steps first): the smallest arena wins,
+    // first step, largest in bytes x steps first, most aligned first and of
+    // those the ones whose size is no multiple of their alignment last, so
+    // that only word-aligned ones follow them): the smallest arena wins,
     // the first order on ties.
-    let keys: [OrderKey; 4] = [
+    let keys: [OrderKey; 5] = [
         |r| (usize::MAX - r.bytes, 0),
         |r| (usize::MAX - span(r), usize::MAX - r.bytes),
         |r| (r.first, usize::MAX - r.bytes),
         |r| (usize::MAX - r.bytes.saturating_mul(span(r)), 0),
+        |r| {
+            let ragged = usize::from(r.bytes % r.align.max(1) != 0);
+            (usize::MAX - 2 * r.align + ragged, usize::MAX - r.bytes)
+        },
     ];
     let mut best: Option<(usize, Vec<usize>)> = None;
     for key in keys {
@@ -195,6 +201,24 @@ mod tests {
         let p = plan(&reqs, 4, &[]);
         assert_eq!(p.lower_bound, 36);
         assert_eq!(p.arena_bytes, 36, "{p:?}");
+    }
+
+    #[test]
+    fn ragged_aligned_buffers_go_last() {
+        // 28 bytes aligned to 32 first would leave a gap of 4 before the
+        // next aligned one; after the word-aligned 36 bytes it ends the
+        // arena at the lower bound.
+        let req = |bytes, align| Request {
+            bytes,
+            first: 0,
+            last: 0,
+            align,
+            own_window: false,
+        };
+        let reqs = [req(28, 32), req(32, 32), req(36, 4)];
+        let p = plan(&reqs, 4, &[]);
+        assert_eq!(p.lower_bound, 96);
+        assert_eq!(p.arena_bytes, 96, "{p:?}");
     }
 
     #[test]

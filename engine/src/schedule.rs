@@ -126,11 +126,13 @@ pub fn schedule(
 /// kernels read is stored rather than recomputed by each.
 const MAX_REEVALUATIONS: usize = 4;
 
-/// Elementwise values stored only because several readers need them, each
-/// element evaluated at most `MAX_REEVALUATIONS` times in all when every
-/// reader recomputes it instead: inlined (the passes of a bilinear or
-/// trilinear resize, each reading the previous one at two rows, become one
-/// kernel with no intermediate in memory). Values read through windows
+/// Elementwise values stored only because several readers need them,
+/// evaluated at most `MAX_REEVALUATIONS` times per element of the value or
+/// of the stored values its readers compute when every reader recomputes
+/// it instead: inlined (the passes of a bilinear or trilinear resize, each
+/// reading the previous one at two rows, become one kernel with no
+/// intermediate in memory: 4 evaluations of the first pass per output of a
+/// trilinear one, its 8 loads, as eager's kernel). Values read through windows
 /// (a convolution's unfold) or by products and reductions stay stored.
 /// Later values first, so each one's readers are settled.
 fn recompute_cheap_maps(
@@ -155,10 +157,12 @@ fn recompute_cheap_maps(
         }
         let elements = g.meta(v).numel();
         let mut last = 0;
+        let mut stored = HashSet::new();
         // Paths through inlined readers can multiply: the walk is bounded.
         let mut budget = 1024;
-        let cheap = evaluations(g, s, v, &mut budget, &mut last)
-            .is_some_and(|e| e <= MAX_REEVALUATIONS * elements);
+        let evaluated = evaluations(g, s, v, &mut budget, &mut last, &mut stored);
+        let results: usize = stored.iter().map(|&r| g.meta(r).numel()).sum();
+        let cheap = evaluated.is_some_and(|e| e <= MAX_REEVALUATIONS * elements.max(results));
         // The buffers `v` reads now live until its last reader: no more
         // memory than `v`'s own buffer held over that span.
         let mut extended: Vec<ValueId> = node
@@ -190,15 +194,16 @@ fn reads_once(e: Elem) -> bool {
 }
 
 /// How many times kernels would evaluate elements of `v` were it inlined
-/// into every reader (`last`: the latest of the kernels reading it):
-/// `None` when a reader is no elementwise map or needs `v`'s buffer, or
-/// past `budget` values visited.
+/// into every reader (`last`: the latest of the kernels reading it;
+/// `stored`: the stored values they compute): `None` when a reader is no
+/// elementwise map or needs `v`'s buffer, or past `budget` values visited.
 fn evaluations(
     g: &Graph,
     s: &Schedule,
     v: ValueId,
     budget: &mut usize,
     last: &mut usize,
+    stored: &mut HashSet<ValueId>,
 ) -> Option<usize> {
     *budget = budget.checked_sub(1)?;
     let mut uses = s.uses.get(&v)?.clone();
@@ -224,9 +229,10 @@ fn evaluations(
                 return None;
             } else if s.is_materialized.contains(&r) {
                 *last = (*last).max(s.pos[&u]);
+                stored.insert(r);
                 g.meta(r).numel()
             } else {
-                evaluations(g, s, r, budget, last)?
+                evaluations(g, s, r, budget, last, stored)?
             };
             total = total.checked_add(e.checked_mul(reads)?)?;
         }
