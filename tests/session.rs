@@ -565,3 +565,48 @@ fn integer_expressions_match_eager() {
     let e = err_of(run(&[0; 4], &[800_000_000, 0, 0, 0]));
     assert!(e.contains("= add("), "{e}");
 }
+
+/// Pipelines compile on several threads at once; a shader the device
+/// rejects on any of them is an error of the load (each thread has its own
+/// error scope), not a panic, and the session goes on loading good ones.
+#[test]
+fn a_rejected_shader_is_an_error_on_any_pipeline_thread() {
+    let s = session();
+    let g: Graph = parse(
+        "graph f(%x: f32[64, 32], %w: f32[32, 16]) {
+  %a = mm(%x, %w)
+  %b = softmax(%a, -1)
+  %c = sum(%b, [0])
+  %d = tanh(%x)
+  return (%b, %c, %d)
+}",
+    )
+    .unwrap();
+    let good = kiln::engine::compile_with(&g, s.compile_options()).unwrap();
+    assert!(good.kernels.len() >= 3, "{}", good.stats());
+    for broken in [0, good.kernels.len() - 1] {
+        let mut p = good.clone();
+        p.kernels[broken].code.wgsl = format!(
+            "{}\nfn kiln_broken() -> f32 {{ return undefined_name; }}\n",
+            p.kernels[broken].code.wgsl
+        );
+        let e = err_of(s.load(p));
+        assert!(e.contains("a generated kernel was rejected"), "{e}");
+    }
+    let exe = s.load(good).unwrap();
+    let ins = random_inputs(&g, 1, 1.0);
+    let host_ins: Vec<HostTensor> = ins.iter().map(HostTensor::from_rtensor).collect();
+    let want = kiln::run(&g, ins).unwrap();
+    let feeds: Vec<Input> = host_ins.iter().map(Input::Host).collect();
+    let got = s
+        .run(&exe, &feeds, &exe.options(Fetch::Host, Fetch::Host))
+        .unwrap();
+    for (o, w) in got.outputs.into_iter().zip(&want.outputs) {
+        close(
+            &host(o).to_vec::<f32>().unwrap(),
+            &w.values(),
+            1e-5,
+            "output",
+        );
+    }
+}

@@ -376,7 +376,6 @@ impl Session {
                 });
             }
         }
-        let d = &self.gpu.device;
         // Pipelines of identical kernels are shared session-wide; new ones
         // join the cache only once they compiled.
         let known: HashMap<String, Arc<wgpu::ComputePipeline>> = {
@@ -395,44 +394,23 @@ impl Session {
                 .collect()
         };
         let checks = ShaderChecks::from_env();
-        let (pipelines, made) = self
-            .gpu
-            .scoped("a generated kernel was rejected", || {
-                let mut made: HashMap<String, Arc<wgpu::ComputePipeline>> = HashMap::new();
-                let mut out = vec![];
-                for k in &program.kernels {
-                    let w = &k.code.wgsl;
-                    if let Some(p) = known.get(w).or_else(|| made.get(w)) {
-                        out.push(p.clone());
-                        continue;
-                    }
-                    let desc = wgpu::ShaderModuleDescriptor {
-                        label: Some(&k.code.label),
-                        source: wgpu::ShaderSource::Wgsl(w.as_str().into()),
-                    };
-                    let module = if checks.all() {
-                        d.create_shader_module(desc)
-                    } else {
-                        // SAFETY: see `ShaderChecks`.
-                        unsafe { d.create_shader_module_trusted(desc, checks.runtime()) }
-                    };
-                    let p = Arc::new(d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(&k.code.label),
-                        layout: None,
-                        module: &module,
-                        entry_point: Some("main"),
-                        compilation_options: wgpu::PipelineCompilationOptions {
-                            zero_initialize_workgroup_memory: checks.zero_workgroup_memory,
-                            ..Default::default()
-                        },
-                        cache: None,
-                    }));
-                    made.insert(w.clone(), p.clone());
-                    out.push(p);
-                }
-                Ok((out, made))
-            })
-            .await?;
+        // Each distinct new shader once, in program order.
+        let mut fresh: Vec<&crate::kernel::KernelCode> = vec![];
+        for k in &program.kernels {
+            if !known.contains_key(&k.code.wgsl) && !fresh.iter().any(|f| f.wgsl == k.code.wgsl) {
+                fresh.push(&k.code);
+            }
+        }
+        let made = self.make_pipelines(&fresh, &checks).await?;
+        let mut pipelines = vec![];
+        for k in &program.kernels {
+            let w = &k.code.wgsl;
+            let p = known.get(w).or_else(|| made.get(w));
+            pipelines.push(
+                p.ok_or_else(|| EngineError::Internal("a kernel without a pipeline".into()))?
+                    .clone(),
+            );
+        }
         if let Ok(mut cache) = self.pipelines.lock() {
             cache.extend(made);
         }
@@ -465,6 +443,102 @@ impl Session {
             #[cfg(feature = "compiler")]
             variants: Default::default(),
         })
+    }
+
+    /// Pipelines of `kernels`, by WGSL. Natively they compile on several
+    /// threads at once (drivers compile each shader on the calling thread;
+    /// wgpu's error scopes are per thread, so each thread has its own); in
+    /// a browser one after another.
+    async fn make_pipelines(
+        &self,
+        kernels: &[&crate::kernel::KernelCode],
+        checks: &ShaderChecks,
+    ) -> Result<HashMap<String, Arc<wgpu::ComputePipeline>>, EngineError> {
+        const DOING: &str = "a generated kernel was rejected";
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            // `KILN_PIPELINE_THREADS=1` compiles them one after another.
+            let threads = std::env::var("KILN_PIPELINE_THREADS")
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+                .min(kernels.len());
+            if threads > 1 {
+                // Each thread takes the next shader not yet taken (their
+                // compile times differ widely).
+                let next = std::sync::atomic::AtomicUsize::new(0);
+                let made: Vec<Result<Vec<_>, EngineError>> = std::thread::scope(|sc| {
+                    let workers: Vec<_> = (0..threads)
+                        .map(|_| {
+                            sc.spawn(|| {
+                                pollster::block_on(self.gpu.scoped(DOING, || {
+                                    let mut mine = vec![];
+                                    loop {
+                                        let i =
+                                            next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                        let Some(k) = kernels.get(i) else {
+                                            return Ok(mine);
+                                        };
+                                        mine.push((k.wgsl.clone(), self.pipeline(k, checks)));
+                                    }
+                                }))
+                            })
+                        })
+                        .collect();
+                    workers
+                        .into_iter()
+                        .map(|w| {
+                            w.join().unwrap_or_else(|_| {
+                                Err(EngineError::Internal("a pipeline thread panicked".into()))
+                            })
+                        })
+                        .collect()
+                });
+                let mut out = HashMap::new();
+                for ps in made {
+                    out.extend(ps?);
+                }
+                return Ok(out);
+            }
+        }
+        self.gpu
+            .scoped(DOING, || {
+                Ok(kernels
+                    .iter()
+                    .map(|k| (k.wgsl.clone(), self.pipeline(k, checks)))
+                    .collect())
+            })
+            .await
+    }
+
+    /// The compute pipeline of one kernel (errors go to the error scope).
+    fn pipeline(
+        &self,
+        k: &crate::kernel::KernelCode,
+        checks: &ShaderChecks,
+    ) -> Arc<wgpu::ComputePipeline> {
+        let d = &self.gpu.device;
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(&k.label),
+            source: wgpu::ShaderSource::Wgsl(k.wgsl.as_str().into()),
+        };
+        let module = if checks.all() {
+            d.create_shader_module(desc)
+        } else {
+            // SAFETY: see `ShaderChecks`.
+            unsafe { d.create_shader_module_trusted(desc, checks.runtime()) }
+        };
+        Arc::new(d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&k.label),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                zero_initialize_workgroup_memory: checks.zero_workgroup_memory,
+                ..Default::default()
+            },
+            cache: None,
+        }))
     }
 
     /// Runs `exe` on `inputs` (one per non-constant parameter, in order,
