@@ -1172,9 +1172,22 @@ impl Session {
     /// Loads a checked export: its requirements met by this device, its
     /// constants uploaded (f16-stored ones widened), its kernels made
     /// pipelines. Runs take the parameters that are not constants.
+    /// Natively the shaders compile while the weights upload.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load_exported(&self, e: &Exported<'_>) -> Result<crate::Executable, ExportError> {
-        pollster::block_on(self.load_exported_async(e))
+        self.check_requirements(e)?;
+        let bound = std::thread::scope(|s| {
+            // Its pipelines join the session's cache, where the load below
+            // finds them; one that failed is made again there and its error
+            // reported.
+            let warm = s.spawn(|| pollster::block_on(self.pipelines_of(&e.program)).is_ok());
+            let bound = pollster::block_on(self.upload_constants(e));
+            let _ = warm.join();
+            bound
+        })?;
+        Ok(pollster::block_on(
+            self.load_bound(e.program.clone(), bound),
+        )?)
     }
 
     /// `load_exported` without blocking (the only form in a browser).
@@ -1182,12 +1195,26 @@ impl Session {
         &self,
         e: &Exported<'_>,
     ) -> Result<crate::Executable, ExportError> {
-        if let Some(miss) = e.manifest.requires.missing(self.gpu()) {
-            return Err(ExportError::Engine(EngineError::Unsupported(format!(
+        self.check_requirements(e)?;
+        let bound = self.upload_constants(e).await?;
+        Ok(self.load_bound(e.program.clone(), bound).await?)
+    }
+
+    fn check_requirements(&self, e: &Exported<'_>) -> Result<(), ExportError> {
+        match e.manifest.requires.missing(self.gpu()) {
+            Some(miss) => Err(ExportError::Engine(EngineError::Unsupported(format!(
                 "the export needs {miss}; it was compiled for another device: re-export it \
                  on this one"
-            ))));
+            )))),
+            None => Ok(()),
         }
+    }
+
+    /// The export's constants on the device, by parameter.
+    async fn upload_constants(
+        &self,
+        e: &Exported<'_>,
+    ) -> Result<Vec<(usize, crate::DeviceTensor)>, ExportError> {
         let mut bound = vec![];
         for (k, &(i, _, _)) in e.constants.iter().enumerate() {
             // Exports sharing a weights file share its tensors on the
@@ -1210,7 +1237,6 @@ impl Session {
             };
             bound.push((i, d));
         }
-        let program = e.program.clone();
-        Ok(self.load_bound(program, bound).await?)
+        Ok(bound)
     }
 }

@@ -376,6 +376,44 @@ impl Session {
                 });
             }
         }
+        let pipelines = self.pipelines_of(&program).await?;
+        let mut consts: Vec<Option<DeviceTensor>> = vec![None; program.params.len()];
+        for (i, t) in constants {
+            consts[i] = Some(t);
+        }
+        // Staging: every readback value, one after another.
+        let mut staging_at = HashMap::new();
+        let mut total = 0u64;
+        for &v in &program.readback {
+            staging_at.insert(v, total);
+            total += value_bytes(&program, v)?;
+        }
+        // The i64 overflow word last: every run reads it back.
+        let status_at = program.status_word.map(|_| total);
+        total += status_at.map_or(0, |_| 4);
+        Ok(Executable {
+            session: self.id,
+            gpu: self.gpu.clone(),
+            program: Arc::new(program),
+            pipelines,
+            constants: consts,
+            staging_at,
+            status_at,
+            staging_bytes: total,
+            contexts: Mutex::new(vec![]),
+            #[cfg(feature = "compiler")]
+            source: None,
+            #[cfg(feature = "compiler")]
+            variants: Default::default(),
+        })
+    }
+
+    /// The pipeline of each kernel of `program`: from the session's cache,
+    /// or made (and then cached).
+    pub(crate) async fn pipelines_of(
+        &self,
+        program: &Program,
+    ) -> Result<Vec<Arc<wgpu::ComputePipeline>>, EngineError> {
         // Pipelines of identical kernels are shared session-wide; new ones
         // join the cache only once they compiled.
         let known: HashMap<String, Arc<wgpu::ComputePipeline>> = {
@@ -414,35 +452,7 @@ impl Session {
         if let Ok(mut cache) = self.pipelines.lock() {
             cache.extend(made);
         }
-        let mut consts: Vec<Option<DeviceTensor>> = vec![None; program.params.len()];
-        for (i, t) in constants {
-            consts[i] = Some(t);
-        }
-        // Staging: every readback value, one after another.
-        let mut staging_at = HashMap::new();
-        let mut total = 0u64;
-        for &v in &program.readback {
-            staging_at.insert(v, total);
-            total += value_bytes(&program, v)?;
-        }
-        // The i64 overflow word last: every run reads it back.
-        let status_at = program.status_word.map(|_| total);
-        total += status_at.map_or(0, |_| 4);
-        Ok(Executable {
-            session: self.id,
-            gpu: self.gpu.clone(),
-            program: Arc::new(program),
-            pipelines,
-            constants: consts,
-            staging_at,
-            status_at,
-            staging_bytes: total,
-            contexts: Mutex::new(vec![]),
-            #[cfg(feature = "compiler")]
-            source: None,
-            #[cfg(feature = "compiler")]
-            variants: Default::default(),
-        })
+        Ok(pipelines)
     }
 
     /// Pipelines of `kernels`, by WGSL. Natively they compile on several
