@@ -55,24 +55,9 @@ fn one_session_serves_four_threads() {
             let (s, exe, g) = (s.clone(), exe.clone(), g.clone());
             std::thread::spawn(move || {
                 for r in 0..5 {
-                    let ins = random_inputs(&g, 100 * t + r, 1.0);
-                    // Before the reference run, which writes %acc in place.
-                    let host_ins: Vec<HostTensor> =
-                        ins.iter().map(HostTensor::from_rtensor).collect();
-                    let want = kiln::run(&g, ins).unwrap();
-                    let feeds: Vec<Input> = host_ins.iter().map(Input::Host).collect();
-                    let got = s
-                        .run(&exe, &feeds, &exe.options(Fetch::Host, Fetch::Host))
-                        .unwrap();
-                    for (o, w) in got.outputs.into_iter().zip(&want.outputs) {
-                        close(
-                            &host(o).to_vec::<f32>().unwrap(),
-                            &w.values(),
-                            1e-5,
-                            "output",
-                        );
-                    }
-                    let (i, acc) = got.mutated.into_iter().next().unwrap();
+                    let (mutated, want) =
+                        run_against_reference(&s, &exe, &g, random_inputs(&g, 100 * t + r, 1.0));
+                    let (i, acc) = mutated.into_iter().next().unwrap();
                     assert_eq!(i, 2);
                     close(
                         &host(acc).to_vec::<f32>().unwrap(),
@@ -242,6 +227,33 @@ fn a_chain_over_the_binding_limit_runs_in_pieces() {
             "element {i}: {v}, expected {w}"
         );
     }
+}
+
+/// Runs `exe` on `ins` from the host and the reference on the same
+/// inputs; the f32 outputs must agree (within 1e-5). Returns the run's
+/// mutated parameters and the reference run.
+fn run_against_reference(
+    s: &Session,
+    exe: &kiln::engine::Executable,
+    g: &Graph,
+    ins: Vec<kiln::functionalize::RTensor>,
+) -> (Vec<(usize, Output)>, kiln::functionalize::RunResult) {
+    // Before the reference run, which writes mutated inputs in place.
+    let host_ins: Vec<HostTensor> = ins.iter().map(HostTensor::from_rtensor).collect();
+    let want = kiln::run(g, ins).unwrap();
+    let feeds: Vec<Input> = host_ins.iter().map(Input::Host).collect();
+    let got = s
+        .run(exe, &feeds, &exe.options(Fetch::Host, Fetch::Host))
+        .unwrap();
+    for (o, w) in got.outputs.into_iter().zip(&want.outputs) {
+        close(
+            &host(o).to_vec::<f32>().unwrap(),
+            &w.values(),
+            1e-5,
+            "output",
+        );
+    }
+    (got.mutated, want)
 }
 
 fn err_of<T>(r: Result<T, EngineError>) -> String {
@@ -594,19 +606,5 @@ fn a_rejected_shader_is_an_error_on_any_pipeline_thread() {
         assert!(e.contains("a generated kernel was rejected"), "{e}");
     }
     let exe = s.load(good).unwrap();
-    let ins = random_inputs(&g, 1, 1.0);
-    let host_ins: Vec<HostTensor> = ins.iter().map(HostTensor::from_rtensor).collect();
-    let want = kiln::run(&g, ins).unwrap();
-    let feeds: Vec<Input> = host_ins.iter().map(Input::Host).collect();
-    let got = s
-        .run(&exe, &feeds, &exe.options(Fetch::Host, Fetch::Host))
-        .unwrap();
-    for (o, w) in got.outputs.into_iter().zip(&want.outputs) {
-        close(
-            &host(o).to_vec::<f32>().unwrap(),
-            &w.values(),
-            1e-5,
-            "output",
-        );
-    }
+    run_against_reference(&s, &exe, &g, random_inputs(&g, 1, 1.0));
 }
