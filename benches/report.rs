@@ -1090,7 +1090,7 @@ fn transforms_section(
 /// Section 6: MiniLM at 8 x 16 written to a file (f32 and f16 weights),
 /// then from the file to the first result on a fresh session.
 fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
-    use kiln::engine::export::{self, ExportOptions};
+    use kiln::engine::export::{self, ExportOptions, WeightsDtype};
     use kiln::engine::{Fetch, Input};
     eprintln!("export ...");
     let (b, texts) = (8, &SENTENCES[..]);
@@ -1152,7 +1152,11 @@ fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
                 b,
                 seq,
                 &ExportOptions {
-                    f16_weights: f16,
+                    weights_dtype: if f16 {
+                        WeightsDtype::F16
+                    } else {
+                        WeightsDtype::F32
+                    },
                     ..Default::default()
                 },
             )

@@ -34,6 +34,10 @@ fn k_round_f16(x: f32) -> f32 {
 // A float from its bits at run time: browsers (Tint) refuse NaN and
 // infinity as constant expressions, a function argument is not one.
 fn k_f32_bits(b: u32) -> f32 { return bitcast<f32>(b); }
+// An i32 wrapped to i8 (its low byte, sign-extended), as a store of an
+// int8 tensor truncates; a function, so never a constant expression
+// whose shift could overflow.
+fn k_wrap_i8(x: i32) -> i32 { return bitcast<i32>(bitcast<u32>(x) << 24u) >> 24u; }
 fn k_isnan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
 fn k_erf(x: f32) -> f32 {
     // erfc by a Chebyshev fit (Numerical Recipes erfcc), |error| < 1.2e-7.

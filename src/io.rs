@@ -35,6 +35,7 @@ fn st_dtype(d: DType) -> Dtype {
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
         DType::U32 => Dtype::U32,
+        DType::I8 => Dtype::I8,
         DType::Bool => Dtype::BOOL,
     }
 }
@@ -62,6 +63,7 @@ pub fn decode(dtype: DType, bytes: &[u8]) -> Vec<f64> {
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f64)
             .collect(),
+        DType::I8 => bytes.iter().map(|&b| b as i8 as f64).collect(),
         DType::Bool => bytes.iter().map(|&b| (b != 0) as u8 as f64).collect(),
     }
 }
@@ -204,6 +206,7 @@ fn kiln_dtype(d: Dtype) -> Option<DType> {
         Dtype::I32 => DType::I32,
         Dtype::I64 => DType::I64,
         Dtype::U32 => DType::U32,
+        Dtype::I8 => DType::I8,
         Dtype::BOOL => DType::Bool,
         _ => return None,
     })

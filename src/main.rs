@@ -175,7 +175,10 @@ enum Cmd {
         weights: Option<PathBuf>,
         #[arg(long)]
         output: PathBuf,
-        /// Store f32 weights as f16 (half the file; widened at load).
+        /// Store f32 weights as f16 (half the file; widened at load), or
+        /// as i8 (weights of two dimensions or more: int8 with an f32
+        /// scale per output channel, a quarter of the file and of the
+        /// device memory, dequantized where kernels load them).
         #[arg(long, value_enum)]
         weights_dtype: Option<WeightsDtype>,
         /// Compile for browsers (WebGPU's default limits, no optional
@@ -227,6 +230,7 @@ enum Cmd {
 enum WeightsDtype {
     F32,
     F16,
+    I8,
 }
 
 /// Imports a `.pt2` archive.
@@ -300,7 +304,11 @@ fn main_result(cli: Cli) -> Result<(), String> {
             }
             .map_err(|e| e.to_string())?;
             let opts = kiln::engine::export::ExportOptions {
-                f16_weights: matches!(weights_dtype, Some(WeightsDtype::F16)),
+                weights_dtype: match weights_dtype {
+                    None | Some(WeightsDtype::F32) => kiln::engine::export::WeightsDtype::F32,
+                    Some(WeightsDtype::F16) => kiln::engine::export::WeightsDtype::F16,
+                    Some(WeightsDtype::I8) => kiln::engine::export::WeightsDtype::I8,
+                },
                 weights_file,
             };
             let n = match (&weights, &imported) {

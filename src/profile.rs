@@ -90,6 +90,10 @@ pub fn random_inputs(g: &Graph, which: &[usize], seed: u64) -> Vec<HostTensor<'s
                     &sizes,
                     &(0..n).map(|_| (next() % 2) as u32).collect::<Vec<_>>(),
                 ),
+                DType::I8 => HostTensor::from_slice(
+                    &sizes,
+                    &(0..n).map(|_| (next() % 2) as i8).collect::<Vec<_>>(),
+                ),
                 DType::Bool => HostTensor::from_bools(
                     &sizes,
                     &(0..n).map(|_| next() % 2 == 1).collect::<Vec<_>>(),

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{programs, root};
-use kiln::engine::export::{self, ExportError, ExportOptions, HEADER_LEN};
+use kiln::engine::export::{self, ExportError, ExportOptions, WeightsDtype, HEADER_LEN};
 use kiln::engine::{Fetch, Gpu, HostTensor, Input, Output, Session};
 use kiln::functionalize::{functionalize, parse, Graph, Remove};
 use std::sync::Arc;
@@ -131,7 +131,7 @@ fn f16_weights_halve_the_constants() {
         &ins,
         &weights,
         &ExportOptions {
-            f16_weights: true,
+            weights_dtype: WeightsDtype::F16,
             ..Default::default()
         },
     );
@@ -183,7 +183,7 @@ fn exports_share_a_weights_file() {
         )
     };
     let opts = ExportOptions {
-        f16_weights: false,
+        weights_dtype: WeightsDtype::F32,
         weights_file: Some("lin.weights".into()),
     };
     // (program, inputs, export, weights file) per shape.

@@ -15,6 +15,7 @@ pub const I64_EXACT: f64 = 9_007_199_254_740_992.0;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
     Bool,
+    I8,
     U32,
     I32,
     I64,
@@ -31,12 +32,13 @@ pub enum Category {
 }
 
 impl DType {
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 7] = [
         DType::F32,
         DType::F16,
         DType::I32,
         DType::I64,
         DType::U32,
+        DType::I8,
         DType::Bool,
     ];
 
@@ -47,6 +49,7 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::U32 => "u32",
+            DType::I8 => "i8",
             DType::Bool => "bool",
         }
     }
@@ -60,14 +63,14 @@ impl DType {
             DType::I64 => 8,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 => 2,
-            DType::Bool => 1,
+            DType::I8 | DType::Bool => 1,
         }
     }
 
     pub fn category(self) -> Category {
         match self {
             DType::Bool => Category::Bool,
-            DType::U32 | DType::I32 | DType::I64 => Category::Int,
+            DType::I8 | DType::U32 | DType::I32 | DType::I64 => Category::Int,
             DType::F16 | DType::F32 => Category::Float,
         }
     }
@@ -92,6 +95,7 @@ impl DType {
             // Saturating: beyond 2^53 the reference refuses values anyway.
             DType::I64 => (v as i64) as f64,
             DType::U32 => (v as i64) as u32 as f64,
+            DType::I8 => (v as i64) as i8 as f64,
             DType::Bool => {
                 if v != 0.0 {
                     1.0
@@ -143,15 +147,15 @@ pub fn promote_types(a: DType, b: DType) -> Result<DType, String> {
     }
     Ok(match (a.min(b), a.max(b)) {
         (Bool, x) => x,
-        (U32, I32 | I64) => {
+        (I8, U32) | (U32, I32 | I64) => {
             return Err(format!(
                 "promotion of u32 with {} is not supported (as in PyTorch); convert one \
                  operand with _to_copy first",
-                a.max(b)
+                if a == U32 { b } else { a }
             ))
         }
-        (I32, I64) => I64,
-        (U32 | I32 | I64, F16) => F16,
+        (I8, I32 | I64) | (I32, I64) => a.max(b),
+        (I8 | U32 | I32 | I64, F16) => F16,
         (_, F32) => F32,
         (x, y) => unreachable!("promote_types({x}, {y}) is covered above"),
     })
@@ -234,12 +238,19 @@ mod tests {
         assert_eq!(result_type(&[Dim(F16), Dim(F32)]), Ok(F32));
         assert!(result_type(&[Dim(I32), Dim(U32)]).is_err());
         assert!(result_type(&[Dim(I64), Dim(U32)]).is_err());
+        assert!(result_type(&[Dim(I8), Dim(U32)]).is_err());
+        assert_eq!(result_type(&[Dim(I8), Dim(I32)]), Ok(I32));
+        assert_eq!(result_type(&[Dim(I8), Scalar(C::Int)]), Ok(I8));
+        assert_eq!(result_type(&[Dim(I8), Dim(F16)]), Ok(F16));
+        assert_eq!(result_type(&[Dim(Bool), Dim(I8)]), Ok(I8));
     }
 
     #[test]
     fn casts_round_like_stores() {
         assert_eq!(I32.cast(-2.7), -2.0);
         assert_eq!(I32.cast(2147483648.0), -2147483648.0);
+        assert_eq!(I8.cast(130.0), -126.0);
+        assert_eq!(I8.cast(-3.9), -3.0);
         assert_eq!(Bool.cast(f64::NAN), 1.0);
         assert_eq!(F16.cast(1.0 + 1e-4), 1.0);
         assert!(!F32.can_cast_to(I32) && I32.can_cast_to(F16) && !I32.can_cast_to(Bool));

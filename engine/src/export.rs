@@ -184,11 +184,38 @@ pub struct Requirements {
     pub max_compute_workgroups_per_dimension: u32,
 }
 
+/// How an export stores f32 weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightsDtype {
+    /// As they are.
+    #[default]
+    F32,
+    /// As f16: half the file, widened to f32 at load.
+    F16,
+    /// Weights of two dimensions or more as int8 with an f32 scale per
+    /// output channel (index of the first dimension), symmetric: a
+    /// quarter of the file and of the device memory. The program reads
+    /// them through `mul(_to_copy(q, f32), scale)`, which kernels compute
+    /// where they load the weight (never an f32 copy on the device);
+    /// one-dimensional weights (biases, norms) stay f32.
+    I8,
+}
+
+impl WeightsDtype {
+    /// As `--weights-dtype` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightsDtype::F32 => "f32",
+            WeightsDtype::F16 => "f16",
+            WeightsDtype::I8 => "i8",
+        }
+    }
+}
+
 /// How `export` stores things.
 #[derive(Clone, Debug, Default)]
 pub struct ExportOptions {
-    /// Store f32 constants as f16 (half the file; converted back at load).
-    pub f16_weights: bool,
+    pub weights_dtype: WeightsDtype,
     /// Keep the constants in a weights file of this name beside the
     /// export (format version 3; `export_parts` returns its bytes): exports
     /// of one model at several shapes share one download of its weights.
@@ -224,7 +251,7 @@ pub fn export_parts(
 ) -> Result<(Vec<u8>, Vec<u8>), EngineError> {
     let by_name: HashMap<&str, &HostTensor> =
         weights.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let mut bound = vec![];
+    let mut bound: Vec<(usize, &HostTensor)> = vec![];
     for (i, &v) in g.inputs.iter().enumerate() {
         let Some(name) = g.values[v].name.as_deref() else {
             continue;
@@ -244,6 +271,16 @@ pub fn export_parts(
             bound.push((i, *t));
         }
     }
+    let quantized;
+    let (g, bound) = if opts.weights_dtype == WeightsDtype::I8 {
+        quantized = quantize(g, &bound)?;
+        (
+            &quantized.0,
+            quantized.1.iter().map(|(i, t)| (*i, t)).collect(),
+        )
+    } else {
+        (g, bound)
+    };
     let mut options = session.compile_options().clone();
     options.constants = bound.iter().map(|(i, _)| *i).collect();
     let (program, functional) = compile_functional(g, &options)?;
@@ -260,6 +297,82 @@ fn buf_param(b: Buf) -> Option<usize> {
     }
 }
 
+/// `g` with its f32 constants `bound` of two dimensions or more stored
+/// as int8 (`WeightsDtype::I8`), and every constant, scales appended
+/// (`Graph::with_dequantized_params`). A constant the program writes is
+/// refused here, as the compiler refuses it: once quantized, the write
+/// would land on the dequantized copy.
+#[cfg(feature = "compiler")]
+fn quantize(
+    g: &Graph,
+    bound: &[(usize, &HostTensor<'_>)],
+) -> Result<(Graph, Vec<(usize, HostTensor<'static>)>), EngineError> {
+    let picked: Vec<usize> = bound
+        .iter()
+        .filter(|(_, t)| t.dtype() == DType::F32 && t.sizes().len() >= 2)
+        .map(|(i, _)| *i)
+        .collect();
+    let f = kiln_functionalize::functionalize(g, kiln_functionalize::Remove::Mutations)?;
+    if let Some(m) = f.mutated_inputs.iter().find(|m| picked.contains(&m.input)) {
+        let name = g.values[g.inputs[m.input]].name.clone().unwrap_or_default();
+        return Err(EngineError::Input {
+            index: m.input,
+            msg: format!(
+                "parameter %{name} is bound to a constant (uploaded once) but the program \
+                 writes it; pass it as an ordinary input instead"
+            ),
+        });
+    }
+    let (q, groups) = g
+        .with_dequantized_params(&picked, INT8_GROUP)
+        .map_err(|e| EngineError::Internal(format!("storing weights as int8: {e}")))?;
+    let mut out = vec![];
+    let mut scales = vec![];
+    for (i, t) in bound {
+        if !picked.contains(i) {
+            out.push((*i, (*t).clone().into_owned()));
+            continue;
+        }
+        let glen = groups[scales.len()].1;
+        let (qs, ss) = quantize_groups(&t.to_vec::<f32>()?, glen);
+        let bytes: Vec<u8> = qs.iter().map(|&x| x as u8).collect();
+        out.push((*i, HostTensor::new(DType::I8, t.sizes().to_vec(), bytes)?));
+        let scale_meta = q.meta(q.inputs[g.inputs.len() + scales.len()]);
+        scales.push(HostTensor::from_slice(&scale_meta.sizes, &ss)?);
+    }
+    let first = g.inputs.len();
+    out.extend(scales.into_iter().enumerate().map(|(j, s)| (first + j, s)));
+    Ok((q, out))
+}
+
+/// Elements of an output channel sharing one int8 scale: per channel
+/// alone, all-MiniLM-L6-v2's embedding of "Hi" drifts to cosine 0.9982
+/// of f32 (its FFN output matrices have 1536 inputs with outliers); in
+/// groups of 64, 0.9996 (and 0.9994 in groups of 128), for 6% more bytes.
+pub const INT8_GROUP: usize = 64;
+
+/// Symmetric int8 of `w` with a scale per `glen` consecutive elements:
+/// scale = max |w| / 127 of the group (1 for a group of zeros), q = w /
+/// scale rounded half to even (`torch.round`), within -127..=127.
+pub fn quantize_groups(w: &[f32], glen: usize) -> (Vec<i8>, Vec<f32>) {
+    let mut q = Vec::with_capacity(w.len());
+    let mut scales = Vec::with_capacity(w.len() / glen.max(1));
+    for row in w.chunks(glen.max(1)) {
+        let amax = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let scale = if amax > 0.0 && amax.is_finite() {
+            amax / 127.0
+        } else {
+            1.0
+        };
+        q.extend(
+            row.iter()
+                .map(|&x| (x / scale).round_ties_even().clamp(-127.0, 127.0) as i8),
+        );
+        scales.push(scale);
+    }
+    (q, scales)
+}
+
 /// The constants' bytes, each at a 256-byte boundary of the data
 /// section (f32 ones as f16 where asked), and their table entries.
 #[cfg(feature = "compiler")]
@@ -270,17 +383,18 @@ fn constant_data(
     let mut data: Vec<u8> = vec![];
     let mut entries: HashMap<usize, ConstantEntry> = HashMap::new();
     for (i, t) in constants {
-        let (bytes, stored): (Vec<u8>, DType) = if opts.f16_weights && t.dtype() == DType::F32 {
-            let v: Vec<f32> = t.to_vec::<f32>()?;
-            (
-                v.iter()
-                    .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-                    .collect(),
-                DType::F16,
-            )
-        } else {
-            (t.bytes().to_vec(), t.dtype())
-        };
+        let (bytes, stored): (Vec<u8>, DType) =
+            if opts.weights_dtype == WeightsDtype::F16 && t.dtype() == DType::F32 {
+                let v: Vec<f32> = t.to_vec::<f32>()?;
+                (
+                    v.iter()
+                        .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                        .collect(),
+                    DType::F16,
+                )
+            } else {
+                (t.bytes().to_vec(), t.dtype())
+            };
         data.resize(data.len().next_multiple_of(ALIGN), 0);
         entries.insert(
             *i,

@@ -124,11 +124,12 @@ pub enum Fault {
     IndexRange = 1,
 }
 
-/// Elements of `d` per 32-bit word in a packed buffer: bools take a byte
-/// and f16 values half a word, as in eager memory; other dtypes a word.
+/// Elements of `d` per 32-bit word in a packed buffer: bools and i8 take
+/// a byte and f16 values half a word, as in eager memory; other dtypes a
+/// word.
 pub fn per_word(d: DType) -> usize {
     match d {
-        DType::Bool => 4,
+        DType::Bool | DType::I8 => 4,
         DType::F16 => 2,
         DType::F32 | DType::I32 | DType::I64 | DType::U32 => 1,
     }

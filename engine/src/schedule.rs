@@ -18,6 +18,7 @@ pub use crate::fusion::{
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::ops::{self, Elem, Lowering, Rule};
 use kiln_functionalize::schema::Arg;
+use kiln_functionalize::DType;
 use std::collections::{HashMap, HashSet};
 
 /// `attention`: fuse `softmax(f(Q K)) V` into attention kernels
@@ -825,13 +826,43 @@ pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
                         g.nodes[m].op.def().lowering,
                         Lowering::Free(_) | Lowering::Map(_)
                     )
-                }) {
+                }) && !dequantizes(g, s, v)
+                {
                     out.insert(v);
                 }
             }
         }
     }
     out
+}
+
+/// Is `v` computed inline from an int8 tensor (weights exported with
+/// `--weights-dtype i8`)? Such an operand is dequantized where the
+/// product loads it: a buffer of its own would be the f32 copy that int8
+/// weights exist to avoid.
+fn dequantizes(g: &Graph, s: &Schedule, v: ValueId) -> bool {
+    let mut stack = vec![v];
+    let mut seen = HashSet::new();
+    while let Some(x) = stack.pop() {
+        if !seen.insert(x) {
+            continue;
+        }
+        if g.meta(x).dtype == DType::I8 {
+            return true;
+        }
+        let Some(n) = g.node_of(x) else { continue };
+        let node = &g.nodes[n];
+        if x != v && s.is_materialized.contains(&x)
+            || !matches!(node.op.def().lowering, Lowering::Free(_) | Lowering::Map(_))
+        {
+            continue;
+        }
+        stack.extend(node.args.iter().filter_map(|a| match a {
+            Arg::Tensor(t) => Some(*t),
+            _ => None,
+        }));
+    }
+    false
 }
 
 /// The largest query and value width an attention kernel holds in

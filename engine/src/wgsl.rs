@@ -15,7 +15,7 @@ use std::fmt::Write;
 pub fn ty(d: DType) -> &'static str {
     match d {
         DType::F32 | DType::F16 => "f32",
-        DType::I32 | DType::I64 => "i32",
+        DType::I8 | DType::I32 | DType::I64 => "i32",
         DType::U32 => "u32",
         DType::Bool => "bool",
     }
@@ -179,11 +179,16 @@ pub fn load(slot: &Slot, index: &str, dtype: DType, packed: bool) -> String {
             let w = slot.word(&format!("({index} >> 1u)"));
             format!("unpack2x16float({w} >> (({index} & 1u) << 4u)).x")
         }
+        // The byte moved to the top, then shifted back with its sign.
+        (DType::I8, true) => {
+            let w = slot.word(&format!("({index} >> 2u)"));
+            format!("(bitcast<i32>({w} << ((3u - ({index} & 3u)) << 3u)) >> 24u)")
+        }
         _ => {
             let word = slot.word(index);
             match dtype {
                 DType::F32 | DType::F16 => format!("bitcast<f32>({word})"),
-                DType::I32 | DType::I64 => format!("bitcast<i32>({word})"),
+                DType::I8 | DType::I32 | DType::I64 => format!("bitcast<i32>({word})"),
                 DType::U32 => word,
                 DType::Bool => format!("({word} != 0u)"),
             }
@@ -196,6 +201,7 @@ pub fn pack_lane(dtype: DType, value: &str, lane: usize) -> String {
     match dtype {
         DType::Bool => format!("(select(0u, 1u, {value}) << {}u)", 8 * lane),
         DType::F16 => format!("(k_f16_bits({value}) << {}u)", 16 * lane),
+        DType::I8 => format!("((bitcast<u32>({value}) & 0xffu) << {}u)", 8 * lane),
         _ => unreachable!("{dtype} is not packed"),
     }
 }
@@ -212,7 +218,7 @@ pub fn word(dtype: DType, value: &str) -> String {
     match dtype {
         DType::F32 => format!("bitcast<u32>({value})"),
         DType::F16 => format!("bitcast<u32>(k_round_f16({value}))"),
-        DType::I32 | DType::I64 => format!("bitcast<u32>({value})"),
+        DType::I8 | DType::I32 | DType::I64 => format!("bitcast<u32>({value})"),
         DType::U32 => value.to_string(),
         DType::Bool => format!("select(0u, 1u, {value})"),
     }
@@ -223,7 +229,7 @@ pub fn word(dtype: DType, value: &str) -> String {
 pub fn from_word(dtype: DType, w: &str) -> String {
     match dtype {
         DType::F32 | DType::F16 => format!("bitcast<f32>({w})"),
-        DType::I32 | DType::I64 => format!("bitcast<i32>({w})"),
+        DType::I8 | DType::I32 | DType::I64 => format!("bitcast<i32>({w})"),
         DType::U32 => w.to_string(),
         DType::Bool => format!("({w} != 0u)"),
     }
@@ -259,6 +265,15 @@ pub fn cast(value: &str, from: DType, to: DType) -> String {
         (F32 | F16, U32) => format!("u32(i32({v}))"),
         (I32, U32) => format!("bitcast<u32>({v})"),
         (U32, I32) => format!("bitcast<i32>({v})"),
+        // i8 is an i32 on the device, wrapped to its 8 bits where made.
+        (Bool, I8) => format!("select(0i, 1i, {v})"),
+        (I8, Bool) => format!("({v} != 0i)"),
+        (I8, F32 | F16) => format!("f32({v})"),
+        (I8, I32) => v.to_string(),
+        (I8, U32) => format!("bitcast<u32>({v})"),
+        (F32 | F16, I8) => format!("k_wrap_i8(i32({v}))"),
+        (I32, I8) => format!("k_wrap_i8({v})"),
+        (U32, I8) => format!("k_wrap_i8(bitcast<i32>({v}))"),
         (a, b) => unreachable!("cast {a} -> {b} is covered above"),
     }
 }
@@ -284,7 +299,7 @@ pub fn literal(v: f64, dtype: DType) -> String {
         }
         // Out-of-range i64 literals are refused before codegen
         // (`check_i64_literals`).
-        DType::I32 | DType::I64 => format!("{}i", v as i32),
+        DType::I8 | DType::I32 | DType::I64 => format!("{}i", v as i32),
         DType::U32 => format!("{}u", v as u32),
         DType::Bool => (v != 0.0).to_string(),
     }

@@ -6,6 +6,7 @@
 use crate::meta::Meta;
 use crate::ops::{self, OpId};
 use crate::schema::Arg;
+use crate::DType;
 use slotmap::SlotMap;
 use std::sync::Arc;
 
@@ -472,5 +473,100 @@ impl Graph {
         }
         g.outputs = self.outputs.iter().map(|v| map[v]).collect();
         Ok(g)
+    }
+
+    /// This program with f32 parameters `params` (of one dimension or
+    /// more) stored as int8 with an f32 scale per `group` consecutive
+    /// elements of each index of their first dimension (per output
+    /// channel and group of inputs; the whole channel where `group` does
+    /// not divide it): each parameter `%w: f32[O, ..]` (I elements per
+    /// channel) becomes `%w: i8[O, ..]`, a parameter `%w_scale: f32[O,
+    /// I / G, 1]` is appended (in `params`' order; `[O, 1, ..]` where G is
+    /// I), and the program reads `mul(_to_copy(%w, f32), %w_scale)`
+    /// (through views to and from `[O, I / G, G]`) where it read `%w`, as
+    /// `torch.ao`'s `dequantize_per_channel_group` computes it. Other
+    /// parameters keep their positions. Returns the program and each
+    /// scale's name and group length G.
+    pub fn with_dequantized_params(
+        &self,
+        params: &[usize],
+        group: usize,
+    ) -> Result<(Graph, Vec<(Name, usize)>), String> {
+        let mut g = Graph::with_capacity(&self.name, self.order.len() + 4 * params.len());
+        let mut map: rustc_hash::FxHashMap<ValueId, ValueId> = Default::default();
+        let mut taken: std::collections::HashSet<Name> = self
+            .values
+            .values()
+            .filter_map(|v| v.name.clone())
+            .collect();
+        for (k, &v) in self.inputs.iter().enumerate() {
+            let m = self.meta(v);
+            let mut meta = m.clone();
+            if params.contains(&k) {
+                if m.dtype != DType::F32 || m.sizes.is_empty() || m.numel() == 0 {
+                    return Err(format!(
+                        "parameter {k} is {}: only non-empty f32 tensors of one dimension or \
+                         more are stored as int8",
+                        m.type_string()
+                    ));
+                }
+                meta = Meta::contiguous(DType::I8, m.sizes.clone());
+            }
+            map.insert(v, g.add_input(self.values[v].name.clone(), meta));
+        }
+        let [to_copy, mul, view] = ["_to_copy", "mul", "view"]
+            .map(|name| ops::lookup(name).ok_or_else(|| format!("no {name} op")));
+        let (to_copy, mul, view) = (to_copy?, mul?, view?);
+        let dims = |d: &[usize]| Arg::IntList(d.iter().map(|&x| x as i64).collect());
+        let mut names = vec![];
+        for &k in params {
+            let v = self.inputs[k];
+            let m = self.meta(v);
+            let base = self.values[v]
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("p{k}").into());
+            let mut name: Name = format!("{base}_scale").into();
+            let mut i = 1;
+            while taken.contains(&name) {
+                name = format!("{base}_scale{i}").into();
+                i += 1;
+            }
+            taken.insert(name.clone());
+            let (o, per) = (m.sizes[0], m.numel() / m.sizes[0]);
+            let glen = if group > 0 && per % group == 0 {
+                group
+            } else {
+                per
+            };
+            let q = map[&v];
+            let f = g.call(to_copy, &[Arg::Tensor(q), Arg::Dtype(DType::F32)])?[0];
+            let w = if glen == per {
+                let mut sizes = vec![1; m.sizes.len()];
+                sizes[0] = o;
+                let scale = g.add_input(Some(name.clone()), Meta::contiguous(DType::F32, sizes));
+                g.call(mul, &[Arg::Tensor(f), Arg::Tensor(scale)])?[0]
+            } else {
+                let sizes = vec![o, per / glen, 1];
+                let scale = g.add_input(Some(name.clone()), Meta::contiguous(DType::F32, sizes));
+                let r = g.call(view, &[Arg::Tensor(f), dims(&[o, per / glen, glen])])?[0];
+                let d = g.call(mul, &[Arg::Tensor(r), Arg::Tensor(scale)])?[0];
+                g.call(view, &[Arg::Tensor(d), dims(&m.sizes)])?[0]
+            };
+            names.push((name, glen));
+            map.insert(v, w);
+        }
+        for &n in &self.order {
+            let node = &self.nodes[n];
+            let args: Vec<Arg<ValueId>> =
+                node.args.iter().map(|a| a.map(&mut |v| map[v])).collect();
+            let rs = g.call(node.op, &args)?;
+            for (&old, &new) in node.results.iter().zip(&rs) {
+                g.values[new].name = self.values[old].name.clone();
+                map.insert(old, new);
+            }
+        }
+        g.outputs = self.outputs.iter().map(|v| map[v]).collect();
+        Ok((g, names))
     }
 }

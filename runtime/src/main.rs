@@ -28,6 +28,7 @@ fn dtype(d: Dtype) -> Option<DType> {
         Dtype::I32 => DType::I32,
         Dtype::I64 => DType::I64,
         Dtype::U32 => DType::U32,
+        Dtype::I8 => DType::I8,
         Dtype::BOOL => DType::Bool,
         _ => return None,
     })
@@ -40,6 +41,7 @@ fn st_dtype(d: DType) -> Dtype {
         DType::I32 => Dtype::I32,
         DType::I64 => Dtype::I64,
         DType::U32 => Dtype::U32,
+        DType::I8 => Dtype::I8,
         DType::Bool => Dtype::BOOL,
     }
 }

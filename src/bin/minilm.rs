@@ -10,10 +10,18 @@
 //! safetensors file holding `embeddings`, f32 [n, 384].
 
 use clap::{Parser, ValueEnum};
+use kiln::engine::export::WeightsDtype;
 use kiln::engine::{HostTensor, Session};
 use kiln::minilm::{fetch, MiniLm, HIDDEN};
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+#[derive(Clone, Copy, ValueEnum)]
+enum WeightsDtypeArg {
+    F32,
+    F16,
+    I8,
+}
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Backend {
@@ -59,9 +67,16 @@ struct Args {
     /// sentences' own).
     #[arg(long, value_parser = parse_bucket)]
     bucket: Option<(usize, usize)>,
-    /// With `--export`: store the weights as f16 (half the file).
-    #[arg(long)]
+    /// With `--export`: store the weights as f16 (half the file; the
+    /// same as `--weights-dtype f16`).
+    #[arg(long, conflicts_with = "weights_dtype")]
     f16_weights: bool,
+    /// With `--export`: how to store the weights: f32, f16 (half the
+    /// file, widened at load) or i8 (matrices as int8 with an f32 scale
+    /// per output channel: a quarter of the file and of the device
+    /// memory, dequantized where kernels load them).
+    #[arg(long, value_enum)]
+    weights_dtype: Option<WeightsDtypeArg>,
     /// With `--export`: compile for browsers (WebGPU's default limits, no
     /// optional feature) instead of for this machine's adapter.
     #[arg(long)]
@@ -120,7 +135,7 @@ fn export(
     model: &mut MiniLm,
     sentences: &[String],
     bucket: Option<(usize, usize)>,
-    f16: bool,
+    weights_dtype: WeightsDtype,
     web: (bool, bool),
     weights_file: Option<String>,
     path: &std::path::Path,
@@ -152,7 +167,7 @@ fn export(
     }
     let t = std::time::Instant::now();
     let opts = kiln::engine::export::ExportOptions {
-        f16_weights: f16,
+        weights_dtype,
         weights_file: weights_file.clone(),
     };
     let (bytes, weights) = model.export_parts(&session, batch, seq, &opts)?;
@@ -166,7 +181,7 @@ fn export(
         "wrote {} ({} bytes, {batch} x {seq} tokens, weights {}, for {}) in {:.0} ms",
         path.display(),
         bytes.len(),
-        if f16 { "f16" } else { "f32" },
+        weights_dtype.name(),
         session.gpu().describe(),
         t.elapsed().as_secs_f64() * 1e3
     );
@@ -251,7 +266,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             &mut model,
             &sentences,
             args.bucket,
-            args.f16_weights,
+            match (args.weights_dtype, args.f16_weights) {
+                (Some(WeightsDtypeArg::F16), _) | (None, true) => WeightsDtype::F16,
+                (Some(WeightsDtypeArg::I8), _) => WeightsDtype::I8,
+                (Some(WeightsDtypeArg::F32), _) | (None, false) => WeightsDtype::F32,
+            },
             (args.web, args.web_cpu),
             args.weights_file.clone(),
             path,

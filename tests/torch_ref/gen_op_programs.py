@@ -962,6 +962,7 @@ def generate():
     gen_linalg()
     gen_decoder_ops()
     gen_composites()
+    gen_int8()
     return CASES
 
 
@@ -1110,9 +1111,29 @@ def gen_decoder_ops():
     add("topk", "k5", ["%x: f32[3, 50]"], ["%v, %i = topk(%x, 5)"], ["%v", "%i"])
     add("topk", "smallest_dim0", ["%x: f32[20, 4]"], ["%v, %i = topk(%x, 3, 0, false)"], ["%v", "%i"])
     for src, dst, ann in (("f32", "i32", "uniform -5.0..5.0"), ("i32", "f32", None), ("f32", "f16", None),
-                          ("f32", "bool", "int -1..2"), ("bool", "f32", None)):
+                          ("f32", "bool", "int -1..2"), ("bool", "f32", None),
+                          ("i8", "f32", "int -128..128"), ("f32", "i8", "uniform -127.9..127.9"),
+                          ("i32", "i8", "int -1000..1000"), ("i8", "bool", "int -2..2")):
         add("_to_copy", f"{src}_to_{dst}", [f"%x: {src}[3, 50]"], ["%t = t(%x)", f"%y = _to_copy(%t, {dst})"],
             ["%y"], [f"%x: {ann}"] if ann else None)
+
+
+def gen_int8():
+    """int8 tensors (a byte each, four to a word on the GPU): wrapping
+    arithmetic, promotion, reductions, and the dequantized product of
+    int8 weights with a scale per output channel (`kiln export
+    --weights-dtype i8`)."""
+    add("add", "i8_wraps", ["%a: i8[7, 9]", "%b: i8[7, 9]"], ["%y = add(%a, %b)"], ["%y"],
+        ["%a: int -128..128", "%b: int -128..128"], "int8 sums wrap")
+    add("mul", "i8_scalar_wraps", ["%a: i8[5, 11]"], ["%t = t(%a)", "%y = mul(%t, 3)"], ["%y"],
+        ["%a: int -128..128"])
+    add("add", "i8_i32_promotes", ["%a: i8[6, 5]", "%b: i32[6, 5]"], ["%y = add(%a, %b)"], ["%y"],
+        ["%a: int -128..128", "%b: int -1000..1000"])
+    add("sum", "i8_to_i64", ["%a: i8[9, 13]"], ["%y = sum(%a, [1])"], ["%y"], ["%a: int -128..128"])
+    add("amax", "i8", ["%a: i8[9, 13]"], ["%y = amax(%a, [0])"], ["%y"], ["%a: int -128..128"])
+    add("mul", "i8_dequantized_linear", ["%x: f32[5, 24]", "%q: i8[12, 24]", "%s: f32[12, 1]", "%b: f32[12]"],
+        ["%f = _to_copy(%q, f32)", "%w = mul(%f, %s)", "%y = linear(%x, %w, %b)"], ["%y"],
+        ["%q: int -127..128", "%s: uniform 0.001..0.02"], "int8 weights, a scale per output channel")
 
 
 def gen_composites():

@@ -37,6 +37,7 @@ DTYPES = {
     "i32": torch.int32,
     "i64": torch.int64,
     "u32": torch.uint32,
+    "i8": torch.int8,
     "bool": torch.bool,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}

@@ -85,7 +85,7 @@ def make_input(rng: np.random.Generator, p: kiln_torch.Param, ann) -> torch.Tens
     if kind is None:
         if p.dtype in (torch.float32, torch.float16):
             kind, spec = "uniform", "-2..2"
-        elif p.dtype in (torch.int32, torch.int64):
+        elif p.dtype in (torch.int8, torch.int32, torch.int64):
             kind, spec = "int", "-5..6"
         elif p.dtype == torch.uint32:
             kind, spec = "int", "0..11"

@@ -91,6 +91,7 @@ impl Slot {
             DType::I32 => plain!(js_sys::Int32Array, "an Int32Array", i32),
             DType::U32 => plain!(js_sys::Uint32Array, "a Uint32Array", u32),
             DType::I64 => plain!(js_sys::BigInt64Array, "a BigInt64Array", i64),
+            DType::I8 => plain!(js_sys::Int8Array, "an Int8Array", i8),
             DType::F16 => {
                 let bits: Vec<u16> = elements!(js_sys::Uint16Array, "a Uint16Array (f16 bits)");
                 let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
@@ -113,6 +114,7 @@ fn typed_array(t: &HostTensor) -> Result<JsValue, JsError> {
         DType::I32 => js_sys::Int32Array::from(&t.to_vec::<i32>().map_err(js_err)?[..]).into(),
         DType::U32 => js_sys::Uint32Array::from(&t.to_vec::<u32>().map_err(js_err)?[..]).into(),
         DType::I64 => js_sys::BigInt64Array::from(&t.to_vec::<i64>().map_err(js_err)?[..]).into(),
+        DType::I8 => js_sys::Int8Array::from(&t.to_vec::<i8>().map_err(js_err)?[..]).into(),
         DType::F16 => {
             let bits: Vec<u16> = t
                 .bytes()

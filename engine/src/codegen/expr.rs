@@ -7,12 +7,13 @@
 use super::*;
 use kiln_functionalize::ops::expr::{Expr, Func};
 
-/// The type an expression's values compute in on the device.
+/// The type an expression's values compute in on the device: f16 in
+/// f32 and i8 in i32, rounded or wrapped where a result is made.
 fn compute(d: DType) -> DType {
-    if d == DType::F16 {
-        DType::F32
-    } else {
-        d
+    match d {
+        DType::F16 => DType::F32,
+        DType::I8 => DType::I32,
+        d => d,
     }
 }
 

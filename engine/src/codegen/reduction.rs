@@ -857,6 +857,8 @@ pub(super) fn extreme_literal(d: DType, high: bool) -> String {
         (DType::F32 | DType::F16, true) => literal(f64::INFINITY, d),
         (DType::I32 | DType::I64, false) => "(-2147483647i - 1i)".into(),
         (DType::I32 | DType::I64, true) => "2147483647i".into(),
+        (DType::I8, false) => "-128i".into(),
+        (DType::I8, true) => "127i".into(),
         (DType::U32, false) => "0u".into(),
         (DType::U32, true) => "4294967295u".into(),
         (DType::Bool, high) => high.to_string(),

@@ -29,6 +29,9 @@ impl Element for u32 {
 impl Element for half::f16 {
     const DTYPE: DType = DType::F16;
 }
+impl Element for i8 {
+    const DTYPE: DType = DType::I8;
+}
 
 /// Elements as bytes in eager memory's layout: bools a byte, f16 two bytes,
 /// i64 eight, the others four.
@@ -143,6 +146,7 @@ impl<'a> HostTensor<'a> {
                 DType::I32 => bytes.extend((v as i32).to_le_bytes()),
                 DType::I64 => bytes.extend((v as i64).to_le_bytes()),
                 DType::U32 => bytes.extend((v as u32).to_le_bytes()),
+                DType::I8 => bytes.push(v as i8 as u8),
                 DType::Bool => bytes.push((v != 0.0) as u8),
             }
         }
@@ -164,6 +168,7 @@ impl<'a> HostTensor<'a> {
             DType::U32 => u32::from_le_bytes(w4(i)) as f64,
             DType::I64 => i64::from_le_bytes(std::array::from_fn(|k| b[8 * i + k])) as f64,
             DType::F16 => half::f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f64(),
+            DType::I8 => b[i] as i8 as f64,
             DType::Bool => (b[i] != 0) as u8 as f64,
         }
     }
@@ -267,6 +272,7 @@ pub(crate) fn from_words(
         };
         match dtype {
             DType::Bool => (0..n).map(|i| (word(i) != 0) as u8).collect(),
+            DType::I8 => (0..n).map(|i| word(i) as u8).collect(),
             DType::F16 => (0..n)
                 .flat_map(|i| half::f16::from_f32(f32::from_bits(word(i))).to_le_bytes())
                 .collect(),

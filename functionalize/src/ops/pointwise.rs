@@ -565,6 +565,7 @@ fn aten_name(d: DType) -> &'static str {
         DType::I32 => "Int",
         DType::I64 => "Long",
         DType::U32 => "UInt32",
+        DType::I8 => "Char",
         DType::Bool => "Bool",
     }
 }
