@@ -168,6 +168,83 @@ fn f16_weights_halve_the_constants() {
     );
 }
 
+/// int8-stored weights (`--weights-dtype i8`): matrices as int8 with an
+/// f32 scale per output channel and 64 inputs, vectors as f32: each
+/// matrix a quarter of its bytes (this small program's constants 31%
+/// with its vectors and scales), uploaded as stored (a byte an element on
+/// the device), results near the f32 export's. A constant the program
+/// writes is refused, as it is without quantization.
+#[test]
+fn int8_weights_quarter_the_constants() {
+    let gpu = gpu();
+    let path = root().join("examples/programs/mlp_block.txt");
+    let (g, ins, weights) = example(&path);
+    let s = Session::new(gpu);
+    let int8 = ExportOptions {
+        weights_dtype: WeightsDtype::I8,
+        ..Default::default()
+    };
+    let full = export_example(&s, &g, &ins, &weights, &ExportOptions::default());
+    let quarter = export_example(&s, &g, &ins, &weights, &int8);
+    let constants = |b: &[u8]| -> Vec<(String, String, u64)> {
+        let e = export::read(b).unwrap();
+        e.manifest
+            .params
+            .iter()
+            .filter_map(|p| {
+                let c = p.constant.as_ref()?;
+                Some((p.name.clone(), c.stored.clone(), c.bytes))
+            })
+            .collect()
+    };
+    let (f, q) = (constants(&full), constants(&quarter));
+    let total = |c: &[(String, String, u64)]| c.iter().map(|x| x.2).sum::<u64>();
+    assert!(
+        total(&q) * 100 <= total(&f) * 32,
+        "{} of {} bytes",
+        total(&q),
+        total(&f)
+    );
+    for (name, stored, bytes) in &f {
+        let (_, qs, qb) = q.iter().find(|x| &x.0 == name).unwrap();
+        let two_dims = g
+            .inputs
+            .iter()
+            .any(|&v| g.values[v].name.as_deref() == Some(name) && g.meta(v).sizes.len() >= 2);
+        if two_dims {
+            assert_eq!((qs.as_str(), *qb * 4), ("i8", *bytes), "%{name}");
+        } else {
+            assert_eq!((qs, qb), (stored, bytes), "%{name}");
+        }
+    }
+    let e = export::read(&quarter).unwrap();
+    let exe = s.load_exported(&e).unwrap();
+    let a = run_bytes(&s, &exe, &ins);
+    let b = {
+        let e = export::read(&full).unwrap();
+        let exe = s.load_exported(&e).unwrap();
+        run_bytes(&s, &exe, &ins)
+    };
+    let f = |v: &[u8]| -> Vec<f32> { bytemuck::pod_collect_to_vec(v) };
+    let (x, y) = (f(&a[0]), f(&b[0]));
+    let scale = y.iter().fold(1f32, |m, v| m.max(v.abs()));
+    let worst = x
+        .iter()
+        .zip(&y)
+        .map(|(p, q)| (p - q).abs() / scale)
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 2e-2,
+        "int8 weights moved results by {worst} of the largest"
+    );
+    // A program that writes its weight matrix cannot have it as a constant.
+    let src = "graph w(%x: f32[4, 8], %w: f32[6, 8]) {\n  %u = add_(%w, 1.0)\n  %y = linear(%x, %w)\n  return %y\n}";
+    let g = kiln::functionalize::parse(src).unwrap();
+    let w = HostTensor::from_slice(&[6, 8], &[0.5f32; 48]).unwrap();
+    let err = export::export(&s, &g, &[("w".into(), w)], &int8).unwrap_err();
+    assert!(err.to_string().contains("writes it"), "{err}");
+}
+
 /// One weights file serves exports of a model at several shapes (format
 /// version 3): identical bytes from each export, the exports small, the
 /// weights uploaded once to a session that loads both, results those of
