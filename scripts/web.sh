@@ -70,19 +70,21 @@ build_wasm() {
 }
 
 build_model() {
-    # The model for browsers: WebGPU's default limits, f16-stored weights
-    # (half the download; widened to f32 at load, so no shader-f16 needed),
-    # one export per sequence bucket, all reading one weights file (the
-    # page downloads it once). The native run of each bucket's export on
-    # sentences that fit it is kept for the page test.
+    # The model for browsers: WebGPU's default limits, one export per
+    # sequence bucket, all reading one weights file (the page downloads it
+    # once), in two weight formats: int8 matrices (a scale per output
+    # channel and 64 inputs; the smaller download, the page's default) and
+    # f16 (widened to f32 at load; `?weights=f16`). Neither needs
+    # shader-f16. The native run of each bucket's export on sentences that
+    # fit it is kept for the page test.
     local model_src
     model_src=$(newest engine/src functionalize/src src scripts/web.sh)
     if [ -f "$DIST/models.json" ] && [ "$(newest "$DIST/models.json")" -ge "$model_src" ]; then
         return
     fi
-    echo "exporting MiniLM for the web (buckets $BUCKETS, f16 weights in one file)"
+    echo "exporting MiniLM for the web (buckets $BUCKETS; int8 and f16 weights, each in one file)"
     cargo build -q --release --bin minilm --bin kiln
-    rm -f "$DIST"/minilm*.kiln "$DIST/minilm.weights"
+    rm -f "$DIST"/minilm*.kiln "$DIST"/minilm*.weights
     mkdir -p "$CHECK"
     rm -f "$CHECK"/*.safetensors
     local short=("A man is playing a guitar." "Someone plays a guitar." \
@@ -99,12 +101,15 @@ build_model() {
     # Two variants of kernels over the one weights file: GPU-class (what a
     # page's user most often has) and this adapter's own (a CPU's: for
     # software fallback adapters, where GPU-class kernels are 2.5x slower).
-    local gfiles=() files=() checks=()
+    local gfiles=() files=() checks=() qgfiles=() qfiles=()
     for b in $BUCKETS; do
-        "$BIN"/minilm --export "$DIST/minilm-gpu-$b.kiln" --bucket "$b" --f16-weights --web \
+        "$BIN"/minilm --export "$DIST/minilm-gpu-$b.kiln" --bucket "$b" --weights-dtype f16 --web \
             --weights-file minilm.weights "${short[0]}"
-        rm "$DIST/minilm-gpu-$b.inputs.safetensors"
+        "$BIN"/minilm --export "$DIST/minilm-gpu-i8-$b.kiln" --bucket "$b" --weights-dtype i8 --web \
+            --weights-file minilm-i8.weights "${short[0]}"
+        rm "$DIST/minilm-gpu-$b.inputs.safetensors" "$DIST/minilm-gpu-i8-$b.inputs.safetensors"
         gfiles+=("minilm-gpu-$b.kiln")
+        qgfiles+=("minilm-gpu-i8-$b.kiln")
     done
     for b in $BUCKETS; do
         local -a these
@@ -114,12 +119,18 @@ build_model() {
             128) these=("${long[@]}") ;;
             *) these=("${para[@]}") ;;
         esac
-        "$BIN"/minilm --export "$DIST/minilm-cpu-$b.kiln" --bucket "$b" --f16-weights --web \
+        "$BIN"/minilm --export "$DIST/minilm-cpu-$b.kiln" --bucket "$b" --weights-dtype f16 --web \
             --web-cpu --weights-file minilm.weights "${these[@]}"
+        "$BIN"/minilm --export "$DIST/minilm-cpu-i8-$b.kiln" --bucket "$b" --weights-dtype i8 --web \
+            --web-cpu --weights-file minilm-i8.weights "${these[@]}"
         mv "$DIST/minilm-cpu-$b.inputs.safetensors" "$CHECK/"
+        rm "$DIST/minilm-cpu-i8-$b.inputs.safetensors"
         "$BIN"/kiln run "$DIST/minilm-cpu-$b.kiln" \
             --inputs "$CHECK/minilm-cpu-$b.inputs.safetensors" --output "$CHECK/native-$b.safetensors"
+        "$BIN"/kiln run "$DIST/minilm-cpu-i8-$b.kiln" \
+            --inputs "$CHECK/minilm-cpu-$b.inputs.safetensors" --output "$CHECK/native-i8-$b.safetensors"
         files+=("minilm-cpu-$b.kiln")
+        qfiles+=("minilm-cpu-i8-$b.kiln")
         checks+=("$b" "$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "${these[@]}")")
     done
     python3 -c 'import json, sys; a = sys.argv[1:]; print(json.dumps([{"bucket": a[i], "sentences": json.loads(a[i + 1])} for i in range(0, len(a), 2)], indent=1))' \
@@ -127,12 +138,12 @@ build_model() {
     # The variants the page chooses from by its adapter (one: it needs only
     # WebGPU's defaults), with what each needs (all its buckets together).
     local reqs=()
-    for f in "${gfiles[@]}" "${files[@]}"; do
+    for f in "${gfiles[@]}" "${files[@]}" "${qgfiles[@]}" "${qfiles[@]}"; do
         reqs+=("$("$BIN"/kiln inspect "$DIST/$f" --requires)")
     done
     python3 -c 'import json, os, sys
 dist, n = sys.argv[1], int(sys.argv[2])
-files, reqs = sys.argv[3:3 + 2 * n], [json.loads(r) for r in sys.argv[3 + 2 * n:]]
+files, reqs = sys.argv[3:3 + 4 * n], [json.loads(r) for r in sys.argv[3 + 4 * n:]]
 # What every bucket of a variant needs: features of any, the largest
 # limits, the smallest offset alignment.
 def need(rs):
@@ -141,11 +152,14 @@ def need(rs):
     out["features"] = sorted({f for r in rs for f in r["features"]})
     return out
 size = lambda f: os.path.getsize(os.path.join(dist, f))
-print(json.dumps([{"name": "minilm-" + c, "class": c, "weights": "f16",
-    "weights_file": "minilm.weights", "buckets": fs,
-    "bytes": size("minilm.weights") + sum(map(size, fs)), "requires": need(rs)}
-    for c, fs, rs in [("gpu", files[:n], reqs[:n]), ("cpu", files[n:], reqs[n:])]], indent=1))' \
-        "$DIST" "${#files[@]}" "${gfiles[@]}" "${files[@]}" "${reqs[@]}" >"$DIST/models.json"
+print(json.dumps([{"name": f"minilm-{c}-{w}", "class": c, "weights": w,
+    "weights_file": wf, "buckets": files[k * n:(k + 1) * n],
+    "bytes": size(wf) + sum(map(size, files[k * n:(k + 1) * n])),
+    "requires": need(reqs[k * n:(k + 1) * n])}
+    for k, (c, w, wf) in enumerate([("gpu", "f16", "minilm.weights"), ("cpu", "f16", "minilm.weights"),
+                                    ("gpu", "i8", "minilm-i8.weights"), ("cpu", "i8", "minilm-i8.weights")])],
+    indent=1))' \
+        "$DIST" "${#files[@]}" "${gfiles[@]}" "${files[@]}" "${qgfiles[@]}" "${qfiles[@]}" "${reqs[@]}" >"$DIST/models.json"
     cp "$("$BIN"/minilm --print-model-dir)/tokenizer.json" "$DIST/tokenizer.json"
 }
 

@@ -33,7 +33,11 @@ async function start() {
   const t0 = performance.now();
   const resp = await fetch(VARIANTS);
   if (!resp.ok) throw new Error(`cannot download ${VARIANTS}: HTTP ${resp.status}`);
-  const variant = await chooseVariant(await resp.json());
+  // `?weights=f16` or `?weights=i8` asks for one weight format (int8:
+  // half the download of f16, within cosine 0.999 of it; the default on
+  // a GPU, f16 on a software fallback adapter: `chooseVariant`).
+  const weights = new URLSearchParams(location.search).get("weights");
+  const variant = await chooseVariant(await resp.json(), weights);
   const { embedder, fromCache } = await loadEmbedder(variant, TOKENIZER, (loaded, total) => {
     $("progress").max = total;
     $("progress").value = loaded;
@@ -45,7 +49,12 @@ async function start() {
   const adapter = await adapterName();
   $("adapter").textContent =
     `WebGPU adapter: ${adapter}; model ${variant.name} (${variant.weights} weights, ` +
-    `buckets ${embedder.buckets.join(", ")})`;
+    `${mb(variant.bytes)}, buckets ${embedder.buckets.join(", ")})`;
+  const other = variant.weights === "i8" ? "f16" : "i8";
+  const link = document.createElement("a");
+  link.href = `?weights=${other}`;
+  link.textContent = `use the ${other} model`;
+  $("adapter").append(" ", link);
   $("status").textContent = `Embedding ${SENTENCES.length} sentences…`;
   const t1 = performance.now();
   const corpus = await embedder.embed(SENTENCES);
@@ -114,6 +123,7 @@ window.kiln = {
       tokens: s.embedder.tokens,
       buckets: s.embedder.buckets,
       variant: s.variant.name,
+      weights: s.variant.weights,
     };
   },
   sentences: SENTENCES,

@@ -76,17 +76,28 @@ export function missingFor(requires, adapter) {
 }
 
 /**
- * The first of a model's variants (`[{file, requires, ...}]`, the
- * models.json that scripts/web.sh writes) this page's adapter can run,
- * chosen before anything large is downloaded.
+ * The first of a model's variants (`[{file, requires, weights, bytes,
+ * ...}]`, the models.json that scripts/web.sh writes) this page's adapter
+ * can run, chosen before anything large is downloaded: the kernels made
+ * for its class of adapter, on a GPU with the smallest download (int8
+ * weights), on a software fallback adapter with f16 weights (its
+ * per-element int8 dequantization runs the corpus 8.5x slower on
+ * SwiftShader: 531 s against 62 s); only those of `weights` ("f16",
+ * "i8") when given.
  */
-export async function chooseVariant(variants) {
+export async function chooseVariant(variants, weights = null) {
   const adapter = await navigator.gpu.requestAdapter();
+  const offered = weights ? variants.filter((v) => v.weights === weights) : variants;
+  if (offered.length === 0) {
+    const have = [...new Set(variants.map((v) => v.weights))].join(", ");
+    throw new Error(`No model with ${weights} weights here (there are: ${have}).`);
+  }
   // A software fallback adapter (a CPU) runs the variant made with a CPU
   // adapter's kernel choices first; a GPU the GPU-class one.
   const cpu = Boolean(adapter.isFallbackAdapter ?? adapter.info?.isFallbackAdapter);
   const rank = (v) => (v.class === (cpu ? "cpu" : "gpu") ? 0 : 1);
-  const ordered = [...variants].sort((a, b) => rank(a) - rank(b));
+  const size = (v) => (cpu ? -1 : 1) * (v.bytes ?? 0);
+  const ordered = [...offered].sort((a, b) => rank(a) - rank(b) || size(a) - size(b));
   const reasons = [];
   for (const v of ordered) {
     const m = missingFor(v.requires, adapter);

@@ -1,7 +1,9 @@
 // The semantic-search page (web/dist, built by scripts/web.sh build) in
 // headless Chromium with WebGPU (SwiftShader without a GPU), driven by
 // playwright-core with the system Chromium: embeddings equal the native
-// run of the same export, a query typed into the page finds its neighbour,
+// run of the same export (f16 weights on SwiftShader; the int8 export
+// through the generic runner, within cosine 0.999 of f16's), a query typed
+// into the page finds its neighbour,
 // a screenshot goes to docs/web.png, and a second visit loads the model
 // from Cache Storage without downloading it.
 //
@@ -105,11 +107,15 @@ test("the page embeds like the native run, searches, and caches the model", { ti
   const check = join(ROOT, "target", "web-check");
   const checks = JSON.parse(readFileSync(join(check, "checks.json"), "utf8"));
   const sentences = checks.flatMap((c) => c.sentences);
-  const natives = checks.flatMap((c) => {
-    const n = readSafetensors(join(check, `native-${c.bucket}.safetensors`), "output.0");
-    const d = n.shape[1];
-    return c.sentences.map((_, i) => n.data.subarray(i * d, (i + 1) * d));
-  });
+  const native = (prefix) =>
+    checks.flatMap((c) => {
+      const n = readSafetensors(join(check, `${prefix}-${c.bucket}.safetensors`), "output.0");
+      const d = n.shape[1];
+      return c.sentences.map((_, i) => n.data.subarray(i * d, (i + 1) * d));
+    });
+  // The f16 and int8 exports' native runs.
+  const natives = native("native");
+  const nativesI8 = native("native-i8");
   const dim = natives[0].length;
   const { server, hits, port } = await serve();
   const userDir = mkdtempSync(join(tmpdir(), "kiln-chromium-"));
@@ -121,8 +127,26 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     console.log(`adapter: ${info.adapter}; buckets ${info.buckets}; model ready in ${info.loadMs.toFixed(0)} ms, corpus in ${info.corpusMs.toFixed(0)} ms`);
     assert.equal(info.fromCache, false);
     assert.deepEqual(info.buckets, checks.map((c) => c.bucket));
-    // SwiftShader is a software fallback: the CPU-class variant.
-    assert.equal(info.variant, "minilm-cpu");
+    // SwiftShader is a software fallback: the CPU-class variant, with f16
+    // weights (int8 dequantized per element is 8.5x slower there); a GPU
+    // would get int8, and either is there on request.
+    assert.equal(info.variant, "minilm-cpu-f16");
+    assert.equal(info.weights, "f16");
+    const chosen = await page.evaluate(async () => {
+      const { chooseVariant } = await import("./kiln.js");
+      const variants = await (await fetch("models.json")).json();
+      let missing = "";
+      try {
+        await chooseVariant(variants, "q4");
+      } catch (e) {
+        missing = String(e.message ?? e);
+      }
+      return { i8: (await chooseVariant(variants, "i8")).name, missing, all: variants.map((v) => [v.name, v.bytes]) };
+    });
+    assert.equal(chosen.i8, "minilm-cpu-i8");
+    assert.match(chosen.missing, /No model with q4 weights here \(there are: f16, i8\)/);
+    const bytes = Object.fromEntries(chosen.all);
+    assert.ok(bytes["minilm-gpu-i8"] < 0.6 * bytes["minilm-gpu-f16"], JSON.stringify(bytes));
     assert.equal(info.tokens, 256);
     // Every length from a word to 300 words in one call: the page groups
     // them into runs of the smallest bucket that holds them.
@@ -184,6 +208,28 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     }
     assert.match(run.refused, /input `input_ids` \(i32 \[8, 32\]\) must be an Int32Array of 256 elements/);
     assert.match(run.unweighted, /minilm\.weights/);
+    // The int8 export of the same bucket through the same runner: its
+    // native run's embeddings, and within cosine 0.999 (the stated
+    // tolerance of int8 weights) of the f16 model's.
+    const q8 = await page.evaluate(
+      async ([file, ids, mask]) => {
+        const { loadProgram } = await import("./kiln.js");
+        const p = await loadProgram(file, "minilm-i8.weights");
+        const [out] = await p.run([Int32Array.from(ids), Int32Array.from(mask)]);
+        return Array.from(out);
+      },
+      [`minilm-cpu-i8-${checks[0].bucket}.kiln`, Array.from(ids.data), Array.from(mask.data)],
+    );
+    let worst = 1;
+    for (let i = 0; i < n0; i++) {
+      const row = q8.slice(i * dim, (i + 1) * dim);
+      const c = cosine(row, nativesI8[i]);
+      assert.ok(c >= 0.9999, `int8 Program.run row ${i}: cosine ${c} with the native run`);
+      const q = cosine(row, natives[i]);
+      assert.ok(q >= 0.999, `int8 Program.run row ${i}: cosine ${q} to the f16 model`);
+      worst = Math.min(worst, q);
+    }
+    console.log(`int8 weights in the page: lowest cosine to the f16 model ${worst.toFixed(6)}`);
 
     // A query through the page's own search box.
     await page.fill("#query", "Who is playing the guitar?");
@@ -202,6 +248,7 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     await page.screenshot({ path: join(ROOT, "docs", "web.png") });
     await ctx.close();
     assert.equal(hits.get("/minilm.weights"), 1);
+    assert.equal(hits.get("/minilm-i8.weights"), 1);
 
     // Second visit: the model comes from Cache Storage.
     ({ ctx, page } = await openPage(userDir, port, log));
