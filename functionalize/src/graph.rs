@@ -461,6 +461,18 @@ impl Graph {
             g.values[r[0]].name = self.values[vj].name.clone();
             map.insert(vj, r[0]);
         }
+        self.copy_statements(&mut g, &mut map)?;
+        Ok(g)
+    }
+
+    /// Appends this program's statements to `g`, reading `map[v]` where
+    /// they read `v` (every parameter mapped), names kept; `g` returns
+    /// what this program returns.
+    fn copy_statements(
+        &self,
+        g: &mut Graph,
+        map: &mut rustc_hash::FxHashMap<ValueId, ValueId>,
+    ) -> Result<(), String> {
         for &n in &self.order {
             let node = &self.nodes[n];
             let args: Vec<Arg<ValueId>> =
@@ -472,7 +484,7 @@ impl Graph {
             }
         }
         g.outputs = self.outputs.iter().map(|v| map[v]).collect();
-        Ok(g)
+        Ok(())
     }
 
     /// This program with f32 parameters `params` (of one dimension or
@@ -556,17 +568,7 @@ impl Graph {
             names.push((name, glen));
             map.insert(v, w);
         }
-        for &n in &self.order {
-            let node = &self.nodes[n];
-            let args: Vec<Arg<ValueId>> =
-                node.args.iter().map(|a| a.map(&mut |v| map[v])).collect();
-            let rs = g.call(node.op, &args)?;
-            for (&old, &new) in node.results.iter().zip(&rs) {
-                g.values[new].name = self.values[old].name.clone();
-                map.insert(old, new);
-            }
-        }
-        g.outputs = self.outputs.iter().map(|v| map[v]).collect();
+        self.copy_statements(&mut g, &mut map)?;
         Ok((g, names))
     }
 }
