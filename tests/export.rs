@@ -230,9 +230,9 @@ fn int8_weights_quarter_the_constants() {
         "int8 weights moved results by {worst} of the largest"
     );
     // A program that writes its weight matrix cannot have it as a constant.
-    let src = "graph w(%x: f32[4, 8], %w: f32[6, 8]) {\n  %u = add_(%w, 1.0)\n  %y = linear(%x, %w)\n  return %y\n}";
+    let src = "graph w(%x: f32[4, 64], %w: f32[64, 64]) {\n  %u = add_(%w, 1.0)\n  %y = linear(%x, %w)\n  return %y\n}";
     let g = kiln::functionalize::parse(src).unwrap();
-    let w = HostTensor::from_slice(&[6, 8], &[0.5f32; 48]).unwrap();
+    let w = HostTensor::from_slice(&[64, 64], &[0.5f32; 4096]).unwrap();
     let err = export::export(&s, &g, &[("w".into(), w)], &int8).unwrap_err();
     assert!(err.to_string().contains("writes it"), "{err}");
 }

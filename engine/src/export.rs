@@ -197,7 +197,8 @@ pub enum WeightsDtype {
     /// quarter of the file and of the device memory. The program reads
     /// them through `mul(_to_copy(q, f32), scale)`, which kernels compute
     /// where they load the weight (never an f32 copy on the device);
-    /// one-dimensional weights (biases, norms) stay f32.
+    /// one-dimensional weights (biases, norms), and matrices too small
+    /// for int8 and scales to take fewer bytes, stay f32.
     I8,
 }
 
@@ -309,7 +310,9 @@ fn quantize(
 ) -> Result<(Graph, Vec<(usize, HostTensor<'static>)>), EngineError> {
     let picked: Vec<usize> = bound
         .iter()
-        .filter(|(_, t)| t.dtype() == DType::F32 && t.sizes().len() >= 2)
+        .filter(|(_, t)| {
+            t.dtype() == DType::F32 && t.sizes().len() >= 2 && int8_saves(t.numel(), t.sizes()[0])
+        })
         .map(|(i, _)| *i)
         .collect();
     let f = kiln_functionalize::functionalize(g, kiln_functionalize::Remove::Mutations)?;
@@ -350,6 +353,16 @@ fn quantize(
 /// of f32 (its FFN output matrices have 1536 inputs with outliers); in
 /// groups of 64, 0.9996 (and 0.9994 in groups of 128), for 6% more bytes.
 pub const INT8_GROUP: usize = 64;
+
+/// Does a matrix of `n` f32 elements in `rows` output channels take
+/// fewer bytes as int8 with its scales (one per group of `INT8_GROUP`, or
+/// per channel), each constant padded to `ALIGN`? A tiny one does not: it
+/// stays f32.
+fn int8_saves(n: usize, rows: usize) -> bool {
+    let scales = rows.max(n.div_ceil(INT8_GROUP));
+    let int8 = n.next_multiple_of(ALIGN) + (4 * scales).next_multiple_of(ALIGN);
+    int8 < (4 * n).next_multiple_of(ALIGN)
+}
 
 /// Symmetric int8 of `w` with a scale per `glen` consecutive elements:
 /// scale = max |w| / 127 of the group (1 for a group of zeros), q = w /

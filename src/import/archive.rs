@@ -329,7 +329,7 @@ pub fn dtype_of_code(code: i64) -> Result<DType, &'static str> {
 pub fn dtype_advice(name: &str) -> &'static str {
     match name {
         "float64" | "bfloat16" => "convert the model with model.float() before exporting",
-        _ => "Kiln holds f32, f16, i32, i64, u32 and bool",
+        _ => "Kiln holds f32, f16, i32, i64, u32, i8 and bool",
     }
 }
 

@@ -706,7 +706,7 @@ fn parameters(
         let m = out.meta(&name).map_err(|_| {
             ImportError::Unsupported(format!(
                 "{}: input `{name}` has a dtype Kiln does not hold (Kiln holds f32, f16, \
-                 i32, i64, u32 and bool)",
+                 i32, i64, u32, i8 and bool)",
                 a.path
             ))
         })?;
