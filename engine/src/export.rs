@@ -358,6 +358,7 @@ pub const INT8_GROUP: usize = 64;
 /// fewer bytes as int8 with its scales (one per group of `INT8_GROUP`, or
 /// per channel), each constant padded to `ALIGN`? A tiny one does not: it
 /// stays f32.
+#[cfg(feature = "compiler")]
 fn int8_saves(n: usize, rows: usize) -> bool {
     let scales = rows.max(n.div_ceil(INT8_GROUP));
     let int8 = n.next_multiple_of(ALIGN) + (4 * scales).next_multiple_of(ALIGN);
