@@ -190,13 +190,24 @@ fn gpu_variants() -> Engine {
 }
 
 /// And with a browser's 8 storage buffers per kernel: fusion stays within
-/// them.
+/// them. Compiled as for a browser without `shader-f16`: f16 conversions
+/// in integer arithmetic (the other variants use the adapter's own).
 #[test]
 fn op_programs_with_eight_storage_buffers() {
     check_dir_on(
         "tests/programs/ops",
-        limited_engine(|l| l.max_storage_buffers_per_shader_stage = 8),
+        soft_f16(limited_engine(|l| {
+            l.max_storage_buffers_per_shader_stage = 8
+        })),
     );
+}
+
+/// `e`'s adapter compiling without the native f16 conversion variants.
+fn soft_f16(e: Engine) -> Engine {
+    let gpu = e.session.gpu().clone();
+    let mut options = gpu.compile_options();
+    options.shader_f16 = false;
+    Engine::on(kiln::engine::Session::with_options(gpu, options))
 }
 
 /// Random programs of views and mutations: eager reference vs GPU, on
@@ -886,7 +897,28 @@ fn f16_conversions_round_to_nearest_even() {
     );
     let g = parse(&src).unwrap();
     let want = kiln::run(&g, vec![x.clone()]).unwrap();
-    for (what, mut e) in [("this adapter", engine()), ("GPU variants", gpu_variants())] {
+    // lavapipe has `shader-f16`: the first two run its f16 instructions.
+    let native = engine();
+    assert!(
+        native.session.gpu().native_f16(),
+        "this adapter ({}) has no shader-f16: the native conversions go untested",
+        native.session.gpu().describe()
+    );
+    let soft = soft_f16(engine());
+    for (what, mut e, f16) in [
+        ("this adapter", native, true),
+        ("GPU variants", gpu_variants(), true),
+        ("integer conversions", soft, false),
+    ] {
+        let exe = e.session.compile(&g).unwrap();
+        assert_eq!(
+            exe.program
+                .kernels
+                .iter()
+                .any(|k| k.code.wgsl_f16.is_some()),
+            f16,
+            "{what}: native f16 variants"
+        );
         let got = e.run(&g, vec![x.clone()]).unwrap();
         for (i, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
             common::same_type(what, a, b).unwrap();

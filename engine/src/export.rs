@@ -151,6 +151,11 @@ pub struct LocEntry {
 pub struct KernelEntry {
     pub label: String,
     pub wgsl: String,
+    /// The same kernel with f16 conversions in the adapter's instructions
+    /// (`enable f16;`), run where the device has `shader-f16`; `wgsl`
+    /// elsewhere (a runtime not knowing this key runs `wgsl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wgsl_f16: Option<String>,
     /// The shader's entry point (Kiln's kernels: `main`).
     pub entry: String,
     pub grid: [u32; 3],
@@ -484,6 +489,7 @@ fn manifest(
         .map(|k| KernelEntry {
             label: k.code.label.clone(),
             wgsl: k.code.wgsl.clone(),
+            wgsl_f16: k.code.wgsl_f16.clone(),
             entry: ENTRY.into(),
             grid: k.code.grid,
             bindings: k
@@ -1171,12 +1177,15 @@ fn kernels(m: &Manifest) -> Result<Vec<Kernel>, ExportError> {
         if e.grid.contains(&0) {
             return corrupt(format!("kernel {k} ({}) has an empty grid", e.label));
         }
-        validate_wgsl(&e.wgsl, bindings.len())
-            .map_err(|msg| ExportError::Corrupt(format!("kernel {k} ({}): {msg}", e.label)))?;
+        for w in std::iter::once(&e.wgsl).chain(&e.wgsl_f16) {
+            validate_wgsl(w, bindings.len())
+                .map_err(|msg| ExportError::Corrupt(format!("kernel {k} ({}): {msg}", e.label)))?;
+        }
         kernels.push(Kernel {
             code: KernelCode {
                 label: e.label.clone(),
                 wgsl: e.wgsl.clone(),
+                wgsl_f16: e.wgsl_f16.clone(),
                 grid: e.grid,
                 bindings,
                 subgroup: m.requires.features.iter().any(|f| f == "subgroup"),

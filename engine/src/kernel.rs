@@ -44,12 +44,28 @@ pub struct Loc {
 pub struct KernelCode {
     pub label: String,
     pub wgsl: String,
+    /// The same kernel with the adapter's own f16 conversions
+    /// (`wgsl::F16_NATIVE`), where it converts to f16 and was compiled for
+    /// an adapter with `shader-f16`: what runs where the device has the
+    /// feature (`KernelCode::source`).
+    pub wgsl_f16: Option<String>,
     pub grid: [u32; 3],
     /// Storage bindings in binding order.
     pub bindings: Vec<Binding>,
     /// Uses subgroup operations (the adapter needs `Features::SUBGROUP`):
     /// set where codegen emits them, read by exports' requirements.
     pub subgroup: bool,
+}
+
+impl KernelCode {
+    /// The shader to run on a device with (`native_f16`) or without the
+    /// `shader-f16` feature.
+    pub fn source(&self, native_f16: bool) -> &String {
+        match &self.wgsl_f16 {
+            Some(w) if native_f16 => w,
+            _ => &self.wgsl,
+        }
+    }
 }
 
 /// How tensors are bound, from the device's limits.

@@ -144,6 +144,11 @@ pub struct CompileOptions {
     /// device's smallest subgroup size; `None` where the device has no
     /// subgroup operations (workgroup memory throughout).
     pub subgroup: Option<usize>,
+    /// Kernels converting to f16 also get a variant with the adapter's own
+    /// f16 conversions (`KernelCode::wgsl_f16`), used where the device has
+    /// `shader-f16` (lavapipe: yes; SwiftShader: no). `KILN_SHADER_F16=off`
+    /// leaves the feature unrequested, for timing both.
+    pub shader_f16: bool,
     /// `softmax(f(Q K)) V` as one attention kernel (online softmax over
     /// tiles of keys; no score tensor in memory). GPUs: `true`. CPU
     /// adapters: `false` (lavapipe runs a query row per SIMD lane, its
@@ -201,6 +206,7 @@ impl Default for CompileOptions {
             fuse_attention: true,
             share_launches: std::env::var("KILN_SHARE_LAUNCHES").map_or(true, |v| v != "off"),
             subgroup: None,
+            shader_f16: false,
             max_buffer_bytes: 256 << 20,
             rules: BindingRules::default(),
             max_bindings: 8,

@@ -678,6 +678,7 @@ pub(crate) fn generate(
     gen.workgroup = options.workgroup;
     gen.grid_stride = options.grid_stride;
     gen.subgroup = options.subgroup;
+    gen.shader_f16 = options.shader_f16;
     gen.vectorize = options.vectorize;
     gen.rules = options.rules;
     // The i64 overflow word (`wgsl::ty`) in a binding-aligned slot of its

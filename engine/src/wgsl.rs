@@ -25,6 +25,22 @@ pub fn ty(d: DType) -> &'static str {
 /// `shaders/prelude.wgsl`).
 pub const PRELUDE: &str = include_str!("../../shaders/prelude.wgsl");
 
+/// The f32 -> f16 conversions (`k_f16_bits`, `k_round_f16`) in integer
+/// arithmetic, for any adapter.
+pub const F16_SOFT: &str = include_str!("../../shaders/f16_soft.wgsl");
+
+/// The same conversions in f16 instructions (`enable f16;` first), for
+/// adapters with `shader-f16`.
+pub const F16_NATIVE: &str = include_str!("../../shaders/f16_native.wgsl");
+
+/// Whether a kernel body converts to f16 (its shader then has a variant
+/// with the native conversions).
+pub fn converts_to_f16(lines: &[String]) -> bool {
+    lines
+        .iter()
+        .any(|l| l.contains("k_f16_bits(") || l.contains("k_round_f16("))
+}
+
 /// Statements of a kernel body, with fresh temporaries.
 #[derive(Default)]
 pub struct Body {
@@ -308,8 +324,20 @@ pub fn literal(v: f64, dtype: DType) -> String {
 /// A complete compute shader: binding declarations, the prelude and one
 /// entry point whose body sees `gid` (the flat invocation index) and
 /// `lid`/`wid`.
-pub fn shader(decls: &[String], body: &[String], workgroup: [u32; 3], shared: &[String]) -> String {
+/// With `native_f16` the f16 conversions are the adapter's own
+/// (`F16_NATIVE`, whose `enable f16;` leads the module); else integer
+/// arithmetic (`F16_SOFT`).
+pub fn shader(
+    decls: &[String],
+    body: &[String],
+    workgroup: [u32; 3],
+    shared: &[String],
+    native_f16: bool,
+) -> String {
     let mut s = String::new();
+    if native_f16 {
+        s.push_str(F16_NATIVE);
+    }
     for d in decls {
         let _ = writeln!(s, "{d}");
     }
@@ -317,6 +345,9 @@ pub fn shader(decls: &[String], body: &[String], workgroup: [u32; 3], shared: &[
         let _ = writeln!(s, "{d}");
     }
     s.push_str(PRELUDE);
+    if !native_f16 {
+        s.push_str(F16_SOFT);
+    }
     let _ = writeln!(
         s,
         "@compute @workgroup_size({}, {}, {})\nfn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{",

@@ -117,6 +117,8 @@ pub struct Gen<'a> {
     pub subgroup: Option<usize>,
     /// The kernel being generated uses subgroup operations.
     uses_subgroup: bool,
+    /// See `CompileOptions::shader_f16`.
+    pub shader_f16: bool,
     /// In an epilogue kernel: (the kernel's own result, the elementwise
     /// tail stored in its place).
     epilogue: Option<(ValueId, ValueId)>,
@@ -202,6 +204,7 @@ impl<'a> Gen<'a> {
             grid_stride: None,
             subgroup: None,
             uses_subgroup: false,
+            shader_f16: false,
             epilogue: None,
             rows: None,
             row_result: None,
@@ -563,12 +566,15 @@ impl<'a> Gen<'a> {
                 grid,
                 bindings: vec![],
                 subgroup: false,
+                wgsl_f16: None,
             };
         }
         let (decls, bindings) = self.take_bindings();
         KernelCode {
             label,
-            wgsl: wgsl::shader(&decls, &body.lines, wg, &shared),
+            wgsl: wgsl::shader(&decls, &body.lines, wg, &shared, false),
+            wgsl_f16: (self.shader_f16 && wgsl::converts_to_f16(&body.lines))
+                .then(|| wgsl::shader(&decls, &body.lines, wg, &shared, true)),
             grid,
             bindings,
             subgroup: std::mem::take(&mut self.uses_subgroup),

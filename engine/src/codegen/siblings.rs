@@ -151,7 +151,9 @@ impl Gen<'_> {
         let (decls, bindings) = self.take_bindings();
         Some(KernelCode {
             label: k.label,
-            wgsl: wgsl::shader(&decls, &k.lines, k.wg, &k.shared),
+            wgsl: wgsl::shader(&decls, &k.lines, k.wg, &k.shared, false),
+            wgsl_f16: (self.shader_f16 && wgsl::converts_to_f16(&k.lines))
+                .then(|| wgsl::shader(&decls, &k.lines, k.wg, &k.shared, true)),
             grid: k.grid,
             bindings,
             subgroup,

@@ -48,7 +48,7 @@ impl Gpu {
     pub async fn with_limits(adjust: impl FnOnce(&mut wgpu::Limits)) -> Result<Gpu, EngineError> {
         Gpu::open(
             adjust,
-            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP,
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::SUBGROUP | shader_f16(),
         )
         .await
     }
@@ -181,6 +181,12 @@ impl Gpu {
         }
     }
 
+    /// The device runs f16 conversions in its own instructions
+    /// (`KernelCode::wgsl_f16`).
+    pub fn native_f16(&self) -> bool {
+        self.features.contains(wgpu::Features::SHADER_F16)
+    }
+
     pub fn has_timestamps(&self) -> bool {
         self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
     }
@@ -210,6 +216,7 @@ impl Gpu {
                 && self.info.subgroup_min_size.is_power_of_two()
                 && self.info.subgroup_min_size >= 4)
                 .then_some(self.info.subgroup_min_size as usize),
+            shader_f16: self.native_f16(),
             grid_stride: if self.info.device_type == wgpu::DeviceType::Cpu {
                 None
             } else {
@@ -246,6 +253,15 @@ impl Gpu {
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| EngineError::Device(e.to_string()))?;
         self.check()
+    }
+}
+
+/// `shader-f16` where the adapter has it, unless `KILN_SHADER_F16=off`.
+pub(crate) fn shader_f16() -> wgpu::Features {
+    if std::env::var("KILN_SHADER_F16").is_ok_and(|v| v == "off") {
+        wgpu::Features::empty()
+    } else {
+        wgpu::Features::SHADER_F16
     }
 }
 

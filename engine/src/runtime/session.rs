@@ -416,6 +416,7 @@ impl Session {
     ) -> Result<Vec<Arc<wgpu::ComputePipeline>>, EngineError> {
         // Pipelines of identical kernels are shared session-wide; new ones
         // join the cache only once they compiled.
+        let f16 = self.gpu.native_f16();
         let known: HashMap<String, Arc<wgpu::ComputePipeline>> = {
             let cache = self
                 .pipelines
@@ -426,8 +427,8 @@ impl Session {
                 .iter()
                 .filter_map(|k| {
                     cache
-                        .get(&k.code.wgsl)
-                        .map(|p| (k.code.wgsl.clone(), p.clone()))
+                        .get(k.code.source(f16))
+                        .map(|p| (k.code.source(f16).clone(), p.clone()))
                 })
                 .collect()
         };
@@ -435,14 +436,16 @@ impl Session {
         // Each distinct new shader once, in program order.
         let mut fresh: Vec<&crate::kernel::KernelCode> = vec![];
         for k in &program.kernels {
-            if !known.contains_key(&k.code.wgsl) && !fresh.iter().any(|f| f.wgsl == k.code.wgsl) {
+            if !known.contains_key(k.code.source(f16))
+                && !fresh.iter().any(|f| f.source(f16) == k.code.source(f16))
+            {
                 fresh.push(&k.code);
             }
         }
         let made = self.make_pipelines(&fresh, &checks).await?;
         let mut pipelines = vec![];
         for k in &program.kernels {
-            let w = &k.code.wgsl;
+            let w = k.code.source(f16);
             let p = known.get(w).or_else(|| made.get(w));
             pipelines.push(
                 p.ok_or_else(|| EngineError::Internal("a kernel without a pipeline".into()))?
@@ -465,6 +468,7 @@ impl Session {
         checks: &ShaderChecks,
     ) -> Result<HashMap<String, Arc<wgpu::ComputePipeline>>, EngineError> {
         const DOING: &str = "a generated kernel was rejected";
+        let f16 = self.gpu.native_f16();
         #[cfg(not(target_arch = "wasm32"))]
         {
             // `KILN_PIPELINE_THREADS=1` compiles them one after another.
@@ -489,7 +493,10 @@ impl Session {
                                         let Some(k) = kernels.get(i) else {
                                             return Ok(mine);
                                         };
-                                        mine.push((k.wgsl.clone(), self.pipeline(k, checks)));
+                                        mine.push((
+                                            k.source(f16).clone(),
+                                            self.pipeline(k, checks),
+                                        ));
                                     }
                                 }))
                             })
@@ -515,7 +522,7 @@ impl Session {
             .scoped(DOING, || {
                 Ok(kernels
                     .iter()
-                    .map(|k| (k.wgsl.clone(), self.pipeline(k, checks)))
+                    .map(|k| (k.source(f16).clone(), self.pipeline(k, checks)))
                     .collect())
             })
             .await
@@ -528,9 +535,10 @@ impl Session {
         checks: &ShaderChecks,
     ) -> Arc<wgpu::ComputePipeline> {
         let d = &self.gpu.device;
+        let f16 = self.gpu.native_f16();
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&k.label),
-            source: wgpu::ShaderSource::Wgsl(k.wgsl.as_str().into()),
+            source: wgpu::ShaderSource::Wgsl(k.source(f16).as_str().into()),
         };
         let module = if checks.all() {
             d.create_shader_module(desc)
