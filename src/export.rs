@@ -221,6 +221,13 @@ pub fn inspect(e: &Exported<'_>, file_bytes: usize, wgsl: bool) -> String {
         r.max_compute_workgroup_storage_size,
         r.max_compute_workgroups_per_dimension
     );
+    let native = m.kernels.iter().filter(|k| k.wgsl_f16.is_some()).count();
+    if native > 0 {
+        let _ = writeln!(
+            out,
+            "optional: feature [shader-f16] ({native} kernels convert to f16 in its instructions where the adapter has it, in integer arithmetic elsewhere)"
+        );
+    }
     let _ = writeln!(
         out,
         "memory: arena {} bytes, parameters {} bytes",
@@ -239,6 +246,9 @@ pub fn inspect(e: &Exported<'_>, file_bytes: usize, wgsl: bool) -> String {
         );
         if wgsl {
             let _ = writeln!(out, "{}", k.wgsl);
+            if let Some(w) = &k.wgsl_f16 {
+                let _ = writeln!(out, "  (with shader-f16:)\n{w}");
+            }
         }
     }
     let _ = writeln!(out, "program:\n{}", e.text);

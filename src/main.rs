@@ -376,10 +376,14 @@ fn main_result(cli: Cli) -> Result<(), String> {
                 print!("{}", p.stats());
             }
             if wgsl {
+                // What this adapter runs (its own f16 conversions where it
+                // has them).
                 for k in &p.kernels {
                     println!(
                         "// ---- {} (grid {:?})\n{}",
-                        k.code.label, k.code.grid, k.code.wgsl
+                        k.code.label,
+                        k.code.grid,
+                        k.code.source(options.shader_f16)
                     );
                 }
             }

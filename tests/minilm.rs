@@ -439,3 +439,66 @@ fn int8_export_embeds_within_cosine_0_999() {
     }
     eprintln!("int8 weights: lowest cosine to sentence-transformers {worst:.6}");
 }
+
+fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let n = |v: &[f64]| v.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (n(a) * n(b))
+}
+
+/// MiniLM computing in f16 (`set_arithmetic`: f16 weights and
+/// activations, products and reductions accumulating in f32), each
+/// reference sentence on its own bucket, on this adapter (lavapipe: with
+/// its own f16 conversions, `shader-f16`): within cosine 0.99999 of
+/// PyTorch's `model.half()` (`tests/minilm/reference_f16.safetensors`,
+/// made by `make_half_reference.py`) and 0.9999 of sentence-transformers'
+/// f32 embeddings (PyTorch's half model: 0.9999989 to f32); the short sentences as one batch agree with the
+/// reference interpreter running the same f16 program to cosine 0.99999.
+/// The session's constants are half the f32 weights' bytes.
+#[test]
+fn f16_arithmetic_embeds_as_pytorch_half() {
+    let r = reference();
+    let half = kiln::io::load_all(&root().join("tests/minilm/reference_f16.safetensors")).unwrap();
+    let half = &half.iter().find(|(n, _)| n == "embeddings").unwrap().1;
+    let mut m = model();
+    m.set_arithmetic(DType::F16).unwrap();
+    let s = session();
+    let (mut to_half, mut to_f32) = (1.0f64, 1.0f64);
+    for (i, text) in r.sentences.iter().enumerate() {
+        let got = &embed(&mut m, &[text.as_str()], Some(&s))[0];
+        let torch_half = &half.values()[i * HIDDEN..(i + 1) * HIDDEN];
+        let (h, f) = (cosine(got, torch_half), cosine(got, &r.embedding(i)));
+        assert!(
+            h >= 0.99999,
+            "sentence {i}: cosine {h} to PyTorch's half model"
+        );
+        assert!(f >= 0.9999, "sentence {i}: cosine {f} to the f32 model");
+        (to_half, to_f32) = (to_half.min(h), to_f32.min(f));
+    }
+    eprintln!(
+        "f16 arithmetic: lowest cosine {to_half:.8} to PyTorch's half model, {to_f32:.8} to f32"
+    );
+    let names = MiniLm::weight_names();
+    for n in &names {
+        let c = s.constant(n).unwrap();
+        assert_eq!(c.dtype(), DType::F16, "{n} on the device");
+    }
+    let short: Vec<&str> = r
+        .sentences
+        .iter()
+        .filter(|t| m.tokenize(t).unwrap().len() <= 16)
+        .map(|t| t.as_str())
+        .collect();
+    let gpu = embed(&mut m, &short, Some(&s));
+    let reference = embed(&mut m, &short, None);
+    let mut worst = 1.0f64;
+    for (i, (a, b)) in gpu.iter().zip(&reference).enumerate() {
+        let c = cosine(a, b);
+        assert!(
+            c >= 0.99999,
+            "short sentence {i}: cosine {c} to the reference interpreter"
+        );
+        worst = worst.min(c);
+    }
+    eprintln!("f16 arithmetic: lowest cosine {worst:.8} to the reference interpreter");
+}

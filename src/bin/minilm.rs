@@ -1,6 +1,6 @@
 //! Sentence embeddings with all-MiniLM-L6-v2 on Kiln.
 //!
-//!     cargo run --release --bin minilm -- [--backend gpu|reference] [--model DIR] [--output FILE] SENTENCE...
+//!     cargo run --release --bin minilm -- [--backend gpu|reference] [--arithmetic f32|f16] [--model DIR] [--output FILE] SENTENCE...
 //!     cargo run --release --bin minilm -- --print-model-dir [--model DIR]
 //!     cargo run --release --bin minilm -- --export FILE [--bucket BxT] [--f16-weights] [--web] [--weights-file NAME] SENTENCE...
 //!
@@ -13,6 +13,7 @@ use clap::{Parser, ValueEnum};
 use kiln::engine::export::WeightsDtype;
 use kiln::engine::{HostTensor, Session};
 use kiln::minilm::{fetch, MiniLm, HIDDEN};
+use kiln::DType;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -21,6 +22,12 @@ enum WeightsDtypeArg {
     F32,
     F16,
     I8,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ArithmeticArg {
+    F32,
+    F16,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -77,6 +84,12 @@ struct Args {
     /// memory, dequantized where kernels load them).
     #[arg(long, value_enum)]
     weights_dtype: Option<WeightsDtypeArg>,
+    /// Compute in f16 (sentence-transformers' `model.half()`: f16 weights
+    /// and activations, products and reductions accumulating in f32; half
+    /// the weight memory and the bytes moved) instead of f32. Natively, in
+    /// `--profile` and in `--export` (whose weights are then f16).
+    #[arg(long, value_enum, default_value = "f32")]
+    arithmetic: ArithmeticArg,
     /// With `--export`: compile for browsers (WebGPU's default limits, no
     /// optional feature) instead of for this machine's adapter.
     #[arg(long)]
@@ -178,10 +191,14 @@ fn export(
         println!("wrote {} ({} bytes of weights)", w.display(), weights.len());
     }
     println!(
-        "wrote {} ({} bytes, {batch} x {seq} tokens, weights {}, for {}) in {:.0} ms",
+        "wrote {} ({} bytes, {batch} x {seq} tokens, {}, for {}) in {:.0} ms",
         path.display(),
         bytes.len(),
-        weights_dtype.name(),
+        if model.arithmetic() == DType::F16 {
+            "f16 weights and arithmetic".to_string()
+        } else {
+            format!("weights {}", weights_dtype.name())
+        },
         session.gpu().describe(),
         t.elapsed().as_secs_f64() * 1e3
     );
@@ -247,6 +264,16 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let mut model = MiniLm::load(&dir)?;
+    if let ArithmeticArg::F16 = args.arithmetic {
+        if matches!(args.weights_dtype, Some(WeightsDtypeArg::I8)) {
+            return Err(
+                "--weights-dtype i8 computes in f32 (the weights dequantized to f32 \
+                        where loaded); leave out --arithmetic f16, or export f16 weights"
+                    .into(),
+            );
+        }
+        model.set_arithmetic(DType::F16)?;
+    }
     if let Some(runs) = args.soak {
         let session = Session::open()?;
         let texts: Vec<&str> = sentences.iter().map(String::as_str).collect();

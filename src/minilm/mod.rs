@@ -53,6 +53,8 @@ pub struct MiniLm {
     names: HashMap<String, String>,
     tokenizer: tokenizers::Tokenizer,
     graphs: HashMap<(usize, usize), Graph>,
+    /// The dtype weights and activations compute in (`set_arithmetic`).
+    arithmetic: DType,
 }
 
 /// A weight's name in the text format: dots become underscores.
@@ -87,7 +89,31 @@ impl MiniLm {
             names,
             tokenizer,
             graphs: HashMap::new(),
+            arithmetic: DType::F32,
         })
+    }
+
+    /// Computes in `dtype` from now on: f32 (sentence-transformers' own
+    /// model) or f16 (its `model.half()`: f16 weights and activations,
+    /// products and reductions accumulating in f32 as PyTorch's do; half
+    /// the weight memory and the bytes moved). A session holds the weights
+    /// of one arithmetic: use a session per arithmetic.
+    pub fn set_arithmetic(&mut self, dtype: DType) -> Result<(), ModelError> {
+        if !matches!(dtype, DType::F32 | DType::F16) {
+            return Err(ModelError::Files(format!(
+                "MiniLM computes in f32 or f16, not {dtype}"
+            )));
+        }
+        if dtype != self.arithmetic {
+            self.arithmetic = dtype;
+            self.graphs.clear();
+        }
+        Ok(())
+    }
+
+    /// The dtype the model computes in (`set_arithmetic`).
+    pub fn arithmetic(&self) -> DType {
+        self.arithmetic
     }
 
     /// Weight `param` (a graph parameter name), borrowing the mapped file.
@@ -104,13 +130,37 @@ impl MiniLm {
             })
     }
 
+    /// Weight `param` in the model's arithmetic: borrowed from the mapped
+    /// file in f32, converted (round to nearest even) in f16.
+    pub fn weight_as_computed(&self, param: &str) -> Result<HostTensor<'_>, ModelError> {
+        let w = self.weight(param)?;
+        if self.arithmetic == DType::F32 {
+            return Ok(w);
+        }
+        let v: Vec<half::f16> = w
+            .to_vec::<f32>()?
+            .into_iter()
+            .map(half::f16::from_f32)
+            .collect();
+        Ok(HostTensor::from_slice(w.sizes(), &v)?)
+    }
+
     /// Uploads every weight once as a constant of `session` (straight from
-    /// the mapped file); graphs compiled there then take only the token
-    /// ids and the mask.
+    /// the mapped file in f32); graphs compiled there then take only the
+    /// token ids and the mask.
     pub fn upload_weights(&self, session: &Session) -> Result<(), ModelError> {
         for n in Self::weight_names() {
-            if session.constant(&n).is_none() {
-                session.add_constant(&n, &self.weight(&n)?)?;
+            match session.constant(&n) {
+                None => session.add_constant(&n, &self.weight_as_computed(&n)?)?,
+                Some(c) if c.dtype() != self.arithmetic => {
+                    return Err(ModelError::Files(format!(
+                        "this session holds MiniLM's {} weights; the model now computes \
+                         in {}: use a session per arithmetic",
+                        c.dtype(),
+                        self.arithmetic
+                    )))
+                }
+                Some(_) => {}
             }
         }
         Ok(())
@@ -143,7 +193,7 @@ impl MiniLm {
         let g = self.graph(batch, seq)?.clone();
         let weights = Self::weight_names()
             .into_iter()
-            .map(|n| Ok((n.clone(), self.weight(&n)?)))
+            .map(|n| Ok((n.clone(), self.weight_as_computed(&n)?)))
             .collect::<Result<Vec<_>, ModelError>>()?;
         Ok(kiln_engine::export::export_parts(
             session, &g, &weights, opts,
@@ -204,7 +254,8 @@ impl MiniLm {
 
     /// The traced model for `batch` sentences padded to `seq` tokens:
     /// parameters `input_ids` i32[batch, seq], `attention_mask`
-    /// i32[batch, seq], then the weights; output `embeddings` f32[batch, 384].
+    /// i32[batch, seq], then the weights (in the model's arithmetic);
+    /// output `embeddings` f32[batch, 384].
     pub fn graph(&mut self, batch: usize, seq: usize) -> Result<&Graph, ModelError> {
         if !self.graphs.contains_key(&(batch, seq)) {
             let mut specs = vec![
@@ -213,9 +264,10 @@ impl MiniLm {
             ];
             for n in Self::weight_names() {
                 let w = self.weight(&n)?;
-                specs.push(TensorSpec::new(&n, DType::F32, w.sizes()));
+                specs.push(TensorSpec::new(&n, self.arithmetic, w.sizes()));
             }
-            let g = trace("minilm", &specs, |p| vec![forward(p, batch, seq)])?;
+            let dtype = self.arithmetic;
+            let g = trace("minilm", &specs, |p| vec![forward(p, batch, seq, dtype)])?;
             self.graphs.insert((batch, seq), g);
         }
         Ok(&self.graphs[&(batch, seq)])
@@ -254,7 +306,7 @@ impl MiniLm {
             .map(|t| t.to_rtensor())
             .collect();
         for n in Self::weight_names() {
-            v.push(self.weight(&n)?.to_rtensor());
+            v.push(self.weight_as_computed(&n)?.to_rtensor());
         }
         Ok(v)
     }
@@ -334,8 +386,10 @@ fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Tensor {
     x.linear(w, Some(b))
 }
 
-/// BERT encoder + mean pooling + L2 normalisation over traced tensors.
-fn forward(p: &[Tensor], batch: usize, seq: usize) -> Tensor {
+/// BERT encoder + mean pooling + L2 normalisation over traced tensors, in
+/// the weights' dtype (`dtype`, as `model.half()` computes in f16), the
+/// embeddings returned in f32.
+fn forward(p: &[Tensor], batch: usize, seq: usize, dtype: DType) -> Tensor {
     let (b, s, h) = (batch as i64, seq as i64, HIDDEN as i64);
     let d = (HIDDEN / HEADS) as i64;
     let (ids, mask) = (&p[0], &p[1]);
@@ -356,7 +410,13 @@ fn forward(p: &[Tensor], batch: usize, seq: usize) -> Tensor {
         let k = heads(linear(&x, lw(2), lw(3)));
         let v = heads(linear(&x, lw(4), lw(5)));
         let scores = &q.matmul(&k.transpose(-1, -2)) * (1.0 / (d as f64).sqrt());
-        scores.masked_fill_(&pad, f32::MIN as f64);
+        // The dtype's lowest value, as transformers' extended mask.
+        let lowest = if dtype == DType::F16 {
+            f64::from(half::f16::MIN)
+        } else {
+            f32::MIN as f64
+        };
+        scores.masked_fill_(&pad, lowest);
         let probs = scores.softmax(-1);
         let ctx = probs.matmul(&v).transpose(1, 2).reshape(&[b, s, h]);
         let attn = linear(&ctx, lw(6), lw(7));
@@ -367,7 +427,12 @@ fn forward(p: &[Tensor], batch: usize, seq: usize) -> Tensor {
         x = ff.layer_norm(&[h], Some(lw(14)), Some(lw(15)), LN_EPS);
     }
     // Mean over the real tokens, then unit length.
-    let m = mask.mul(1.0).unsqueeze(-1);
+    let m = if dtype == DType::F32 {
+        mask.mul(1.0)
+    } else {
+        call("_to_copy", args![mask, dtype]).remove(0)
+    }
+    .unsqueeze(-1);
     let summed = x.mul(&m).sum(&[1], false);
     let count = m.sum(&[1], false).clamp(Some(1e-9), None);
     let mean = summed.div(&count);
@@ -376,5 +441,10 @@ fn forward(p: &[Tensor], batch: usize, seq: usize) -> Tensor {
         .sum(&[1], true)
         .sqrt()
         .clamp(Some(1e-12), None);
-    mean.div(&norm)
+    let unit = mean.div(&norm);
+    if dtype == DType::F32 {
+        unit
+    } else {
+        call("_to_copy", args![&unit, DType::F32]).remove(0)
+    }
 }
