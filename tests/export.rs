@@ -175,6 +175,51 @@ fn first_output_drift(s: &Session, a: &[u8], b: &[u8], ins: &[HostTensor]) -> f3
         .fold(0f32, f32::max)
 }
 
+/// An f16 program exported on an adapter with `shader-f16` (lavapipe)
+/// carries each converting kernel twice: its portable WGSL and a variant
+/// with the adapter's own f16 conversions. Loaded where the feature is
+/// (this adapter) the variants run; where it is not (the same adapter
+/// opened without optional features) the portable kernels run; both give the same bits (lavapipe's f16 conversions round
+/// to nearest even, as the integer ones do), and those of the program
+/// compiled in memory.
+#[test]
+fn f16_kernels_carry_a_shader_f16_variant() {
+    let gpu = gpu();
+    assert!(gpu.native_f16(), "{} has no shader-f16", gpu.describe());
+    let path = root().join("examples/programs/f16_layer.txt");
+    let (g, ins, weights) = example(&path);
+    let s = Session::new(gpu);
+    let bytes = export_example(&s, &g, &ins, &weights, &ExportOptions::default());
+    let e = export::read(&bytes).unwrap();
+    let variants = e
+        .manifest
+        .kernels
+        .iter()
+        .filter(|k| k.wgsl_f16.is_some())
+        .count();
+    assert_eq!(
+        variants,
+        e.manifest.kernels.len(),
+        "every kernel converts to f16"
+    );
+    for k in &e.manifest.kernels {
+        let w = k.wgsl_f16.as_deref().unwrap();
+        assert!(w.starts_with("enable f16;") && !k.wgsl.contains("enable f16"));
+    }
+    let plain = Gpu::open(|_| {}, kiln::engine::wgpu::Features::empty());
+    let without = Session::new(Arc::new(pollster::block_on(plain).unwrap()));
+    assert!(!without.gpu().native_f16());
+    let in_memory = run_bytes(&s, &s.compile(&g).unwrap(), &ins);
+    let exe = s.load_exported(&e).unwrap();
+    assert_eq!(run_bytes(&s, &exe, &ins), in_memory, "with shader-f16");
+    let exe = without.load_exported(&e).unwrap();
+    assert_eq!(
+        run_bytes(&without, &exe, &ins),
+        in_memory,
+        "without shader-f16"
+    );
+}
+
 /// int8-stored weights (`--weights-dtype i8`): matrices as int8 with an
 /// f32 scale per output channel and 64 inputs, vectors as f32: each
 /// matrix a quarter of its bytes (this small program's constants 31%

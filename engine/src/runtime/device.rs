@@ -62,8 +62,9 @@ impl Gpu {
     }
 
     /// The adapter (`KILN_ADAPTER` or the high-performance one), its limits
-    /// adjusted by `adjust`, with those of `wanted` features it has.
-    async fn open(
+    /// adjusted by `adjust`, with those of `wanted` features it has (tests
+    /// open it without `shader-f16` to run what such a device runs).
+    pub async fn open(
         adjust: impl FnOnce(&mut wgpu::Limits),
         wanted: wgpu::Features,
     ) -> Result<Gpu, EngineError> {
