@@ -24,7 +24,7 @@ use kiln::engine::{compile_with, HostTensor, Session};
 use kiln::functionalize::random::{
     random_inputs, random_program, random_program_with, Options, Seeded,
 };
-use kiln::functionalize::{functionalize, parse, Graph, RTensor, Remove};
+use kiln::functionalize::{functionalize, parse, DType, Graph, RTensor, Remove};
 use kiln::minilm::{fetch, MiniLm};
 use kiln::profile::{profile, Profile};
 use serde_json::{json, Value};
@@ -1118,7 +1118,7 @@ fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
     let (_, seq) = MiniLm::bucket_of(&ids);
     let [id, mask] = MiniLm::token_inputs(&ids, b, seq).unwrap();
     let _ = writeln!(md, "\n## 6. Export (MiniLM, {b} x {seq} tokens)\n");
-    let _ = writeln!(md, "`minilm --export` / `kiln export`: one file, every weight a constant (`docs/export-format.md`). From file to first result: a new session (device), `export::read` (checksums, the manifest, the program text parsed, every shader validated by naga), `load_exported` (constants uploaded, pipelines made) and one run with a read-back; cold: after dropping the page cache. Compile: the same on a new session from the traced model (weights uploaded as constants, then trace + functionalize + schedule + codegen + pipelines), no file. Cosine: the f16- and int8-weights files' embeddings against the f32 file's (the lowest of the batch). Gzipped: the file through `gzip -6` (`flate2`), what a server sending it compressed sends.\n");
+    let _ = writeln!(md, "`minilm --export` / `kiln export`: one file, every weight a constant (`docs/export-format.md`). From file to first result: a new session (device), `export::read` (checksums, the manifest, the program text parsed, every shader validated by naga), `load_exported` (constants uploaded, pipelines made) and one run with a read-back; cold: after dropping the page cache. Compile: the same on a new session from the traced model (weights uploaded as constants, then trace + functionalize + schedule + codegen + pipelines), no file. Cosine: the f16- and int8-weights files' embeddings against the f32 file's (the lowest of the batch). The last row also computes in f16 (`--arithmetic f16`: activations f16, products and reductions accumulating in f32; its kernels' f16 conversions in the adapter's instructions where it has `shader-f16`). Gzipped: the file through `gzip -6` (`flate2`), what a server sending it compressed sends.\n");
     let _ = writeln!(md, "| weights | file MB | gzipped MB | file to first result, warm ms | cold ms | of which read + load ms | compile instead, ms | min cosine to f32 |");
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|");
     let gpu = Session::open().unwrap().gpu().clone();
@@ -1161,8 +1161,15 @@ fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
         t.elapsed().as_secs_f64() * 1e3
     };
     let mut f32_emb: Vec<f32> = vec![];
-    for dt in [WeightsDtype::F32, WeightsDtype::F16, WeightsDtype::I8] {
-        let path = tmp.join(format!("minilm_{}.kiln", dt.name()));
+    // The last row computes in f16 too (`minilm --arithmetic f16`).
+    for (dt, arith) in [
+        (WeightsDtype::F32, DType::F32),
+        (WeightsDtype::F16, DType::F32),
+        (WeightsDtype::I8, DType::F32),
+        (WeightsDtype::F16, DType::F16),
+    ] {
+        model.set_arithmetic(arith).unwrap();
+        let path = tmp.join(format!("minilm_{}_{arith}.kiln", dt.name()));
         let s = Session::new(gpu.clone());
         let bytes = model
             .export(
@@ -1184,6 +1191,7 @@ fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
         let cold = std::fs::write("/proc/sys/vm/drop_caches", "3")
             .ok()
             .map(|_| first(&path).0);
+        model.set_arithmetic(DType::F32).unwrap();
         let cos = if dt != WeightsDtype::F32 {
             (0..b)
                 .map(|i| {
@@ -1203,7 +1211,11 @@ fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
         let _ = writeln!(
             md,
             "| {} | {:.1} | {:.1} | {warm:.0} | {} | {load:.0} | {compile_ms:.0} | {cos} |",
-            dt.name(),
+            if arith == DType::F16 {
+                "f16, f16 arithmetic".to_string()
+            } else {
+                dt.name().to_string()
+            },
             bytes.len() as f64 / 1e6,
             gzipped(&bytes) as f64 / 1e6,
             cold.map_or("n/a (needs root)".into(), |c| format!("{c:.0}")),

@@ -101,15 +101,24 @@ build_model() {
     # Two variants of kernels over the one weights file: GPU-class (what a
     # page's user most often has) and this adapter's own (a CPU's: for
     # software fallback adapters, where GPU-class kernels are 2.5x slower).
-    local gfiles=() files=() checks=() qgfiles=() qfiles=()
+    local gfiles=() files=() checks=() qgfiles=() qfiles=() hgfiles=()
     for b in $BUCKETS; do
         "$BIN"/minilm --export "$DIST/minilm-gpu-$b.kiln" --bucket "$b" --weights-dtype f16 --web \
             --weights-file minilm.weights "${short[0]}"
         "$BIN"/minilm --export "$DIST/minilm-gpu-i8-$b.kiln" --bucket "$b" --weights-dtype i8 --web \
             --weights-file minilm-i8.weights "${short[0]}"
-        rm "$DIST/minilm-gpu-$b.inputs.safetensors" "$DIST/minilm-gpu-i8-$b.inputs.safetensors"
+        # f16 arithmetic (for adapters with shader-f16) over the same f16
+        # weights: its weights file must be the same bytes.
+        cp "$DIST/minilm.weights" "$CHECK/minilm.weights.f16"
+        "$BIN"/minilm --export "$DIST/minilm-gpu-f16a-$b.kiln" --bucket "$b" --arithmetic f16 --web \
+            --weights-file minilm.weights "${short[0]}"
+        cmp "$DIST/minilm.weights" "$CHECK/minilm.weights.f16"
+        rm "$CHECK/minilm.weights.f16"
+        rm "$DIST/minilm-gpu-$b.inputs.safetensors" "$DIST/minilm-gpu-i8-$b.inputs.safetensors" \
+            "$DIST/minilm-gpu-f16a-$b.inputs.safetensors"
         gfiles+=("minilm-gpu-$b.kiln")
         qgfiles+=("minilm-gpu-i8-$b.kiln")
+        hgfiles+=("minilm-gpu-f16a-$b.kiln")
     done
     for b in $BUCKETS; do
         local -a these
@@ -138,12 +147,12 @@ build_model() {
     # The variants the page chooses from by its adapter (one: it needs only
     # WebGPU's defaults), with what each needs (all its buckets together).
     local reqs=()
-    for f in "${gfiles[@]}" "${files[@]}" "${qgfiles[@]}" "${qfiles[@]}"; do
+    for f in "${gfiles[@]}" "${files[@]}" "${qgfiles[@]}" "${qfiles[@]}" "${hgfiles[@]}"; do
         reqs+=("$("$BIN"/kiln inspect "$DIST/$f" --requires)")
     done
     python3 -c 'import json, os, sys
 dist, n = sys.argv[1], int(sys.argv[2])
-files, reqs = sys.argv[3:3 + 4 * n], [json.loads(r) for r in sys.argv[3 + 4 * n:]]
+files, reqs = sys.argv[3:3 + 5 * n], [json.loads(r) for r in sys.argv[3 + 5 * n:]]
 # What every bucket of a variant needs: features of any, the largest
 # limits, the smallest offset alignment.
 def need(rs):
@@ -152,14 +161,22 @@ def need(rs):
     out["features"] = sorted({f for r in rs for f in r["features"]})
     return out
 size = lambda f: os.path.getsize(os.path.join(dist, f))
-print(json.dumps([{"name": f"minilm-{c}-{w}", "class": c, "weights": w,
-    "weights_file": wf, "buckets": files[k * n:(k + 1) * n],
-    "bytes": size(wf) + sum(map(size, files[k * n:(k + 1) * n])),
-    "requires": need(reqs[k * n:(k + 1) * n])}
-    for k, (c, w, wf) in enumerate([("gpu", "f16", "minilm.weights"), ("cpu", "f16", "minilm.weights"),
-                                    ("gpu", "i8", "minilm-i8.weights"), ("cpu", "i8", "minilm-i8.weights")])],
-    indent=1))' \
-        "$DIST" "${#files[@]}" "${gfiles[@]}" "${files[@]}" "${qgfiles[@]}" "${qfiles[@]}" "${reqs[@]}" >"$DIST/models.json"
+# The f16-arithmetic variant runs anywhere (its kernels carry portable
+# WGSL) but is chosen only where the adapter has shader-f16.
+def variant(k, c, w, wf, math):
+    r = need(reqs[k * n:(k + 1) * n])
+    if math == "f16":
+        r["features"] = sorted(set(r["features"]) | {"shader-f16"})
+    return {"name": f"minilm-{c}-{w}" + ("-f16-arithmetic" if math == "f16" else ""),
+            "class": c, "weights": w, "arithmetic": math,
+            "weights_file": wf, "buckets": files[k * n:(k + 1) * n],
+            "bytes": size(wf) + sum(map(size, files[k * n:(k + 1) * n])), "requires": r}
+print(json.dumps([variant(k, *v) for k, v in enumerate([
+    ("gpu", "f16", "minilm.weights", "f32"), ("cpu", "f16", "minilm.weights", "f32"),
+    ("gpu", "i8", "minilm-i8.weights", "f32"), ("cpu", "i8", "minilm-i8.weights", "f32"),
+    ("gpu", "f16", "minilm.weights", "f16")])], indent=1))' \
+        "$DIST" "${#files[@]}" "${gfiles[@]}" "${files[@]}" "${qgfiles[@]}" "${qfiles[@]}" "${hgfiles[@]}" \
+        "${reqs[@]}" >"$DIST/models.json"
     cp "$("$BIN"/minilm --print-model-dir)/tokenizer.json" "$DIST/tokenizer.json"
 }
 

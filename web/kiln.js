@@ -83,7 +83,9 @@ export function missingFor(requires, adapter) {
  * weights), on a software fallback adapter with f16 weights (its
  * per-element int8 dequantization runs the corpus 8.5x slower on
  * SwiftShader: 531 s against 62 s); only those of `weights` ("f16",
- * "i8") when given.
+ * "i8") when given. Of variants with the same weights, one computing in
+ * f16 (`arithmetic: "f16"`, which lists `shader-f16` among its needs)
+ * comes first; where the adapter lacks the feature the f32 one is taken.
  */
 export async function chooseVariant(variants, weights = null) {
   const adapter = await navigator.gpu.requestAdapter();
@@ -96,8 +98,14 @@ export async function chooseVariant(variants, weights = null) {
   // adapter's kernel choices first; a GPU the GPU-class one.
   const cpu = Boolean(adapter.isFallbackAdapter ?? adapter.info?.isFallbackAdapter);
   const rank = (v) => (v.class === (cpu ? "cpu" : "gpu") ? 0 : 1);
-  const size = (v) => (cpu ? -1 : 1) * (v.bytes ?? 0);
-  const ordered = [...offered].sort((a, b) => rank(a) - rank(b) || size(a) - size(b));
+  // By the download of the weights format (its smallest variant), so an
+  // f16-arithmetic variant stays beside the f32 one of its weights.
+  const least = (w) => Math.min(...offered.filter((v) => v.weights === w).map((v) => v.bytes ?? 0));
+  const size = (v) => (cpu ? -1 : 1) * least(v.weights);
+  const math = (v) => (v.arithmetic === "f16" ? 0 : 1);
+  const ordered = [...offered].sort(
+    (a, b) => rank(a) - rank(b) || size(a) - size(b) || math(a) - math(b),
+  );
   const reasons = [];
   for (const v of ordered) {
     const m = missingFor(v.requires, adapter);

@@ -141,9 +141,25 @@ test("the page embeds like the native run, searches, and caches the model", { ti
       } catch (e) {
         missing = String(e.message ?? e);
       }
-      return { i8: (await chooseVariant(variants, "i8")).name, missing, all: variants.map((v) => [v.name, v.bytes]) };
+      // The GPU-class f16 variants: f16 arithmetic first where the adapter
+      // has shader-f16, else the f32 one (SwiftShader has no shader-f16).
+      const gpu = variants.filter((v) => v.class === "gpu");
+      const adapter = await navigator.gpu.requestAdapter();
+      return {
+        i8: (await chooseVariant(variants, "i8")).name,
+        f16: (await chooseVariant(gpu, "f16")).name,
+        shaderF16: adapter.features.has("shader-f16"),
+        half: variants.find((v) => v.arithmetic === "f16"),
+        missing,
+        all: variants.map((v) => [v.name, v.bytes]),
+      };
     });
     assert.equal(chosen.i8, "minilm-cpu-i8");
+    assert.equal(chosen.shaderF16, false, "SwiftShader offers shader-f16: the fallback goes untested");
+    assert.equal(chosen.f16, "minilm-gpu-f16");
+    assert.equal(chosen.half?.name, "minilm-gpu-f16-f16-arithmetic");
+    assert.ok(chosen.half.requires.features.includes("shader-f16"), JSON.stringify(chosen.half));
+    assert.equal(chosen.half.weights_file, "minilm.weights");
     assert.match(chosen.missing, /No model with q4 weights here \(there are: f16, i8\)/);
     const bytes = Object.fromEntries(chosen.all);
     assert.ok(bytes["minilm-gpu-i8"] < 0.6 * bytes["minilm-gpu-f16"], JSON.stringify(bytes));

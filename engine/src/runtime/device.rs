@@ -55,10 +55,12 @@ impl Gpu {
 
     /// The adapter restricted to what every WebGPU browser gives: WebGPU's
     /// default limits (8 storage buffers per stage, 128 MiB per binding,
-    /// 256-byte offsets) and no optional feature. Programs compiled here
-    /// and exported run in a browser.
+    /// 256-byte offsets) and no optional feature but `shader-f16` where
+    /// the adapter has it, which exports never require (its kernels are
+    /// variants beside portable ones). Programs compiled here and exported
+    /// run in a browser.
     pub async fn web_like() -> Result<Gpu, EngineError> {
-        Gpu::open(|l| *l = wgpu::Limits::default(), wgpu::Features::empty()).await
+        Gpu::open(|l| *l = wgpu::Limits::default(), shader_f16()).await
     }
 
     /// The adapter (`KILN_ADAPTER` or the high-performance one), its limits
