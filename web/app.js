@@ -38,17 +38,33 @@ async function start() {
   // a GPU, f16 on a software fallback adapter: `chooseVariant`).
   const weights = new URLSearchParams(location.search).get("weights");
   const variant = await chooseVariant(await resp.json(), weights);
-  const { embedder, fromCache } = await loadEmbedder(variant, TOKENIZER, (loaded, total) => {
-    $("progress").max = total;
-    $("progress").value = loaded;
-    $("progress-label").textContent = `Downloading the model… ${mb(loaded)} of ${mb(total)}`;
-  });
+  // The phases as the page showed them, for automation (window.kiln.info).
+  const phases = [];
+  const { embedder, fromCache, downloadMs, prepareMs } = await loadEmbedder(
+    variant,
+    TOKENIZER,
+    (loaded, total) => {
+      if (phases.at(-1) !== "download") phases.push("download");
+      $("progress").max = total;
+      $("progress").value = loaded;
+      $("progress-label").textContent = `Downloading the model… ${mb(loaded)} of ${mb(total)}`;
+    },
+    (ready, total) => {
+      phases.push(`prepare ${ready}/${total}`);
+      $("progress").max = total;
+      $("progress").value = ready;
+      $("progress-label").textContent =
+        `Preparing the GPU: ${ready} of ${total} sequence lengths ready ` +
+        "(checked, weights uploaded, shaders compiled)…";
+    },
+  );
   $("progress-label").textContent = fromCache
     ? "Model loaded from the browser's cache."
     : "Model downloaded (kept for the next visit).";
   const adapter = await adapterName();
   $("adapter").textContent =
     `WebGPU adapter: ${adapter}; model ${variant.name} (${variant.weights} weights, ` +
+    `${variant.arithmetic ?? "f32"} arithmetic, ` +
     `${mb(variant.bytes)}, buckets ${embedder.buckets.join(", ")})`;
   const other = variant.weights === "i8" ? "f16" : "i8";
   const link = document.createElement("a");
@@ -66,7 +82,19 @@ async function start() {
   $("query").disabled = false;
   $("go").disabled = false;
   $("query").focus();
-  return { embedder, adapter, variant, corpus, fromCache, loadMs: t1 - t0, corpusMs: t2 - t1 };
+  phases.push("embed");
+  return {
+    embedder,
+    adapter,
+    variant,
+    corpus,
+    fromCache,
+    loadMs: t1 - t0,
+    corpusMs: t2 - t1,
+    downloadMs,
+    prepareMs,
+    phases,
+  };
 }
 
 async function search(state, query) {
@@ -118,6 +146,9 @@ window.kiln = {
       fromCache: s.fromCache,
       loadMs: s.loadMs,
       corpusMs: s.corpusMs,
+      downloadMs: s.downloadMs,
+      prepareMs: s.prepareMs,
+      phases: s.phases,
       adapter: s.adapter,
       batch: s.embedder.batch,
       tokens: s.embedder.tokens,

@@ -178,10 +178,15 @@ export async function loadProgram(src, weights, onProgress) {
  * A sentence embedder from a model variant of models.json (`{buckets:
  * [URL...], weights_file: URL, ...}`: one export per sequence bucket,
  * sharing one weights file) and its tokenizer.json (URL or bytes).
- * `onProgress(loadedBytes, totalBytes)` over every file. Returns
- * { embedder, fromCache } (fromCache: nothing was downloaded).
+ * `onProgress(loadedBytes, totalBytes)` over every file, then
+ * `onReady(buckets, total)` as each bucket is ready on the GPU (checked,
+ * weights uploaded, pipelines made). Returns { embedder, fromCache,
+ * downloadMs, prepareMs } (fromCache: nothing was downloaded; downloadMs:
+ * the files, from the network or Cache Storage, and the wasm module;
+ * prepareMs: the buckets loaded on the GPU and the tokenizer parsed).
  */
-export async function loadEmbedder(variant, tokenizer, onProgress = () => {}) {
+export async function loadEmbedder(variant, tokenizer, onProgress = () => {}, onReady = () => {}) {
+  const t0 = performance.now();
   await initKiln();
   const files = [variant.weights_file, ...variant.buckets].filter((f) => f);
   const loaded = new Map();
@@ -205,6 +210,12 @@ export async function loadEmbedder(variant, tokenizer, onProgress = () => {}) {
   const models = parts.slice(variant.weights_file ? 1 : 0).map((p) => p.bytes);
   const t = await bytesOf(tokenizer);
   const json = new TextDecoder().decode(t.bytes);
-  const embedder = await Embedder.load(models, weights, json);
-  return { embedder, fromCache: parts.every((p) => p.fromCache) };
+  const t1 = performance.now();
+  const embedder = await Embedder.load(models, weights, json, onReady);
+  return {
+    embedder,
+    fromCache: parts.every((p) => p.fromCache),
+    downloadMs: t1 - t0,
+    prepareMs: performance.now() - t1,
+  };
 }

@@ -124,8 +124,18 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     // First visit: downloads the model.
     let { ctx, page } = await openPage(userDir, port, log);
     const info = await page.evaluate(() => window.kiln.info());
-    console.log(`adapter: ${info.adapter}; buckets ${info.buckets}; model ready in ${info.loadMs.toFixed(0)} ms, corpus in ${info.corpusMs.toFixed(0)} ms`);
+    const phases = (i) =>
+      `download ${i.downloadMs.toFixed(0)} ms, GPU ${i.prepareMs.toFixed(0)} ms, ready in ${i.loadMs.toFixed(0)} ms, corpus ${i.corpusMs.toFixed(0)} ms`;
+    console.log(`adapter: ${info.adapter}; buckets ${info.buckets}; first visit (cold cache): ${phases(info)}`);
     assert.equal(info.fromCache, false);
+    // The page showed each phase: the download, each bucket made ready on
+    // the GPU, the corpus embedded.
+    const n = info.buckets.length;
+    assert.deepEqual(info.phases, [
+      "download",
+      ...Array.from({ length: n }, (_, i) => `prepare ${i + 1}/${n}`),
+      "embed",
+    ]);
     assert.deepEqual(info.buckets, checks.map((c) => c.bucket));
     // SwiftShader is a software fallback: the CPU-class variant, with f16
     // weights (int8 dequantized per element is 8.5x slower there); a GPU
@@ -269,6 +279,7 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     // Second visit: the model comes from Cache Storage.
     ({ ctx, page } = await openPage(userDir, port, log));
     const again = await page.evaluate(() => window.kiln.info());
+    console.log(`second visit (warm: Cache Storage): ${phases(again)}`);
     assert.equal(again.fromCache, true);
     assert.equal(hits.get("/minilm.weights"), 1, "the second visit downloaded the weights again");
     const [q] = await page.evaluate(async (s) => (await window.kiln.embed(s)).map((a) => Array.from(a)), [sentences[0]]);

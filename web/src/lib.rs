@@ -291,17 +291,25 @@ impl Embedder {
     /// a weights file upload it once) and the model's `tokenizer.json`,
     /// and checks each export is a sentence embedder: `input_ids` and
     /// `attention_mask` i32 [batch, tokens] in, f32 [batch, dim] out.
+    /// `on_ready(done, total)`, when given, is called as each bucket is
+    /// ready (checked, its weights uploaded, its pipelines made).
     pub async fn load(
         models: js_sys::Array,
         weights: Option<Vec<u8>>,
         tokenizer_json: String,
+        on_ready: Option<js_sys::Function>,
     ) -> Result<Embedder, JsError> {
         let session = page_session().await?;
         let mut buckets = vec![];
         let mut dim = None;
-        for m in models.iter() {
+        let total = models.length();
+        for (done, m) in models.iter().enumerate() {
             let bytes = js_sys::Uint8Array::new(&m).to_vec();
             let (exe, inputs, outputs) = load_on(&session, &bytes, weights.as_deref()).await?;
+            if let Some(f) = &on_ready {
+                // A progress display failing is no reason to stop loading.
+                let _ = f.call2(&JsValue::NULL, &(done as u32 + 1).into(), &total.into());
+            }
             let shape_ok = match (&inputs[..], &outputs[..]) {
                 ([ids, mask], [out]) => {
                     ids.dtype == DType::I32
