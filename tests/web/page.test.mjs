@@ -2,7 +2,8 @@
 // headless Chromium with WebGPU (SwiftShader without a GPU), driven by
 // playwright-core with the system Chromium: embeddings equal the native
 // run of the same export (f16 weights on SwiftShader; the int8 export
-// through the generic runner, within cosine 0.999 of f16's), a query typed
+// through the generic runner, within cosine 0.999 of f16's, and the
+// f16-arithmetic one within 0.9999), a query typed
 // into the page finds its neighbour,
 // a screenshot goes to docs/web.png, and a second visit loads the model
 // from Cache Storage without downloading it.
@@ -256,6 +257,26 @@ test("the page embeds like the native run, searches, and caches the model", { ti
       worst = Math.min(worst, q);
     }
     console.log(`int8 weights in the page: lowest cosine to the f16 model ${worst.toFixed(6)}`);
+    // The f16-arithmetic export (GPU class) of the same bucket, over the
+    // same weights file: here without shader-f16, so its portable
+    // kernels; within cosine 0.9999 (the stated tolerance of f16
+    // arithmetic) of the f32-arithmetic model's native embeddings.
+    const half = await page.evaluate(
+      async ([file, ids, mask]) => {
+        const { loadProgram } = await import("./kiln.js");
+        const p = await loadProgram(file, "minilm.weights");
+        const [out] = await p.run([Int32Array.from(ids), Int32Array.from(mask)]);
+        return Array.from(out);
+      },
+      [`minilm-gpu-f16a-${checks[0].bucket}.kiln`, Array.from(ids.data), Array.from(mask.data)],
+    );
+    let halfWorst = 1;
+    for (let i = 0; i < n0; i++) {
+      const c = cosine(half.slice(i * dim, (i + 1) * dim), natives[i]);
+      assert.ok(c >= 0.9999, `f16 arithmetic Program.run row ${i}: cosine ${c} to the f32-arithmetic model`);
+      halfWorst = Math.min(halfWorst, c);
+    }
+    console.log(`f16 arithmetic in the page: lowest cosine to the f32-arithmetic model ${halfWorst.toFixed(6)}`);
 
     // A query through the page's own search box.
     await page.fill("#query", "Who is playing the guitar?");
