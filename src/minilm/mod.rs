@@ -145,9 +145,9 @@ impl MiniLm {
         Ok(HostTensor::from_slice(w.sizes(), &v)?)
     }
 
-    /// Uploads every weight once as a constant of `session` (straight from
-    /// the mapped file in f32); graphs compiled there then take only the
-    /// token ids and the mask.
+    /// Uploads every weight once as a constant of `session`, in the
+    /// model's arithmetic (f32 straight from the mapped file); graphs
+    /// compiled there then take only the token ids and the mask.
     pub fn upload_weights(&self, session: &Session) -> Result<(), ModelError> {
         for n in Self::weight_names() {
             match session.constant(&n) {

@@ -238,15 +238,19 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     // The int8 export of the same bucket through the same runner: its
     // native run's embeddings, and within cosine 0.999 (the stated
     // tolerance of int8 weights) of the f16 model's.
-    const q8 = await page.evaluate(
-      async ([file, ids, mask]) => {
-        const { loadProgram } = await import("./kiln.js");
-        const p = await loadProgram(file, "minilm-i8.weights");
-        const [out] = await p.run([Int32Array.from(ids), Int32Array.from(mask)]);
-        return Array.from(out);
-      },
-      [`minilm-cpu-i8-${checks[0].bucket}.kiln`, Array.from(ids.data), Array.from(mask.data)],
-    );
+    // An export of the first bucket run on its ids and mask by the page's
+    // generic runner.
+    const runExport = (file, weights) =>
+      page.evaluate(
+        async ([file, weights, ids, mask]) => {
+          const { loadProgram } = await import("./kiln.js");
+          const p = await loadProgram(file, weights);
+          const [out] = await p.run([Int32Array.from(ids), Int32Array.from(mask)]);
+          return Array.from(out);
+        },
+        [file, weights, Array.from(ids.data), Array.from(mask.data)],
+      );
+    const q8 = await runExport(`minilm-cpu-i8-${checks[0].bucket}.kiln`, "minilm-i8.weights");
     let worst = 1;
     for (let i = 0; i < n0; i++) {
       const row = q8.slice(i * dim, (i + 1) * dim);
@@ -261,15 +265,7 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     // same weights file: here without shader-f16, so its portable
     // kernels; within cosine 0.9999 (the stated tolerance of f16
     // arithmetic) of the f32-arithmetic model's native embeddings.
-    const half = await page.evaluate(
-      async ([file, ids, mask]) => {
-        const { loadProgram } = await import("./kiln.js");
-        const p = await loadProgram(file, "minilm.weights");
-        const [out] = await p.run([Int32Array.from(ids), Int32Array.from(mask)]);
-        return Array.from(out);
-      },
-      [`minilm-gpu-f16a-${checks[0].bucket}.kiln`, Array.from(ids.data), Array.from(mask.data)],
-    );
+    const half = await runExport(`minilm-gpu-f16a-${checks[0].bucket}.kiln`, "minilm.weights");
     let halfWorst = 1;
     for (let i = 0; i < n0; i++) {
       const c = cosine(half.slice(i * dim, (i + 1) * dim), natives[i]);
