@@ -221,6 +221,16 @@ fn main() {
         println!("{md}");
         return;
     }
+    // `KILN_REPORT_ONLY=web`: section 7 alone (the page per variant in
+    // headless Chromium beside the native run of the same files).
+    if only.as_deref() == Some("web") {
+        let mut md = String::new();
+        let model = MiniLm::load(&w.model_dir).expect("loads");
+        web_section(&mut md, &model);
+        std::fs::write(&out_path, &md).unwrap();
+        println!("{md}");
+        return;
+    }
     // `KILN_REPORT_ONLY=programs`: sections 2 to 4's per-program tables.
     if only.as_deref() == Some("programs") {
         let json = json!({"programs": w.json["programs"], "blocks": w.json["blocks"]});
@@ -1260,24 +1270,32 @@ fn export_section(md: &mut String, model: &mut MiniLm, tmp: &Path) {
 }
 
 /// Section 7: the web page (`scripts/web.sh bench`: headless Chromium with
-/// WebGPU) beside the native run of the same export file.
+/// WebGPU, per model variant) beside the native run of the same files.
 fn web_section(md: &mut String, model: &MiniLm) {
-    use kiln::engine::export;
-    use kiln::engine::{Fetch, Input};
     eprintln!("web ...");
     let _ = writeln!(
         md,
-        "\n## 7. In the browser (MiniLM export of `scripts/web.sh build`)\n"
+        "\n## 7. In the browser (MiniLM exports of `scripts/web.sh build`, per variant)\n"
     );
-    let _ = writeln!(md, "Browser: `scripts/web.sh bench` (`tests/web/bench.mjs`): the demo page in headless Chromium with `--enable-unsafe-webgpu`, served from localhost. First result: the model's bytes (downloaded, or from Cache Storage when warm), wasm instantiated, the export checked and loaded (weights uploaded, pipelines made), then one query embedded; the page's own corpus (100 sentences) is not counted. Per query: `embed` of 1 and of 32 sentences (batches of the export's bucket, tokenization included), best of 3. Native: the same file on this machine's adapter through the engine (a new session, `export::read`, `load_exported`, one run), queries as in the page.\n");
-    let out = std::process::Command::new("scripts/web.sh")
-        .arg("bench")
-        .stderr(std::process::Stdio::inherit())
-        .output();
-    let web: Result<Value, String> = match out {
-        Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).map_err(|e| e.to_string()),
-        Ok(o) => Err(format!("scripts/web.sh bench failed ({})", o.status)),
-        Err(e) => Err(format!("cannot run scripts/web.sh: {e}")),
+    let _ = writeln!(md, "Browser: `scripts/web.sh bench` (`tests/web/bench.mjs`): the demo page in headless Chromium with `--enable-unsafe-webgpu`, served from localhost, once per model variant (`?variant=NAME`; the page's variants of this adapter's class and the same with f32 weights, exported for the benchmark only), each in a fresh browser profile. First result: the variant's files (downloaded when cold, from Cache Storage when warm), wasm instantiated, every bucket checked and loaded (weights uploaded, pipelines made), then one query embedded. Per query: `embed` of 1 and of 32 sentences of at most 16 and 128 tokens (the page's bucket choice and tokenization included), best of 3 where a run takes under 20 s. Native: the same files on this machine's adapter through the engine (a new session, `export::read_with`, `load_exported` of every bucket, one query; then the same sentences bucketed as the page buckets them), best of 3.\n");
+    // `KILN_WEB_BENCH=FILE`: the browser side from an earlier
+    // `scripts/web.sh bench >FILE` (the same files must still be in
+    // web/dist).
+    let web: Result<Value, String> = match std::env::var("KILN_WEB_BENCH") {
+        Ok(f) => std::fs::read(&f)
+            .map_err(|e| format!("{f}: {e}"))
+            .and_then(|b| serde_json::from_slice(&b).map_err(|e| format!("{f}: {e}"))),
+        Err(_) => match std::process::Command::new("scripts/web.sh")
+            .arg("bench")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+        {
+            Ok(o) if o.status.success() => {
+                serde_json::from_slice(&o.stdout).map_err(|e| e.to_string())
+            }
+            Ok(o) => Err(format!("scripts/web.sh bench failed ({})", o.status)),
+            Err(e) => Err(format!("cannot run scripts/web.sh: {e}")),
+        },
     };
     let web = match web {
         Ok(v) => v,
@@ -1286,67 +1304,63 @@ fn web_section(md: &mut String, model: &MiniLm) {
             return;
         }
     };
-    let path = Path::new("web/dist/minilm.kiln");
-    let bytes = std::fs::read(path).unwrap();
+    let texts = |len: &str| -> Vec<String> {
+        web["texts"][len]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (short, long) = (texts("16"), texts("128"));
     let gpu = Session::open().unwrap().gpu().clone();
-    let (b, t) = {
-        let e = export::read(&bytes).unwrap();
-        let sizes = &e.program.param(0).sizes;
-        (sizes[0], sizes[1])
-    };
-    let embed = |s: &Session, exe: &kiln::engine::Executable, texts: &[&str]| {
-        for chunk in texts.chunks(b) {
-            let ids: Vec<Vec<u32>> = chunk
-                .iter()
-                .map(|x| {
-                    let mut v = model.tokenize(x).unwrap();
-                    if v.len() > t {
-                        let sep = *v.last().unwrap();
-                        v.truncate(t - 1);
-                        v.push(sep);
-                    }
-                    v
-                })
-                .collect();
-            let [id, mask] = MiniLm::token_inputs(&ids, b, t).unwrap();
-            s.run(
-                exe,
-                &[Input::Host(&id), Input::Host(&mask)],
-                &exe.options(Fetch::Host, Fetch::Skip),
-            )
-            .unwrap();
+    let _ = writeln!(md, "| variant | weights | arithmetic | download MB (gzipped) | where | first result cold ms | warm ms (download + GPU) | 1 x 16 ms | 32 x 16 ms | 1 x 128 ms | 32 x 128 ms |");
+    let _ = writeln!(md, "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|");
+    let ms = |v: &Value| v.as_f64().map_or("n/a".into(), |x| format!("{x:.0}"));
+    for row in web["variants"].as_array().into_iter().flatten() {
+        let name = row["name"].as_str().unwrap_or("?");
+        let head = format!(
+            "| {name} | {} | {} | {:.1} ({:.1})",
+            row["weights"].as_str().unwrap_or("?"),
+            row["arithmetic"].as_str().unwrap_or("?"),
+            row["bytes"].as_f64().unwrap_or(0.0) / 1e6,
+            row["gzip_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+        );
+        if let Some(e) = row["error"].as_str() {
+            let _ = writeln!(md, "{head} | browser | {e} | | | | | |");
+            continue;
         }
-    };
-    let first = || {
-        let t = Instant::now();
-        let s = Session::new(gpu.clone());
-        let e = export::read(&bytes).unwrap();
-        let exe = s.load_exported(&e).unwrap();
-        embed(&s, &exe, &["How is the weather today?"]);
-        (t.elapsed().as_secs_f64() * 1e3, s, exe)
-    };
-    let _ = first();
-    let (first_ms, s, exe) = first();
-    let texts: Vec<&str> = (0..32).map(|i| SENTENCES[i % SENTENCES.len()]).collect();
-    let q1 = best(3, 30.0, || embed(&s, &exe, &texts[..1])) * 1e3;
-    let q32 = best(3, 60.0, || embed(&s, &exe, &texts)) * 1e3;
-    let f = |k: &str| web[k].as_f64().map_or("n/a".into(), |x| format!("{x:.0}"));
-    let _ = writeln!(md, "| where | adapter | first result, cold cache ms | warm cache ms | 1 sentence ms | 32 sentences ms |");
-    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|");
-    let _ = writeln!(
-        md,
-        "| browser (Chromium, WebGPU) | {} | {} | {} | {} | {} |",
-        web["adapter"].as_str().unwrap_or("?"),
-        f("cold_first_result_ms"),
-        f("warm_first_result_ms"),
-        f("query_1_ms"),
-        f("query_32_ms"),
-    );
-    let _ = writeln!(
-        md,
-        "| native (same file) | {} | - | {first_ms:.0} | {q1:.0} | {q32:.0} |",
-        gpu.describe()
-    );
+        let q = |k: &str| match row["skipped"][k].as_str() {
+            Some(why) => format!("skipped ({why})"),
+            None => ms(&row["queries"][k]),
+        };
+        let _ = writeln!(
+            md,
+            "{head} | browser | {} | {} ({} + {}) | {} | {} | {} | {} |",
+            ms(&row["cold"]["first_result_ms"]),
+            ms(&row["warm"]["first_result_ms"]),
+            ms(&row["warm"]["download_ms"]),
+            ms(&row["warm"]["prepare_ms"]),
+            q("1x16"),
+            q("32x16"),
+            q("1x128"),
+            q("32x128"),
+        );
+        match native_variant(&gpu, model, row, &short, &long) {
+            Ok(n) => {
+                let _ = writeln!(
+                    md,
+                    "| | | | | native | - | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+                    n[0], n[1], n[2], n[3], n[4]
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(md, "| | | | | native | {e} | | | | | |");
+            }
+        }
+    }
     let kb = |k: &str| {
         web[k]
             .as_f64()
@@ -1354,14 +1368,140 @@ fn web_section(md: &mut String, model: &MiniLm) {
     };
     let _ = writeln!(
         md,
-        "\nDownload: wasm {} ({} gzipped), JavaScript {} ({} gzipped), the model {:.1} MB (weights stored as f16). The second visit read the model from Cache Storage: {}.",
+        "\nBrowser adapter: {}; native adapter: {}. Every variant also downloads the wasm module {} ({} gzipped) and the JavaScript {} ({} gzipped). Sentences: the page's own words cut to at most 16 tokens (mean {:.1}) and 128 (mean {:.1}), [CLS] and [SEP] included; a query of 32 sentences the browser would take longer than `KILN_BENCH_MAX_S` (300 s) for, estimated from its single sentence, is skipped.",
+        web["adapter"].as_str().unwrap_or("?"),
+        gpu.describe(),
         kb("wasm_bytes"),
         kb("wasm_gzip_bytes"),
         kb("js_bytes"),
         kb("js_gzip_bytes"),
-        web["model_bytes"].as_f64().unwrap_or(0.0) / 1e6,
-        web["warm_from_cache"],
+        mean_tokens(model, &short),
+        mean_tokens(model, &long),
     );
+}
+
+fn mean_tokens(model: &MiniLm, texts: &[String]) -> f64 {
+    let n: usize = texts
+        .iter()
+        .map(|t| model.tokenize(t).map_or(0, |v| v.len()))
+        .sum();
+    n as f64 / texts.len().max(1) as f64
+}
+
+/// A variant of section 7 natively: [first result, 1 x 16, 32 x 16,
+/// 1 x 128, 32 x 128] in ms on the files the page downloads.
+fn native_variant(
+    gpu: &std::sync::Arc<kiln::engine::Gpu>,
+    model: &MiniLm,
+    row: &Value,
+    short: &[String],
+    long: &[String],
+) -> Result<[f64; 5], String> {
+    use kiln::engine::export;
+    let variants: Value = serde_json::from_slice(
+        &std::fs::read("web/dist/bench/models.json").map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
+    let v = variants
+        .as_array()
+        .and_then(|a| a.iter().find(|v| v["name"] == row["name"]))
+        .ok_or("not in web/dist/bench/models.json")?;
+    let read = |f: &Value| std::fs::read(Path::new("web/dist").join(f.as_str().unwrap_or("")));
+    let load = || -> Result<PageBuckets, String> {
+        let weights = read(&v["weights_file"]).map_err(|e| e.to_string())?;
+        let session = Session::new(gpu.clone());
+        let mut buckets = vec![];
+        for f in v["buckets"].as_array().into_iter().flatten() {
+            let bytes = read(f).map_err(|e| e.to_string())?;
+            let e = export::read_with(&bytes, Some(&weights)).map_err(|e| e.to_string())?;
+            let sizes = &e.program.param(0).sizes;
+            let (b, t) = (sizes[0], sizes[1]);
+            let exe = session.load_exported(&e).map_err(|e| e.to_string())?;
+            buckets.push((b, t, exe));
+        }
+        buckets.sort_by_key(|&(b, t, _)| (t, b));
+        Ok(PageBuckets { session, buckets })
+    };
+    let first = || -> Result<(f64, PageBuckets), String> {
+        let t = Instant::now();
+        let p = load()?;
+        p.embed(model, &["How is the weather today?".to_string()])?;
+        Ok((t.elapsed().as_secs_f64() * 1e3, p))
+    };
+    first()?;
+    let (first_ms, p) = first()?;
+    let time = |texts: &[String]| best(3, 30.0, || p.embed(model, texts).unwrap()) * 1e3;
+    Ok([
+        first_ms,
+        time(&short[..1.min(short.len())]),
+        time(short),
+        time(&long[..1.min(long.len())]),
+        time(long),
+    ])
+}
+
+/// An embedder's buckets on one session, embedding as the page does
+/// (`Embedder::embed` in web/src/lib.rs): the longest run of sentences some
+/// bucket holds, on the bucket of fewest tokens per run that holds it.
+struct PageBuckets {
+    session: Session,
+    buckets: Vec<(usize, usize, kiln::engine::Executable)>,
+}
+
+impl PageBuckets {
+    fn bucket_for(
+        &self,
+        n: usize,
+        tokens: usize,
+    ) -> Option<&(usize, usize, kiln::engine::Executable)> {
+        self.buckets
+            .iter()
+            .filter(|&&(b, t, _)| b >= n && t >= tokens)
+            .min_by_key(|&&(b, t, _)| (b * t, t))
+    }
+
+    fn embed(&self, model: &MiniLm, texts: &[String]) -> Result<(), String> {
+        use kiln::engine::{Fetch, Input};
+        let max = self.buckets.iter().map(|b| b.1).max().unwrap_or(0);
+        let ids: Vec<Vec<u32>> = texts
+            .iter()
+            .map(|x| {
+                let mut v = model.tokenize(x).map_err(|e| e.to_string())?;
+                if v.len() > max {
+                    let sep = *v.last().unwrap_or(&0);
+                    v.truncate(max - 1);
+                    v.push(sep);
+                }
+                Ok(v)
+            })
+            .collect::<Result<_, String>>()?;
+        let mut start = 0;
+        while start < ids.len() {
+            let (mut end, mut longest) = (start + 1, ids[start].len());
+            while end < ids.len()
+                && self
+                    .bucket_for(end + 1 - start, longest.max(ids[end].len()))
+                    .is_some()
+            {
+                longest = longest.max(ids[end].len());
+                end += 1;
+            }
+            let (b, t, exe) = self
+                .bucket_for(end - start, longest)
+                .ok_or("no bucket holds the sentence")?;
+            let [id, mask] =
+                MiniLm::token_inputs(&ids[start..end], *b, *t).map_err(|e| e.to_string())?;
+            self.session
+                .run(
+                    exe,
+                    &[Input::Host(&id), Input::Host(&mask)],
+                    &exe.options(Fetch::Host, Fetch::Skip),
+                )
+                .map_err(|e| e.to_string())?;
+            start = end;
+        }
+        Ok(())
+    }
 }
 
 /// Today's date (UTC) from the system clock, as YYYY-MM-DD.

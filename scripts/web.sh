@@ -5,7 +5,8 @@
 #   scripts/web.sh serve [PORT]  builds if needed, serves web/dist/ (8000)
 #   scripts/web.sh test          builds, then runs the page in headless
 #                                Chromium with WebGPU (tests/web/*.test.mjs)
-#   scripts/web.sh bench         browser timings as JSON (tests/web/bench.mjs)
+#   scripts/web.sh bench         browser timings per model variant as JSON
+#                                (tests/web/bench.mjs; adds f32 weights)
 #
 # Installs what it needs when missing: Debian's rustc-web (a rustc that can
 # build std for wasm32), wasm-bindgen-cli at the wasm-bindgen crate's exact
@@ -188,6 +189,46 @@ build() {
     echo "built $DIST/ ($(du -sh "$DIST" | cut -f1)): serve it with scripts/web.sh serve"
 }
 
+build_bench_models() {
+    # The benchmark's variant list: the page's, plus f32 weights (90 MB, too
+    # large a download for the page) in both kernel classes, in bench/.
+    local out="$DIST/bench"
+    if [ -f "$out/models.json" ] && [ "$(newest "$out/models.json")" -ge "$(newest "$DIST/models.json")" ]; then
+        return
+    fi
+    echo "exporting MiniLM with f32 weights for the benchmark (buckets $BUCKETS)" >&2
+    cargo build -q --release --bin minilm --bin kiln >&2
+    rm -rf "$out"
+    mkdir -p "$out"
+    local args=()
+    for c in gpu cpu; do
+        local flags=(--web)
+        [ "$c" = cpu ] && flags+=(--web-cpu)
+        args+=("$c")
+        for b in $BUCKETS; do
+            "$BIN"/minilm --export "$out/minilm-$c-f32-$b.kiln" --bucket "$b" --weights-dtype f32 \
+                "${flags[@]}" --weights-file minilm-f32.weights "Hi" >&2
+            rm "$out/minilm-$c-f32-$b.inputs.safetensors"
+            args+=("bench/minilm-$c-f32-$b.kiln" "$("$BIN"/kiln inspect "$out/minilm-$c-f32-$b.kiln" --requires)")
+        done
+    done
+    python3 -c 'import json, os, sys
+dist, n, a = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+variants = json.load(open(os.path.join(dist, "models.json")))
+size = lambda f: os.path.getsize(os.path.join(dist, f))
+while a:
+    c, pairs, a = a[0], a[1:1 + 2 * n], a[1 + 2 * n:]
+    files, reqs = pairs[0::2], [json.loads(r) for r in pairs[1::2]]
+    # What every bucket needs: as build_model computes it.
+    r = {k: (min if k == "min_storage_buffer_offset_alignment" else max)(x[k] for x in reqs)
+         for k in reqs[0] if k != "features"}
+    r["features"] = sorted({f for x in reqs for f in x["features"]})
+    variants.append({"name": f"minilm-{c}-f32", "class": c, "weights": "f32", "arithmetic": "f32",
+                     "weights_file": "bench/minilm-f32.weights", "buckets": files,
+                     "bytes": size("bench/minilm-f32.weights") + sum(map(size, files)), "requires": r})
+print(json.dumps(variants, indent=1))' "$DIST" "$(echo $BUCKETS | wc -w)" "${args[@]}" >"$out/models.json"
+}
+
 ensure_browser() {
     apt_install chromium
     command -v node >/dev/null || apt_install nodejs npm
@@ -213,6 +254,7 @@ test)
 bench)
     # One JSON object on stdout (progress on stderr).
     build >&2
+    build_bench_models
     ensure_browser >&2
     node tests/web/bench.mjs
     ;;

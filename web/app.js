@@ -2,7 +2,7 @@
 // Cache Storage), embeds the built-in sentences, then ranks them by cosine
 // against each query. For automation: window.kiln = { ready, embed, ... }.
 
-import { adapterName, chooseVariant, loadEmbedder, webgpuProblem } from "./kiln.js";
+import { adapterName, chooseVariant, loadEmbedder, namedVariant, webgpuProblem } from "./kiln.js";
 import { SENTENCES } from "./sentences.js";
 
 const $ = (id) => document.getElementById(id);
@@ -31,13 +31,20 @@ async function start() {
   const problem = await webgpuProblem();
   if (problem) throw new Error(problem);
   const t0 = performance.now();
-  const resp = await fetch(VARIANTS);
-  if (!resp.ok) throw new Error(`cannot download ${VARIANTS}: HTTP ${resp.status}`);
+  // `?models=URL` reads the variants from another list (the benchmark's,
+  // which adds f32 weights), `?variant=NAME` takes that one variant.
+  const params = new URLSearchParams(location.search);
+  const list = params.get("models") ?? VARIANTS;
+  const resp = await fetch(list);
+  if (!resp.ok) throw new Error(`cannot download ${list}: HTTP ${resp.status}`);
+  const variants = await resp.json();
   // `?weights=f16` or `?weights=i8` asks for one weight format (int8:
   // half the download of f16, within cosine 0.999 of it; the default on
   // a GPU, f16 on a software fallback adapter: `chooseVariant`).
-  const weights = new URLSearchParams(location.search).get("weights");
-  const variant = await chooseVariant(await resp.json(), weights);
+  const named = params.get("variant");
+  const variant = named
+    ? await namedVariant(variants, named)
+    : await chooseVariant(variants, params.get("weights"));
   // The phases as the page showed them, for automation (window.kiln.info).
   const phases = [];
   const { embedder, fromCache, downloadMs, prepareMs } = await loadEmbedder(
@@ -71,13 +78,15 @@ async function start() {
   link.href = `?weights=${other}`;
   link.textContent = `use the ${other} model`;
   $("adapter").append(" ", link);
-  $("status").textContent = `Embedding ${SENTENCES.length} sentences…`;
+  // `?bench` (tests/web/bench.mjs) times the model alone: no corpus.
+  const corpusTexts = params.has("bench") ? [] : SENTENCES;
+  $("status").textContent = `Embedding ${corpusTexts.length} sentences…`;
   const t1 = performance.now();
-  const corpus = await embedder.embed(SENTENCES);
+  const corpus = await embedder.embed(corpusTexts);
   const t2 = performance.now();
   $("loading").hidden = true;
   $("status").textContent =
-    `${SENTENCES.length} sentences embedded in ${(t2 - t1).toFixed(0)} ms ` +
+    `${corpusTexts.length} sentences embedded in ${(t2 - t1).toFixed(0)} ms ` +
     `(model ready in ${(t1 - t0).toFixed(0)} ms). Type a query.`;
   $("query").disabled = false;
   $("go").disabled = false;
@@ -110,7 +119,7 @@ async function search(state, query) {
   const t = performance.now();
   const [q] = await state.embedder.embed([query]);
   const ms = performance.now() - t;
-  const ranked = SENTENCES.map((s, i) => ({ sentence: s, score: dot(q, state.corpus[i]) }))
+  const ranked = SENTENCES.slice(0, state.corpus.length).map((s, i) => ({ sentence: s, score: dot(q, state.corpus[i]) }))
     .sort((a, b) => b.score - a.score);
   const ol = $("results");
   ol.replaceChildren(
@@ -155,6 +164,7 @@ window.kiln = {
       buckets: s.embedder.buckets,
       variant: s.variant.name,
       weights: s.variant.weights,
+      arithmetic: s.variant.arithmetic ?? "f32",
     };
   },
   sentences: SENTENCES,

@@ -115,6 +115,18 @@ export async function chooseVariant(variants, weights = null) {
   throw new Error(`This GPU cannot run the model: ${reasons.join("; ")}.`);
 }
 
+/** The variant called `name`, or an error naming the variants there are
+ * or what this page's adapter lacks of it. */
+export async function namedVariant(variants, name) {
+  const v = variants.find((x) => x.name === name);
+  if (!v) {
+    throw new Error(`No model variant ${name} (there are: ${variants.map((x) => x.name).join(", ")}).`);
+  }
+  const miss = missingFor(v.requires, await navigator.gpu.requestAdapter());
+  if (miss.length) throw new Error(`This GPU cannot run ${name}: it needs ${miss.join(", ")}.`);
+  return v;
+}
+
 /**
  * The bytes at `url`, from Cache Storage when a previous visit kept them,
  * else downloaded (`onProgress(loadedBytes, totalBytes)` as they arrive)

@@ -79,7 +79,7 @@ function cosine(a, b) {
   return ab / Math.sqrt(aa * bb);
 }
 
-async function openPage(userDir, port, log) {
+async function openPage(userDir, port, log, query = "") {
   const ctx = await chromium.launchPersistentContext(userDir, {
     executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
     headless: true,
@@ -89,7 +89,7 @@ async function openPage(userDir, port, log) {
   const page = ctx.pages()[0] ?? (await ctx.newPage());
   page.on("console", (m) => log.push(`[${m.type()}] ${m.text()}`));
   page.on("pageerror", (e) => log.push(`[pageerror] ${e.message}`));
-  await page.goto(`http://127.0.0.1:${port}/`);
+  await page.goto(`http://127.0.0.1:${port}/${query}`);
   await page.waitForFunction(() => window.kiln !== undefined);
   const ready = await page.evaluate(() =>
     window.kiln.ready.then(
@@ -302,6 +302,42 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     const [q] = await page.evaluate(async (s) => (await window.kiln.embed(s)).map((a) => Array.from(a)), [sentences[0]]);
     assert.ok(cosine(q, natives[0]) >= 0.9999);
     await ctx.close();
+  } finally {
+    server.close();
+    rmSync(userDir, { recursive: true, force: true });
+  }
+});
+
+test("?variant= takes that variant or says why not; ?bench skips the corpus", { timeout: 300_000 }, async () => {
+  const { server, port } = await serve();
+  const userDir = mkdtempSync(join(tmpdir(), "kiln-page-"));
+  const log = [];
+  try {
+    const { ctx, page } = await openPage(userDir, port, log, "?bench&variant=minilm-cpu-i8");
+    const info = await page.evaluate(() => window.kiln.info());
+    assert.equal(info.variant, "minilm-cpu-i8");
+    assert.equal(info.weights, "i8");
+    assert.match(await page.textContent("#status"), /^0 sentences embedded/);
+    await ctx.close();
+    // The page's error for `query` (it never gets ready).
+    const problem = async (query) => {
+      const c = await chromium.launchPersistentContext(userDir, {
+        executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
+        headless: true,
+        args: ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-quic", "--no-first-run"],
+      });
+      try {
+        const p = c.pages()[0] ?? (await c.newPage());
+        await p.goto(`http://127.0.0.1:${port}/${query}`);
+        await p.waitForSelector("#problem:not([hidden])", { timeout: 60_000 });
+        return await p.textContent("#problem");
+      } finally {
+        await c.close();
+      }
+    };
+    assert.match(await problem("?variant=nope"), /No model variant nope \(there are: minilm-gpu-f16, .*minilm-cpu-i8/);
+    // SwiftShader has no shader-f16 (the first test asserts it).
+    assert.match(await problem("?variant=minilm-gpu-f16-f16-arithmetic"), /cannot run minilm-gpu-f16-f16-arithmetic: it needs feature shader-f16/);
   } finally {
     server.close();
     rmSync(userDir, { recursive: true, force: true });
