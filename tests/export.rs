@@ -326,40 +326,49 @@ fn exports_share_a_weights_file() {
     assert!(parts[0].3 == parts[1].3, "the weights files differ");
     assert_eq!(parts[0].3.len(), 256 * (96 * 64 * 4 / 256) + 96 * 4);
     let blob = parts[0].3.clone();
-    let fresh = Session::new(gpu.clone());
-    let before = fresh.totals().uploaded_bytes;
-    for (g, ins, file, _) in &parts {
-        assert!(file.len() < blob.len(), "{} bytes", file.len());
+    // Both forms of the load: the blocking one (shaders compile on threads
+    // while the weights upload) and the browser's (pipelines asked for
+    // first, every constant under one error scope).
+    for asynchronous in [false, true] {
+        let fresh = Session::new(gpu.clone());
+        let before = fresh.totals().uploaded_bytes;
+        for (g, ins, file, _) in &parts {
+            assert!(file.len() < blob.len(), "{} bytes", file.len());
+            assert_eq!(
+                export::weights_of(file).unwrap().unwrap().file,
+                "lin.weights"
+            );
+            let e = export::read(file).err().unwrap().to_string();
+            assert!(
+                e.contains("lin.weights") && e.contains("must be loaded"),
+                "{e}"
+            );
+            let e = export::read_with(file, Some(&blob[..blob.len() - 4]))
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("not `lin.weights` as it was exported"), "{e}");
+            let e = export::read_with(file, Some(&blob)).unwrap();
+            let exe = if asynchronous {
+                pollster::block_on(fresh.load_exported_async(&e)).unwrap()
+            } else {
+                fresh.load_exported(&e).unwrap()
+            };
+            assert_eq!(exe.input_params(), vec![0]);
+            let got = run_bytes(&fresh, &exe, ins);
+            let m = Session::new(gpu.clone());
+            m.add_constant("w", &ins[1]).unwrap();
+            m.add_constant("b", &ins[2]).unwrap();
+            let mem = m.compile(g).unwrap();
+            assert_eq!(got, run_bytes(&m, &mem, ins));
+        }
+        // The weights once, each run's x apart.
+        let runs: u64 = (4 + 32) * 64 * 4;
         assert_eq!(
-            export::weights_of(file).unwrap().unwrap().file,
-            "lin.weights"
+            fresh.totals().uploaded_bytes - before,
+            (96 * 64 + 96) * 4 + runs
         );
-        let e = export::read(file).err().unwrap().to_string();
-        assert!(
-            e.contains("lin.weights") && e.contains("must be loaded"),
-            "{e}"
-        );
-        let e = export::read_with(file, Some(&blob[..blob.len() - 4]))
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(e.contains("not `lin.weights` as it was exported"), "{e}");
-        let e = export::read_with(file, Some(&blob)).unwrap();
-        let exe = fresh.load_exported(&e).unwrap();
-        assert_eq!(exe.input_params(), vec![0]);
-        let got = run_bytes(&fresh, &exe, ins);
-        let m = Session::new(gpu.clone());
-        m.add_constant("w", &ins[1]).unwrap();
-        m.add_constant("b", &ins[2]).unwrap();
-        let mem = m.compile(g).unwrap();
-        assert_eq!(got, run_bytes(&m, &mem, ins));
     }
-    // The weights once, each run's x apart.
-    let runs: u64 = (4 + 32) * 64 * 4;
-    assert_eq!(
-        fresh.totals().uploaded_bytes - before,
-        (96 * 64 + 96) * 4 + runs
-    );
 }
 
 /// Errors say what is wrong: another format version, a device that lacks

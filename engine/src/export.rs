@@ -1333,8 +1333,14 @@ impl Session {
         e: &Exported<'_>,
     ) -> Result<crate::Executable, ExportError> {
         self.check_requirements(e)?;
-        let bound = self.upload_constants(e).await?;
-        Ok(self.load_bound(e.program.clone(), bound).await?)
+        // The pipelines are asked for first: the device compiles them while
+        // this thread widens and copies the constants in behind them (in a
+        // browser, the GPU process compiles while the page's thread works).
+        // They join the session's cache, where the load below finds them;
+        // one that failed is made again there and its error reported.
+        let (_, bound) =
+            futures::future::join(self.pipelines_of(&e.program), self.upload_constants(e)).await;
+        Ok(self.load_bound(e.program.clone(), bound?).await?)
     }
 
     fn check_requirements(&self, e: &Exported<'_>) -> Result<(), ExportError> {
@@ -1347,32 +1353,47 @@ impl Session {
         }
     }
 
-    /// The export's constants on the device, by parameter.
+    /// The export's constants on the device, by parameter (one wait for
+    /// the device after all of them).
     async fn upload_constants(
         &self,
         e: &Exported<'_>,
     ) -> Result<Vec<(usize, crate::DeviceTensor)>, ExportError> {
-        let mut bound = vec![];
-        for (k, &(i, _, _)) in e.constants.iter().enumerate() {
-            // Exports sharing a weights file share its tensors on the
-            // device: each is widened and uploaded once per session.
-            let key = e
-                .manifest
-                .weights
-                .as_ref()
-                .zip(e.manifest.params[i].constant.as_ref());
-            let key = key.map(|(w, c)| (w.crc32, w.bytes, c.offset, e.program.param(i).dtype));
-            let d = match key.and_then(|k| self.shared_weight(&k)) {
-                Some(d) => d,
-                None => {
-                    let d = self.upload_async(&e.constant_tensor(k)?.1).await?;
-                    if let Some(k) = key {
-                        self.keep_shared_weight(k, d.clone());
-                    }
-                    d
+        let (bound, fresh) = self
+            .uploading("uploading the export's constants", |put| {
+                let mut bound = vec![];
+                let mut fresh: Vec<((u32, u64, u64, DType), crate::DeviceTensor)> = vec![];
+                for (k, &(i, _, _)) in e.constants.iter().enumerate() {
+                    // Exports sharing a weights file share its tensors on
+                    // the device: each is widened and uploaded once per
+                    // session.
+                    let key = e
+                        .manifest
+                        .weights
+                        .as_ref()
+                        .zip(e.manifest.params[i].constant.as_ref());
+                    let key =
+                        key.map(|(w, c)| (w.crc32, w.bytes, c.offset, e.program.param(i).dtype));
+                    let known = key.and_then(|k| {
+                        self.shared_weight(&k)
+                            .or_else(|| fresh.iter().find(|(f, _)| *f == k).map(|(_, d)| d.clone()))
+                    });
+                    let d = match known {
+                        Some(d) => d,
+                        None => {
+                            let d = put(&e.constant_tensor(k)?.1)?;
+                            fresh.extend(key.map(|k| (k, d.clone())));
+                            d
+                        }
+                    };
+                    bound.push((i, d));
                 }
-            };
-            bound.push((i, d));
+                Ok::<_, ExportError>((bound, fresh))
+            })
+            .await?;
+        // Shared only once the device took them all.
+        for (k, d) in fresh {
+            self.keep_shared_weight(k, d);
         }
         Ok(bound)
     }

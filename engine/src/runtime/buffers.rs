@@ -134,6 +134,17 @@ pub(crate) async fn upload_in(
     session: u64,
     t: &HostTensor<'_>,
 ) -> Result<DeviceTensor, EngineError> {
+    gpu.scoped("uploading a tensor", || upload_unscoped(gpu, session, t))
+        .await
+}
+
+/// `upload_in` without an error scope of its own: for callers uploading
+/// many tensors under one scope (one wait for all, not one per tensor).
+pub(crate) fn upload_unscoped(
+    gpu: &Arc<Gpu>,
+    session: u64,
+    t: &HostTensor<'_>,
+) -> Result<DeviceTensor, EngineError> {
     let bytes = device_bytes(t)?;
     let limit = gpu.limits.max_buffer_size;
     if bytes.len() as u64 > limit {
@@ -143,20 +154,15 @@ pub(crate) async fn upload_in(
             bytes.len()
         )));
     }
-    let buffer = gpu
-        .scoped("uploading a tensor", || {
-            let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("kiln tensor"),
-                size: bytes.len() as u64,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_DST
-                    | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            });
-            gpu.queue.write_buffer(&buffer, 0, &bytes);
-            Ok(buffer)
-        })
-        .await?;
+    let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("kiln tensor"),
+        size: bytes.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    gpu.queue.write_buffer(&buffer, 0, &bytes);
     Ok(DeviceTensor::new(
         gpu.clone(),
         session,

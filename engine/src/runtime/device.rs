@@ -159,8 +159,11 @@ impl Gpu {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let r = f();
-        let v = validation.pop().await;
-        let o = oom.pop().await;
+        // Both scopes leave the device's stack before anything awaits, so
+        // scoped calls of concurrent futures (a load's pipelines and its
+        // uploads) never interleave on it.
+        let (v, o) = (validation.pop(), oom.pop());
+        let (v, o) = (v.await, o.await);
         match (v, o) {
             (Some(e), _) => Err(EngineError::Internal(format!("{doing}: {e}"))),
             (None, Some(e)) => Err(EngineError::Device(format!(

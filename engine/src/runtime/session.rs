@@ -241,6 +241,26 @@ impl Session {
         Ok(d)
     }
 
+    /// Runs `f` with a function uploading one tensor, all its uploads
+    /// under one error scope: one wait for the device, not one per tensor
+    /// (a model's hundred weights are a hundred round trips to a browser's
+    /// GPU process otherwise).
+    pub(crate) async fn uploading<T, E: From<EngineError>>(
+        &self,
+        doing: &str,
+        f: impl FnOnce(&dyn Fn(&HostTensor) -> Result<DeviceTensor, EngineError>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.gpu.check()?;
+        let put = |t: &HostTensor| {
+            let d = super::buffers::upload_unscoped(&self.gpu, self.id, t)?;
+            if let Ok(mut tot) = self.totals.lock() {
+                tot.uploaded_bytes += d.buffer().size();
+            }
+            Ok(d)
+        };
+        self.gpu.scoped(doing, || Ok(f(&put))).await?
+    }
+
     /// Uploads `t` once as the constant `name`: every program of the
     /// session whose parameter is named `name` (without `%`) reads it from
     /// the device instead of taking it as an input. Replacing a constant
