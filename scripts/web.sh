@@ -22,9 +22,10 @@ WASM_TARGET_DIR=${KILN_WASM_TARGET_DIR:-$ROOT/target/wasm}
 # The native binaries (export, inspect, run), wherever cargo puts them.
 BIN="${CARGO_TARGET_DIR:-target}/release"
 BINDGEN_VERSION=$(sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' web/Cargo.toml)
-# Sequence buckets of the page's model: each run takes the smallest that
-# holds its sentences (equal tokens per run: 256).
-BUCKETS=${KILN_WEB_BUCKETS:-8x32 4x64 2x128 1x256}
+# Sequence buckets of the page's model, by tokens then batch: each run
+# takes the one of fewest tokens per run that holds its sentences (256 for
+# batches, 32 for the search box's single query: an eighth of the work).
+BUCKETS=${KILN_WEB_BUCKETS:-1x32 8x32 4x64 2x128 1x256}
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
 
@@ -123,10 +124,11 @@ build_model() {
     done
     for b in $BUCKETS; do
         local -a these
-        case "${b#*x}" in
-            32) these=("${short[@]}") ;;
-            64) these=("${mid[@]}") ;;
-            128) these=("${long[@]}") ;;
+        case "$b" in
+            1x32) these=("${short[0]}") ;;
+            *x32) these=("${short[@]}") ;;
+            *x64) these=("${mid[@]}") ;;
+            *x128) these=("${long[@]}") ;;
             *) these=("${para[@]}") ;;
         esac
         "$BIN"/minilm --export "$DIST/minilm-cpu-$b.kiln" --bucket "$b" --weights-dtype f16 --web \

@@ -10,7 +10,7 @@
 //
 // Run by `scripts/web.sh test` (which builds and installs what it needs).
 
-import { test } from "node:test";
+import { test, after } from "node:test";
 import assert from "node:assert/strict";
 import { createServer } from "node:http";
 import { readFileSync, mkdtempSync, rmSync, existsSync } from "node:fs";
@@ -79,6 +79,12 @@ function cosine(a, b) {
   return ab / Math.sqrt(aa * bb);
 }
 
+// Browsers a failed test left open: closed at the end, so a failure ends
+// the run instead of leaving node waiting on them.
+const opened = [];
+const closeAll = () => Promise.all(opened.splice(0).map((c) => c.close().catch(() => {})));
+after(closeAll);
+
 async function openPage(userDir, port, log, query = "") {
   const ctx = await chromium.launchPersistentContext(userDir, {
     executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
@@ -86,6 +92,7 @@ async function openPage(userDir, port, log, query = "") {
     args: ["--no-sandbox", "--enable-unsafe-webgpu", "--disable-quic", "--no-first-run"],
     viewport: { width: 900, height: 900 },
   });
+  opened.push(ctx);
   const page = ctx.pages()[0] ?? (await ctx.newPage());
   page.on("console", (m) => log.push(`[${m.type()}] ${m.text()}`));
   page.on("pageerror", (e) => log.push(`[pageerror] ${e.message}`));
@@ -172,8 +179,11 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     assert.ok(chosen.half.requires.features.includes("shader-f16"), JSON.stringify(chosen.half));
     assert.equal(chosen.half.weights_file, "minilm.weights");
     assert.match(chosen.missing, /No model with q4 weights here \(there are: f16, i8\)/);
+    // int8 weights are 0.53x the f16 ones; the GPU-class kernels (about
+    // 1 MB of WGSL a bucket, int8's a little more) are the rest.
     const bytes = Object.fromEntries(chosen.all);
-    assert.ok(bytes["minilm-gpu-i8"] < 0.6 * bytes["minilm-gpu-f16"], JSON.stringify(bytes));
+    assert.ok(bytes["minilm-gpu-i8"] < 0.65 * bytes["minilm-gpu-f16"], JSON.stringify(bytes));
+    assert.ok(bytes["minilm-cpu-i8"] < 0.6 * bytes["minilm-cpu-f16"], JSON.stringify(bytes));
     assert.equal(info.tokens, 256);
     // Every length from a word to 300 words in one call: the page groups
     // them into runs of the smallest bucket that holds them.
@@ -199,7 +209,12 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     // typed arrays in and out, the export's own token inputs, the native
     // run's output; a wrong array type is an error that says what the
     // input must be.
-    const inputs = join(check, `minilm-cpu-${checks[0].bucket}.inputs.safetensors`);
+    // The first bucket of several sentences (8x32), and where its
+    // sentences start among all checks' native rows.
+    const k = checks.findIndex((c) => c.sentences.length > 1);
+    const bucket = checks[k].bucket;
+    const at = checks.slice(0, k).reduce((n, c) => n + c.sentences.length, 0);
+    const inputs = join(check, `minilm-cpu-${bucket}.inputs.safetensors`);
     const ids = readSafetensors(inputs, "input_ids");
     const mask = readSafetensors(inputs, "attention_mask");
     const run = await page.evaluate(
@@ -221,24 +236,29 @@ test("the page embeds like the native run, searches, and caches the model", { ti
         }
         return { inputs: p.inputs, out: Array.from(out), refused, unweighted };
       },
-      [`minilm-cpu-${checks[0].bucket}.kiln`, Array.from(ids.data), Array.from(mask.data)],
+      [`minilm-cpu-${bucket}.kiln`, Array.from(ids.data), Array.from(mask.data)],
     );
     assert.deepEqual(
       run.inputs.map((i) => [i.name, i.dtype, i.shape]),
       [["input_ids", "i32", ids.shape], ["attention_mask", "i32", mask.shape]],
     );
-    const n0 = checks[0].sentences.length;
+    const n0 = checks[k].sentences.length;
     assert.equal(run.out.length, ids.shape[0] * dim);
     for (let i = 0; i < n0; i++) {
-      const c = cosine(run.out.slice(i * dim, (i + 1) * dim), natives[i]);
+      const c = cosine(run.out.slice(i * dim, (i + 1) * dim), natives[at + i]);
       assert.ok(c >= 0.9999, `Program.run row ${i}: cosine ${c}`);
     }
-    assert.match(run.refused, /input `input_ids` \(i32 \[8, 32\]\) must be an Int32Array of 256 elements/);
+    assert.ok(
+      run.refused.includes(
+        `input \`input_ids\` (i32 [${ids.shape.join(", ")}]) must be an Int32Array of ${ids.shape[0] * ids.shape[1]} elements`,
+      ),
+      run.refused,
+    );
     assert.match(run.unweighted, /minilm\.weights/);
     // The int8 export of the same bucket through the same runner: its
     // native run's embeddings, and within cosine 0.999 (the stated
     // tolerance of int8 weights) of the f16 model's.
-    // An export of the first bucket run on its ids and mask by the page's
+    // An export of that bucket run on its ids and mask by the page's
     // generic runner.
     const runExport = (file, weights) =>
       page.evaluate(
@@ -250,13 +270,13 @@ test("the page embeds like the native run, searches, and caches the model", { ti
         },
         [file, weights, Array.from(ids.data), Array.from(mask.data)],
       );
-    const q8 = await runExport(`minilm-cpu-i8-${checks[0].bucket}.kiln`, "minilm-i8.weights");
+    const q8 = await runExport(`minilm-cpu-i8-${bucket}.kiln`, "minilm-i8.weights");
     let worst = 1;
     for (let i = 0; i < n0; i++) {
       const row = q8.slice(i * dim, (i + 1) * dim);
-      const c = cosine(row, nativesI8[i]);
+      const c = cosine(row, nativesI8[at + i]);
       assert.ok(c >= 0.9999, `int8 Program.run row ${i}: cosine ${c} with the native run`);
-      const q = cosine(row, natives[i]);
+      const q = cosine(row, natives[at + i]);
       assert.ok(q >= 0.999, `int8 Program.run row ${i}: cosine ${q} to the f16 model`);
       worst = Math.min(worst, q);
     }
@@ -265,10 +285,10 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     // same weights file: here without shader-f16, so its portable
     // kernels; within cosine 0.9999 (the stated tolerance of f16
     // arithmetic) of the f32-arithmetic model's native embeddings.
-    const half = await runExport(`minilm-gpu-f16a-${checks[0].bucket}.kiln`, "minilm.weights");
+    const half = await runExport(`minilm-gpu-f16a-${bucket}.kiln`, "minilm.weights");
     let halfWorst = 1;
     for (let i = 0; i < n0; i++) {
-      const c = cosine(half.slice(i * dim, (i + 1) * dim), natives[i]);
+      const c = cosine(half.slice(i * dim, (i + 1) * dim), natives[at + i]);
       assert.ok(c >= 0.9999, `f16 arithmetic Program.run row ${i}: cosine ${c} to the f32-arithmetic model`);
       halfWorst = Math.min(halfWorst, c);
     }
@@ -304,6 +324,7 @@ test("the page embeds like the native run, searches, and caches the model", { ti
     await ctx.close();
   } finally {
     server.close();
+    await closeAll();
     rmSync(userDir, { recursive: true, force: true });
   }
 });
@@ -340,6 +361,7 @@ test("?variant= takes that variant or says why not; ?bench skips the corpus", { 
     assert.match(await problem("?variant=minilm-gpu-f16-f16-arithmetic"), /cannot run minilm-gpu-f16-f16-arithmetic: it needs feature shader-f16/);
   } finally {
     server.close();
+    await closeAll();
     rmSync(userDir, { recursive: true, force: true });
   }
 });
