@@ -1362,7 +1362,7 @@ impl Session {
         let (bound, fresh) = self
             .uploading("uploading the export's constants", |put| {
                 let mut bound = vec![];
-                let mut fresh: Vec<((u32, u64, u64, DType), crate::DeviceTensor)> = vec![];
+                let mut fresh: Vec<(crate::runtime::SharedWeight, crate::DeviceTensor)> = vec![];
                 for (k, &(i, _, _)) in e.constants.iter().enumerate() {
                     // Exports sharing a weights file share its tensors on
                     // the device: each is widened and uploaded once per

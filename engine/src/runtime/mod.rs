@@ -7,6 +7,7 @@ mod buffers;
 mod device;
 mod host;
 mod session;
+pub(crate) use session::SharedWeight;
 
 pub use buffers::DeviceTensor;
 pub use device::{Gpu, Held};

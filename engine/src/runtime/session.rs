@@ -233,12 +233,7 @@ impl Session {
     }
 
     pub async fn upload_async(&self, t: &HostTensor<'_>) -> Result<DeviceTensor, EngineError> {
-        self.gpu.check()?;
-        let d = super::buffers::upload_in(&self.gpu, self.id, t).await?;
-        if let Ok(mut tot) = self.totals.lock() {
-            tot.uploaded_bytes += d.buffer().size();
-        }
-        Ok(d)
+        self.uploading("uploading a tensor", |put| put(t)).await
     }
 
     /// Runs `f` with a function uploading one tensor, all its uploads
