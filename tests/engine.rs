@@ -132,10 +132,12 @@ fn planner_reaches_the_lower_bound_on_chains() {
 fn scatters_reading_other_rows_of_their_base_run_in_place() {
     // Row 2 := row 0, then row 0 transposed into itself: the first reads
     // only elements it does not write, the second reads elements other
-    // invocations write, so only the first may write into the base.
+    // invocations write, so only the first may write into the base (a
+    // kernel's result: updating it in place moves fewer bytes than a
+    // whole copy).
     let p = compiled(
         "graph f(%x: f32[4, 4]) {
-           %b = clone(%x)
+           %b = softmax(%x, 1)
            %r0 = select(%b, 0, 0)
            %r2 = select(%b, 0, 2)
            %c = copy_(%r2, %r0)
@@ -156,6 +158,46 @@ fn scatters_reading_other_rows_of_their_base_run_in_place() {
         "{}",
         p.stats()
     );
+}
+
+#[test]
+fn region_updates_of_a_fresh_copy_are_one_kernel() {
+    // The same updates of a clone (rows read from other rows, a square
+    // rewritten from its own transpose): one kernel reads `x` once and
+    // writes `b` once, every update computed element by element, instead
+    // of a copy and then an in-place kernel per update.
+    let p = compiled(
+        "graph f(%x: f32[4, 4]) {
+           %b = clone(%x)
+           %r0 = select(%b, 0, 0)
+           %r2 = select(%b, 0, 2)
+           %c = copy_(%r2, %r0)
+           %q = slice(%b, 0, 0, 2)
+           %q2 = slice(%q, 1, 0, 2)
+           %t = t(%q2)
+           %tc = clone(%t)
+           %w = copy_(%q2, %tc)
+           return %b
+         }",
+    );
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert_eq!(p.bytes_moved(), 2 * 16 * 4, "{}", p.stats());
+    let p = compiled(
+        "graph f(%x: f32[7, 5]) {
+           %b = clone(%x)
+           %p0, %p1, %p2 = split(%b, 3)
+           %e = exp_(%p0)
+           %q0, %q1 = split(%b, [2, 3], 1)
+           %m = mul_(%q1, -1.0)
+           %r0, %r1 = split_with_sizes(%b, [4, 3])
+           %a = add_(%r1, 10.0)
+           return %b
+         }",
+    );
+    // Each element read only where it is written (traced through `split`
+    // and `slice`): the result takes the dying parameter's buffer.
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert_eq!(p.memory.arena, 0, "{}", p.stats());
 }
 
 #[test]

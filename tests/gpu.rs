@@ -981,6 +981,37 @@ fn fused_region_updates_match_the_reference() {
         let got = e.run(&g, ins()).unwrap();
         close_run(base, &got, &want, 1e-6).unwrap();
     }
+    // Updates reading other rows of the copy, through views of views and
+    // a transpose of the region they write, and one read half-way (an
+    // output of its own): every link recomputed by the kernels reading it.
+    for base in ["%c = clone(%x)", "%d = exp(%x)\n  %c = alias(%d)"] {
+        let src = format!(
+            "graph rows(%x: f32[40, 24], %v: f32[24]) {{
+  {base}
+  %r0 = select(%c, 0, 0)
+  %r2 = select(%c, 0, 2)
+  %k = copy_(%r2, %r0)
+  %mid = mul(%c, 2.0)
+  %q = slice(%c, 0, 4, 28)
+  %q2 = slice(%q, 1, 0, 24)
+  %t = t(%q2)
+  %tc = clone(%t)
+  %w = copy_(%q2, %tc)
+  %r1 = select(%c, 0, 1)
+  %n = narrow(%r1, 0, 3, 5)
+  %r2n = narrow(%r2, 0, 10, 5)
+  %e = copy_(%n, %r2n)
+  %l = select(%c, 0, -1)
+  %f = add_(%l, %v)
+  return (%c, %mid)
+}}"
+        );
+        let g = parse(&src).unwrap();
+        let ins = || kiln::functionalize::random::random_inputs(&g, 11, 1.0);
+        let want = kiln::run(&g, ins()).unwrap();
+        let got = e.run(&g, ins()).unwrap();
+        close_run(base, &got, &want, 1e-6).unwrap();
+    }
 }
 
 /// Outputs taken on the host as views of buffers a run reads back anyway

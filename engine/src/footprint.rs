@@ -33,7 +33,6 @@ impl Tracer<'_> {
     /// Pushes the elements of `root`'s buffer read to compute element
     /// `idx` of `v`; `None` when an op is not computed inline.
     fn reads(&mut self, v: ValueId, idx: usize, out: &mut Vec<usize>) -> Option<()> {
-        let g = self.g;
         if self.s.is_materialized.contains(&v) {
             // Values sharing the buffer (in-place versions, reshapes) are
             // all stored contiguously from its start.
@@ -42,6 +41,12 @@ impl Tracer<'_> {
             }
             return Some(());
         }
+        self.node_reads(v, idx, out)
+    }
+
+    /// `reads` of `v` computed inline at `idx`, stored or not.
+    fn node_reads(&mut self, v: ValueId, idx: usize, out: &mut Vec<usize>) -> Option<()> {
+        let g = self.g;
         let Def::Node(n, k) = g.values[v].def else {
             return Some(());
         };
@@ -183,5 +188,29 @@ pub fn inplace_race_free(g: &Graph, s: &Schedule, n: NodeId, base: ValueId, root
         let mine = target(j);
         t.reads(src, j, &mut seen).is_some()
             && seen.iter().all(|&e| e == mine || !written.contains(&e))
+    })
+}
+
+/// Does the invocation computing element `i` of elementwise value `v` read
+/// `root`'s buffer at `i` alone, traced element by element (region updates
+/// read at the positions they keep; the loads a scatter discards do not
+/// count)? Then `v` may be written over that buffer. For chains the index
+/// maps alone cannot decide (`index::reads_only_at_own_index`): a region
+/// rewritten through `split` and updated through `slice`.
+pub fn reads_own_traced(g: &Graph, s: &Schedule, v: ValueId, root: ValueId) -> bool {
+    let count = g.meta(v).numel();
+    if count > MAX_TRACED {
+        return false;
+    }
+    let mut t = Tracer {
+        g,
+        s,
+        root,
+        maps: HashMap::new(),
+    };
+    let mut seen = vec![];
+    (0..count).all(|i| {
+        seen.clear();
+        t.node_reads(v, i, &mut seen).is_some() && seen.iter().all(|&e| e == i)
     })
 }

@@ -82,8 +82,8 @@ pub fn schedule(
             let link = c == Class::Map
                 && !out_set.contains(&r)
                 && !force.contains(&r)
-                && chain_link(g, &s, r)
-                && chain_root_is_fresh(g, &s, r);
+                && (chain_link(g, &s, r) && chain_root_is_fresh(g, &s, r)
+                    || fresh_chain_link(g, &s, &out_set, r));
             let readers = uses.iter().filter(|&&u| reads_values(g, u, r)).count();
             let computed = c == Class::Map
                 && g.nodes[n]
@@ -1118,6 +1118,106 @@ fn chain_root_is_fresh(g: &Graph, s: &Schedule, r: ValueId) -> bool {
             _ => return class(g, n).is_ok_and(|c| c == Class::Map),
         }
     }
+}
+
+/// Operations per element a chain link may cost each kernel that
+/// recomputes it (`fresh_chain_link`).
+const MAX_LINK_OPS: usize = 64;
+
+/// Is `r` the base of one region update of a chain that starts from a
+/// fresh whole copy (`copy_between_rows`: a `clone`, then rows rewritten
+/// from other rows and through views of views), every reader an
+/// elementwise map? Then `r` stays out of memory and each reader
+/// recomputes it: the chain's last value is one kernel reading the copy's
+/// source once, where in-place updates would copy it whole and then
+/// rewrite region after region. Its sources may read `r` anywhere (unlike
+/// `chain_link`), so recomputation is bounded by `MAX_LINK_OPS`.
+fn fresh_chain_link(g: &Graph, s: &Schedule, out: &HashSet<ValueId>, r: ValueId) -> bool {
+    let uses = s.uses.get(&r).map(Vec::as_slice).unwrap_or(&[]);
+    let bases = uses
+        .iter()
+        .filter(|&&u| {
+            scatter_view(g, u).is_some() && g.nodes[u].args.first() == Some(&Arg::Tensor(r))
+        })
+        .count();
+    let mut budget = MAX_LINK_OPS;
+    bases == 1
+        && uses
+            .iter()
+            .all(|&u| class(g, u).is_ok_and(|c| c == Class::Map))
+        && whole_chain_root(g, s, out, r)
+        && inline_ops(g, s, r, &HashSet::new(), &mut budget).is_some()
+}
+
+/// Walking back from `r` through region updates computed inline, does the
+/// chain start from a value computed whole anyway: an elementwise value
+/// (a `clone`), or an update of a buffer it may not write in place?
+fn whole_chain_root(g: &Graph, s: &Schedule, out: &HashSet<ValueId>, r: ValueId) -> bool {
+    let mut v = r;
+    loop {
+        let Some(n) = g.node_of(v) else {
+            return false;
+        };
+        if v != r && s.is_materialized.contains(&v) {
+            return false;
+        }
+        match g.nodes[n].args.first() {
+            Some(&Arg::Tensor(base)) if scatter_view(g, n).is_some() => {
+                if s.is_materialized.contains(&base) {
+                    // An earlier link was computed whole; `r` itself is
+                    // unless it can update its base's buffer in place.
+                    return v != r || inplace_base(g, s, out, n).is_none();
+                }
+                v = base;
+            }
+            _ => return class(g, n).is_ok_and(|c| c == Class::Map),
+        }
+    }
+}
+
+/// Counts the operations evaluating one element of `v` inline takes (the
+/// expression down to stored values) against `budget`: `None` past it. A
+/// region update's source reads its base through the updated view at no
+/// cost (`free`: codegen reuses the base's element there).
+fn inline_ops(
+    g: &Graph,
+    s: &Schedule,
+    v: ValueId,
+    free: &HashSet<ValueId>,
+    budget: &mut usize,
+) -> Option<()> {
+    if s.is_materialized.contains(&v) || free.contains(&v) {
+        return Some(());
+    }
+    let Some(n) = g.node_of(v) else {
+        return Some(());
+    };
+    *budget = budget.checked_sub(1)?;
+    let node = &g.nodes[n];
+    if let (Some(view), Some(&Arg::Tensor(base)), Some(&Arg::Tensor(src))) =
+        (scatter_view(g, n), node.args.first(), node.args.get(1))
+    {
+        inline_ops(g, s, base, free, budget)?;
+        let mut same = free.clone();
+        same.extend(
+            s.uses
+                .get(&base)
+                .map(Vec::as_slice)
+                .unwrap_or(&[])
+                .iter()
+                .map(|&u| &g.nodes[u])
+                .filter(|c| {
+                    matches!(c.op.def().rule, Rule::ViewCopy(op) if op == view)
+                        && c.args[1..] == node.args[2..]
+                })
+                .flat_map(|c| c.results.iter().copied()),
+        );
+        return inline_ops(g, s, src, &same, budget);
+    }
+    for t in node.args.iter().flat_map(|a| a.tensors()) {
+        inline_ops(g, s, *t, free, budget)?;
+    }
+    Some(())
 }
 
 /// A view copy that is a pure reshape of a materialized value: same
