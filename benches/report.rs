@@ -855,14 +855,14 @@ fn chain_section(md: &mut String, session: &Session, torch: &Value) {
 
 /// The transposed chain (examples/programs/transposed_chain.txt) at 4096 x
 /// 4096 beside the same chain without the transpose (`mul(x, 1.0)` in its
-/// place) and untiled (`tile_transposes` off): what a transposed read
-/// costs.
+/// place), tiled and untiled (`tile_transposes` on and off): what a
+/// transposed read costs.
 fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
     eprintln!("transposed chain ...");
     let n = TRANSPOSED_CHAIN_SIDE;
     let (src, plain) = transposed_chain_programs(n);
     let _ = writeln!(md, "\n### Transposed chain (f32, {n} x {n})\n");
-    let _ = writeln!(md, "`examples/programs/transposed_chain.txt` at {n} x {n}: `x.t()` plus a broadcast row, then 8 elementwise ops (tanh, sigmoid, exp among them), one kernel at the minimum bytes either way. Plain: the same chain with `mul(x, 1.0)` for the transpose. Untiled: `tile_transposes` off (each invocation reads its transposed element directly). GB/s = 8 bytes per element (the row aside) over the GPU time of the kernels (median of 5). PyTorch: best of 5 calls on the same inputs.\n");
+    let _ = writeln!(md, "`examples/programs/transposed_chain.txt` at {n} x {n}: `x.t()` plus a broadcast row, then 8 elementwise ops (tanh, sigmoid, exp among them), one kernel at the minimum bytes either way. Plain: the same chain with `mul(x, 1.0)` for the transpose. Tiled: `tile_transposes` on (the transpose staged through workgroup memory in square tiles); untiled: off (each invocation reads its transposed element directly). GB/s = 8 bytes per element (the row aside) over the GPU time of the kernels (median of 5). PyTorch: best of 5 calls on the same inputs.\n");
     let _ = writeln!(
         md,
         "| chain | Kiln ms | Kiln GB/s | / plain | PyTorch eager ms | torch.compile ms |"
@@ -874,13 +874,23 @@ fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
         HostTensor::from_slice(&[n, n], &xs).unwrap(),
         HostTensor::from_slice(&[n], &bs).unwrap(),
     ];
-    let untiled = Session::with_options(
-        session.gpu().clone(),
-        kiln::engine::CompileOptions {
-            tile_transposes: false,
-            ..session.compile_options().clone()
-        },
-    );
+    let tiling = |tile_transposes| {
+        Session::with_options(
+            session.gpu().clone(),
+            kiln::engine::CompileOptions {
+                tile_transposes,
+                ..session.compile_options().clone()
+            },
+        )
+    };
+    let (tiled, untiled) = (tiling(true), tiling(false));
+    let chosen = |tiles: bool| {
+        if session.compile_options().tile_transposes == tiles {
+            " (this adapter's choice)"
+        } else {
+            ""
+        }
+    };
     let time = |s: &Session, src: &str| -> Result<f64, String> {
         let g = parse(src).map_err(|e| e.to_string())?;
         s.compile(&g)
@@ -890,9 +900,17 @@ fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
     };
     let plain_s = time(session, &plain);
     let rows = [
-        ("transposed", time(session, &src), "transposed"),
-        ("transposed, untiled", time(&untiled, &src), "transposed"),
-        ("plain", plain_s.clone(), "plain"),
+        (
+            format!("transposed, tiled{}", chosen(true)),
+            time(&tiled, &src),
+            "transposed",
+        ),
+        (
+            format!("transposed, untiled{}", chosen(false)),
+            time(&untiled, &src),
+            "transposed",
+        ),
+        ("plain".to_string(), plain_s.clone(), "plain"),
     ];
     let bytes = (n * n * 8) as f64;
     for (name, r, key) in rows {

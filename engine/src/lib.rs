@@ -115,9 +115,11 @@ pub struct CompileOptions {
     /// view (`x.t()`, a permute moving the innermost dimension) run in
     /// square tiles: each workgroup loads its tile of the source along the
     /// source's rows into workgroup memory, then computes and stores along
-    /// the result's rows, so both sides are contiguous (coalesced on GPUs;
-    /// lavapipe: the 4096x4096 transposed chain in 346 ms instead of 731,
-    /// 1.19x the same chain without the transpose, 2026-11-27).
+    /// the result's rows, so both sides are contiguous (coalesced on GPUs).
+    /// Off on CPU adapters, whose caches serve the strided reads and whose
+    /// barriers are dear (lavapipe, 2026-11-28: the 4096x4096 transposed
+    /// chain in 218-244 ms untiled, 411-586 ms in tiles, 190-195 ms
+    /// without the transpose).
     pub tile_transposes: bool,
     /// The side of those tiles: 32 on GPUs (a workgroup of 32x8, each
     /// invocation four rows, so a warp reads and writes 128 contiguous

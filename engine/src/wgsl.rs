@@ -375,13 +375,16 @@ pub fn grid(n: usize, size: u32) -> [u32; 3] {
 
 /// `groups` workgroups, folded into two dimensions past the 65535
 /// per-dimension limit (kernels index them as `wid.y * nwg.x + wid.x`).
+/// Rows as even as the limit allows: fewer than `y` workgroups past
+/// `groups` (a full row of 65535 would launch up to 65534 idle ones;
+/// lavapipe took twice as long over 65536 groups of 64).
 pub fn fold(groups: usize) -> [u32; 3] {
     let groups = groups.max(1);
     if groups <= 65535 {
         [groups as u32, 1, 1]
     } else {
         let y = groups.div_ceil(65535);
-        [65535, y as u32, 1]
+        [groups.div_ceil(y) as u32, y as u32, 1]
     }
 }
 
@@ -396,4 +399,31 @@ pub fn validate(src: &str) -> Result<(), String> {
     .validate(&module)
     .map_err(|e| format!("{e:?}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fold;
+
+    #[test]
+    fn folded_grids_cover_the_groups_with_fewer_idle_than_rows() {
+        assert_eq!(fold(0), [1, 1, 1]);
+        assert_eq!(fold(65535), [65535, 1, 1]);
+        assert_eq!(fold(65536), [32768, 2, 1]);
+        for groups in [
+            65536,
+            65537,
+            131070,
+            131071,
+            1 << 20,
+            (1 << 22) + 3,
+            65535 * 65535,
+        ] {
+            let [x, y, z] = fold(groups);
+            let launched = x as usize * y as usize;
+            assert!(x <= 65535 && y <= 65535 && z == 1, "{groups}: {x} x {y}");
+            assert!(launched >= groups, "{groups}: {x} x {y}");
+            assert!(launched - groups < y as usize, "{groups}: {x} x {y}");
+        }
+    }
 }

@@ -208,7 +208,7 @@ impl Gpu {
             },
             tall_tiles_from: tall_tiles_from(CompileOptions::default().tall_tiles_from),
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
-            tile_transposes: true,
+            tile_transposes: self.info.device_type != wgpu::DeviceType::Cpu,
             transpose_tile: transpose_tile(if self.info.device_type == wgpu::DeviceType::Cpu {
                 16
             } else {
