@@ -201,6 +201,25 @@ fn region_updates_of_a_fresh_copy_are_one_kernel() {
 }
 
 #[test]
+fn outputs_of_one_size_and_other_shapes_share_a_kernel() {
+    // A value, another of x reshaped and a fill of x's transpose: as many
+    // elements each, one kernel reading x once (each invocation computes
+    // every output at its flat index).
+    let p = compiled(
+        "graph f(%x: f32[6, 10]) {
+           %a = mul(%x, 2.0)
+           %r = reshape(%x, [4, 15])
+           %b = add(%r, 1.0)
+           %t = t(%x)
+           %f = fill(%t, 3.0)
+           return (%a, %b, %f)
+         }",
+    );
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert_eq!(p.bytes_moved(), 4 * 60 * 4, "{}", p.stats());
+}
+
+#[test]
 fn bools_and_halves_are_packed_as_in_eager_memory() {
     // 1001 bools take 251 words, 1001 f16 values 501 words: what eager
     // holds, rounded up to a word.

@@ -439,7 +439,10 @@ enum Pos {
 }
 
 /// Whether elementwise value `v` can join the fused kernel computing
-/// `group` (same shape; reads group members only at its own index).
+/// `group` (reads group members only at its own index). Of the same shape,
+/// or of as many elements where no member reads a transposing view (each
+/// invocation computes every member at its flat index; a kernel tiling a
+/// transpose serves one shape).
 pub fn fits_group(g: &Graph, s: &Schedule, group: &[ValueId], v: ValueId) -> bool {
     let Some(&first) = group.first() else {
         return true;
@@ -447,13 +450,33 @@ pub fn fits_group(g: &Graph, s: &Schedule, group: &[ValueId], v: ValueId) -> boo
     let Def::Node(n, k) = g.values[v].def else {
         return false;
     };
-    if g.meta(first).sizes != g.meta(v).sizes
-        || s.inplace.contains_key(&v)
-        || s.inplace.contains_key(&first)
-    {
+    let shaped = g.meta(first).sizes == g.meta(v).sizes
+        || (g.meta(first).numel() == g.meta(v).numel() && {
+            let mut all = group.to_vec();
+            all.push(v);
+            !reads_transposed(g, s, &all)
+        });
+    if !shaped || s.inplace.contains_key(&v) || s.inplace.contains_key(&first) {
         return false;
     }
     reads_own_only(g, s, n, k, group)
+}
+
+/// Does a kernel computing `group` read a stored value through a view
+/// that moves its innermost dimension (`own_view_copies`)?
+fn reads_transposed(g: &Graph, s: &Schedule, group: &[ValueId]) -> bool {
+    own_view_copies(g, s, group).into_iter().any(|(n, k)| {
+        let node = &g.nodes[n];
+        let (Rule::ViewCopy(view), Some(&Arg::Tensor(input))) =
+            (&node.op.def().rule, node.args.first())
+        else {
+            return true;
+        };
+        Affine::view(g, *view, g.meta(input), &node.args[1..], k).map_or(true, |a| {
+            let a = a.simplified();
+            a.strides.last().is_some_and(|&st| st > 1)
+        })
+    })
 }
 
 /// Does computing `v` read the buffer of `root` only at the invocation's

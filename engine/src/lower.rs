@@ -1241,6 +1241,17 @@ impl KernelCost {
                 (r, charge)
             })
             .collect();
+        // Values sharing a buffer (a reshape and its source) are one read
+        // of it: charged once, the most any of them is charged.
+        let mut by_buffer: Vec<(ValueId, usize)> = vec![];
+        for (r, c) in charges {
+            let root = sched.root(r);
+            match by_buffer.iter_mut().find(|(b, _)| *b == root) {
+                Some((_, was)) => *was = (*was).max(c),
+                None => by_buffer.push((root, c)),
+            }
+        }
+        let charges = by_buffer;
         let cost = KernelCost {
             ops,
             bytes_read: charges.iter().map(|c| c.1).sum(),
