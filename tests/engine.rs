@@ -128,16 +128,12 @@ fn planner_reaches_the_lower_bound_on_chains() {
     assert!(m.planned_peak() <= m.eager_peak, "{}", p.stats());
 }
 
-#[test]
-fn scatters_reading_other_rows_of_their_base_run_in_place() {
-    // Row 2 := row 0, then row 0 transposed into itself: the first reads
-    // only elements it does not write, the second reads elements other
-    // invocations write, so only the first may write into the base (a
-    // kernel's result: updating it in place moves fewer bytes than a
-    // whole copy).
-    let p = compiled(
-        "graph f(%x: f32[4, 4]) {
-           %b = softmax(%x, 1)
+/// Row 2 := row 0, then a 2x2 corner := its own transpose, of `%b` as
+/// `base` makes it from `%x: f32[4, 4]`.
+fn row_updates(base: &str) -> String {
+    format!(
+        "graph f(%x: f32[4, 4]) {{
+           {base}
            %r0 = select(%b, 0, 0)
            %r2 = select(%b, 0, 2)
            %c = copy_(%r2, %r0)
@@ -147,8 +143,18 @@ fn scatters_reading_other_rows_of_their_base_run_in_place() {
            %tc = clone(%t)
            %w = copy_(%q2, %tc)
            return %b
-         }",
-    );
+         }}"
+    )
+}
+
+#[test]
+fn scatters_reading_other_rows_of_their_base_run_in_place() {
+    // Row 2 := row 0, then row 0 transposed into itself: the first reads
+    // only elements it does not write, the second reads elements other
+    // invocations write, so only the first may write into the base (a
+    // kernel's result: updating it in place moves fewer bytes than a
+    // whole copy).
+    let p = compiled(&row_updates("%b = softmax(%x, 1)"));
     let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
     assert!(labels[1].contains("in place"), "{}", p.stats());
     assert!(
@@ -166,20 +172,7 @@ fn region_updates_of_a_fresh_copy_are_one_kernel() {
     // rewritten from its own transpose): one kernel reads `x` once and
     // writes `b` once, every update computed element by element, instead
     // of a copy and then an in-place kernel per update.
-    let p = compiled(
-        "graph f(%x: f32[4, 4]) {
-           %b = clone(%x)
-           %r0 = select(%b, 0, 0)
-           %r2 = select(%b, 0, 2)
-           %c = copy_(%r2, %r0)
-           %q = slice(%b, 0, 0, 2)
-           %q2 = slice(%q, 1, 0, 2)
-           %t = t(%q2)
-           %tc = clone(%t)
-           %w = copy_(%q2, %tc)
-           return %b
-         }",
-    );
+    let p = compiled(&row_updates("%b = clone(%x)"));
     assert_eq!(p.kernels.len(), 1, "{}", p.stats());
     assert_eq!(p.bytes_moved(), 2 * 16 * 4, "{}", p.stats());
     let p = compiled(
