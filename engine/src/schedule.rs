@@ -82,8 +82,8 @@ pub fn schedule(
             let link = c == Class::Map
                 && !out_set.contains(&r)
                 && !force.contains(&r)
-                && (chain_link(g, &s, r) && chain_root_is_fresh(g, &s, r)
-                    || fresh_chain_link(g, &s, &out_set, r));
+                && whole_chain_root(g, &s, &out_set, r)
+                && (chain_link(g, &s, r) || fresh_chain_link(g, &s, r));
             let readers = uses.iter().filter(|&&u| reads_values(g, u, r)).count();
             let computed = c == Class::Map
                 && g.nodes[n]
@@ -973,14 +973,7 @@ fn absorbable(
 /// alone (codegen evaluates `r` once there).
 pub fn chain_link(g: &Graph, s: &Schedule, r: ValueId) -> bool {
     let uses = s.uses.get(&r).map(Vec::as_slice).unwrap_or(&[]);
-    let scatters: Vec<NodeId> = uses
-        .iter()
-        .copied()
-        .filter(|&u| {
-            scatter_view(g, u).is_some() && g.nodes[u].args.first() == Some(&Arg::Tensor(r))
-        })
-        .collect();
-    let [sc] = scatters[..] else {
+    let [sc] = updates_of(g, uses, r)[..] else {
         return false;
     };
     let node = &g.nodes[sc];
@@ -1094,32 +1087,6 @@ fn dependents_before(s: &Schedule, g: &Graph, r: ValueId, limit: usize) -> HashS
     out
 }
 
-/// Walking back through chain links from `r`, is the first base a fresh
-/// elementwise value (a `clone`, a computed tensor) that would otherwise be
-/// copied whole, rather than a buffer that exists anyway (a parameter, a
-/// kernel's result), where updating regions in place moves fewer bytes?
-fn chain_root_is_fresh(g: &Graph, s: &Schedule, r: ValueId) -> bool {
-    let mut v = r;
-    loop {
-        let Some(n) = g.node_of(v) else {
-            return false;
-        };
-        let node = &g.nodes[n];
-        if s.is_materialized.contains(&v) && v != r {
-            return false;
-        }
-        match node.args.first() {
-            Some(&Arg::Tensor(base)) if scatter_view(g, n).is_some() => {
-                if s.is_materialized.contains(&base) {
-                    return false;
-                }
-                v = base;
-            }
-            _ => return class(g, n).is_ok_and(|c| c == Class::Map),
-        }
-    }
-}
-
 /// Operations per element a chain link may cost each kernel that
 /// recomputes it (`fresh_chain_link`).
 const MAX_LINK_OPS: usize = 64;
@@ -1132,26 +1099,32 @@ const MAX_LINK_OPS: usize = 64;
 /// source once, where in-place updates would copy it whole and then
 /// rewrite region after region. Its sources may read `r` anywhere (unlike
 /// `chain_link`), so recomputation is bounded by `MAX_LINK_OPS`.
-fn fresh_chain_link(g: &Graph, s: &Schedule, out: &HashSet<ValueId>, r: ValueId) -> bool {
+fn fresh_chain_link(g: &Graph, s: &Schedule, r: ValueId) -> bool {
     let uses = s.uses.get(&r).map(Vec::as_slice).unwrap_or(&[]);
-    let bases = uses
-        .iter()
-        .filter(|&&u| {
-            scatter_view(g, u).is_some() && g.nodes[u].args.first() == Some(&Arg::Tensor(r))
-        })
-        .count();
     let mut budget = MAX_LINK_OPS;
-    bases == 1
+    updates_of(g, uses, r).len() == 1
         && uses
             .iter()
             .all(|&u| class(g, u).is_ok_and(|c| c == Class::Map))
-        && whole_chain_root(g, s, out, r)
         && inline_ops(g, s, r, &HashSet::new(), &mut budget).is_some()
+}
+
+/// The region updates among `uses` that write over `r` (their base).
+fn updates_of(g: &Graph, uses: &[NodeId], r: ValueId) -> Vec<NodeId> {
+    uses.iter()
+        .copied()
+        .filter(|&u| {
+            scatter_view(g, u).is_some() && g.nodes[u].args.first() == Some(&Arg::Tensor(r))
+        })
+        .collect()
 }
 
 /// Walking back from `r` through region updates computed inline, does the
 /// chain start from a value computed whole anyway: an elementwise value
-/// (a `clone`), or an update of a buffer it may not write in place?
+/// (a `clone`) that would otherwise be copied whole, or an update of a
+/// buffer it may not write in place, rather than a buffer that exists
+/// anyway (a parameter, a kernel's result), where updating regions in
+/// place moves fewer bytes?
 fn whole_chain_root(g: &Graph, s: &Schedule, out: &HashSet<ValueId>, r: ValueId) -> bool {
     let mut v = r;
     loop {
