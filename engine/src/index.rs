@@ -377,7 +377,7 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
             let [src, idx] = tensors(0)[..] else {
                 return Err(format!("{}: argument {index} is not a tensor", def.name));
             };
-            let (outer, inner) = index_select_split(g.meta(src), node.args.get(dim))?;
+            let (outer, inner) = index_select_split(g.meta(src), &node.args, dim)?;
             let nidx = g.meta(idx).numel();
             Ok(vec![
                 Read::Other(src),
@@ -408,13 +408,17 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
 }
 
 /// `index_select(self, dim, ...)`'s result as `[outer, index, inner]`
-/// around `dim`: the sizes before and after it.
+/// around `dim` (argument `dim` of `args`; absent: dimension 0, an
+/// `embedding`'s rows): the sizes before and after it.
 pub fn index_select_split(
     src: &Meta,
-    dim: Option<&Arg<ValueId>>,
+    args: &[Arg<ValueId>],
+    dim: Option<usize>,
 ) -> Result<(usize, usize), String> {
-    let Some(&Arg::Int(d)) = dim else {
-        return Err("index_select: no dim".into());
+    let d = match dim.map(|i| args.get(i)) {
+        None => 0,
+        Some(Some(&Arg::Int(d))) => d,
+        Some(_) => return Err("index_select: no dim".into()),
     };
     if src.sizes.is_empty() {
         return Ok((1, 1));

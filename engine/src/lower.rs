@@ -344,8 +344,7 @@ fn may_fault(g: &Graph, n: kiln_functionalize::graph::NodeId) -> bool {
         );
     let indexed = matches!(
         node.op.def().lowering,
-        Lowering::Gather(_)
-            | Lowering::IndexPut
+        Lowering::IndexPut
             | Lowering::Map(
                 Elem::Index
                     | Elem::IndexAdd
@@ -448,16 +447,9 @@ fn kernel_flops(
                 return f;
             }
             let node = &g.nodes[n];
-            // Reductions and row kernels: per input element; a gather
-            // copies rows (per output element).
-            let gather = matches!(
-                node.op.def().lowering,
-                kiln_functionalize::ops::Lowering::Gather(_)
-            );
+            // Reductions and row kernels: per input element.
             if let Some(&x) = node.args.first().and_then(|a| a.tensors().first().copied()) {
-                if !gather {
-                    return ops * g.meta(x).numel().max(g.meta(*v).numel());
-                }
+                return ops * g.meta(x).numel().max(g.meta(*v).numel());
             }
         }
     }
@@ -712,7 +704,17 @@ pub(crate) fn generate(
             };
         for (vals, codes) in units {
             let cost = KernelCost::of(g, &sched, &vals, &registers, &packing);
-            let flops = kernel_flops(g, &sched, &vals, cost.ops.len(), cost.elements);
+            // Kernels sharing a launch (sibling products): each one's own.
+            let flops = if vals.len() > 1 && !is_map(g, &sched, vals[0]) {
+                vals.iter()
+                    .map(|&v| {
+                        let c = KernelCost::of(g, &sched, &[v], &registers, &packing);
+                        kernel_flops(g, &sched, &[v], c.ops.len(), c.elements)
+                    })
+                    .sum()
+            } else {
+                kernel_flops(g, &sched, &vals, cost.ops.len(), cost.elements)
+            };
             for code in codes {
                 check_bindings_apart(&code)?;
                 if code.bindings.len() > planned {
@@ -1180,6 +1182,7 @@ impl KernelCost {
         let mut reads: Vec<ValueId> = vec![];
         let mut written = 0;
         let mut elements = 0;
+        let mut nodes: HashSet<NodeId> = HashSet::new();
         for &v in grp {
             let Def::Node(n, _) = g.values[v].def else {
                 continue;
@@ -1190,6 +1193,8 @@ impl KernelCost {
                 .into_iter()
                 .filter(|m| !members.contains(m))
                 .collect();
+            nodes.insert(n);
+            nodes.extend(region.iter().copied());
             region.sort_by_key(|&m| g.order.iter().position(|&x| x == m));
             ops.extend(region.iter().map(|&m| g.nodes[m].op.name().to_string()));
             ops.push(g.nodes[n].op.name().to_string());
@@ -1214,30 +1219,19 @@ impl KernelCost {
         // Elementwise kernels and in-place scatters read each buffer at most
         // once per invocation; other kernels are charged whole buffers.
         let per_thread = is_map(g, sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
-        // A gather reads of its table only the rows it copies.
-        let table = g
-            .node_of(grp[0])
-            .and_then(|n| match g.nodes[n].op.def().lowering {
-                Lowering::Gather(form) => g.nodes[n]
-                    .args
-                    .get(form.table)?
-                    .tensors()
-                    .first()
-                    .copied()
-                    .copied(),
-                _ => None,
-            });
+        let tables = selected_rows(g, sched, &nodes);
         let charges: Vec<(ValueId, usize)> = reads
             .iter()
             .map(|&r| {
                 let whole = bytes(r);
-                let charge = if Some(r) == table {
-                    whole.min(written)
-                } else if per_thread {
-                    whole.min((elements * whole).div_ceil(g.meta(r).numel().max(1)))
-                } else {
-                    whole
-                };
+                let share = |n: usize| whole.min((n * whole).div_ceil(g.meta(r).numel().max(1)));
+                let mut charge = whole;
+                if per_thread {
+                    charge = share(elements);
+                }
+                if let Some(&picked) = tables.get(&r) {
+                    charge = charge.min(share(picked));
+                }
                 (r, charge)
             })
             .collect();
@@ -1260,6 +1254,39 @@ impl KernelCost {
         };
         (cost, charges)
     }
+}
+
+/// Buffers a kernel (its nodes, inlined ones included) reads only as the
+/// table of selections (`embedding`, `index_select`), with the elements
+/// they pick: those are read, not the whole table.
+fn selected_rows(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    nodes: &HashSet<NodeId>,
+) -> HashMap<ValueId, usize> {
+    let mut rows: HashMap<ValueId, usize> = HashMap::new();
+    let mut direct: HashSet<ValueId> = HashSet::new();
+    for &m in nodes {
+        let node = &g.nodes[m];
+        let select = matches!(
+            node.op.def().lowering,
+            Lowering::Map(Elem::IndexSelect { .. }) | Lowering::Free(Elem::IndexSelect { .. })
+        );
+        for (i, a) in node.args.iter().enumerate() {
+            for &t in a.tensors() {
+                if !sched.is_materialized.contains(&t) {
+                    continue;
+                }
+                if select && i == 0 {
+                    *rows.entry(t).or_default() += g.meta(node.results[0]).numel();
+                } else {
+                    direct.insert(t);
+                }
+            }
+        }
+    }
+    rows.retain(|t, _| !direct.contains(t));
+    rows
 }
 
 /// Refuses a kernel binding one buffer twice over overlapping bytes

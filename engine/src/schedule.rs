@@ -574,7 +574,6 @@ fn fuse_products(
                 | Lowering::Softmax { .. }
                 | Lowering::LayerNorm
                 | Lowering::Reduce(_)
-                | Lowering::Gather(_)
         ) {
             continue;
         }

@@ -875,7 +875,6 @@ impl<'a> Gen<'a> {
             Lowering::MatMul(_) => Ok(vec![self.matmul(n, label)?]),
             Lowering::Attention => Ok(vec![self.sdpa(n, label)?]),
             Lowering::Scan => Ok(vec![self.cumsum(n, v, label)?]),
-            Lowering::Gather(_) => Ok(vec![self.gather(n, v, label)?]),
             Lowering::Extreme { .. } => Ok(vec![self.extreme(n, v, label)?]),
             Lowering::Sort { .. } => Ok(vec![self.sort(n, v, label)?]),
             Lowering::Custom => Ok(vec![self.custom(n, v, label)?]),

@@ -38,8 +38,6 @@ pub enum Lowering {
     Attention,
     /// Running sums along a dimension: a line per invocation.
     Scan,
-    /// Rows of a table picked by an index (`embedding`, `index_select`).
-    Gather(GatherForm),
     IndexPut,
     /// The extreme of each line and its index (`argmax`, `max.dim`): an
     /// output element per invocation. `high`: the maximum; `index_only`:
@@ -84,10 +82,13 @@ pub enum Elem {
     /// `self` along `dim` at the index tensor's value here; `index` and
     /// `dim` are argument positions (`gather`, `take_along_dim`).
     GatherAlong { index: usize, dim: usize },
-    /// `self` with position `p` along `dim` taken from `index[p]`, a 1-d
-    /// index (`index_select`); argument positions. Inline, so chained
-    /// selections (upsampling's, per dimension) are one kernel.
-    IndexSelect { index: usize, dim: usize },
+    /// `self` with position `p` along `dim` taken from `index[p]`
+    /// (`index_select`'s 1-d index; `embedding`: `dim` absent, rows of the
+    /// table for every element of an index of any shape, flattened);
+    /// argument positions. Inline, so chained selections (upsampling's, per
+    /// dimension) are one kernel, and a lookup is read where it is used (a
+    /// transformer's embeddings summed and normalized in one kernel).
+    IndexSelect { index: usize, dim: Option<usize> },
     /// `self`, then every source element whose index names this position
     /// (the last wins): `scatter`, `scatter_add` (`add`), `index_copy`
     /// (`copy`: a whole-slice index).
@@ -182,15 +183,6 @@ impl ProductForm {
     }
 }
 
-/// Where a gather's table, index and dim are (`embedding`: the table's
-/// rows, `dim` absent).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GatherForm {
-    pub table: usize,
-    pub index: usize,
-    pub dim: Option<usize>,
-}
-
 impl Lowering {
     /// The view op a scatter writes through.
     pub fn scatter_view(self) -> Option<OpId> {
@@ -250,7 +242,6 @@ impl Lowering {
             Lowering::MatMul(_) => "matrix product",
             Lowering::Attention => "attention",
             Lowering::Scan => "scan",
-            Lowering::Gather(_) => "gather",
             Lowering::IndexPut => "index put",
             Lowering::Extreme { .. } => "extreme",
             Lowering::Sort { .. } => "sort",

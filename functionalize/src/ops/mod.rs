@@ -23,7 +23,7 @@ pub mod select;
 mod table;
 pub mod views;
 
-pub use lowering::{Elem, GatherForm, Lowering, ProductForm, Reduction, RegionKind, RemapKind};
+pub use lowering::{Elem, Lowering, ProductForm, Reduction, RegionKind, RemapKind};
 
 use crate::meta::{Meta, Metas};
 use crate::schema::{Arg, Schema, Schemas};

@@ -65,7 +65,7 @@ pub(super) fn declare(b: &mut Builder) {
         Functional,
         &["embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor"],
         k::embedding_infer,
-        k::embedding_eval, L::Gather(GatherForm { table: 0, index: 1, dim: None }),
+        k::embedding_eval, L::Map(E::IndexSelect { index: 1, dim: None }),
     ).rules(d::embedding, d::jvp_linear, bt::embedding);
     b.kernel(
         "cat",
@@ -157,7 +157,10 @@ pub(super) fn declare(b: &mut Builder) {
         &["index_select(Tensor self, int dim, Tensor index) -> Tensor"],
         k::index_select_infer,
         k::index_select_eval,
-        L::Map(crate::ops::Elem::IndexSelect { index: 2, dim: 1 }),
+        L::Map(E::IndexSelect {
+            index: 2,
+            dim: Some(1),
+        }),
     )
     .rules(d::index_select, d::jvp_linear, bt::indexed_dim);
 }

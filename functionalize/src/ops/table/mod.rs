@@ -19,8 +19,8 @@ pub(super) use super::pointwise as p;
 pub(super) use super::select as sel;
 pub(super) use super::views;
 pub(super) use super::{
-    Elem as E, EvalFn, GatherForm, InferFn, Inverse, Lowering as L, Lowering, OpDef, OpId, OpKind,
-    OpKind::*, ProductForm, Reduction, RegionKind, RemapKind, Rule, Table,
+    Elem as E, EvalFn, InferFn, Inverse, Lowering as L, Lowering, OpDef, OpId, OpKind, OpKind::*,
+    ProductForm, Reduction, RegionKind, RemapKind, Rule, Table,
 };
 use crate::rule::{BatchFn, JvpFn, VjpFn};
 use crate::schema::Schemas;
