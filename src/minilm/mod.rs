@@ -29,6 +29,8 @@ pub const LAYERS: usize = 6;
 /// (`sentence_bert_config.json`), which truncates longer text to it.
 pub const MAX_LEN: usize = 256;
 const LN_EPS: f64 = 1e-12;
+/// The projections a layer's stacked `attention_self_qkv` holds, in order.
+const QKV: [&str; 3] = ["query", "key", "value"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -116,8 +118,12 @@ impl MiniLm {
         self.arithmetic
     }
 
-    /// Weight `param` (a graph parameter name), borrowing the mapped file.
+    /// Weight `param` (a graph parameter name), borrowing the mapped file
+    /// (a layer's stacked query, key and value projection: copied).
     pub fn weight(&self, param: &str) -> Result<HostTensor<'_>, ModelError> {
+        if let Some(stacked) = self.stacked_qkv(param) {
+            return stacked;
+        }
         self.names
             .get(param)
             .and_then(|n| self.weights.get(n))
@@ -128,6 +134,25 @@ impl MiniLm {
                     self.weights.path()
                 ))
             })
+    }
+
+    /// A layer's `..._attention_self_qkv_{weight,bias}`: its query, key
+    /// and value weights (or biases) stacked along the output features, in
+    /// that order; `None` for other names.
+    fn stacked_qkv(&self, param: &str) -> Option<Result<HostTensor<'_>, ModelError>> {
+        let (layer, w) = param.split_once("_attention_self_qkv_")?;
+        let stack = || {
+            let mut data: Vec<f32> = vec![];
+            let mut sizes = vec![];
+            for part in QKV {
+                let t = self.weight(&format!("{layer}_attention_self_{part}_{w}"))?;
+                data.extend(t.to_vec::<f32>()?);
+                sizes = t.sizes().to_vec();
+            }
+            sizes[0] *= QKV.len();
+            Ok(HostTensor::from_slice(&sizes, &data)?)
+        };
+        Some(stack())
     }
 
     /// Weight `param` in the model's arithmetic: borrowed from the mapped
@@ -221,7 +246,13 @@ impl MiniLm {
         Ok((ids, full))
     }
 
-    /// The weight parameters, in the order `forward` declares them.
+    /// The weight parameters, in the order `forward` declares them: the
+    /// file's weights, but for each layer's query, key and value
+    /// projections, stacked into one (`..._attention_self_qkv_weight`
+    /// [1152, 384] and its bias), as inference engines load them: one
+    /// product (one launch where WebGPU's 8 storage buffers a kernel would
+    /// take two for three siblings), its result read in place by the
+    /// attention kernel.
     pub fn weight_names() -> Vec<String> {
         let mut names: Vec<String> = [
             "embeddings.word_embeddings.weight",
@@ -235,9 +266,7 @@ impl MiniLm {
         .collect();
         for l in 0..LAYERS {
             for part in [
-                "attention.self.query",
-                "attention.self.key",
-                "attention.self.value",
+                "attention.self.qkv",
                 "attention.output.dense",
                 "attention.output.LayerNorm",
                 "intermediate.dense",
@@ -404,11 +433,13 @@ fn forward(p: &[Tensor], batch: usize, seq: usize, dtype: DType) -> Tensor {
     // Padding as a bool [b, 1, 1, s] mask for the attention scores.
     let pad = mask.eq(0).view(&[b, 1, 1, s]);
     for l in 0..LAYERS {
-        let lw = |k: usize| w(5 + l * 16 + k);
-        let heads = |t: Tensor| t.view(&[b, s, HEADS as i64, d]).transpose(1, 2);
-        let q = heads(linear(&x, lw(0), lw(1)));
-        let k = heads(linear(&x, lw(2), lw(3)));
-        let v = heads(linear(&x, lw(4), lw(5)));
+        let lw = |k: usize| w(5 + l * 12 + k);
+        // [b, s, 3 x heads x d] -> [3, b, heads, s, d] (timm's form): one
+        // permutation of the product's result, then a head-split tensor each.
+        let qkv = linear(&x, lw(0), lw(1))
+            .view(&[b, s, 3, HEADS as i64, d])
+            .permute(&[2, 0, 3, 1, 4]);
+        let (q, k, v) = (qkv.select(0, 0), qkv.select(0, 1), qkv.select(0, 2));
         let scores = &q.matmul(&k.transpose(-1, -2)) * (1.0 / (d as f64).sqrt());
         // The dtype's lowest value, as transformers' extended mask.
         let lowest = if dtype == DType::F16 {
@@ -419,12 +450,12 @@ fn forward(p: &[Tensor], batch: usize, seq: usize, dtype: DType) -> Tensor {
         scores.masked_fill_(&pad, lowest);
         let probs = scores.softmax(-1);
         let ctx = probs.matmul(&v).transpose(1, 2).reshape(&[b, s, h]);
-        let attn = linear(&ctx, lw(6), lw(7));
+        let attn = linear(&ctx, lw(2), lw(3));
         attn.add_(&x);
-        let x1 = attn.layer_norm(&[h], Some(lw(8)), Some(lw(9)), LN_EPS);
-        let ff = linear(&linear(&x1, lw(10), lw(11)).gelu(), lw(12), lw(13));
+        let x1 = attn.layer_norm(&[h], Some(lw(4)), Some(lw(5)), LN_EPS);
+        let ff = linear(&linear(&x1, lw(6), lw(7)).gelu(), lw(8), lw(9));
         ff.add_(&x1);
-        x = ff.layer_norm(&[h], Some(lw(14)), Some(lw(15)), LN_EPS);
+        x = ff.layer_norm(&[h], Some(lw(10)), Some(lw(11)), LN_EPS);
     }
     // Mean over the real tokens, then unit length.
     let m = if dtype == DType::F32 {
