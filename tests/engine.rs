@@ -194,6 +194,40 @@ fn region_updates_of_a_fresh_copy_are_one_kernel() {
 }
 
 #[test]
+fn strided_scatters_whose_positions_invert_are_maps() {
+    // A window and a diagonal through `as_strided` (strides nesting): each
+    // element tests whether the view holds it, so the clone, both updates
+    // and the outputs are one kernel, as for `slice_scatter`.
+    let p = compiled(
+        "graph f(%x: f32[4, 5], %s: f32[2, 2]) {
+           %b = clone(%x)
+           %w = as_strided(%b, [2, 2], [5, 1], 6)
+           %c = copy_(%w, %s)
+           %d = as_strided(%b, [4], [6], 0)
+           %m = mul_(%d, 10.0)
+           return %b
+         }",
+    );
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert_eq!(p.bytes_moved(), (20 + 4 + 20) * 4, "{}", p.stats());
+    // Positions 0, 2, 3, 5 (strides 3 and 2 interleave): no closed form,
+    // the view's elements written by a kernel of their own (here over the
+    // dying parameter).
+    let p = compiled(
+        "graph f(%x: f32[10], %s: f32[2, 2]) {
+           %y = as_strided_scatter(%x, %s, [2, 2], [3, 2], 0)
+           return %y
+         }",
+    );
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert!(
+        p.kernels[0].code.label.ends_with("(in place)"),
+        "{}",
+        p.stats()
+    );
+}
+
+#[test]
 fn outputs_of_one_size_and_other_shapes_share_a_kernel() {
     // A value, another of x reshaped and a fill of x's transpose: as many
     // elements each, one kernel reading x once (each invocation computes

@@ -6,7 +6,9 @@
 
 use crate::error::CompileError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
-use kiln_functionalize::ops::{Lowering, OpKind};
+use kiln_functionalize::meta::Meta;
+use kiln_functionalize::ops::{self, Lowering, OpKind};
+use kiln_functionalize::schema::Arg;
 use std::collections::{HashMap, HashSet};
 
 /// How a node is computed.
@@ -35,8 +37,42 @@ pub fn class(g: &Graph, n: NodeId) -> Result<Class, CompileError> {
             Err(CompileError::no_kernel(format!("`{}` is {kind}", def.name)).at(g, n))
         }
         l if l.is_map() => Ok(Class::Map),
+        // `as_strided_scatter` is a predicated map where its view's
+        // positions invert in closed form; else a copy, then the writes.
+        Lowering::StridedScatter(_) if nested_strided_view(g, n).is_some() => Ok(Class::Map),
         _ => Ok(Class::Kernel),
     }
+}
+
+/// (dim, size, stride) of a strided view's dims.
+pub type StridedDims = Vec<(usize, usize, usize)>;
+
+/// `as_strided_scatter` node `n`'s view over its contiguous result when no
+/// two of its elements share a position and its strides nest (each at
+/// least the span of the smaller ones: a strided block, a diagonal), so a
+/// position's place in the view follows by division
+/// (`index::Region::Strided`): its offset, rank, and (dim, size, stride)
+/// of its dims longer than 1, largest stride first.
+pub fn nested_strided_view(g: &Graph, n: NodeId) -> Option<(usize, usize, StridedDims)> {
+    let node = &g.nodes[n];
+    let view = node.op.def().lowering.scatter_view()?;
+    let out = g.meta(node.results[0]);
+    let om = Meta::contiguous(out.dtype, out.sizes.clone());
+    let mut va: Vec<Arg<&Meta>> = vec![Arg::Tensor(&om)];
+    va.extend(
+        node.args
+            .get(2..)?
+            .iter()
+            .map(|a| a.map(&mut |x| g.meta(*x))),
+    );
+    let vm = ops::infer(view, &va).ok()?.remove(0);
+    let mut dims: Vec<(usize, usize, usize)> = (0..vm.dim())
+        .filter(|&d| vm.sizes[d] > 1)
+        .map(|d| (d, vm.sizes[d], vm.strides[d]))
+        .collect();
+    dims.sort_by_key(|&(_, _, st)| std::cmp::Reverse(st));
+    let nests = dims.windows(2).all(|w| w[0].2 >= w[1].1 * w[1].2);
+    (nests && dims.iter().all(|&(_, _, st)| st > 0)).then_some((vm.offset, vm.dim(), dims))
 }
 
 /// Index maps and factories: free to recompute in every consumer.

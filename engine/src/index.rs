@@ -156,6 +156,19 @@ pub enum Region {
         d1: usize,
         d2: usize,
     },
+    /// `as_strided_scatter`'s view where no two of its elements share a
+    /// position and its strides nest (each at least the span of the
+    /// smaller ones: a strided sub-block, a diagonal): the flat position
+    /// `p` minus `offset` divided by the strides from the largest, every
+    /// quotient within its size and nothing left over. `out`: the
+    /// output's contiguous strides; `dims`: (source dim, size, stride) of
+    /// the dims longer than 1, largest stride first; `rank`: the source's.
+    Strided {
+        out: Vec<usize>,
+        dims: Vec<(usize, usize, usize)>,
+        offset: usize,
+        rank: usize,
+    },
 }
 
 impl Region {
@@ -168,8 +181,10 @@ impl Region {
             .map(|a| a.map(&mut |v| g.meta(*v)))
             .collect();
         let wrap = |d: i64| wrap_dim(d, out.dim());
-        let Lowering::RegionScatter { region, .. } = node.op.def().lowering else {
-            return Err(format!("{} has no closed-form region", node.op.name()));
+        let region = match node.op.def().lowering {
+            Lowering::RegionScatter { region, .. } => region,
+            Lowering::StridedScatter(_) => return Region::strided(g, n, out),
+            _ => return Err(format!("{} has no closed-form region", node.op.name())),
         };
         Ok(match region {
             RegionKind::Slice => {
@@ -199,6 +214,19 @@ impl Region {
                 d1: wrap(a.int(3)?)?,
                 d2: wrap(a.int(4)?)?,
             },
+        })
+    }
+
+    /// `as_strided_scatter` node `n`'s view over its contiguous output,
+    /// where it nests (`Region::Strided`).
+    fn strided(g: &Graph, n: NodeId, out: &Meta) -> Result<Region, String> {
+        let (offset, rank, dims) = crate::fusion::nested_strided_view(g, n)
+            .ok_or("the strided view overlaps itself or interleaves")?;
+        Ok(Region::Strided {
+            out: contiguous_strides(&out.sizes),
+            dims,
+            offset,
+            rank,
         })
     }
 
@@ -237,6 +265,37 @@ impl Region {
                 sm.push(k);
                 (pred, sm)
             }
+            Region::Strided {
+                ref out,
+                ref dims,
+                offset,
+                rank,
+            } => {
+                let p: Vec<String> = m
+                    .iter()
+                    .zip(out)
+                    .map(|(x, st)| format!("{x} * {st}u"))
+                    .collect();
+                let p = format!(
+                    "({})",
+                    if p.is_empty() {
+                        "0u".into()
+                    } else {
+                        p.join(" + ")
+                    }
+                );
+                let mut pred = vec![format!("{p} >= {offset}u")];
+                let mut r = format!("({p} - {offset}u)");
+                let mut sm = vec!["0u".to_string(); rank];
+                for &(d, size, st) in dims {
+                    let a = format!("({r} / {st}u)");
+                    pred.push(format!("{a} < {size}u"));
+                    sm[d] = a;
+                    r = format!("({r} % {st}u)");
+                }
+                pred.push(format!("{r} == 0u"));
+                (format!("({})", pred.join(" && ")), sm)
+            }
         }
     }
 
@@ -270,6 +329,24 @@ impl Region {
                     sm.push(if offset >= 0 { m[d1] } else { m[d2] });
                     sm
                 })
+            }
+            Region::Strided {
+                ref out,
+                ref dims,
+                offset,
+                rank,
+            } => {
+                let p: usize = m.iter().zip(out).map(|(x, st)| x * st).sum();
+                let mut r = p.checked_sub(offset)?;
+                let mut sm = vec![0; rank];
+                for &(d, size, st) in dims {
+                    sm[d] = r / st;
+                    if sm[d] >= size {
+                        return None;
+                    }
+                    r %= st;
+                }
+                (r == 0).then_some(sm)
             }
         }
     }
@@ -309,7 +386,7 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
     let at = |t: ValueId| Read::At(t, Affine::broadcast(&out.sizes, g.meta(t)));
     let elem = match def.lowering {
         Lowering::Map(e) | Lowering::Free(e) => e,
-        Lowering::RegionScatter { .. } => {
+        Lowering::RegionScatter { .. } | Lowering::StridedScatter(_) => {
             let t = tensors(0);
             let (base, src) = (t[0], t[1]);
             return Ok(vec![

@@ -603,6 +603,13 @@ def gen_scatters():
          "%z = as_strided_scatter(%v, %s, [3], [1], 1)"], ["%y", "%z"],
         None, "size/stride/offset address %x's storage, as as_strided does: offset 11 is %v[0, 1];"
         " offset 1 lies outside %v, so %z equals %v")
+    add("as_strided_scatter", "interleaved", ["%x: f32[10]", "%s: f32[2, 2]"],
+        ["%y = as_strided_scatter(%x, %s, [2, 2], [3, 2], 0)"], ["%y"],
+        None, "positions 0, 2, 3, 5: no stride spans the other's, so no closed-form inverse"
+        " (a copy, then the writes)")
+    add("as_strided_scatter", "nested_unit_dims", ["%x: f32[5, 8]", "%s: f32[2, 1, 3]"],
+        ["%y = as_strided_scatter(%x, %s, [2, 1, 3], [17, 5, 2], 3)", "%z = mul(%y, 2.0)"],
+        ["%z"])
     add("as_strided_scatter", "on_transposed_base", ["%x: f32[3, 4]", "%s: f32[2]"],
         ["%t = t(%x)", "%y = as_strided_scatter(%t, %s, [2], [1], 0)"], ["%y"],
         None, "the result keeps %t's layout: storage elements 0 and 1 are %t[0, 0] and %t[1, 0]")

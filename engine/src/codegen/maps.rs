@@ -40,7 +40,9 @@ impl Gen<'_> {
         let out = g.meta(node.results[k]).clone();
         let elem = match def.lowering {
             Lowering::Map(e) | Lowering::Free(e) => e,
-            Lowering::RegionScatter { .. } => return self.region_scatter_at(n, idx),
+            Lowering::RegionScatter { .. } | Lowering::StridedScatter(_) => {
+                return self.region_scatter_at(n, idx)
+            }
             _ => return Err(bug(format!("{} cannot be computed inline", def.name))),
         };
         let t = |i| tensor_arg(g, n, i);
