@@ -228,6 +228,36 @@ fn strided_scatters_whose_positions_invert_are_maps() {
 }
 
 #[test]
+fn short_index_puts_are_maps() {
+    // One index of a few positions: each element of the result scans
+    // them (duplicates summed in order), so the put, its copy of self and
+    // the tanh after it are one kernel.
+    let p = compiled(
+        "graph f(%x: f32[6, 4], %i: i64[5], %v: f32[5, 4]) {
+           %y = index_put(%x, [%i], %v, true)
+           %z = tanh(%y)
+           return %z
+         }",
+    );
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    // Past `MAX_PUT_SCAN` positions, one invocation walks them once (here
+    // over the dying parameter), a kernel of its own.
+    let p = compiled(
+        "graph f(%x: f32[6, 4], %i: i64[300], %v: f32[300, 4]) {
+           %y = index_put(%x, [%i], %v, true)
+           %z = tanh(%y)
+           return %z
+         }",
+    );
+    assert_eq!(p.kernels.len(), 2, "{}", p.stats());
+    assert!(
+        p.kernels[0].code.label.ends_with("(in place)"),
+        "{}",
+        p.stats()
+    );
+}
+
+#[test]
 fn outputs_of_one_size_and_other_shapes_share_a_kernel() {
     // A value, another of x reshaped and a fill of x's transpose: as many
     // elements each, one kernel reading x once (each invocation computes

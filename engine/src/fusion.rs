@@ -40,6 +40,7 @@ pub fn class(g: &Graph, n: NodeId) -> Result<Class, CompileError> {
         // `as_strided_scatter` is a predicated map where its view's
         // positions invert in closed form; else a copy, then the writes.
         Lowering::StridedScatter(_) if nested_strided_view(g, n).is_some() => Ok(Class::Map),
+        Lowering::IndexPut if index_put_map(g, n).is_some() => Ok(Class::Map),
         _ => Ok(Class::Kernel),
     }
 }
@@ -73,6 +74,31 @@ pub fn nested_strided_view(g: &Graph, n: NodeId) -> Option<(usize, usize, Stride
     dims.sort_by_key(|&(_, _, st)| std::cmp::Reverse(st));
     let nests = dims.windows(2).all(|w| w[0].2 >= w[1].1 * w[1].2);
     (nests && dims.iter().all(|&(_, _, st)| st > 0)).then_some((vm.offset, vm.dim(), dims))
+}
+
+/// Positions an `index_put` index may hold for the put to be computed
+/// element by element (each element scanning them all); longer indices
+/// keep the kernel walking the positions once.
+pub const MAX_PUT_SCAN: usize = 256;
+
+/// `index_put` node `n` with one integer index tensor (a dim picked, the
+/// others whole) of at most `MAX_PUT_SCAN` positions: a map, element `i`
+/// being self there, then each position naming it, in order (the last
+/// wins, or all accumulate). Its dim and index.
+pub fn index_put_map(g: &Graph, n: NodeId) -> Option<(usize, ValueId)> {
+    let Some(Arg::TensorList(idx)) = g.nodes[n].args.get(1) else {
+        return None;
+    };
+    let [(d, t)] = idx
+        .iter()
+        .enumerate()
+        .filter_map(|(d, t)| t.map(|t| (d, t)))
+        .collect::<Vec<_>>()[..]
+    else {
+        return None;
+    };
+    let m = g.meta(t);
+    (m.dtype.is_integral() && m.numel() <= MAX_PUT_SCAN).then_some((d, t))
 }
 
 /// Index maps and factories: free to recompute in every consumer.

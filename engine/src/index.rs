@@ -386,6 +386,13 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
     let at = |t: ValueId| Read::At(t, Affine::broadcast(&out.sizes, g.meta(t)));
     let elem = match def.lowering {
         Lowering::Map(e) | Lowering::Free(e) => e,
+        // Self at the element; the index and the values anywhere.
+        Lowering::IndexPut => {
+            let t = tensors(0);
+            let mut r = vec![Read::At(t[0], Affine::identity(&out.sizes))];
+            r.extend(t[1..].iter().map(|&x| Read::Other(x)));
+            return Ok(r);
+        }
         Lowering::RegionScatter { .. } | Lowering::StridedScatter(_) => {
             let t = tensors(0);
             let (base, src) = (t[0], t[1]);

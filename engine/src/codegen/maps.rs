@@ -43,6 +43,7 @@ impl Gen<'_> {
             Lowering::RegionScatter { .. } | Lowering::StridedScatter(_) => {
                 return self.region_scatter_at(n, idx)
             }
+            Lowering::IndexPut => return self.index_put_at(n, idx),
             _ => return Err(bug(format!("{} cannot be computed inline", def.name))),
         };
         let t = |i| tensor_arg(g, n, i);
@@ -205,6 +206,67 @@ impl Gen<'_> {
         self.body.stmt("}".into());
         self.memo = saved;
         Ok(self.body.bind(t, acc))
+    }
+
+    /// Element `idx` of `index_put(self, indices, values, accumulate)`
+    /// with one integer index (`fusion::index_put_map`): self there, then
+    /// every position of the index naming it along the index's dim, in
+    /// order: the last one's value, or all of them added.
+    fn index_put_at(&mut self, n: NodeId, idx: &str) -> R<String> {
+        let g = self.g;
+        let node = &g.nodes[n];
+        let out = g.meta(node.results[0]).clone();
+        let (d, t) =
+            crate::fusion::index_put_map(g, n).ok_or_else(|| bug("index_put is no map"))?;
+        let Arg::TensorList(indices) = &node.args[1] else {
+            return Err(bug("index_put indices"));
+        };
+        let lay = scatter::layout(g, &out, indices)?;
+        let (x, values) = (self.tensor_arg(n, 0)?, *node.args[2].tensors()[0]);
+        let vm = g.meta(values).clone();
+        let accumulate = matches!(node.args.get(3), Some(Arg::Bool(true)));
+        let m = self.unravel(idx, &out.sizes);
+        let base = self.value_at(x, idx)?;
+        let ty_out = ty(out.dtype);
+        let acc = self.body.var(ty_out, base);
+        let npos = numel(&lay.bshape);
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(npos)));
+        let saved = std::mem::take(&mut self.memo);
+        let ti = self.broadcast_index("k", &lay.bshape, g.meta(t));
+        let iv = self.value_at(t, &ti)?;
+        let iv = self
+            .body
+            .bind("i32", cast(&iv, g.meta(t).dtype, DType::I32));
+        let size = out.sizes[d];
+        self.flag_index(n, &iv, size, true)?;
+        // The values at [before..., k's position in the index, after...].
+        let kpos = self.unravel("k", &lay.bshape);
+        let rpos: Vec<String> = lay
+            .before
+            .iter()
+            .map(|&b| m[b].clone())
+            .chain(kpos)
+            .chain(lay.after.iter().map(|&a| m[a].clone()))
+            .collect();
+        let r = self.ravel(&rpos, &contiguous_strides(&lay.rshape), 0);
+        let vi = self.broadcast_index(&r, &lay.rshape, &vm);
+        let val = self.value_at(values, &vi)?;
+        let val = cast(&val, vm.dtype, out.dtype);
+        let new = if !accumulate {
+            val
+        } else if out.dtype == DType::Bool {
+            format!("({acc} || {val})")
+        } else {
+            format!("({acc} + {val})")
+        };
+        self.body.stmt(format!(
+            "if (select({iv}, {iv} + {size}i, {iv} < 0i) == i32({})) {{ {acc} = {new}; }}",
+            m[d]
+        ));
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(self.body.bind(ty_out, acc))
     }
 
     /// `gather` / `take_along_dim`: self at the own position with `dim`
