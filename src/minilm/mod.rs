@@ -4,7 +4,9 @@
 //! padding mask is applied in place.
 //!
 //! Weights come from `model.safetensors` (memory-mapped, uploaded once to
-//! a session as constants, straight from the mapping), text is tokenized
+//! a session as constants, straight from the mapping; each layer's query,
+//! key and value projections stacked into one, as inference engines load
+//! them: one product instead of three), text is tokenized
 //! by the `tokenizers` crate from `tokenizer.json`. The model is traced per
 //! (batch, sequence length) bucket; the session compiles each bucket once,
 //! and the buckets share the weights and the pipelines of identical
