@@ -253,13 +253,7 @@ impl Gen<'_> {
         let vi = self.broadcast_index(&r, &lay.rshape, &vm);
         let val = self.value_at(values, &vi)?;
         let val = cast(&val, vm.dtype, out.dtype);
-        let new = if !accumulate {
-            val
-        } else if out.dtype == DType::Bool {
-            format!("({acc} || {val})")
-        } else {
-            format!("({acc} + {val})")
-        };
+        let new = scatter::put_value(out.dtype, &acc, &val, accumulate);
         self.body.stmt(format!(
             "if (select({iv}, {iv} + {size}i, {iv} < 0i) == i32({})) {{ {acc} = {new}; }}",
             m[d]

@@ -150,13 +150,7 @@ impl Gen<'_> {
         if loc.packed {
             return Err(bug("index_put into a packed buffer"));
         }
-        let value = if !accumulate {
-            val.to_string()
-        } else if d == DType::Bool {
-            format!("({} || {val})", load(&slot, at, d, false))
-        } else {
-            format!("({} + {val})", load(&slot, at, d, false))
-        };
+        let value = put_value(d, &load(&slot, at, d, false), val, accumulate);
         self.body.stmt(store(&slot, at, d, &value));
         Ok(())
     }
@@ -238,6 +232,18 @@ impl Gen<'_> {
         self.body.stmt("}".into());
         self.memo = saved;
         Ok(self.finish(label, [1, 1, 1], [self.workgroup, 1, 1]))
+    }
+}
+
+/// What a put leaves where it writes `val` over `old`: `val`, or when
+/// accumulating their sum (bools: or).
+pub(super) fn put_value(d: DType, old: &str, val: &str, accumulate: bool) -> String {
+    if !accumulate {
+        val.to_string()
+    } else if d == DType::Bool {
+        format!("({old} || {val})")
+    } else {
+        format!("({old} + {val})")
     }
 }
 
