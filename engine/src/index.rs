@@ -387,7 +387,7 @@ pub fn reads(g: &Graph, n: NodeId, k: usize) -> Result<Vec<Read>, String> {
     let elem = match def.lowering {
         Lowering::Map(e) | Lowering::Free(e) => e,
         // Self at the element; the index and the values anywhere.
-        Lowering::IndexPut => {
+        Lowering::IndexPut if crate::fusion::index_put_map(g, n).is_some() => {
             let t = tensors(0);
             let mut r = vec![Read::At(t[0], Affine::identity(&out.sizes))];
             r.extend(t[1..].iter().map(|&x| Read::Other(x)));

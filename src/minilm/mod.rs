@@ -138,6 +138,21 @@ impl MiniLm {
             })
     }
 
+    /// Weight `param`'s sizes, read without stacking anything.
+    fn weight_sizes(&self, param: &str) -> Result<Vec<usize>, ModelError> {
+        match param.split_once("_attention_self_qkv_") {
+            Some((layer, w)) => {
+                let mut sizes = self
+                    .weight(&format!("{layer}_attention_self_{}_{w}", QKV[0]))?
+                    .sizes()
+                    .to_vec();
+                sizes[0] *= QKV.len();
+                Ok(sizes)
+            }
+            None => Ok(self.weight(param)?.sizes().to_vec()),
+        }
+    }
+
     /// A layer's `..._attention_self_qkv_{weight,bias}`: its query, key
     /// and value weights (or biases) stacked along the output features, in
     /// that order; `None` for other names.
@@ -294,8 +309,11 @@ impl MiniLm {
                 TensorSpec::new("attention_mask", DType::I32, &[batch, seq]),
             ];
             for n in Self::weight_names() {
-                let w = self.weight(&n)?;
-                specs.push(TensorSpec::new(&n, self.arithmetic, w.sizes()));
+                specs.push(TensorSpec::new(
+                    &n,
+                    self.arithmetic,
+                    &self.weight_sizes(&n)?,
+                ));
             }
             let dtype = self.arithmetic;
             let g = trace("minilm", &specs, |p| vec![forward(p, batch, seq, dtype)])?;

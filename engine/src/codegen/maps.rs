@@ -255,7 +255,8 @@ impl Gen<'_> {
         let val = cast(&val, vm.dtype, out.dtype);
         let new = scatter::put_value(out.dtype, &acc, &val, accumulate);
         self.body.stmt(format!(
-            "if (select({iv}, {iv} + {size}i, {iv} < 0i) == i32({})) {{ {acc} = {new}; }}",
+            "if ({} == i32({})) {{ {acc} = {new}; }}",
+            scatter::wrapped(&iv, size),
             m[d]
         ));
         self.body.stmt("}".into());

@@ -121,9 +121,7 @@ impl Gen<'_> {
             let iv = self.value_at(t, &ti)?;
             self.flag_index(n, &iv, sizes[d], true)?;
             let size = sizes[d] as i32;
-            let w = self
-                .body
-                .bind("i32", format!("select({iv}, {iv} + {size}i, {iv} < 0i)"));
+            let w = self.body.bind("i32", wrapped(&iv, sizes[d]));
             terms.push(format!(
                 "u32(clamp({w}, 0i, {}i)) * {}",
                 size - 1,
@@ -233,6 +231,12 @@ impl Gen<'_> {
         self.memo = saved;
         Ok(self.finish(label, [1, 1, 1], [self.workgroup, 1, 1]))
     }
+}
+
+/// Index `iv` (an i32 expression) into a dim of `size`, negative ones
+/// counted from the end.
+pub(super) fn wrapped(iv: &str, size: usize) -> String {
+    format!("select({iv}, {iv} + {}i, {iv} < 0i)", size as i32)
 }
 
 /// What a put leaves where it writes `val` over `old`: `val`, or when
