@@ -1136,6 +1136,36 @@ fn cheap_values_are_recomputed_by_their_readers() {
     }
 }
 
+/// A dying input takes an output of the kernel that reads it last even
+/// where other members of that kernel read it too, each at its own
+/// element: the output is stored after every member has loaded it (`a`
+/// and `b` take the buffers of `x` and `y`, which `gt` and `where` read).
+#[test]
+fn dying_inputs_take_outputs_their_kernel_reads_at_each_element() {
+    let src = "graph members(%x: f32[6, 5], %y: f32[6, 5]) {
+  %a = add(%x, %y)
+  %b = mul(%x, %y)
+  %c = gt(%x, 0.0)
+  %d = where(%c, %x, %y)
+  return (%a, %b, %c, %d)
+}";
+    let g = parse(src).unwrap();
+    let mut e = engine();
+    for options in [
+        kiln::engine::CompileOptions::default(),
+        e.gpu().compile_options(),
+    ] {
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+        // io: x and y (240 B); arena: `where`'s 120 B and the bools' 32.
+        assert_eq!(p.memory.planned_peak(), 392, "{}", p.stats());
+    }
+    let ins = kiln::functionalize::random::random_inputs(&g, 3, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let got = e.run(&g, ins).unwrap();
+    close_run(src, &got, &want, 0.0).unwrap();
+}
+
 /// `index_copy_` and `scatter_` into parameters that die there (a KV
 /// cache) write only their source's elements, in place,
 /// duplicates resolved as the reference does (the last along `dim` wins);

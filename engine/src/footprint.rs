@@ -11,7 +11,7 @@ use crate::fusion::Schedule;
 use crate::index::{self, Affine, Read};
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::contiguous_strides;
-use kiln_functionalize::ops::{self, Rule};
+use kiln_functionalize::ops::Rule;
 use kiln_functionalize::schema::Arg;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -89,17 +89,14 @@ impl Tracer<'_> {
 /// buffer only at its own target element or outside the written region?
 /// `x[view] = f(x[view], ...)`, decided without tracing (any size): every
 /// read of `root`'s buffer in the source `v` is the scatter's own view of
-/// `base` (the same view op and arguments), reached through elementwise
+/// `base` (`fusion::is_scatter_view_copy`), reached through elementwise
 /// ops of one shape, so element `j` reads only the element it writes.
-#[allow(clippy::too_many_arguments)]
 fn same_view_reads(
     g: &Graph,
     s: &Schedule,
     v: ValueId,
-    view: ops::OpId,
-    base: ValueId,
+    sc: NodeId,
     root: ValueId,
-    view_args: &[Arg<ValueId>],
     memo: &mut HashMap<ValueId, bool>,
 ) -> bool {
     if let Some(&b) = memo.get(&v) {
@@ -117,16 +114,12 @@ fn same_view_reads(
     } else if let Def::Node(m, _) = g.values[v].def {
         let node = &g.nodes[m];
         match node.op.def().rule {
-            Rule::ViewCopy(op) => {
-                op == view
-                    && node.args.first() == Some(&Arg::Tensor(base))
-                    && node.args[1..] == *view_args
-            }
+            Rule::ViewCopy(_) => crate::fusion::is_scatter_view_copy(g, sc, v),
             Rule::Pointwise(_) => {
                 let out = &g.meta(v).sizes;
                 node.args.iter().all(|a| match a {
                     Arg::Tensor(x) if g.meta(*x).sizes == *out => {
-                        same_view_reads(g, s, *x, view, base, root, view_args, memo)
+                        same_view_reads(g, s, *x, sc, root, memo)
                     }
                     Arg::Tensor(x) => !reads_root(*x),
                     _ => true,
@@ -155,16 +148,7 @@ pub fn inplace_race_free(g: &Graph, s: &Schedule, n: NodeId, base: ValueId, root
     let Some(view) = crate::fusion::scatter_view(g, n) else {
         return false;
     };
-    if same_view_reads(
-        g,
-        s,
-        src,
-        view,
-        base,
-        root,
-        &node.args[2..],
-        &mut HashMap::new(),
-    ) {
+    if same_view_reads(g, s, src, n, root, &mut HashMap::new()) {
         return true;
     }
     let Ok(vm) = Affine::view(g, view, g.meta(base), &node.args[2..], 0) else {

@@ -111,6 +111,49 @@ pub fn scatter_view(g: &Graph, n: NodeId) -> Option<kiln_functionalize::ops::OpI
     g.nodes[n].op.def().lowering.scatter_view()
 }
 
+/// Is `v` a view copy of scatter `sc`'s base through the region `sc`
+/// writes (`select(b, 0, 2)` or `unbind(b)[2]` for `select_scatter(b, s,
+/// 0, 2)`, a `split` piece for the matching `slice_scatter`)? There `v`
+/// at the source's element is the base at the scatter's element: a chain
+/// of region updates reads each base once per element.
+pub fn is_scatter_view_copy(g: &Graph, sc: NodeId, v: ValueId) -> bool {
+    let node = &g.nodes[sc];
+    let (Some(view), Some(&Arg::Tensor(base))) = (scatter_view(g, sc), node.args.first()) else {
+        return false;
+    };
+    let Def::Node(m, k) = g.values[v].def else {
+        return false;
+    };
+    let copy = &g.nodes[m];
+    let ops::Rule::ViewCopy(op) = copy.op.def().rule else {
+        return false;
+    };
+    if copy.args.first() != Some(&Arg::Tensor(base)) {
+        return false;
+    }
+    if op == view && copy.args[1..] == node.args[2..] {
+        return copy.results.len() == 1;
+    }
+    // Another view op: the same layout over the base.
+    let bm = g.meta(base);
+    let whole = Meta::contiguous(bm.dtype, bm.sizes.clone());
+    let layout = |op, rest: &[Arg<ValueId>]| {
+        let mut args: Vec<Arg<&Meta>> = vec![Arg::Tensor(&whole)];
+        args.extend(rest.iter().map(|a| a.map(&mut |x| g.meta(*x))));
+        ops::infer(op, &args).ok()
+    };
+    let (Some(region), Some(mut pieces)) =
+        (layout(view, &node.args[2..]), layout(op, &copy.args[1..]))
+    else {
+        return false;
+    };
+    let (Some(r), true) = (region.first(), k < pieces.len()) else {
+        return false;
+    };
+    let p = pieces.swap_remove(k);
+    p.sizes == r.sizes && p.strides == r.strides && p.offset == r.offset
+}
+
 /// The schedule: which values have buffers, in which kernels they are made.
 pub struct Schedule {
     /// Materialized values, in the order their kernels run.

@@ -673,19 +673,11 @@ fn value_ok(g: &Graph, s: &Schedule, v: ValueId, pos: Pos, w: &mut Walk) -> bool
     // The scatter's own view of its base, read at the source index, is the
     // base at the scatter's element (the code generator reuses that load).
     if let Pos::Source(sc) = pos {
-        let node = &g.nodes[sc];
-        let here = &g.nodes[m];
-        if let (Some(view), Rule::ViewCopy(op), Some(Arg::Tensor(base))) = (
-            node.op.def().lowering.scatter_view(),
-            &here.op.def().rule,
-            node.args.first(),
+        if let (true, Some(&Arg::Tensor(base))) = (
+            crate::fusion::is_scatter_view_copy(g, sc, v),
+            g.nodes[sc].args.first(),
         ) {
-            if *op == view
-                && here.args.first() == Some(&Arg::Tensor(*base))
-                && here.args[1..] == node.args[2..]
-            {
-                return value_ok(g, s, *base, Pos::Own, w);
-            }
+            return value_ok(g, s, base, Pos::Own, w);
         }
     }
     let ok = match reads(g, m, k) {

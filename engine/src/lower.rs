@@ -57,13 +57,16 @@ fn reuse_dying_inputs(
                     .sharing(root)
                     .iter()
                     .all(|w| !outputs.contains(w) && last.get(w).is_none_or(|&l| l <= here));
-                // No other member of the kernel reads it.
+                // Other members of the kernel read it only at their own
+                // element (codegen stores `v` after every member of that
+                // element is computed) and do not read `v`.
                 let others_read = grp.iter().enumerate().any(|(j, &w)| {
                     j != i
                         && g.node_of(w).is_some_and(|m| {
-                            schedule::reads(g, sched, m)
-                                .iter()
-                                .any(|r| sched.root(*r) == root)
+                            let reads = schedule::reads(g, sched, m);
+                            reads.iter().any(|r| sched.root(*r) == root)
+                                && (reads.contains(&v)
+                                    || !crate::index::reads_only_at_own_index(g, sched, w, root))
                         })
                 });
                 if !dies || others_read || step.get(&root).is_some_and(|&s| s == here) {

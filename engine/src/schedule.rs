@@ -13,7 +13,8 @@
 use crate::error::CompileError;
 use crate::footprint;
 pub use crate::fusion::{
-    class, inlined_region, is_free, reads, reads_value, scatter_view, Class, Fused, Schedule,
+    class, inlined_region, is_free, is_scatter_view_copy, reads, reads_value, scatter_view, Class,
+    Fused, Schedule,
 };
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::ops::{self, Elem, Lowering, Rule};
@@ -100,7 +101,7 @@ pub fn schedule(
             // anyway, or when it feeds another scatter (a chain of writes).
             if let Some(base) = inplace_base(g, &s, &out_set, n) {
                 let feeds_scatter = matches!(uses[..], [u] if scatter_view(g, u).is_some() && g.nodes[u].args[0] == Arg::Tensor(r));
-                if mat || feeds_scatter {
+                if !link && (mat || feeds_scatter) {
                     mat = true;
                     s.inplace.insert(r, base);
                     if out_set.contains(&r) {
@@ -165,13 +166,22 @@ fn recompute_cheap_maps(
         let results: usize = stored.iter().map(|&r| g.meta(r).numel()).sum();
         let cheap = evaluated.is_some_and(|e| e <= MAX_REEVALUATIONS * elements.max(results));
         // The buffers `v` reads now live until its last reader: no more
-        // memory than `v`'s own buffer held over that span.
+        // memory than `v`'s own buffer held over that span. A buffer that
+        // last reader's kernel reads anyway lives no longer.
+        let read_last: HashSet<ValueId> = stored
+            .iter()
+            .filter_map(|&r| g.node_of(r))
+            .filter(|m| s.pos[m] == last)
+            .flat_map(|m| g.nodes[m].inputs())
+            .flat_map(|t| reads_value(g, s, t))
+            .collect();
         let mut extended: Vec<ValueId> = node
             .inputs()
             .into_iter()
             .flat_map(|t| reads_value(g, s, t))
             .filter(|b| {
                 !out.contains(b)
+                    && !read_last.contains(b)
                     && s.uses
                         .get(b)
                         .is_none_or(|us| us.iter().all(|u| *u == n || s.pos[u] < last))
@@ -207,13 +217,15 @@ fn evaluations(
     stored: &mut HashSet<ValueId>,
 ) -> Option<usize> {
     *budget = budget.checked_sub(1)?;
-    let mut uses = s.uses.get(&v)?.clone();
+    let mut uses = s.uses.get(&v).cloned().unwrap_or_default();
     uses.dedup();
     let mut total = 0usize;
     for u in uses {
         let node = &g.nodes[u];
         match node.op.def().lowering {
             Lowering::Map(e) | Lowering::Free(e) if reads_once(e) => {}
+            // An element of a region update reads its base or its source once.
+            Lowering::RegionScatter { .. } => {}
             _ => return None,
         }
         let reads = node
@@ -234,6 +246,14 @@ fn evaluations(
                 g.meta(r).numel()
             } else {
                 evaluations(g, s, r, budget, last, stored)?
+            };
+            // A region update evaluates its source only inside the region.
+            let e = match (node.op.def().lowering, node.args.get(1)) {
+                (Lowering::RegionScatter { .. }, Some(&Arg::Tensor(src))) if src == v => {
+                    let whole = g.meta(r).numel().max(1);
+                    e.checked_mul(g.meta(src).numel())?.div_ceil(whole)
+                }
+                _ => e,
             };
             total = total.checked_add(e.checked_mul(reads)?)?;
         }
@@ -976,24 +996,24 @@ pub fn chain_link(g: &Graph, s: &Schedule, r: ValueId) -> bool {
         return false;
     };
     let node = &g.nodes[sc];
-    let Some(view) = scatter_view(g, sc) else {
-        return false;
-    };
     let Some(&Arg::Tensor(src)) = node.args.get(1) else {
         return false;
     };
-    let args = &node.args[2..];
-    // The other uses: that view of `r`, read only by `f`.
+    // The other uses: that view of `r`, read only by `f` (the other
+    // pieces of an `unbind` or `split` unread).
     let copies: Vec<ValueId> = uses
         .iter()
         .filter(|&&u| u != sc)
         .map(|&u| {
-            let v = &g.nodes[u];
-            match v.op.def().rule {
-                Rule::ViewCopy(op)
-                    if op == view && v.args[1..] == *args && v.results.len() == 1 =>
+            let rs = &g.nodes[u].results;
+            let (same, other): (Vec<ValueId>, Vec<ValueId>) =
+                rs.iter().partition(|&&c| is_scatter_view_copy(g, sc, c));
+            match same[..] {
+                [c] if other
+                    .iter()
+                    .all(|o| s.uses.get(o).is_none_or(Vec::is_empty)) =>
                 {
-                    Some(v.results[0])
+                    Some(c)
                 }
                 _ => None,
             }
@@ -1137,14 +1157,50 @@ fn whole_chain_root(g: &Graph, s: &Schedule, out: &HashSet<ValueId>, r: ValueId)
             Some(&Arg::Tensor(base)) if scatter_view(g, n).is_some() => {
                 if s.is_materialized.contains(&base) {
                     // An earlier link was computed whole; `r` itself is
-                    // unless it can update its base's buffer in place.
-                    return v != r || inplace_base(g, s, out, n).is_none();
+                    // unless it can update its base's buffer in place
+                    // and the chain's regions, written one kernel each,
+                    // cover fewer elements than the base holds.
+                    return v != r
+                        || inplace_base(g, s, out, n).is_none()
+                        || chain_regions_outweigh(g, s, n, base);
                 }
                 v = base;
             }
             _ => return class(g, n).is_ok_and(|c| c == Class::Map),
         }
     }
+}
+
+/// Do the region updates of the chain starting at scatter `n` (over
+/// `base`) write more elements than `base` holds? Updated in place, each
+/// link is a kernel reading and writing its region; computed whole, the
+/// chain's last kernel reads the base and writes the result once
+/// (`chunk_unbind_pieces_mutated`: pieces rewritten twice, a row over
+/// them). The chain follows each link's single update while its result
+/// can stay out of memory (`chain_link`, `fresh_chain_link`).
+fn chain_regions_outweigh(g: &Graph, s: &Schedule, n: NodeId, base: ValueId) -> bool {
+    let whole = g.meta(base).numel();
+    let region = |n: NodeId| match g.nodes[n].args.get(1) {
+        Some(&Arg::Tensor(src)) => g.meta(src).numel(),
+        _ => whole,
+    };
+    let mut written = region(n);
+    let mut link = n;
+    while written <= whole {
+        let [r] = g.nodes[link].results[..] else {
+            return false;
+        };
+        if !(chain_link(g, s, r) || fresh_chain_link(g, s, r)) {
+            return false;
+        }
+        let uses = s.uses.get(&r).map(Vec::as_slice).unwrap_or(&[]);
+        let [next] = updates_of(g, uses, r)[..] else {
+            return false;
+        };
+        written += region(next);
+        link = next;
+    }
+    true
 }
 
 /// Counts the operations evaluating one element of `v` inline takes (the
@@ -1166,7 +1222,7 @@ fn inline_ops(
     };
     *budget = budget.checked_sub(1)?;
     let node = &g.nodes[n];
-    if let (Some(view), Some(&Arg::Tensor(base)), Some(&Arg::Tensor(src))) =
+    if let (Some(_), Some(&Arg::Tensor(base)), Some(&Arg::Tensor(src))) =
         (scatter_view(g, n), node.args.first(), node.args.get(1))
     {
         inline_ops(g, s, base, free, budget)?;
@@ -1177,12 +1233,8 @@ fn inline_ops(
                 .map(Vec::as_slice)
                 .unwrap_or(&[])
                 .iter()
-                .map(|&u| &g.nodes[u])
-                .filter(|c| {
-                    matches!(c.op.def().rule, Rule::ViewCopy(op) if op == view)
-                        && c.args[1..] == node.args[2..]
-                })
-                .flat_map(|c| c.results.iter().copied()),
+                .flat_map(|&u| g.nodes[u].results.iter().copied())
+                .filter(|&c| is_scatter_view_copy(g, n, c)),
         );
         return inline_ops(g, s, src, &same, budget);
     }

@@ -72,11 +72,16 @@ impl Gen<'_> {
                     .bind("u32", format!("gid * {} + {}", u(lanes), u(lane)))
             };
             self.own = idx.clone();
+            let mut members = vec![];
             for &v in group {
                 let Def::Node(n, k) = g.values[v].def else {
                     return Err(bug("a kernel for an input"));
                 };
                 let x = self.node_at(n, k, &idx)?;
+                self.memo.insert((v, idx.clone()), x.clone());
+                members.push((v, x));
+            }
+            for (v, x) in self.stores_last(members) {
                 match acc.get(&v) {
                     Some(words) => {
                         let per = wgsl::per_word(g.meta(v).dtype);
@@ -94,7 +99,6 @@ impl Gen<'_> {
                     }
                     None => self.store_to(v, &idx, &x)?,
                 }
-                self.memo.insert((v, idx.clone()), x);
             }
         }
         self.own = "gid".into();
@@ -151,11 +155,16 @@ impl Gen<'_> {
         let mut words: HashMap<ValueId, (String, Vec<String>)> = HashMap::new();
         for i in &idx {
             self.own = i.clone();
+            let mut members = vec![];
             for &v in group {
                 let Def::Node(n, k) = g.values[v].def else {
                     return Err(bug("a kernel for an input"));
                 };
                 let x = self.node_at(n, k, i)?;
+                self.memo.insert((v, i.clone()), x.clone());
+                members.push((v, x));
+            }
+            for (v, x) in self.stores_last(members) {
                 if !self.registers.contains(&v) {
                     let (slot, _) = self.slot_of(v, true)?;
                     let d = g.meta(v).dtype;
@@ -166,7 +175,6 @@ impl Gen<'_> {
                         self.body.stmt(store(&slot, i, d, &x));
                     }
                 }
-                self.memo.insert((v, i.clone()), x);
             }
         }
         self.own = "gid".into();
@@ -342,17 +350,29 @@ impl Gen<'_> {
     /// Each member of a tiled group at element `e`.
     fn tiled_members(&mut self, group: &[ValueId], e: &str) -> R<()> {
         self.own = e.to_string();
+        let mut members = vec![];
         for &v in group {
             let Def::Node(n, k) = self.g.values[v].def else {
                 return Err(bug("a kernel for an input"));
             };
             let x = self.node_at(n, k, e)?;
+            self.memo.insert((v, e.to_string()), x.clone());
+            members.push((v, x));
+        }
+        for (v, x) in self.stores_last(members) {
             if !self.registers.contains(&v) {
                 self.store_to(v, e, &x)?;
             }
-            self.memo.insert((v, e.to_string()), x);
         }
         Ok(())
+    }
+
+    /// The members of one element in the order their stores go: members
+    /// written into a buffer another member reads (a dying input,
+    /// `lower::reuse_dying_inputs`) last, once every member has loaded it.
+    fn stores_last(&self, mut members: Vec<(ValueId, String)>) -> Vec<(ValueId, String)> {
+        members.sort_by_key(|(v, _)| self.s.alias_of.contains_key(v));
+        members
     }
 
     pub(super) fn map_kernel(

@@ -539,7 +539,6 @@ impl Gen<'_> {
     fn region_scatter_at(&mut self, n: NodeId, idx: &str) -> R<String> {
         let g = self.g;
         let node = &g.nodes[n];
-        let def = node.op.def();
         let out = g.meta(node.results[0]).clone();
         let (base, src) = (self.tensor_arg(n, 0)?, self.tensor_arg(n, 1)?);
         let bv = self.value_at(base, idx)?;
@@ -552,17 +551,11 @@ impl Gen<'_> {
         // The same view of the base, read by the source at `si`, is
         // the base at `idx` (where the predicate holds): a chain of
         // region updates evaluates each base once per element.
-        let view = def
-            .lowering
-            .scatter_view()
-            .ok_or_else(|| bug("scatter without a view"))?;
         for &u in self.s.uses.get(&base).map(Vec::as_slice).unwrap_or(&[]) {
-            let c = &g.nodes[u];
-            if matches!(c.op.def().rule, Rule::ViewCopy(op) if op == view)
-                && c.args[1..] == node.args[2..]
-                && c.results.len() == 1
-            {
-                self.memo.insert((c.results[0], si.clone()), bv.clone());
+            for &c in &g.nodes[u].results {
+                if crate::fusion::is_scatter_view_copy(g, n, c) {
+                    self.memo.insert((c, si.clone()), bv.clone());
+                }
             }
         }
         let sv = self.value_at(src, &si)?;
