@@ -263,7 +263,27 @@ pub fn inlined_region(g: &Graph, s: &Schedule, n: NodeId) -> HashSet<NodeId> {
 
 /// Materialized values a kernel for node `n` reads.
 pub fn reads(g: &Graph, s: &Schedule, n: NodeId) -> Vec<ValueId> {
-    reads_from(g, s, g.nodes[n].inputs().into_vec())
+    reads_from(g, s, read_inputs(g, n))
+}
+
+/// Does node `u` read the elements of its input `r`? (`full_like`,
+/// `zeros_like`, `arange` read only sizes.)
+pub fn reads_values(g: &Graph, u: NodeId, r: ValueId) -> bool {
+    let node = &g.nodes[u];
+    match node.op.def().lowering.elem() {
+        Some(ops::Elem::Fill { value }) => {
+            matches!(node.args.get(value), Some(Arg::Tensor(t)) if *t == r)
+        }
+        Some(ops::Elem::Constant { .. } | ops::Elem::Arange) => false,
+        _ => true,
+    }
+}
+
+/// The inputs whose elements node `n` reads.
+fn read_inputs(g: &Graph, n: NodeId) -> Vec<ValueId> {
+    let mut ins = g.nodes[n].inputs().into_vec();
+    ins.retain(|&t| reads_values(g, n, t));
+    ins
 }
 
 /// Materialized values read to compute `v` inline (`v` itself if it has a
@@ -282,7 +302,7 @@ fn reads_from(g: &Graph, s: &Schedule, mut stack: Vec<ValueId>) -> Vec<ValueId> 
         if s.is_materialized.contains(&v) {
             out.push(v);
         } else if let Def::Node(m, _) = g.values[v].def {
-            stack.extend(g.nodes[m].inputs());
+            stack.extend(read_inputs(g, m));
         }
     }
     out.sort();

@@ -15,7 +15,8 @@ use std::collections::{HashMap, HashSet};
 /// Elementwise results written over an input that dies in the same kernel
 /// (the in-place ops of eager execution): each invocation reads the input
 /// at its own index before writing the result there, so they can share a
-/// buffer. Recorded as buffer aliases in the schedule.
+/// buffer; or over a parameter no later kernel reads. Recorded as buffer
+/// aliases in the schedule.
 fn reuse_dying_inputs(
     g: &Graph,
     sched: &mut schedule::Schedule,
@@ -38,7 +39,16 @@ fn reuse_dying_inputs(
             if !sched.is_materialized.contains(&v) {
                 continue; // kept in registers
             }
-            for u in schedule::reads(g, sched, n) {
+            // The inputs it reads, then parameters read only by earlier
+            // kernels (dead here, their buffers idle until the end).
+            let reads = schedule::reads(g, sched, n);
+            let dead = g
+                .inputs
+                .iter()
+                .copied()
+                .filter(|p| !reads.contains(p) && last.get(p).is_some_and(|&l| l < here));
+            let candidates: Vec<ValueId> = reads.iter().copied().chain(dead).collect();
+            for u in candidates {
                 let root = sched.root(u);
                 if sched.pinned.contains(&root) {
                     continue;

@@ -13,8 +13,8 @@
 use crate::error::CompileError;
 use crate::footprint;
 pub use crate::fusion::{
-    class, inlined_region, is_free, is_scatter_view_copy, reads, reads_value, scatter_view, Class,
-    Fused, Schedule,
+    class, inlined_region, is_free, is_scatter_view_copy, reads, reads_value, reads_values,
+    scatter_view, Class, Fused, Schedule,
 };
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::ops::{self, Elem, Lowering, Rule};
@@ -359,19 +359,6 @@ pub fn view_chain_layout(g: &Graph, v: ValueId, base: ValueId) -> Option<kiln_fu
         m = r;
     }
     Some(m)
-}
-
-/// Does node `u` read the elements of its input `r`? (`full_like`,
-/// `zeros_like`, `arange` read only sizes.)
-pub fn reads_values(g: &Graph, u: NodeId, r: ValueId) -> bool {
-    let node = &g.nodes[u];
-    match node.op.def().lowering.elem() {
-        Some(Elem::Fill { value }) => {
-            matches!(node.args.get(value), Some(Arg::Tensor(t)) if *t == r)
-        }
-        Some(Elem::Constant { .. } | Elem::Arange) => false,
-        _ => true,
-    }
 }
 
 /// Reductions whose result only elementwise ops read, broadcast back over
