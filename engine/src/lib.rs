@@ -338,6 +338,7 @@ pub(crate) fn compile_functional(
     let mut grouping = lower::Grouping {
         apart: HashMap::new(),
         lookback: lower::LAUNCH_LOOKBACK,
+        maps_past_maps: true,
     };
     let mut regrouped = false;
     let mut staging = !staged.is_empty();
@@ -353,16 +354,34 @@ pub(crate) fn compile_functional(
             let mut g2 = lower::Grouping {
                 apart: grouping.apart.clone(),
                 lookback: grouping.lookback,
+                maps_past_maps: grouping.maps_past_maps,
             };
             let p2 = plan_with(&mut g2, &mut unstaged)?;
             if p2.planned_peak() < plan.planned_peak() {
                 (plan, grouping, force) = (p2, g2, unstaged);
             }
         }
+        // Elementwise kernels moved ahead of elementwise kernels fill
+        // earlier kernels: kept where that moves fewer bytes or runs
+        // fewer kernels, or holds less memory at that.
+        if grouping.maps_past_maps {
+            let mut ordered = lower::Grouping {
+                apart: grouping.apart.clone(),
+                lookback: grouping.lookback,
+                maps_past_maps: false,
+            };
+            let p2 = plan_with(&mut ordered, &mut force)?;
+            let key = |p: &lower::KernelPlan| (p.bytes_moved(&g), p.kernels(), p.planned_peak());
+            if key(&p2) <= key(&plan) {
+                plan = p2;
+                grouping = ordered;
+            }
+        }
         if options.share_launches && grouping.lookback > 1 {
             let mut near = lower::Grouping {
                 apart: grouping.apart.clone(),
                 lookback: 1,
+                maps_past_maps: grouping.maps_past_maps,
             };
             let near_plan = plan_with(&mut near, &mut force)?;
             if near_plan.planned_peak() < plan.planned_peak() && plan.planned_peak() > eager {

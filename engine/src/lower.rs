@@ -574,6 +574,22 @@ pub(crate) struct KernelPlan {
 }
 
 impl KernelPlan {
+    /// Kernels it runs (kernels sharing a launch counted as one).
+    pub fn kernels(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Bytes its kernels move (`Program::bytes_moved` of the result).
+    pub fn bytes_moved(&self, g: &Graph) -> usize {
+        self.groups
+            .iter()
+            .map(|grp| {
+                let c = KernelCost::of(g, &self.sched, grp, &self.registers, &self.packing);
+                c.bytes_read + c.written
+            })
+            .sum()
+    }
+
     /// The planned peak: parameters and outputs' own buffers (io) and
     /// the arena (`MemoryStats::planned_peak`).
     pub fn planned_peak(&self) -> usize {
@@ -804,6 +820,9 @@ pub(crate) struct Grouping {
     /// Launches back a kernel may look for one to join (moving ahead of
     /// the independent kernels between): 1, the last only, or more.
     pub lookback: usize,
+    /// May an elementwise kernel move ahead of elementwise kernels (or
+    /// only of kernels of other kinds)?
+    pub maps_past_maps: bool,
 }
 
 /// The lookback tried first (a bound on the search, not on correctness).
@@ -848,12 +867,14 @@ fn group_kernels(
                             || options.share_launches && independent(g, sched, grp, v))
                 }
         };
-        // An elementwise kernel joins the last kernel; any other may also
-        // join an earlier one, moving ahead of kernels it is independent of.
-        let reach = if map || !options.share_launches {
-            1
-        } else {
+        // A kernel may join an earlier one, moving ahead of kernels it is
+        // independent of: an elementwise one the elementwise kernel before
+        // kernels of other kinds (`u32_buffers`: a map past an in-place
+        // update of another parameter), any other one a launch.
+        let reach = if map || options.share_launches {
             grouping.lookback.max(1)
+        } else {
+            1
         };
         let mut at = None;
         for (j, grp) in groups.iter().enumerate().rev().take(reach) {
@@ -861,7 +882,8 @@ fn group_kernels(
                 at = Some(j);
                 break;
             }
-            if map || !independent(g, sched, grp, v) {
+            let past_map = map && !grouping.maps_past_maps && is_map(g, sched, grp[0]);
+            if !independent(g, sched, grp, v) || past_map {
                 break;
             }
         }
@@ -918,8 +940,8 @@ fn sibling_product(g: &Graph, sched: &schedule::Schedule, grp: &[ValueId], v: Va
         })
 }
 
-/// `v`'s kernel and the kernels of `grp` (none elementwise) can run as
-/// one launch, in any order: `v` reads no buffer the group writes, and
+/// `v`'s kernel and the kernels of `grp` can run in either order (as one
+/// launch, or `v` first): `v` reads no buffer the group writes, and
 /// writes none the group reads (an in-place write into a buffer a member
 /// reads first must wait for it).
 fn independent(g: &Graph, sched: &schedule::Schedule, grp: &[ValueId], v: ValueId) -> bool {
@@ -935,9 +957,7 @@ fn independent(g: &Graph, sched: &schedule::Schedule, grp: &[ValueId], v: ValueI
     };
     let written: HashSet<ValueId> = grp.iter().map(|&w| sched.root(w)).collect();
     let mine = sched.root(v);
-    !is_map(g, sched, v)
-        && reads(v).is_disjoint(&written)
-        && grp.iter().all(|&w| !reads(w).contains(&mine))
+    reads(v).is_disjoint(&written) && grp.iter().all(|&w| !reads(w).contains(&mine))
 }
 
 fn lifetimes(
