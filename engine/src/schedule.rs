@@ -172,8 +172,7 @@ fn recompute_cheap_maps(
             .iter()
             .filter_map(|&r| g.node_of(r))
             .filter(|m| s.pos[m] == last)
-            .flat_map(|m| g.nodes[m].inputs())
-            .flat_map(|t| reads_value(g, s, t))
+            .flat_map(|m| reads(g, s, m))
             .collect();
         let mut extended: Vec<ValueId> = node
             .inputs()
