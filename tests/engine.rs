@@ -303,6 +303,33 @@ fn bools_and_halves_are_packed_as_in_eager_memory() {
 }
 
 #[test]
+fn products_rows_and_reductions_store_packed_results() {
+    // Their invocations own single elements, not whole words: they set
+    // their lane of a packed word atomically, so an f16 product, softmax
+    // and bool reduction take eager's bytes, not a word per element.
+    let p = compiled(
+        "graph f(%a: f16[33, 64], %b: f16[64, 31], %x: f32[33, 7]) {
+           %c = mm(%a, %b)
+           %s = softmax(%c, -1)
+           %m = gt(%x, 0.0)
+           %any = amax(%m, [1])
+           return (%s, %any)
+         }",
+    );
+    let wgsl: String = p.kernels.iter().map(|k| k.code.wgsl.clone()).collect();
+    assert!(wgsl.contains("array<atomic<u32>>"), "{}", p.stats());
+    // Each result is written once at its packed size (odd sizes round up
+    // to a word): 33 x 31 halves twice (product, softmax), 33 bools.
+    let written: usize = p.kernels.iter().map(|k| k.bytes_written).sum();
+    assert_eq!(written, 2 * 512 * 4 + 9 * 4, "{}", p.stats());
+    assert!(
+        p.memory.planned_peak() <= p.memory.eager_peak + 8,
+        "{}",
+        p.stats()
+    );
+}
+
+#[test]
 fn elementwise_programs_move_the_minimum() {
     // Bytes moved / minimum (each input read once, each output written
     // once): the issue's goal is at most 1.05 on elementwise programs.

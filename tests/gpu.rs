@@ -1166,6 +1166,56 @@ fn dying_inputs_take_outputs_their_kernel_reads_at_each_element() {
     close_run(src, &got, &want, 0.0).unwrap();
 }
 
+/// Products, row kernels and reductions store f16 and bool results packed:
+/// at odd row lengths each invocation sets its lane of a word neighbours
+/// also write (a row's last element and the next row's first), at even
+/// ones (`%d`, `%e`) an invocation storing whole rows or blocks gathers a
+/// word's lanes and stores it once. The same elements as the reference
+/// on every variant.
+#[test]
+fn packed_results_of_products_rows_and_reductions() {
+    let src = "graph packed(%a: f16[33, 64], %b: f16[64, 31], %x: f32[33, 7], %w: f16[64, 32]) {
+  %c = mm(%a, %b)
+  %s = softmax(%c, -1)
+  %n = layer_norm(%c, [31])
+  %m = gt(%x, 0.0)
+  %any = amax(%m, [1])
+  %h = sum(%s, [1])
+  %d = mm(%a, %w)
+  %e = softmax(%d, -1)
+  %f = layer_norm(%d, [32])
+  return (%c, %s, %n, %any, %h, %e, %f)
+}";
+    let g = parse(src).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let mut rows = gpu.compile_options();
+    rows.workgroup_rows = true;
+    let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    for (options, blocks) in [
+        (kiln::engine::CompileOptions::default(), false),
+        (gpu.compile_options(), true),
+        (rows, true),
+    ] {
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let atomic = p
+            .kernels
+            .iter()
+            .filter(|k| k.code.wgsl.contains("atomic<u32>"))
+            .count();
+        assert!(atomic >= 3, "{}", p.stats());
+        // The CPU adapter's 4x4 blocks store `%d` whole words at a time.
+        let whole = p
+            .kernels
+            .iter()
+            .any(|k| k.code.wgsl.contains("var pk: u32"));
+        assert_eq!(whole, blocks, "{}", p.stats());
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        let got = e.run(&g, ins.clone()).unwrap();
+        close_run(src, &got, &want, 2e-3).unwrap();
+    }
+}
+
 /// `index_copy_` and `scatter_` into parameters that die there (a KV
 /// cache) write only their source's elements, in place,
 /// duplicates resolved as the reference does (the last along `dim` wins);

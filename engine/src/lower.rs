@@ -521,27 +521,32 @@ struct Lifetimes {
     readback: Vec<ValueId>,
 }
 
-/// Bools and f16 values are packed (bytes and half words, as in eager
-/// memory) where every kernel writing them can own whole words: inputs
-/// (uploaded by the host) and elementwise results.
+/// Bools, int8 and f16 values are packed (bytes and half words, as in
+/// eager memory): inputs (uploaded by the host), elementwise results
+/// (each invocation owns whole words), and the results of products, row
+/// kernels and reductions, stored element by element into an atomic
+/// binding (`wgsl::store_lane`). Scatters and the other kernels write a
+/// word per element.
 struct Packing {
-    map_written: HashSet<ValueId>,
+    written: HashSet<ValueId>,
 }
 
 impl Packing {
     fn of(g: &Graph, sched: &schedule::Schedule, groups: &[Vec<ValueId>]) -> Packing {
-        let map_written = groups
+        let written = groups
             .iter()
-            .filter(|grp| is_map(g, sched, grp[0]))
-            .flatten()
-            .copied()
+            .flat_map(|grp| {
+                let map = is_map(g, sched, grp[0]);
+                grp.iter()
+                    .copied()
+                    .filter(move |&v| map || stores_lanes(g, sched, v))
+            })
             .collect();
-        Packing { map_written }
+        Packing { written }
     }
 
     fn packed(&self, g: &Graph, v: ValueId) -> bool {
-        wgsl::per_word(g.meta(v).dtype) > 1
-            && (g.inputs.contains(&v) || self.map_written.contains(&v))
+        wgsl::per_word(g.meta(v).dtype) > 1 && (g.inputs.contains(&v) || self.written.contains(&v))
     }
 
     /// Bytes of `v`'s buffer (its root's packing).
@@ -552,6 +557,30 @@ impl Packing {
             self.packed(g, sched.root(v)),
         ) * 4
     }
+}
+
+/// Is `v` stored by a product, row or reduction kernel (its own, or the
+/// one it is the epilogue of), whose stores go through `Gen::store_plain`
+/// and so may set single lanes of packed words?
+fn stores_lanes(g: &Graph, sched: &schedule::Schedule, v: ValueId) -> bool {
+    let n = match sched.fused.get(&v) {
+        Some(schedule::Fused::Epilogue { product: n } | schedule::Fused::Rows { reduction: n }) => {
+            Some(*n)
+        }
+        Some(schedule::Fused::Attention { product, .. }) => Some(*product),
+        None => g.node_of(v),
+    };
+    n.is_some_and(|n| {
+        !sched.inplace.contains_key(&v)
+            && matches!(
+                g.nodes[n].op.def().lowering,
+                Lowering::Reduce(_)
+                    | Lowering::Softmax { .. }
+                    | Lowering::LayerNorm
+                    | Lowering::MatMul(_)
+                    | Lowering::Attention
+            )
+    })
 }
 
 /// The kernel plan of a functional graph: the schedule, kernel groups,
@@ -712,6 +741,11 @@ pub(crate) fn generate(
     for (((grp, &planned), vec4), windows) in groups.iter().zip(&bindings).zip(vec4).zip(windows) {
         gen.vec4_ranges = vec4;
         gen.windows = windows;
+        gen.lane_stores = grp
+            .iter()
+            .filter(|&&v| !is_map(g, &sched, v) && packing.packed(g, v))
+            .filter_map(|v| layout.locs.get(v).copied())
+            .collect();
         // The kernels of the group, each with the values it computes: one
         // launch, or where independent kernels cannot share one, a launch
         // each.

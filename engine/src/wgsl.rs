@@ -83,6 +83,9 @@ pub struct Slot {
     pub chunk: Option<usize>,
     /// Bound as `array<vec4<u32>>`: a word is a component of a vector.
     pub vec4: bool,
+    /// Bound as `array<atomic<u32>>`: a kernel whose invocations own
+    /// single elements stores packed ones in it (`store_lane`).
+    pub atomic: bool,
 }
 
 impl Slot {
@@ -101,6 +104,7 @@ impl Slot {
                 let at = self.at(index);
                 format!("{}[({at}) >> 2u][({at}) & 3u]", self.var)
             }
+            None if self.atomic => format!("atomicLoad(&{}[{}])", self.var, self.at(index)),
             None => format!("{}[{}]", self.var, self.at(index)),
             Some(_) => format!("{}_ld({})", self.var, self.at(index)),
         }
@@ -113,8 +117,26 @@ impl Slot {
                 let at = self.at(index);
                 format!("{}[({at}) >> 2u][({at}) & 3u] = {value};", self.var)
             }
+            None if self.atomic => {
+                format!("atomicStore(&{}[{}], {value});", self.var, self.at(index))
+            }
             None => format!("{}[{}] = {value};", self.var, self.at(index)),
             Some(_) => format!("{}_st({}, {value});", self.var, self.at(index)),
+        }
+    }
+
+    /// Statements setting the bits `mask` of word `index` to `bits` (an
+    /// atomic slot's: other invocations set the word's other lanes).
+    fn set_bits(&self, index: &str, mask: &str, bits: &str) -> String {
+        match self.chunk {
+            Some(_) => format!("{}_sb({}, {mask}, {bits});", self.var, self.at(index)),
+            None => {
+                let at = self.at(index);
+                format!(
+                    "atomicAnd(&{v}[{at}], ~({mask})); atomicOr(&{v}[{at}], {bits});",
+                    v = self.var
+                )
+            }
         }
     }
 }
@@ -123,14 +145,32 @@ impl Slot {
 /// bindings of a kernel: `vars[i]` is the variable of slot `i`, which
 /// covers `chunks[i]` consecutive bindings of `chunk_words` words each,
 /// as words or (never split) as `vec4<u32>`.
-pub fn declarations(
-    vars: &[(String, usize, Option<usize>, bool)],
-    bindings: &[Binding],
-) -> Vec<String> {
+/// A binding variable of a kernel: its name, the bindings it takes (with
+/// the words of each when split), and how its words are typed.
+pub struct BindingVar {
+    pub var: String,
+    pub chunks: usize,
+    pub chunk_words: Option<usize>,
+    pub vec4: bool,
+    pub atomic: bool,
+}
+
+pub fn declarations(vars: &[BindingVar], bindings: &[Binding]) -> Vec<String> {
     let mut out = vec![];
     let mut b = 0;
-    for (var, chunks, chunk_words, vec4) in vars {
-        let elem = if *vec4 { "vec4<u32>" } else { "u32" };
+    for BindingVar {
+        var,
+        chunks,
+        chunk_words,
+        vec4,
+        atomic,
+    } in vars
+    {
+        let elem = match (*vec4, *atomic) {
+            (true, _) => "vec4<u32>",
+            (false, true) => "atomic<u32>",
+            (false, false) => "u32",
+        };
         let access = |i: usize| {
             if bindings[i].write {
                 "read_write"
@@ -150,32 +190,40 @@ pub fn declarations(
                 let write = bindings[b].write;
                 let mut ld = format!("fn {var}_ld(i: u32) -> u32 {{");
                 let mut st = format!("fn {var}_st(i: u32, v: u32) {{");
+                let mut sb = format!("fn {var}_sb(i: u32, m: u32, v: u32) {{");
                 for c in 0..*chunks {
                     out.push(format!(
-                        "@group(0) @binding({b}) var<storage, {}> {var}c{c}: array<u32>;",
+                        "@group(0) @binding({b}) var<storage, {}> {var}c{c}: array<{elem}>;",
                         access(b)
                     ));
                     let lo = c * cw;
-                    if c + 1 < *chunks {
-                        let _ = write!(
-                            ld,
-                            " if (i < {}u) {{ return {var}c{c}[i - {lo}u]; }}",
-                            lo + cw
-                        );
-                        let _ = write!(
-                            st,
-                            " if (i < {}u) {{ {var}c{c}[i - {lo}u] = v; return; }}",
-                            lo + cw
-                        );
+                    let w = format!("{var}c{c}[i - {lo}u]");
+                    let (load, store, bits) = if *atomic {
+                        (
+                            format!("atomicLoad(&{w})"),
+                            format!("atomicStore(&{w}, v);"),
+                            format!("atomicAnd(&{w}, ~m); atomicOr(&{w}, v);"),
+                        )
                     } else {
-                        let _ = write!(ld, " return {var}c{c}[i - {lo}u]; }}");
-                        let _ = write!(st, " {var}c{c}[i - {lo}u] = v; }}");
+                        (w.clone(), format!("{w} = v;"), String::new())
+                    };
+                    if c + 1 < *chunks {
+                        let _ = write!(ld, " if (i < {}u) {{ return {load}; }}", lo + cw);
+                        let _ = write!(st, " if (i < {}u) {{ {store} return; }}", lo + cw);
+                        let _ = write!(sb, " if (i < {}u) {{ {bits} return; }}", lo + cw);
+                    } else {
+                        let _ = write!(ld, " return {load}; }}");
+                        let _ = write!(st, " {store} }}");
+                        let _ = write!(sb, " {bits} }}");
                     }
                     b += 1;
                 }
                 out.push(ld);
                 if write {
                     out.push(st);
+                }
+                if *atomic {
+                    out.push(sb);
                 }
             }
         }
@@ -220,6 +268,48 @@ pub fn pack_lane(dtype: DType, value: &str, lane: usize) -> String {
         DType::I8 => format!("((bitcast<u32>({value}) & 0xffu) << {}u)", 8 * lane),
         _ => unreachable!("{dtype} is not packed"),
     }
+}
+
+/// Element `index` (a u32 expression) of a packed `dtype` buffer: its
+/// word's index, its lane, the lane's bit mask in the word, and `value`
+/// (in its shader type) as the bits of that lane.
+fn lane_of(index: &str, dtype: DType, value: &str) -> (String, String, String, String) {
+    let per = per_word(dtype);
+    let width = 32 / per;
+    let lane = format!("({index} & {}u)", per - 1);
+    let shift = format!("({lane} << {}u)", width.trailing_zeros());
+    let bits = match dtype {
+        DType::Bool => format!("select(0u, 1u, {value})"),
+        DType::F16 => format!("k_f16_bits({value})"),
+        DType::I8 => format!("(bitcast<u32>({value}) & 0xffu)"),
+        _ => unreachable!("{dtype} is not packed"),
+    };
+    (
+        format!("({index} >> {}u)", per.trailing_zeros()),
+        lane,
+        format!("({}u << {shift})", (1u64 << width) - 1),
+        format!("({bits} << {shift})"),
+    )
+}
+
+/// Writes `value` (in its shader type) as element `index` of a packed
+/// buffer bound atomically: only its lane of the word, which other
+/// invocations may be writing at the same time.
+pub fn store_lane(slot: &Slot, index: &str, dtype: DType, value: &str) -> String {
+    let (word, _, mask, bits) = lane_of(index, dtype, value);
+    slot.set_bits(&word, &mask, &bits)
+}
+
+/// Writes `value` as element `index` of a packed buffer where the
+/// invocation stores every lane of the word, in order: gathered in `pk`
+/// (a `u32` var), the word stored whole with its last lane.
+pub fn store_run_lane(slot: &Slot, index: &str, dtype: DType, value: &str, pk: &str) -> String {
+    let (word, lane, _, bits) = lane_of(index, dtype, value);
+    format!(
+        "{pk} = select({pk}, 0u, {lane} == 0u) | {bits}; if ({lane} == {}u) {{ {} }}",
+        per_word(dtype) - 1,
+        slot.set_word(&word, pk)
+    )
 }
 
 /// Writes `value` (in its shader type) as element `index` of a buffer

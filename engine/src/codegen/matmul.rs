@@ -267,7 +267,9 @@ impl Gen<'_> {
             (acc, acc1)
         } else {
             // Each invocation computes a 4x4 block: 16 multiply-adds per 8
-            // loads, no workgroup memory, no barriers.
+            // loads, no workgroup memory, no barriers. Its four columns
+            // start at a multiple of 4: whole packed words where rows are.
+            self.stores_runs(v, mm);
             self.body
                 .stmt("let r0 = (wid.y * 16u + lid.y) * 4u;".into());
             self.body

@@ -66,6 +66,8 @@ struct SlotInfo {
     /// Bound as `array<vec4<u32>>` (an elementwise kernel reading and
     /// writing it four elements at a time).
     vec4: bool,
+    /// Bound as `array<atomic<u32>>` (`Gen::lane_stores`).
+    atomic: bool,
 }
 
 pub struct Gen<'a> {
@@ -148,6 +150,17 @@ pub struct Gen<'a> {
     /// (`lower::binding_windows`): tensors in a window several share are
     /// bound together, each at its own base in it.
     pub windows: Vec<Window>,
+    /// Packed tensors (where they start) the kernel being generated
+    /// stores element by element, its invocations owning no whole words:
+    /// the bindings holding them are atomic (`wgsl::store_lane`).
+    pub lane_stores: Vec<Loc>,
+    /// The kernel being generated stores only whole words per invocation
+    /// (each element's neighbours in its word are the same invocation's):
+    /// its packed stores need no atomic binding. Set by a kernel family
+    /// before it binds anything; `finish` clears it.
+    owns_words: bool,
+    /// The var gathering the lanes of a word such a kernel stores.
+    run_word: Option<String>,
     /// The arena word where kernels record a fault (`Fault`): see
     /// `flag`, read back after the run.
     pub status: Option<usize>,
@@ -215,6 +228,9 @@ impl<'a> Gen<'a> {
             slots: vec![],
             vec4_ranges: HashSet::new(),
             windows: vec![],
+            lane_stores: vec![],
+            owns_words: false,
+            run_word: None,
             // `lower` places it.
             status: None,
             status_used: false,
@@ -366,6 +382,7 @@ impl<'a> Gen<'a> {
                         base: loc.word - info.start,
                         chunk: None,
                         vec4: false,
+                        atomic: info.atomic,
                     };
                 }
                 let planned = start == loc.word
@@ -374,11 +391,14 @@ impl<'a> Gen<'a> {
                 if planned {
                     self.vec.slots.insert(format!("b{}", self.slots.len()));
                 }
-                let vec4 = planned
-                    || chunks == 1
-                        && vec4
-                        && (loc.word - start).is_multiple_of(4)
-                        && words.is_multiple_of(4);
+                let atomic = !self.owns_words
+                    && self.holds_lane_stores(loc.buf, start, loc.word + words.max(1));
+                let vec4 = !atomic
+                    && (planned
+                        || chunks == 1
+                            && vec4
+                            && (loc.word - start).is_multiple_of(4)
+                            && words.is_multiple_of(4));
                 self.slots.push(SlotInfo {
                     loc,
                     words,
@@ -387,6 +407,7 @@ impl<'a> Gen<'a> {
                     chunk_words,
                     written: false,
                     vec4,
+                    atomic,
                 });
                 self.slots.len() - 1
             }
@@ -398,7 +419,32 @@ impl<'a> Gen<'a> {
             base: info.loc.word - info.start,
             chunk: (info.chunks > 1).then_some(info.chunk_words),
             vec4: info.vec4,
+            atomic: info.atomic,
         }
+    }
+
+    /// Declares that each invocation of the kernel being generated stores
+    /// the elements of `v` (its stored value) at `len` consecutive
+    /// positions from a multiple of `len` (a row, a block's columns), in
+    /// order, nothing else stored in between: whole packed words where
+    /// `len` fills words. Not in a launch shared
+    /// with other kernels (their stores may not own words), nor through a
+    /// permuting epilogue (it stores elsewhere).
+    fn stores_runs(&mut self, v: ValueId, len: usize) {
+        let stored = match self.epilogue {
+            Some((src, t)) if src == v => t,
+            _ => v,
+        };
+        self.owns_words = self.parts.is_none()
+            && !self.s.permuted.contains_key(&stored)
+            && len.is_multiple_of(wgsl::per_word(self.meta(stored).dtype));
+    }
+
+    /// Does words `start..end` of `buf` hold a tensor of `lane_stores`?
+    fn holds_lane_stores(&self, buf: Buf, start: usize, end: usize) -> bool {
+        self.lane_stores
+            .iter()
+            .any(|l| l.buf == buf && start <= l.word && l.word < end)
     }
 
     /// The slot of the window (`windows`) tensor `loc` of `words` words
@@ -417,6 +463,7 @@ impl<'a> Gen<'a> {
         let i = self.slots.iter().position(|s| {
             s.loc.buf == buf && s.start == lo && s.loc.word + s.words.max(1) == hi && !s.vec4
         });
+        let atomic = !self.owns_words && self.holds_lane_stores(buf, lo, hi);
         Some(i.unwrap_or_else(|| {
             self.slots.push(SlotInfo {
                 loc: Loc {
@@ -430,6 +477,7 @@ impl<'a> Gen<'a> {
                 chunk_words: hi - lo,
                 written: false,
                 vec4: false,
+                atomic,
             });
             self.slots.len() - 1
         }))
@@ -504,12 +552,13 @@ impl<'a> Gen<'a> {
                     write: writable.contains(&s.loc.buf),
                 });
             }
-            vars.push((
-                format!("b{i}"),
-                s.chunks,
-                (s.chunks > 1).then_some(s.chunk_words),
-                s.vec4,
-            ));
+            vars.push(wgsl::BindingVar {
+                var: format!("b{i}"),
+                chunks: s.chunks,
+                chunk_words: (s.chunks > 1).then_some(s.chunk_words),
+                vec4: s.vec4,
+                atomic: s.atomic,
+            });
         }
         (wgsl::declarations(&vars, &bindings), bindings)
     }
@@ -531,6 +580,8 @@ impl<'a> Gen<'a> {
     }
 
     fn finish(&mut self, label: String, mut grid: [u32; 3], wg: [u32; 3]) -> KernelCode {
+        self.owns_words = false;
+        self.run_word = None;
         let mut body = std::mem::take(&mut self.body);
         if let (Some(n), Some(cap)) = (self.stride_over.take(), self.grid_stride) {
             // Enough workgroups to fill the device, each invocation
@@ -769,10 +820,29 @@ impl<'a> Gen<'a> {
             return Err(bug("a materialized value without a buffer"));
         }
         let (slot, loc) = self.slot_of(v, true)?;
-        if loc.packed {
-            return Err(bug("an element store into a packed buffer"));
-        }
         let d = self.meta(v).dtype;
+        if loc.packed {
+            let st = if slot.atomic {
+                wgsl::store_lane(&slot, idx, d, value)
+            } else if self.owns_words {
+                let pk = match &self.run_word {
+                    Some(pk) => pk.clone(),
+                    None => {
+                        // Declared first: it carries lanes across the
+                        // iterations of the loops storing them.
+                        let pk = "pk".to_string();
+                        self.body.lines.insert(0, format!("var {pk}: u32 = 0u;"));
+                        self.run_word = Some(pk.clone());
+                        pk
+                    }
+                };
+                wgsl::store_run_lane(&slot, idx, d, value, &pk)
+            } else {
+                return Err(bug("an element store into a packed buffer bound as words"));
+            };
+            self.body.stmt(st);
+            return Ok(());
+        }
         self.body.stmt(store(&slot, idx, d, value));
         Ok(())
     }

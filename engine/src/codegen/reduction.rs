@@ -391,6 +391,10 @@ impl Gen<'_> {
             }
             return self.softmax_rows(input, v, log, t, label);
         }
+        // A line per invocation: contiguous lines are whole words.
+        if inner == 1 {
+            self.stores_runs(v, len);
+        }
         let base = self.line_base(len, inner, lines);
         let read = |s: &mut Self, k: &str| -> R<String> {
             let at = s.body.bind("u32", format!("{base} + {k} * {}", u(inner)));
@@ -461,6 +465,8 @@ impl Gen<'_> {
             }
             return self.layer_norm_rows(input, v, weight, bias, eps, t, label);
         }
+        // A row per invocation: it stores its row's words whole.
+        self.stores_runs(v, width);
         self.body
             .stmt(format!("if (gid >= {}) {{ return; }}", u(rows)));
         let base = self.body.bind("u32", format!("gid * {}", u(width)));
