@@ -11,7 +11,7 @@ use crate::fusion::Schedule;
 use crate::index::{self, Affine, Read};
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::contiguous_strides;
-use kiln_functionalize::ops::Rule;
+use kiln_functionalize::ops::{Lowering, Rule};
 use kiln_functionalize::schema::Arg;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
@@ -77,7 +77,19 @@ impl Tracer<'_> {
             match r {
                 Read::At(t, a) => self.reads(*t, a.eval(idx), out)?,
                 Read::First(t) => self.reads(*t, 0, out)?,
-                Read::Source(..) | Read::Other(_) => return None,
+                // `index_put`'s indices and values, read anywhere: fine
+                // where nothing on the way reads the buffer (not even a
+                // branch the kernel discards: an index read there is
+                // still checked against its bounds). Other ops read so
+                // (`index_select`'s table) stop the trace.
+                Read::Other(t) if matches!(g.nodes[n].op.def().lowering, Lowering::IndexPut) => {
+                    let reads = crate::fusion::reads_value(g, self.s, *t);
+                    if reads.iter().any(|&x| self.s.root(x) == self.root) {
+                        return None;
+                    }
+                }
+                Read::Other(_) => return None,
+                Read::Source(..) => return None,
             }
         }
         Some(())

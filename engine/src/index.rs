@@ -523,6 +523,9 @@ enum Pos {
     /// At the source index of region scatter `n`, itself read at `Own`:
     /// there the scatter's own view of its base is the base at `Own`.
     Source(NodeId),
+    /// At the element whose index is the own one's with its dims permuted
+    /// (`Walk::perms`): two transposes that cancel read the own element.
+    Permuted(usize),
     Elsewhere,
 }
 
@@ -547,7 +550,7 @@ pub fn fits_group(g: &Graph, s: &Schedule, group: &[ValueId], v: ValueId) -> boo
     if !shaped || s.inplace.contains_key(&v) || s.inplace.contains_key(&first) {
         return false;
     }
-    reads_own_only(g, s, n, k, group)
+    reads_own_only(g, s, n, k, group, false)
 }
 
 /// Does a kernel computing `group` read a stored value through a view
@@ -574,20 +577,43 @@ pub fn reads_only_at_own_index(g: &Graph, s: &Schedule, v: ValueId, root: ValueI
     let Def::Node(n, k) = g.values[v].def else {
         return false;
     };
-    reads_own_only(g, s, n, k, &s.sharing(root))
+    reads_own_only(g, s, n, k, &s.sharing(root), false)
+}
+
+/// `reads_only_at_own_index`, also where the own element is reached
+/// through permutations that cancel (`t(f(t(p)))` read back into `p`'s
+/// layout): for a result written over `root`'s buffer, which the
+/// invocation loads from memory before its store at any index expression.
+/// Not for kernel members, read from registers by the index expression.
+pub fn reads_root_at_own_element(g: &Graph, s: &Schedule, v: ValueId, root: ValueId) -> bool {
+    let Def::Node(n, k) = g.values[v].def else {
+        return false;
+    };
+    reads_own_only(g, s, n, k, &s.sharing(root), true)
 }
 
 /// Can result `k` of node `n` be computed inline by an invocation that may
 /// read the buffers of `members` (kernel outputs, a buffer written in
 /// place) only at its own element, with every op on the way computed
 /// inline? Decided on the index maps, for any size.
-pub fn reads_own_only(g: &Graph, s: &Schedule, n: NodeId, k: usize, members: &[ValueId]) -> bool {
+/// `permutations`: reads through dim permutations that cancel count as
+/// the own element (`Pos::Permuted`).
+pub fn reads_own_only(
+    g: &Graph,
+    s: &Schedule,
+    n: NodeId,
+    k: usize,
+    members: &[ValueId],
+    permutations: bool,
+) -> bool {
     let roots: Vec<ValueId> = members.iter().map(|&m| s.root(m)).collect();
     let mut memo = HashMap::new();
     let mut w = Walk {
         members,
         roots: &roots,
         memo: &mut memo,
+        perms: vec![],
+        permutations,
     };
     match reads(g, n, k) {
         Ok(rs) => rs.iter().all(|r| read_ok(g, s, n, r, Pos::Own, &mut w)),
@@ -635,12 +661,64 @@ struct Walk<'a> {
     members: &'a [ValueId],
     roots: &'a [ValueId],
     memo: &'a mut HashMap<(ValueId, Pos), bool>,
+    /// Dim permutations of `Pos::Permuted`: for each dim of the value
+    /// read, the dim of the element read at `Own` it takes its index from.
+    perms: Vec<Vec<usize>>,
+    /// Track permutations at all (else any other index is elsewhere).
+    permutations: bool,
+}
+
+/// Where value `t` is read through map `a` by a value read at `pos`
+/// (whose sizes are `a.sizes`): `Own` where permutations cancel, another
+/// permutation, or elsewhere.
+fn permuted_pos(g: &Graph, t: ValueId, a: &Affine, pos: Pos, w: &mut Walk) -> Pos {
+    let dims: Vec<usize> = match pos {
+        Pos::Own => (0..a.sizes.len()).collect(),
+        Pos::Permuted(i) => w.perms[i].clone(),
+        Pos::Source(_) | Pos::Elsewhere => return Pos::Elsewhere,
+    };
+    if !w.permutations {
+        return Pos::Elsewhere;
+    }
+    let tm = g.meta(t);
+    if a.offset != 0 || tm.sizes.len() != a.sizes.len() || dims.len() != a.sizes.len() {
+        return Pos::Elsewhere;
+    }
+    let ts = contiguous_strides(&tm.sizes);
+    let mut to = vec![usize::MAX; ts.len()];
+    for (k, (&size, &stride)) in a.sizes.iter().zip(&a.strides).enumerate() {
+        let Some(j) = (0..ts.len()).find(|&j| {
+            to[j] == usize::MAX && tm.sizes[j] == size && (size <= 1 || ts[j] == stride)
+        }) else {
+            return Pos::Elsewhere;
+        };
+        to[j] = dims[k];
+    }
+    if to.iter().enumerate().all(|(j, &d)| j == d) {
+        return Pos::Own;
+    }
+    let i = match w.perms.iter().position(|p| *p == to) {
+        Some(i) => i,
+        None => {
+            w.perms.push(to);
+            w.perms.len() - 1
+        }
+    };
+    Pos::Permuted(i)
 }
 
 fn read_ok(g: &Graph, s: &Schedule, n: NodeId, r: &Read, pos: Pos, w: &mut Walk) -> bool {
     match r {
-        Read::At(t, a) if a.is_identity() => value_ok(g, s, *t, pos, w),
-        Read::At(t, _) | Read::First(t) | Read::Other(t) => value_ok(g, s, *t, Pos::Elsewhere, w),
+        Read::At(t, a)
+            if a.is_identity() && (pos == Pos::Own || g.meta(*t).sizes[..] == a.sizes[..]) =>
+        {
+            value_ok(g, s, *t, pos, w)
+        }
+        Read::At(t, a) => {
+            let p = permuted_pos(g, *t, a, pos, w);
+            value_ok(g, s, *t, p, w)
+        }
+        Read::First(t) | Read::Other(t) => value_ok(g, s, *t, Pos::Elsewhere, w),
         Read::Source(t, _) => {
             let p = if pos == Pos::Own {
                 Pos::Source(n)

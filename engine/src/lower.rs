@@ -83,7 +83,7 @@ fn reuse_dying_inputs(
                     continue;
                 }
                 // v reads it only at its own index.
-                if !crate::index::reads_only_at_own_index(g, sched, v, root)
+                if !crate::index::reads_root_at_own_element(g, sched, v, root)
                     && !crate::footprint::reads_own_traced(g, sched, v, root)
                 {
                     continue;

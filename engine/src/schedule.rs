@@ -299,6 +299,99 @@ fn src_as_host_view(
     s.host_views.insert(src, r);
 }
 
+/// New values of mutated parameters that are a permuting view copy of an
+/// elementwise value other nodes read too (`p.t().index_put_(...)` then
+/// `p` read again: `t(index_put(t(p), ..))` written back): the copy is
+/// what is stored, in the parameter's layout, so it can take the
+/// parameter's buffer, and the other readers read the value through the
+/// inverse permutation of it. Else the value would be stored and the
+/// parameter's new value taken from a view of it: a buffer beside the
+/// one eager mutates. A rewrite of `g` before scheduling.
+pub fn store_permuted_updates(g: &mut Graph, updates: &[ValueId], outputs: &[ValueId]) {
+    let Some(permute) = ops::lookup("permute_copy") else {
+        return;
+    };
+    for &o in updates {
+        let Some(m) = g.node_of(o) else { continue };
+        let (Rule::ViewCopy(_), Some(&Arg::Tensor(v))) =
+            (&g.nodes[m].op.def().rule, g.nodes[m].args.first())
+        else {
+            continue;
+        };
+        let elementwise = g.node_of(v).is_some_and(|n| {
+            matches!(class(g, n), Ok(Class::Map)) && g.nodes[n].results.len() == 1
+        });
+        if !elementwise || outputs.contains(&v) || g.nodes[m].results.len() != 1 {
+            continue;
+        }
+        let Some(perm) = view_chain_layout(g, o, v).and_then(|l| permutation_of(g.meta(v), &l))
+        else {
+            continue;
+        };
+        let readers: Vec<NodeId> = g
+            .order
+            .iter()
+            .copied()
+            .filter(|&n| n != m && g.nodes[n].inputs().contains(&v))
+            .collect();
+        if readers.is_empty() {
+            continue;
+        }
+        let mut inverse = vec![0i64; perm.len()];
+        for (d, &k) in perm.iter().enumerate() {
+            inverse[k] = d as i64;
+        }
+        let Ok(r) = g.call(permute, &[Arg::Tensor(o), Arg::IntList(inverse)]) else {
+            continue;
+        };
+        let (back, node) = (r[0], g.order.pop().expect("the node just added"));
+        let at = g
+            .order
+            .iter()
+            .position(|&n| n == m)
+            .map_or(g.order.len(), |i| i + 1);
+        g.order.insert(at, node);
+        for n in readers {
+            let args = g.nodes[n]
+                .args
+                .iter()
+                .map(|a| a.map(&mut |&x| if x == v { back } else { x }))
+                .collect();
+            g.nodes[n].args = args;
+        }
+    }
+}
+
+/// The dims of contiguous `base` that strided layout `l` over it takes
+/// in order, where `l` is a permutation of them (every element once);
+/// `None` for any other layout, and for `base`'s own order.
+fn permutation_of(
+    base: &kiln_functionalize::Meta,
+    l: &kiln_functionalize::Meta,
+) -> Option<Vec<usize>> {
+    let cs = kiln_functionalize::meta::contiguous_strides(&base.sizes);
+    if l.offset != 0 || l.sizes.len() != base.sizes.len() || l.numel() != base.numel() {
+        return None;
+    }
+    let mut used = vec![false; cs.len()];
+    let perm: Vec<usize> = (0..l.sizes.len())
+        .map(|d| {
+            let k = (0..cs.len()).find(|&k| {
+                !used[k]
+                    && base.sizes[k] == l.sizes[d]
+                    && (cs[k] == l.strides[d] as usize || l.sizes[d] == 1)
+            })?;
+            used[k] = true;
+            Some(k)
+        })
+        .collect::<Option<_>>()?;
+    (perm
+        .iter()
+        .enumerate()
+        .any(|(d, &k)| d != k && base.sizes[k] > 1))
+    .then_some(perm)
+}
+
 /// The materialized buffer an output computed by view copy `n` is a view
 /// of, through a chain of view copies none of which has a buffer (each
 /// recomputed inline wherever it is read), where the chain is one strided
