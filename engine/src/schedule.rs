@@ -379,7 +379,7 @@ fn permutation_of(
             let k = (0..cs.len()).find(|&k| {
                 !used[k]
                     && base.sizes[k] == l.sizes[d]
-                    && (cs[k] == l.strides[d] as usize || l.sizes[d] == 1)
+                    && (cs[k] == l.strides[d] || l.sizes[d] == 1)
             })?;
             used[k] = true;
             Some(k)
