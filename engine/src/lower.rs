@@ -1265,11 +1265,23 @@ impl KernelCost {
             region.sort_by_key(|&m| g.order.iter().position(|&x| x == m));
             ops.extend(region.iter().map(|&m| g.nodes[m].op.name().to_string()));
             ops.push(g.nodes[n].op.name().to_string());
-            reads.extend(
-                schedule::reads(g, sched, n)
-                    .into_iter()
-                    .filter(|r| !grp.contains(r)),
-            );
+            let mut node_reads = schedule::reads(g, sched, n);
+            // A region written in place over its base reads the base only
+            // where its source does (`x[r] = f(x[r])`, not `x[r] = 7`).
+            if let (Some(&base), Lowering::RegionScatter { .. }) =
+                (sched.inplace.get(&v), g.nodes[n].op.def().lowering)
+            {
+                let root = sched.root(base);
+                let src_reads_base = g.nodes[n].args[1..]
+                    .iter()
+                    .flat_map(|a| a.tensors())
+                    .flat_map(|&t| crate::fusion::reads_value(g, sched, t))
+                    .any(|r| sched.root(r) == root);
+                if !src_reads_base {
+                    node_reads.retain(|&r| sched.root(r) != root);
+                }
+            }
+            reads.extend(node_reads.into_iter().filter(|r| !grp.contains(r)));
             let (w, e) = match sched.inplace.get(&v) {
                 _ if registers.contains(&v) => (0, g.meta(v).numel()),
                 Some(_) => {
