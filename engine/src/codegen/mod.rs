@@ -427,17 +427,41 @@ impl<'a> Gen<'a> {
     /// the elements of `v` (its stored value) at `len` consecutive
     /// positions from a multiple of `len` (a row, a block's columns), in
     /// order, nothing else stored in between: whole packed words where
-    /// `len` fills words. Not in a launch shared
-    /// with other kernels (their stores may not own words), nor through a
-    /// permuting epilogue (it stores elsewhere).
+    /// `len` fills words. Not in a launch shared with other kernels (their
+    /// stores may not own words), nor through a permuting epilogue that
+    /// moves the last dim (it scatters a run).
     fn stores_runs(&mut self, v: ValueId, len: usize) {
         let stored = match self.epilogue {
             Some((src, t)) if src == v => t,
             _ => v,
         };
         self.owns_words = self.parts.is_none()
-            && !self.s.permuted.contains_key(&stored)
+            && self.keeps_last_dim(stored)
             && len.is_multiple_of(wgsl::per_word(self.meta(stored).dtype));
+    }
+
+    /// Do the permuting copies `v` is stored through (`Schedule::permuted`)
+    /// keep the last dim innermost? Then a run along it stays a run, and
+    /// every other stride is a multiple of its length.
+    fn keeps_last_dim(&self, v: ValueId) -> bool {
+        let g = self.g;
+        self.s.permuted.get(&v).into_iter().flatten().all(|&p| {
+            let Def::Node(n, k) = g.values[p].def else {
+                return false;
+            };
+            let node = &g.nodes[n];
+            let (&Rule::ViewCopy(view), Some(&Arg::Tensor(input))) =
+                (&node.op.def().rule, node.args.first())
+            else {
+                return false;
+            };
+            // A reshape keeps every element's flat place.
+            Affine::view(g, view, g.meta(input), &node.args[1..], k).is_ok_and(|a| {
+                a.is_identity()
+                    || (a.strides.last() == Some(&1)
+                        && a.sizes.last() == g.meta(input).sizes.last())
+            })
+        })
     }
 
     /// Does words `start..end` of `buf` hold a tensor of `lane_stores`?
