@@ -1557,14 +1557,8 @@ fn date() -> String {
 /// not yet fixed (issue 30 asks for each reason beside its program).
 fn above_eager_reason(name: &str) -> Option<&'static str> {
     Some(match name {
-        "decoder_ops" | "functional_mutation_forms" => {
+        "functional_mutation_forms" => {
             "a WebGPU buffer is whole 4-byte words; a bool tensor of 6 or 15 bytes in eager takes 8 or 16"
-        }
-        "f16_layer" => {
-            "the f16 results of the product, layer_norm and softmax kernels take a word per element (their invocations own no whole words, so they cannot store packed halves); eager: 2 bytes"
-        }
-        "index_put_accumulate" | "view_chain_mutation" => {
-            "writes through a transposed view (of a parameter, of an intermediate) are not re-inplaced: the updated tensor gets a buffer beside the one eager mutates"
         }
         _ => return None,
     })
