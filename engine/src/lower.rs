@@ -524,9 +524,10 @@ struct Lifetimes {
 /// Bools, int8 and f16 values are packed (bytes and half words, as in
 /// eager memory): inputs (uploaded by the host), elementwise results
 /// (each invocation owns whole words), and the results of products, row
-/// kernels and reductions, stored element by element into an atomic
-/// binding (`wgsl::store_lane`). Scatters and the other kernels write a
-/// word per element.
+/// kernels and reductions (a word gathered and stored once where an
+/// invocation stores whole rows or blocks, `Gen::stores_runs`; else each
+/// lane set in an atomic binding, `wgsl::store_lane`). Scatters and the
+/// other kernels write a word per element.
 struct Packing {
     written: HashSet<ValueId>,
 }

@@ -344,13 +344,16 @@ pub fn store_permuted_updates(g: &mut Graph, updates: &[ValueId], outputs: &[Val
         let Ok(r) = g.call(permute, &[Arg::Tensor(o), Arg::IntList(inverse)]) else {
             continue;
         };
+        // The copy moves up to just after `v` (it reads nothing else), the
+        // inverse just after it: before every reader of `v`.
         let (back, node) = (r[0], g.order.pop().expect("the node just added"));
+        g.order.retain(|&n| n != m);
         let at = g
-            .order
-            .iter()
-            .position(|&n| n == m)
-            .map_or(g.order.len(), |i| i + 1);
-        g.order.insert(at, node);
+            .node_of(v)
+            .and_then(|vn| g.order.iter().position(|&n| n == vn))
+            .map_or(0, |i| i + 1);
+        g.order.insert(at, m);
+        g.order.insert(at + 1, node);
         for n in readers {
             let args = g.nodes[n]
                 .args
