@@ -668,6 +668,27 @@ struct Walk<'a> {
     permutations: bool,
 }
 
+/// For each dim of map `a` over a contiguous tensor of `base` sizes, the
+/// base dim it walks, where `a` is a permutation of the base's dims (same
+/// sizes and strides, every element once); `None` for any other map.
+pub fn permuted_dims(a: &Affine, base: &[usize]) -> Option<Vec<usize>> {
+    let cs = contiguous_strides(base);
+    if a.offset != 0 || a.sizes.len() != base.len() {
+        return None;
+    }
+    let mut used = vec![false; cs.len()];
+    a.sizes
+        .iter()
+        .zip(&a.strides)
+        .map(|(&size, &stride)| {
+            let j = (0..cs.len())
+                .find(|&j| !used[j] && base[j] == size && (size <= 1 || cs[j] == stride))?;
+            used[j] = true;
+            Some(j)
+        })
+        .collect()
+}
+
 /// Where value `t` is read through map `a` by a value read at `pos`
 /// (whose sizes are `a.sizes`): `Own` where permutations cancel, another
 /// permutation, or elsewhere.
@@ -681,17 +702,14 @@ fn permuted_pos(g: &Graph, t: ValueId, a: &Affine, pos: Pos, w: &mut Walk) -> Po
         return Pos::Elsewhere;
     }
     let tm = g.meta(t);
-    if a.offset != 0 || tm.sizes.len() != a.sizes.len() || dims.len() != a.sizes.len() {
+    if dims.len() != a.sizes.len() {
         return Pos::Elsewhere;
     }
-    let ts = contiguous_strides(&tm.sizes);
-    let mut to = vec![usize::MAX; ts.len()];
-    for (k, (&size, &stride)) in a.sizes.iter().zip(&a.strides).enumerate() {
-        let Some(j) = (0..ts.len()).find(|&j| {
-            to[j] == usize::MAX && tm.sizes[j] == size && (size <= 1 || ts[j] == stride)
-        }) else {
-            return Pos::Elsewhere;
-        };
+    let Some(perm) = permuted_dims(a, &tm.sizes) else {
+        return Pos::Elsewhere;
+    };
+    let mut to = vec![0; perm.len()];
+    for (k, &j) in perm.iter().enumerate() {
         to[j] = dims[k];
     }
     if to.iter().enumerate().all(|(j, &d)| j == d) {

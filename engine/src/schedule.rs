@@ -372,27 +372,16 @@ fn permutation_of(
     base: &kiln_functionalize::Meta,
     l: &kiln_functionalize::Meta,
 ) -> Option<Vec<usize>> {
-    let cs = kiln_functionalize::meta::contiguous_strides(&base.sizes);
-    if l.offset != 0 || l.sizes.len() != base.sizes.len() || l.numel() != base.numel() {
-        return None;
-    }
-    let mut used = vec![false; cs.len()];
-    let perm: Vec<usize> = (0..l.sizes.len())
-        .map(|d| {
-            let k = (0..cs.len()).find(|&k| {
-                !used[k]
-                    && base.sizes[k] == l.sizes[d]
-                    && (cs[k] == l.strides[d] || l.sizes[d] == 1)
-            })?;
-            used[k] = true;
-            Some(k)
-        })
-        .collect::<Option<_>>()?;
-    (perm
-        .iter()
+    let a = crate::index::Affine {
+        sizes: l.sizes.to_vec(),
+        strides: l.strides.to_vec(),
+        offset: l.offset,
+    };
+    let perm = crate::index::permuted_dims(&a, &base.sizes)?;
+    perm.iter()
         .enumerate()
-        .any(|(d, &k)| d != k && base.sizes[k] > 1))
-    .then_some(perm)
+        .any(|(d, &k)| d != k && base.sizes[k] > 1)
+        .then_some(perm)
 }
 
 /// The materialized buffer an output computed by view copy `n` is a view

@@ -159,8 +159,9 @@ pub struct Gen<'a> {
     /// its packed stores need no atomic binding. Set by a kernel family
     /// before it binds anything; `finish` clears it.
     owns_words: bool,
-    /// The var gathering the lanes of a word such a kernel stores.
-    run_word: Option<String>,
+    /// The kernel declares `pk`, the var gathering the lanes of a word
+    /// such a kernel stores.
+    run_word: bool,
     /// The arena word where kernels record a fault (`Fault`): see
     /// `flag`, read back after the run.
     pub status: Option<usize>,
@@ -230,7 +231,7 @@ impl<'a> Gen<'a> {
             windows: vec![],
             lane_stores: vec![],
             owns_words: false,
-            run_word: None,
+            run_word: false,
             // `lower` places it.
             status: None,
             status_used: false,
@@ -446,22 +447,30 @@ impl<'a> Gen<'a> {
     fn keeps_last_dim(&self, v: ValueId) -> bool {
         let g = self.g;
         self.s.permuted.get(&v).into_iter().flatten().all(|&p| {
-            let Def::Node(n, k) = g.values[p].def else {
-                return false;
-            };
-            let node = &g.nodes[n];
-            let (&Rule::ViewCopy(view), Some(&Arg::Tensor(input))) =
-                (&node.op.def().rule, node.args.first())
-            else {
-                return false;
-            };
             // A reshape keeps every element's flat place.
-            Affine::view(g, view, g.meta(input), &node.args[1..], k).is_ok_and(|a| {
+            self.permuted_link(p).is_ok_and(|(input, a)| {
                 a.is_identity()
                     || (a.strides.last() == Some(&1)
                         && a.sizes.last() == g.meta(input).sizes.last())
             })
         })
+    }
+
+    /// Permuting copy `p` (`schedule::permuted_copy`): the value it copies
+    /// and the map from its elements to that value's.
+    fn permuted_link(&self, p: ValueId) -> R<(ValueId, Affine)> {
+        let g = self.g;
+        let Def::Node(n, k) = g.values[p].def else {
+            return Err(bug("a permuted epilogue without a node"));
+        };
+        let node = &g.nodes[n];
+        let (&Rule::ViewCopy(view), Some(&Arg::Tensor(input))) =
+            (&node.op.def().rule, node.args.first())
+        else {
+            return Err(bug("a permuted epilogue through no view copy"));
+        };
+        let a = Affine::view(g, view, g.meta(input), &node.args[1..], k).map_err(bug)?;
+        Ok((input, a))
     }
 
     /// Does words `start..end` of `buf` hold a tensor of `lane_stores`?
@@ -605,7 +614,7 @@ impl<'a> Gen<'a> {
 
     fn finish(&mut self, label: String, mut grid: [u32; 3], wg: [u32; 3]) -> KernelCode {
         self.owns_words = false;
-        self.run_word = None;
+        self.run_word = false;
         let mut body = std::mem::take(&mut self.body);
         if let (Some(n), Some(cap)) = (self.stride_over.take(), self.grid_stride) {
             // Enough workgroups to fill the device, each invocation
@@ -814,18 +823,8 @@ impl<'a> Gen<'a> {
     /// computed at element `idx`: that value there, and the element of
     /// `p` holding it.
     fn permuted_at(&mut self, p: ValueId, idx: &str) -> R<(String, String)> {
-        let g = self.g;
-        let Def::Node(n, k) = g.values[p].def else {
-            return Err(bug("a permuted epilogue without a node"));
-        };
-        let node = &g.nodes[n];
-        let (&Rule::ViewCopy(view), Some(&Arg::Tensor(input))) =
-            (&node.op.def().rule, node.args.first())
-        else {
-            return Err(bug("a permuted epilogue through no view copy"));
-        };
+        let (input, a) = self.permuted_link(p)?;
         let x = self.value_at(input, idx)?;
-        let a = Affine::view(g, view, g.meta(input), &node.args[1..], k).map_err(bug)?;
         // `p`'s dims by decreasing stride are the input's contiguous
         // layout: unravel the element there, ravel it in `p`'s.
         let cs = contiguous_strides(&a.sizes);
@@ -849,18 +848,13 @@ impl<'a> Gen<'a> {
             let st = if slot.atomic {
                 wgsl::store_lane(&slot, idx, d, value)
             } else if self.owns_words {
-                let pk = match &self.run_word {
-                    Some(pk) => pk.clone(),
-                    None => {
-                        // Declared first: it carries lanes across the
-                        // iterations of the loops storing them.
-                        let pk = "pk".to_string();
-                        self.body.lines.insert(0, format!("var {pk}: u32 = 0u;"));
-                        self.run_word = Some(pk.clone());
-                        pk
-                    }
-                };
-                wgsl::store_run_lane(&slot, idx, d, value, &pk)
+                if !self.run_word {
+                    // Declared first: it carries lanes across the
+                    // iterations of the loops storing them.
+                    self.body.lines.insert(0, "var pk: u32 = 0u;".into());
+                    self.run_word = true;
+                }
+                wgsl::store_run_lane(&slot, idx, d, value, "pk")
             } else {
                 return Err(bug("an element store into a packed buffer bound as words"));
             };
