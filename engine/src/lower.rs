@@ -1250,6 +1250,8 @@ impl KernelCost {
         let mut reads: Vec<ValueId> = vec![];
         let mut written = 0;
         let mut elements = 0;
+        // Elements of its input a reduction reads, each once.
+        let mut reduced = 0;
         let mut nodes: HashSet<NodeId> = HashSet::new();
         for &v in grp {
             let Def::Node(n, _) = g.values[v].def else {
@@ -1293,12 +1295,20 @@ impl KernelCost {
             };
             written += w;
             elements = elements.max(e);
+            if let (Lowering::Reduce(_), Some(kiln_functionalize::schema::Arg::Tensor(x))) =
+                (g.nodes[n].op.def().lowering, g.nodes[n].args.first())
+            {
+                reduced = reduced.max(g.meta(*x).numel());
+            }
         }
         reads.sort();
         reads.dedup();
         // Elementwise kernels and in-place scatters read each buffer at most
-        // once per invocation; other kernels are charged whole buffers.
+        // once per invocation, reductions at most once per element of their
+        // input (a window of a buffer: the window); other kernels are
+        // charged whole buffers.
         let per_thread = is_map(g, sched, grp[0]) || sched.inplace.contains_key(&grp[0]);
+        let reduction = grp.len() == 1 && reduced > 0;
         let tables = selected_rows(g, sched, &nodes);
         let charges: Vec<(ValueId, usize)> = reads
             .iter()
@@ -1308,6 +1318,8 @@ impl KernelCost {
                 let mut charge = whole;
                 if per_thread {
                     charge = share(elements);
+                } else if reduction {
+                    charge = share(reduced);
                 }
                 if let Some(&picked) = tables.get(&r) {
                     charge = charge.min(share(picked));
