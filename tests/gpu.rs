@@ -1698,3 +1698,66 @@ fn aliased_inputs_become_views_of_one_base() {
         .to_string();
     assert!(e.contains('w'), "{e}");
 }
+
+/// A reduction of what an elementwise kernel stores runs in that kernel
+/// (`lower::folds_into`): the members are computed and stored where the
+/// reduction visits each element, packed bools and f16 halves included
+/// (lane stores from invocations owning lines, not words), so the
+/// reduced tensor is never read back. Float sums on GPUs keep their
+/// row kernels (a second kernel there).
+#[test]
+fn reductions_fold_into_the_elementwise_kernel_they_read() {
+    let programs = [
+        (
+            "graph f(%x: f32[5, 7], %m: bool[5, 7]) {
+  %p = gt(%x, 0.25)
+  %o = logical_or(%p, %m)
+  %y = mul(%x, 2.0)
+  %s = sum(%o, [0], true)
+  return (%o, %y, %s)
+}",
+            [1, 1],
+        ),
+        (
+            "graph f(%x: f32[3, 9, 5]) {
+  %y = mul(%x, 2.0)
+  %h = _to_copy(%y, f16)
+  %b = lt(%y, 0.5)
+  %mx = amax(%y, [1])
+  return (%h, %b, %mx)
+}",
+            [1, 1],
+        ),
+        (
+            "graph f(%x: f32[6, 11], %w: f32[11]) {
+  %y = mul(%x, %w)
+  %c = clone(%y)
+  %d = diagonal(%c)
+  %n = neg_(%d)
+  %s = mean(%c, [0])
+  return (%y, %c, %s)
+}",
+            [1, 2],
+        ),
+    ];
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let gpu_class = common::gpu_variant_options(&gpu);
+    for (src, kernels) in programs {
+        let g = parse(src).unwrap();
+        let ins = kiln::functionalize::random::random_inputs(&g, 3, 1.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        for (options, k) in [gpu.compile_options(), gpu_class.clone()]
+            .into_iter()
+            .zip(kernels)
+        {
+            let p = kiln::engine::compile_with(&g, &options).unwrap();
+            let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+            assert_eq!(labels.len(), k, "{src}: {labels:?}");
+            let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+            let got = e.run(&g, ins.clone()).unwrap();
+            for (a, b) in got.outputs.iter().zip(&want.outputs) {
+                close_gpu(src, a, b, 1e-6).unwrap();
+            }
+        }
+    }
+}

@@ -27,7 +27,7 @@ fn reuse_dying_inputs(
     packed: &dyn Fn(ValueId) -> bool,
 ) {
     for grp in groups {
-        if !grp.iter().all(|&v| is_map(g, sched, v)) {
+        if !grp.iter().all(|&v| is_map(g, sched, v)) && folded_reduction(g, sched, grp).is_none() {
             continue;
         }
         let here = step[&grp[0]];
@@ -36,6 +36,9 @@ fn reuse_dying_inputs(
             let Def::Node(n, _) = g.values[v].def else {
                 continue;
             };
+            if !is_map(g, sched, v) {
+                continue; // a folded reduction's result
+            }
             if !sched.is_materialized.contains(&v) {
                 continue; // kept in registers
             }
@@ -274,6 +277,7 @@ fn vec4_ranges(
         .all(|&v| wgsl::per_word(g.meta(v).dtype) == 1 && !locs.get(&v).is_some_and(|l| l.packed));
     if !options.vectorize
         || !is_map(g, sched, grp[0])
+        || folded_reduction(g, sched, grp).is_some()
         || !word_sized
         || count < 4
         || !count.is_multiple_of(4)
@@ -669,7 +673,9 @@ pub(crate) fn plan(
     for grp in &groups {
         let (w, n) = planned_bindings(g, &sched, grp, &registers, &layout.locs, options.rules);
         if n > options.max_bindings {
-            if grp.len() > 1 && !is_map(g, &sched, grp[0]) {
+            if grp.len() > 1
+                && (!is_map(g, &sched, grp[0]) || folded_reduction(g, &sched, grp).is_some())
+            {
                 return Ok(Planned::Apart(grp.clone()));
             }
             if let Some(u) = producer_to_materialize(g, &sched, grp, force) {
@@ -742,30 +748,35 @@ pub(crate) fn generate(
     for (((grp, &planned), vec4), windows) in groups.iter().zip(&bindings).zip(vec4).zip(windows) {
         gen.vec4_ranges = vec4;
         gen.windows = windows;
+        let folded = folded_reduction(g, &sched, grp);
         gen.lane_stores = grp
             .iter()
-            .filter(|&&v| !is_map(g, &sched, v) && packing.packed(g, v))
+            .filter(|&&v| (folded.is_some() || !is_map(g, &sched, v)) && packing.packed(g, v))
             .filter_map(|v| layout.locs.get(v).copied())
             .collect();
         // The kernels of the group, each with the values it computes: one
         // launch, or where independent kernels cannot share one, a launch
         // each.
-        let units: Vec<(Vec<ValueId>, Vec<crate::kernel::KernelCode>)> =
-            if is_map(g, &sched, grp[0]) {
-                let codes = if g.meta(grp[0]).numel() == 0 {
-                    vec![]
-                } else {
-                    vec![gen.map_group(grp).map_err(|e| at_value(e, g, grp[0]))?]
-                };
-                vec![(grp.clone(), codes)]
-            } else if grp.len() > 1 {
-                gen.siblings(grp).map_err(|e| at_value(e, g, grp[0]))?
+        let units: Vec<(Vec<ValueId>, Vec<crate::kernel::KernelCode>)> = if let Some(r) = folded {
+            gen.prologue = grp[..grp.len() - 1].to_vec();
+            let codes = gen.kernel(r).map_err(|e| at_value(e, g, r));
+            gen.prologue.clear();
+            vec![(grp.clone(), codes?)]
+        } else if is_map(g, &sched, grp[0]) {
+            let codes = if g.meta(grp[0]).numel() == 0 {
+                vec![]
             } else {
-                vec![(
-                    grp.clone(),
-                    gen.kernel(grp[0]).map_err(|e| at_value(e, g, grp[0]))?,
-                )]
+                vec![gen.map_group(grp).map_err(|e| at_value(e, g, grp[0]))?]
             };
+            vec![(grp.clone(), codes)]
+        } else if grp.len() > 1 {
+            gen.siblings(grp).map_err(|e| at_value(e, g, grp[0]))?
+        } else {
+            vec![(
+                grp.clone(),
+                gen.kernel(grp[0]).map_err(|e| at_value(e, g, grp[0]))?,
+            )]
+        };
         for (vals, codes) in units {
             let cost = KernelCost::of(g, &sched, &vals, &registers, &packing);
             // Kernels sharing a launch (sibling products): each one's own.
@@ -894,7 +905,9 @@ fn group_kernels(
             buffers_touched(g, sched, &all) + usize::from(!map && may_fault_in(g, sched, &all))
                 <= options.max_bindings
                 && if map {
-                    is_map(g, sched, grp[0]) && crate::index::fits_group(g, sched, grp, v)
+                    is_map(g, sched, grp[0])
+                        && folded_reduction(g, sched, grp).is_none()
+                        && crate::index::fits_group(g, sched, grp, v)
                 } else {
                     !is_map(g, sched, grp[0])
                         && same_shape(grp[0], v)
@@ -927,7 +940,120 @@ fn group_kernels(
             None => groups.push(vec![v]),
         }
     }
+    fold_reductions(g, sched, options, grouping, &mut groups);
     Ok(groups)
+}
+
+/// Moves each reduction kernel into an earlier elementwise kernel it can
+/// run in (`folds_into`) and that computes or reads what it reads, past
+/// kernels it is independent of. Not where an earlier plan found the
+/// kernel over the device's bindings (`Grouping::apart`).
+fn fold_reductions(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    options: &CompileOptions,
+    grouping: &Grouping,
+    groups: &mut Vec<Vec<ValueId>>,
+) {
+    let mut i = 0;
+    while i < groups.len() {
+        let [v] = groups[i][..] else {
+            i += 1;
+            continue;
+        };
+        let mut into = None;
+        let reach = grouping.lookback.max(1);
+        for j in (0..i).rev().take(reach) {
+            if grouping.apart.contains_key(&v) {
+                break;
+            }
+            if folds_into(g, sched, options, &groups[j], v) {
+                into = Some(j);
+                break;
+            }
+            if !independent(g, sched, &groups[j], v) {
+                break;
+            }
+        }
+        match into {
+            Some(j) => {
+                groups[j].push(v);
+                groups.remove(i);
+            }
+            None => i += 1,
+        }
+    }
+}
+
+/// The most elements a reduction folding an elementwise kernel
+/// (`folds_into`) reduces an invocation: the members' work moves from an
+/// invocation an element into the reduction's serial loop, which on a GPU
+/// loses to the element-parallel kernel beyond short lines.
+const FOLD_MAX_LINE: usize = 64;
+
+/// Can reduction `v` run in the kernel of elementwise group `grp` (the
+/// kernel before it), the group's members computed and stored where the
+/// reduction visits each element of its input (`sum(m)` of a stored mask
+/// `m`: one kernel, `m` not read back)? Its input has the members' shape
+/// and is a member or computed inline (reading no other member); one
+/// invocation an output visits every element once (a single pass, not by
+/// workgroup rows), at most `FOLD_MAX_LINE` of them.
+fn folds_into(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    options: &CompileOptions,
+    grp: &[ValueId],
+    v: ValueId,
+) -> bool {
+    use kiln_functionalize::ops::Reduction as Red;
+    use kiln_functionalize::schema::Arg;
+    let Def::Node(n, 0) = g.values[v].def else {
+        return false;
+    };
+    let node = &g.nodes[n];
+    let (Lowering::Reduce(red), Some(Arg::Tensor(x))) = (node.op.def().lowering, node.args.first())
+    else {
+        return false;
+    };
+    let by_rows =
+        options.workgroup_rows && matches!(red, Red::Sum | Red::Mean) && g.meta(v).dtype.is_float();
+    let sizes = &g.meta(*x).sizes;
+    let roots = |vals: &[ValueId]| -> HashSet<ValueId> {
+        vals.iter()
+            .filter_map(|&w| g.node_of(w))
+            .flat_map(|m| schedule::reads(g, sched, m))
+            .chain(vals.iter().copied())
+            .map(|r| sched.root(r))
+            .collect()
+    };
+    // Worth it where the reduction reads a buffer the kernel touches.
+    let shares = !roots(&[v]).is_disjoint(&roots(grp));
+    let line = g.meta(*x).numel() / g.meta(v).numel().max(1);
+    !matches!(red, Red::Var { .. })
+        && shares
+        && line <= FOLD_MAX_LINE
+        && !by_rows
+        && node.results.len() == 1
+        && !sched.fused.contains_key(&v)
+        && !sched.inplace.contains_key(&v)
+        && folded_reduction(g, sched, grp).is_none()
+        && grp
+            .iter()
+            .all(|&w| is_map(g, sched, w) && g.meta(w).sizes == *sizes)
+        && schedule::reads(g, sched, n)
+            .iter()
+            .all(|r| r == x || !grp.contains(r))
+}
+
+/// The reduction an elementwise group's kernel computes after its members
+/// (`folds_into`): the group's last value.
+pub(crate) fn folded_reduction(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    grp: &[ValueId],
+) -> Option<ValueId> {
+    let (&last, members) = grp.split_last()?;
+    (!members.is_empty() && is_map(g, sched, members[0]) && !is_map(g, sched, last)).then_some(last)
 }
 
 /// The product whose kernel computes `v` (the product itself, or an

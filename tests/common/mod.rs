@@ -294,6 +294,12 @@ pub fn kiln_run_exe() -> PathBuf {
 /// kernels a GPU-class adapter gets, small grids so invocations loop).
 pub fn gpu_variant_session() -> kiln::engine::Session {
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let options = gpu_variant_options(&gpu);
+    kiln::engine::Session::with_options(gpu, options)
+}
+
+/// The options of `gpu_variant_session` on `gpu`.
+pub fn gpu_variant_options(gpu: &kiln::engine::Gpu) -> kiln::engine::CompileOptions {
     let mut options = gpu.compile_options();
     options.tile_min_rows = 0;
     // Products of two 128-row tiles or more in those, smaller in 64.
@@ -309,5 +315,5 @@ pub fn gpu_variant_session() -> kiln::engine::Session {
     // WebGPU's 256-byte binding offsets: small tensors a kernel binds
     // share windows, bound once.
     options.rules.align_words = 64;
-    kiln::engine::Session::with_options(gpu, options)
+    options
 }

@@ -370,7 +370,10 @@ impl Gen<'_> {
     /// The members of one element in the order their stores go: members
     /// written into a buffer another member reads (a dying input,
     /// `lower::reuse_dying_inputs`) last, once every member has loaded it.
-    fn stores_last(&self, mut members: Vec<(ValueId, String)>) -> Vec<(ValueId, String)> {
+    pub(super) fn stores_last(
+        &self,
+        mut members: Vec<(ValueId, String)>,
+    ) -> Vec<(ValueId, String)> {
         members.sort_by_key(|(v, _)| self.s.alias_of.contains_key(v));
         members
     }

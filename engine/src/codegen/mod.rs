@@ -87,6 +87,9 @@ pub struct Gen<'a> {
     group: Vec<ValueId>,
     /// The index expression of the element the invocation computes now.
     own: String,
+    /// The elementwise members a reduction kernel computes and stores at
+    /// each element of its input it visits (`lower::folds_into`).
+    pub prologue: Vec<ValueId>,
     /// See `CompileOptions::tile_min_rows`.
     pub tile_min_rows: usize,
     /// See `CompileOptions::tall_tiles_from`.
@@ -203,6 +206,7 @@ impl<'a> Gen<'a> {
             shared: vec![],
             group: vec![],
             own: "gid".into(),
+            prologue: vec![],
             tile_min_rows: 0,
             tall_tiles_from: 512,
             registers: Default::default(),

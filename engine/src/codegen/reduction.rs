@@ -170,6 +170,7 @@ impl Gen<'_> {
         let saved = std::mem::take(&mut self.memo);
         let rst: Vec<usize> = reduced.iter().map(|&d| istr[d]).collect();
         let at = self.reduced_element(&kbase, &rs, &rst);
+        self.prologue_at(&at)?;
         let x = self.value_at(input, &at)?;
         let x = self.body.bind(acc_ty, cast(&x, im.dtype, acc_dt));
         match (red_op, &comp, &nan) {
@@ -187,6 +188,8 @@ impl Gen<'_> {
         }
         self.body.stmt("}".into());
         self.memo = saved;
+        self.group.clear();
+        self.own = "gid".into();
         let mut res = acc.clone();
         if red_op == Red::Mean {
             res = self.body.bind(acc_ty, format!("{acc} / f32({})", u(count)));
@@ -241,6 +244,34 @@ impl Gen<'_> {
             wgsl::grid(nout, self.workgroup),
             [self.workgroup, 1, 1],
         ))
+    }
+
+    /// The elementwise members folded into this reduction
+    /// (`Gen::prologue`) at element `at` of its input: computed (the
+    /// reduction reads its input from them), the materialized ones
+    /// stored. Each element is visited once, by one invocation.
+    fn prologue_at(&mut self, at: &str) -> R<()> {
+        if self.prologue.is_empty() {
+            return Ok(());
+        }
+        let g = self.g;
+        self.group = self.prologue.clone();
+        self.own = at.to_string();
+        let mut members = vec![];
+        for w in self.prologue.clone() {
+            let Def::Node(n, k) = g.values[w].def else {
+                return Err(bug("a kernel for an input"));
+            };
+            let x = self.node_at(n, k, at)?;
+            self.memo.insert((w, at.to_string()), x.clone());
+            members.push((w, x));
+        }
+        for (w, x) in self.stores_last(members) {
+            if !self.registers.contains(&w) {
+                self.store_to(w, at, &x)?;
+            }
+        }
+        Ok(())
     }
 
     /// Element `r` (the loop's counter) of the reduced dims (sizes `rs`,
