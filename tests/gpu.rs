@@ -1122,11 +1122,19 @@ fn cheap_values_are_recomputed_by_their_readers() {
             if let Some(k) = kernels {
                 assert_eq!(p.kernels.len(), k, "{src}\n{}", p.stats());
             }
-            let computing_exp = p
+            // Kernels sharing a launch are one shader, a part each
+            // (`codegen/siblings.rs` shadows `wid` at the top of each).
+            let computing_exp: usize = p
                 .kernels
                 .iter()
-                .filter(|k| k.code.wgsl.contains(": f32 = exp("))
-                .count();
+                .map(|k| {
+                    k.code
+                        .wgsl
+                        .split("let wid = vec3<u32>(wid.x - ")
+                        .filter(|part| part.contains(": f32 = exp("))
+                        .count()
+                })
+                .sum();
             assert_eq!(computing_exp, exps, "{src}\n{}", p.stats());
         }
         let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
@@ -1759,5 +1767,93 @@ fn reductions_fold_into_the_elementwise_kernel_they_read() {
                 close_gpu(src, a, b, 1e-6).unwrap();
             }
         }
+    }
+}
+
+/// Independent elementwise kernels of different shapes share a launch,
+/// each in workgroups of its own (`lower::join_map_launches`): labelled
+/// `a | b`, a buffer both read charged once, results as the reference's on
+/// both variants. A kernel too large to join (more workgroups than a grid
+/// row holds beside the others) runs alone, the next plan keeping it
+/// apart.
+#[test]
+fn independent_elementwise_kernels_share_a_launch() {
+    let src = "graph f(%x: f32[6, 5], %y: f32[3, 7], %b: bool[9]) {
+  %s = stack([%x, %x], 0)
+  %t = tanh(%y)
+  %n = logical_not(%b)
+  %r = repeat(%x, [1, 3])
+  %u = add(%r, 1.0)
+  return (%s, %t, %n, %u)
+}";
+    let g = parse(src).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    for options in [gpu.compile_options(), common::gpu_variant_options(&gpu)] {
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        assert_eq!(labels.len(), 1, "{labels:?}");
+        assert_eq!(labels[0].split(" | ").count(), 4, "{labels:?}");
+        // x (120 B) read by the stack and the repeat once; y 84, b 12 (a
+        // word each 4 bools).
+        assert_eq!(p.kernels[0].bytes_read, 120 + 84 + 12, "{labels:?}");
+        let apart = kiln::engine::CompileOptions {
+            share_launches: false,
+            ..options.clone()
+        };
+        assert_eq!(
+            kiln::engine::compile_with(&g, &apart)
+                .unwrap()
+                .kernels
+                .len(),
+            4
+        );
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        let got = e.run(&g, ins.clone()).unwrap();
+        for (a, b) in got.outputs.iter().zip(&want.outputs) {
+            close_gpu(src, a, b, 0.0).unwrap();
+        }
+    }
+    // `u` could take x's buffer (x dies in its kernel), which would keep
+    // the stack from running beside it: x keeps its buffer, within
+    // eager's peak, and the four kernels share a launch.
+    let src = "graph f(%x: f32[6, 5], %y: f32[3, 7], %b: bool[9]) {
+  %s = stack([%x, %x], 0)
+  %t = tanh(%y)
+  %n = logical_not(%b)
+  %d = mul(%x, 2.0)
+  %u = add(%d, 1.0)
+  return (%s, %t, %n, %u)
+}";
+    let g = parse(src).unwrap();
+    let p = kiln::engine::compile_with(&g, &gpu.compile_options()).unwrap();
+    assert_eq!(p.kernels.len(), 1);
+    assert!(p.memory.planned_peak() <= p.memory.eager_peak);
+    let ins = kiln::functionalize::random::random_inputs(&g, 7, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let got = engine().run(&g, ins).unwrap();
+    for (a, b) in got.outputs.iter().zip(&want.outputs) {
+        close_gpu("kept input", a, b, 0.0).unwrap();
+    }
+    // 4194305 f32 elements, an odd count (no vector loads): 65537
+    // workgroups of 64, two rows of a grid; the small kernel runs apart.
+    let src = "graph f(%x: f32[4194305], %y: f32[3, 7]) {
+  %a = mul(%x, 3.0)
+  %t = tanh(%y)
+  return (%a, %t)
+}";
+    let g = parse(src).unwrap();
+    let mut options = gpu.compile_options();
+    options.workgroup = 64;
+    options.grid_stride = None;
+    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    assert_eq!(p.kernels.len(), 2);
+    let ins = kiln::functionalize::random::random_inputs(&g, 6, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let mut e = Engine::on(kiln::engine::Session::with_options(gpu, options));
+    let got = e.run(&g, ins).unwrap();
+    for (a, b) in got.outputs.iter().zip(&want.outputs) {
+        close_gpu("large", a, b, 0.0).unwrap();
     }
 }

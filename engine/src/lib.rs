@@ -340,6 +340,7 @@ pub(crate) fn compile_functional(
         apart: HashMap::new(),
         lookback: lower::LAUNCH_LOOKBACK,
         maps_past_maps: true,
+        keep_inputs: HashSet::new(),
     };
     let mut regrouped = false;
     let mut staging = !staged.is_empty();
@@ -356,6 +357,7 @@ pub(crate) fn compile_functional(
                 apart: grouping.apart.clone(),
                 lookback: grouping.lookback,
                 maps_past_maps: grouping.maps_past_maps,
+                keep_inputs: grouping.keep_inputs.clone(),
             };
             let p2 = plan_with(&mut g2, &mut unstaged)?;
             if p2.planned_peak() < plan.planned_peak() {
@@ -370,6 +372,7 @@ pub(crate) fn compile_functional(
                 apart: grouping.apart.clone(),
                 lookback: grouping.lookback,
                 maps_past_maps: false,
+                keep_inputs: grouping.keep_inputs.clone(),
             };
             let p2 = plan_with(&mut ordered, &mut force)?;
             let key = |p: &lower::KernelPlan| (p.bytes_moved(&g), p.kernels(), p.planned_peak());
@@ -383,11 +386,34 @@ pub(crate) fn compile_functional(
                 apart: grouping.apart.clone(),
                 lookback: 1,
                 maps_past_maps: grouping.maps_past_maps,
+                keep_inputs: grouping.keep_inputs.clone(),
             };
             let near_plan = plan_with(&mut near, &mut force)?;
             if near_plan.planned_peak() < plan.planned_peak() && plan.planned_peak() > eager {
                 plan = near_plan;
                 grouping = near;
+            }
+        }
+        // Elementwise kernels kept from sharing a launch only because one
+        // writes over a buffer another reads (an input dying there): kept
+        // where keeping dying inputs' buffers moves fewer bytes or runs
+        // fewer kernels, within eager's peak (or the plan's, if above).
+        if !plan.joins_blocked().is_subset(&grouping.keep_inputs) {
+            let mut kept = lower::Grouping {
+                apart: grouping.apart.clone(),
+                lookback: grouping.lookback,
+                maps_past_maps: grouping.maps_past_maps,
+                keep_inputs: grouping
+                    .keep_inputs
+                    .union(plan.joins_blocked())
+                    .copied()
+                    .collect(),
+            };
+            let p2 = plan_with(&mut kept, &mut force)?;
+            let key = |p: &lower::KernelPlan| (p.bytes_moved(&g), p.kernels());
+            if key(&p2) < key(&plan) && p2.planned_peak() <= eager.max(plan.planned_peak()) {
+                plan = p2;
+                grouping = kept;
             }
         }
         let generated = lower::generate(&g, options, *plan)?;

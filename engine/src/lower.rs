@@ -21,11 +21,12 @@ fn reuse_dying_inputs(
     g: &Graph,
     sched: &mut schedule::Schedule,
     groups: &[Vec<ValueId>],
-    step: &HashMap<ValueId, usize>,
-    last: &HashMap<ValueId, usize>,
+    life: &Lifetimes,
     outputs: &[ValueId],
     packed: &dyn Fn(ValueId) -> bool,
+    kept: &HashSet<ValueId>,
 ) {
+    let (step, last) = (&life.step, &life.last);
     for grp in groups {
         if !grp.iter().all(|&v| is_map(g, sched, v)) && folded_reduction(g, sched, grp).is_none() {
             continue;
@@ -53,7 +54,7 @@ fn reuse_dying_inputs(
             let candidates: Vec<ValueId> = reads.iter().copied().chain(dead).collect();
             for u in candidates {
                 let root = sched.root(u);
-                if sched.pinned.contains(&root) {
+                if sched.pinned.contains(&root) || kept.contains(&root) {
                     continue;
                 }
                 // Same elements in the same layout (a packed bool result
@@ -595,6 +596,12 @@ fn stores_lanes(g: &Graph, sched: &schedule::Schedule, v: ValueId) -> bool {
 pub(crate) struct KernelPlan {
     sched: schedule::Schedule,
     groups: Vec<Vec<ValueId>>,
+    /// Elementwise kernels sharing a launch (`join_map_launches`): their
+    /// groups, by index, and the windows they bind together.
+    launches: Vec<Launch>,
+    /// Dying inputs whose buffers a result took, keeping kernels that read
+    /// them from sharing a launch with it (`join_map_launches`).
+    joins_blocked: HashSet<ValueId>,
     registers: HashSet<ValueId>,
     life: Lifetimes,
     packing: Packing,
@@ -610,15 +617,35 @@ pub(crate) struct KernelPlan {
 impl KernelPlan {
     /// Kernels it runs (kernels sharing a launch counted as one).
     pub fn kernels(&self) -> usize {
-        self.groups.len()
+        self.launches.len()
+    }
+
+    /// See `KernelPlan::joins_blocked`.
+    pub fn joins_blocked(&self) -> &HashSet<ValueId> {
+        &self.joins_blocked
     }
 
     /// Bytes its kernels move (`Program::bytes_moved` of the result).
     pub fn bytes_moved(&self, g: &Graph) -> usize {
-        self.groups
+        self.launches
             .iter()
-            .map(|grp| {
-                let c = KernelCost::of(g, &self.sched, grp, &self.registers, &self.packing);
+            .map(|Launch { members, .. }| {
+                let c = match members[..] {
+                    [i] => KernelCost::of(
+                        g,
+                        &self.sched,
+                        &self.groups[i],
+                        &self.registers,
+                        &self.packing,
+                    ),
+                    _ => KernelCost::launch(
+                        g,
+                        &self.sched,
+                        members.iter().map(|&i| &self.groups[i][..]),
+                        &self.registers,
+                        &self.packing,
+                    ),
+                };
                 c.bytes_read + c.written
             })
             .sum()
@@ -662,10 +689,10 @@ pub(crate) fn plan(
         g,
         &mut sched,
         &groups,
-        &life.step,
-        &life.last,
+        &life,
         outputs,
         &|v| packing.packed(g, v),
+        &grouping.keep_inputs,
     );
     let layout = place(g, &sched, &groups, &life, &packing, options)?;
     let mut bindings = vec![];
@@ -691,14 +718,26 @@ pub(crate) fn plan(
         bindings.push(n);
         windows.push(w);
     }
-    let vec4 = groups
+    let vec4: Vec<_> = groups
         .iter()
         .zip(&windows)
         .map(|(grp, w)| vec4_ranges(g, &sched, grp, &registers, &layout.locs, w, options))
         .collect();
+    let (launches, joins_blocked) = join_map_launches(
+        g,
+        &sched,
+        options,
+        grouping,
+        &groups,
+        &registers,
+        &layout.locs,
+        &vec4,
+    );
     Ok(Planned::Ready(Box::new(KernelPlan {
         sched,
         groups,
+        launches,
+        joins_blocked,
         registers,
         life,
         packing,
@@ -718,6 +757,8 @@ pub(crate) fn generate(
     let KernelPlan {
         sched,
         groups,
+        launches,
+        joins_blocked: _,
         registers,
         life,
         packing,
@@ -745,9 +786,57 @@ pub(crate) fn generate(
     let align = options.rules.align_words;
     gen.status = Some(layout.plan.arena_bytes.div_ceil(4).div_ceil(align) * align);
     let mut kernels = vec![];
-    for (((grp, &planned), vec4), windows) in groups.iter().zip(&bindings).zip(vec4).zip(windows) {
-        gen.vec4_ranges = vec4;
-        gen.windows = windows;
+    let mut vec4: Vec<Option<_>> = vec4.into_iter().map(Some).collect();
+    let mut windows: Vec<Option<_>> = windows.into_iter().map(Some).collect();
+    for Launch {
+        members,
+        windows: launch_windows,
+        bindings: launch_bindings,
+    } in launches
+    {
+        if let [_, _, ..] = members[..] {
+            // Elementwise kernels sharing a launch.
+            gen.vec4_ranges = HashSet::new();
+            gen.windows = launch_windows;
+            gen.lane_stores = vec![];
+            let units: Vec<&[ValueId]> = members.iter().map(|&i| &groups[i][..]).collect();
+            let launched = gen
+                .map_launch(&units)
+                .map_err(|e| at_value(e, g, units[0][0]))?;
+            for (vals, code) in launched {
+                let mine = || units.iter().filter(|u| vals.contains(&u[0])).copied();
+                let cost = KernelCost::launch(g, &sched, mine(), &registers, &packing);
+                let flops = mine()
+                    .map(|u| {
+                        let c = KernelCost::of(g, &sched, u, &registers, &packing);
+                        kernel_flops(g, &sched, u, c.ops.len(), c.elements)
+                    })
+                    .sum();
+                check_bindings_apart(&code)?;
+                if code.bindings.len() > launch_bindings {
+                    return Err(CompileError::internal(
+                        Stage::Codegen,
+                        format!(
+                            "kernel {} binds {} storage buffers, its plan {launch_bindings}",
+                            code.label,
+                            code.bindings.len()
+                        ),
+                    ));
+                }
+                kernels.push(Kernel {
+                    code,
+                    ops: cost.ops,
+                    bytes_read: cost.bytes_read,
+                    bytes_written: cost.written,
+                    flops,
+                });
+            }
+            continue;
+        }
+        let i = members[0];
+        let (grp, planned) = (&groups[i], bindings[i]);
+        gen.vec4_ranges = vec4[i].take().unwrap_or_default();
+        gen.windows = windows[i].take().unwrap_or_default();
         let folded = folded_reduction(g, &sched, grp);
         gen.lane_stores = grp
             .iter()
@@ -869,6 +958,10 @@ pub(crate) struct Grouping {
     /// May an elementwise kernel move ahead of elementwise kernels (or
     /// only of kernels of other kinds)?
     pub maps_past_maps: bool,
+    /// Buffers (roots) of inputs dying in a kernel that keep them (no
+    /// result written over them, `reuse_dying_inputs`), so that kernels
+    /// reading them share a launch with the one they die in.
+    pub keep_inputs: HashSet<ValueId>,
 }
 
 /// The lookback tried first (a bound on the search, not on correctness).
@@ -1054,6 +1147,139 @@ pub(crate) fn folded_reduction(
 ) -> Option<ValueId> {
     let (&last, members) = grp.split_last()?;
     (!members.is_empty() && is_map(g, sched, members[0]) && !is_map(g, sched, last)).then_some(last)
+}
+
+/// Kernels sharing a launch (`join_map_launches`).
+struct Launch {
+    /// Their groups, by index.
+    members: Vec<usize>,
+    /// The windows they bind together, and how many bindings.
+    windows: Vec<Window>,
+    bindings: usize,
+}
+
+/// The most elements of an elementwise kernel that gives up its vector
+/// loads to share a launch: a launch costs microseconds, more than such a
+/// kernel's memory traffic takes at GPU bandwidth (256 KiB of f32 in and
+/// out: under a microsecond at 1 TB/s).
+const JOIN_MAX_ELEMENTS: usize = 1 << 16;
+
+/// Consecutive elementwise kernels share a launch, each in workgroups of
+/// its own (`Gen::map_launch`), where they are independent: neither
+/// writes a word the other binds (decided on the placed buffers, so the
+/// lifetimes planned apart stay right), and together they fit the
+/// device's bindings. One launch instead of several, a buffer several
+/// read read once (`decoder_ops`: a stack and an update of one input).
+/// Kernels sharing a launch bind tensors as words (a shared binding is
+/// declared once): those binding vectors join only up to
+/// `JOIN_MAX_ELEMENTS`. Each launch: its groups, windows and bindings;
+/// and the dying inputs whose buffers, taken by a result, refused a join
+/// that fit.
+#[allow(clippy::too_many_arguments)]
+fn join_map_launches(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    options: &CompileOptions,
+    grouping: &Grouping,
+    groups: &[Vec<ValueId>],
+    registers: &HashSet<ValueId>,
+    locs: &HashMap<ValueId, Loc>,
+    vec4: &[HashSet<(Buf, usize, usize)>],
+) -> (Vec<Launch>, HashSet<ValueId>) {
+    let mut blocked = HashSet::new();
+    let plain = |i: usize| {
+        let grp = &groups[i];
+        options.share_launches
+            && grp.iter().all(|&v| is_map(g, sched, v))
+            && g.meta(grp[0]).numel() > 0
+            && (vec4[i].is_empty() || g.meta(grp[0]).numel() <= JOIN_MAX_ELEMENTS)
+            && grp.iter().all(|v| !grouping.apart.contains_key(v))
+    };
+    let written = |i: usize| -> Vec<(Buf, usize, usize)> {
+        groups[i]
+            .iter()
+            .filter(|v| !registers.contains(v))
+            .filter_map(|v| {
+                let l = locs.get(v)?;
+                let m = g.meta(*v);
+                Some((l.buf, l.word, wgsl::words(m.dtype, m.numel(), l.packed)))
+            })
+            .collect()
+    };
+    let overlap = |a: &[(Buf, usize, usize)], b: &HashSet<(Buf, usize, usize)>| {
+        a.iter().any(|&(buf, w, n)| {
+            b.iter()
+                .any(|&(c, x, m)| c == buf && w < x + m.max(1) && x < w + n.max(1))
+        })
+    };
+    let mut out: Vec<Launch> = vec![];
+    for i in 0..groups.len() {
+        let joined = out.last().and_then(|Launch { members, .. }| {
+            if !plain(i) || !members.iter().all(|&j| plain(j)) {
+                return None;
+            }
+            let mut vals: Vec<ValueId> = members
+                .iter()
+                .flat_map(|&j| groups[j].iter().copied())
+                .collect();
+            let bound = |vals: &[ValueId]| bound_ranges(g, sched, vals, registers, locs);
+            let apart = !overlap(&written(i), &bound(&vals))
+                && members
+                    .iter()
+                    .all(|&j| !overlap(&written(j), &bound(&groups[i])));
+            vals.extend(&groups[i]);
+            // Tensors bound in pieces (past the largest binding) are
+            // bound by each kernel as it reads them: not together.
+            let (_, split) = binding_windows(&bound(&vals), options.rules);
+            let (w, n) = planned_bindings(g, sched, &vals, registers, locs, options.rules);
+            let fits = split == 0 && n <= options.max_bindings;
+            if fits && !apart {
+                // Results written over an input the other kernels bind.
+                for (a, others) in members
+                    .iter()
+                    .map(|&j| (j, vec![i]))
+                    .chain([(i, members.clone())])
+                {
+                    let others: Vec<ValueId> = others
+                        .iter()
+                        .flat_map(|&j| groups[j].iter().copied())
+                        .collect();
+                    let bound = bound(&others);
+                    for v in &groups[a] {
+                        let Some(&u) = sched.alias_of.get(v) else {
+                            continue;
+                        };
+                        if locs.get(v).is_some_and(|l| {
+                            let m = g.meta(*v);
+                            overlap(
+                                &[(l.buf, l.word, wgsl::words(m.dtype, m.numel(), l.packed))],
+                                &bound,
+                            )
+                        }) {
+                            blocked.insert(sched.root(u));
+                        }
+                    }
+                }
+            }
+            (apart && fits).then_some((w, n))
+        });
+        match (joined, out.last_mut()) {
+            (Some((windows, bindings)), Some(last)) => {
+                last.members.push(i);
+                (last.windows, last.bindings) = (windows, bindings);
+            }
+            _ => {
+                let (windows, bindings) =
+                    planned_bindings(g, sched, &groups[i], registers, locs, options.rules);
+                out.push(Launch {
+                    members: vec![i],
+                    windows,
+                    bindings,
+                });
+            }
+        }
+    }
+    (out, blocked)
 }
 
 /// The product whose kernel computes `v` (the product itself, or an
@@ -1339,8 +1565,19 @@ impl KernelCost {
         if is_map(g, sched, grp[0]) || grp.len() == 1 {
             return Self::one(g, sched, grp, registers, packing).0;
         }
-        // Kernels sharing a launch: each charged as alone, a buffer several
-        // read (sibling products' left operand) once.
+        Self::launch(g, sched, grp.chunks(1), registers, packing)
+    }
+
+    /// Kernels sharing a launch, each computing one of `kernels`: each
+    /// charged as alone, a buffer several read (sibling products' left
+    /// operand, an input of elementwise kernels) once.
+    fn launch<'v>(
+        g: &Graph,
+        sched: &schedule::Schedule,
+        kernels: impl Iterator<Item = &'v [ValueId]>,
+        registers: &HashSet<ValueId>,
+        packing: &Packing,
+    ) -> KernelCost {
         let mut cost = KernelCost {
             ops: vec![],
             bytes_read: 0,
@@ -1348,8 +1585,8 @@ impl KernelCost {
             elements: 0,
         };
         let mut charged: HashMap<ValueId, usize> = HashMap::new();
-        for &v in grp {
-            let (one, reads) = Self::one(g, sched, &[v], registers, packing);
+        for vals in kernels {
+            let (one, reads) = Self::one(g, sched, vals, registers, packing);
             cost.ops.extend(one.ops);
             cost.written += one.written;
             cost.elements = cost.elements.max(one.elements);

@@ -143,6 +143,37 @@ impl Gen<'_> {
         Ok(out)
     }
 
+    /// Elementwise kernels sharing a launch (`lower::join_map_launches`),
+    /// each computing its group of `units`: one kernel, or where their
+    /// grids cannot be joined (too many workgroups), a kernel each
+    /// (recorded in `apart` for the next plan). Each with the values it
+    /// computes.
+    pub fn map_launch(&mut self, units: &[&[ValueId]]) -> R<Vec<(Vec<ValueId>, KernelCode)>> {
+        self.parts = Some(vec![]);
+        let mut generated = Ok(());
+        for unit in units {
+            generated = self.map_group(unit).map(drop);
+            if generated.is_err() {
+                break;
+            }
+        }
+        let parts = self.parts.take().unwrap_or_default();
+        generated?;
+        let all: Vec<ValueId> = units.iter().flat_map(|u| u.iter().copied()).collect();
+        if parts.len() == units.len() {
+            if let Some(code) = self.joined(&parts) {
+                return Ok(vec![(all, code)]);
+            }
+        }
+        self.uses_subgroup = false;
+        drop(self.take_bindings());
+        self.apart.extend(all.iter().map(|&v| (v, None)));
+        units
+            .iter()
+            .map(|unit| Ok((unit.to_vec(), self.map_group(unit)?)))
+            .collect()
+    }
+
     /// The parts as one kernel with the bindings generated for them;
     /// `None` (the bindings kept) where they cannot share a launch.
     fn joined(&mut self, parts: &[Part]) -> Option<KernelCode> {
