@@ -748,6 +748,34 @@ pub(crate) fn plan(
     })))
 }
 
+/// Generated kernel `code` with its cost, checked against its plan: no
+/// writable binding overlapping another, at most `planned` bindings.
+fn checked_kernel(
+    code: crate::kernel::KernelCode,
+    planned: usize,
+    cost: &KernelCost,
+    flops: usize,
+) -> Result<Kernel, CompileError> {
+    check_bindings_apart(&code)?;
+    if code.bindings.len() > planned {
+        return Err(CompileError::internal(
+            Stage::Codegen,
+            format!(
+                "kernel {} binds {} storage buffers, its plan {planned}",
+                code.label,
+                code.bindings.len()
+            ),
+        ));
+    }
+    Ok(Kernel {
+        code,
+        ops: cost.ops.clone(),
+        bytes_read: cost.bytes_read,
+        bytes_written: cost.written,
+        flops,
+    })
+}
+
 /// Renders the kernels of `plan` as WGSL and assembles the program.
 pub(crate) fn generate(
     g: &Graph,
@@ -812,24 +840,7 @@ pub(crate) fn generate(
                         kernel_flops(g, &sched, u, c.ops.len(), c.elements)
                     })
                     .sum();
-                check_bindings_apart(&code)?;
-                if code.bindings.len() > launch_bindings {
-                    return Err(CompileError::internal(
-                        Stage::Codegen,
-                        format!(
-                            "kernel {} binds {} storage buffers, its plan {launch_bindings}",
-                            code.label,
-                            code.bindings.len()
-                        ),
-                    ));
-                }
-                kernels.push(Kernel {
-                    code,
-                    ops: cost.ops,
-                    bytes_read: cost.bytes_read,
-                    bytes_written: cost.written,
-                    flops,
-                });
+                kernels.push(checked_kernel(code, launch_bindings, &cost, flops)?);
             }
             continue;
         }
@@ -880,24 +891,7 @@ pub(crate) fn generate(
                 kernel_flops(g, &sched, &vals, cost.ops.len(), cost.elements)
             };
             for code in codes {
-                check_bindings_apart(&code)?;
-                if code.bindings.len() > planned {
-                    return Err(CompileError::internal(
-                        Stage::Codegen,
-                        format!(
-                            "kernel {} binds {} storage buffers, its plan {planned}",
-                            code.label,
-                            code.bindings.len()
-                        ),
-                    ));
-                }
-                kernels.push(Kernel {
-                    code,
-                    ops: cost.ops.clone(),
-                    bytes_read: cost.bytes_read,
-                    bytes_written: cost.written,
-                    flops,
-                });
+                kernels.push(checked_kernel(code, planned, &cost, flops)?);
             }
         }
     }
@@ -1056,10 +1050,8 @@ fn fold_reductions(
         };
         let mut into = None;
         let reach = grouping.lookback.max(1);
-        for j in (0..i).rev().take(reach) {
-            if grouping.apart.contains_key(&v) {
-                break;
-            }
+        let back = (0..i).rev().take(reach);
+        for j in back.filter(|_| !grouping.apart.contains_key(&v)) {
             if folds_into(g, sched, options, &groups[j], v) {
                 into = Some(j);
                 break;
@@ -1195,73 +1187,55 @@ fn join_map_launches(
             && (vec4[i].is_empty() || g.meta(grp[0]).numel() <= JOIN_MAX_ELEMENTS)
             && grp.iter().all(|v| !grouping.apart.contains_key(v))
     };
-    let written = |i: usize| -> Vec<(Buf, usize, usize)> {
-        groups[i]
+    let range = |v: &ValueId| -> Option<(Buf, usize, usize)> {
+        let (l, m) = (locs.get(v)?, g.meta(*v));
+        Some((l.buf, l.word, wgsl::words(m.dtype, m.numel(), l.packed)))
+    };
+    let values = |of: &[usize]| -> Vec<ValueId> {
+        of.iter().flat_map(|&j| groups[j].iter().copied()).collect()
+    };
+    let bound = |of: &[usize]| bound_ranges(g, sched, &values(of), registers, locs);
+    let overlap = |a: (Buf, usize, usize), b: &HashSet<(Buf, usize, usize)>| {
+        let (buf, w, n) = a;
+        b.iter()
+            .any(|&(c, x, m)| c == buf && w < x + m.max(1) && x < w + n.max(1))
+    };
+    // The results of group `a` stored over a word groups `others` bind.
+    let clashes = |a: usize, others: &[usize]| -> Vec<ValueId> {
+        let b = bound(others);
+        groups[a]
             .iter()
-            .filter(|v| !registers.contains(v))
-            .filter_map(|v| {
-                let l = locs.get(v)?;
-                let m = g.meta(*v);
-                Some((l.buf, l.word, wgsl::words(m.dtype, m.numel(), l.packed)))
-            })
+            .copied()
+            .filter(|v| !registers.contains(v) && range(v).is_some_and(|r| overlap(r, &b)))
             .collect()
     };
-    let overlap = |a: &[(Buf, usize, usize)], b: &HashSet<(Buf, usize, usize)>| {
-        a.iter().any(|&(buf, w, n)| {
-            b.iter()
-                .any(|&(c, x, m)| c == buf && w < x + m.max(1) && x < w + n.max(1))
-        })
-    };
     let mut out: Vec<Launch> = vec![];
-    for i in 0..groups.len() {
+    for (i, grp) in groups.iter().enumerate() {
         let joined = out.last().and_then(|Launch { members, .. }| {
             if !plain(i) || !members.iter().all(|&j| plain(j)) {
                 return None;
             }
-            let mut vals: Vec<ValueId> = members
-                .iter()
-                .flat_map(|&j| groups[j].iter().copied())
-                .collect();
-            let bound = |vals: &[ValueId]| bound_ranges(g, sched, vals, registers, locs);
-            let apart = !overlap(&written(i), &bound(&vals))
-                && members
-                    .iter()
-                    .all(|&j| !overlap(&written(j), &bound(&groups[i])));
-            vals.extend(&groups[i]);
+            let mut clashing = clashes(i, members);
+            for &j in members {
+                clashing.extend(clashes(j, &[i]));
+            }
+            let mut all = members.clone();
+            all.push(i);
             // Tensors bound in pieces (past the largest binding) are
             // bound by each kernel as it reads them: not together.
-            let (_, split) = binding_windows(&bound(&vals), options.rules);
-            let (w, n) = planned_bindings(g, sched, &vals, registers, locs, options.rules);
+            let (_, split) = binding_windows(&bound(&all), options.rules);
+            let (w, n) = planned_bindings(g, sched, &values(&all), registers, locs, options.rules);
             let fits = split == 0 && n <= options.max_bindings;
-            if fits && !apart {
-                // Results written over an input the other kernels bind.
-                for (a, others) in members
-                    .iter()
-                    .map(|&j| (j, vec![i]))
-                    .chain([(i, members.clone())])
-                {
-                    let others: Vec<ValueId> = others
+            if fits {
+                // Inputs dying under a result another kernel would read.
+                blocked.extend(
+                    clashing
                         .iter()
-                        .flat_map(|&j| groups[j].iter().copied())
-                        .collect();
-                    let bound = bound(&others);
-                    for v in &groups[a] {
-                        let Some(&u) = sched.alias_of.get(v) else {
-                            continue;
-                        };
-                        if locs.get(v).is_some_and(|l| {
-                            let m = g.meta(*v);
-                            overlap(
-                                &[(l.buf, l.word, wgsl::words(m.dtype, m.numel(), l.packed))],
-                                &bound,
-                            )
-                        }) {
-                            blocked.insert(sched.root(u));
-                        }
-                    }
-                }
+                        .filter_map(|v| sched.alias_of.get(v))
+                        .map(|&u| sched.root(u)),
+                );
             }
-            (apart && fits).then_some((w, n))
+            (clashing.is_empty() && fits).then_some((w, n))
         });
         match (joined, out.last_mut()) {
             (Some((windows, bindings)), Some(last)) => {
@@ -1270,7 +1244,7 @@ fn join_map_launches(
             }
             _ => {
                 let (windows, bindings) =
-                    planned_bindings(g, sched, &groups[i], registers, locs, options.rules);
+                    planned_bindings(g, sched, grp, registers, locs, options.rules);
                 out.push(Launch {
                     members: vec![i],
                     windows,

@@ -321,7 +321,7 @@ impl Gen<'_> {
             ));
             let e = element(self, &r, &c);
             self.tile_at = format!("{ty_} * {} + lid.x", u(side + 1));
-            computed = self.tiled_members(group, &e);
+            computed = self.members_at(group, &e);
             if computed.is_err() {
                 break;
             }
@@ -347,8 +347,9 @@ impl Gen<'_> {
             .join("+")
     }
 
-    /// Each member of a tiled group at element `e`.
-    fn tiled_members(&mut self, group: &[ValueId], e: &str) -> R<()> {
+    /// Each member of `group` at element `e` (a tiled group's, or those a
+    /// reduction folds, `Gen::prologue`): computed, the stored ones stored.
+    pub(super) fn members_at(&mut self, group: &[ValueId], e: &str) -> R<()> {
         self.own = e.to_string();
         let mut members = vec![];
         for &v in group {
@@ -370,10 +371,7 @@ impl Gen<'_> {
     /// The members of one element in the order their stores go: members
     /// written into a buffer another member reads (a dying input,
     /// `lower::reuse_dying_inputs`) last, once every member has loaded it.
-    pub(super) fn stores_last(
-        &self,
-        mut members: Vec<(ValueId, String)>,
-    ) -> Vec<(ValueId, String)> {
+    fn stores_last(&self, mut members: Vec<(ValueId, String)>) -> Vec<(ValueId, String)> {
         members.sort_by_key(|(v, _)| self.s.alias_of.contains_key(v));
         members
     }

@@ -254,24 +254,8 @@ impl Gen<'_> {
         if self.prologue.is_empty() {
             return Ok(());
         }
-        let g = self.g;
         self.group = self.prologue.clone();
-        self.own = at.to_string();
-        let mut members = vec![];
-        for w in self.prologue.clone() {
-            let Def::Node(n, k) = g.values[w].def else {
-                return Err(bug("a kernel for an input"));
-            };
-            let x = self.node_at(n, k, at)?;
-            self.memo.insert((w, at.to_string()), x.clone());
-            members.push((w, x));
-        }
-        for (w, x) in self.stores_last(members) {
-            if !self.registers.contains(&w) {
-                self.store_to(w, at, &x)?;
-            }
-        }
-        Ok(())
+        self.members_at(&self.prologue.clone(), at)
     }
 
     /// Element `r` (the loop's counter) of the reduced dims (sizes `rs`,
