@@ -614,17 +614,7 @@ fn independent_kernels_share_a_launch() {
         let parts: usize = labels.iter().map(|l| l.split(" | ").count()).sum();
         assert_eq!(parts, 5, "{labels:?}");
         assert_eq!(labels.len(), launches, "{labels:?}");
-        let apart = kiln::engine::CompileOptions {
-            share_launches: false,
-            ..options.clone()
-        };
-        assert_eq!(
-            kiln::engine::compile_with(&g, &apart)
-                .unwrap()
-                .kernels
-                .len(),
-            5
-        );
+        assert_eq!(launches_apart(&g, &options), 5);
         let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
         let ins = kiln::functionalize::random::random_inputs(&g, 9, 1.0);
         let want = kiln::run(&g, ins.clone()).unwrap();
@@ -636,6 +626,15 @@ fn independent_kernels_share_a_launch() {
             close_gpu("parameter", a, b, 0.0).unwrap();
         }
     }
+}
+
+/// Launches of `g` compiled with `options` but no launch shared.
+fn launches_apart(g: &kiln::functionalize::Graph, options: &kiln::engine::CompileOptions) -> usize {
+    let apart = kiln::engine::CompileOptions {
+        share_launches: false,
+        ..options.clone()
+    };
+    kiln::engine::compile_with(g, &apart).unwrap().kernels.len()
 }
 
 /// Products of at most 16 rows on GPUs (`skinny_product`: K split over
@@ -1798,17 +1797,7 @@ fn independent_elementwise_kernels_share_a_launch() {
         // x (120 B) read by the stack and the repeat once; y 84, b 12 (a
         // word each 4 bools).
         assert_eq!(p.kernels[0].bytes_read, 120 + 84 + 12, "{labels:?}");
-        let apart = kiln::engine::CompileOptions {
-            share_launches: false,
-            ..options.clone()
-        };
-        assert_eq!(
-            kiln::engine::compile_with(&g, &apart)
-                .unwrap()
-                .kernels
-                .len(),
-            4
-        );
+        assert_eq!(launches_apart(&g, &options), 4);
         let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
         let got = e.run(&g, ins.clone()).unwrap();
         for (a, b) in got.outputs.iter().zip(&want.outputs) {

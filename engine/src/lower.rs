@@ -154,6 +154,11 @@ pub(crate) fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
 /// Distinct buffers the kernel computing `vals` binds (each value's
 /// buffer and every buffer its inlined producers read).
 fn buffers_touched(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> usize {
+    roots_touched(g, sched, vals).len()
+}
+
+/// Those buffers (roots).
+fn roots_touched(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> HashSet<ValueId> {
     let mut roots: HashSet<ValueId> = HashSet::new();
     for &v in vals {
         roots.insert(sched.root(v));
@@ -165,7 +170,7 @@ fn buffers_touched(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> u
             );
         }
     }
-    roots.len()
+    roots
 }
 
 /// The tensors (buffer, word, words) the kernels computing `grp` bind.
@@ -1103,16 +1108,8 @@ fn folds_into(
     let by_rows =
         options.workgroup_rows && matches!(red, Red::Sum | Red::Mean) && g.meta(v).dtype.is_float();
     let sizes = &g.meta(*x).sizes;
-    let roots = |vals: &[ValueId]| -> HashSet<ValueId> {
-        vals.iter()
-            .filter_map(|&w| g.node_of(w))
-            .flat_map(|m| schedule::reads(g, sched, m))
-            .chain(vals.iter().copied())
-            .map(|r| sched.root(r))
-            .collect()
-    };
     // Worth it where the reduction reads a buffer the kernel touches.
-    let shares = !roots(&[v]).is_disjoint(&roots(grp));
+    let shares = !roots_touched(g, sched, &[v]).is_disjoint(&roots_touched(g, sched, grp));
     let line = g.meta(*x).numel() / g.meta(v).numel().max(1);
     !matches!(red, Red::Var { .. })
         && shares

@@ -149,21 +149,10 @@ impl Gen<'_> {
     /// (recorded in `apart` for the next plan). Each with the values it
     /// computes.
     pub fn map_launch(&mut self, units: &[&[ValueId]]) -> R<Vec<(Vec<ValueId>, KernelCode)>> {
-        self.parts = Some(vec![]);
-        let mut generated = Ok(());
-        for unit in units {
-            generated = self.map_group(unit).map(drop);
-            if generated.is_err() {
-                break;
-            }
-        }
-        let parts = self.parts.take().unwrap_or_default();
-        generated?;
+        let parts = self.parts_with(units, |gen, unit| gen.map_group(unit).map(drop))?;
         let all: Vec<ValueId> = units.iter().flat_map(|u| u.iter().copied()).collect();
-        if parts.len() == units.len() {
-            if let Some(code) = self.joined(&parts) {
-                return Ok(vec![(all, code)]);
-            }
+        if let Some(code) = parts.as_deref().and_then(|p| self.joined(p)) {
+            return Ok(vec![(all, code)]);
         }
         self.uses_subgroup = false;
         drop(self.take_bindings());
@@ -194,16 +183,26 @@ impl Gen<'_> {
     /// Each value's kernel body, generated as if alone with the bindings
     /// of all kept for one launch; `None` unless each is one kernel.
     fn parts_of(&mut self, vals: &[ValueId]) -> R<Option<Vec<Part>>> {
+        self.parts_with(vals, |gen, &v| gen.kernel(v).map(drop))
+    }
+
+    /// The kernel body `generate` makes of each of `items`, kept as parts
+    /// with the bindings of all; `None` unless each is one kernel.
+    fn parts_with<T>(
+        &mut self,
+        items: &[T],
+        mut generate: impl FnMut(&mut Self, &T) -> R<()>,
+    ) -> R<Option<Vec<Part>>> {
         self.parts = Some(vec![]);
         let mut generated = Ok(());
-        for &v in vals {
-            generated = self.kernel(v).map(drop);
+        for item in items {
+            generated = generate(self, item);
             if generated.is_err() {
                 break;
             }
         }
         let parts = self.parts.take().unwrap_or_default();
         generated?;
-        Ok((parts.len() == vals.len()).then_some(parts))
+        Ok((parts.len() == items.len()).then_some(parts))
     }
 }
