@@ -1846,3 +1846,88 @@ fn independent_elementwise_kernels_share_a_launch() {
         close_gpu("large", a, b, 0.0).unwrap();
     }
 }
+
+/// Narrow layers (a norm, products with weights, their biases and
+/// activations, a softmax) run as one row kernel, an invocation per block
+/// of rows with the intermediates in registers (`chain::chain_rows`):
+/// blocks of one row, of three rows under a norm over two dims, f16
+/// values stored as whole words, an output stored over a dying input.
+/// One kernel at the minimum bytes, as the reference computes, on the
+/// adapter's options and the GPU variant's; a kernel each without.
+#[test]
+fn narrow_layers_run_as_one_row_kernel() {
+    let programs = [
+        // Rows of 24 and 40 (7 of them): every value one row a block.
+        "graph mlp(%x: f32[7, 24], %lw: f32[24], %lb: f32[24], %w1: f32[40, 24], %b1: f32[40], %w2: f32[24, 40]) {
+  %h = layer_norm(%x, [24], %lw, %lb, 1e-5)
+  %u = linear(%h, %w1, %b1)
+  %g = gelu(%u, \"tanh\")
+  %w2t = t(%w2)
+  %o = matmul(%g, %w2t)
+  %r = add(%o, %x)
+  %p = softmax(%r, -1)
+  %lp = log_softmax(%r, 1)
+  return (%p, %lp)
+}",
+        // A norm over [3, 8]: blocks of three product rows.
+        "graph blocks(%x: f32[5, 3, 8], %w: f32[8, 8], %b: f32[8], %g: f32[3, 8], %beta: f32[3, 8]) {
+  %n = layer_norm(%x, [8], none, none, 1e-6)
+  %h = linear(%n, %w, %b)
+  %a = relu(%h)
+  %s = add(%a, %x)
+  %o = layer_norm(%s, [3, 8], %g, %beta)
+  return (%o, %a)
+}",
+        // f16 stored as words (rows of 6: three words), a scale in between.
+        "graph half(%x: f16[5, 8], %w: f16[6, 8], %b: f16[6]) {
+  %h = linear(%x, %w, %b)
+  %n = layer_norm(%h, [6])
+  %sc = mul(%n, 0.5)
+  %p = softmax(%sc, -1)
+  return (%h, %p)
+}",
+        // The head's result written over `x` (dying here, read by rows).
+        "graph head(%x: f32[4, 6], %w: f32[3, 6], %b: f32[3]) {
+  %h = linear(%x, %w, %b)
+  %rate = softplus(%h)
+  %sharp = softplus(%h, 2, 1)
+  %out = cat([%rate, %sharp], 1)
+  %y = add(%out, %x)
+  return %y
+}",
+    ];
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    for (i, src) in programs.iter().enumerate() {
+        let g = parse(src).unwrap();
+        let ins = kiln::functionalize::random::random_inputs(&g, 11 + i as u64, 1.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        for options in [gpu.compile_options(), common::gpu_variant_options(&gpu)] {
+            let p = kiln::engine::compile_with(&g, &options).unwrap();
+            let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+            assert_eq!(labels.len(), 1, "program {i}: {labels:?}");
+            assert!(labels[0].starts_with("rows: "), "program {i}: {labels:?}");
+            assert_eq!(p.bytes_moved(), p.min_bytes, "program {i}:\n{}", p.stats());
+            let apart = kiln::engine::CompileOptions {
+                chain_rows: false,
+                ..options.clone()
+            };
+            let kernels = kiln::engine::compile_with(&g, &apart)
+                .unwrap()
+                .kernels
+                .len();
+            assert!(
+                kernels > 1,
+                "program {i}: {kernels} kernels without row kernels"
+            );
+            let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+            let got = e.run(&g, ins.clone()).unwrap();
+            for (k, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
+                close_gpu(&format!("program {i} output {k}"), a, b, 0.0).unwrap();
+            }
+        }
+    }
+    // The last one's result took `x`'s buffer: no arena, the io alone.
+    let g = parse(programs[3]).unwrap();
+    let p = kiln::engine::compile_with(&g, &gpu.compile_options()).unwrap();
+    assert_eq!(p.memory.planned_peak(), 4 * (24 + 18 + 3), "{}", p.stats());
+}

@@ -7,7 +7,7 @@
 use crate::error::CompileError;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::meta::Meta;
-use kiln_functionalize::ops::{self, Lowering, OpKind};
+use kiln_functionalize::ops::{self, Elem, Lowering, OpKind};
 use kiln_functionalize::schema::Arg;
 use std::collections::{HashMap, HashSet};
 
@@ -185,6 +185,9 @@ pub struct Schedule {
     /// both accumulated from one pass over the left operand, the twin's
     /// result read by the epilogue from registers.
     pub twins: HashMap<NodeId, NodeId>,
+    /// Kernel groups computed by one row kernel (`chain::chain_rows`):
+    /// their first value -> the row blocks an invocation each computes.
+    pub chains: HashMap<ValueId, usize>,
 }
 
 /// A kernel computing a value together with products it absorbs.
@@ -307,4 +310,112 @@ fn reads_from(g: &Graph, s: &Schedule, mut stack: Vec<ValueId>) -> Vec<ValueId> 
     }
     out.sort();
     out
+}
+
+/// An elementwise value computed by a plain map kernel.
+pub fn is_map(g: &Graph, s: &Schedule, v: ValueId) -> bool {
+    match g.values[v].def {
+        Def::Node(n, _) => {
+            class(g, n).is_ok_and(|c| c == Class::Map)
+                && !s.inplace.contains_key(&v)
+                && !s.fused.contains_key(&v)
+        }
+        Def::Input(_) => false,
+    }
+}
+
+/// Whether a statement of the kernels computing `vals` (inlined producers
+/// included) may record a fault: the kernel binds the status word.
+pub fn may_fault_in(g: &Graph, sched: &Schedule, vals: &[ValueId]) -> bool {
+    vals.iter().filter_map(|&v| g.node_of(v)).any(|n| {
+        may_fault(g, n)
+            || inlined_region(g, sched, n)
+                .into_iter()
+                .any(|m| may_fault(g, m))
+    })
+}
+
+/// Whether statement `n` may record a fault at run time (`codegen::Fault`):
+/// it produces or accumulates i64 values (beyond the device's 32 bits), or
+/// reads positions from an index tensor (out of bounds).
+pub fn may_fault(g: &Graph, n: NodeId) -> bool {
+    let node = &g.nodes[n];
+    // Fills, copies, views and indices (argmax) make no new i64 value.
+    let i64_arithmetic = node
+        .results
+        .iter()
+        .any(|&r| g.meta(r).dtype == kiln_functionalize::DType::I64)
+        && matches!(
+            node.op.def().lowering,
+            Lowering::Map(Elem::Pointwise | Elem::Cast)
+                | Lowering::Free(Elem::Pointwise | Elem::Cast)
+                | Lowering::Reduce(_)
+                | Lowering::Scan
+                | Lowering::MatMul(_)
+        );
+    let indexed = matches!(
+        node.op.def().lowering,
+        Lowering::IndexPut
+            | Lowering::Map(
+                Elem::Index
+                    | Elem::IndexAdd
+                    | Elem::GatherAlong { .. }
+                    | Elem::IndexSelect { .. }
+                    | Elem::ScatterInto { .. }
+            )
+            | Lowering::Free(
+                Elem::Index
+                    | Elem::IndexAdd
+                    | Elem::GatherAlong { .. }
+                    | Elem::IndexSelect { .. }
+                    | Elem::ScatterInto { .. }
+            )
+    );
+    i64_arithmetic || indexed
+}
+
+/// `v`'s kernel and the kernels of `grp` can run in either order (as one
+/// launch, or `v` first): `v` reads no buffer the group writes, and
+/// writes none the group reads (an in-place write into a buffer a member
+/// reads first must wait for it).
+pub fn independent(g: &Graph, sched: &Schedule, grp: &[ValueId], v: ValueId) -> bool {
+    let reads = |w: ValueId| -> HashSet<ValueId> {
+        g.node_of(w)
+            .map(|n| {
+                reads(g, sched, n)
+                    .into_iter()
+                    .map(|r| sched.root(r))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let written: HashSet<ValueId> = grp.iter().map(|&w| sched.root(w)).collect();
+    let mine = sched.root(v);
+    reads(v).is_disjoint(&written) && grp.iter().all(|&w| !reads(w).contains(&mine))
+}
+
+/// The most elements of one value a row kernel's invocation holds: its
+/// work runs serially in the invocation, and its blocks live in
+/// registers. Past narrow rows the kernels apart (tiled products,
+/// workgroup rows) win on a GPU.
+pub const CHAIN_MAX_WIDTH: usize = 64;
+
+/// The most multiply-adds of one product an invocation runs (a block of
+/// 64 outputs over 64 contracted elements).
+pub const CHAIN_MAX_PRODUCT: usize = 4096;
+
+/// Is product node `n` narrow enough for a row kernel: a block of its
+/// rows within `CHAIN_MAX_WIDTH` outputs and `CHAIN_MAX_PRODUCT`
+/// multiply-adds?
+pub fn narrow_product(g: &Graph, n: NodeId) -> bool {
+    let node = &g.nodes[n];
+    let Some(form) = node.op.def().lowering.product() else {
+        return false;
+    };
+    let Some(Arg::Tensor(left)) = node.args.get(form.left) else {
+        return false;
+    };
+    let width = g.meta(node.results[0]).sizes.last().copied().unwrap_or(1);
+    let k = g.meta(*left).sizes.last().copied().unwrap_or(1);
+    width <= CHAIN_MAX_WIDTH && width * k <= CHAIN_MAX_PRODUCT
 }

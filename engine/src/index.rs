@@ -526,6 +526,9 @@ enum Pos {
     /// At the element whose index is the own one's with its dims permuted
     /// (`Walk::perms`): two transposes that cancel read the own element.
     Permuted(usize),
+    /// Somewhere in the own element's row block (`Walk::rows`): a row
+    /// kernel holds the block in registers.
+    Row,
     Elsewhere,
 }
 
@@ -614,6 +617,7 @@ pub fn reads_own_only(
         memo: &mut memo,
         perms: vec![],
         permutations,
+        rows: None,
     };
     match reads(g, n, k) {
         Ok(rs) => rs.iter().all(|r| read_ok(g, s, n, r, Pos::Own, &mut w)),
@@ -666,6 +670,118 @@ struct Walk<'a> {
     perms: Vec<Vec<usize>>,
     /// Track permutations at all (else any other index is elsewhere).
     permutations: bool,
+    /// Row blocks (`Pos::Row`): every value read splits, flat, into this
+    /// many blocks of consecutive elements, the invocation computing an
+    /// element holding its block of each member.
+    rows: Option<usize>,
+}
+
+/// Can value `v` be read anywhere in a row block of `rows` blocks
+/// (`Pos::Row`) by an invocation holding the same block of each of
+/// `members` (a row kernel, `chain::chain_rows`), reading no other block
+/// of theirs and no other buffer of theirs? Members without a buffer (an
+/// epilogue's product result) are the invocation's too. Decided on the
+/// index maps.
+pub fn reads_rows_only(
+    g: &Graph,
+    s: &Schedule,
+    v: ValueId,
+    members: &[ValueId],
+    rows: usize,
+) -> bool {
+    if members.contains(&v) {
+        return true;
+    }
+    if s.is_materialized.contains(&v) {
+        return !members
+            .iter()
+            .any(|m| s.is_materialized.contains(m) && s.root(*m) == s.root(v));
+    }
+    node_reads_rows_only(g, s, v, members, rows)
+}
+
+/// `reads_rows_only` for the node computing member `v` (an elementwise
+/// value, a kernel's tail): its reads, each anywhere in the block.
+pub fn node_reads_rows_only(
+    g: &Graph,
+    s: &Schedule,
+    v: ValueId,
+    members: &[ValueId],
+    rows: usize,
+) -> bool {
+    let Def::Node(n, k) = g.values[v].def else {
+        return false;
+    };
+    let roots: Vec<ValueId> = members
+        .iter()
+        .filter(|m| s.is_materialized.contains(m))
+        .map(|&m| s.root(m))
+        .collect();
+    let mut memo = HashMap::new();
+    let mut w = Walk {
+        members,
+        roots: &roots,
+        memo: &mut memo,
+        perms: vec![],
+        permutations: false,
+        rows: Some(rows),
+    };
+    match reads(g, n, k) {
+        Ok(rs) => rs.iter().all(|r| read_ok(g, s, n, r, Pos::Row, &mut w)),
+        Err(_) => false,
+    }
+}
+
+/// Does an element of a value of `sizes`, in row block `b` of `rows`
+/// blocks, read through `a` only elements of block `b` of `t` (of `numel`
+/// elements)? The leading dims making the blocks must map to `t`'s blocks
+/// stride for stride, the rest stay within one block.
+fn keeps_rows(a: &Affine, numel: usize, rows: usize) -> bool {
+    let total: usize = a.sizes.iter().product();
+    if rows <= 1 {
+        return true;
+    }
+    if !total.is_multiple_of(rows) || !numel.is_multiple_of(rows) {
+        return false;
+    }
+    let width = numel / rows;
+    // The leading dims whose product is `rows`.
+    let mut lead = 1;
+    let mut p = 0;
+    while lead < rows && p < a.sizes.len() {
+        lead *= a.sizes[p];
+        p += 1;
+    }
+    if lead != rows {
+        return false;
+    }
+    let cs = contiguous_strides(&a.sizes[..p]);
+    let leads_ok = (0..p).all(|d| a.sizes[d] <= 1 || a.strides[d] == cs[d] * width);
+    let span: usize = a.offset
+        + (p..a.sizes.len())
+            .map(|d| (a.sizes[d].max(1) - 1) * a.strides[d])
+            .sum::<usize>();
+    leads_ok && span < width
+}
+
+/// Does a region scatter's element of `sizes` in row block `b` of `rows`
+/// read its source (of `numel` elements) in block `b`? Where the region
+/// narrows or picks a dim past those making the blocks.
+fn region_keeps_rows(sizes: &[usize], region: &Region, numel: usize, rows: usize) -> bool {
+    if rows <= 1 {
+        return true;
+    }
+    let dim = match *region {
+        Region::Slice { dim, .. } | Region::Select { dim, .. } => dim,
+        _ => return false,
+    };
+    let mut lead = 1;
+    let mut p = 0;
+    while lead < rows && p < sizes.len() {
+        lead *= sizes[p];
+        p += 1;
+    }
+    lead == rows && dim >= p && numel.is_multiple_of(rows)
 }
 
 /// For each dim of map `a` over a contiguous tensor of `base` sizes, the
@@ -696,7 +812,7 @@ fn permuted_pos(g: &Graph, t: ValueId, a: &Affine, pos: Pos, w: &mut Walk) -> Po
     let dims: Vec<usize> = match pos {
         Pos::Own => (0..a.sizes.len()).collect(),
         Pos::Permuted(i) => w.perms[i].clone(),
-        Pos::Source(_) | Pos::Elsewhere => return Pos::Elsewhere,
+        Pos::Source(_) | Pos::Row | Pos::Elsewhere => return Pos::Elsewhere,
     };
     if !w.permutations {
         return Pos::Elsewhere;
@@ -726,6 +842,24 @@ fn permuted_pos(g: &Graph, t: ValueId, a: &Affine, pos: Pos, w: &mut Walk) -> Po
 }
 
 fn read_ok(g: &Graph, s: &Schedule, n: NodeId, r: &Read, pos: Pos, w: &mut Walk) -> bool {
+    if let (Some(rows), Pos::Own | Pos::Row) = (w.rows, pos) {
+        let kept = match r {
+            Read::At(t, a) => keeps_rows(a, g.meta(*t).numel(), rows),
+            Read::Source(t, region) => {
+                let Some(&y) = g.nodes[n].results.first() else {
+                    return false;
+                };
+                region_keeps_rows(&g.meta(y).sizes, region, g.meta(*t).numel(), rows)
+            }
+            Read::First(_) | Read::Other(_) => false,
+        };
+        if kept {
+            let (Read::At(t, _) | Read::Source(t, _)) = r else {
+                return false;
+            };
+            return value_ok(g, s, *t, Pos::Row, w);
+        }
+    }
     match r {
         Read::At(t, a)
             if a.is_identity() && (pos == Pos::Own || g.meta(*t).sizes[..] == a.sizes[..]) =>
@@ -749,13 +883,16 @@ fn read_ok(g: &Graph, s: &Schedule, n: NodeId, r: &Read, pos: Pos, w: &mut Walk)
 }
 
 fn value_ok(g: &Graph, s: &Schedule, v: ValueId, pos: Pos, w: &mut Walk) -> bool {
+    if w.rows.is_some() && w.members.contains(&v) {
+        return pos == Pos::Own || pos == Pos::Row;
+    }
     if s.is_materialized.contains(&v) {
         // A member is read from the invocation's registers (at its own
         // element only); another value in a member's buffer would be read
         // from memory, where the kernel's stores may not have landed yet
         // (packed and vector stores come last).
         return if w.members.contains(&v) {
-            pos == Pos::Own
+            pos == Pos::Own || pos == Pos::Row
         } else {
             !w.roots.contains(&s.root(v))
         };

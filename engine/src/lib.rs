@@ -9,6 +9,8 @@
 //! generator.
 
 #[cfg(feature = "compiler")]
+mod chain;
+#[cfg(feature = "compiler")]
 pub mod codegen;
 #[cfg(feature = "compiler")]
 pub mod error;
@@ -182,6 +184,13 @@ pub struct CompileOptions {
     /// `false`: a launch each (sibling products still share theirs);
     /// `KILN_SHARE_LAUNCHES=off` makes that the default, for timing both.
     pub share_launches: bool,
+    /// Consecutive kernels over narrow rows (products with weights, layer
+    /// norms, softmaxes and their elementwise neighbours, at most
+    /// `fusion::CHAIN_MAX_WIDTH` elements a block) run as one row kernel,
+    /// an invocation per block of rows, the intermediates in registers
+    /// (`chain::chain_rows`). `false`: a kernel each; `KILN_CHAIN_ROWS=off`
+    /// makes that the default, for timing both.
+    pub chain_rows: bool,
     /// The largest buffer the device allows: no tensor may be larger.
     pub max_buffer_bytes: usize,
     /// Binding offsets and sizes the device allows.
@@ -207,6 +216,7 @@ impl Default for CompileOptions {
             contiguous_operands: false,
             fuse_attention: true,
             share_launches: std::env::var("KILN_SHARE_LAUNCHES").map_or(true, |v| v != "off"),
+            chain_rows: std::env::var("KILN_CHAIN_ROWS").map_or(true, |v| v != "off"),
             subgroup: None,
             shader_f16: false,
             max_buffer_bytes: 256 << 20,

@@ -5,6 +5,7 @@
 use crate::codegen::siblings::Shape;
 use crate::codegen::{Gen, Loc, Window};
 use crate::error::{statement_with, CompileError, Stage};
+use crate::fusion::{independent, is_map, may_fault_in};
 use crate::kernel::{HostView, Val, ValueInfo};
 use crate::wgsl::{self, Buf};
 use crate::{plan, schedule, CompileOptions, Kernel, MemoryStats, Program};
@@ -28,6 +29,10 @@ fn reuse_dying_inputs(
 ) {
     let (step, last) = (&life.step, &life.last);
     for grp in groups {
+        if let Some(&rows) = sched.chains.get(&grp[0]) {
+            reuse_in_row_kernel(g, sched, grp, rows, life, outputs, packed, kept);
+            continue;
+        }
         if !grp.iter().all(|&v| is_map(g, sched, v)) && folded_reduction(g, sched, grp).is_none() {
             continue;
         }
@@ -100,8 +105,69 @@ fn reuse_dying_inputs(
     }
 }
 
-/// Members of fused elementwise kernels that nothing outside their kernel
-/// reads: they stay in registers (no store, no buffer). Returned, and
+/// `reuse_dying_inputs` for row kernel `grp` (`chain::chain_rows`, in
+/// `rows` blocks): a stored value takes the buffer of an input of as many
+/// elements, in its layout, dying here, that the kernel reads only within
+/// each invocation's block (it stores its blocks last).
+#[allow(clippy::too_many_arguments)]
+fn reuse_in_row_kernel(
+    g: &Graph,
+    sched: &mut schedule::Schedule,
+    grp: &[ValueId],
+    rows: usize,
+    life: &Lifetimes,
+    outputs: &[ValueId],
+    packed: &dyn Fn(ValueId) -> bool,
+    kept: &HashSet<ValueId>,
+) {
+    let (step, last) = (&life.step, &life.last);
+    let here = step[&grp[0]];
+    let mut reads: Vec<ValueId> = grp
+        .iter()
+        .filter_map(|&v| g.node_of(v))
+        .flat_map(|n| schedule::reads(g, sched, n))
+        .filter(|r| !grp.contains(r))
+        .collect();
+    let dead: Vec<ValueId> = g
+        .inputs
+        .iter()
+        .copied()
+        .filter(|p| !reads.contains(p) && last.get(p).is_some_and(|&l| l < here))
+        .collect();
+    reads.extend(dead);
+    let mut taken: Vec<ValueId> = vec![];
+    for &v in grp {
+        if !sched.is_materialized.contains(&v) {
+            continue; // kept in registers
+        }
+        for &u in &reads {
+            let root = sched.root(u);
+            let same_layout = packed(root) == packed(v)
+                && (!packed(v) || g.meta(u).dtype == g.meta(v).dtype)
+                && g.meta(u).numel() == g.meta(v).numel();
+            let dies = sched
+                .sharing(root)
+                .iter()
+                .all(|w| !outputs.contains(w) && last.get(w).is_none_or(|&l| l <= here));
+            if sched.pinned.contains(&root)
+                || kept.contains(&root)
+                || taken.contains(&root)
+                || !same_layout
+                || !dies
+                || step.get(&root).is_some_and(|&s| s == here)
+                || !crate::chain::reads_by_rows(g, sched, grp, rows, root)
+            {
+                continue;
+            }
+            sched.alias_of.insert(v, u);
+            taken.push(root);
+            break;
+        }
+    }
+}
+
+/// Members of fused elementwise kernels and row kernels
+/// (`chain::chain_rows`) that nothing outside their kernel reads: they stay in registers (no store, no buffer). Returned, and
 /// taken out of the schedule's materialized values.
 fn register_only(
     g: &Graph,
@@ -119,10 +185,9 @@ fn register_only(
     }
     let shared = sched.shared_buffers();
     let mut out = HashSet::new();
-    for grp in groups
-        .iter()
-        .filter(|grp| grp.len() > 1 && is_map(g, sched, grp[0]))
-    {
+    for grp in groups.iter().filter(|grp| {
+        grp.len() > 1 && (is_map(g, sched, grp[0]) || sched.chains.contains_key(&grp[0]))
+    }) {
         for &v in grp {
             let kept =
                 outputs.contains(&v) || shared.contains(&v) || sched.inplace.contains_key(&v);
@@ -137,18 +202,6 @@ fn register_only(
         sched.is_materialized.remove(v);
     }
     out
-}
-
-/// An elementwise value computed by a plain map kernel.
-pub(crate) fn is_map(g: &Graph, s: &schedule::Schedule, v: ValueId) -> bool {
-    match g.values[v].def {
-        Def::Node(n, _) => {
-            schedule::class(g, n).is_ok_and(|c| c == schedule::Class::Map)
-                && !s.inplace.contains_key(&v)
-                && !s.fused.contains_key(&v)
-        }
-        Def::Input(_) => false,
-    }
 }
 
 /// Distinct buffers the kernel computing `vals` binds (each value's
@@ -334,56 +387,6 @@ fn vec4_ranges(
     }
     out.retain(|k| !refused.contains(k));
     out
-}
-
-/// Whether a statement of the kernels computing `vals` (inlined producers
-/// included) may record a fault: the kernel binds the status word.
-fn may_fault_in(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> bool {
-    vals.iter().filter_map(|&v| g.node_of(v)).any(|n| {
-        may_fault(g, n)
-            || schedule::inlined_region(g, sched, n)
-                .into_iter()
-                .any(|m| may_fault(g, m))
-    })
-}
-
-/// Whether statement `n` may record a fault at run time (`codegen::Fault`):
-/// it produces or accumulates i64 values (beyond the device's 32 bits), or
-/// reads positions from an index tensor (out of bounds).
-fn may_fault(g: &Graph, n: kiln_functionalize::graph::NodeId) -> bool {
-    let node = &g.nodes[n];
-    // Fills, copies, views and indices (argmax) make no new i64 value.
-    let i64_arithmetic = node
-        .results
-        .iter()
-        .any(|&r| g.meta(r).dtype == kiln_functionalize::DType::I64)
-        && matches!(
-            node.op.def().lowering,
-            Lowering::Map(Elem::Pointwise | Elem::Cast)
-                | Lowering::Free(Elem::Pointwise | Elem::Cast)
-                | Lowering::Reduce(_)
-                | Lowering::Scan
-                | Lowering::MatMul(_)
-        );
-    let indexed = matches!(
-        node.op.def().lowering,
-        Lowering::IndexPut
-            | Lowering::Map(
-                Elem::Index
-                    | Elem::IndexAdd
-                    | Elem::GatherAlong { .. }
-                    | Elem::IndexSelect { .. }
-                    | Elem::ScatterInto { .. }
-            )
-            | Lowering::Free(
-                Elem::Index
-                    | Elem::IndexAdd
-                    | Elem::GatherAlong { .. }
-                    | Elem::IndexSelect { .. }
-                    | Elem::ScatterInto { .. }
-            )
-    );
-    i64_arithmetic || indexed
 }
 
 /// The inlined producer, in the kernel computing `grp`, whose
@@ -686,7 +689,16 @@ pub(crate) fn plan(
     let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
     let mut sched = schedule::schedule(g, outputs, pinned, force, options)?;
     check_buffer_sizes(g, &sched, options)?;
-    let groups = group_kernels(g, &sched, options, grouping)?;
+    let mut groups = group_kernels(g, &sched, options, grouping)?;
+    let out_set: HashSet<ValueId> = outputs.iter().copied().collect();
+    sched.chains = crate::chain::chain_rows(
+        g,
+        &sched,
+        options,
+        &|v| grouping.apart.contains_key(&v),
+        &out_set,
+        &mut groups,
+    );
     let registers = register_only(g, &mut sched, &groups, outputs);
     let life = lifetimes(g, &sched, &groups, outputs);
     let packing = Packing::of(g, &sched, &groups);
@@ -862,29 +874,36 @@ pub(crate) fn generate(
         // The kernels of the group, each with the values it computes: one
         // launch, or where independent kernels cannot share one, a launch
         // each.
-        let units: Vec<(Vec<ValueId>, Vec<crate::kernel::KernelCode>)> = if let Some(r) = folded {
-            gen.prologue = grp[..grp.len() - 1].to_vec();
-            let codes = gen.kernel(r).map_err(|e| at_value(e, g, r));
-            gen.prologue.clear();
-            vec![(grp.clone(), codes?)]
-        } else if is_map(g, &sched, grp[0]) {
-            let codes = if g.meta(grp[0]).numel() == 0 {
-                vec![]
+        let units: Vec<(Vec<ValueId>, Vec<crate::kernel::KernelCode>)> =
+            if let Some(&rows) = sched.chains.get(&grp[0]) {
+                let code = gen
+                    .row_chain(grp, rows)
+                    .map_err(|e| at_value(e, g, grp[0]))?;
+                vec![(grp.clone(), vec![code])]
+            } else if let Some(r) = folded {
+                gen.prologue = grp[..grp.len() - 1].to_vec();
+                let codes = gen.kernel(r).map_err(|e| at_value(e, g, r));
+                gen.prologue.clear();
+                vec![(grp.clone(), codes?)]
+            } else if is_map(g, &sched, grp[0]) {
+                let codes = if g.meta(grp[0]).numel() == 0 {
+                    vec![]
+                } else {
+                    vec![gen.map_group(grp).map_err(|e| at_value(e, g, grp[0]))?]
+                };
+                vec![(grp.clone(), codes)]
+            } else if grp.len() > 1 {
+                gen.siblings(grp).map_err(|e| at_value(e, g, grp[0]))?
             } else {
-                vec![gen.map_group(grp).map_err(|e| at_value(e, g, grp[0]))?]
+                vec![(
+                    grp.clone(),
+                    gen.kernel(grp[0]).map_err(|e| at_value(e, g, grp[0]))?,
+                )]
             };
-            vec![(grp.clone(), codes)]
-        } else if grp.len() > 1 {
-            gen.siblings(grp).map_err(|e| at_value(e, g, grp[0]))?
-        } else {
-            vec![(
-                grp.clone(),
-                gen.kernel(grp[0]).map_err(|e| at_value(e, g, grp[0]))?,
-            )]
-        };
         for (vals, codes) in units {
             let cost = KernelCost::of(g, &sched, &vals, &registers, &packing);
-            // Kernels sharing a launch (sibling products): each one's own.
+            // Kernels sharing a launch (sibling products) or a row kernel:
+            // each value's own.
             let flops = if vals.len() > 1 && !is_map(g, &sched, vals[0]) {
                 vals.iter()
                     .map(|&v| {
@@ -1298,26 +1317,6 @@ fn sibling_product(g: &Graph, sched: &schedule::Schedule, grp: &[ValueId], v: Va
         })
 }
 
-/// `v`'s kernel and the kernels of `grp` can run in either order (as one
-/// launch, or `v` first): `v` reads no buffer the group writes, and
-/// writes none the group reads (an in-place write into a buffer a member
-/// reads first must wait for it).
-fn independent(g: &Graph, sched: &schedule::Schedule, grp: &[ValueId], v: ValueId) -> bool {
-    let reads = |w: ValueId| -> HashSet<ValueId> {
-        g.node_of(w)
-            .map(|n| {
-                schedule::reads(g, sched, n)
-                    .into_iter()
-                    .map(|r| sched.root(r))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let written: HashSet<ValueId> = grp.iter().map(|&w| sched.root(w)).collect();
-    let mine = sched.root(v);
-    reads(v).is_disjoint(&written) && grp.iter().all(|&w| !reads(w).contains(&mine))
-}
-
 fn lifetimes(
     g: &Graph,
     sched: &schedule::Schedule,
@@ -1533,7 +1532,7 @@ impl KernelCost {
         registers: &HashSet<ValueId>,
         packing: &Packing,
     ) -> KernelCost {
-        if is_map(g, sched, grp[0]) || grp.len() == 1 {
+        if is_map(g, sched, grp[0]) || grp.len() == 1 || sched.chains.contains_key(&grp[0]) {
             return Self::one(g, sched, grp, registers, packing).0;
         }
         Self::launch(g, sched, grp.chunks(1), registers, packing)
@@ -1593,9 +1592,12 @@ impl KernelCost {
             };
             // Producers kept in registers are members of their own.
             let members: HashSet<_> = grp.iter().filter_map(|&w| g.node_of(w)).collect();
+            // A row kernel computes what an earlier value computed inline
+            // once (its registers hold it).
+            let chain = sched.chains.contains_key(&grp[0]);
             let mut region: Vec<_> = schedule::inlined_region(g, sched, n)
                 .into_iter()
-                .filter(|m| !members.contains(m))
+                .filter(|m| !members.contains(m) && (!chain || !nodes.contains(m)))
                 .collect();
             nodes.insert(n);
             nodes.extend(region.iter().copied());

@@ -50,6 +50,7 @@ pub fn schedule(
         fused: HashMap::new(),
         permuted: HashMap::new(),
         twins: HashMap::new(),
+        chains: HashMap::new(),
     };
     for &v in &g.inputs {
         s.is_materialized.insert(v);
@@ -887,7 +888,8 @@ fn read_at_own_element(
 /// transpose or a head merge, elementwise expressions) in schedule `s`:
 /// given a buffer of their own, the product reads them as contiguous rows.
 /// Attention kernels stage their operands through workgroup memory
-/// anyway: theirs are left alone.
+/// anyway, products narrow enough for a row kernel read theirs by rows:
+/// theirs are left alone.
 pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
     let attention: HashSet<NodeId> = s
         .fused
@@ -905,7 +907,9 @@ pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
         let Some(form) = node.op.def().lowering.product() else {
             continue;
         };
-        if attention.contains(&n) {
+        // Products a row kernel may compute (`chain::chain_rows`) read
+        // their operands by rows there: staging buys nothing.
+        if attention.contains(&n) || crate::fusion::narrow_product(g, n) {
             continue;
         }
         // An addend or bias is read once per output, not per tile.

@@ -349,7 +349,7 @@ impl Gen<'_> {
     /// `alpha acc + beta c` for a product's addend `(c, beta, alpha)` at
     /// output element `oi` (`acc` where there is none).
     #[allow(clippy::too_many_arguments)]
-    fn with_addend(
+    pub(super) fn with_addend(
         &mut self,
         acc: &str,
         extra: Option<(ValueId, f64, f64)>,

@@ -4,6 +4,7 @@
 //! elementwise chains fuse into one kernel.
 
 mod attention;
+mod chain;
 mod custom;
 mod elementwise;
 mod expr;
@@ -165,6 +166,13 @@ pub struct Gen<'a> {
     /// The kernel declares `pk`, the var gathering the lanes of a word
     /// such a kernel stores.
     run_word: bool,
+    /// In a row kernel (`Gen::row_chain`): each value computed so far ->
+    /// the array holding this invocation's block of it and the block's
+    /// first element.
+    resident: HashMap<ValueId, (String, String)>,
+    /// The row kernel value being computed: its stores fill its array
+    /// (memory is written once the block is complete).
+    filling: Option<ValueId>,
     /// The arena word where kernels record a fault (`Fault`): see
     /// `flag`, read back after the run.
     pub status: Option<usize>,
@@ -236,6 +244,8 @@ impl<'a> Gen<'a> {
             lane_stores: vec![],
             owns_words: false,
             run_word: false,
+            resident: HashMap::new(),
+            filling: None,
             // `lower` places it.
             status: None,
             status_used: false,
@@ -764,6 +774,13 @@ impl<'a> Gen<'a> {
         if let Some((_, x)) = self.row_result.as_ref().filter(|(r, _)| *r == v) {
             return Ok(x.clone());
         }
+        if self.filling != Some(v) {
+            if let Some((arr, base)) = self.resident.get(&v) {
+                // A row kernel's earlier value, at an element of its block.
+                let at = format!("{arr}[{idx} - {base}]");
+                return Ok(self.body.bind(ty(self.meta(v).dtype), at));
+            }
+        }
         let key = (v, idx.to_string());
         if let Some(x) = self.memo.get(&key) {
             return Ok(x.clone());
@@ -843,6 +860,19 @@ impl<'a> Gen<'a> {
     }
 
     fn store_plain(&mut self, v: ValueId, idx: &str, value: &str) -> R<()> {
+        if self.filling == Some(v) {
+            let (arr, base) = self
+                .resident
+                .get(&v)
+                .ok_or_else(|| bug("a row kernel value without its array"))?;
+            let x = match self.meta(v).dtype {
+                // Registers hold what memory would: f16 values rounded.
+                DType::F16 => format!("k_round_f16({value})"),
+                _ => value.to_string(),
+            };
+            self.body.stmt(format!("{arr}[{idx} - {base}] = {x};"));
+            return Ok(());
+        }
         if !self.locs.contains_key(&v) {
             return Err(bug("a materialized value without a buffer"));
         }

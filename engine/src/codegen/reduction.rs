@@ -396,8 +396,7 @@ impl Gen<'_> {
         log: bool,
         label: String,
     ) -> R<KernelCode> {
-        let (input, im, Lines { len, inner, lines }) = self.lines(n)?;
-        let om = self.meta(v).clone();
+        let (input, _, Lines { len, inner, lines }) = self.lines(n)?;
         if let Some(t) =
             RowTile::new(len, lines, self.subgroup).filter(|_| inner == 1 && self.workgroup_rows)
         {
@@ -411,6 +410,26 @@ impl Gen<'_> {
             self.stores_runs(v, len);
         }
         let base = self.line_base(len, inner, lines);
+        self.softmax_line(input, v, log, &base, len, inner)?;
+        Ok(self.finish(
+            label,
+            wgsl::grid(lines, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
+    }
+
+    /// Softmax (or log-softmax) of `input` into `v` over the line of `len`
+    /// elements `base + k * inner`: max, sum of exponentials, write.
+    pub(super) fn softmax_line(
+        &mut self,
+        input: ValueId,
+        v: ValueId,
+        log: bool,
+        base: &str,
+        len: usize,
+        inner: usize,
+    ) -> R<()> {
+        let (im, om) = (self.meta(input).clone(), self.meta(v).clone());
         let read = |s: &mut Self, k: &str| -> R<String> {
             let at = s.body.bind("u32", format!("{base} + {k} * {}", u(inner)));
             let x = s.value_at(input, &at)?;
@@ -423,7 +442,7 @@ impl Gen<'_> {
         let x = read(self, "k")?;
         self.body.stmt(format!("{mx} = max({mx}, {x});"));
         self.body.stmt("}".into());
-        self.memo = std::mem::take(&mut HashMap::new());
+        self.memo.clear();
         let sum = self.body.var("f32", "0.0".into());
         self.body
             .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(len)));
@@ -445,34 +464,12 @@ impl Gen<'_> {
         self.store_to(v, &at, &y)?;
         self.body.stmt("}".into());
         self.memo = saved;
-        Ok(self.finish(
-            label,
-            wgsl::grid(lines, self.workgroup),
-            [self.workgroup, 1, 1],
-        ))
+        Ok(())
     }
 
     pub(super) fn layer_norm(&mut self, n: NodeId, v: ValueId, label: String) -> R<KernelCode> {
-        let g = self.g;
-        let node = &g.nodes[n];
-        let input = *node.args[0].tensors()[0];
-        let im = g.meta(input).clone();
-        let width: usize = match &node.args[1] {
-            Arg::IntList(l) => l.iter().product::<i64>() as usize,
-            _ => return Err(bug("layer_norm shape")),
-        };
-        let weight = node
-            .args
-            .get(2)
-            .and_then(|a| a.tensors().first().map(|x| **x));
-        let bias = node
-            .args
-            .get(3)
-            .and_then(|a| a.tensors().first().map(|x| **x));
-        let eps = match node.args.get(4) {
-            Some(Arg::Float(e)) => *e,
-            _ => 1e-5,
-        };
+        let (input, width, weight, bias, eps) = self.layer_norm_args(n)?;
+        let im = self.meta(input).clone();
         let rows = im.numel() / width.max(1);
         if let Some(t) = RowTile::new(width, rows, self.subgroup).filter(|_| self.workgroup_rows) {
             if t.looped() {
@@ -485,6 +482,19 @@ impl Gen<'_> {
         self.body
             .stmt(format!("if (gid >= {}) {{ return; }}", u(rows)));
         let base = self.body.bind("u32", format!("gid * {}", u(width)));
+        self.layer_norm_row(n, v, &base)?;
+        Ok(self.finish(
+            label,
+            wgsl::grid(rows, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
+    }
+
+    /// Layer norm node `n` into `v` over the row of its elements from
+    /// `base`: the corrected two-pass statistics, then each element.
+    pub(super) fn layer_norm_row(&mut self, n: NodeId, v: ValueId, base: &str) -> R<()> {
+        let (input, width, weight, bias, eps) = self.layer_norm_args(n)?;
+        let im = self.meta(input).clone();
         let read = |s: &mut Self| -> R<String> {
             let at = s.body.bind("u32", format!("{base} + k"));
             let x = s.value_at(input, &at)?;
@@ -525,11 +535,31 @@ impl Gen<'_> {
         self.store_to(v, &at, &y)?;
         self.body.stmt("}".into());
         self.memo = saved;
-        Ok(self.finish(
-            label,
-            wgsl::grid(rows, self.workgroup),
-            [self.workgroup, 1, 1],
-        ))
+        Ok(())
+    }
+
+    /// Layer norm node `n`'s input, normalized width, weight, bias and eps.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn layer_norm_args(
+        &self,
+        n: NodeId,
+    ) -> R<(ValueId, usize, Option<ValueId>, Option<ValueId>, f64)> {
+        let node = &self.g.nodes[n];
+        let input = *node.args[0].tensors()[0];
+        let width: usize = match &node.args[1] {
+            Arg::IntList(l) => l.iter().product::<i64>() as usize,
+            _ => return Err(bug("layer_norm shape")),
+        };
+        let tensor = |i: usize| {
+            node.args
+                .get(i)
+                .and_then(|a| a.tensors().first().map(|x| **x))
+        };
+        let eps = match node.args.get(4) {
+            Some(Arg::Float(e)) => *e,
+            _ => 1e-5,
+        };
+        Ok((input, width, tensor(2), tensor(3), eps))
     }
 
     /// Shared setup of a row kernel: this invocation's row (`None` when

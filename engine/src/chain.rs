@@ -1,0 +1,341 @@
+//! Row kernels: consecutive kernels over narrow rows computed by one
+//! kernel, an invocation per block of rows holding each value's block in
+//! registers (fully fused MLPs do this for narrow layers). A layer norm,
+//! the products with weights after it, their bias and activation, a
+//! softmax: one kernel, the intermediates never in memory. Decided on the
+//! kernel groups (`chain_rows`), before buffers are placed.
+
+use crate::fusion::{CHAIN_MAX_PRODUCT, CHAIN_MAX_WIDTH};
+use crate::schedule::{self, Fused, Schedule};
+use crate::CompileOptions;
+use kiln_functionalize::graph::{Graph, NodeId, ValueId};
+use kiln_functionalize::ops::Lowering;
+use kiln_functionalize::schema::Arg;
+use std::collections::{HashMap, HashSet};
+
+/// How a row kernel computes one of its values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Link {
+    /// An elementwise value.
+    Map,
+    /// A matrix product with a weight (a right operand the same for every
+    /// row), its result or its elementwise tail stored.
+    Product(NodeId),
+    /// `softmax` or `log_softmax` along the last dim (or its tail).
+    Softmax(NodeId),
+    /// `layer_norm` (or its tail).
+    LayerNorm(NodeId),
+}
+
+impl Link {
+    /// The node computing the kernel's result, before any tail.
+    pub(crate) fn node(self) -> Option<NodeId> {
+        match self {
+            Link::Map => None,
+            Link::Product(n) | Link::Softmax(n) | Link::LayerNorm(n) => Some(n),
+        }
+    }
+}
+
+/// How kernel value `v` joins a row kernel, and the most row blocks it
+/// splits into (the kernel's count divides it): a product's rows, a row
+/// kernel's lines, any element of an elementwise value.
+pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)> {
+    // (A value stored over a dying input, `alias_of`, is decided after.)
+    if s.inplace.contains_key(&v) || s.permuted.contains_key(&v) {
+        return None;
+    }
+    let numel = g.meta(v).numel();
+    if crate::fusion::is_map(g, s, v) {
+        return Some((Link::Map, numel));
+    }
+    let n = match s.fused.get(&v) {
+        Some(&Fused::Epilogue { product }) => product,
+        Some(_) => return None,
+        None => g.node_of(v)?,
+    };
+    let node = &g.nodes[n];
+    let [r] = node.results[..] else {
+        return None;
+    };
+    let rm = g.meta(r);
+    if rm.numel() != numel || numel == 0 || !rm.dtype.is_float() {
+        return None;
+    }
+    let last = *rm.sizes.last()?;
+    match node.op.def().lowering {
+        Lowering::MatMul(form) => {
+            let tensor = |i: usize| match node.args.get(i) {
+                Some(Arg::Tensor(t)) => Some(*t),
+                _ => None,
+            };
+            let (left, right) = (tensor(form.left)?, tensor(form.right)?);
+            let weight = g.meta(right).dim() == 2 && g.meta(left).dim() >= 2;
+            let twin = s.twins.contains_key(&n) || s.twins.values().any(|&t| t == n);
+            (weight && !twin).then_some((Link::Product(n), numel / last.max(1)))
+        }
+        Lowering::Softmax { .. } => {
+            let im = g.meta(**node.args[0].tensors().first()?);
+            let Some(&Arg::Int(d)) = node.args.get(1) else {
+                return None;
+            };
+            let d = kiln_functionalize::meta::wrap_dim(d, im.dim()).ok()?;
+            let inner: usize = im.sizes[d + 1..].iter().product();
+            let len = im.sizes[d];
+            (inner == 1 && len > 0).then_some((Link::Softmax(n), numel / len))
+        }
+        Lowering::LayerNorm => {
+            let Some(Arg::IntList(l)) = node.args.get(1) else {
+                return None;
+            };
+            let width = l.iter().product::<i64>().max(1) as usize;
+            numel
+                .is_multiple_of(width)
+                .then_some((Link::LayerNorm(n), numel / width))
+        }
+        _ => None,
+    }
+}
+
+/// The tensor arguments of row kernel node `n` read whole by every
+/// invocation (a product's weight and addend, a norm's weight and bias),
+/// and the one read by rows (the left operand, the normalized input).
+fn operands(g: &Graph, link: Link) -> (Option<ValueId>, Vec<ValueId>) {
+    let Some(n) = link.node() else {
+        return (None, vec![]);
+    };
+    let node = &g.nodes[n];
+    let tensor = |i: usize| match node.args.get(i) {
+        Some(Arg::Tensor(t)) => Some(*t),
+        _ => None,
+    };
+    match node.op.def().lowering {
+        Lowering::MatMul(form) => (
+            tensor(form.left),
+            [Some(form.right), form.addend]
+                .into_iter()
+                .flatten()
+                .filter_map(tensor)
+                .collect(),
+        ),
+        Lowering::LayerNorm => (tensor(0), [2, 3].into_iter().filter_map(tensor).collect()),
+        _ => (tensor(0), vec![]),
+    }
+}
+
+/// The row blocks one kernel can compute `vals` in (kernel values in
+/// program order, the first no elementwise one): each value a `link`, the
+/// block count dividing every value's most, no block wider than
+/// `CHAIN_MAX_WIDTH`, every value reading the others only within its
+/// block, packed values in whole words a block, within the device's
+/// bindings. `None` where they cannot.
+fn rows_of(
+    g: &Graph,
+    s: &Schedule,
+    options: &CompileOptions,
+    outputs: &HashSet<ValueId>,
+    vals: &[ValueId],
+) -> Option<usize> {
+    if crate::fusion::is_map(g, s, vals[0]) {
+        return None;
+    }
+    let links: Vec<(Link, usize)> = vals.iter().map(|&v| link(g, s, v)).collect::<Option<_>>()?;
+    let rows = links.iter().fold(0, |acc, &(_, most)| gcd(acc, most));
+    if rows == 0 {
+        return None;
+    }
+    let narrow = vals.iter().all(|&v| {
+        let m = g.meta(v);
+        let width = m.numel() / rows;
+        width <= CHAIN_MAX_WIDTH && width.is_multiple_of(crate::wgsl::per_word(m.dtype))
+    });
+    if !narrow || !reads_ok(g, s, vals, &links, rows, None) {
+        return None;
+    }
+    // Bindings: what the values read, and the values something outside
+    // reads (the rest stay in registers).
+    let mut bound: HashSet<ValueId> = HashSet::new();
+    for &v in vals {
+        if let Some(n) = g.node_of(v) {
+            bound.extend(
+                schedule::reads(g, s, n)
+                    .into_iter()
+                    .filter(|r| !vals.contains(r))
+                    .map(|r| s.root(r)),
+            );
+        }
+        let inside = s.uses.get(&v).into_iter().flatten().all(|&u| {
+            g.nodes[u].results.iter().all(|r| {
+                vals.contains(r) || !s.is_materialized.contains(r) && reads_only_in(g, s, *r, vals)
+            })
+        });
+        if outputs.contains(&v) || !inside {
+            bound.insert(s.root(v));
+        }
+    }
+    // A fault (i64 range) carried with a value is not carried through
+    // registers: such kernels stay apart.
+    let faults = crate::fusion::may_fault_in(g, s, vals);
+    (!faults && bound.len() <= options.max_bindings).then_some(rows)
+}
+
+/// Does each of `vals` (a row kernel's values, their `links`) read the
+/// others, and `extra`'s buffer, only within its row block of `rows`,
+/// and what every invocation reads whole (weights) none of them? Products
+/// within `CHAIN_MAX_PRODUCT`.
+fn reads_ok(
+    g: &Graph,
+    s: &Schedule,
+    vals: &[ValueId],
+    links: &[(Link, usize)],
+    rows: usize,
+    extra: Option<ValueId>,
+) -> bool {
+    // Members and their products' results (read in registers).
+    let mut members: Vec<ValueId> = vals.to_vec();
+    members.extend(
+        links
+            .iter()
+            .filter_map(|(l, _)| l.node())
+            .map(|n| g.nodes[n].results[0])
+            .filter(|r| !s.is_materialized.contains(r)),
+    );
+    members.extend(extra);
+    let roots: HashSet<ValueId> = vals.iter().chain(&extra).map(|&v| s.root(v)).collect();
+    // A value read whole (a weight) may read no member.
+    let reads_none = |x: ValueId| {
+        crate::fusion::reads_value(g, s, x)
+            .iter()
+            .all(|r| !roots.contains(&s.root(*r)))
+            && !members.contains(&x)
+    };
+    vals.iter().zip(links).all(|(&v, &(link, _))| {
+        let width = g.meta(v).numel() / rows;
+        let (by_rows, whole) = operands(g, link);
+        let k = by_rows.map_or(0, |a| *g.meta(a).sizes.last().unwrap_or(&0));
+        let product_fits = !matches!(link, Link::Product(_)) || width * k <= CHAIN_MAX_PRODUCT;
+        // The value's own reads: an elementwise value's, a tail's (its
+        // kernel's result read at the element).
+        let own = link.node().map(|n| g.nodes[n].results[0]) != Some(v);
+        product_fits
+            && whole.iter().all(|&x| reads_none(x))
+            && by_rows.is_none_or(|a| crate::index::reads_rows_only(g, s, a, &members, rows))
+            && (!own || crate::index::node_reads_rows_only(g, s, v, &members, rows))
+    })
+}
+
+/// Does row kernel `vals` (in `rows` blocks) read the buffer of `root`
+/// only within each invocation's block (and never whole)? Then a value
+/// of it with as many elements may be stored over it: an invocation
+/// stores its blocks after computing them all (`Gen::row_chain`).
+pub(crate) fn reads_by_rows(
+    g: &Graph,
+    s: &Schedule,
+    vals: &[ValueId],
+    rows: usize,
+    root: ValueId,
+) -> bool {
+    let Some(links) = vals
+        .iter()
+        .map(|&v| link(g, s, v))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
+    reads_ok(g, s, vals, &links, rows, Some(root))
+}
+
+/// Is inlined value `v` read only by kernels computing `vals`?
+fn reads_only_in(g: &Graph, s: &Schedule, v: ValueId, vals: &[ValueId]) -> bool {
+    let mut stack = vec![v];
+    let mut seen = HashSet::new();
+    while let Some(x) = stack.pop() {
+        if !seen.insert(x) {
+            continue;
+        }
+        for &u in s.uses.get(&x).into_iter().flatten() {
+            for &r in &g.nodes[u].results {
+                if vals.contains(&r) {
+                    continue;
+                }
+                if s.is_materialized.contains(&r) {
+                    return false;
+                }
+                stack.push(r);
+            }
+        }
+    }
+    true
+}
+
+/// Does a value of `b` read one of `a` (directly or through values
+/// computed inline)? A row kernel joins only kernels that depend on it.
+fn reads_any(g: &Graph, s: &Schedule, b: &[ValueId], a: &[ValueId]) -> bool {
+    b.iter().filter_map(|&v| g.node_of(v)).any(|n| {
+        schedule::reads(g, s, n)
+            .iter()
+            .any(|r| a.iter().any(|&x| s.root(x) == s.root(*r)))
+    })
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Merges consecutive kernel groups into row kernels (`rows_of`), each
+/// group joining the kernel before it where together they can be one.
+/// Returns the row kernels: their first value -> their row blocks.
+/// Kernels an earlier plan found over the device's bindings
+/// (`Grouping::apart`) stay apart.
+pub(crate) fn chain_rows(
+    g: &Graph,
+    s: &Schedule,
+    options: &CompileOptions,
+    apart: &dyn Fn(ValueId) -> bool,
+    outputs: &HashSet<ValueId>,
+    groups: &mut Vec<Vec<ValueId>>,
+) -> HashMap<ValueId, usize> {
+    let mut chains = HashMap::new();
+    if !options.chain_rows {
+        return chains;
+    }
+    let joined = |a: &[ValueId], b: &[ValueId]| -> Option<(Vec<ValueId>, usize)> {
+        let mut both = a.to_vec();
+        both.extend(b.iter().copied());
+        if both.iter().any(|&v| apart(v)) || !reads_any(g, s, b, a) {
+            return None;
+        }
+        rows_of(g, s, options, outputs, &both).map(|r| (both, r))
+    };
+    let mut i = 0;
+    while i + 1 < groups.len() {
+        if let Some((both, r)) = joined(&groups[i], &groups[i + 1]) {
+            chains.insert(both[0], r);
+            groups[i] = both;
+            groups.remove(i + 1);
+            continue;
+        }
+        // A kernel in between that the row kernel does not depend on (an
+        // operand staged contiguous, `CompileOptions::contiguous_operands`)
+        // runs first.
+        let past = i + 2 < groups.len()
+            && groups[i + 1]
+                .iter()
+                .all(|&v| crate::fusion::independent(g, s, &groups[i], v));
+        match past.then(|| joined(&groups[i], &groups[i + 2])).flatten() {
+            Some((both, r)) => {
+                chains.insert(both[0], r);
+                groups.swap(i, i + 1);
+                groups[i + 1] = both;
+                groups.remove(i + 2);
+                i += 1;
+            }
+            None => i += 1,
+        }
+    }
+    chains
+}
