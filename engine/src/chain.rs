@@ -18,8 +18,8 @@ use std::collections::{HashMap, HashSet};
 pub(crate) enum Link {
     /// An elementwise value.
     Map,
-    /// A matrix product with a weight (a right operand the same for every
-    /// row), its result or its elementwise tail stored.
+    /// A matrix product whose right operand (a weight, a cache) reads no
+    /// value of the kernel, its result or its elementwise tail stored.
     Product(NodeId),
     /// `softmax` or `log_softmax` along the last dim (or its tail).
     Softmax(NodeId),
@@ -46,6 +46,9 @@ pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)>
         return None;
     }
     let numel = g.meta(v).numel();
+    if numel == 0 {
+        return None;
+    }
     if crate::fusion::is_map(g, s, v) {
         return Some((Link::Map, numel));
     }
@@ -59,7 +62,7 @@ pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)>
         return None;
     };
     let rm = g.meta(r);
-    if rm.numel() != numel || numel == 0 || !rm.dtype.is_float() {
+    if rm.numel() != numel || !rm.dtype.is_float() {
         return None;
     }
     let last = *rm.sizes.last()?;
@@ -70,9 +73,13 @@ pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)>
                 _ => None,
             };
             let (left, right) = (tensor(form.left)?, tensor(form.right)?);
-            let weight = g.meta(right).dim() == 2 && g.meta(left).dim() >= 2;
+            let (lm, k) = (g.meta(left), *g.meta(left).sizes.last()?);
+            // Each output row reads its own row of the left operand (not
+            // broadcast over batches): the same block.
+            let own_rows = lm.dim() >= 2 && lm.numel() * last == numel * k;
             let twin = s.twins.contains_key(&n) || s.twins.values().any(|&t| t == n);
-            (weight && !twin).then_some((Link::Product(n), numel / last.max(1)))
+            (own_rows && g.meta(right).dim() >= 2 && !twin)
+                .then_some((Link::Product(n), numel / last.max(1)))
         }
         Lowering::Softmax { .. } => {
             let im = g.meta(**node.args[0].tensors().first()?);

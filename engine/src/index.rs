@@ -609,20 +609,7 @@ pub fn reads_own_only(
     members: &[ValueId],
     permutations: bool,
 ) -> bool {
-    let roots: Vec<ValueId> = members.iter().map(|&m| s.root(m)).collect();
-    let mut memo = HashMap::new();
-    let mut w = Walk {
-        members,
-        roots: &roots,
-        memo: &mut memo,
-        perms: vec![],
-        permutations,
-        rows: None,
-    };
-    match reads(g, n, k) {
-        Ok(rs) => rs.iter().all(|r| read_ok(g, s, n, r, Pos::Own, &mut w)),
-        Err(_) => false,
-    }
+    walk_reads(g, s, n, k, members, permutations, None)
 }
 
 /// The view copies (node, result) of stored values that the kernel
@@ -712,6 +699,21 @@ pub fn node_reads_rows_only(
     let Def::Node(n, k) = g.values[v].def else {
         return false;
     };
+    walk_reads(g, s, n, k, members, false, Some(rows))
+}
+
+/// Do the reads of result `k` of node `n`, its element read at `Own`
+/// (`Row` with `rows`), reach `members` only where `Walk` allows?
+fn walk_reads(
+    g: &Graph,
+    s: &Schedule,
+    n: NodeId,
+    k: usize,
+    members: &[ValueId],
+    permutations: bool,
+    rows: Option<usize>,
+) -> bool {
+    // Members without a buffer share none.
     let roots: Vec<ValueId> = members
         .iter()
         .filter(|m| s.is_materialized.contains(m))
@@ -723,11 +725,12 @@ pub fn node_reads_rows_only(
         roots: &roots,
         memo: &mut memo,
         perms: vec![],
-        permutations: false,
-        rows: Some(rows),
+        permutations,
+        rows,
     };
+    let pos = if rows.is_some() { Pos::Row } else { Pos::Own };
     match reads(g, n, k) {
-        Ok(rs) => rs.iter().all(|r| read_ok(g, s, n, r, Pos::Row, &mut w)),
+        Ok(rs) => rs.iter().all(|r| read_ok(g, s, n, r, pos, &mut w)),
         Err(_) => false,
     }
 }
