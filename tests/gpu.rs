@@ -146,11 +146,12 @@ fn op_programs_on_the_gpu() {
     check_dir("tests/programs/ops");
 }
 
-/// The default (GPU) options with a launch per kernel: for tests that
-/// count kernels of a form.
+/// The default (GPU) options with a launch per kernel, none merged into
+/// a row kernel: for tests that count kernels of a form.
 fn apart() -> kiln::engine::CompileOptions {
     kiln::engine::CompileOptions {
         share_launches: false,
+        chain_rows: false,
         ..Default::default()
     }
 }
@@ -710,6 +711,7 @@ fn sums_over_trailing_dims_in_row_kernels() {
             let g = parse(&src).unwrap();
             let counted = kiln::engine::CompileOptions {
                 share_launches: false,
+                chain_rows: false,
                 ..options.clone()
             };
             let p = kiln::engine::compile_with(&g, &counted).unwrap();
@@ -1851,7 +1853,9 @@ fn independent_elementwise_kernels_share_a_launch() {
 /// activations, a softmax) run as one row kernel, an invocation per block
 /// of rows with the intermediates in registers (`chain::chain_rows`):
 /// blocks of one row, of three rows under a norm over two dims, f16
-/// values stored as whole words, an output stored over a dying input.
+/// values stored as whole words, an output stored over a dying input,
+/// reductions over rows (stored, or broadcast back: RMS norm) and twin
+/// products.
 /// One kernel at the minimum bytes, as the reference computes, on the
 /// adapter's options and the GPU variant's; a kernel each without.
 #[test]
@@ -1894,6 +1898,25 @@ fn narrow_layers_run_as_one_row_kernel() {
   %out = cat([%rate, %sharp], 1)
   %y = add(%out, %x)
   return %y
+}",
+        // RMS norm (a mean, kept, and its broadcast tail), SwiGLU's twin
+        // products, a residual add, an amax subtracted.
+        "graph swiglu(%x: f32[5, 16], %g: f32[16], %w1: f32[24, 16], %w3: f32[24, 16], %w2: f32[16, 24]) {
+  %p = pow(%x, 2)
+  %ms = mean(%p, [-1], true)
+  %e = add(%ms, 1e-6)
+  %rs = rsqrt(%e)
+  %n = mul(%x, %rs)
+  %xn = mul(%n, %g)
+  %a = linear(%xn, %w1)
+  %s = silu(%a)
+  %b = linear(%xn, %w3)
+  %m = mul(%s, %b)
+  %o = linear(%m, %w2)
+  %y = add(%o, %x)
+  %mx = amax(%y, [1], true)
+  %z = sub(%y, %mx)
+  return (%z, %ms)
 }",
     ];
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());

@@ -5,7 +5,7 @@
 //! softmax: one kernel, the intermediates never in memory. Decided on the
 //! kernel groups (`chain_rows`), before buffers are placed.
 
-use crate::fusion::{CHAIN_MAX_PRODUCT, CHAIN_MAX_WIDTH};
+use crate::fusion::{CHAIN_GPU_MAX_ELEMENTS, CHAIN_MAX_PRODUCT, CHAIN_MAX_WIDTH};
 use crate::schedule::{self, Fused, Schedule};
 use crate::CompileOptions;
 use kiln_functionalize::graph::{Graph, NodeId, ValueId};
@@ -25,6 +25,9 @@ pub(crate) enum Link {
     Softmax(NodeId),
     /// `layer_norm` (or its tail).
     LayerNorm(NodeId),
+    /// A reduction over trailing dims kept as size 1 (or its tail, or a
+    /// tail broadcasting it over the rows reduced, `Fused::Rows`).
+    Reduce(NodeId),
 }
 
 impl Link {
@@ -32,7 +35,7 @@ impl Link {
     pub(crate) fn node(self) -> Option<NodeId> {
         match self {
             Link::Map => None,
-            Link::Product(n) | Link::Softmax(n) | Link::LayerNorm(n) => Some(n),
+            Link::Product(n) | Link::Softmax(n) | Link::LayerNorm(n) | Link::Reduce(n) => Some(n),
         }
     }
 }
@@ -52,17 +55,18 @@ pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)>
     if crate::fusion::is_map(g, s, v) {
         return Some((Link::Map, numel));
     }
-    let n = match s.fused.get(&v) {
-        Some(&Fused::Epilogue { product }) => product,
+    let (n, over_rows) = match s.fused.get(&v) {
+        Some(&Fused::Epilogue { product }) => (product, false),
+        Some(&Fused::Rows { reduction }) => (reduction, true),
         Some(_) => return None,
-        None => g.node_of(v)?,
+        None => (g.node_of(v)?, false),
     };
     let node = &g.nodes[n];
     let [r] = node.results[..] else {
         return None;
     };
     let rm = g.meta(r);
-    if rm.numel() != numel || !rm.dtype.is_float() {
+    if (rm.numel() != numel && !over_rows) || !rm.dtype.is_float() {
         return None;
     }
     let last = *rm.sizes.last()?;
@@ -77,7 +81,8 @@ pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)>
             // Each output row reads its own row of the left operand (not
             // broadcast over batches): the same block.
             let own_rows = lm.dim() >= 2 && lm.numel() * last == numel * k;
-            let twin = s.twins.contains_key(&n) || s.twins.values().any(|&t| t == n);
+            // (A twin, `Schedule::twins`, is computed with its product.)
+            let twin = s.twins.values().any(|&t| t == n);
             (own_rows && g.meta(right).dim() >= 2 && !twin)
                 .then_some((Link::Product(n), numel / last.max(1)))
         }
@@ -100,6 +105,14 @@ pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)>
                 .is_multiple_of(width)
                 .then_some((Link::LayerNorm(n), numel / width))
         }
+        Lowering::Reduce(_) => {
+            // Kept dims first, then the reduced ones as size 1.
+            let xm = g.meta(**node.args[0].tensors().first()?);
+            let first = xm.sizes.iter().zip(&rm.sizes).position(|(a, b)| a != b);
+            let trailing =
+                xm.dim() == rm.dim() && first.is_none_or(|d| rm.sizes[d..].iter().all(|&x| x == 1));
+            trailing.then_some((Link::Reduce(n), rm.numel()))
+        }
         _ => None,
     }
 }
@@ -107,7 +120,7 @@ pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)>
 /// The tensor arguments of row kernel node `n` read whole by every
 /// invocation (a product's weight and addend, a norm's weight and bias),
 /// and the one read by rows (the left operand, the normalized input).
-fn operands(g: &Graph, link: Link) -> (Option<ValueId>, Vec<ValueId>) {
+fn operands(g: &Graph, s: &Schedule, link: Link) -> (Option<ValueId>, Vec<ValueId>) {
     let Some(n) = link.node() else {
         return (None, vec![]);
     };
@@ -117,14 +130,23 @@ fn operands(g: &Graph, link: Link) -> (Option<ValueId>, Vec<ValueId>) {
         _ => None,
     };
     match node.op.def().lowering {
-        Lowering::MatMul(form) => (
-            tensor(form.left),
-            [Some(form.right), form.addend]
-                .into_iter()
-                .flatten()
-                .filter_map(tensor)
-                .collect(),
-        ),
+        Lowering::MatMul(form) => {
+            // A twin (the same left operand) reads its own weight too.
+            let whole = |m: NodeId| {
+                let node = &g.nodes[m];
+                [Some(form.right), form.addend]
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|i| match node.args.get(i) {
+                        Some(Arg::Tensor(t)) => Some(*t),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let mut all = whole(n);
+            all.extend(s.twins.get(&n).map(|&t| whole(t)).unwrap_or_default());
+            (tensor(form.left), all)
+        }
         Lowering::LayerNorm => (tensor(0), [2, 3].into_iter().filter_map(tensor).collect()),
         _ => (tensor(0), vec![]),
     }
@@ -154,7 +176,9 @@ fn rows_of(
     let narrow = vals.iter().all(|&v| {
         let m = g.meta(v);
         let width = m.numel() / rows;
-        width <= CHAIN_MAX_WIDTH && width.is_multiple_of(crate::wgsl::per_word(m.dtype))
+        width <= CHAIN_MAX_WIDTH
+            && width.is_multiple_of(crate::wgsl::per_word(m.dtype))
+            && (!options.workgroup_rows || m.numel() <= CHAIN_GPU_MAX_ELEMENTS)
     });
     if !narrow || !reads_ok(g, s, vals, &links, rows, None) {
         return None;
@@ -198,12 +222,13 @@ fn reads_ok(
     rows: usize,
     extra: Option<ValueId>,
 ) -> bool {
-    // Members and their products' results (read in registers).
+    // Members, their kernels' results and twins' (read in registers).
     let mut members: Vec<ValueId> = vals.to_vec();
     members.extend(
         links
             .iter()
             .filter_map(|(l, _)| l.node())
+            .flat_map(|n| std::iter::once(n).chain(s.twins.get(&n).copied()))
             .map(|n| g.nodes[n].results[0])
             .filter(|r| !s.is_materialized.contains(r)),
     );
@@ -218,7 +243,7 @@ fn reads_ok(
     };
     vals.iter().zip(links).all(|(&v, &(link, _))| {
         let width = g.meta(v).numel() / rows;
-        let (by_rows, whole) = operands(g, link);
+        let (by_rows, whole) = operands(g, s, link);
         let k = by_rows.map_or(0, |a| *g.meta(a).sizes.last().unwrap_or(&0));
         let product_fits = !matches!(link, Link::Product(_)) || width * k <= CHAIN_MAX_PRODUCT;
         // The value's own reads: an elementwise value's, a tail's (its

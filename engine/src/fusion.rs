@@ -404,6 +404,13 @@ pub const CHAIN_MAX_WIDTH: usize = 64;
 /// 64 outputs over 64 contracted elements).
 pub const CHAIN_MAX_PRODUCT: usize = 4096;
 
+/// On GPUs (`CompileOptions::workgroup_rows`), the most elements of a
+/// value a row kernel computes: past that the kernels apart (rows reduced
+/// by workgroups, tiled products) keep more invocations busy with
+/// coalesced loads; below it a launch costs more than their traffic (as
+/// `lower::JOIN_MAX_ELEMENTS`).
+pub const CHAIN_GPU_MAX_ELEMENTS: usize = 1 << 16;
+
 /// Is product node `n` narrow enough for a row kernel: a block of its
 /// rows within `CHAIN_MAX_WIDTH` outputs and `CHAIN_MAX_PRODUCT`
 /// multiply-adds?

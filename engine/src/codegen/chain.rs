@@ -5,6 +5,7 @@
 
 use super::{bug, u, Gen, KernelCode, R};
 use crate::chain::{link, Link};
+use crate::schedule::Fused;
 use crate::wgsl::{self, cast, ty};
 use kiln_functionalize::graph::{Def, ValueId};
 use kiln_functionalize::meta::numel;
@@ -45,6 +46,34 @@ impl Gen<'_> {
                             s.softmax_line(input, r, log, lb, len, 1)
                         })
                     })?;
+                }
+                Link::Reduce(n) => {
+                    let r = g.nodes[n].results[0];
+                    let lines = self.meta(r).numel() / rows;
+                    let margs: Vec<_> = g.nodes[n]
+                        .args
+                        .iter()
+                        .map(|a| a.map(&mut |x| g.meta(*x)))
+                        .collect();
+                    let over_rows = matches!(self.s.fused.get(&v), Some(Fused::Rows { .. }));
+                    if over_rows {
+                        self.rows = Some((r, v));
+                    }
+                    let tail = if over_rows { r } else { v };
+                    let out = self.with_tail(n, tail, |s, r| {
+                        s.body.stmt(format!(
+                            "for (var co = 0u; co < {}; co = co + 1u) {{",
+                            u(lines)
+                        ));
+                        let saved = std::mem::take(&mut s.memo);
+                        let oi = s.body.bind("u32", format!("gid * {} + co", u(lines)));
+                        s.reduce_at(n, r, &margs, &oi)?;
+                        s.body.stmt("}".into());
+                        s.memo = saved;
+                        Ok(())
+                    });
+                    self.rows = None;
+                    out?;
                 }
                 Link::LayerNorm(n) => {
                     let (_, len, ..) = self.layer_norm_args(n)?;
@@ -160,6 +189,12 @@ impl Gen<'_> {
     ) -> R<()> {
         let g = self.g;
         let p = self.product(n)?;
+        // A twin (`Schedule::twins`): same left operand and shapes, its
+        // own weight, accumulated alongside; the tail reads its result.
+        let twin = match self.s.twins.get(&n) {
+            Some(&n1) => Some((g.nodes[n1].results[0], self.product(n1)?)),
+            None => None,
+        };
         let r = g.nodes[n].results[0];
         let om = g.meta(r).clone();
         let acc_dt = DType::F32;
@@ -177,12 +212,14 @@ impl Gen<'_> {
             let bm = s.unravel(&bz, &p.batch);
             let aoff = s.ravel(&bm, &p.a.batch, 0);
             let boff = s.ravel(&bm, &p.b.batch, 0);
+            let boff1 = twin.as_ref().map(|(_, p1)| s.ravel(&bm, &p1.b.batch, 0));
             s.body.stmt(format!(
                 "for (var cj = 0u; cj < {}; cj = cj + 1u) {{",
                 u(p.mm)
             ));
             let inner = std::mem::take(&mut s.memo);
             let acc = s.body.var(at, "0.0".into());
+            let acc1 = twin.as_ref().map(|_| s.body.var(at, "0.0".into()));
             s.body.stmt(format!(
                 "for (var ck = 0u; ck < {}; ck = ck + 1u) {{",
                 u(p.kk)
@@ -201,9 +238,23 @@ impl Gen<'_> {
             let xb = s.value_at(p.b.v, &ib)?;
             let xb = cast(&xb, g.meta(p.b.v).dtype, acc_dt);
             s.body.stmt(format!("{acc} = {acc} + {xa} * {xb};"));
+            if let (Some((_, p1)), Some(off), Some(acc1)) = (&twin, &boff1, &acc1) {
+                let ib = s.body.bind(
+                    "u32",
+                    format!("{off} + ck * {} + cj * {}", u(p1.b.rs), u(p1.b.cs)),
+                );
+                let xb = s.value_at(p1.b.v, &ib)?;
+                let xb = cast(&xb, g.meta(p1.b.v).dtype, acc_dt);
+                s.body.stmt(format!("{acc1} = {acc1} + {xa} * {xb};"));
+            }
             s.body.stmt("}".into());
             s.memo = dot;
             let oi = s.body.bind("u32", format!("{fr} * {} + cj", u(p.mm)));
+            if let (Some((x, p1)), Some(acc1)) = (&twin, &acc1) {
+                let res1 = s.with_addend(acc1, p1.extra, &p.batch, p.nn, p.mm, &oi, acc_dt)?;
+                let res1 = s.body.bind(ty(om.dtype), cast(&res1, acc_dt, om.dtype));
+                s.memo.insert((*x, oi.clone()), res1);
+            }
             let res = s.with_addend(&acc, p.extra, &p.batch, p.nn, p.mm, &oi, acc_dt)?;
             let res = cast(&res, acc_dt, om.dtype);
             s.store_to(r, &oi, &res)?;

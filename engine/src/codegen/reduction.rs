@@ -61,6 +61,24 @@ pub(super) struct RowCtx {
     pub(super) xs: Vec<(String, String, String, String)>,
 }
 
+/// A reduction's lines (`Gen::reduction_lines`).
+pub(super) struct ReducedLines {
+    pub(super) input: ValueId,
+    pub(super) red_op: kiln_functionalize::ops::Reduction,
+    /// Kept dims' sizes and input strides: a line per output element.
+    ks: Vec<usize>,
+    kst: Vec<usize>,
+    /// Reduced dims' sizes and input strides.
+    rs: Vec<usize>,
+    rst: Vec<usize>,
+    /// Elements a line.
+    pub(super) count: usize,
+    /// Lines (output elements).
+    pub(super) nout: usize,
+    /// The reduced dims are the last ones.
+    pub(super) trailing: bool,
+}
+
 impl Gen<'_> {
     /// `acc += x` with Kahan compensation `c` (keeps f32 sums close to the
     /// reference's f64).
@@ -89,6 +107,48 @@ impl Gen<'_> {
         margs: &[Arg<&Meta>],
         label: String,
     ) -> R<KernelCode> {
+        use kiln_functionalize::ops::Reduction as Red;
+        let ReducedLines {
+            input,
+            red_op,
+            count,
+            nout,
+            trailing,
+            ..
+        } = self.reduction_lines(n, v, margs)?;
+        let acc_dt = self.meta(v).dtype;
+        // Float sums over trailing (contiguous) dims on GPUs: a row per
+        // 1-64 invocations. One invocation per row read its row serially,
+        // its neighbours' rows a row apart: an H100 took 67 us for
+        // LLaMA's RMSNorm mean over 128 rows of 512.
+        if self.workgroup_rows
+            && matches!(red_op, Red::Sum | Red::Mean)
+            && acc_dt.is_float()
+            && trailing
+        {
+            if let Some(t) = RowTile::new(count, nout, self.subgroup).filter(|t| !t.looped()) {
+                return self.sum_rows(input, v, red_op == Red::Mean, t, label);
+            }
+        }
+        self.body
+            .stmt(format!("if (gid >= {}) {{ return; }}", u(nout)));
+        self.reduce_at(n, v, margs, "gid")?;
+        Ok(self.finish(
+            label,
+            wgsl::grid(nout, self.workgroup),
+            [self.workgroup, 1, 1],
+        ))
+    }
+
+    /// Reduction node `n`'s input, op, and its lines: the kept and reduced
+    /// dims' sizes and strides, elements per line, lines (outputs), and
+    /// whether the reduced dims trail.
+    pub(super) fn reduction_lines(
+        &self,
+        n: NodeId,
+        v: ValueId,
+        margs: &[Arg<&Meta>],
+    ) -> R<ReducedLines> {
         let g = self.g;
         let node = &g.nodes[n];
         use kiln_functionalize::ops::Reduction as Red;
@@ -97,7 +157,6 @@ impl Gen<'_> {
         };
         let input = *node.args[0].tensors()[0];
         let im = g.meta(input).clone();
-        let om = g.meta(v).clone();
         let dims: Option<&[i64]> = match red_op {
             Red::Amax | Red::Amin => Some(margs.int_list(1).map_err(bug)?),
             Red::Var { .. } => margs.opt_int_list(1).map_err(bug)?,
@@ -118,35 +177,51 @@ impl Gen<'_> {
         }
         let kept: Vec<usize> = (0..im.dim()).filter(|&d| !red[d]).collect();
         let reduced: Vec<usize> = (0..im.dim()).filter(|&d| red[d]).collect();
-        let ks: Vec<usize> = kept.iter().map(|&d| im.sizes[d]).collect();
-        let rs: Vec<usize> = reduced.iter().map(|&d| im.sizes[d]).collect();
         let istr = contiguous_strides(&im.sizes);
-        let count = numel(&rs);
-        let nout = om.numel();
-        let acc_dt = om.dtype;
-        let acc_ty = ty(acc_dt);
-        // Float sums over trailing (contiguous) dims on GPUs: a row per
-        // 1-64 invocations. One invocation per row read its row serially,
-        // its neighbours' rows a row apart: an H100 took 67 us for
-        // LLaMA's RMSNorm mean over 128 rows of 512.
+        let rs: Vec<usize> = reduced.iter().map(|&d| im.sizes[d]).collect();
         let trailing = !reduced.is_empty()
             && reduced
                 .iter()
                 .enumerate()
                 .all(|(i, &d)| d == im.dim() - reduced.len() + i);
-        if self.workgroup_rows
-            && matches!(red_op, Red::Sum | Red::Mean)
-            && acc_dt.is_float()
-            && trailing
-        {
-            if let Some(t) = RowTile::new(count, nout, self.subgroup).filter(|t| !t.looped()) {
-                return self.sum_rows(input, v, red_op == Red::Mean, t, label);
-            }
-        }
-        self.body
-            .stmt(format!("if (gid >= {}) {{ return; }}", u(nout)));
-        let km = self.unravel("gid", &ks);
-        let kst: Vec<usize> = kept.iter().map(|&d| istr[d]).collect();
+        Ok(ReducedLines {
+            input,
+            red_op,
+            ks: kept.iter().map(|&d| im.sizes[d]).collect(),
+            kst: kept.iter().map(|&d| istr[d]).collect(),
+            count: numel(&rs),
+            rst: reduced.iter().map(|&d| istr[d]).collect(),
+            rs,
+            nout: g.meta(v).numel(),
+            trailing,
+        })
+    }
+
+    /// Reduction node `n` for output element `out` (a u32 expression) of
+    /// `v`: its line reduced, stored (or its `Fused::Rows` tail over the
+    /// line).
+    pub(super) fn reduce_at(
+        &mut self,
+        n: NodeId,
+        v: ValueId,
+        margs: &[Arg<&Meta>],
+        out: &str,
+    ) -> R<()> {
+        use kiln_functionalize::ops::Reduction as Red;
+        let ReducedLines {
+            input,
+            red_op,
+            ks,
+            kst,
+            rs,
+            rst,
+            count,
+            ..
+        } = self.reduction_lines(n, v, margs)?;
+        let im = self.meta(input).clone();
+        let acc_dt = self.meta(v).dtype;
+        let acc_ty = ty(acc_dt);
+        let km = self.unravel(out, &ks);
         let kbase = self.ravel(&km, &kst, 0);
         let float = acc_dt.is_float();
         let (init, is_sum) = match red_op {
@@ -168,7 +243,6 @@ impl Gen<'_> {
         self.body
             .stmt(format!("for (var r = 0u; r < {}; r = r + 1u) {{", u(count)));
         let saved = std::mem::take(&mut self.memo);
-        let rst: Vec<usize> = reduced.iter().map(|&d| istr[d]).collect();
         let at = self.reduced_element(&kbase, &rs, &rst);
         self.prologue_at(&at)?;
         let x = self.value_at(input, &at)?;
@@ -237,13 +311,9 @@ impl Gen<'_> {
             self.body.stmt("}".into());
             self.memo = saved;
         } else {
-            self.store_to(v, "gid", &res)?;
+            self.store_to(v, out, &res)?;
         }
-        Ok(self.finish(
-            label,
-            wgsl::grid(nout, self.workgroup),
-            [self.workgroup, 1, 1],
-        ))
+        Ok(())
     }
 
     /// The elementwise members folded into this reduction
