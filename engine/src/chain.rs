@@ -1,7 +1,7 @@
 //! Row kernels: consecutive kernels over narrow rows computed by one
 //! kernel, an invocation per block of rows holding each value's block in
-//! registers (fully fused MLPs do this for narrow layers). A layer norm,
-//! the products with weights after it, their bias and activation, a
+//! registers (fully fused MLPs do this for narrow layers). A layer or RMS
+//! norm, the products with weights after it, their bias and activation, a
 //! softmax: one kernel, the intermediates never in memory. Decided on the
 //! kernel groups (`chain_rows`), before buffers are placed.
 

@@ -185,10 +185,10 @@ pub struct CompileOptions {
     /// `KILN_SHARE_LAUNCHES=off` makes that the default, for timing both.
     pub share_launches: bool,
     /// Consecutive kernels over narrow rows (products with weights, layer
-    /// norms, softmaxes and their elementwise neighbours, at most
-    /// `fusion::CHAIN_MAX_WIDTH` elements a block) run as one row kernel,
-    /// an invocation per block of rows, the intermediates in registers
-    /// (`chain::chain_rows`). `false`: a kernel each; `KILN_CHAIN_ROWS=off`
+    /// norms, softmaxes, reductions over rows and their elementwise
+    /// neighbours, at most `fusion::CHAIN_MAX_WIDTH` elements a block) run
+    /// as one row kernel, an invocation per block of rows, the
+    /// intermediates in registers (`chain::chain_rows`). `false`: a kernel each; `KILN_CHAIN_ROWS=off`
     /// makes that the default, for timing both.
     pub chain_rows: bool,
     /// The largest buffer the device allows: no tensor may be larger.

@@ -20,6 +20,10 @@ impl Gen<'_> {
         self.owns_words = true;
         self.body
             .stmt(format!("if (gid >= {}) {{ return; }}", u(rows)));
+        // Loop bounds times a 1 the shader compiler cannot see: constant
+        // bounds of nested loops get unrolled whole (lavapipe's LLVM took
+        // minutes over a ViT's row kernels).
+        self.body.stmt("let cn: u32 = min(nwg.x, 1u);".into());
         for (i, &v) in grp.iter().enumerate() {
             let (l, _) = link(g, self.s, v).ok_or_else(|| bug("a row kernel value of no kind"))?;
             let m = self.meta(v);
@@ -62,7 +66,7 @@ impl Gen<'_> {
                     let tail = if over_rows { r } else { v };
                     let out = self.with_tail(n, tail, |s, r| {
                         s.body.stmt(format!(
-                            "for (var co = 0u; co < {}; co = co + 1u) {{",
+                            "for (var co = 0u; co < {} * cn; co = co + 1u) {{",
                             u(lines)
                         ));
                         let saved = std::mem::take(&mut s.memo);
@@ -94,7 +98,7 @@ impl Gen<'_> {
             let (arr, base) = self.resident[&v].clone();
             let width = self.meta(v).numel() / rows;
             self.body.stmt(format!(
-                "for (var cj = 0u; cj < {}; cj = cj + 1u) {{",
+                "for (var cj = 0u; cj < {} * cn; cj = cj + 1u) {{",
                 u(width)
             ));
             let at = self.body.bind("u32", format!("{base} + cj"));
@@ -146,7 +150,7 @@ impl Gen<'_> {
         f: impl FnOnce(&mut Self, &str) -> R<()>,
     ) -> R<()> {
         self.body.stmt(format!(
-            "for (var cl = 0u; cl < {}; cl = cl + 1u) {{",
+            "for (var cl = 0u; cl < {} * cn; cl = cl + 1u) {{",
             u(lines)
         ));
         let saved = std::mem::take(&mut self.memo);
@@ -165,7 +169,7 @@ impl Gen<'_> {
             return Err(bug("a row kernel value without a node"));
         };
         self.body.stmt(format!(
-            "for (var cj = 0u; cj < {}; cj = cj + 1u) {{",
+            "for (var cj = 0u; cj < {} * cn; cj = cj + 1u) {{",
             u(width)
         ));
         let saved = std::mem::take(&mut self.memo);
@@ -202,7 +206,7 @@ impl Gen<'_> {
         let rows = width / p.mm.max(1);
         self.with_tail(n, v, |s, r| {
             s.body.stmt(format!(
-                "for (var ci = 0u; ci < {}; ci = ci + 1u) {{",
+                "for (var ci = 0u; ci < {} * cn; ci = ci + 1u) {{",
                 u(rows)
             ));
             let saved = std::mem::take(&mut s.memo);
@@ -214,14 +218,14 @@ impl Gen<'_> {
             let boff = s.ravel(&bm, &p.b.batch, 0);
             let boff1 = twin.as_ref().map(|(_, p1)| s.ravel(&bm, &p1.b.batch, 0));
             s.body.stmt(format!(
-                "for (var cj = 0u; cj < {}; cj = cj + 1u) {{",
+                "for (var cj = 0u; cj < {} * cn; cj = cj + 1u) {{",
                 u(p.mm)
             ));
             let inner = std::mem::take(&mut s.memo);
             let acc = s.body.var(at, "0.0".into());
             let acc1 = twin.as_ref().map(|_| s.body.var(at, "0.0".into()));
             s.body.stmt(format!(
-                "for (var ck = 0u; ck < {}; ck = ck + 1u) {{",
+                "for (var ck = 0u; ck < {} * cn; ck = ck + 1u) {{",
                 u(p.kk)
             ));
             let dot = std::mem::take(&mut s.memo);
