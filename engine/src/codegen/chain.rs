@@ -3,6 +3,7 @@
 //! block in a function-scope array that later values read instead of
 //! memory, storing the values something outside reads.
 
+use super::matmul::Operand;
 use super::{bug, u, Gen, KernelCode, R};
 use crate::chain::{link, Link};
 use crate::schedule::Fused;
@@ -235,20 +236,10 @@ impl Gen<'_> {
             );
             let xa = s.value_at(p.a.v, &ia)?;
             let xa = cast(&xa, g.meta(p.a.v).dtype, acc_dt);
-            let ib = s.body.bind(
-                "u32",
-                format!("{boff} + ck * {} + cj * {}", u(p.b.rs), u(p.b.cs)),
-            );
-            let xb = s.value_at(p.b.v, &ib)?;
-            let xb = cast(&xb, g.meta(p.b.v).dtype, acc_dt);
+            let xb = s.right_at(&p.b, &boff, acc_dt)?;
             s.body.stmt(format!("{acc} = {acc} + {xa} * {xb};"));
             if let (Some((_, p1)), Some(off), Some(acc1)) = (&twin, &boff1, &acc1) {
-                let ib = s.body.bind(
-                    "u32",
-                    format!("{off} + ck * {} + cj * {}", u(p1.b.rs), u(p1.b.cs)),
-                );
-                let xb = s.value_at(p1.b.v, &ib)?;
-                let xb = cast(&xb, g.meta(p1.b.v).dtype, acc_dt);
+                let xb = s.right_at(&p1.b, off, acc_dt)?;
                 s.body.stmt(format!("{acc1} = {acc1} + {xa} * {xb};"));
             }
             s.body.stmt("}".into());
@@ -269,5 +260,16 @@ impl Gen<'_> {
             debug_assert!(numel(&p.batch).max(1) * p.nn * p.mm == om.numel());
             Ok(())
         })
+    }
+
+    /// Element (`ck`, `cj`) of right operand `b` (its batch at `off`), as
+    /// the accumulator's type `acc_dt`.
+    fn right_at(&mut self, b: &Operand, off: &str, acc_dt: DType) -> R<String> {
+        let ib = self.body.bind(
+            "u32",
+            format!("{off} + ck * {} + cj * {}", u(b.rs), u(b.cs)),
+        );
+        let x = self.value_at(b.v, &ib)?;
+        Ok(cast(&x, self.g.meta(b.v).dtype, acc_dt))
     }
 }
