@@ -59,23 +59,11 @@ fn reuse_dying_inputs(
             let candidates: Vec<ValueId> = reads.iter().copied().chain(dead).collect();
             for u in candidates {
                 let root = sched.root(u);
-                if sched.pinned.contains(&root) || kept.contains(&root) {
+                if taken.contains(&root)
+                    || !takeable(g, sched, life, outputs, packed, kept, here, u, v)
+                {
                     continue;
                 }
-                // Same elements in the same layout (a packed bool result
-                // cannot take an f32 buffer: one word would hold others'
-                // elements).
-                let same_layout =
-                    packed(root) == packed(v) && (!packed(v) || g.meta(u).dtype == g.meta(v).dtype);
-                if taken.contains(&root) || g.meta(u).numel() != g.meta(v).numel() || !same_layout {
-                    continue;
-                }
-                // Everything living in the buffer dies in this kernel and is
-                // no output.
-                let dies = sched
-                    .sharing(root)
-                    .iter()
-                    .all(|w| !outputs.contains(w) && last.get(w).is_none_or(|&l| l <= here));
                 // Other members of the kernel read it only at their own
                 // element (codegen stores `v` after every member of that
                 // element is computed) and do not read `v`.
@@ -88,7 +76,7 @@ fn reuse_dying_inputs(
                                     || !crate::index::reads_only_at_own_index(g, sched, w, root))
                         })
                 });
-                if !dies || others_read || step.get(&root).is_some_and(|&s| s == here) {
+                if others_read {
                     continue;
                 }
                 // v reads it only at its own index.
@@ -103,6 +91,39 @@ fn reuse_dying_inputs(
             }
         }
     }
+}
+
+/// Can result `v` of the kernel at step `here` take input `u`'s buffer as
+/// far as the buffer goes: not pinned or kept, the same elements in the
+/// same layout (a packed bool result cannot take an f32 buffer: one word
+/// would hold others' elements), everything living in it dying here and
+/// no output, not made by this kernel. How the kernel reads it is the
+/// caller's to check.
+#[allow(clippy::too_many_arguments)]
+fn takeable(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    life: &Lifetimes,
+    outputs: &[ValueId],
+    packed: &dyn Fn(ValueId) -> bool,
+    kept: &HashSet<ValueId>,
+    here: usize,
+    u: ValueId,
+    v: ValueId,
+) -> bool {
+    let root = sched.root(u);
+    let same_layout = packed(root) == packed(v)
+        && (!packed(v) || g.meta(u).dtype == g.meta(v).dtype)
+        && g.meta(u).numel() == g.meta(v).numel();
+    let dies = sched
+        .sharing(root)
+        .iter()
+        .all(|w| !outputs.contains(w) && life.last.get(w).is_none_or(|&l| l <= here));
+    !sched.pinned.contains(&root)
+        && !kept.contains(&root)
+        && same_layout
+        && dies
+        && life.step.get(&root).is_none_or(|&s| s != here)
 }
 
 /// `reuse_dying_inputs` for row kernel `grp` (`chain::chain_rows`, in
@@ -142,19 +163,8 @@ fn reuse_in_row_kernel(
         }
         for &u in &reads {
             let root = sched.root(u);
-            let same_layout = packed(root) == packed(v)
-                && (!packed(v) || g.meta(u).dtype == g.meta(v).dtype)
-                && g.meta(u).numel() == g.meta(v).numel();
-            let dies = sched
-                .sharing(root)
-                .iter()
-                .all(|w| !outputs.contains(w) && last.get(w).is_none_or(|&l| l <= here));
-            if sched.pinned.contains(&root)
-                || kept.contains(&root)
-                || taken.contains(&root)
-                || !same_layout
-                || !dies
-                || step.get(&root).is_some_and(|&s| s == here)
+            if taken.contains(&root)
+                || !takeable(g, sched, life, outputs, packed, kept, here, u, v)
                 || !crate::chain::reads_by_rows(g, sched, grp, rows, root)
             {
                 continue;
