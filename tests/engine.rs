@@ -193,6 +193,48 @@ fn region_updates_of_a_fresh_copy_are_one_kernel() {
     assert_eq!(p.memory.arena, 0, "{}", p.stats());
 }
 
+/// `%y` reads `%x` whole; `%f2` rewrites rows of `%x` by scatters.
+fn scatters_beside_a_map(rows: usize) -> String {
+    format!(
+        "graph f(%x: f32[{rows}, 256], %r: f32[256], %c: f32[2, 256]) {{
+           %y = mul(%x, 2.0)
+           %f1 = select_scatter(%x, %r, 0, 0)
+           %f2 = slice_scatter(%f1, %c, 0, 2, 4)
+           return (%y, %f2)
+         }}"
+    )
+}
+
+#[test]
+fn region_updates_of_a_small_parameter_read_whole_join_its_kernel() {
+    // The map reads `%x` whole anyway: the updates computed element by
+    // element beside it cost the result's writes, less than a launch
+    // each on a small tensor.
+    let p = compiled(&scatters_beside_a_map(8));
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert_eq!(
+        p.bytes_moved(),
+        (8 + 1 + 2 + 8 + 8) * 256 * 4,
+        "{}",
+        p.stats()
+    );
+    // Past `JOIN_MAX_ELEMENTS` the regions are written in place: their
+    // bytes (a read and a write of 3 rows) against 512 rows rewritten.
+    let p = compiled(&scatters_beside_a_map(512));
+    let in_place = p
+        .kernels
+        .iter()
+        .filter(|k| k.code.label.contains("(in place)"))
+        .count();
+    assert_eq!(in_place, 2, "{}", p.stats());
+    assert_eq!(
+        p.bytes_moved(),
+        (2 * 512 + 2 * 3) * 256 * 4,
+        "{}",
+        p.stats()
+    );
+}
+
 #[test]
 fn strided_scatters_whose_positions_invert_are_maps() {
     // A window and a diagonal through `as_strided` (strides nesting): each

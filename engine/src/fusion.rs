@@ -404,11 +404,19 @@ pub const CHAIN_MAX_WIDTH: usize = 64;
 /// 64 outputs over 64 contracted elements).
 pub const CHAIN_MAX_PRODUCT: usize = 4096;
 
+/// The most elements of an elementwise kernel that gives up its vector
+/// loads to share a launch (`lower::join_map_launches`), or of a base
+/// whose region updates join a kernel reading it whole
+/// (`schedule::chain_better_whole`): a launch costs microseconds, more
+/// than such a kernel's memory traffic takes at GPU bandwidth (256 KiB of
+/// f32 in and out: under a microsecond at 1 TB/s).
+pub const JOIN_MAX_ELEMENTS: usize = 1 << 16;
+
 /// On GPUs (`CompileOptions::workgroup_rows`), the most elements of a
 /// value a row kernel computes: past that the kernels apart (rows reduced
 /// by workgroups, tiled products) keep more invocations busy with
 /// coalesced loads; below it a launch costs more than their traffic (as
-/// `lower::JOIN_MAX_ELEMENTS`).
+/// `JOIN_MAX_ELEMENTS`).
 pub const CHAIN_GPU_MAX_ELEMENTS: usize = 1 << 16;
 
 /// Is product node `n` narrow enough for a row kernel: a block of its

@@ -5,7 +5,7 @@
 use crate::codegen::siblings::Shape;
 use crate::codegen::{Gen, Loc, Window};
 use crate::error::{statement_with, CompileError, Stage};
-use crate::fusion::{independent, is_map, may_fault_in};
+use crate::fusion::{independent, is_map, may_fault_in, JOIN_MAX_ELEMENTS};
 use crate::kernel::{HostView, Val, ValueInfo};
 use crate::wgsl::{self, Buf};
 use crate::{plan, schedule, CompileOptions, Kernel, MemoryStats, Program};
@@ -1175,12 +1175,6 @@ struct Launch {
     windows: Vec<Window>,
     bindings: usize,
 }
-
-/// The most elements of an elementwise kernel that gives up its vector
-/// loads to share a launch: a launch costs microseconds, more than such a
-/// kernel's memory traffic takes at GPU bandwidth (256 KiB of f32 in and
-/// out: under a microsecond at 1 TB/s).
-const JOIN_MAX_ELEMENTS: usize = 1 << 16;
 
 /// Consecutive elementwise kernels share a launch, each in workgroups of
 /// its own (`Gen::map_launch`), where they are independent: neither

@@ -1233,11 +1233,10 @@ fn whole_chain_root(g: &Graph, s: &Schedule, out: &HashSet<ValueId>, r: ValueId)
                 if s.is_materialized.contains(&base) {
                     // An earlier link was computed whole; `r` itself is
                     // unless it can update its base's buffer in place
-                    // and the chain's regions, written one kernel each,
-                    // cover fewer elements than the base holds.
+                    // and that is cheaper (`chain_better_whole`).
                     return v != r
                         || inplace_base(g, s, out, n).is_none()
-                        || chain_regions_outweigh(g, s, n, base);
+                        || chain_better_whole(g, s, n, base);
                 }
                 v = base;
             }
@@ -1246,36 +1245,66 @@ fn whole_chain_root(g: &Graph, s: &Schedule, out: &HashSet<ValueId>, r: ValueId)
     }
 }
 
-/// Do the region updates of the chain starting at scatter `n` (over
-/// `base`) write more elements than `base` holds? Updated in place, each
-/// link is a kernel reading and writing its region; computed whole, the
-/// chain's last kernel reads the base and writes the result once
+/// Is updating the chain starting at scatter `n` (over `base`) region by
+/// region in place no cheaper than computing it whole? Updated in place,
+/// each link is a kernel reading and writing its region; computed whole,
+/// the chain's last kernel reads the base and writes the result once. So
+/// whole when the regions written hold more elements than the base
 /// (`chunk_unbind_pieces_mutated`: pieces rewritten twice, a row over
-/// them). The chain follows each link's single update while its result
-/// can stay out of memory (`chain_link`, `fresh_chain_link`).
-fn chain_regions_outweigh(g: &Graph, s: &Schedule, n: NodeId, base: ValueId) -> bool {
+/// them), or when an elementwise map of the base's shape reads the base
+/// anyway and the base is small enough that the launches saved cost more
+/// than the writes added (`JOIN_MAX_ELEMENTS`): the chain then joins that
+/// map's kernel (`inplace_vs_scatter`: the same update through views of a
+/// clone and by scatters over the original, one kernel instead of five).
+fn chain_better_whole(g: &Graph, s: &Schedule, n: NodeId, base: ValueId) -> bool {
     let whole = g.meta(base).numel();
+    chain_region_elements(g, s, n, whole) > whole
+        || (whole <= crate::fusion::JOIN_MAX_ELEMENTS && read_whole_elsewhere(g, s, n, base))
+}
+
+/// The elements the region updates of the chain starting at scatter `n`
+/// write, counted until past `limit`. The chain follows each link's single
+/// update while its result can stay out of memory (`chain_link`,
+/// `fresh_chain_link`).
+fn chain_region_elements(g: &Graph, s: &Schedule, n: NodeId, limit: usize) -> usize {
     let region = |n: NodeId| match g.nodes[n].args.get(1) {
         Some(&Arg::Tensor(src)) => g.meta(src).numel(),
-        _ => whole,
+        _ => limit,
     };
     let mut written = region(n);
     let mut link = n;
-    while written <= whole {
+    while written <= limit {
         let [r] = g.nodes[link].results[..] else {
-            return false;
+            break;
         };
         if !(chain_link(g, s, r) || fresh_chain_link(g, s, r)) {
-            return false;
+            break;
         }
         let uses = s.uses.get(&r).map(Vec::as_slice).unwrap_or(&[]);
         let [next] = updates_of(g, uses, r)[..] else {
-            return false;
+            break;
         };
         written += region(next);
         link = next;
     }
-    true
+    written
+}
+
+/// Does an elementwise map of `base`'s shape other than scatter `n` read
+/// `base`?
+fn read_whole_elsewhere(g: &Graph, s: &Schedule, n: NodeId, base: ValueId) -> bool {
+    let numel = g.meta(base).numel();
+    s.uses.get(&base).is_some_and(|us| {
+        us.iter().any(|&u| {
+            u != n
+                && class(g, u).is_ok_and(|c| c == Class::Map)
+                && scatter_view(g, u).is_none()
+                && g.nodes[u]
+                    .results
+                    .iter()
+                    .all(|&r| g.meta(r).numel() == numel)
+        })
+    })
 }
 
 /// Counts the operations evaluating one element of `v` inline takes (the
