@@ -1954,3 +1954,39 @@ fn narrow_layers_run_as_one_row_kernel() {
     let p = kiln::engine::compile_with(&g, &gpu.compile_options()).unwrap();
     assert_eq!(p.memory.planned_peak(), 4 * (24 + 18 + 3), "{}", p.stats());
 }
+
+/// A batched product whose operands are index maps of one input (a
+/// transpose, a flip, a repeat: loaded in place), its standard deviation
+/// over the trailing dims (not kept), and a variance of another input
+/// over its first dim, which shares a launch with the first where no row
+/// kernel takes it: the product and its deviation are one row kernel, the
+/// variance a kernel of its own, at the minimum bytes, as the reference.
+#[test]
+fn row_kernels_take_their_reductions_from_a_shared_launch() {
+    let src = "graph f(%x: f32[3, 4], %bias: f32[2, 3, 3], %p: f32[4, 5]) {
+  %t = transpose(%x, 0, 1)
+  %f = flip(%t, [0])
+  %r = repeat(%f, [2, 1, 1])
+  %rt = transpose(%r, 1, 2)
+  %y = baddbmm(%bias, %rt, %r, 0.5, 2.0)
+  %sd = std(%y, [1, 2])
+  %va = var(%p, [0], 0, true)
+  return (%y, %sd, %va)
+}";
+    let g = parse(src).unwrap();
+    let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    for options in [gpu.compile_options(), common::gpu_variant_options(&gpu)] {
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        assert_eq!(labels.len(), 2, "{labels:?}");
+        assert!(labels[0] == "rows: baddbmm#baddbmm > std#std", "{labels:?}");
+        assert_eq!(p.bytes_moved(), p.min_bytes, "{}", p.stats());
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        let got = e.run(&g, ins.clone()).unwrap();
+        for (k, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
+            close_gpu(&format!("output {k}"), a, b, 0.0).unwrap();
+        }
+    }
+}

@@ -105,13 +105,16 @@ pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)>
                 .is_multiple_of(width)
                 .then_some((Link::LayerNorm(n), numel / width))
         }
-        Lowering::Reduce(_) => {
-            // Kept dims first, then the reduced ones as size 1.
+        Lowering::Reduce(red_op) => {
+            // Kept dims first, then the reduced ones (kept as size 1 or
+            // not): each output is a block of the input's elements.
             let xm = g.meta(**node.args[0].tensors().first()?);
-            let first = xm.sizes.iter().zip(&rm.sizes).position(|(a, b)| a != b);
-            let trailing =
-                xm.dim() == rm.dim() && first.is_none_or(|d| rm.sizes[d..].iter().all(|&x| x == 1));
-            trailing.then_some((Link::Reduce(n), rm.numel()))
+            let red = crate::fusion::reduced_dims(red_op, &node.args, xm.dim()).ok()?;
+            let first = red.iter().position(|&r| r)?;
+            red[first..]
+                .iter()
+                .all(|&r| r)
+                .then_some((Link::Reduce(n), rm.numel()))
         }
         _ => None,
     }
@@ -310,6 +313,26 @@ fn reads_any(g: &Graph, s: &Schedule, b: &[ValueId], a: &[ValueId]) -> bool {
     })
 }
 
+/// Group `b` of sibling kernels (no elementwise value: reductions
+/// sharing a launch) split into those reading group `a` and the others,
+/// where neither part reads what the other writes.
+fn split_readers(
+    g: &Graph,
+    s: &Schedule,
+    a: &[ValueId],
+    b: &[ValueId],
+) -> Option<(Vec<ValueId>, Vec<ValueId>)> {
+    if b.len() < 2 || b.iter().any(|&v| crate::fusion::is_map(g, s, v)) {
+        return None;
+    }
+    let (readers, rest): (Vec<ValueId>, Vec<ValueId>) =
+        b.iter().partition(|&&v| reads_any(g, s, &[v], a));
+    let apart =
+        |x: &[ValueId], y: &[ValueId]| y.iter().all(|&v| crate::fusion::independent(g, s, x, v));
+    (!readers.is_empty() && !rest.is_empty() && apart(&readers, &rest) && apart(&rest, &readers))
+        .then_some((readers, rest))
+}
+
 fn gcd(a: usize, b: usize) -> usize {
     if b == 0 {
         a
@@ -343,12 +366,25 @@ pub(crate) fn chain_rows(
         }
         rows_of(g, s, options, outputs, &both).map(|r| (both, r))
     };
+    // Group `b` joining `a` whole, or the siblings of `b` reading `a`
+    // (reductions sharing a launch) joining it and the others staying a
+    // group (`split_readers`): the joined group, its blocks, what is left.
+    let join = |a: &[ValueId], b: &[ValueId]| {
+        joined(a, b).map(|(both, r)| (both, r, vec![])).or_else(|| {
+            let (readers, rest) = split_readers(g, s, a, b)?;
+            joined(a, &readers).map(|(both, r)| (both, r, rest))
+        })
+    };
     let mut i = 0;
     while i + 1 < groups.len() {
-        if let Some((both, r)) = joined(&groups[i], &groups[i + 1]) {
+        if let Some((both, r, rest)) = join(&groups[i], &groups[i + 1]) {
             chains.insert(both[0], r);
             groups[i] = both;
-            groups.remove(i + 1);
+            if rest.is_empty() {
+                groups.remove(i + 1);
+            } else {
+                groups[i + 1] = rest;
+            }
             continue;
         }
         // A kernel in between that the row kernel does not depend on (an
@@ -358,12 +394,16 @@ pub(crate) fn chain_rows(
             && groups[i + 1]
                 .iter()
                 .all(|&v| crate::fusion::independent(g, s, &groups[i], v));
-        match past.then(|| joined(&groups[i], &groups[i + 2])).flatten() {
-            Some((both, r)) => {
+        match past.then(|| join(&groups[i], &groups[i + 2])).flatten() {
+            Some((both, r, rest)) => {
                 chains.insert(both[0], r);
                 groups.swap(i, i + 1);
                 groups[i + 1] = both;
-                groups.remove(i + 2);
+                if rest.is_empty() {
+                    groups.remove(i + 2);
+                } else {
+                    groups[i + 2] = rest;
+                }
                 i += 1;
             }
             None => i += 1,

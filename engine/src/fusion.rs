@@ -106,6 +106,36 @@ pub fn is_free(g: &Graph, n: NodeId) -> bool {
     g.nodes[n].op.def().lowering.is_free()
 }
 
+/// Which of its input's `rank` dims a reduction (`Lowering::Reduce`)
+/// with arguments `args` reduces: those it names, all where it names none.
+pub fn reduced_dims<T>(
+    red_op: ops::Reduction,
+    args: &[Arg<T>],
+    rank: usize,
+) -> Result<Vec<bool>, String> {
+    use kiln_functionalize::ops::args::ArgsExt;
+    use ops::Reduction as Red;
+    let dims: Option<&[i64]> = match red_op {
+        Red::Amax | Red::Amin => Some(args.int_list(1)?),
+        Red::Var { .. } => args.opt_int_list(1)?,
+        _ if args.len() <= 2 => None,
+        _ => args.opt_int_list(1)?,
+    };
+    let mut red = vec![rank == 0; rank];
+    match dims {
+        Some(l) if !l.is_empty() => {
+            for &d in l {
+                let d = kiln_functionalize::meta::wrap_dim(d, rank).map_err(|e| e.to_string())?;
+                if rank > 0 {
+                    red[d] = true;
+                }
+            }
+        }
+        _ => red.iter_mut().for_each(|x| *x = true),
+    }
+    Ok(red)
+}
+
 /// The view a scatter node writes through.
 pub fn scatter_view(g: &Graph, n: NodeId) -> Option<kiln_functionalize::ops::OpId> {
     g.nodes[n].op.def().lowering.scatter_view()

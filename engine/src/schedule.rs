@@ -226,6 +226,23 @@ fn evaluations(
             Lowering::Map(e) | Lowering::Free(e) if reads_once(e) => {}
             // An element of a region update reads its base or its source once.
             Lowering::RegionScatter { .. } => {}
+            // A product narrow enough for a row kernel loads its operands
+            // where they are (`inline_product_operands`), as often from a
+            // stored copy as through an index map (`repeat`, `flip`, a
+            // transpose): such an operand costs no more inline than
+            // staged, once per element.
+            Lowering::MatMul(_) if crate::fusion::narrow_product(g, u) && index_only(g, s, v) => {
+                let [r] = node.results[..] else {
+                    return None;
+                };
+                if !s.is_materialized.contains(&r) || s.fused.contains_key(&r) {
+                    return None;
+                }
+                *last = (*last).max(s.pos[&u]);
+                stored.insert(r);
+                total = total.checked_add(g.meta(v).numel())?;
+                continue;
+            }
             _ => return None,
         }
         let reads = node
@@ -259,6 +276,21 @@ fn evaluations(
         }
     }
     Some(total)
+}
+
+/// Is `v` computed inline by index maps alone (views, `Remap`s: `flip`,
+/// `repeat`, `constant_pad_nd`) from stored values: loads, no arithmetic?
+fn index_only(g: &Graph, s: &Schedule, v: ValueId) -> bool {
+    if s.is_materialized.contains(&v) {
+        return true;
+    }
+    let Some(n) = g.node_of(v) else {
+        return true;
+    };
+    matches!(
+        g.nodes[n].op.def().lowering,
+        Lowering::Free(_) | Lowering::Map(Elem::Remap(_))
+    ) && g.nodes[n].inputs().into_iter().all(|t| index_only(g, s, t))
 }
 
 /// An output that in-place scatter `n` (itself read back) writes into its

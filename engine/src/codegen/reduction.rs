@@ -151,30 +151,12 @@ impl Gen<'_> {
     ) -> R<ReducedLines> {
         let g = self.g;
         let node = &g.nodes[n];
-        use kiln_functionalize::ops::Reduction as Red;
         let Lowering::Reduce(red_op) = node.op.def().lowering else {
             return Err(bug(format!("{} is no reduction", node.op.name())));
         };
         let input = *node.args[0].tensors()[0];
         let im = g.meta(input).clone();
-        let dims: Option<&[i64]> = match red_op {
-            Red::Amax | Red::Amin => Some(margs.int_list(1).map_err(bug)?),
-            Red::Var { .. } => margs.opt_int_list(1).map_err(bug)?,
-            _ if node.args.len() <= 2 => None,
-            _ => margs.opt_int_list(1).map_err(bug)?,
-        };
-        let mut red = vec![im.dim() == 0; im.dim()];
-        match dims {
-            Some(l) if !l.is_empty() => {
-                for &d in l {
-                    let d = kiln_functionalize::meta::wrap_dim(d, im.dim()).map_err(bug)?;
-                    if im.dim() > 0 {
-                        red[d] = true;
-                    }
-                }
-            }
-            _ => red.iter_mut().for_each(|x| *x = true),
-        }
+        let red = crate::fusion::reduced_dims(red_op, margs, im.dim()).map_err(bug)?;
         let kept: Vec<usize> = (0..im.dim()).filter(|&d| !red[d]).collect();
         let reduced: Vec<usize> = (0..im.dim()).filter(|&d| red[d]).collect();
         let istr = contiguous_strides(&im.sizes);
