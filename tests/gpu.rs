@@ -185,6 +185,41 @@ fn op_programs_with_the_gpu_variants() {
     }
 }
 
+/// Four elements an invocation: a bias row broadcast over rows and a
+/// slice at a multiple of 4 are read lane to lane in aligned quads, one
+/// vector load a quad; a column broadcast and a slice at an odd offset
+/// are read element by element. As the reference computes, on the
+/// adapter's options and the GPU variant's.
+#[test]
+fn broadcast_rows_load_as_quads() {
+    let src = "graph f(%x: f32[6, 8], %b: f32[8], %c: f32[6, 1], %e: f32[16], %h: f32[16]) {
+  %s = slice(%e, 0, 4, 12)
+  %s2 = slice(%h, 0, 3, 11)
+  %a = add(%x, %b)
+  %m = mul(%a, %c)
+  %y = add(%m, %s)
+  %z = sub(%y, %s2)
+  return %z
+}";
+    let g = parse(src).unwrap();
+    let ins = kiln::functionalize::random::random_inputs(&g, 3, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    for options in [gpu.compile_options(), common::gpu_variant_options(&gpu)] {
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+        let wgsl = &p.kernels[0].code.wgsl;
+        let quads = wgsl
+            .lines()
+            .filter(|l| l.contains(": vec4<u32> = b") && l.contains(">> 2u]"))
+            .count();
+        assert_eq!(quads, 2, "{wgsl}");
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        let got = e.run(&g, ins.clone()).unwrap();
+        close_gpu("z", &got.outputs[0], &want.outputs[0], 0.0).unwrap();
+    }
+}
+
 /// The adapter at hand compiling as for a real GPU.
 fn gpu_variants() -> Engine {
     Engine::on(common::gpu_variant_session())

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 /// `offset + Σ_d m_d * strides_d` where `m` is flat index `i` unravelled
 /// row-major over `sizes`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Affine {
     pub sizes: Vec<usize>,
     pub strides: Vec<usize>,
@@ -95,6 +95,20 @@ impl Affine {
             strides,
             offset: self.offset,
         }
+    }
+
+    /// Does the map take each aligned quad of elements `4q..4q+3` to an
+    /// aligned quad, lane to lane (a row broadcast over rows of a multiple
+    /// of 4, a slice at such an offset)? Then a kernel computing four
+    /// elements an invocation loads the four it reads as one vector.
+    pub fn keeps_quads(&self) -> bool {
+        let a = self.simplified();
+        let n = a.sizes.len();
+        n > 0
+            && a.sizes[n - 1].is_multiple_of(4)
+            && a.strides[n - 1] == 1
+            && a.offset.is_multiple_of(4)
+            && a.strides[..n - 1].iter().all(|st| st.is_multiple_of(4))
     }
 
     /// Is this map a bijection onto a contiguous tensor's elements (a
@@ -529,6 +543,9 @@ enum Pos {
     /// Somewhere in the own element's row block (`Walk::rows`): a row
     /// kernel holds the block in registers.
     Row,
+    /// In the quad the own element's aligned quad maps to, at its lane
+    /// (`Affine::keeps_quads`, `Walk::quads`).
+    Quad,
     Elsewhere,
 }
 
@@ -583,6 +600,17 @@ pub fn reads_only_at_own_index(g: &Graph, s: &Schedule, v: ValueId, root: ValueI
     reads_own_only(g, s, n, k, &s.sharing(root), false)
 }
 
+/// Does computing `v` read the buffer of `root` only at the invocation's
+/// own index or in the quad its own aligned quad maps to, at its lane
+/// (`Pos::Quad`)? A kernel of four elements an invocation then loads
+/// each quad it reads as one vector (a bias row broadcast over rows).
+pub fn reads_in_quads(g: &Graph, s: &Schedule, v: ValueId, root: ValueId) -> bool {
+    let Def::Node(n, k) = g.values[v].def else {
+        return false;
+    };
+    walk_reads(g, s, n, k, &s.sharing(root), false, None, true)
+}
+
 /// `reads_only_at_own_index`, also where the own element is reached
 /// through permutations that cancel (`t(f(t(p)))` read back into `p`'s
 /// layout): for a result written over `root`'s buffer, which the
@@ -609,7 +637,7 @@ pub fn reads_own_only(
     members: &[ValueId],
     permutations: bool,
 ) -> bool {
-    walk_reads(g, s, n, k, members, permutations, None)
+    walk_reads(g, s, n, k, members, permutations, None, false)
 }
 
 /// The view copies (node, result) of stored values that the kernel
@@ -661,6 +689,8 @@ struct Walk<'a> {
     /// many blocks of consecutive elements, the invocation computing an
     /// element holding its block of each member.
     rows: Option<usize>,
+    /// Track reads in quads (`Pos::Quad`; else they are elsewhere).
+    quads: bool,
 }
 
 /// Can value `v` be read anywhere in a row block of `rows` blocks
@@ -699,11 +729,12 @@ pub fn node_reads_rows_only(
     let Def::Node(n, k) = g.values[v].def else {
         return false;
     };
-    walk_reads(g, s, n, k, members, false, Some(rows))
+    walk_reads(g, s, n, k, members, false, Some(rows), false)
 }
 
 /// Do the reads of result `k` of node `n`, its element read at `Own`
 /// (`Row` with `rows`), reach `members` only where `Walk` allows?
+#[allow(clippy::too_many_arguments)]
 fn walk_reads(
     g: &Graph,
     s: &Schedule,
@@ -712,6 +743,7 @@ fn walk_reads(
     members: &[ValueId],
     permutations: bool,
     rows: Option<usize>,
+    quads: bool,
 ) -> bool {
     // Members without a buffer share none.
     let roots: Vec<ValueId> = members
@@ -727,6 +759,7 @@ fn walk_reads(
         perms: vec![],
         permutations,
         rows,
+        quads,
     };
     let pos = if rows.is_some() { Pos::Row } else { Pos::Own };
     match reads(g, n, k) {
@@ -815,7 +848,7 @@ fn permuted_pos(g: &Graph, t: ValueId, a: &Affine, pos: Pos, w: &mut Walk) -> Po
     let dims: Vec<usize> = match pos {
         Pos::Own => (0..a.sizes.len()).collect(),
         Pos::Permuted(i) => w.perms[i].clone(),
-        Pos::Source(_) | Pos::Row | Pos::Elsewhere => return Pos::Elsewhere,
+        Pos::Source(_) | Pos::Row | Pos::Quad | Pos::Elsewhere => return Pos::Elsewhere,
     };
     if !w.permutations {
         return Pos::Elsewhere;
@@ -869,6 +902,9 @@ fn read_ok(g: &Graph, s: &Schedule, n: NodeId, r: &Read, pos: Pos, w: &mut Walk)
         {
             value_ok(g, s, *t, pos, w)
         }
+        Read::At(t, a) if w.quads && matches!(pos, Pos::Own | Pos::Quad) && a.keeps_quads() => {
+            value_ok(g, s, *t, Pos::Quad, w)
+        }
         Read::At(t, a) => {
             let p = permuted_pos(g, *t, a, pos, w);
             value_ok(g, s, *t, p, w)
@@ -895,7 +931,7 @@ fn value_ok(g: &Graph, s: &Schedule, v: ValueId, pos: Pos, w: &mut Walk) -> bool
         // from memory, where the kernel's stores may not have landed yet
         // (packed and vector stores come last).
         return if w.members.contains(&v) {
-            pos == Pos::Own || pos == Pos::Row
+            pos == Pos::Own || pos == Pos::Row || pos == Pos::Quad
         } else {
             !w.roots.contains(&s.root(v))
         };

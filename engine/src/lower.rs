@@ -327,7 +327,9 @@ fn binding_windows(
 /// Tensor ranges (buffer, word, words) the elementwise kernel computing
 /// `grp` may bind as `vec4<u32>`, four elements an invocation: word-sized
 /// tensors at a binding-aligned word in one binding, read by every member
-/// only at the invocation's own element (decided on the index maps).
+/// only at the invocation's own element, or lane to lane in aligned quads
+/// where the kernel writes no element of theirs (decided on the index
+/// maps).
 /// Empty when the kernel is no elementwise one or cannot take vectors
 /// (packed values, a count not a multiple of 4).
 fn vec4_ranges(
@@ -388,11 +390,21 @@ fn vec4_ranges(
         for r in schedule::reads(g, sched, n) {
             // Members are read from registers; every other value living in
             // the buffer is loaded (as a vector, before any store).
+            let root = sched.root(r);
             let own = grp
                 .iter()
-                .all(|&w| crate::index::reads_only_at_own_index(g, sched, w, sched.root(r)));
+                .all(|&w| crate::index::reads_only_at_own_index(g, sched, w, root));
+            // A buffer the kernel does not write, read lane to lane in
+            // aligned quads (a row broadcast): a vector load a quad.
+            let quads = || {
+                g.meta(r).numel().is_multiple_of(4)
+                    && grp.iter().all(|&w| sched.root(w) != root)
+                    && grp
+                        .iter()
+                        .all(|&w| crate::index::reads_in_quads(g, sched, w, root))
+            };
             let at = locs.get(&r).map(|l| (l.buf, l.word, g.meta(r).numel()));
-            consider(key(r), own, at);
+            consider(key(r), own || quads(), at);
         }
     }
     out.retain(|k| !refused.contains(k));

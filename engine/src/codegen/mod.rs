@@ -43,6 +43,13 @@ pub(crate) struct Vectorize {
     lanes: HashMap<String, usize>,
     /// Bindings whose vector this invocation has loaded (`<var>v`).
     loaded: std::collections::HashSet<String>,
+    /// Indices read lane to lane in aligned quads (`Affine::keeps_quads`)
+    /// -> the quad's first index and the lane.
+    quads: HashMap<String, (String, usize)>,
+    /// A quad-keeping map applied to the first lane's index, once.
+    firsts: HashMap<(crate::index::Affine, String), String>,
+    /// Quads loaded as vectors: (binding, first index) -> the vector.
+    quad_loads: HashMap<(String, String), String>,
 }
 
 impl Vectorize {
@@ -52,6 +59,16 @@ impl Vectorize {
             return None;
         }
         self.lanes.get(idx).copied()
+    }
+
+    /// The first index of the aligned quad holding `idx`, and its lane:
+    /// an invocation's own elements, or what a quad-keeping map takes them to.
+    fn quad_of(&self, idx: &str) -> Option<(String, usize)> {
+        if let Some(&l) = self.lanes.get(idx) {
+            let first = self.lanes.iter().find(|(_, &k)| k == 0)?.0.clone();
+            return Some((first, l));
+        }
+        self.quads.get(idx).cloned()
     }
 }
 
@@ -547,6 +564,28 @@ impl<'a> Gen<'a> {
         Ok(slot.vec4.then_some(slot))
     }
 
+    /// Lane `lane` of the aligned quad starting at element-word `first` of
+    /// `slot` (bound as vectors), loaded once.
+    fn quad_word(&mut self, slot: &Slot, first: &str, lane: usize) -> String {
+        let key = (slot.var.clone(), first.to_string());
+        let q = match self.vec.quad_loads.get(&key) {
+            Some(q) => q.clone(),
+            None => {
+                let at = if slot.base == 0 {
+                    first.to_string()
+                } else {
+                    format!("{}u + {first}", slot.base)
+                };
+                let q = self
+                    .body
+                    .bind("vec4<u32>", format!("{}[({at}) >> 2u]", slot.var));
+                self.vec.quad_loads.insert(key, q.clone());
+                q
+            }
+        };
+        format!("{q}.{}", ["x", "y", "z", "w"][lane])
+    }
+
     /// Lane `c` of binding `var`'s vector for this invocation (loaded once).
     fn vec_word(&mut self, var: &str, c: usize) -> String {
         if self.vec.loaded.insert(var.to_string()) {
@@ -734,6 +773,33 @@ impl<'a> Gen<'a> {
         if a.is_identity() {
             return idx.to_string();
         }
+        // Four elements an invocation: a map keeping quads takes lane `l`
+        // to its image of the first lane plus `l` (`quad_word` then loads
+        // the quad once).
+        if let Some((first, lane)) = self.vec.quad_of(idx).filter(|_| a.keeps_quads()) {
+            let key = (a.clone(), first.clone());
+            let i0 = match self.vec.firsts.get(&key) {
+                Some(x) => x.clone(),
+                None => {
+                    let x = self.mapped_index(a, &first);
+                    self.vec.firsts.insert(key, x.clone());
+                    x
+                }
+            };
+            let at = if lane == 0 {
+                i0.clone()
+            } else {
+                self.body.bind("u32", format!("{i0} + {}", u(lane)))
+            };
+            self.vec.quads.insert(i0.clone(), (i0.clone(), 0));
+            self.vec.quads.insert(at.clone(), (i0, lane));
+            return at;
+        }
+        self.mapped_index(a, idx)
+    }
+
+    /// `index_at` for a map that is not the identity.
+    fn mapped_index(&mut self, a: &Affine, idx: &str) -> String {
         if a.is_constant() {
             return if a.offset == 0 {
                 "0u".into()
@@ -793,14 +859,27 @@ impl<'a> Gen<'a> {
             let (slot, loc) = self.slot_of(v, false)?;
             // Packed values (bools, f16) are read by word, and tensors bound
             // in pieces through accessors: never as vectors.
+            let quad = self
+                .vec
+                .quads
+                .get(idx)
+                .cloned()
+                .filter(|_| slot.vec4 && slot.chunk.is_none() && !slot.atomic)
+                .filter(|_| slot.base.is_multiple_of(4));
             match self.vec.component(&slot.var, idx).filter(|_| !loc.packed) {
                 Some(c) => {
                     let w = self.vec_word(&slot.var, c);
                     self.body.bind(ty(m.dtype), wgsl::from_word(m.dtype, &w))
                 }
-                None => self
-                    .body
-                    .bind(ty(m.dtype), load(&slot, idx, m.dtype, loc.packed)),
+                None => match quad.filter(|_| !loc.packed) {
+                    Some((first, lane)) => {
+                        let w = self.quad_word(&slot, &first, lane);
+                        self.body.bind(ty(m.dtype), wgsl::from_word(m.dtype, &w))
+                    }
+                    None => self
+                        .body
+                        .bind(ty(m.dtype), load(&slot, idx, m.dtype, loc.packed)),
+                },
             }
         } else {
             let Def::Node(n, k) = self.g.values[v].def else {
