@@ -1889,8 +1889,8 @@ fn independent_elementwise_kernels_share_a_launch() {
 /// of rows with the intermediates in registers (`chain::chain_rows`):
 /// blocks of one row, of three rows under a norm over two dims, f16
 /// values stored as whole words, an output stored over a dying input,
-/// reductions over rows (stored, or broadcast back: RMS norm) and twin
-/// products.
+/// reductions over rows (stored, or broadcast back: RMS norm), twin
+/// products, and a value read through a reshape sharing its buffer.
 /// One kernel at the minimum bytes, as the reference computes, on the
 /// adapter's options and the GPU variant's; a kernel each without.
 #[test]
@@ -1952,6 +1952,18 @@ fn narrow_layers_run_as_one_row_kernel() {
   %mx = amax(%y, [1], true)
   %z = sub(%y, %mx)
   return (%z, %ms)
+}",
+        // A decode step: attention over a cache (its probabilities an
+        // output), its output reshaped (a view sharing its buffer) into
+        // the logits' product.
+        "graph decode(%q: f32[2, 1, 8], %kc: f32[2, 16, 8], %vc: f32[2, 16, 8], %w: f32[8, 50]) {
+  %kt = transpose(%kc, 1, 2)
+  %s = bmm(%q, %kt)
+  %p = softmax(%s, -1)
+  %o = bmm(%p, %vc)
+  %h = view(%o, [2, 8])
+  %l = mm(%h, %w)
+  return (%l, %p)
 }",
     ];
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());

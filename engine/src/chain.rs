@@ -235,6 +235,15 @@ fn reads_ok(
             .map(|n| g.nodes[n].results[0])
             .filter(|r| !s.is_materialized.contains(r)),
     );
+    // Reshapes of members sharing their buffers (`alias_of`): the same
+    // elements in the same order, read from the same registers.
+    let aliases: Vec<ValueId> = s
+        .alias_of
+        .iter()
+        .filter(|(_, b)| vals.contains(b))
+        .map(|(&a, _)| a)
+        .collect();
+    members.extend(aliases);
     members.extend(extra);
     let roots: HashSet<ValueId> = vals.iter().chain(&extra).map(|&v| s.root(v)).collect();
     // A value read whole (a weight) may read no member.

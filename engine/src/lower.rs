@@ -195,23 +195,75 @@ fn register_only(
     }
     let shared = sched.shared_buffers();
     let mut out = HashSet::new();
+    let mut reshapes: Vec<ValueId> = vec![];
     for grp in groups.iter().filter(|grp| {
         grp.len() > 1 && (is_map(g, sched, grp[0]) || sched.chains.contains_key(&grp[0]))
     }) {
         for &v in grp {
-            let kept =
-                outputs.contains(&v) || shared.contains(&v) || sched.inplace.contains_key(&v);
-            let rs = readers.get(&v).map(Vec::as_slice).unwrap_or(&[]);
+            // A row kernel's value with reshapes sharing its buffer, read
+            // only inside the kernel: the reshapes are read from its
+            // registers too (`Gen::value_at`), and none is stored.
+            let aliases: Vec<ValueId> = if sched.chains.contains_key(&grp[0]) {
+                reshapes_alone(sched, &shared, v)
+            } else {
+                vec![]
+            };
+            let kept = outputs.contains(&v)
+                || (shared.contains(&v) && aliases.is_empty())
+                || sched.inplace.contains_key(&v)
+                || aliases.iter().any(|a| outputs.contains(a));
+            let rs: Vec<ValueId> = std::iter::once(v)
+                .chain(aliases.iter().copied())
+                .flat_map(|x| readers.get(&x).cloned().unwrap_or_default())
+                .collect();
             if !kept && !rs.is_empty() && rs.iter().all(|w| grp.contains(w)) {
                 out.insert(v);
+                reshapes.extend(aliases);
             }
         }
     }
-    sched.materialized.retain(|v| !out.contains(v));
+    for a in &reshapes {
+        sched.alias_of.remove(a);
+        sched.is_materialized.remove(a);
+    }
+    sched
+        .materialized
+        .retain(|v| !out.contains(v) && !reshapes.contains(v));
     for v in &out {
         sched.is_materialized.remove(v);
     }
     out
+}
+
+/// The reshapes sharing `v`'s buffer (`alias_of`) where that is all `v`
+/// shares: no in-place write, host view or alias of `v` itself, none of
+/// its reshapes shared further. Empty otherwise.
+fn reshapes_alone(
+    sched: &schedule::Schedule,
+    shared: &HashSet<ValueId>,
+    v: ValueId,
+) -> Vec<ValueId> {
+    let aliases: Vec<ValueId> = sched
+        .alias_of
+        .iter()
+        .filter(|(_, &b)| b == v)
+        .map(|(&a, _)| a)
+        .collect();
+    let elsewhere = |x: ValueId| {
+        sched.inplace.iter().any(|(&a, &b)| a == x || b == x)
+            || sched.host_views.iter().any(|(&a, &b)| a == x || b == x)
+    };
+    let alone = !aliases.is_empty()
+        && !sched.alias_of.contains_key(&v)
+        && !elsewhere(v)
+        && aliases.iter().all(|&a| {
+            !elsewhere(a) && !sched.alias_of.values().any(|&b| b == a) && shared.contains(&a)
+        });
+    if alone {
+        aliases
+    } else {
+        vec![]
+    }
 }
 
 /// Distinct buffers the kernel computing `vals` binds (each value's

@@ -840,8 +840,14 @@ impl<'a> Gen<'a> {
         if let Some((_, x)) = self.row_result.as_ref().filter(|(r, _)| *r == v) {
             return Ok(x.clone());
         }
-        if self.filling != Some(v) {
-            if let Some((arr, base)) = self.resident.get(&v) {
+        // A reshape sharing a row kernel value's buffer (`alias_of`) is
+        // that value's registers.
+        let held = match self.s.alias_of.get(&v) {
+            Some(&b) if self.resident.contains_key(&b) && !self.resident.contains_key(&v) => b,
+            _ => v,
+        };
+        if self.filling != Some(held) {
+            if let Some((arr, base)) = self.resident.get(&held) {
                 // A row kernel's earlier value, at an element of its block.
                 let at = format!("{arr}[{idx} - {base}]");
                 return Ok(self.body.bind(ty(self.meta(v).dtype), at));
