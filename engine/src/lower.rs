@@ -204,7 +204,7 @@ fn register_only(
             // only inside the kernel: the reshapes are read from its
             // registers too (`Gen::value_at`), and none is stored.
             let aliases: Vec<ValueId> = if sched.chains.contains_key(&grp[0]) {
-                reshapes_alone(sched, &shared, v)
+                reshapes_alone(sched, v)
             } else {
                 vec![]
             };
@@ -238,11 +238,7 @@ fn register_only(
 /// The reshapes sharing `v`'s buffer (`alias_of`) where that is all `v`
 /// shares: no in-place write, host view or alias of `v` itself, none of
 /// its reshapes shared further. Empty otherwise.
-fn reshapes_alone(
-    sched: &schedule::Schedule,
-    shared: &HashSet<ValueId>,
-    v: ValueId,
-) -> Vec<ValueId> {
+fn reshapes_alone(sched: &schedule::Schedule, v: ValueId) -> Vec<ValueId> {
     let aliases: Vec<ValueId> = sched
         .alias_of
         .iter()
@@ -256,9 +252,9 @@ fn reshapes_alone(
     let alone = !aliases.is_empty()
         && !sched.alias_of.contains_key(&v)
         && !elsewhere(v)
-        && aliases.iter().all(|&a| {
-            !elsewhere(a) && !sched.alias_of.values().any(|&b| b == a) && shared.contains(&a)
-        });
+        && aliases
+            .iter()
+            .all(|&a| !elsewhere(a) && !sched.alias_of.values().any(|&b| b == a));
     if alone {
         aliases
     } else {

@@ -152,6 +152,7 @@ impl Gen<'_> {
         for (l, i) in idx.iter().enumerate() {
             self.vec.lanes.insert(i.clone(), l);
         }
+        self.vec.top = self.depth();
         let mut words: HashMap<ValueId, (String, Vec<String>)> = HashMap::new();
         for i in &idx {
             self.own = i.clone();

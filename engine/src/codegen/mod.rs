@@ -50,6 +50,11 @@ pub(crate) struct Vectorize {
     firsts: HashMap<(crate::index::Affine, String), String>,
     /// Quads loaded as vectors: (binding, first index) -> the vector.
     quad_loads: HashMap<(String, String), String>,
+    /// The body's block depth where the invocation's elements are
+    /// computed, and how far `Gen::depth` has counted: quads are mapped
+    /// and loaded there only, where every later lane sees them.
+    top: usize,
+    counted: (usize, usize),
 }
 
 impl Vectorize {
@@ -564,6 +569,19 @@ impl<'a> Gen<'a> {
         Ok(slot.vec4.then_some(slot))
     }
 
+    /// How many blocks the body has open at its end (counted from where the
+    /// last count stopped).
+    fn depth(&mut self) -> usize {
+        let (mut at, mut depth) = self.vec.counted;
+        for line in &self.body.lines[at.min(self.body.lines.len())..] {
+            depth += line.matches('{').count();
+            depth = depth.saturating_sub(line.matches('}').count());
+            at += 1;
+        }
+        self.vec.counted = (at, depth);
+        depth
+    }
+
     /// Lane `lane` of the aligned quad starting at element-word `first` of
     /// `slot` (bound as vectors), loaded once.
     fn quad_word(&mut self, slot: &Slot, first: &str, lane: usize) -> String {
@@ -776,7 +794,8 @@ impl<'a> Gen<'a> {
         // Four elements an invocation: a map keeping quads takes lane `l`
         // to its image of the first lane plus `l` (`quad_word` then loads
         // the quad once).
-        if let Some((first, lane)) = self.vec.quad_of(idx).filter(|_| a.keeps_quads()) {
+        let top = !self.vec.lanes.is_empty() && self.depth() == self.vec.top;
+        if let Some((first, lane)) = self.vec.quad_of(idx).filter(|_| top && a.keeps_quads()) {
             let key = (a.clone(), first.clone());
             let i0 = match self.vec.firsts.get(&key) {
                 Some(x) => x.clone(),
@@ -877,7 +896,7 @@ impl<'a> Gen<'a> {
                     let w = self.vec_word(&slot.var, c);
                     self.body.bind(ty(m.dtype), wgsl::from_word(m.dtype, &w))
                 }
-                None => match quad.filter(|_| !loc.packed) {
+                None => match quad.filter(|_| !loc.packed && self.depth() == self.vec.top) {
                     Some((first, lane)) => {
                         let w = self.quad_word(&slot, &first, lane);
                         self.body.bind(ty(m.dtype), wgsl::from_word(m.dtype, &w))
