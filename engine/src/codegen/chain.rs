@@ -218,6 +218,40 @@ impl Gen<'_> {
             let aoff = s.ravel(&bm, &p.a.batch, 0);
             let boff = s.ravel(&bm, &p.b.batch, 0);
             let boff1 = twin.as_ref().map(|(_, p1)| s.ravel(&bm, &p1.b.batch, 0));
+            let left_at = |s: &mut Gen, k: &str| -> R<String> {
+                let ia = s.body.bind(
+                    "u32",
+                    format!("{aoff} + {row} * {} + {k} * {}", u(p.a.rs), u(p.a.cs)),
+                );
+                let xa = s.value_at(p.a.v, &ia)?;
+                Ok(cast(&xa, g.meta(p.a.v).dtype, acc_dt))
+            };
+            // A left operand outside the kernel's registers (read through
+            // a head merge, a transpose) is loaded once a row into an
+            // array, not once per output column with its index math.
+            let held = |s: &Gen, v: ValueId| {
+                s.resident.contains_key(&v)
+                    || s.s
+                        .alias_of
+                        .get(&v)
+                        .is_some_and(|b| s.resident.contains_key(b))
+            };
+            let staged = if p.kk <= crate::fusion::CHAIN_MAX_WIDTH && !held(s, p.a.v) {
+                let arr = format!("array<{at}, {}>", p.kk);
+                let la = s.body.var(&arr, format!("{arr}()"));
+                s.body.stmt(format!(
+                    "for (var ck = 0u; ck < {} * cn; ck = ck + 1u) {{",
+                    u(p.kk)
+                ));
+                let outer = std::mem::take(&mut s.memo);
+                let xa = left_at(s, "ck")?;
+                s.body.stmt(format!("{la}[ck] = {xa};"));
+                s.body.stmt("}".into());
+                s.memo = outer;
+                Some(la)
+            } else {
+                None
+            };
             s.body.stmt(format!(
                 "for (var cj = 0u; cj < {} * cn; cj = cj + 1u) {{",
                 u(p.mm)
@@ -230,12 +264,10 @@ impl Gen<'_> {
                 u(p.kk)
             ));
             let dot = std::mem::take(&mut s.memo);
-            let ia = s.body.bind(
-                "u32",
-                format!("{aoff} + {row} * {} + ck * {}", u(p.a.rs), u(p.a.cs)),
-            );
-            let xa = s.value_at(p.a.v, &ia)?;
-            let xa = cast(&xa, g.meta(p.a.v).dtype, acc_dt);
+            let xa = match &staged {
+                Some(la) => format!("{la}[ck]"),
+                None => left_at(s, "ck")?,
+            };
             let xb = s.right_at(&p.b, &boff, acc_dt)?;
             s.body.stmt(format!("{acc} = {acc} + {xa} * {xb};"));
             if let (Some((_, p1)), Some(off), Some(acc1)) = (&twin, &boff1, &acc1) {
