@@ -229,14 +229,8 @@ impl Gen<'_> {
             // A left operand outside the kernel's registers (read through
             // a head merge, a transpose) is loaded once a row into an
             // array, not once per output column with its index math.
-            let held = |s: &Gen, v: ValueId| {
-                s.resident.contains_key(&v)
-                    || s.s
-                        .alias_of
-                        .get(&v)
-                        .is_some_and(|b| s.resident.contains_key(b))
-            };
-            let staged = if p.kk <= crate::fusion::CHAIN_MAX_WIDTH && !held(s, p.a.v) {
+            let in_registers = s.resident.contains_key(&s.held(p.a.v));
+            let staged = if p.kk <= crate::fusion::CHAIN_MAX_WIDTH && !in_registers {
                 let arr = format!("array<{at}, {}>", p.kk);
                 let la = s.body.var(&arr, format!("{arr}()"));
                 s.body.stmt(format!(

@@ -854,17 +854,21 @@ impl<'a> Gen<'a> {
         Ok(x)
     }
 
+    /// The row kernel value whose registers hold `v`: `v` itself, or the
+    /// value a reshape sharing its buffer (`alias_of`) is of.
+    pub(super) fn held(&self, v: ValueId) -> ValueId {
+        match self.s.alias_of.get(&v) {
+            Some(&b) if self.resident.contains_key(&b) && !self.resident.contains_key(&v) => b,
+            _ => v,
+        }
+    }
+
     /// Element `idx` of value `v`, as a shader value of `v`'s dtype.
     pub fn value_at(&mut self, v: ValueId, idx: &str) -> R<String> {
         if let Some((_, x)) = self.row_result.as_ref().filter(|(r, _)| *r == v) {
             return Ok(x.clone());
         }
-        // A reshape sharing a row kernel value's buffer (`alias_of`) is
-        // that value's registers.
-        let held = match self.s.alias_of.get(&v) {
-            Some(&b) if self.resident.contains_key(&b) && !self.resident.contains_key(&v) => b,
-            _ => v,
-        };
+        let held = self.held(v);
         if self.filling != Some(held) {
             if let Some((arr, base)) = self.resident.get(&held) {
                 // A row kernel's earlier value, at an element of its block.
