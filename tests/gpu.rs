@@ -1090,6 +1090,19 @@ fn outputs_viewed_from_read_back_buffers() {
 }",
             1,
         ),
+        (
+            // %s is updated inside %t, stored only as its transpose %b:
+            // one kernel computes %b, %s is taken from its buffer.
+            "graph permuted(%x: f32[2, 3, 4], %y: f32[2, 2]) {
+  %b = mul(%x, 1.5)
+  %t = transpose(%b, 0, 2)
+  %s = slice(%t, 1, 1, none)
+  %n = neg_(%s)
+  %k = sub_(%s, %y)
+  return (%b, %s)
+}",
+            1,
+        ),
     ] {
         let g = parse(src).unwrap();
         let p = kiln::engine::compile_with(&g, &e.gpu().compile_options()).unwrap();

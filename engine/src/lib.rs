@@ -301,6 +301,7 @@ pub(crate) fn compile_functional(
     let mut outputs = g.outputs.clone();
     outputs.extend(f.mutated_inputs.iter().map(|m| m.value));
     let mutated_inputs: Vec<usize> = f.mutated_inputs.iter().map(|m| m.input).collect();
+    schedule::merge_equal_views(&mut g, &mut outputs);
     schedule::store_permuted_updates(&mut g, &outputs[n_outputs..], &outputs);
     // A kernel binding more buffers than the device allows gets one of its
     // inlined producers computed by a kernel of its own, until all fit:

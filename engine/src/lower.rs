@@ -1987,7 +1987,8 @@ fn host_view(g: &Graph, v: ValueId, base: ValueId) -> Result<HostView, CompileEr
     let bug = |m: &str| CompileError::internal(Stage::Assemble, format!("host view: {m}"));
     // The chain of view copies from `base` to `v` (`schedule::view_chain_base`),
     // or the view through which `base`'s scatter wrote `v` into it
-    // (`schedule::src_as_host_view`).
+    // (`schedule::src_as_host_view`), or into what `base` permutes
+    // (`schedule::src_in_permuted_store`).
     if let Some(n) = g.node_of(base).filter(|&n| {
         g.nodes[n].op.def().lowering.scatter_view().is_some()
             && g.nodes[n].args.get(1) == Some(&Arg::Tensor(v))
@@ -2003,7 +2004,9 @@ fn host_view(g: &Graph, v: ValueId, base: ValueId) -> Result<HostView, CompileEr
             offset: a.offset,
         });
     }
-    let m = schedule::view_chain_layout(g, v, base).ok_or_else(|| bug("not a strided view"))?;
+    let m = schedule::view_chain_layout(g, v, base)
+        .or_else(|| schedule::permuted_scatter_src_layout(g, v, base))
+        .ok_or_else(|| bug("not a strided view"))?;
     Ok(HostView {
         base: 0,
         sizes: m.sizes.to_vec(),

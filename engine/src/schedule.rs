@@ -113,6 +113,7 @@ pub fn schedule(
             if mat {
                 s.materialized.push(r);
                 s.is_materialized.insert(r);
+                src_in_permuted_store(g, &mut s, force, &out_set, n);
             } else if computed {
                 pure.insert(r);
             }
@@ -144,7 +145,19 @@ fn recompute_cheap_maps(
     out: &HashSet<ValueId>,
     force: &HashSet<ValueId>,
 ) {
-    let shared = s.shared_buffers();
+    // Buffers other values write into or view; a value's reshapes (buffer
+    // aliases of it) are inlined with it (`evaluations`).
+    let written: HashSet<ValueId> = s
+        .inplace
+        .iter()
+        .chain(&s.host_views)
+        .flat_map(|(&a, &b)| [a, b])
+        .collect();
+    let shared: HashSet<ValueId> = written
+        .iter()
+        .copied()
+        .chain(s.alias_of.keys().copied())
+        .collect();
     for v in s.materialized.clone().into_iter().rev() {
         let Some(n) = g.node_of(v) else {
             continue;
@@ -163,7 +176,14 @@ fn recompute_cheap_maps(
         let mut stored = HashSet::new();
         // Paths through inlined readers can multiply: the walk is bounded.
         let mut budget = 1024;
-        let evaluated = evaluations(g, s, v, &mut budget, &mut last, &mut stored);
+        let mut reshapes = vec![];
+        let evaluated = evaluations(g, s, v, &mut budget, &mut last, &mut stored, &mut reshapes);
+        if reshapes
+            .iter()
+            .any(|r| out.contains(r) || force.contains(r) || written.contains(r))
+        {
+            continue;
+        }
         let results: usize = stored.iter().map(|&r| g.meta(r).numel()).sum();
         let cheap = evaluated.is_some_and(|e| e <= MAX_REEVALUATIONS * elements.max(results));
         // The buffers `v` reads now live until its last reader: no more
@@ -194,6 +214,11 @@ fn recompute_cheap_maps(
         if cheap && fits {
             s.materialized.retain(|&w| w != v);
             s.is_materialized.remove(&v);
+            // Its reshapes become views of the inlined value again.
+            for r in reshapes {
+                s.alias_of.remove(&r);
+                s.is_materialized.remove(&r);
+            }
         }
     }
 }
@@ -206,7 +231,8 @@ fn reads_once(e: Elem) -> bool {
 
 /// How many times kernels would evaluate elements of `v` were it inlined
 /// into every reader (`last`: the latest of the kernels reading it;
-/// `stored`: the stored values they compute): `None` when a reader is no
+/// `stored`: the stored values they compute; `reshapes`: its reshapes,
+/// buffer aliases now, inlined with it): `None` when a reader is no
 /// elementwise map or needs `v`'s buffer, or past `budget` values visited.
 fn evaluations(
     g: &Graph,
@@ -215,6 +241,7 @@ fn evaluations(
     budget: &mut usize,
     last: &mut usize,
     stored: &mut HashSet<ValueId>,
+    reshapes: &mut Vec<ValueId>,
 ) -> Option<usize> {
     *budget = budget.checked_sub(1)?;
     let mut uses = s.uses.get(&v).cloned().unwrap_or_default();
@@ -252,17 +279,17 @@ fn evaluations(
             .filter(|&&t| t == v)
             .count();
         for &r in &node.results {
-            let e = if s.inplace.contains_key(&r)
-                || s.alias_of.contains_key(&r)
-                || s.host_views.contains_key(&r)
-            {
+            let e = if s.alias_of.get(&r) == Some(&v) && !s.inplace.contains_key(&r) {
+                reshapes.push(r);
+                evaluations(g, s, r, budget, last, stored, reshapes)?
+            } else if s.inplace.contains_key(&r) || s.alias_of.contains_key(&r) {
                 return None;
             } else if s.is_materialized.contains(&r) {
                 *last = (*last).max(s.pos[&u]);
                 stored.insert(r);
                 g.meta(r).numel()
             } else {
-                evaluations(g, s, r, budget, last, stored)?
+                evaluations(g, s, r, budget, last, stored, reshapes)?
             };
             // A region update evaluates its source only inside the region.
             let e = match (node.op.def().lowering, node.args.get(1)) {
@@ -330,6 +357,146 @@ fn src_as_host_view(
     }
     s.materialized.retain(|&v| v != src);
     s.host_views.insert(src, r);
+}
+
+/// An output a region update writes into a value stored only through a
+/// permutation of it, read by nothing else (a transposed base updated
+/// in a slice, both returned): computed inside the stored copy's kernel
+/// and taken on the host as a strided view of its buffer
+/// (`permuted_scatter_src_layout`).
+fn src_in_permuted_store(
+    g: &Graph,
+    s: &mut Schedule,
+    force: &HashSet<ValueId>,
+    out_set: &HashSet<ValueId>,
+    n: NodeId,
+) {
+    let node = &g.nodes[n];
+    let (Rule::ViewCopy(_), Some(&Arg::Tensor(updated)), &[r]) =
+        (&node.op.def().rule, node.args.first(), &node.results[..])
+    else {
+        return;
+    };
+    let Some(u) = g.node_of(updated) else {
+        return;
+    };
+    let Some(&Arg::Tensor(src)) = g.nodes[u].args.get(1) else {
+        return;
+    };
+    let map = g
+        .node_of(src)
+        .is_some_and(|m| class(g, m).is_ok_and(|c| c == Class::Map));
+    if !map
+        || s.is_materialized.contains(&updated)
+        || s.inplace.contains_key(&r)
+        || !matches!(g.nodes[u].op.def().lowering, Lowering::RegionScatter { .. })
+        || !out_set.contains(&src)
+        || force.contains(&src)
+        || s.host_views.contains_key(&src)
+        || s.uses.get(&src).is_none_or(|us| us[..] != [u])
+        || permuted_scatter_src_layout(g, src, r).is_none()
+    {
+        return;
+    }
+    s.materialized.retain(|&v| v != src);
+    s.is_materialized.remove(&src);
+    s.host_views.insert(src, r);
+}
+
+/// The strided layout over `base` (contiguous) of `src`, the source of
+/// the region update that view copy `base` permutes
+/// (`src_in_permuted_store`).
+pub fn permuted_scatter_src_layout(
+    g: &Graph,
+    src: ValueId,
+    base: ValueId,
+) -> Option<kiln_functionalize::Meta> {
+    let updated = match g.nodes[g.node_of(base)?].args.first() {
+        Some(&Arg::Tensor(x)) => x,
+        _ => return None,
+    };
+    let u = g.node_of(updated)?;
+    let node = &g.nodes[u];
+    if node.args.get(1) != Some(&Arg::Tensor(src)) {
+        return None;
+    }
+    let view = node.op.def().lowering.scatter_view()?;
+    let l = source_layout(g, updated, base)?;
+    let mut args: Vec<Arg<&kiln_functionalize::Meta>> = vec![Arg::Tensor(&l)];
+    args.extend(node.args[2..].iter().map(|a| a.map(&mut |v| g.meta(*v))));
+    let m = ops::infer(view, &args).ok()?.into_iter().next()?;
+    (m.sizes == g.meta(src).sizes).then_some(m)
+}
+
+/// The strided layout of `x` over contiguous `y`, where view copy `y` of
+/// `x` holds every element of it once, its dims permuted.
+fn source_layout(g: &Graph, x: ValueId, y: ValueId) -> Option<kiln_functionalize::Meta> {
+    let n = g.node_of(y)?;
+    let node = &g.nodes[n];
+    let Rule::ViewCopy(view) = node.op.def().rule else {
+        return None;
+    };
+    if node.args.first() != Some(&Arg::Tensor(x)) || node.results.len() != 1 {
+        return None;
+    }
+    let xm = g.meta(x);
+    let contiguous = kiln_functionalize::Meta::contiguous(xm.dtype, xm.sizes.to_vec());
+    let mut args: Vec<Arg<&kiln_functionalize::Meta>> = vec![Arg::Tensor(&contiguous)];
+    args.extend(node.args[1..].iter().map(|a| a.map(&mut |v| g.meta(*v))));
+    let l = ops::infer(view, &args).ok()?.into_iter().next()?;
+    let perm = permutation_of(&contiguous, &l)?;
+    let ys = kiln_functionalize::meta::contiguous_strides(&l.sizes);
+    let mut strides = vec![0; perm.len()];
+    for (d, &k) in perm.iter().enumerate() {
+        strides[k] = ys[d];
+    }
+    let mut m = contiguous;
+    m.strides = strides.into();
+    Some(m)
+}
+
+/// View copies equal to an earlier one (the same view of the same value:
+/// functionalization regenerates a view after each write through it)
+/// read the earlier one instead, outputs included, so that a value has
+/// one name wherever it is read (`src_in_permuted_store` finds a
+/// returned view that a region update writes). A rewrite of `g` before
+/// scheduling.
+pub fn merge_equal_views(g: &mut Graph, outputs: &mut [ValueId]) {
+    // By op and viewed value; the other arguments compared in a scan.
+    let mut first: HashMap<(&'static str, ValueId), Vec<ValueId>> = HashMap::new();
+    let mut same: HashMap<ValueId, ValueId> = HashMap::new();
+    for &n in &g.order.clone() {
+        if !same.is_empty() {
+            let args = g.nodes[n]
+                .args
+                .iter()
+                .map(|a| a.map(&mut |&x| same.get(&x).copied().unwrap_or(x)))
+                .collect();
+            g.nodes[n].args = args;
+        }
+        let node = &g.nodes[n];
+        let (Rule::ViewCopy(_), Some(&Arg::Tensor(x)), &[r]) =
+            (&node.op.def().rule, node.args.first(), &node.results[..])
+        else {
+            continue;
+        };
+        let seen = first.entry((node.op.name(), x)).or_default();
+        let equal = seen.iter().copied().find(|&e| {
+            g.node_of(e)
+                .is_some_and(|m| g.nodes[m].args == node.args && g.meta(e) == g.meta(r))
+        });
+        match equal {
+            Some(e) => {
+                same.insert(r, e);
+            }
+            None => seen.push(r),
+        }
+    }
+    for o in outputs.iter_mut() {
+        if let Some(&e) = same.get(o) {
+            *o = e;
+        }
+    }
 }
 
 /// New values of mutated parameters that are a permuting view copy of an
