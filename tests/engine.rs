@@ -236,6 +236,25 @@ fn region_updates_of_a_small_parameter_read_whole_join_its_kernel() {
 }
 
 #[test]
+fn reductions_of_one_tensor_share_a_launch_past_a_dependent_kernel() {
+    // The sort reads the top-k's values: the max of the same rows goes to
+    // the top-k's launch, which reads them anyway, not to the sort's.
+    let p = compiled(
+        "graph f(%x: f32[4, 50]) {
+           %tv, %ti = topk(%x, 5)
+           %sv, %si = sort(%tv, -1)
+           %m = amax(%x, [1])
+           return (%ti, %sv, %si, %m)
+         }",
+    );
+    assert_eq!(p.kernels.len(), 2, "{}", p.stats());
+    assert!(p.kernels[0].code.label.contains("amax"), "{}", p.stats());
+    // x once, top-k's two results and the max written, the values read
+    // back by the sort, its two results written.
+    assert_eq!(p.bytes_moved(), 800 + 176 + 80 + 160, "{}", p.stats());
+}
+
+#[test]
 fn strided_scatters_whose_positions_invert_are_maps() {
     // A window and a diagonal through `as_strided` (strides nesting): each
     // element tests whether the view holds it, so the clone, both updates

@@ -1272,18 +1272,19 @@ fn updates_through_a_transpose_write_the_parameter_in_place() {
 /// at odd row lengths each invocation sets its lane of a word neighbours
 /// also write (a row's last element and the next row's first), at even
 /// ones (`%d`, `%e`) an invocation storing whole rows or blocks gathers a
-/// word's lanes and stores it once. The same elements as the reference
+/// word's lanes and stores it once (`%d` reads its own left operand: a
+/// sibling of `%c` would share its launch, and store lanes). The same elements as the reference
 /// on every variant.
 #[test]
 fn packed_results_of_products_rows_and_reductions() {
-    let src = "graph packed(%a: f16[33, 64], %b: f16[64, 31], %x: f32[33, 7], %w: f16[64, 32]) {
+    let src = "graph packed(%a: f16[33, 64], %b: f16[64, 31], %x: f32[33, 7], %w: f16[64, 32], %a2: f16[33, 64]) {
   %c = mm(%a, %b)
   %s = softmax(%c, -1)
   %n = layer_norm(%c, [31])
   %m = gt(%x, 0.0)
   %any = amax(%m, [1])
   %h = sum(%s, [1])
-  %d = mm(%a, %w)
+  %d = mm(%a2, %w)
   %e = softmax(%d, -1)
   %f = layer_norm(%d, [32])
   return (%c, %s, %n, %any, %h, %e, %f)

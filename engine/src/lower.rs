@@ -1105,17 +1105,40 @@ fn group_kernels(
         } else {
             1
         };
-        let mut at = None;
+        // A kernel of another kind goes to the launch reading most of
+        // what it reads (`decode_step`: the reductions of the logits
+        // together, past a sort of one's result), the latest on ties.
+        let shared = |grp: &Vec<ValueId>| -> usize {
+            let of = |vs: &[ValueId]| -> HashSet<ValueId> {
+                vs.iter()
+                    .filter_map(|&x| g.node_of(x))
+                    .flat_map(|m| schedule::reads(g, sched, m))
+                    .map(|b| sched.root(b))
+                    .collect()
+            };
+            let mine = of(&[v]);
+            of(grp)
+                .intersection(&mine)
+                .map(|&b| wgsl::words(g.meta(b).dtype, g.meta(b).numel(), false))
+                .sum()
+        };
+        let mut at: Option<(usize, usize)> = None;
         for (j, grp) in groups.iter().enumerate().rev().take(reach) {
             if joins(grp) {
-                at = Some(j);
-                break;
+                let better = at.is_none_or(|(_, most)| shared(grp) > most);
+                if better {
+                    at = Some((j, shared(grp)));
+                }
+                if map {
+                    break;
+                }
             }
             let past_map = map && !grouping.maps_past_maps && is_map(g, sched, grp[0]);
             if !independent(g, sched, grp, v) || past_map {
                 break;
             }
         }
+        let at = at.map(|(j, _)| j);
         match at {
             Some(j) => groups[j].push(v),
             None => groups.push(vec![v]),
