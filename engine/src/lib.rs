@@ -93,10 +93,13 @@ pub struct CompileOptions {
     /// Matrix products with at least this many output rows run in 64x64
     /// tiles through workgroup memory (products of at most 16 rows: K
     /// split over 32 lanes per column instead); fewer give each invocation
-    /// a 4x4 block, looping over K (no workgroup memory or barriers; `vec4`
-    /// loads of f32 operands laid out for them). GPUs: 0 (always tiled).
-    /// CPU adapters: never tiled (lavapipe, linear 128x384x1536: 11.5
-    /// GFLOP/s in vec4 blocks, 4.0 tiled, 3.6 in scalar blocks).
+    /// a block, looping over K (no workgroup memory or barriers): 16x16
+    /// where both operands are f32 laid out for `vec4` loads along K (or
+    /// B along its columns), else 4x4. GPUs: 0 (always tiled). CPU
+    /// adapters: never tiled (lavapipe, linear 128x384x1536: 11.5
+    /// GFLOP/s in 4x4 vec4 blocks, 4.0 tiled, 3.6 in scalar blocks, in
+    /// one sitting; 512x384x1536 in a slower one: 3.8 in 16x16 blocks,
+    /// 1.1 in 4x4).
     pub tile_min_rows: usize,
     /// f32 products whose tiles load as `vec4` run in 128x64 tiles, 8x4
     /// outputs an invocation, instead of 64x64 and 4x4, where that still
