@@ -1108,29 +1108,27 @@ fn group_kernels(
         // A kernel of another kind goes to the launch reading most of
         // what it reads (`decode_step`: the reductions of the logits
         // together, past a sort of one's result), the latest on ties.
-        let shared = |grp: &Vec<ValueId>| -> usize {
-            let of = |vs: &[ValueId]| -> HashSet<ValueId> {
-                vs.iter()
-                    .filter_map(|&x| g.node_of(x))
-                    .flat_map(|m| schedule::reads(g, sched, m))
-                    .map(|b| sched.root(b))
-                    .collect()
-            };
-            let mine = of(&[v]);
-            of(grp)
-                .intersection(&mine)
-                .map(|&b| wgsl::words(g.meta(b).dtype, g.meta(b).numel(), false))
-                .sum()
+        let read_by = |vs: &[ValueId]| -> HashSet<ValueId> {
+            vs.iter()
+                .filter_map(|&x| g.node_of(x))
+                .flat_map(|m| schedule::reads(g, sched, m))
+                .map(|b| sched.root(b))
+                .collect()
         };
+        let mine = if map { HashSet::new() } else { read_by(&[v]) };
         let mut at: Option<(usize, usize)> = None;
         for (j, grp) in groups.iter().enumerate().rev().take(reach) {
             if joins(grp) {
-                let better = at.is_none_or(|(_, most)| shared(grp) > most);
-                if better {
-                    at = Some((j, shared(grp)));
-                }
                 if map {
+                    at = Some((j, 0));
                     break;
+                }
+                let shared: usize = read_by(grp)
+                    .intersection(&mine)
+                    .map(|&b| wgsl::words(g.meta(b).dtype, g.meta(b).numel(), false))
+                    .sum();
+                if at.is_none_or(|(_, most)| shared > most) {
+                    at = Some((j, shared));
                 }
             }
             let past_map = map && !grouping.maps_past_maps && is_map(g, sched, grp[0]);

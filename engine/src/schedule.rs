@@ -497,6 +497,10 @@ pub fn merge_equal_views(g: &mut Graph, outputs: &mut [ValueId]) {
             *o = e;
         }
     }
+    // The merged copies read nothing now: out of the order, so that no
+    // reader count includes them.
+    g.order
+        .retain(|&n| !g.nodes[n].results.iter().any(|r| same.contains_key(r)));
 }
 
 /// New values of mutated parameters that are a permuting view copy of an
