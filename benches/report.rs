@@ -872,7 +872,7 @@ fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
     let n = TRANSPOSED_CHAIN_SIDE;
     let (src, plain) = transposed_chain_programs(n);
     let _ = writeln!(md, "\n### Transposed chain (f32, {n} x {n})\n");
-    let _ = writeln!(md, "`examples/programs/transposed_chain.txt` at {n} x {n}: `x.t()` plus a broadcast row, then 8 elementwise ops (tanh, sigmoid, exp among them), one kernel at the minimum bytes either way. Plain: the same chain with `mul(x, 1.0)` for the transpose. Tiled: `tile_transposes` on (the transpose staged through workgroup memory in square tiles); untiled: off (each invocation reads its transposed element directly). GB/s = 8 bytes per element (the row aside) over the GPU time of the kernels (median of 5). PyTorch: best of 5 calls on the same inputs.\n");
+    let _ = writeln!(md, "`examples/programs/transposed_chain.txt` at {n} x {n}: `x.t()` plus a broadcast row, then 8 elementwise ops (tanh, sigmoid, exp among them), one kernel at the minimum bytes either way. Plain: the same chain with `mul(x, 1.0)` for the transpose. Tiled: `tile_transposes` on (the transpose staged through workgroup memory in square tiles); untiled: off, either in blocks (`transpose_blocks`: an invocation computes 4 columns of 8 rows, reading each column's rows as vectors of the source) or element by element (each invocation reads its transposed elements directly). GB/s = 8 bytes per element (the row aside) over the GPU time of the kernels (median of 5). PyTorch: best of 5 calls on the same inputs.\n");
     let _ = writeln!(
         md,
         "| chain | Kiln ms | Kiln GB/s | / plain | PyTorch eager ms | torch.compile ms |"
@@ -884,18 +884,24 @@ fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
         HostTensor::from_slice(&[n, n], &xs).unwrap(),
         HostTensor::from_slice(&[n], &bs).unwrap(),
     ];
-    let tiling = |tile_transposes| {
+    let tiling = |tile_transposes, transpose_blocks| {
         Session::with_options(
             session.gpu().clone(),
             kiln::engine::CompileOptions {
                 tile_transposes,
+                transpose_blocks,
                 ..session.compile_options().clone()
             },
         )
     };
-    let (tiled, untiled) = (tiling(true), tiling(false));
-    let chosen = |tiles: bool| {
-        if session.compile_options().tile_transposes == tiles {
+    let (tiled, blocks, untiled) = (
+        tiling(true, false),
+        tiling(false, true),
+        tiling(false, false),
+    );
+    let own = session.compile_options();
+    let chosen = |tiles: bool, in_blocks: bool| {
+        if own.tile_transposes == tiles && (tiles || own.transpose_blocks == in_blocks) {
             " (this adapter's choice)"
         } else {
             ""
@@ -911,12 +917,20 @@ fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
     let plain_s = time(session, &plain);
     let rows = [
         (
-            format!("transposed, tiled{}", chosen(true)),
+            format!("transposed, tiled{}", chosen(true, false)),
             time(&tiled, &src),
             "transposed",
         ),
         (
-            format!("transposed, untiled{}", chosen(false)),
+            format!("transposed, untiled, in blocks{}", chosen(false, true)),
+            time(&blocks, &src),
+            "transposed",
+        ),
+        (
+            format!(
+                "transposed, untiled, element by element{}",
+                chosen(false, false)
+            ),
             time(&untiled, &src),
             "transposed",
         ),

@@ -1704,6 +1704,92 @@ fn transposed_reads_are_tiled() {
     }
 }
 
+/// Where transposes are not tiled (CPU adapters), elementwise kernels
+/// reading a transposing view compute 4x4 blocks
+/// (`CompileOptions::transpose_blocks`): the source's quad under each
+/// block column is one vector load. Two views and a broadcast row in one
+/// kernel beside a view at an unaligned offset (read as usual), a plain
+/// read of a transposed sum's source, integers, a bare transpose and a
+/// batched 4-D one, against the reference with blocks on and off and on
+/// the GPU variants (which loop over the grid).
+#[test]
+fn transposed_reads_run_in_blocks_where_tiles_are_off() {
+    let src = "graph f(%x: f32[48, 40], %b: f32[48], %y: i32[2, 24, 16], %z: f32[40, 48], %w: f32[2, 3, 8, 12], %u: f32[48, 41]) {
+  %t = t(%x)
+  %a = add(%t, %b)
+  %c = tanh(%a)
+  %d = sub(%c, %t)
+  %us = slice(%u, 1, 1, 41)
+  %ut = t(%us)
+  %e = mul(%d, %ut)
+  %zt = t(%z)
+  %s = add(%x, %zt)
+  %yp = permute(%y, [0, 2, 1])
+  %ym = mul(%yp, 3)
+  %tt = transpose(%x, 0, 1)
+  %wt = transpose(%w, -1, -2)
+  %wq = mul(%wt, 2.0)
+  return (%e, %s, %ym, %tt, %wq)
+}";
+    let g = parse(src).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let ins = kiln::functionalize::random::random_inputs(&g, 11, 2.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let base = kiln::engine::CompileOptions {
+        tile_transposes: false,
+        ..gpu.compile_options()
+    };
+    for (blocks, options) in [
+        (true, base.clone()),
+        (
+            false,
+            kiln::engine::CompileOptions {
+                transpose_blocks: false,
+                ..base.clone()
+            },
+        ),
+        (true, common::gpu_variant_options(&gpu)),
+    ] {
+        // Kernels sharing a launch bind no vectors: one launch each.
+        let options = kiln::engine::CompileOptions {
+            tile_transposes: false,
+            transpose_blocks: blocks,
+            share_launches: false,
+            ..options
+        };
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        // A kernel of blocks runs an invocation per 16 or 32 elements (a
+        // vector kernel one per 4): %e with %tt, %s, %ym, %wq.
+        let per_invocation: Vec<usize> = p
+            .kernels
+            .iter()
+            .map(|k| {
+                let wg = if k.code.wgsl.contains("@workgroup_size(256") {
+                    256
+                } else {
+                    64
+                };
+                let invocations = k.code.grid.iter().map(|&x| x as usize).product::<usize>() * wg;
+                1920usize.div_ceil(invocations)
+            })
+            .collect();
+        if options.grid_stride.is_none() {
+            let want_per = if blocks { 16 } else { 4 };
+            assert!(
+                p.kernels.len() == 4 && per_invocation.iter().all(|&e| e >= want_per - 1),
+                "{:?} {per_invocation:?}",
+                p.kernels.iter().map(|k| &k.code.label).collect::<Vec<_>>()
+            );
+        }
+        for k in &p.kernels {
+            kiln::engine::wgsl::validate(&k.code.wgsl).unwrap();
+        }
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        let got = e.run(&g, ins.clone()).unwrap();
+        close_run("transposes in blocks", &got, &want, 0.0).unwrap();
+    }
+}
+
 /// Inputs that share memory (`TensorSpec::view`: a synthetic base): the
 /// traced program takes the base alone, so a write through one input shows
 /// in the other, on the reference, after functionalization (both modes)

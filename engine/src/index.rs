@@ -647,6 +647,46 @@ pub fn reads_own_only(
 /// (`Gen::transposed_tile`).
 pub fn own_view_copies(g: &Graph, s: &Schedule, group: &[ValueId]) -> Vec<(NodeId, usize)> {
     let mut found = vec![];
+    walk_own(g, s, group, |n, k, rs| {
+        if let (Rule::ViewCopy(_), [Read::At(input, _)]) = (&g.nodes[n].op.def().rule, rs) {
+            if s.is_materialized.contains(input) {
+                found.push((n, k));
+            }
+            return false;
+        }
+        true
+    });
+    found
+}
+
+/// The stored values the kernel computing `group` reads, with the maps
+/// it reads them through, from nodes it computes inline at its own
+/// element (as `own_view_copies` walks).
+pub fn own_stored_reads(g: &Graph, s: &Schedule, group: &[ValueId]) -> Vec<(ValueId, Affine)> {
+    let mut found = vec![];
+    walk_own(g, s, group, |_, _, rs| {
+        for r in rs {
+            if let Read::At(t, a) = r {
+                if s.is_materialized.contains(t) {
+                    found.push((*t, a.clone()));
+                }
+            }
+        }
+        true
+    });
+    found
+}
+
+/// Calls `visit` with each node result computed inline at the own
+/// element of the kernel computing `group` (the members, then what they
+/// read at that element itself, not stored) and its reads; `visit` says
+/// whether to go on into them.
+fn walk_own(
+    g: &Graph,
+    s: &Schedule,
+    group: &[ValueId],
+    mut visit: impl FnMut(NodeId, usize, &[Read]) -> bool,
+) {
     let mut seen = std::collections::HashSet::new();
     let mut stack: Vec<ValueId> = group.to_vec();
     while let Some(v) = stack.pop() {
@@ -659,10 +699,7 @@ pub fn own_view_copies(g: &Graph, s: &Schedule, group: &[ValueId]) -> Vec<(NodeI
         let Ok(rs) = reads(g, n, k) else {
             continue;
         };
-        if let (Rule::ViewCopy(_), [Read::At(input, _)]) = (&g.nodes[n].op.def().rule, &rs[..]) {
-            if s.is_materialized.contains(input) {
-                found.push((n, k));
-            }
+        if !visit(n, k, &rs) {
             continue;
         }
         for r in rs {
@@ -673,7 +710,6 @@ pub fn own_view_copies(g: &Graph, s: &Schedule, group: &[ValueId]) -> Vec<(NodeI
             }
         }
     }
-    found
 }
 
 struct Walk<'a> {

@@ -51,7 +51,7 @@ use kiln_functionalize::ops::OpKind;
 #[cfg(feature = "compiler")]
 use kiln_functionalize::{functionalize_decomposed, Remove};
 #[cfg(feature = "compiler")]
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 #[cfg(feature = "compiler")]
 pub use kiln_functionalize as functionalize;
@@ -131,6 +131,18 @@ pub struct CompileOptions {
     /// bytes; H200, 2026-11-28: see docs/gpu-runs), 16 on CPU adapters
     /// (16x4). `KILN_TRANSPOSE_TILE` overrides it on the machine at hand.
     pub transpose_tile: usize,
+    /// Where transposes are not tiled (CPU adapters), an elementwise kernel
+    /// reading a stored tensor through a view that swaps its two innermost
+    /// dimensions computes a block of 4 columns and 8 (or 4) rows an
+    /// invocation: the source's quads under the block are loaded as
+    /// vectors and read transposed, and the block stored a vector a row,
+    /// instead of a lane-by-lane gather per element; kernels broadcasting a
+    /// row down the rows compute 4x4 blocks, loading the row's quad once
+    /// for four rows (`Gen::map_group_blocked`). lavapipe, 4096 x 4096
+    /// chain (2026-12-01): transposed 106-195 ms -> 34-63, plain 51-55 ->
+    /// 41-54. `KILN_TRANSPOSE_BLOCKS=off` turns it off on the machine at
+    /// hand, to time both.
+    pub transpose_blocks: bool,
     /// Products in 128x64 tiles (`tall_tiles_from`) accumulate 8x8 blocks
     /// in workgroups of 8x16 invocations instead of 8x4 blocks in 16x16:
     /// 16 multiply-adds a workgroup-memory vector read instead of 10.7.
@@ -212,6 +224,7 @@ impl Default for CompileOptions {
             workgroup_rows: true,
             tile_transposes: true,
             transpose_tile: 32,
+            transpose_blocks: false,
             wide_blocks: false,
             workgroup: kernel::WORKGROUP,
             vectorize: true,
@@ -351,10 +364,9 @@ pub(crate) fn compile_functional(
     // grouped again by shape (a second plan), so that the plan never keeps
     // alive together what runs apart.
     let mut grouping = lower::Grouping {
-        apart: HashMap::new(),
         lookback: lower::LAUNCH_LOOKBACK,
         maps_past_maps: true,
-        keep_inputs: HashSet::new(),
+        ..Default::default()
     };
     let mut regrouped = false;
     let mut staging = !staged.is_empty();
@@ -367,12 +379,7 @@ pub(crate) fn compile_functional(
         if staging && plan.planned_peak() > eager {
             staging = false;
             let mut unstaged: HashSet<ValueId> = force.difference(&staged).copied().collect();
-            let mut g2 = lower::Grouping {
-                apart: grouping.apart.clone(),
-                lookback: grouping.lookback,
-                maps_past_maps: grouping.maps_past_maps,
-                keep_inputs: grouping.keep_inputs.clone(),
-            };
+            let mut g2 = grouping.clone();
             let p2 = plan_with(&mut g2, &mut unstaged)?;
             if p2.planned_peak() < plan.planned_peak() {
                 (plan, grouping, force) = (p2, g2, unstaged);
@@ -383,10 +390,8 @@ pub(crate) fn compile_functional(
         // fewer kernels, or holds less memory at that.
         if grouping.maps_past_maps {
             let mut ordered = lower::Grouping {
-                apart: grouping.apart.clone(),
-                lookback: grouping.lookback,
                 maps_past_maps: false,
-                keep_inputs: grouping.keep_inputs.clone(),
+                ..grouping.clone()
             };
             let p2 = plan_with(&mut ordered, &mut force)?;
             let key = |p: &lower::KernelPlan| (p.bytes_moved(&g), p.kernels(), p.planned_peak());
@@ -397,10 +402,8 @@ pub(crate) fn compile_functional(
         }
         if options.share_launches && grouping.lookback > 1 {
             let mut near = lower::Grouping {
-                apart: grouping.apart.clone(),
                 lookback: 1,
-                maps_past_maps: grouping.maps_past_maps,
-                keep_inputs: grouping.keep_inputs.clone(),
+                ..grouping.clone()
             };
             let near_plan = plan_with(&mut near, &mut force)?;
             if near_plan.planned_peak() < plan.planned_peak() && plan.planned_peak() > eager {
@@ -409,25 +412,35 @@ pub(crate) fn compile_functional(
             }
         }
         // Elementwise kernels kept from sharing a launch only because one
-        // writes over a buffer another reads (an input dying there): kept
-        // where keeping dying inputs' buffers moves fewer bytes or runs
-        // fewer kernels, within eager's peak (or the plan's, if above).
-        if !plan.joins_blocked().is_subset(&grouping.keep_inputs) {
-            let mut kept = lower::Grouping {
-                apart: grouping.apart.clone(),
-                lookback: grouping.lookback,
-                maps_past_maps: grouping.maps_past_maps,
-                keep_inputs: grouping
-                    .keep_inputs
-                    .union(plan.joins_blocked())
-                    .copied()
-                    .collect(),
-            };
+        // writes over a buffer another reads (an input dying there, or a
+        // value placed under the result once it died): kept where keeping
+        // those buffers moves fewer bytes or runs fewer kernels, within
+        // eager's peak (or the plan's, if above).
+        // Each round may uncover the next result placed over a kept value:
+        // a few rounds, each from the last one's plan.
+        let mut kept = grouping.clone();
+        let mut last = None;
+        for _ in 0..JOIN_ROUNDS {
+            let from = last.as_ref().unwrap_or(&plan);
+            let longer = from
+                .joins_overlapped()
+                .iter()
+                .any(|(u, v)| kept.live_until.get(u) != Some(v));
+            if !longer && from.joins_blocked().is_subset(&kept.keep_inputs) {
+                break;
+            }
+            kept.keep_inputs
+                .extend(from.joins_blocked().iter().copied());
+            let overlapped = from.joins_overlapped().clone();
+            kept.live_until.extend(overlapped);
             let p2 = plan_with(&mut kept, &mut force)?;
             let key = |p: &lower::KernelPlan| (p.bytes_moved(&g), p.kernels());
             if key(&p2) < key(&plan) && p2.planned_peak() <= eager.max(plan.planned_peak()) {
                 plan = p2;
-                grouping = kept;
+                grouping = kept.clone();
+                last = None;
+            } else {
+                last = Some(p2);
             }
         }
         let generated = lower::generate(&g, options, *plan)?;
@@ -442,6 +455,11 @@ pub(crate) fn compile_functional(
     g.outputs = outputs;
     Ok((p, g))
 }
+
+/// Rounds of keeping buffers alive so that elementwise kernels can share
+/// a launch (a bound on the search, not on correctness).
+#[cfg(feature = "compiler")]
+const JOIN_ROUNDS: usize = 4;
 
 /// With `KILN_DUMP_WGSL=DIR`, writes each kernel's shader there
 /// (`<index>_<label>.wgsl`) for reading or for external tools.

@@ -419,6 +419,14 @@ fn vec4_ranges(
         (aligned && !l.packed && wgsl::per_word(g.meta(v).dtype) == 1)
             .then_some((l.buf, l.word, words))
     };
+    // Sources of transposing views read as a block's column quads.
+    let blocked: Vec<ValueId> = if options.transpose_blocks && !options.tile_transposes {
+        crate::codegen::transposed_blocks(g, sched, locs, grp)
+            .map(|b| b.sources().collect())
+            .unwrap_or_default()
+    } else {
+        vec![]
+    };
     let mut refused = HashSet::new();
     let mut consider =
         |k: Option<(Buf, usize, usize)>, ok: bool, at: Option<(Buf, usize, usize)>| match k {
@@ -452,7 +460,7 @@ fn vec4_ranges(
                         .all(|&w| crate::index::reads_in_quads(g, sched, w, root))
             };
             let at = locs.get(&r).map(|l| (l.buf, l.word, g.meta(r).numel()));
-            consider(key(r), own || quads(), at);
+            consider(key(r), own || quads() || blocked.contains(&r), at);
         }
     }
     out.retain(|k| !refused.contains(k));
@@ -680,6 +688,10 @@ pub(crate) struct KernelPlan {
     /// Dying inputs whose buffers a result took, keeping kernels that read
     /// them from sharing a launch with it (`join_map_launches`).
     joins_blocked: HashSet<ValueId>,
+    /// Values read by a kernel whose buffer a later kernel's result took
+    /// (placed over them once they died), keeping the two from sharing a
+    /// launch: each -> that result.
+    joins_overlapped: HashMap<ValueId, ValueId>,
     registers: HashSet<ValueId>,
     life: Lifetimes,
     packing: Packing,
@@ -701,6 +713,11 @@ impl KernelPlan {
     /// See `KernelPlan::joins_blocked`.
     pub fn joins_blocked(&self) -> &HashSet<ValueId> {
         &self.joins_blocked
+    }
+
+    /// See `KernelPlan::joins_overlapped`.
+    pub fn joins_overlapped(&self) -> &HashMap<ValueId, ValueId> {
+        &self.joins_overlapped
     }
 
     /// Bytes its kernels move (`Program::bytes_moved` of the result).
@@ -770,7 +787,7 @@ pub(crate) fn plan(
         &mut groups,
     );
     let registers = register_only(g, &mut sched, &groups, outputs);
-    let life = lifetimes(g, &sched, &groups, outputs);
+    let life = lifetimes(g, &sched, &groups, outputs, &grouping.live_until);
     let packing = Packing::of(g, &sched, &groups);
     reuse_dying_inputs(
         g,
@@ -810,7 +827,7 @@ pub(crate) fn plan(
         .zip(&windows)
         .map(|(grp, w)| vec4_ranges(g, &sched, grp, &registers, &layout.locs, w, options))
         .collect();
-    let (launches, joins_blocked) = join_map_launches(
+    let (launches, joins_blocked, joins_overlapped) = join_map_launches(
         g,
         &sched,
         options,
@@ -825,6 +842,7 @@ pub(crate) fn plan(
         groups,
         launches,
         joins_blocked,
+        joins_overlapped,
         registers,
         life,
         packing,
@@ -874,6 +892,7 @@ pub(crate) fn generate(
         groups,
         launches,
         joins_blocked: _,
+        joins_overlapped: _,
         registers,
         life,
         packing,
@@ -889,6 +908,7 @@ pub(crate) fn generate(
     gen.workgroup_rows = options.workgroup_rows;
     gen.tile_transposes = options.tile_transposes;
     gen.transpose_tile = options.transpose_tile;
+    gen.transpose_blocks = options.transpose_blocks && !options.tile_transposes;
     gen.wide_blocks = options.wide_blocks;
     gen.workgroup = options.workgroup;
     gen.grid_stride = options.grid_stride;
@@ -1034,7 +1054,7 @@ fn check_buffer_sizes(
 }
 
 /// How `group_kernels` groups kernels into launches.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct Grouping {
     /// Kernels an earlier plan found of other launch shapes (`Gen::apart`),
     /// or (`None`) binding too many buffers with their group: a launch of
@@ -1050,6 +1070,10 @@ pub(crate) struct Grouping {
     /// result written over them, `reuse_dying_inputs`), so that kernels
     /// reading them share a launch with the one they die in.
     pub keep_inputs: HashSet<ValueId>,
+    /// Values kept alive (their buffers not reused) until the kernel
+    /// computing the value they map to, so that a kernel reading them can
+    /// share a launch with that later one (`join_map_launches`).
+    pub live_until: HashMap<ValueId, ValueId>,
 }
 
 /// The lookback tried first (a bound on the search, not on correctness).
@@ -1278,8 +1302,9 @@ fn join_map_launches(
     registers: &HashSet<ValueId>,
     locs: &HashMap<ValueId, Loc>,
     vec4: &[HashSet<(Buf, usize, usize)>],
-) -> (Vec<Launch>, HashSet<ValueId>) {
+) -> (Vec<Launch>, HashSet<ValueId>, HashMap<ValueId, ValueId>) {
     let mut blocked = HashSet::new();
+    let mut overlapped = HashMap::new();
     let plain = |i: usize| {
         let grp = &groups[i];
         options.share_launches
@@ -1335,6 +1360,17 @@ fn join_map_launches(
                         .filter_map(|v| sched.alias_of.get(v))
                         .map(|&u| sched.root(u)),
                 );
+                // Values an earlier member reads, placed under a result of
+                // this group once they died.
+                for v in clashing.iter().filter(|v| !sched.alias_of.contains_key(v)) {
+                    let Some(r) = range(v) else { continue };
+                    let one = HashSet::from([r]);
+                    for u in read_values(g, sched, &values(members)) {
+                        if !groups[i].contains(&u) && range(&u).is_some_and(|x| overlap(x, &one)) {
+                            overlapped.insert(sched.root(u), *v);
+                        }
+                    }
+                }
             }
             (clashing.is_empty() && fits).then_some((w, n))
         });
@@ -1354,7 +1390,15 @@ fn join_map_launches(
             }
         }
     }
-    (out, blocked)
+    (out, blocked, overlapped)
+}
+
+/// The values the kernels computing `vals` read from memory.
+fn read_values(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> HashSet<ValueId> {
+    vals.iter()
+        .filter_map(|&v| g.node_of(v))
+        .flat_map(|n| schedule::reads(g, sched, n))
+        .collect()
 }
 
 /// The product whose kernel computes `v` (the product itself, or an
@@ -1407,6 +1451,7 @@ fn lifetimes(
     sched: &schedule::Schedule,
     groups: &[Vec<ValueId>],
     outputs: &[ValueId],
+    live_until: &HashMap<ValueId, ValueId>,
 ) -> Lifetimes {
     let mut step: HashMap<ValueId, usize> = HashMap::new();
     for (i, grp) in groups.iter().enumerate() {
@@ -1422,6 +1467,11 @@ fn lifetimes(
                 let e = last.entry(r).or_insert(0);
                 *e = (*e).max(step[&v]);
             }
+        }
+    }
+    for (u, v) in live_until {
+        if let (Some(e), Some(&s)) = (last.get_mut(u), step.get(v)) {
+            *e = (*e).max(s);
         }
     }
     let mut readback: Vec<ValueId> = vec![];

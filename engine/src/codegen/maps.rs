@@ -53,6 +53,9 @@ impl Gen<'_> {
                 let Rule::ViewCopy(view) = def.rule else {
                     return Err(bug(format!("{} is no view copy", def.name)));
                 };
+                if let Some(x) = self.block_view_at(n, k, idx)? {
+                    return Ok(x);
+                }
                 if idx == self.own {
                     if let Some(tile) = self.tiles.get(&(n, k)) {
                         let at = format!("{tile}[{}]", self.tile_at);

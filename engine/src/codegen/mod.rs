@@ -32,6 +32,7 @@ use kiln_functionalize::DType;
 use std::collections::{HashMap, HashSet};
 
 pub use crate::kernel::{BindingRules, Fault, KernelCode, Loc, Window};
+pub(crate) use elementwise::transposed_blocks;
 
 /// Elementwise kernels reading and writing four consecutive elements an
 /// invocation as `vec4<u32>` (GPUs: wider memory transactions).
@@ -41,8 +42,14 @@ pub(crate) struct Vectorize {
     slots: std::collections::HashSet<String>,
     /// Lane index expressions -> lane.
     lanes: HashMap<String, usize>,
-    /// Bindings whose vector this invocation has loaded (`<var>v`).
-    loaded: std::collections::HashSet<String>,
+    /// Bindings whose vector at the current quad this invocation has
+    /// loaded, and the variable holding it.
+    loaded: HashMap<String, String>,
+    /// The vector index of the quad the lanes are elements of (`gid`
+    /// where empty).
+    quad: String,
+    /// In a kernel of blocks (`Gen::map_group_blocked`).
+    block: Option<BlockState>,
     /// Indices read lane to lane in aligned quads (`Affine::keeps_quads`)
     /// -> the quad's first index and the lane.
     quads: HashMap<String, (String, usize)>,
@@ -55,6 +62,44 @@ pub(crate) struct Vectorize {
     /// and loaded there only, where every later lane sees them.
     top: usize,
     counted: (usize, usize),
+}
+
+/// How far map `a` moves its image for a step of one row (`cols`
+/// elements) inside a block of `height` rows (rows `hr..hr+h-1` of a
+/// matrix whose rows number a multiple of `height`): the stride of the
+/// dim whose inner dims span exactly a row, where that dim's size is a
+/// multiple of `height` (so the block's rows never carry into the dim
+/// above). `None` where no dim is a row.
+fn row_step(a: &Affine, cols: usize, height: usize) -> Option<usize> {
+    let s = a.simplified();
+    let mut inner = 1;
+    for p in (0..s.sizes.len()).rev() {
+        if inner == cols {
+            return s.sizes[p].is_multiple_of(height).then_some(s.strides[p]);
+        }
+        inner *= s.sizes[p];
+        if inner > cols {
+            return None;
+        }
+    }
+    None
+}
+
+/// The block an invocation of `Gen::map_group_blocked` computes.
+struct BlockState {
+    /// Each element's index expression -> its (row, column) in the block.
+    at: HashMap<String, (usize, usize)>,
+    /// The elements of the block's first row.
+    first_row: Vec<String>,
+    /// The first row of each quad of rows (of `height`).
+    quad_rows: Vec<Vec<String>>,
+    /// The result's columns (a row's elements).
+    cols: usize,
+    /// The block's rows: 4 or 8.
+    height: usize,
+    /// The transposing view copies read four rows at a time -> their
+    /// stored source.
+    views: HashMap<(NodeId, usize), ValueId>,
 }
 
 impl Vectorize {
@@ -126,6 +171,8 @@ pub struct Gen<'a> {
     pub tile_transposes: bool,
     /// See `CompileOptions::transpose_tile`.
     pub transpose_tile: usize,
+    /// See `CompileOptions::transpose_blocks` (off where tiles are on).
+    pub transpose_blocks: bool,
     /// See `CompileOptions::wide_blocks`.
     pub wide_blocks: bool,
     /// In a transposed tile kernel (`map_group_tiled`): view copies read
@@ -243,6 +290,7 @@ impl<'a> Gen<'a> {
             workgroup_rows: true,
             tile_transposes: false,
             transpose_tile: TILE,
+            transpose_blocks: false,
             wide_blocks: false,
             tiles: HashMap::new(),
             tile_at: String::new(),
@@ -606,11 +654,19 @@ impl<'a> Gen<'a> {
 
     /// Lane `c` of binding `var`'s vector for this invocation (loaded once).
     fn vec_word(&mut self, var: &str, c: usize) -> String {
-        if self.vec.loaded.insert(var.to_string()) {
-            self.body
-                .stmt(format!("let {var}v: vec4<u32> = {var}[gid];"));
-        }
-        format!("{var}v.{}", ["x", "y", "z", "w"][c])
+        let v = match self.vec.loaded.get(var) {
+            Some(v) => v.clone(),
+            None => {
+                let q = match self.vec.quad.as_str() {
+                    "" => "gid",
+                    q => q,
+                };
+                let v = self.body.bind("vec4<u32>", format!("{var}[{q}]"));
+                self.vec.loaded.insert(var.to_string(), v.clone());
+                v
+            }
+        };
+        format!("{v}.{}", ["x", "y", "z", "w"][c])
     }
 
     /// Where materialized value `v` lives (the plan's layout).
@@ -796,15 +852,7 @@ impl<'a> Gen<'a> {
         // the quad once).
         let top = !self.vec.lanes.is_empty() && self.depth() == self.vec.top;
         if let Some((first, lane)) = self.vec.quad_of(idx).filter(|_| top && a.keeps_quads()) {
-            let key = (a.clone(), first.clone());
-            let i0 = match self.vec.firsts.get(&key) {
-                Some(x) => x.clone(),
-                None => {
-                    let x = self.mapped_index(a, &first);
-                    self.vec.firsts.insert(key, x.clone());
-                    x
-                }
-            };
+            let i0 = self.quad_first(a, &first);
             let at = if lane == 0 {
                 i0.clone()
             } else {
@@ -815,6 +863,34 @@ impl<'a> Gen<'a> {
             return at;
         }
         self.mapped_index(a, idx)
+    }
+
+    /// Map `a` applied to `first` (the first element of an aligned quad
+    /// the invocation computes), once. In a block, a later row's image
+    /// follows from the first row's where the map steps evenly down the
+    /// rows (`row_step`): a row broadcast reads the same quad for all four.
+    fn quad_first(&mut self, a: &Affine, first: &str) -> String {
+        let key = (a.clone(), first.to_string());
+        if let Some(x) = self.vec.firsts.get(&key) {
+            return x.clone();
+        }
+        let below = self.vec.block.as_ref().and_then(|b| {
+            let &(i, _) = b.at.get(first).filter(|&&(i, j)| i > 0 && j == 0)?;
+            Some((b.first_row[0].clone(), i, row_step(a, b.cols, b.height)?))
+        });
+        let x = match below {
+            Some((top, i, step)) => {
+                let x0 = self.quad_first(a, &top);
+                if step == 0 {
+                    x0
+                } else {
+                    self.body.bind("u32", format!("{x0} + {}", u(i * step)))
+                }
+            }
+            None => self.mapped_index(a, first),
+        };
+        self.vec.firsts.insert(key, x.clone());
+        x
     }
 
     /// `index_at` for a map that is not the identity.

@@ -214,6 +214,8 @@ impl Gpu {
             } else {
                 CompileOptions::default().transpose_tile
             }),
+            transpose_blocks: self.info.device_type == wgpu::DeviceType::Cpu
+                && std::env::var("KILN_TRANSPOSE_BLOCKS").map_or(true, |v| v != "off"),
             wide_blocks: wide_blocks(CompileOptions::default().wide_blocks),
             vectorize: true,
             contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
