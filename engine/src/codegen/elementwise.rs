@@ -130,7 +130,8 @@ impl Gen<'_> {
                 return self.map_group_tiled(group, tile);
             }
         }
-        if self.vectorize && self.transpose_blocks && !packs {
+        // Blocks pay only through vector loads: none in a shared launch.
+        if self.vectorize && self.transpose_blocks && !packs && !self.vec4_ranges.is_empty() {
             if let Some(b) = transposed_blocks(self.g, self.s, self.locs, group) {
                 let vec4 = |v: ValueId| {
                     self.locs.get(&v).is_some_and(|l| {
