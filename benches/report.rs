@@ -4,6 +4,10 @@
 //!
 //!     cargo bench --bench report            # KILN_REPORT=path writes elsewhere
 //!
+//! `KILN_REPORT_ONLY=programs|chains|imports|minilm|export|web` runs one
+//! part and writes it to target/performance-<part>.md (or `KILN_REPORT`),
+//! to be spliced into the report by hand.
+//!
 //! 1. functionalize: statements per second, random programs of 1k, 10k,
 //!    100k statements, both modes (PyTorch: make_fx of functionalize);
 //! 2. per program: kernels, bytes moved against the minimum;
@@ -177,9 +181,16 @@ fn main() {
         "XDG_RUNTIME_DIR",
         std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()),
     );
-    let out_path = PathBuf::from(
-        std::env::var("KILN_REPORT").unwrap_or_else(|_| "docs/performance.md".into()),
-    );
+    // A partial run (`KILN_REPORT_ONLY`) writes only its sections: to
+    // target/, never over the whole report, unless `KILN_REPORT` says.
+    let out_path =
+        PathBuf::from(std::env::var("KILN_REPORT").unwrap_or_else(|_| {
+            match std::env::var("KILN_REPORT_ONLY") {
+                Ok(only) => format!("target/performance-{only}.md"),
+                Err(_) => "docs/performance.md".into(),
+            }
+        }));
+    eprintln!("writing {}", out_path.display());
     let tmp = std::env::temp_dir().join(format!("kiln-report-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let session = Session::open().unwrap_or_else(|e| panic!("{e}"));
