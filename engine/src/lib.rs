@@ -216,6 +216,14 @@ pub struct CompileOptions {
     pub constants: Vec<usize>,
 }
 
+impl CompileOptions {
+    /// Transposed reads run in blocks (`transpose_blocks`, never where
+    /// tiles serve them).
+    pub(crate) fn blocks_transposes(&self) -> bool {
+        self.transpose_blocks && !self.tile_transposes
+    }
+}
+
 impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {

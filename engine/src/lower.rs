@@ -420,7 +420,7 @@ fn vec4_ranges(
             .then_some((l.buf, l.word, words))
     };
     // Sources of transposing views read as a block's column quads.
-    let blocked: Vec<ValueId> = if options.transpose_blocks && !options.tile_transposes {
+    let blocked: Vec<ValueId> = if options.blocks_transposes() {
         crate::codegen::transposed_blocks(g, sched, locs, grp)
             .map(|b| b.sources().collect())
             .unwrap_or_default()
@@ -908,7 +908,7 @@ pub(crate) fn generate(
     gen.workgroup_rows = options.workgroup_rows;
     gen.tile_transposes = options.tile_transposes;
     gen.transpose_tile = options.transpose_tile;
-    gen.transpose_blocks = options.transpose_blocks && !options.tile_transposes;
+    gen.transpose_blocks = options.blocks_transposes();
     gen.wide_blocks = options.wide_blocks;
     gen.workgroup = options.workgroup;
     gen.grid_stride = options.grid_stride;
@@ -1362,12 +1362,14 @@ fn join_map_launches(
                 );
                 // Values an earlier member reads, placed under a result of
                 // this group once they died.
+                // (Keyed by the value read, as `lifetimes` counts reads.)
+                let read = read_values(g, sched, &values(members));
                 for v in clashing.iter().filter(|v| !sched.alias_of.contains_key(v)) {
                     let Some(r) = range(v) else { continue };
                     let one = HashSet::from([r]);
-                    for u in read_values(g, sched, &values(members)) {
+                    for &u in &read {
                         if !groups[i].contains(&u) && range(&u).is_some_and(|x| overlap(x, &one)) {
-                            overlapped.insert(sched.root(u), *v);
+                            overlapped.insert(u, *v);
                         }
                     }
                 }

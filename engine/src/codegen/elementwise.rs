@@ -331,7 +331,6 @@ impl Gen<'_> {
         }
         self.vec.block = Some(super::BlockState {
             at,
-            first_row: elems[0].clone(),
             quad_rows: (0..h).step_by(4).map(|i| elems[i].clone()).collect(),
             cols,
             height: h,
@@ -365,7 +364,6 @@ impl Gen<'_> {
         let (Some(&(row, col)), Some(&src)) = (b.at.get(idx), b.views.get(&(n, k))) else {
             return Ok(None);
         };
-        let first_row = b.first_row[col].clone();
         let quad_row = b.quad_rows[row / 4][col].clone();
         if self.depth() != self.vec.top {
             return Ok(None);
@@ -380,21 +378,8 @@ impl Gen<'_> {
         if !slot.vec4 || slot.chunk.is_some() || slot.atomic || loc.packed {
             return Ok(None);
         }
-        let mut first = self.quad_first(&a, &first_row);
-        if row >= 4 {
-            // The next quad down the source's row: rows 4..7 of the block.
-            let key = (a.clone(), quad_row);
-            first = match self.vec.firsts.get(&key) {
-                Some(x) => x.clone(),
-                None => {
-                    let x = self
-                        .body
-                        .bind("u32", format!("{first} + {}", u(4 * (row / 4))));
-                    self.vec.firsts.insert(key, x.clone());
-                    x
-                }
-            };
-        }
+        // Rows 4..7 of the block: the next quad down the source's row.
+        let first = self.quad_first(&a, &quad_row);
         let w = self.quad_word(&slot, &first, row % 4);
         let d = g.meta(src).dtype;
         Ok(Some(self.body.bind(ty(d), wgsl::from_word(d, &w))))

@@ -89,9 +89,8 @@ fn row_step(a: &Affine, cols: usize, height: usize) -> Option<usize> {
 struct BlockState {
     /// Each element's index expression -> its (row, column) in the block.
     at: HashMap<String, (usize, usize)>,
-    /// The elements of the block's first row.
-    first_row: Vec<String>,
-    /// The first row of each quad of rows (of `height`).
+    /// The elements of the first row of each quad of the block's rows
+    /// (the first row first).
     quad_rows: Vec<Vec<String>>,
     /// The result's columns (a row's elements).
     cols: usize,
@@ -865,18 +864,20 @@ impl<'a> Gen<'a> {
         self.mapped_index(a, idx)
     }
 
-    /// Map `a` applied to `first` (the first element of an aligned quad
-    /// the invocation computes), once. In a block, a later row's image
-    /// follows from the first row's where the map steps evenly down the
-    /// rows (`row_step`): a row broadcast reads the same quad for all four.
+    /// Map `a` applied to `first` (an element of the invocation's, the
+    /// first of an aligned quad or of a block's column), once. In a block,
+    /// a later row's image follows from the first row's, same column,
+    /// where the map steps evenly down the rows (`row_step`): a row
+    /// broadcast reads the same quad for all the rows, a transposing view
+    /// the next quad of its source four rows down.
     fn quad_first(&mut self, a: &Affine, first: &str) -> String {
         let key = (a.clone(), first.to_string());
         if let Some(x) = self.vec.firsts.get(&key) {
             return x.clone();
         }
         let below = self.vec.block.as_ref().and_then(|b| {
-            let &(i, _) = b.at.get(first).filter(|&&(i, j)| i > 0 && j == 0)?;
-            Some((b.first_row[0].clone(), i, row_step(a, b.cols, b.height)?))
+            let &(i, j) = b.at.get(first).filter(|&&(i, _)| i > 0)?;
+            Some((b.quad_rows[0][j].clone(), i, row_step(a, b.cols, b.height)?))
         });
         let x = match below {
             Some((top, i, step)) => {
