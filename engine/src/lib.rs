@@ -216,6 +216,7 @@ pub struct CompileOptions {
     pub constants: Vec<usize>,
 }
 
+#[cfg(feature = "compiler")]
 impl CompileOptions {
     /// Transposed reads run in blocks (`transpose_blocks`, never where
     /// tiles serve them).
