@@ -500,15 +500,12 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
         options.tile_min_rows = if tiled { 0 } else { usize::MAX };
         options.tall_tiles_from = if tall { 0 } else { usize::MAX };
         options.wide_blocks = wide;
-        // A launch each: the counts below are of products' kernels.
+        // A launch each but for sibling products (y4 and z4: one left
+        // operand): the counts below are of products, a launch's parts.
         options.share_launches = false;
         options.contiguous_operands = false;
         let p = kiln::engine::compile_with(&g, &options).unwrap();
-        let vec4 = p
-            .kernels
-            .iter()
-            .filter(|k| k.code.wgsl.contains("bitcast<vec4<f32>>"))
-            .count();
+        let vec4 = parts_where(&p, |w| w.contains("bitcast<vec4<f32>>"));
         // y4 and z4; u4 reads exp(x4) inline, element by element (its
         // B tiles, staged through workgroup memory, are still vectors).
         assert_eq!(vec4, if tiled { 3 } else { 2 });
@@ -529,11 +526,7 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
             assert_eq!(narrow, 0);
         }
         let tile = if tall { 640 } else { 320 };
-        let vec4_tiles = p
-            .kernels
-            .iter()
-            .filter(|k| k.code.wgsl.contains(&format!("array<vec4<f32>, {tile}>")))
-            .count();
+        let vec4_tiles = parts_where(&p, |w| w.contains(&format!("array<vec4<f32>, {tile}>")));
         assert_eq!(vec4_tiles, if tiled { 4 } else { 0 });
         let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
         let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
@@ -664,6 +657,61 @@ fn independent_kernels_share_a_launch() {
     }
 }
 
+/// Kernels of other grids and workgroup shapes share a launch
+/// (`codegen::siblings::join`): a `bmm` of two batches, a `matmul`
+/// broadcasting them over eight and a `mm` (grids of other depths, one
+/// row of workgroups each unfolds its own), and on the GPU variant an
+/// `amax` of 256 lanes beside products in 32 x 8 tiles (each part
+/// unfolds its own `lid`). One read of `b`; results as the reference.
+#[test]
+fn kernels_of_other_grids_share_a_launch() {
+    let src = "graph f(%a: f32[3, 8], %b: f32[2, 8, 5], %d: f32[4, 1, 3, 8], %x: f32[40, 70]) {
+  %at = t(%a)
+  %g = mm(%a, %at)
+  %bs = slice(%b, 2, 0, none, 2)
+  %bt = transpose(%bs, 1, 2)
+  %bb = bmm(%bt, %b)
+  %bc = matmul(%d, %b)
+  %m = amax(%x, [1])
+  return (%g, %bb, %bc, %m)
+}";
+    let g = parse(src).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    // This adapter's amax runs 64 lanes a workgroup, its products 256.
+    for (options, launches) in [
+        (kiln::engine::CompileOptions::default(), 1),
+        (gpu.compile_options(), 2),
+    ] {
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        assert_eq!(labels.len(), launches, "{labels:?}");
+        assert!(
+            labels[0].starts_with("mm#mm | bmm#bmm | matmul#matmul"),
+            "{labels:?}"
+        );
+        assert_eq!(launches_apart(&g, &options), 4);
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        for seed in 0..3 {
+            let ins = kiln::functionalize::random::random_inputs(&g, seed, 1.0);
+            let want = kiln::run(&g, ins.clone()).unwrap();
+            let got = e.run(&g, ins).unwrap();
+            for (a, b) in got.outputs.iter().zip(&want.outputs) {
+                close_gpu("output", a, b, 1e-5).unwrap();
+            }
+        }
+    }
+}
+
+/// The kernels' parts (`a | b` in a label: kernels sharing a launch) of
+/// the launches whose WGSL satisfies `has`.
+fn parts_where(p: &kiln::engine::Program, has: impl Fn(&str) -> bool) -> usize {
+    p.kernels
+        .iter()
+        .filter(|k| has(&k.code.wgsl))
+        .map(|k| k.code.label.split(" | ").count())
+        .sum()
+}
+
 /// Launches of `g` compiled with `options` but no launch shared.
 fn launches_apart(g: &kiln::functionalize::Graph, options: &kiln::engine::CompileOptions) -> usize {
     let apart = kiln::engine::CompileOptions {
@@ -699,12 +747,11 @@ fn skinny_products_in_every_operand_form() {
     let mut options = gpu.compile_options();
     options.tile_min_rows = 0;
     options.contiguous_operands = false;
+    // Each product its own launch but for siblings (one left operand),
+    // counted by their parts.
+    options.share_launches = false;
     let p = kiln::engine::compile_with(&g, &options).unwrap();
-    let skinny = p
-        .kernels
-        .iter()
-        .filter(|k| k.code.wgsl.contains("var<workgroup> red"))
-        .count();
+    let skinny = parts_where(&p, |w| w.contains("var<workgroup> red"));
     assert_eq!(skinny, 8, "{}", p.stats());
     let mut e = Engine::on(kiln::engine::Session::with_options(gpu, options));
     let ins = kiln::functionalize::random::random_inputs(&g, 7, 1.0);
@@ -1465,7 +1512,7 @@ fn product_epilogues_fuse() {
 }
 
 /// Products of one left operand with the same rows (Q, K and V
-/// projections; two batched products of one tensor) run as one launch,
+/// projections; two batched products of one tensor) run in one launch,
 /// each with its own epilogue and width, at tiled, skinny and CPU-adapter
 /// sizes; a product reading a sibling's result (SwiGLU's up projection
 /// times its gate) waits for it in a launch of its own.
@@ -1501,10 +1548,17 @@ fn sibling_products_share_a_launch() {
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         // q, k, v and the gated pair (the gate computed in the up
         // projection's kernel: `twin_products_are_one_kernel`) in one
-        // launch; the two batched products in one.
-        assert_eq!(labels.len(), 2, "{rows} rows: {labels:?}");
-        assert_eq!(labels[0].matches(" | ").count(), 3, "{labels:?}");
-        assert_eq!(labels[1].matches(" | ").count(), 1, "{labels:?}");
+        // launch; the two batched products in one. At 3 rows (skinny
+        // products) both in one (another grid: `join`); in tiles the
+        // batched products' tiles are of scalars, the others' of vectors,
+        // under the same names.
+        let mut sizes: Vec<usize> = labels
+            .iter()
+            .map(|l| l.matches(" | ").count() + 1)
+            .collect();
+        sizes.sort();
+        let want = if rows == 3 { vec![6] } else { vec![2, 4] };
+        assert_eq!(sizes, want, "{rows} rows: {labels:?}");
         let ins = kiln::functionalize::random::random_inputs(&g, rows as u64, 1.0);
         let want = kiln::run(&g, ins.clone()).unwrap();
         for mut e in [engine(), gpu_variants()] {

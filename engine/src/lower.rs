@@ -1172,8 +1172,12 @@ fn group_kernels(
 
 /// Moves each reduction kernel into an earlier elementwise kernel it can
 /// run in (`folds_into`) and that computes or reads what it reads, past
-/// kernels it is independent of. Not where an earlier plan found the
-/// kernel over the device's bindings (`Grouping::apart`).
+/// kernels it is independent of. A launch of independent kernels gives
+/// up one of them so, the one reading most of those reading nothing the
+/// others read (`int_mask_ops`: of a sum of a mask's rows and a sum of
+/// the whole of an updated parameter, the latter, so that the parameter
+/// is not read back). Not where an earlier
+/// plan found the kernel over the device's bindings (`Grouping::apart`).
 fn fold_reductions(
     g: &Graph,
     sched: &schedule::Schedule,
@@ -1181,28 +1185,51 @@ fn fold_reductions(
     grouping: &Grouping,
     groups: &mut Vec<Vec<ValueId>>,
 ) {
+    let input_words = |v: &ValueId| {
+        let x = g.node_of(*v).and_then(|n| g.nodes[n].args.first());
+        match x {
+            Some(kiln_functionalize::schema::Arg::Tensor(x)) => {
+                wgsl::words(g.meta(*x).dtype, g.meta(*x).numel(), true)
+            }
+            _ => 0,
+        }
+    };
     let mut i = 0;
     while i < groups.len() {
-        let [v] = groups[i][..] else {
-            i += 1;
-            continue;
+        // A member of a launch reading a buffer another member reads
+        // stays: apart, that buffer would be read twice.
+        let alone = |v: ValueId| {
+            let others: Vec<ValueId> = groups[i].iter().copied().filter(|&w| w != v).collect();
+            roots_touched(g, sched, &[v]).is_disjoint(&roots_touched(g, sched, &others))
         };
-        let mut into = None;
+        let mut candidates: Vec<ValueId> = match groups[i][..] {
+            [v] => vec![v],
+            _ if groups[i].iter().all(|&w| !is_map(g, sched, w)) => {
+                groups[i].iter().copied().filter(|&v| alone(v)).collect()
+            }
+            _ => vec![],
+        };
+        candidates.sort_by_key(|v| std::cmp::Reverse(input_words(v)));
         let reach = grouping.lookback.max(1);
-        let back = (0..i).rev().take(reach);
-        for j in back.filter(|_| !grouping.apart.contains_key(&v)) {
-            if folds_into(g, sched, options, &groups[j], v) {
-                into = Some(j);
-                break;
+        let fold = candidates.into_iter().find_map(|v| {
+            let back = (0..i).rev().take(reach);
+            for j in back.filter(|_| !grouping.apart.contains_key(&v)) {
+                if folds_into(g, sched, options, &groups[j], v) {
+                    return Some((j, v));
+                }
+                if !independent(g, sched, &groups[j], v) {
+                    break;
+                }
             }
-            if !independent(g, sched, &groups[j], v) {
-                break;
-            }
-        }
-        match into {
-            Some(j) => {
+            None
+        });
+        match fold {
+            Some((j, v)) => {
                 groups[j].push(v);
-                groups.remove(i);
+                groups[i].retain(|&w| w != v);
+                if groups[i].is_empty() {
+                    groups.remove(i);
+                }
             }
             None => i += 1,
         }

@@ -9,9 +9,45 @@
 
 use super::*;
 
-/// What must agree for kernels to share a launch: the workgroup's shape
-/// and the grid's height and depth (`None`: not one kernel).
-pub type Shape = Option<([u32; 3], [u32; 2])>;
+/// What must agree for kernels to share a launch: the workgroup's number
+/// of invocations (`None`: not one kernel). Grids of any shape join, and
+/// workgroups of any shape with as many invocations (`join`), where
+/// their workgroup memory agrees.
+pub type Shape = Option<u32>;
+
+/// The invocations of a workgroup of shape `wg`.
+fn invocations(wg: [u32; 3]) -> u32 {
+    wg.iter().product()
+}
+
+/// Bytes of the workgroup memory `decls` declare (`array<T, N>` of
+/// scalars or vectors of 32 bits, or the most a declaration of another
+/// form could need: all of it, so it joins nothing).
+fn shared_bytes(decls: &[String]) -> u64 {
+    decls
+        .iter()
+        .map(|d| {
+            let array = d
+                .split_once("array<")
+                .map(|(_, a)| a.trim_end_matches(">;"));
+            let (ty, n) = array.and_then(|a| a.rsplit_once(',')).unwrap_or_default();
+            let lanes = match ty.trim() {
+                "f32" | "i32" | "u32" => Some(1),
+                t if t.starts_with("vec2<") => Some(2),
+                t if t.starts_with("vec3<") || t.starts_with("vec4<") => Some(4),
+                _ => None,
+            };
+            match (lanes, n.trim().parse::<u64>()) {
+                (Some(l), Ok(n)) => l * 4 * n,
+                _ => WORKGROUP_STORAGE + 1,
+            }
+        })
+        .sum()
+}
+
+/// WebGPU's default workgroup memory limit, which a joined kernel's
+/// parts share (each part's own declarations fit it).
+const WORKGROUP_STORAGE: u64 = 16384;
 
 /// One kernel's body, generated as if alone.
 pub(super) struct Part {
@@ -34,16 +70,31 @@ fn shared_name(decl: &str) -> &str {
 /// The parts as one kernel: workgroup `wid.x` of the joined grid runs the
 /// part whose columns it falls in, with `wid`, `nwg` and `gid` shadowed by
 /// their values in that part's own grid (uniform: barriers stay legal).
-/// `None` where they cannot share a launch: other workgroup shapes, rows
-/// or batches, workgroup memory declared differently under one name, or
+/// Where the parts' grids differ in height or depth (a `bmm` of two
+/// batches beside a broadcast `matmul` of eight), the joined grid is one
+/// row of every part's workgroups and each part unfolds its own `wid`
+/// from its offset in that row. Where their workgroups differ in shape
+/// but not in size (a product's 8 x 8 tiles beside a reduction's 64
+/// lanes), the joined workgroup is one row of invocations and each part
+/// unfolds its own `lid` from the invocation's place in it (the same
+/// linear index, so subgroups stay whole). `None` where they cannot share
+/// a launch: workgroups of other sizes, workgroup memory declared
+/// differently under one name or past `WORKGROUP_STORAGE` together, or
 /// too wide a grid.
 fn join(parts: &[Part]) -> Option<Part> {
     let first = parts.first()?;
+    let flat = parts.iter().any(|p| p.grid[1..] != first.grid[1..]);
+    let lanes = parts.iter().any(|p| p.wg != first.wg);
+    let wg = if lanes {
+        [invocations(first.wg), 1, 1]
+    } else {
+        first.wg
+    };
     let mut shared: Vec<String> = vec![];
     let mut lines = vec![];
     let mut end = 0u32;
     for (i, p) in parts.iter().enumerate() {
-        if p.wg != first.wg || p.grid[1..] != first.grid[1..] {
+        if invocations(p.wg) != invocations(first.wg) {
             return None;
         }
         for d in &p.shared {
@@ -54,17 +105,34 @@ fn join(parts: &[Part]) -> Option<Part> {
             }
         }
         let start = end;
-        end = end.checked_add(p.grid[0])?;
+        let [x, y, z] = p.grid;
+        let width = if flat {
+            x.checked_mul(y)?.checked_mul(z)?
+        } else {
+            x
+        };
+        end = end.checked_add(width)?;
         lines.push(match i {
             0 => format!("if (wid.x < {end}u) {{"),
             _ if i + 1 == parts.len() => "} else {".to_string(),
             _ => format!("}} else if (wid.x < {end}u) {{"),
         });
-        lines.push(format!(
-            "let wid = vec3<u32>(wid.x - {start}u, wid.y, wid.z);"
-        ));
-        let [x, y, z] = p.grid;
+        lines.push(if flat {
+            format!(
+                "let wid = vec3<u32>((wid.x - {start}u) % {x}u, (wid.x - {start}u) / {x}u % {y}u, (wid.x - {start}u) / {}u);",
+                x * y
+            )
+        } else {
+            format!("let wid = vec3<u32>(wid.x - {start}u, wid.y, wid.z);")
+        });
         lines.push(format!("let nwg = vec3<u32>({x}u, {y}u, {z}u);"));
+        if lanes && p.wg[1..] != [1, 1] {
+            let [a, b, _] = p.wg;
+            lines.push(format!(
+                "let lid = vec3<u32>(lid.x % {a}u, lid.x / {a}u % {b}u, lid.x / {}u);",
+                a * b
+            ));
+        }
         if p.wg[1..] == [1, 1] {
             // `wgsl::shader`'s flat invocation index, in the part's grid.
             lines.push(format!(
@@ -80,10 +148,15 @@ fn join(parts: &[Part]) -> Option<Part> {
         .map(|p| p.label.as_str())
         .collect::<Vec<_>>()
         .join(" | ");
-    (end <= 65535).then_some(Part {
+    let grid = if flat {
+        [end, 1, 1]
+    } else {
+        [end, first.grid[1], first.grid[2]]
+    };
+    (end <= 65535 && shared_bytes(&shared) <= WORKGROUP_STORAGE).then_some(Part {
         label,
-        grid: [end, first.grid[1], first.grid[2]],
-        wg: first.wg,
+        grid,
+        wg,
         lines,
         shared,
     })
@@ -99,30 +172,37 @@ impl Gen<'_> {
         if let Some(code) = parts.as_deref().and_then(|p| self.joined(p)) {
             return Ok(vec![(grp.to_vec(), vec![code])]);
         }
-        // Start again from a clean slate, by shape: those of one shape in
-        // a launch, the rest alone.
+        // Start again from a clean slate: each kernel joins the first
+        // launch it can share (workgroups of its size, workgroup memory
+        // that fits beside theirs), or starts one.
         self.uses_subgroup = false;
         drop(self.take_bindings());
-        let shapes: Vec<Shape> = match parts {
-            Some(parts) => parts
+        let Some(parts) = parts else {
+            self.apart.extend(grp.iter().map(|&v| (v, None)));
+            return grp
                 .iter()
-                .map(|p| Some((p.wg, [p.grid[1], p.grid[2]])))
-                .collect(),
-            None => vec![None; grp.len()],
+                .map(|&v| Ok((vec![v], self.kernel(v)?)))
+                .collect();
         };
-        let mut clusters: Vec<(Shape, Vec<ValueId>)> = vec![];
-        for (&v, shape) in grp.iter().zip(shapes) {
-            match clusters
-                .iter_mut()
-                .find(|c| shape.is_some() && c.0 == shape)
-            {
-                Some(c) => c.1.push(v),
-                None => clusters.push((shape, vec![v])),
+        let mut clusters: Vec<(u32, Vec<ValueId>)> = vec![];
+        for (&v, part) in grp.iter().zip(&parts) {
+            let size = invocations(part.wg);
+            let mut at = None;
+            for (i, c) in clusters.iter().enumerate().filter(|(_, c)| c.0 == size) {
+                let trial: Vec<ValueId> = c.1.iter().copied().chain([v]).collect();
+                if self.join_of(&trial)? {
+                    at = Some(i);
+                    break;
+                }
+            }
+            match at {
+                Some(i) => clusters[i].1.push(v),
+                None => clusters.push((size, vec![v])),
             }
         }
         let mut out = vec![];
-        for (shape, vals) in clusters {
-            let mut shape = shape;
+        for (size, vals) in clusters {
+            let mut shape = Some(size);
             if vals.len() > 1 {
                 let parts = self.parts_of(&vals)?;
                 if let Some(code) = parts.as_deref().and_then(|p| self.joined(p)) {
@@ -141,6 +221,15 @@ impl Gen<'_> {
             }
         }
         Ok(out)
+    }
+
+    /// Can the kernels of `vals` share a launch (`join`)? Generated to
+    /// see, the bindings dropped again.
+    fn join_of(&mut self, vals: &[ValueId]) -> R<bool> {
+        let ok = self.parts_of(vals)?.as_deref().and_then(join).is_some();
+        self.uses_subgroup = false;
+        drop(self.take_bindings());
+        Ok(ok)
     }
 
     /// Elementwise kernels sharing a launch (`lower::join_map_launches`),
