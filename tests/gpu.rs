@@ -660,9 +660,11 @@ fn independent_kernels_share_a_launch() {
 /// Kernels of other grids and workgroup shapes share a launch
 /// (`codegen::siblings::join`): a `bmm` of two batches, a `matmul`
 /// broadcasting them over eight and a `mm` (grids of other depths, one
-/// row of workgroups each unfolds its own), and on the GPU variant an
-/// `amax` of 256 lanes beside products in 32 x 8 tiles (each part
-/// unfolds its own `lid`). One read of `b`; results as the reference.
+/// row of workgroups each unfolds its own), and an `amax`: on the GPU
+/// variant of 256 lanes beside products in 32 x 8 tiles (each part
+/// unfolds its own `lid`), on this adapter's of 64 lanes beside products
+/// of 256 invocations (four of its workgroups in one of the launch's).
+/// One read of `b`; results as the reference.
 #[test]
 fn kernels_of_other_grids_share_a_launch() {
     let src = "graph f(%a: f32[3, 8], %b: f32[2, 8, 5], %d: f32[4, 1, 3, 8], %x: f32[40, 70]) {
@@ -677,14 +679,14 @@ fn kernels_of_other_grids_share_a_launch() {
 }";
     let g = parse(src).unwrap();
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
-    // This adapter's amax runs 64 lanes a workgroup, its products 256.
-    for (options, launches) in [
-        (kiln::engine::CompileOptions::default(), 1),
-        (gpu.compile_options(), 2),
+    for (options, launches, packed) in [
+        (kiln::engine::CompileOptions::default(), 1, false),
+        (gpu.compile_options(), 1, true),
     ] {
         let p = kiln::engine::compile_with(&g, &options).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         assert_eq!(labels.len(), launches, "{labels:?}");
+        assert_eq!(p.kernels[0].code.wgsl.contains("if (part_wg < "), packed);
         assert!(
             labels[0].starts_with("mm#mm | bmm#bmm | matmul#matmul"),
             "{labels:?}"

@@ -9,10 +9,10 @@
 
 use super::*;
 
-/// What must agree for kernels to share a launch: the workgroup's number
-/// of invocations (`None`: not one kernel). Grids of any shape join, and
-/// workgroups of any shape with as many invocations (`join`), where
-/// their workgroup memory agrees.
+/// The workgroup size (invocations) of the launch a kernel joined, or of
+/// its own (`None`: not one kernel). Grids of any shape join, workgroups
+/// of any shape with as many invocations, and smaller ones that use no
+/// workgroup memory (`join`).
 pub type Shape = Option<u32>;
 
 /// The invocations of a workgroup of shape `wg`.
@@ -77,26 +77,38 @@ fn shared_name(decl: &str) -> &str {
 /// but not in size (a product's 8 x 8 tiles beside a reduction's 64
 /// lanes), the joined workgroup is one row of invocations and each part
 /// unfolds its own `lid` from the invocation's place in it (the same
-/// linear index, so subgroups stay whole). `None` where they cannot share
-/// a launch: workgroups of other sizes, workgroup memory declared
+/// linear index, so subgroups stay whole). A part of fewer invocations
+/// that uses no workgroup memory, barrier or subgroup runs several of its
+/// workgroups in one of the launch's (`packs`). `None` where they cannot
+/// share a launch: workgroups of other sizes, workgroup memory declared
 /// differently under one name or past `WORKGROUP_STORAGE` together, or
 /// too wide a grid.
 fn join(parts: &[Part]) -> Option<Part> {
     let first = parts.first()?;
-    let flat = parts.iter().any(|p| p.grid[1..] != first.grid[1..]);
-    let lanes = parts.iter().any(|p| p.wg != first.wg);
-    let wg = if lanes {
-        [invocations(first.wg), 1, 1]
-    } else {
-        first.wg
-    };
+    let size = parts.iter().map(|p| invocations(p.wg)).max()?;
+    let mut packs = vec![1u32; parts.len()];
+    for (k, p) in packs.iter_mut().zip(parts) {
+        let s = invocations(p.wg);
+        if s != size {
+            let alone = p.shared.is_empty()
+                && !p
+                    .lines
+                    .iter()
+                    .any(|l| l.contains("Barrier") || l.contains("subgroup"));
+            if !alone || size % s != 0 {
+                return None;
+            }
+            *k = size / s;
+        }
+    }
+    let packed = packs.iter().any(|&k| k > 1);
+    let flat = packed || parts.iter().any(|p| p.grid[1..] != first.grid[1..]);
+    let lanes = packed || parts.iter().any(|p| p.wg != first.wg);
+    let wg = if lanes { [size, 1, 1] } else { first.wg };
     let mut shared: Vec<String> = vec![];
     let mut lines = vec![];
     let mut end = 0u32;
-    for (i, p) in parts.iter().enumerate() {
-        if invocations(p.wg) != invocations(first.wg) {
-            return None;
-        }
+    for (i, (p, &k)) in parts.iter().zip(&packs).enumerate() {
         for d in &p.shared {
             match shared.iter().find(|s| shared_name(s) == shared_name(d)) {
                 Some(s) if s != d => return None,
@@ -106,30 +118,38 @@ fn join(parts: &[Part]) -> Option<Part> {
         }
         let start = end;
         let [x, y, z] = p.grid;
-        let width = if flat {
-            x.checked_mul(y)?.checked_mul(z)?
-        } else {
-            x
-        };
+        let groups = x.checked_mul(y)?.checked_mul(z)?;
+        let width = if flat { groups.div_ceil(k) } else { x };
         end = end.checked_add(width)?;
         lines.push(match i {
             0 => format!("if (wid.x < {end}u) {{"),
             _ if i + 1 == parts.len() => "} else {".to_string(),
             _ => format!("}} else if (wid.x < {end}u) {{"),
         });
+        let s = invocations(p.wg);
+        if k > 1 {
+            // Workgroup `part_wg` of the part's own grid: its invocations are
+            // those of the `s` lanes `lid.x / s` of the launch's.
+            lines.push(format!(
+                "let part_wg = (wid.x - {start}u) * {k}u + lid.x / {s}u;"
+            ));
+            lines.push(format!("if (part_wg < {groups}u) {{"));
+        } else {
+            lines.push(format!("let part_wg = wid.x - {start}u;"));
+        }
         lines.push(if flat {
             format!(
-                "let wid = vec3<u32>((wid.x - {start}u) % {x}u, (wid.x - {start}u) / {x}u % {y}u, (wid.x - {start}u) / {}u);",
+                "let wid = vec3<u32>(part_wg % {x}u, part_wg / {x}u % {y}u, part_wg / {}u);",
                 x * y
             )
         } else {
-            format!("let wid = vec3<u32>(wid.x - {start}u, wid.y, wid.z);")
+            "let wid = vec3<u32>(part_wg, wid.y, wid.z);".to_string()
         });
         lines.push(format!("let nwg = vec3<u32>({x}u, {y}u, {z}u);"));
-        if lanes && p.wg[1..] != [1, 1] {
+        if lanes && (k > 1 || p.wg[1..] != [1, 1]) {
             let [a, b, _] = p.wg;
             lines.push(format!(
-                "let lid = vec3<u32>(lid.x % {a}u, lid.x / {a}u % {b}u, lid.x / {}u);",
+                "let lid = vec3<u32>(lid.x % {a}u, lid.x / {a}u % {b}u, lid.x % {s}u / {}u);",
                 a * b
             ));
         }
@@ -141,6 +161,9 @@ fn join(parts: &[Part]) -> Option<Part> {
             ));
         }
         lines.extend(p.lines.iter().cloned());
+        if k > 1 {
+            lines.push("}".into());
+        }
     }
     lines.push("}".into());
     let label = parts
@@ -188,7 +211,7 @@ impl Gen<'_> {
         for (&v, part) in grp.iter().zip(&parts) {
             let size = invocations(part.wg);
             let mut at = None;
-            for (i, c) in clusters.iter().enumerate().filter(|(_, c)| c.0 == size) {
+            for (i, c) in clusters.iter().enumerate() {
                 let trial: Vec<ValueId> = c.1.iter().copied().chain([v]).collect();
                 if self.join_of(&trial)? {
                     at = Some(i);
@@ -196,7 +219,10 @@ impl Gen<'_> {
                 }
             }
             match at {
-                Some(i) => clusters[i].1.push(v),
+                Some(i) => {
+                    clusters[i].0 = clusters[i].0.max(size);
+                    clusters[i].1.push(v);
+                }
                 None => clusters.push((size, vec![v])),
             }
         }
