@@ -1607,6 +1607,51 @@ fn head_splits_are_stored_by_their_products() {
     }
 }
 
+/// Attention over narrow heads as one row kernel through the head merge
+/// (`chain::link`): scores, softmax and the weighted sum of the values
+/// per (head, query) row, the result held in the product's order and
+/// stored where the merge's permuting copy has it (`Gen::row_chain`),
+/// with and without an elementwise tail before the merge, and as a
+/// value the output projection reads. The probabilities never reach
+/// memory; results as the reference on both variants.
+#[test]
+fn row_kernels_store_through_a_head_merge() {
+    for tail in ["%o2 = mul(%o, 0.5)", "%o2 = clone(%o)"] {
+        let src = format!(
+            "graph f(%q: f32[2, 3, 5, 8], %k: f32[2, 3, 7, 8], %v: f32[2, 3, 7, 8], %w: f32[16, 24]) {{
+  %kt = transpose(%k, -2, -1)
+  %s = matmul(%q, %kt)
+  %p = softmax(%s, -1)
+  %o = matmul(%p, %v)
+  {tail}
+  %ot = transpose(%o2, 1, 2)
+  %om = reshape(%ot, [2, 5, 24])
+  %y = linear(%om, %w)
+  return (%y, %om)
+}}"
+        );
+        let g = parse(&src).unwrap();
+        let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+        let p = kiln::engine::compile_with(&g, &gpu.compile_options()).unwrap();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        // Scores, softmax, the second product (stored as the merge).
+        assert!(
+            labels.iter().any(|l| l.starts_with("rows: matmul#")
+                && l.contains(" > softmax#")
+                && l.matches(" > ").count() == 2),
+            "{tail}: {labels:?}"
+        );
+        let ins = kiln::functionalize::random::random_inputs(&g, 11, 1.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        for mut e in [engine(), gpu_variants()] {
+            let got = e.run(&g, ins.clone()).unwrap();
+            for (i, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
+                close_gpu(&format!("{tail}: output {i}"), a, b, 1e-5).unwrap();
+            }
+        }
+    }
+}
+
 /// Elementwise tails of row kernels and reductions are stored by those
 /// kernels (the softmax, norm and sum results themselves never reach
 /// memory), in every row-kernel variant: one row per invocation, rows

@@ -45,7 +45,12 @@ impl Link {
 /// kernel's lines, any element of an elementwise value.
 pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)> {
     // (A value stored over a dying input, `alias_of`, is decided after.)
-    if s.inplace.contains_key(&v) || s.permuted.contains_key(&v) {
+    // One stored through permuting copies (a head merge) is held in its
+    // product's order and stored where the copies have it: 32-bit
+    // elements, one a word.
+    if s.inplace.contains_key(&v)
+        || s.permuted.contains_key(&v) && crate::wgsl::per_word(g.meta(v).dtype) != 1
+    {
         return None;
     }
     let numel = g.meta(v).numel();
@@ -259,12 +264,23 @@ fn reads_ok(
         let k = by_rows.map_or(0, |a| *g.meta(a).sizes.last().unwrap_or(&0));
         let product_fits = !matches!(link, Link::Product(_)) || width * k <= CHAIN_MAX_PRODUCT;
         // The value's own reads: an elementwise value's, a tail's (its
-        // kernel's result read at the element).
+        // kernel's result read at the element). A tail through permuting
+        // copies reads its result at the element in the result's order,
+        // and no member reads it (its registers hold that order).
         let own = link.node().map(|n| g.nodes[n].results[0]) != Some(v);
+        let permuted = s.permuted.contains_key(&v);
+        let unread = || {
+            s.uses
+                .get(&v)
+                .into_iter()
+                .flatten()
+                .all(|&u| g.nodes[u].results.iter().all(|r| !members.contains(r)))
+        };
         product_fits
+            && (!permuted || unread())
             && whole.iter().all(|&x| reads_none(x))
             && by_rows.is_none_or(|a| crate::index::reads_rows_only(g, s, a, &members, rows))
-            && (!own || crate::index::node_reads_rows_only(g, s, v, &members, rows))
+            && (!own || permuted || crate::index::node_reads_rows_only(g, s, v, &members, rows))
     })
 }
 

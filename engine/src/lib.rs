@@ -394,6 +394,19 @@ pub(crate) fn compile_functional(
                 (plan, grouping, force) = (p2, g2, unstaged);
             }
         }
+        // Row kernels storing through permuting copies (a head merge)
+        // keep those values off dying inputs' buffers: dropped where the
+        // plan holds more memory than eager execution and less without.
+        if !grouping.rows_in_order && plan.planned_peak() > eager {
+            let mut g2 = lower::Grouping {
+                rows_in_order: true,
+                ..grouping.clone()
+            };
+            let p2 = plan_with(&mut g2, &mut force)?;
+            if p2.planned_peak() < plan.planned_peak() {
+                (plan, grouping) = (p2, g2);
+            }
+        }
         // Elementwise kernels moved ahead of elementwise kernels fill
         // earlier kernels: kept where that moves fewer bytes or runs
         // fewer kernels, or holds less memory at that.

@@ -158,8 +158,10 @@ fn reuse_in_row_kernel(
     reads.extend(dead);
     let mut taken: Vec<ValueId> = vec![];
     for &v in grp {
-        if !sched.is_materialized.contains(&v) {
-            continue; // kept in registers
+        // Kept in registers, or stored through permuting copies at other
+        // invocations' rows.
+        if !sched.is_materialized.contains(&v) || sched.permuted.contains_key(&v) {
+            continue;
         }
         for &u in &reads {
             let root = sched.root(u);
@@ -782,7 +784,10 @@ pub(crate) fn plan(
         g,
         &sched,
         options,
-        &|v| grouping.apart.contains_key(&v),
+        &|v| {
+            grouping.apart.contains_key(&v)
+                || grouping.rows_in_order && sched.permuted.contains_key(&v)
+        },
         &out_set,
         &mut groups,
     );
@@ -1074,6 +1079,10 @@ pub(crate) struct Grouping {
     /// computing the value they map to, so that a kernel reading them can
     /// share a launch with that later one (`join_map_launches`).
     pub live_until: HashMap<ValueId, ValueId>,
+    /// Row kernels store no value through permuting copies (`chain::link`):
+    /// such a value takes no dying input's buffer, which a plan above
+    /// eager's peak may need.
+    pub rows_in_order: bool,
 }
 
 /// The lookback tried first (a bound on the search, not on correctness).

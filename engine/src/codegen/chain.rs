@@ -102,7 +102,11 @@ impl Gen<'_> {
                 "for (var cj = 0u; cj < {} * cn; cj = cj + 1u) {{",
                 u(width)
             ));
-            let at = self.body.bind("u32", format!("{base} + cj"));
+            let mut at = self.body.bind("u32", format!("{base} + cj"));
+            // Held in its product's order: stored through the copies.
+            for &p in self.s.permuted.get(&v).into_iter().flatten() {
+                at = self.permuted_index(p, &at)?;
+            }
             self.store_plain(v, &at, &format!("{arr}[cj]"))?;
             self.body.stmt("}".into());
         }

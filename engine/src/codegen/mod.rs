@@ -1020,6 +1020,13 @@ impl<'a> Gen<'a> {
                 _ => self.node_at(tn, tk, &at)?,
             };
             self.memo = saved;
+            // A row kernel holds the tail in the result's order
+            // (`Gen::row_chain` stores it through the copies).
+            let at = if self.filling == Some(target) {
+                idx.to_string()
+            } else {
+                at
+            };
             return self.store_plain(target, &at, &y);
         }
         self.store_plain(v, idx, value)
@@ -1029,8 +1036,15 @@ impl<'a> Gen<'a> {
     /// computed at element `idx`: that value there, and the element of
     /// `p` holding it.
     fn permuted_at(&mut self, p: ValueId, idx: &str) -> R<(String, String)> {
-        let (input, a) = self.permuted_link(p)?;
+        let (input, _) = self.permuted_link(p)?;
         let x = self.value_at(input, idx)?;
+        Ok((x, self.permuted_index(p, idx)?))
+    }
+
+    /// The element of permuting copy `p` holding element `idx` of the
+    /// value it copies.
+    pub(super) fn permuted_index(&mut self, p: ValueId, idx: &str) -> R<String> {
+        let (_, a) = self.permuted_link(p)?;
         // `p`'s dims by decreasing stride are the input's contiguous
         // layout: unravel the element there, ravel it in `p`'s.
         let cs = contiguous_strides(&a.sizes);
@@ -1040,8 +1054,7 @@ impl<'a> Gen<'a> {
         let strides: Vec<usize> = dims.iter().map(|&d| cs[d]).collect();
         let m = self.unravel(idx, &sizes);
         let at = self.ravel(&m, &strides, 0);
-        let at = self.body.bind("u32", at);
-        Ok((x, at))
+        Ok(self.body.bind("u32", at))
     }
 
     fn store_plain(&mut self, v: ValueId, idx: &str, value: &str) -> R<()> {

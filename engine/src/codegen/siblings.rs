@@ -188,8 +188,8 @@ fn join(parts: &[Part]) -> Option<Part> {
 impl Gen<'_> {
     /// The kernels computing the independent kernels' values `grp`, two or
     /// more, each with the values it computes: all in one launch, or where
-    /// their workgroups or grids differ in shape, those of one shape in a
-    /// launch and the rest alone (recorded in `apart` for the next plan).
+    /// they cannot all share one (`join`), each in the first launch it can
+    /// share (recorded in `apart` for the next plan).
     pub fn siblings(&mut self, grp: &[ValueId]) -> R<Vec<(Vec<ValueId>, Vec<KernelCode>)>> {
         let parts = self.parts_of(grp)?;
         if let Some(code) = parts.as_deref().and_then(|p| self.joined(p)) {
