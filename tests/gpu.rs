@@ -1221,14 +1221,14 @@ fn cheap_values_are_recomputed_by_their_readers() {
                 assert_eq!(p.kernels.len(), k, "{src}\n{}", p.stats());
             }
             // Kernels sharing a launch are one shader, a part each
-            // (`codegen/siblings.rs` shadows `wid` at the top of each).
+            // (`codegen/siblings.rs` names its workgroup at the top of each).
             let computing_exp: usize = p
                 .kernels
                 .iter()
                 .map(|k| {
                     k.code
                         .wgsl
-                        .split("let wid = vec3<u32>(wid.x - ")
+                        .split("let part_wg = ")
                         .filter(|part| part.contains(": f32 = exp("))
                         .count()
                 })

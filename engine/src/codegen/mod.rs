@@ -231,6 +231,10 @@ pub struct Gen<'a> {
     /// its packed stores need no atomic binding. Set by a kernel family
     /// before it binds anything; `finish` clears it.
     owns_words: bool,
+    /// The kernel being generated as a part of a shared launch stores
+    /// packed words another part's stores may share (`stores_runs`):
+    /// whole words alone, lane by lane there.
+    words_shared: bool,
     /// The kernel declares `pk`, the var gathering the lanes of a word
     /// such a kernel stores.
     run_word: bool,
@@ -312,6 +316,7 @@ impl<'a> Gen<'a> {
             windows: vec![],
             lane_stores: vec![],
             owns_words: false,
+            words_shared: false,
             run_word: false,
             resident: HashMap::new(),
             filling: None,
@@ -519,9 +524,12 @@ impl<'a> Gen<'a> {
             Some((src, t)) if src == v => t,
             _ => v,
         };
-        self.owns_words = self.parts.is_none()
-            && self.keeps_last_dim(stored)
+        let owns = self.keeps_last_dim(stored)
             && len.is_multiple_of(wgsl::per_word(self.meta(stored).dtype));
+        self.owns_words = self.parts.is_none() && owns;
+        // Packed words it would have stored whole, alone.
+        self.words_shared |=
+            self.parts.is_some() && owns && wgsl::per_word(self.meta(stored).dtype) > 1;
     }
 
     /// Do the permuting copies `v` is stored through (`Schedule::permuted`)
@@ -740,6 +748,7 @@ impl<'a> Gen<'a> {
 
     fn finish(&mut self, label: String, mut grid: [u32; 3], wg: [u32; 3]) -> KernelCode {
         self.owns_words = false;
+        let words_shared = std::mem::take(&mut self.words_shared);
         self.run_word = false;
         let mut body = std::mem::take(&mut self.body);
         if let (Some(n), Some(cap)) = (self.stride_over.take(), self.grid_stride) {
@@ -769,6 +778,7 @@ impl<'a> Gen<'a> {
                 wg,
                 lines: body.lines,
                 shared,
+                words_shared,
             });
             return KernelCode {
                 label,

@@ -56,6 +56,9 @@ pub(super) struct Part {
     pub(super) wg: [u32; 3],
     pub(super) lines: Vec<String>,
     pub(super) shared: Vec<String>,
+    /// Stores packed words lane by lane that it would store whole alone
+    /// (`Gen::stores_runs`).
+    pub(super) words_shared: bool,
 }
 
 /// The name a workgroup-memory declaration declares.
@@ -104,6 +107,12 @@ fn join(parts: &[Part]) -> Option<Part> {
     let packed = packs.iter().any(|&k| k > 1);
     let flat = packed || parts.iter().any(|p| p.grid[1..] != first.grid[1..]);
     let lanes = packed || parts.iter().any(|p| p.wg != first.wg);
+    // Kernels of other shapes join only where none gives up whole-word
+    // stores of packed results for it (atomics lane by lane cost more
+    // than the launch saved).
+    if (flat || lanes) && parts.iter().any(|p| p.words_shared) {
+        return None;
+    }
     let wg = if lanes { [size, 1, 1] } else { first.wg };
     let mut shared: Vec<String> = vec![];
     let mut lines = vec![];
@@ -182,6 +191,7 @@ fn join(parts: &[Part]) -> Option<Part> {
         wg,
         lines,
         shared,
+        words_shared: parts.iter().any(|p| p.words_shared),
     })
 }
 
