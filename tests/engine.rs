@@ -621,13 +621,29 @@ fn fusion_figures_never_regress() {
         .ok()
         .and_then(|s| serde_json::from_str(&s).ok())
         .unwrap_or(json!({}));
+    // What lavapipe (Mesa 23, the CI's adapter) compiles with:
+    // `Gpu::compile_options()` on a CPU adapter with its limits (32
+    // storage buffers a stage, 32-byte binding offsets, subgroups of 8),
+    // so these are the figures of docs/performance.md's first table.
     let cpu = kiln::engine::CompileOptions {
         tile_min_rows: usize::MAX,
         workgroup_rows: false,
+        tile_transposes: false,
+        transpose_tile: 16,
+        transpose_blocks: true,
+        wide_blocks: false,
         workgroup: 64,
+        subgroup: Some(8),
+        shader_f16: true,
         contiguous_operands: true,
         fuse_attention: false,
         grid_stride: None,
+        max_buffer_bytes: 2147483647,
+        rules: kiln::engine::BindingRules {
+            align_words: 8,
+            max_words: 33554432,
+        },
+        max_bindings: 32,
         ..Default::default()
     };
     let variants = [

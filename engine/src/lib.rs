@@ -42,7 +42,7 @@ pub use runtime::{Engine, EngineRun};
 
 #[cfg(feature = "compiler")]
 pub use error::{CompileError, Stage};
-use kernel::BindingRules;
+pub use kernel::BindingRules;
 pub use kiln_dtype::DType;
 #[cfg(feature = "compiler")]
 use kiln_functionalize::graph::{Graph, ValueId};
