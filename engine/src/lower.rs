@@ -1185,8 +1185,8 @@ fn group_kernels(
 /// up one of them so, the one reading most of those reading nothing the
 /// others read (`int_mask_ops`: of a sum of a mask's rows and a sum of
 /// the whole of an updated parameter, the latter, so that the parameter
-/// is not read back). Not where an earlier
-/// plan found the kernel over the device's bindings (`Grouping::apart`).
+/// is not read back). Not where an earlier plan found the kernel over
+/// the device's bindings (`Grouping::apart`).
 fn fold_reductions(
     g: &Graph,
     sched: &schedule::Schedule,
@@ -1194,14 +1194,12 @@ fn fold_reductions(
     grouping: &Grouping,
     groups: &mut Vec<Vec<ValueId>>,
 ) {
-    let input_words = |v: &ValueId| {
-        let x = g.node_of(*v).and_then(|n| g.nodes[n].args.first());
-        match x {
-            Some(kiln_functionalize::schema::Arg::Tensor(x)) => {
-                wgsl::words(g.meta(*x).dtype, g.meta(*x).numel(), true)
-            }
-            _ => 0,
+    // Bytes of the tensor a reduction reduces, as eager holds them.
+    let input_bytes = |v: &ValueId| match g.node_of(*v).and_then(|n| g.nodes[n].args.first()) {
+        Some(kiln_functionalize::schema::Arg::Tensor(x)) => {
+            g.meta(*x).numel() * g.meta(*x).dtype.size_bytes()
         }
+        _ => 0,
     };
     let mut i = 0;
     while i < groups.len() {
@@ -1218,7 +1216,7 @@ fn fold_reductions(
             }
             _ => vec![],
         };
-        candidates.sort_by_key(|v| std::cmp::Reverse(input_words(v)));
+        candidates.sort_by_key(|v| std::cmp::Reverse(input_bytes(v)));
         let reach = grouping.lookback.max(1);
         let fold = candidates.into_iter().find_map(|v| {
             let back = (0..i).rev().take(reach);
