@@ -1242,6 +1242,41 @@ fn cheap_values_are_recomputed_by_their_readers() {
     }
 }
 
+/// An index that a map and an `index_add` both read is recomputed in the
+/// `index_add`'s loop over it (it loads an element of it an iteration,
+/// stored or not): the two kernels are then independent and share a
+/// launch reading `pos` and `x` once (`decoder_ops`).
+#[test]
+fn looped_index_operands_are_recomputed_by_their_readers() {
+    let src = "graph f(%x: f32[4, 6], %pos: i32[6]) {
+  %half = floor_divide(%pos, 2)
+  %big = gt(%half, 2)
+  %ha = index_add(%x, 1, %half, %x, 0.5)
+  return (%big, %ha)
+}";
+    let g = parse(src).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    for options in [
+        kiln::engine::CompileOptions::default(),
+        gpu.compile_options(),
+    ] {
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+        assert_eq!(launches_apart(&g, &options), 2);
+        assert_eq!(p.bytes_moved(), p.min_bytes, "{}", p.stats());
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        for pos in [[0, 11, 3, 4, 7, 2], [5, 5, 0, 1, 10, 9]] {
+            let pos: Vec<f64> = pos.iter().map(|&p| p as f64).collect();
+            let ins = vec![
+                kiln::functionalize::random::random_inputs(&g, 3, 1.0).remove(0),
+                RTensor::new(DType::I32, vec![6], &pos),
+            ];
+            let want = kiln::run(&g, ins.clone()).unwrap();
+            close_run(src, &e.run(&g, ins).unwrap(), &want, 1e-5).unwrap();
+        }
+    }
+}
+
 /// A dying input takes an output of the kernel that reads it last even
 /// where other members of that kernel read it too, each at its own
 /// element: the output is stored after every member has loaded it (`a`

@@ -173,7 +173,7 @@ fn recompute_cheap_maps(
         }
         let elements = g.meta(v).numel();
         let mut last = 0;
-        let mut stored = HashSet::new();
+        let mut stored = HashMap::new();
         // Paths through inlined readers can multiply: the walk is bounded.
         let mut budget = 1024;
         let mut reshapes = vec![];
@@ -184,13 +184,15 @@ fn recompute_cheap_maps(
         {
             continue;
         }
-        let results: usize = stored.iter().map(|&r| g.meta(r).numel()).sum();
+        // Loads readers make of `v` stored: a reader looping over it
+        // (`index_add`'s index) loads it once an iteration either way.
+        let results: usize = stored.iter().map(|(&r, &l)| g.meta(r).numel() * l).sum();
         let cheap = evaluated.is_some_and(|e| e <= MAX_REEVALUATIONS * elements.max(results));
         // The buffers `v` reads now live until its last reader: no more
         // memory than `v`'s own buffer held over that span. A buffer that
         // last reader's kernel reads anyway lives no longer.
         let read_last: HashSet<ValueId> = stored
-            .iter()
+            .keys()
             .filter_map(|&r| g.node_of(r))
             .filter(|m| s.pos[m] == last)
             .flat_map(|m| reads(g, s, m))
@@ -231,7 +233,8 @@ fn reads_once(e: Elem) -> bool {
 
 /// How many times kernels would evaluate elements of `v` were it inlined
 /// into every reader (`last`: the latest of the kernels reading it;
-/// `stored`: the stored values they compute; `reshapes`: its reshapes,
+/// `stored`: the stored values they compute, each with the times an
+/// element of it loads the inlined chain; `reshapes`: its reshapes,
 /// buffer aliases now, inlined with it): `None` when a reader is no
 /// elementwise map or needs `v`'s buffer, or past `budget` values visited.
 fn evaluations(
@@ -240,7 +243,7 @@ fn evaluations(
     v: ValueId,
     budget: &mut usize,
     last: &mut usize,
-    stored: &mut HashSet<ValueId>,
+    stored: &mut HashMap<ValueId, usize>,
     reshapes: &mut Vec<ValueId>,
 ) -> Option<usize> {
     *budget = budget.checked_sub(1)?;
@@ -251,6 +254,9 @@ fn evaluations(
         let node = &g.nodes[u];
         match node.op.def().lowering {
             Lowering::Map(e) | Lowering::Free(e) if reads_once(e) => {}
+            // `index_add` reads its index and source once per element of
+            // the index for each element it computes (`Gen::index_add_at`).
+            Lowering::Map(Elem::IndexAdd) => {}
             // An element of a region update reads its base or its source once.
             Lowering::RegionScatter { .. } => {}
             // A product narrow enough for a row kernel loads its operands
@@ -266,18 +272,27 @@ fn evaluations(
                     return None;
                 }
                 *last = (*last).max(s.pos[&u]);
-                stored.insert(r);
+                stored.insert(r, 1);
                 total = total.checked_add(g.meta(v).numel())?;
                 continue;
             }
             _ => return None,
         }
-        let reads = node
-            .args
-            .iter()
-            .flat_map(|a| a.tensors())
-            .filter(|&&t| t == v)
-            .count();
+        let looped = |i: usize| match node.op.def().lowering {
+            Lowering::Map(Elem::IndexAdd) if i > 0 => node
+                .args
+                .get(2)
+                .and_then(|a| a.tensors().first().map(|&&t| g.meta(t).numel())),
+            _ => Some(1),
+        };
+        let (mut reads, mut loads) = (0usize, 1usize);
+        for (i, a) in node.args.iter().enumerate() {
+            let n = a.tensors().into_iter().filter(|&&t| t == v).count();
+            if n > 0 {
+                loads = loads.max(looped(i)?);
+            }
+            reads = reads.checked_add(n.checked_mul(looped(i)?)?)?;
+        }
         for &r in &node.results {
             let e = if s.alias_of.get(&r) == Some(&v) && !s.inplace.contains_key(&r) {
                 reshapes.push(r);
@@ -286,7 +301,8 @@ fn evaluations(
                 return None;
             } else if s.is_materialized.contains(&r) {
                 *last = (*last).max(s.pos[&u]);
-                stored.insert(r);
+                let l = stored.entry(r).or_insert(loads);
+                *l = (*l).max(loads);
                 g.meta(r).numel()
             } else {
                 evaluations(g, s, r, budget, last, stored, reshapes)?
