@@ -230,12 +230,19 @@ fn gpu_variants() -> Engine {
 /// in integer arithmetic (the other variants use the adapter's own).
 #[test]
 fn op_programs_with_eight_storage_buffers() {
-    check_dir_on(
-        "tests/programs/ops",
-        soft_f16(limited_engine(|l| {
-            l.max_storage_buffers_per_shader_stage = 8
-        })),
-    );
+    for dir in ["tests/programs/ops", "examples/programs"] {
+        let e = limited_engine(|l| l.max_storage_buffers_per_shader_stage = 8);
+        let gpu = e.session.gpu().clone();
+        let mut options = gpu.compile_options();
+        options.shader_f16 = false;
+        // WebGPU's 256-byte binding offsets, as browsers bind: small
+        // tensors counted as one binding share windows.
+        options.rules.align_words = 64;
+        check_dir_on(
+            dir,
+            Engine::on(kiln::engine::Session::with_options(gpu, options)),
+        );
+    }
 }
 
 /// `e`'s adapter compiling without the native f16 conversion variants.
@@ -468,6 +475,47 @@ fn kernels_over_the_storage_buffer_limit_materialize_producers() {
     let want = kiln::run(&g, ins.clone()).unwrap();
     let got = e.run(&g, ins).unwrap();
     close_gpu("y", &got.outputs[0], &want.outputs[0], 1e-5).unwrap();
+}
+
+/// Small tensors a kernel binds count as one binding when kernels are
+/// grouped (placed a word apart, their windows overlap and are bound
+/// once): ten outputs and three inputs are one kernel within WebGPU's 8
+/// storage buffers at its 256-byte offsets (`comparisons_inplace`: 3
+/// kernels before). Where a plan finds a kernel over the limit after all
+/// (attention_block with 3 allowed), its kernels are grouped again
+/// counting a binding per buffer, and the program still compiles.
+#[test]
+fn small_tensors_share_a_binding_when_kernels_are_grouped() {
+    let src =
+        std::fs::read_to_string(root().join("examples/programs/comparisons_inplace.txt")).unwrap();
+    let g = parse(&src).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let mut options = common::gpu_variant_options(&gpu);
+    options.max_bindings = 8;
+    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert!(p.kernels[0].code.bindings.len() <= 8, "{}", p.stats());
+    assert_eq!(p.bytes_moved(), p.min_bytes, "{}", p.stats());
+    let mut e = Engine::on(kiln::engine::Session::with_options(
+        gpu.clone(),
+        options.clone(),
+    ));
+    let ins = kiln::functionalize::random::random_inputs(&g, 7, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    close_run("comparisons_inplace", &e.run(&g, ins).unwrap(), &want, 0.0).unwrap();
+
+    let src =
+        std::fs::read_to_string(root().join("examples/programs/attention_block.txt")).unwrap();
+    let g = parse(&src).unwrap();
+    options.max_bindings = 3;
+    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    for k in &p.kernels {
+        assert!(k.code.bindings.len() <= 3, "{}", p.stats());
+    }
+    let mut e = Engine::on(kiln::engine::Session::with_options(gpu, options));
+    let ins = kiln::functionalize::random::random_inputs(&g, 7, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    close_run("attention_block", &e.run(&g, ins).unwrap(), &want, 1e-5).unwrap();
 }
 
 /// Matrix products at sizes that are not multiples of the tiles or of 16

@@ -170,6 +170,7 @@ fn rows_of(
     g: &Graph,
     s: &Schedule,
     options: &CompileOptions,
+    window: Option<usize>,
     outputs: &HashSet<ValueId>,
     vals: &[ValueId],
 ) -> Option<usize> {
@@ -215,7 +216,8 @@ fn rows_of(
     // A fault (i64 range) carried with a value is not carried through
     // registers: such kernels stay apart.
     let faults = crate::fusion::may_fault_in(g, s, vals);
-    (!faults && bound.len() <= options.max_bindings).then_some(rows)
+    (!faults && crate::fusion::bindings_of(g, &bound, window) <= options.max_bindings)
+        .then_some(rows)
 }
 
 /// Does each of `vals` (a row kernel's values, their `links`) read the
@@ -376,6 +378,7 @@ pub(crate) fn chain_rows(
     s: &Schedule,
     options: &CompileOptions,
     apart: &dyn Fn(ValueId) -> bool,
+    window: &dyn Fn(&[ValueId]) -> Option<usize>,
     outputs: &HashSet<ValueId>,
     groups: &mut Vec<Vec<ValueId>>,
 ) -> HashMap<ValueId, usize> {
@@ -389,7 +392,7 @@ pub(crate) fn chain_rows(
         if both.iter().any(|&v| apart(v)) || !reads_any(g, s, b, a) {
             return None;
         }
-        rows_of(g, s, options, outputs, &both).map(|r| (both, r))
+        rows_of(g, s, options, window(&both), outputs, &both).map(|r| (both, r))
     };
     // Group `b` joining `a` whole, or the siblings of `b` reading `a`
     // (reductions sharing a launch) joining it and the others staying a

@@ -464,3 +464,22 @@ pub fn narrow_product(g: &Graph, n: NodeId) -> bool {
     let k = g.meta(*left).sizes.last().copied().unwrap_or(1);
     width <= CHAIN_MAX_WIDTH && width * k <= CHAIN_MAX_PRODUCT
 }
+
+/// Bindings a kernel binding buffers `roots` takes: one each where
+/// `window` is `None`. With the device's binding alignment (`window`
+/// bytes), the arena's tensors smaller than a few windows count as one
+/// binding together: placement packs them a word apart, and windows that
+/// overlap are bound once (`lower::binding_windows`). Parameters and
+/// larger tensors are bound alone. Decided before placement; where a
+/// plan finds a kernel over the limit after all, its kernels are grouped
+/// again counting a binding per buffer (`lower::Grouping::counted`).
+pub fn bindings_of(g: &Graph, roots: &HashSet<ValueId>, window: Option<usize>) -> usize {
+    let Some(window) = window else {
+        return roots.len();
+    };
+    let alone = |r: &&ValueId| {
+        g.inputs.contains(r) || g.meta(**r).numel() * g.meta(**r).dtype.size_bytes() >= 4 * window
+    };
+    let n = roots.iter().filter(alone).count();
+    n + usize::from(n < roots.len())
+}

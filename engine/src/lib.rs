@@ -354,6 +354,7 @@ pub(crate) fn compile_functional(
                 lower::Planned::Apart(vals) => {
                     grouping.apart.extend(vals.into_iter().map(|v| (v, None)));
                 }
+                lower::Planned::Counted(vals) => grouping.counted.extend(vals),
                 lower::Planned::Materialize(v) => {
                     if !force.insert(v) {
                         return Err(CompileError::internal(

@@ -264,10 +264,15 @@ fn reshapes_alone(sched: &schedule::Schedule, v: ValueId) -> Vec<ValueId> {
     }
 }
 
-/// Distinct buffers the kernel computing `vals` binds (each value's
-/// buffer and every buffer its inlined producers read).
-fn buffers_touched(g: &Graph, sched: &schedule::Schedule, vals: &[ValueId]) -> usize {
-    roots_touched(g, sched, vals).len()
+/// Bindings the kernel computing `vals` takes, before placement
+/// (`fusion::bindings_of` of the buffers it touches).
+fn buffers_touched(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    vals: &[ValueId],
+    window: Option<usize>,
+) -> usize {
+    crate::fusion::bindings_of(g, &roots_touched(g, sched, vals), window)
 }
 
 /// Those buffers (roots).
@@ -763,6 +768,9 @@ pub(crate) enum Planned {
     /// Kernels grouped into one launch bind more buffers than the device
     /// allows together: plan again with each in a launch of its own.
     Apart(Vec<ValueId>),
+    /// Kernels grouped counting their small tensors as one binding bind
+    /// more: group them again counting a binding per buffer.
+    Counted(Vec<ValueId>),
 }
 
 /// Plans the kernels of functional graph `g` (the stages below), checking
@@ -788,6 +796,7 @@ pub(crate) fn plan(
             grouping.apart.contains_key(&v)
                 || grouping.rows_in_order && sched.permuted.contains_key(&v)
         },
+        &|vals| grouping.window(options, vals),
         &out_set,
         &mut groups,
     );
@@ -809,6 +818,9 @@ pub(crate) fn plan(
     for grp in &groups {
         let (w, n) = planned_bindings(g, &sched, grp, &registers, &layout.locs, options.rules);
         if n > options.max_bindings {
+            if grp.iter().any(|v| !grouping.counted.contains(v)) {
+                return Ok(Planned::Counted(grp.clone()));
+            }
             if grp.len() > 1
                 && (!is_map(g, &sched, grp[0]) || folded_reduction(g, &sched, grp).is_some())
             {
@@ -816,6 +828,14 @@ pub(crate) fn plan(
             }
             if let Some(u) = producer_to_materialize(g, &sched, grp, force) {
                 return Ok(Planned::Materialize(u));
+            }
+            // Last, every kernel counting a binding per buffer (a plan
+            // placing this kernel's tensors closer).
+            let rest: Vec<ValueId> = (sched.materialized.iter().copied())
+                .filter(|v| !grouping.counted.contains(v))
+                .collect();
+            if !rest.is_empty() {
+                return Ok(Planned::Counted(rest));
             }
             let names = kiln_functionalize::text::Names::of(g);
             return Err(CompileError::TooManyBindings {
@@ -1083,6 +1103,19 @@ pub(crate) struct Grouping {
     /// such a value takes no dying input's buffer, which a plan above
     /// eager's peak may need.
     pub rows_in_order: bool,
+    /// Values of kernels an earlier plan found over the device's bindings
+    /// though their small tensors were counted as one binding
+    /// (`buffers_touched`): grouped counting a binding per buffer.
+    pub counted: HashSet<ValueId>,
+}
+
+impl Grouping {
+    /// The binding alignment in bytes under which kernels computing
+    /// `vals` count their small tensors as one binding
+    /// (`fusion::bindings_of`): `None` where one of them is `counted`.
+    pub fn window(&self, options: &CompileOptions, vals: &[ValueId]) -> Option<usize> {
+        (!vals.iter().any(|v| self.counted.contains(v))).then_some(options.rules.align_words * 4)
+    }
 }
 
 /// The lookback tried first (a bound on the search, not on correctness).
@@ -1116,7 +1149,8 @@ fn group_kernels(
         let joins = |grp: &Vec<ValueId>| {
             let mut all = grp.clone();
             all.push(v);
-            buffers_touched(g, sched, &all) + usize::from(!map && may_fault_in(g, sched, &all))
+            buffers_touched(g, sched, &all, grouping.window(options, &all))
+                + usize::from(!map && may_fault_in(g, sched, &all))
                 <= options.max_bindings
                 && if map {
                     is_map(g, sched, grp[0])
