@@ -434,6 +434,19 @@ pub(crate) fn compile_functional(
                 grouping = near;
             }
         }
+        // Still above eager's peak: kernels of other kinds a launch each,
+        // where their results alive together hold that memory.
+        if options.share_launches && !grouping.launch_each && plan.planned_peak() > eager {
+            let mut each = lower::Grouping {
+                launch_each: true,
+                ..grouping.clone()
+            };
+            let p2 = plan_with(&mut each, &mut force)?;
+            if p2.planned_peak() < plan.planned_peak() {
+                plan = p2;
+                grouping = each;
+            }
+        }
         // Elementwise kernels kept from sharing a launch only because one
         // writes over a buffer another reads (an input dying there, or a
         // value placed under the result once it died): kept where keeping

@@ -1107,6 +1107,11 @@ pub(crate) struct Grouping {
     /// though their small tensors were counted as one binding
     /// (`buffers_touched`): grouped counting a binding per buffer.
     pub counted: HashSet<ValueId>,
+    /// Kernels other than elementwise ones and sibling products take a
+    /// launch each (as without `CompileOptions::share_launches`): where
+    /// the results of kernels sharing a launch, alive together, hold more
+    /// memory than eager's peak.
+    pub launch_each: bool,
 }
 
 impl Grouping {
@@ -1139,6 +1144,7 @@ fn group_kernels(
         (Some(Some(x)), Some(Some(y))) => x == y,
         _ => false,
     };
+    let share = options.share_launches && !grouping.launch_each;
     let mut groups: Vec<Vec<ValueId>> = vec![];
     for &v in &sched.materialized {
         let Def::Node(n, _) = g.values[v].def else {
@@ -1160,14 +1166,14 @@ fn group_kernels(
                     !is_map(g, sched, grp[0])
                         && same_shape(grp[0], v)
                         && (sibling_product(g, sched, grp, v)
-                            || options.share_launches && independent(g, sched, grp, v))
+                            || share && independent(g, sched, grp, v))
                 }
         };
         // A kernel may join an earlier one, moving ahead of kernels it is
         // independent of: an elementwise one the elementwise kernel before
         // kernels of other kinds (`u32_buffers`: a map past an in-place
         // update of another parameter), any other one a launch.
-        let reach = if map || options.share_launches {
+        let reach = if map || share {
             grouping.lookback.max(1)
         } else {
             1

@@ -70,6 +70,17 @@ fn shared_name(decl: &str) -> &str {
         .trim()
 }
 
+/// Do the part's invocations need the others of their workgroup
+/// (workgroup memory, barriers, subgroup operations)? Those of parts
+/// needing none can be packed several workgroups to one of the launch's,
+/// or spread over several.
+fn whole_workgroup(p: &Part) -> bool {
+    !p.shared.is_empty()
+        || p.lines
+            .iter()
+            .any(|l| l.contains("Barrier") || l.contains("subgroup"))
+}
+
 /// The parts as one kernel: workgroup `wid.x` of the joined grid runs the
 /// part whose columns it falls in, with `wid`, `nwg` and `gid` shadowed by
 /// their values in that part's own grid (uniform: barriers stay legal).
@@ -82,29 +93,41 @@ fn shared_name(decl: &str) -> &str {
 /// unfolds its own `lid` from the invocation's place in it (the same
 /// linear index, so subgroups stay whole). A part of fewer invocations
 /// that uses no workgroup memory, barrier or subgroup runs several of its
-/// workgroups in one of the launch's (`packs`). `None` where they cannot
+/// workgroups in one of the launch's (`packs`); a part of more
+/// invocations needing none of them spreads each of its workgroups over
+/// several of the launch's (`splits`: serial reductions of 256 beside
+/// row reductions of 64 lanes). `None` where they cannot
 /// share a launch: workgroups of other sizes, workgroup memory declared
 /// differently under one name or past `WORKGROUP_STORAGE` together, or
 /// too wide a grid.
 fn join(parts: &[Part]) -> Option<Part> {
     let first = parts.first()?;
-    let size = parts.iter().map(|p| invocations(p.wg)).max()?;
+    let together = whole_workgroup;
+    // The launch's workgroup: that of the parts needing theirs whole, else
+    // the largest.
+    let size = match parts
+        .iter()
+        .filter(|p| together(p))
+        .map(|p| invocations(p.wg))
+        .max()
+    {
+        Some(s) => s,
+        None => parts.iter().map(|p| invocations(p.wg)).max()?,
+    };
+    // Workgroups of a part in one of the launch's (`packs`), or the
+    // launch's workgroups one of the part's takes (`splits`).
     let mut packs = vec![1u32; parts.len()];
-    for (k, p) in packs.iter_mut().zip(parts) {
+    let mut splits = vec![1u32; parts.len()];
+    for ((k, m), p) in packs.iter_mut().zip(splits.iter_mut()).zip(parts) {
         let s = invocations(p.wg);
         if s != size {
-            let alone = p.shared.is_empty()
-                && !p
-                    .lines
-                    .iter()
-                    .any(|l| l.contains("Barrier") || l.contains("subgroup"));
-            if !alone || size % s != 0 {
+            if together(p) || (!size.is_multiple_of(s) && !s.is_multiple_of(size)) {
                 return None;
             }
-            *k = size / s;
+            (*k, *m) = (size / s.min(size), s / size.min(s));
         }
     }
-    let packed = packs.iter().any(|&k| k > 1);
+    let packed = packs.iter().chain(&splits).any(|&k| k > 1);
     let flat = packed || parts.iter().any(|p| p.grid[1..] != first.grid[1..]);
     let lanes = packed || parts.iter().any(|p| p.wg != first.wg);
     // Kernels of other shapes join only where none gives up whole-word
@@ -117,7 +140,7 @@ fn join(parts: &[Part]) -> Option<Part> {
     let mut shared: Vec<String> = vec![];
     let mut lines = vec![];
     let mut end = 0u32;
-    for (i, (p, &k)) in parts.iter().zip(&packs).enumerate() {
+    for (i, ((p, &k), &m)) in parts.iter().zip(&packs).zip(&splits).enumerate() {
         for d in &p.shared {
             match shared.iter().find(|s| shared_name(s) == shared_name(d)) {
                 Some(s) if s != d => return None,
@@ -128,7 +151,11 @@ fn join(parts: &[Part]) -> Option<Part> {
         let start = end;
         let [x, y, z] = p.grid;
         let groups = x.checked_mul(y)?.checked_mul(z)?;
-        let width = if flat { groups.div_ceil(k) } else { x };
+        let width = if flat {
+            groups.div_ceil(k).checked_mul(m)?
+        } else {
+            x
+        };
         end = end.checked_add(width)?;
         lines.push(match i {
             0 => format!("if (wid.x < {end}u) {{"),
@@ -143,6 +170,13 @@ fn join(parts: &[Part]) -> Option<Part> {
                 "let part_wg = (wid.x - {start}u) * {k}u + lid.x / {s}u;"
             ));
             lines.push(format!("if (part_wg < {groups}u) {{"));
+        } else if m > 1 {
+            // Workgroup `part_wg` of the part's own grid takes `m` of the
+            // launch's, its invocations in order through them.
+            lines.push(format!("let part_wg = (wid.x - {start}u) / {m}u;"));
+            lines.push(format!(
+                "let part_lid = (wid.x - {start}u) % {m}u * {size}u + lid.x;"
+            ));
         } else {
             lines.push(format!("let part_wg = wid.x - {start}u;"));
         }
@@ -155,7 +189,13 @@ fn join(parts: &[Part]) -> Option<Part> {
             "let wid = vec3<u32>(part_wg, wid.y, wid.z);".to_string()
         });
         lines.push(format!("let nwg = vec3<u32>({x}u, {y}u, {z}u);"));
-        if lanes && (k > 1 || p.wg[1..] != [1, 1]) {
+        if m > 1 {
+            let [a, b, _] = p.wg;
+            lines.push(format!(
+                "let lid = vec3<u32>(part_lid % {a}u, part_lid / {a}u % {b}u, part_lid / {}u);",
+                a * b
+            ));
+        } else if lanes && (k > 1 || p.wg[1..] != [1, 1]) {
             let [a, b, _] = p.wg;
             lines.push(format!(
                 "let lid = vec3<u32>(lid.x % {a}u, lid.x / {a}u % {b}u, lid.x % {s}u / {}u);",
@@ -217,12 +257,22 @@ impl Gen<'_> {
                 .map(|&v| Ok((vec![v], self.kernel(v)?)))
                 .collect();
         };
-        let mut clusters: Vec<(u32, Vec<ValueId>)> = vec![];
-        for (&v, part) in grp.iter().zip(&parts) {
+        // Each launch: its workgroup size, whether a part needs it whole,
+        // its kernels.
+        let mut clusters: Vec<(u32, bool, Vec<ValueId>)> = vec![];
+        // Parts needing their workgroups whole first; the others join a
+        // launch of their own workgroup size first, else any whose size
+        // divides or is divided by theirs.
+        let mut order: Vec<(&ValueId, &Part)> = grp.iter().zip(&parts).collect();
+        order.sort_by_key(|(_, p)| !whole_workgroup(p));
+        for (&v, part) in order {
             let size = invocations(part.wg);
+            let whole = whole_workgroup(part);
+            let mut tries: Vec<usize> = (0..clusters.len()).collect();
+            tries.sort_by_key(|&i| clusters[i].0 != size);
             let mut at = None;
-            for (i, c) in clusters.iter().enumerate() {
-                let trial: Vec<ValueId> = c.1.iter().copied().chain([v]).collect();
+            for i in tries {
+                let trial: Vec<ValueId> = clusters[i].2.iter().copied().chain([v]).collect();
                 if self.join_of(&trial)? {
                     at = Some(i);
                     break;
@@ -230,14 +280,18 @@ impl Gen<'_> {
             }
             match at {
                 Some(i) => {
-                    clusters[i].0 = clusters[i].0.max(size);
-                    clusters[i].1.push(v);
+                    let c = &mut clusters[i];
+                    if !c.1 {
+                        c.0 = if whole { size } else { c.0.max(size) };
+                    }
+                    c.1 |= whole;
+                    c.2.push(v);
                 }
-                None => clusters.push((size, vec![v])),
+                None => clusters.push((size, whole, vec![v])),
             }
         }
         let mut out = vec![];
-        for (size, vals) in clusters {
+        for (size, _, vals) in clusters {
             let mut shape = Some(size);
             if vals.len() > 1 {
                 let parts = self.parts_of(&vals)?;
