@@ -795,6 +795,46 @@ fn wider_kernels_spread_over_a_launchs_workgroups() {
     }
 }
 
+/// An elementwise kernel shares a launch with one kernel of another kind
+/// it is independent of (`u32_buffers`: an in-place row update of one
+/// parameter beside a lookup into a copy of another), on both variants.
+#[test]
+fn elementwise_kernels_join_a_launch_of_another_kind() {
+    let src = std::fs::read_to_string(root().join("examples/programs/u32_buffers.txt")).unwrap();
+    let g = parse(&src).unwrap();
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    for options in [gpu.compile_options(), common::gpu_variant_options(&gpu)] {
+        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        assert!(
+            labels
+                .iter()
+                .any(|l| l.contains("select_scatter") && l.contains(" | index_select")),
+            "{labels:?}"
+        );
+        assert_eq!(launches_apart(&g, &options), 3);
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        for seed in 0..3u64 {
+            // Fresh tensors for each run: the program updates `%v` in
+            // place, and clones share storage.
+            let ins = || {
+                let vals = |n: usize, k: u64| -> Vec<f64> {
+                    (0..n as u64)
+                        .map(|i| ((i * 7 + seed * 3 + k) % 6) as f64)
+                        .collect()
+                };
+                vec![
+                    RTensor::new(DType::U32, vec![6], &vals(6, 100)),
+                    RTensor::new(DType::U32, vec![2, 3], &vals(6, 200)),
+                    RTensor::new(DType::I32, vec![4], &vals(4, 1)),
+                ]
+            };
+            let want = kiln::run(&g, ins()).unwrap();
+            close_run("u32_buffers", &e.run(&g, ins()).unwrap(), &want, 0.0).unwrap();
+        }
+    }
+}
+
 /// The kernels' parts (`a | b` in a label: kernels sharing a launch) of
 /// the launches whose WGSL satisfies `has`.
 fn parts_where(p: &kiln::engine::Program, has: impl Fn(&str) -> bool) -> usize {

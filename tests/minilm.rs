@@ -229,13 +229,14 @@ fn runs_after_the_first_move_only_tokens_mask_and_embeddings() {
 /// kernel; per layer the stacked Q, K and V projection (its result stored
 /// once, head-split), attention reading it in place, the output
 /// projection, its norm, the two feed-forward products, their norm; the
-/// pooling (3). Issue 30 asks at most 48.
+/// pooling (2: the mask's sum shares the last attention's launch, whose
+/// workgroups are of another size). Issue 30 asks at most 48.
 #[test]
-fn a_forward_is_46_launches() {
+fn a_forward_is_45_launches() {
     let mut m = model();
     let p = kiln::engine::compile(m.graph(1, 16).unwrap()).unwrap();
     let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
-    assert_eq!(labels.len(), 46, "{labels:#?}");
+    assert_eq!(labels.len(), 45, "{labels:#?}");
     assert!(labels[0].starts_with("layer_norm"), "{labels:#?}");
     assert!(
         !labels.iter().any(|l| l.contains("embedding")),

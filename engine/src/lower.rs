@@ -955,7 +955,8 @@ pub(crate) fn generate(
     } in launches
     {
         if let [_, _, ..] = members[..] {
-            // Elementwise kernels sharing a launch.
+            // Elementwise kernels sharing a launch (and at most one of
+            // another kind).
             gen.vec4_ranges = HashSet::new();
             gen.windows = launch_windows;
             gen.lane_stores = vec![];
@@ -963,7 +964,7 @@ pub(crate) fn generate(
             let launched = gen
                 .map_launch(&units)
                 .map_err(|e| at_value(e, g, units[0][0]))?;
-            for (vals, code) in launched {
+            for (vals, codes) in launched {
                 let mine = || units.iter().filter(|u| vals.contains(&u[0])).copied();
                 let cost = KernelCost::launch(g, &sched, mine(), &registers, &packing);
                 let flops = mine()
@@ -972,7 +973,9 @@ pub(crate) fn generate(
                         kernel_flops(g, &sched, u, c.ops.len(), c.elements)
                     })
                     .sum();
-                kernels.push(checked_kernel(code, launch_bindings, &cost, flops)?);
+                for code in codes {
+                    kernels.push(checked_kernel(code, launch_bindings, &cost, flops)?);
+                }
             }
             continue;
         }
@@ -1188,9 +1191,22 @@ fn group_kernels(
                 .map(|b| sched.root(b))
                 .collect()
         };
-        let mine = if map { HashSet::new() } else { read_by(&[v]) };
+        let mine = read_by(&[v]);
         let mut at: Option<(usize, usize)> = None;
+        // An elementwise kernel joining none goes right after the latest
+        // kernel of another kind reading what it reads, to share its
+        // launch (`join_map_launches`; `upsampling`: a resize of the skip
+        // connection beside the convolution reading it).
+        let mut beside: Option<usize> = None;
         for (j, grp) in groups.iter().enumerate().rev().take(reach) {
+            if map
+                && beside.is_none()
+                && options.share_launches
+                && !is_map(g, sched, grp[0])
+                && !read_by(grp).is_disjoint(&mine)
+            {
+                beside = Some(j);
+            }
             if joins(grp) {
                 if map {
                     at = Some((j, 0));
@@ -1210,9 +1226,10 @@ fn group_kernels(
             }
         }
         let at = at.map(|(j, _)| j);
-        match at {
-            Some(j) => groups[j].push(v),
-            None => groups.push(vec![v]),
+        match (at, beside) {
+            (Some(j), _) => groups[j].push(v),
+            (None, Some(j)) => groups.insert(j + 1, vec![v]),
+            (None, None) => groups.push(vec![v]),
         }
     }
     fold_reductions(g, sched, options, grouping, &mut groups);
@@ -1361,7 +1378,9 @@ struct Launch {
 /// lifetimes planned apart stay right), and together they fit the
 /// device's bindings. One launch instead of several, a buffer several
 /// read read once (`decoder_ops`: a stack and an update of one input).
-/// Kernels sharing a launch bind tensors as words (a shared binding is
+/// One kernel of another kind may join them (`upsampling`: a resize of
+/// the skip connection beside the convolution reading it). Kernels
+/// sharing a launch bind tensors as words (a shared binding is
 /// declared once): those binding vectors join only up to
 /// `JOIN_MAX_ELEMENTS`. Each launch: its groups, windows and bindings;
 /// and the dying inputs whose buffers, taken by a result, refused a join
@@ -1386,6 +1405,25 @@ fn join_map_launches(
             && g.meta(grp[0]).numel() > 0
             && (vec4[i].is_empty() || g.meta(grp[0]).numel() <= JOIN_MAX_ELEMENTS)
             && grp.iter().all(|v| !grouping.apart.contains_key(v))
+    };
+    // A kernel of another kind may share an elementwise launch: one value,
+    // no row kernel or folded reduction, no packed result (whose lanes it
+    // would store beside the elementwise kernels' whole words).
+    let other = |i: usize| match groups[i][..] {
+        [v] => {
+            options.share_launches
+                && !is_map(g, sched, v)
+                && g.meta(v).numel() > 0
+                && !sched.chains.contains_key(&v)
+                && !grouping.apart.contains_key(&v)
+                && !locs.get(&v).is_some_and(|l| l.packed)
+        }
+        _ => false,
+    };
+    // At most one kernel of another kind a launch, beside elementwise ones.
+    let joinable = |members: &[usize], i: usize| {
+        let all = || members.iter().copied().chain([i]);
+        all().all(|j| plain(j) || other(j)) && all().filter(|&j| !plain(j)).count() <= 1
     };
     let range = |v: &ValueId| -> Option<(Buf, usize, usize)> {
         let (l, m) = (locs.get(v)?, g.meta(*v));
@@ -1412,7 +1450,7 @@ fn join_map_launches(
     let mut out: Vec<Launch> = vec![];
     for (i, grp) in groups.iter().enumerate() {
         let joined = out.last().and_then(|Launch { members, .. }| {
-            if !plain(i) || !members.iter().all(|&j| plain(j)) {
+            if !joinable(members, i) {
                 return None;
             }
             let mut clashing = clashes(i, members);

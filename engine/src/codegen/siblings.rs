@@ -323,22 +323,37 @@ impl Gen<'_> {
     }
 
     /// Elementwise kernels sharing a launch (`lower::join_map_launches`),
-    /// each computing its group of `units`: one kernel, or where their
-    /// grids cannot be joined (too many workgroups), a kernel each
-    /// (recorded in `apart` for the next plan). Each with the values it
-    /// computes.
-    pub fn map_launch(&mut self, units: &[&[ValueId]]) -> R<Vec<(Vec<ValueId>, KernelCode)>> {
-        let parts = self.parts_with(units, |gen, unit| gen.map_group(unit).map(drop))?;
+    /// each computing its group of `units`, and at most one kernel of
+    /// another kind (a unit of one value): one kernel, or where their
+    /// grids or workgroups cannot be joined, a kernel each (recorded in
+    /// `apart` for the next plan). Each with the values it computes.
+    pub fn map_launch(&mut self, units: &[&[ValueId]]) -> R<Vec<(Vec<ValueId>, Vec<KernelCode>)>> {
+        let (g, s) = (self.g, self.s);
+        let map = |unit: &[ValueId]| crate::fusion::is_map(g, s, unit[0]);
+        let parts = self.parts_with(units, |gen, unit| {
+            if map(unit) {
+                gen.map_group(unit).map(drop)
+            } else {
+                gen.kernel(unit[0]).map(drop)
+            }
+        })?;
         let all: Vec<ValueId> = units.iter().flat_map(|u| u.iter().copied()).collect();
         if let Some(code) = parts.as_deref().and_then(|p| self.joined(p)) {
-            return Ok(vec![(all, code)]);
+            return Ok(vec![(all, vec![code])]);
         }
         self.uses_subgroup = false;
         drop(self.take_bindings());
         self.apart.extend(all.iter().map(|&v| (v, None)));
         units
             .iter()
-            .map(|unit| Ok((unit.to_vec(), self.map_group(unit)?)))
+            .map(|unit| {
+                let codes = if map(unit) {
+                    vec![self.map_group(unit)?]
+                } else {
+                    self.kernel(unit[0])?
+                };
+                Ok((unit.to_vec(), codes))
+            })
             .collect()
     }
 
