@@ -102,12 +102,11 @@ fn whole_workgroup(p: &Part) -> bool {
 /// too wide a grid.
 fn join(parts: &[Part]) -> Option<Part> {
     let first = parts.first()?;
-    let together = whole_workgroup;
     // The launch's workgroup: that of the parts needing theirs whole, else
     // the largest.
     let size = match parts
         .iter()
-        .filter(|p| together(p))
+        .filter(|p| whole_workgroup(p))
         .map(|p| invocations(p.wg))
         .max()
     {
@@ -121,7 +120,7 @@ fn join(parts: &[Part]) -> Option<Part> {
     for ((k, m), p) in packs.iter_mut().zip(splits.iter_mut()).zip(parts) {
         let s = invocations(p.wg);
         if s != size {
-            if together(p) || (!size.is_multiple_of(s) && !s.is_multiple_of(size)) {
+            if whole_workgroup(p) || (!size.is_multiple_of(s) && !s.is_multiple_of(size)) {
                 return None;
             }
             (*k, *m) = (size / s.min(size), s / size.min(s));
