@@ -1875,6 +1875,63 @@ fn row_kernel_and_reduction_epilogues_fuse() {
     }
 }
 
+/// A layer norm read only by products too wide for a row kernel is
+/// computed where they load it: each workgroup's row statistics first,
+/// the normalized rows never in memory. Every product path: skinny (at
+/// most 16 rows), tiled with partial tiles, twins (SwiGLU), `mm`, a 3-D
+/// `linear`, no weight or bias.
+#[test]
+fn norms_read_by_products_are_computed_where_they_load() {
+    for rows in [5usize, 16, 37, 300] {
+        let src = format!(
+            "graph f(%x: f32[{rows}, 80], %g: f32[80], %b: f32[80], %w1: f32[96, 80], %b1: f32[96], %w3: f32[96, 80], %m: f32[80, 72], %y: f32[2, {rows}, 80]) {{
+  %n = layer_norm(%x, [80], %g, %b, 1e-05)
+  %h = linear(%n, %w1, %b1)
+  %a = silu(%h)
+  %u = linear(%n, %w3)
+  %gu = mul(%a, %u)
+  %p = mm(%n, %m)
+  %n2 = layer_norm(%y, [80])
+  %l = linear(%n2, %w1)
+  %r = relu(%l)
+  return (%gu, %p, %r)
+}}"
+        );
+        let g = parse(&src).unwrap();
+        let mut ins = kiln::functionalize::random::random_inputs(&g, rows as u64, 2.0);
+        // Rows far from zero mean: the statistics' compensation matters.
+        ins[0] = RTensor::from_values(
+            kiln::functionalize::Meta::contiguous(DType::F32, vec![rows, 80]),
+            &(0..rows * 80)
+                .map(|i| 100.0 + ((i * 37 % 101) as f64) / 25.0)
+                .collect::<Vec<_>>(),
+        );
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        // The adapter's blocked products (slow to build on lavapipe): one
+        // partial and one whole block of rows.
+        let mut sessions = vec![("GPU variant", gpu_variants())];
+        if rows == 5 || rows == 300 {
+            sessions.push(("adapter", engine()));
+        }
+        for (what, mut e) in sessions {
+            let p = kiln::engine::compile_with(&g, e.session.compile_options()).unwrap();
+            let labels: Vec<&str> = p
+                .kernels
+                .iter()
+                .flat_map(|k| k.code.label.split(" | "))
+                .collect();
+            assert!(
+                !labels.iter().any(|l| l.starts_with("layer_norm")),
+                "{what}, {rows} rows: no norm kernel: {labels:?}"
+            );
+            let got = e.run(&g, ins.clone()).unwrap();
+            for (i, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
+                close_gpu(&format!("{what}, {rows} rows, output {i}"), a, b, 1e-4).unwrap();
+            }
+        }
+    }
+}
+
 /// Elementwise work that reads a row sum or mean broadcast back over its
 /// rows (RMS norm as LLaMA writes it, a mean subtracted) is computed by
 /// the reduction's kernel: one kernel each, the mean never in memory, in

@@ -218,6 +218,11 @@ pub struct Schedule {
     /// Kernel groups computed by one row kernel (`chain::chain_rows`):
     /// their first value -> the row blocks an invocation each computes.
     pub chains: HashMap<ValueId, usize>,
+    /// Layer norms read only as the left operand of products too wide for
+    /// a row kernel: each product computes its workgroup's row statistics
+    /// first and normalizes the operand where it loads it
+    /// (`Gen::norm_rows`), the normalized rows never in memory.
+    pub norm_operands: HashSet<ValueId>,
 }
 
 /// A kernel computing a value together with products it absorbs.

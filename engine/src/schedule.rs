@@ -51,6 +51,7 @@ pub fn schedule(
         permuted: HashMap::new(),
         twins: HashMap::new(),
         chains: HashMap::new(),
+        norm_operands: HashSet::new(),
     };
     for &v in &g.inputs {
         s.is_materialized.insert(v);
@@ -123,6 +124,7 @@ pub fn schedule(
     fuse_rows(g, &mut s, &out_set, force, options.workgroup_rows);
     fuse_products(g, &mut s, &out_set, force, options.fuse_attention);
     fuse_twin_products(g, &mut s, &out_set, force);
+    fuse_norm_operands(g, &mut s, &out_set, force);
     Ok(s)
 }
 
@@ -978,6 +980,95 @@ fn fuse_products(
     s.materialized.sort_by_key(pos);
 }
 
+/// Layer norms whose every reader is a product too wide for a row kernel
+/// (`fusion::narrow_product`) taking the norm's rows whole as its left
+/// operand (`linear`, `mm`: each row of the operand one row of the
+/// norm): computed by those products where they load the operand, from
+/// row statistics each workgroup computes for its rows first
+/// (`Schedule::norm_operands`). Pre-norm transformers' norms before the
+/// projections and the MLP; the norm's result (as large as its input)
+/// never written and read back.
+fn fuse_norm_operands(
+    g: &Graph,
+    s: &mut Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+) {
+    let attention: HashSet<NodeId> = s
+        .fused
+        .values()
+        .flat_map(|f| match *f {
+            Fused::Attention {
+                scores, product, ..
+            } => vec![scores, product],
+            Fused::Epilogue { .. } | Fused::Rows { .. } => vec![],
+        })
+        .collect();
+    let with_tail: HashSet<NodeId> = s
+        .fused
+        .values()
+        .filter_map(|f| match *f {
+            Fused::Epilogue { product } | Fused::Rows { reduction: product } => Some(product),
+            Fused::Attention { .. } => None,
+        })
+        .collect();
+    let mut found = vec![];
+    for &n in &g.order {
+        let node = &g.nodes[n];
+        if !matches!(node.op.def().lowering, Lowering::LayerNorm) || with_tail.contains(&n) {
+            continue;
+        }
+        let [r] = node.results[..] else { continue };
+        let rm = g.meta(r);
+        let Some(Arg::IntList(shape)) = node.args.get(1) else {
+            continue;
+        };
+        let width = shape.iter().product::<i64>().max(0) as usize;
+        let operands_ok = node.args.iter().flat_map(|a| a.tensors()).all(|t| {
+            s.is_materialized.contains(t)
+                && !s.inplace.contains_key(t)
+                && g.meta(*t).dtype == DType::F32
+        });
+        if out.contains(&r)
+            || force.contains(&r)
+            || !s.is_materialized.contains(&r)
+            || s.fused.contains_key(&r)
+            || s.chains.contains_key(&r)
+            || rm.dtype != DType::F32
+            || rm.sizes.last() != Some(&width)
+            || width == 0
+            || !operands_ok
+        {
+            continue;
+        }
+        let uses = s.uses.get(&r).map(Vec::as_slice).unwrap_or(&[]);
+        let readers_ok = !uses.is_empty()
+            && uses.iter().all(|&u| {
+                let un = &g.nodes[u];
+                let Some(form) = un.op.def().lowering.product() else {
+                    return false;
+                };
+                let only_left = un
+                    .args
+                    .iter()
+                    .enumerate()
+                    .all(|(i, a)| (i == form.left) == a.tensors().contains(&&r));
+                // Rows of the operand are rows of the norm: a linear's
+                // input, or a matrix of `mm`.
+                let rows = form.linear || (rm.dim() == 2 && g.meta(un.results[0]).dim() == 2);
+                only_left && rows && !attention.contains(&u) && !crate::fusion::narrow_product(g, u)
+            });
+        if readers_ok {
+            found.push(r);
+        }
+    }
+    for r in found {
+        s.is_materialized.remove(&r);
+        s.materialized.retain(|&v| v != r);
+        s.norm_operands.insert(r);
+    }
+}
+
 /// Computes a product in the kernel of another product's epilogue that
 /// reads it (SwiGLU's `silu(x W1^T) * (x W3^T)`): both share their left
 /// operand and their shapes, so one kernel accumulates both from one
@@ -1570,6 +1661,12 @@ fn inline_ops(
 /// A view copy that is a pure reshape of a materialized value: same
 /// elements in the same order, so it can share the value's buffer.
 fn reshape_of(g: &Graph, s: &Schedule, n: NodeId) -> Option<ValueId> {
+    contiguous_reshape(g, n).filter(|input| s.is_materialized.contains(input))
+}
+
+/// The input of view copy `n` when it only reshapes it: every element
+/// at the same flat index (its index map the identity).
+fn contiguous_reshape(g: &Graph, n: NodeId) -> Option<ValueId> {
     let node = &g.nodes[n];
     let Rule::ViewCopy(view) = node.op.def().rule else {
         return None;
@@ -1580,9 +1677,6 @@ fn reshape_of(g: &Graph, s: &Schedule, n: NodeId) -> Option<ValueId> {
     let Some(&Arg::Tensor(input)) = node.args.first() else {
         return None;
     };
-    if !s.is_materialized.contains(&input) {
-        return None;
-    }
     let im = g.meta(input);
     let cm = kiln_functionalize::Meta::contiguous(im.dtype, im.sizes.clone());
     let mut va: Vec<Arg<&kiln_functionalize::Meta>> = vec![Arg::Tensor(&cm)];

@@ -35,7 +35,7 @@ const BLOCK: usize = 16;
 const BLOCK_WG: usize = 8;
 
 /// Word `i` (a multiple of 4) of vec4-bound slot `s`, as four f32.
-fn vec4_at(s: &Slot, i: &str) -> String {
+pub(super) fn vec4_at(s: &Slot, i: &str) -> String {
     format!("bitcast<vec4<f32>>({}[({}u + {i}) >> 2u])", s.var, s.base)
 }
 
@@ -242,6 +242,12 @@ impl Gen<'_> {
             None => None,
         };
         let b1 = twin.as_ref().map(|(_, p)| &p.b);
+        // A norm computed here: its rows' statistics first (`norm_rows_first`).
+        let norm = self.s.norm_operands.contains(&a.v).then_some(a.v);
+        let start = self.body.lines.len();
+        if let Some(x) = norm {
+            self.norm_rows.insert(x, ("nrm".into(), "nrm_first".into()));
+        }
         let acc_dt = if om.dtype.is_float() {
             DType::F32
         } else {
@@ -364,6 +370,14 @@ impl Gen<'_> {
             return Err(CompileError::no_kernel(format!(
                 "{name} of {nb} batches of {nn}x{mm}: too many workgroups"
             )));
+        }
+        if let Some(x) = norm {
+            // A workgroup's rows of A: its tile's, or all of a skinny one.
+            let rows = if skinny { nn } else { tile_rows.min(nn) };
+            let lidx = format!("lid.y * {} + lid.x", u(wg[0] as usize));
+            let threads = (wg[0] * wg[1]) as usize;
+            self.norm_rows_first(x, start, rows, nn, threads, &lidx)?;
+            self.norm_rows.remove(&x);
         }
         Ok(self.finish(label, grid, wg))
     }
@@ -630,7 +644,7 @@ impl Gen<'_> {
             && a.batch.iter().all(|&x| quad(x))
             && (b_along_k || b_along_cols)
             && b.batch.iter().all(|&x| quad(x))
-            && self.vec4_slot_of(a.v)?.is_some()
+            && self.block_slot_of_a(a)?.is_some()
             && self.vec4_slot_of(b.v)?.is_some())
     }
 
@@ -650,7 +664,7 @@ impl Gen<'_> {
         mm: usize,
         at: &str,
     ) -> R<String> {
-        let (Some(sa), Some(sb)) = (self.vec4_slot_of(a.v)?, self.vec4_slot_of(b.v)?) else {
+        let (Some(sa), Some(sb)) = (self.block_slot_of_a(a)?, self.vec4_slot_of(b.v)?) else {
             return Err(bug("a blocked product without vector operands"));
         };
         let (side, wg) = (u(BLOCK), u(BLOCK_WG));
@@ -667,6 +681,7 @@ impl Gen<'_> {
         let bm = self.unravel("bz", batch);
         let aoff = self.ravel(&bm, &a.batch, 0);
         let boff = self.ravel(&bm, &b.batch, 0);
+        self.block_norm_stats(a, nn);
         // Named sums, not an array: the loop indexes them by constants
         // only, and the epilogue's loop reads the array after it.
         if b.cs == 1 && b.rs != 1 {
@@ -677,7 +692,7 @@ impl Gen<'_> {
         }
         self.body
             .stmt(format!("for (var q = 0u; q < {}; q = q + 4u) {{", u(kk)));
-        self.block_rows_of_a(&sa, a, &aoff, nn);
+        self.block_rows_of_a(&sa, a, &aoff, nn)?;
         for j in 0..BLOCK {
             let col = format!("min(c0 + {j}u, {})", u(mm - 1));
             let at_b = format!("{boff} + {col} * {} + q", u(b.cs));
@@ -699,14 +714,82 @@ impl Gen<'_> {
         Ok(self.block_results(nn, mm, at))
     }
 
-    /// `qa0`.. : four k of each row of the block from A.
-    fn block_rows_of_a(&mut self, sa: &Slot, a: &Operand, aoff: &str, nn: usize) {
+    /// `qa0`.. : four k of each row of the block from A (a norm operand
+    /// normalized from its input's, `Schedule::norm_operands`).
+    fn block_rows_of_a(&mut self, sa: &Slot, a: &Operand, aoff: &str, nn: usize) -> R<()> {
+        let affine = match self.norm_rows.contains_key(&a.v) {
+            true => Some(self.norm_quads(a.v)?),
+            false => None,
+        };
         for i in 0..BLOCK {
             let row = format!("min(r0 + {i}u, {})", u(nn - 1));
             let at_a = format!("{aoff} + {row} * {} + q", u(a.rs));
-            self.body
-                .stmt(format!("let qa{i} = {};", vec4_at(sa, &at_a)));
+            let x = vec4_at(sa, &at_a);
+            let x = match &affine {
+                Some((Some(wq), Some(bq))) => {
+                    format!("fma(({x} - vec4<f32>(st{i}.x)) * st{i}.y, {wq}, {bq})")
+                }
+                Some((wq, bq)) => {
+                    let wq = wq.as_ref().map_or(String::new(), |w| format!(" * {w}"));
+                    let bq = bq.as_ref().map_or(String::new(), |b| format!(" + {b}"));
+                    format!("(({x} - vec4<f32>(st{i}.x)) * st{i}.y){wq}{bq}")
+                }
+                None => x,
+            };
+            self.body.stmt(format!("let qa{i} = {x};"));
         }
+        Ok(())
+    }
+
+    /// The vector slot A's blocks load: A's, or a norm operand's input's.
+    fn block_slot_of_a(&mut self, a: &Operand) -> R<Option<Slot>> {
+        match self.norm_rows.contains_key(&a.v) {
+            true => {
+                let input = self.norm_node_args(a.v)?.0;
+                self.vec4_slot_of(input)
+            }
+            false => self.vec4_slot_of(a.v),
+        }
+    }
+
+    /// `st0`..: the statistics of a block's rows of norm operand A, loaded
+    /// once before the loop over K.
+    fn block_norm_stats(&mut self, a: &Operand, nn: usize) {
+        if let Some((arr, first)) = self.norm_rows.get(&a.v).cloned() {
+            for i in 0..BLOCK {
+                self.body.stmt(format!(
+                    "let st{i} = {arr}[min(r0 + {i}u, {}) - {first}];",
+                    u(nn - 1)
+                ));
+            }
+        }
+    }
+
+    /// The weight and bias of norm operand `v` at columns `q..q + 4` as
+    /// vectors (`None` where it has none).
+    #[allow(clippy::type_complexity)]
+    fn norm_quads(&mut self, v: ValueId) -> R<(Option<String>, Option<String>)> {
+        let (_, _, weight, bias, _) = self.norm_node_args(v)?;
+        let saved = std::mem::take(&mut self.memo);
+        let mut out = vec![];
+        for t in [weight, bias] {
+            let Some(t) = t else {
+                out.push(None);
+                continue;
+            };
+            let dt = self.meta(t).dtype;
+            let mut lanes = vec![];
+            for j in 0..4 {
+                let x = self.value_at(t, &format!("q + {j}u"))?;
+                lanes.push(cast(&x, dt, DType::F32));
+            }
+            let q = self
+                .body
+                .bind("vec4<f32>", format!("vec4<f32>({})", lanes.join(", ")));
+            out.push(Some(q));
+        }
+        self.memo = saved;
+        Ok((out[0].clone(), out[1].clone()))
     }
 
     /// `big_blocks` where B is read along its columns: four of B's rows
@@ -734,7 +817,7 @@ impl Gen<'_> {
         }
         self.body
             .stmt(format!("for (var q = 0u; q < {}; q = q + 4u) {{", u(kk)));
-        self.block_rows_of_a(sa, a, aoff, nn);
+        self.block_rows_of_a(sa, a, aoff, nn)?;
         // Columns clamped by whole vectors: `mm` is a multiple of four.
         for j in 0..quads {
             let col = format!("min(c0 + {}u, {})", 4 * j, u(mm - 4));

@@ -242,6 +242,10 @@ pub struct Gen<'a> {
     /// the array holding this invocation's block of it and the block's
     /// first element.
     resident: HashMap<ValueId, (String, String)>,
+    /// In a product kernel whose left operand is a norm it computes
+    /// (`Schedule::norm_operands`): that norm -> the workgroup array of
+    /// its rows' (mean, rstd) and the first row the array holds.
+    norm_rows: HashMap<ValueId, (String, String)>,
     /// The row kernel value being computed: its stores fill its array
     /// (memory is written once the block is complete).
     filling: Option<ValueId>,
@@ -319,6 +323,7 @@ impl<'a> Gen<'a> {
             words_shared: false,
             run_word: false,
             resident: HashMap::new(),
+            norm_rows: HashMap::new(),
             filling: None,
             // `lower` places it.
             status: None,
@@ -997,6 +1002,8 @@ impl<'a> Gen<'a> {
                         .bind(ty(m.dtype), load(&slot, idx, m.dtype, loc.packed)),
                 },
             }
+        } else if self.norm_rows.contains_key(&v) {
+            self.norm_at(v, idx)?
         } else {
             let Def::Node(n, k) = self.g.values[v].def else {
                 return Err(bug("an input without a buffer"));

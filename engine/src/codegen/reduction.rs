@@ -545,14 +545,36 @@ impl Gen<'_> {
     /// Layer norm node `n` into `v` over the row of its elements from
     /// `base`: the corrected two-pass statistics, then each element.
     pub(super) fn layer_norm_row(&mut self, n: NodeId, v: ValueId, base: &str) -> R<()> {
-        let (input, width, weight, bias, eps) = self.layer_norm_args(n)?;
+        let (input, _, weight, bias, _) = self.layer_norm_args(n)?;
+        let im = self.meta(input).clone();
+        let saved = std::mem::take(&mut self.memo);
+        let (mean, rstd, width) = self.norm_row_stats(n, base)?;
+        self.body
+            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
+        let at = self.body.bind("u32", format!("{base} + k"));
+        let x = self.value_at(input, &at)?;
+        let x = self.body.bind("f32", cast(&x, im.dtype, DType::F32));
+        let y = self.norm_affine(&x, &mean, &rstd, weight, bias, "k")?;
+        let y = cast(&y, DType::F32, im.dtype);
+        self.store_to(v, &at, &y)?;
+        self.body.stmt("}".into());
+        self.memo = saved;
+        Ok(())
+    }
+
+    /// The mean and reciprocal deviation of layer norm node `n`'s row of
+    /// elements from `base`, read by one invocation: the compensated
+    /// sum's mean, refined by the deviations' sum (exact for constant
+    /// rows), their squares giving the variance. Leaves the memo clear.
+    pub(super) fn norm_row_stats(&mut self, n: NodeId, base: &str) -> R<(String, String, usize)> {
+        let (input, width, _, _, eps) = self.layer_norm_args(n)?;
         let im = self.meta(input).clone();
         let read = |s: &mut Self| -> R<String> {
             let at = s.body.bind("u32", format!("{base} + k"));
             let x = s.value_at(input, &at)?;
             Ok(s.body.bind("f32", cast(&x, im.dtype, DType::F32)))
         };
-        let saved = std::mem::take(&mut self.memo);
+        self.memo.clear();
         let sum = self.body.var("f32", "0.0".into());
         let c = self.body.var("f32", "0.0".into());
         self.body
@@ -565,8 +587,6 @@ impl Gen<'_> {
         self.body.stmt("}".into());
         self.memo.clear();
         let mean0 = self.body.bind("f32", format!("{sum} / f32({})", u(width)));
-        // The corrected two-pass algorithm: the deviations' sum refines the
-        // mean (exact for constant rows), their squares give the variance.
         let dev = self.body.var("f32", "0.0".into());
         let sq = self.body.var("f32", "0.0".into());
         self.body
@@ -578,16 +598,152 @@ impl Gen<'_> {
         self.body.stmt("}".into());
         self.memo.clear();
         let (mean, rstd) = self.norm_stats(&mean0, &dev, &sq, width, eps);
+        Ok((mean, rstd, width))
+    }
+
+    /// `norm_row_stats` over an f32 row bound as vectors (`width` a
+    /// multiple of 4): four compensated sums, a quarter of the loads.
+    fn norm_row_stats_quads(
+        &mut self,
+        q: &Slot,
+        base: &str,
+        width: usize,
+        eps: f64,
+    ) -> (String, String) {
+        let w = u(width);
+        let x = super::matmul::vec4_at(q, &format!("{base} + k"));
+        let sum = self.body.var("vec4<f32>", "vec4<f32>(0.0)".into());
+        let c = self.body.var("vec4<f32>", "vec4<f32>(0.0)".into());
         self.body
-            .stmt(format!("for (var k = 0u; k < {}; k = k + 1u) {{", u(width)));
-        let x = read(self)?;
-        let y = self.norm_affine(&x, &mean, &rstd, weight, bias, "k")?;
-        let at = self.body.bind("u32", format!("{base} + k"));
-        let y = cast(&y, DType::F32, im.dtype);
-        self.store_to(v, &at, &y)?;
+            .stmt(format!("for (var k = 0u; k < {w}; k = k + 4u) {{"));
+        let y = self.body.bind("vec4<f32>", format!("{x} - {c}"));
+        let t = self.body.bind("vec4<f32>", format!("{sum} + {y}"));
+        self.body.stmt(format!("{c} = ({t} - {sum}) - {y};"));
+        self.body.stmt(format!("{sum} = {t};"));
         self.body.stmt("}".into());
+        let mean0 = self.body.bind(
+            "f32",
+            format!("(({sum}.x + {sum}.y) + ({sum}.z + {sum}.w)) / f32({w})"),
+        );
+        let dev = self.body.var("vec4<f32>", "vec4<f32>(0.0)".into());
+        let sq = self.body.var("vec4<f32>", "vec4<f32>(0.0)".into());
+        self.body
+            .stmt(format!("for (var k = 0u; k < {w}; k = k + 4u) {{"));
+        let d = self
+            .body
+            .bind("vec4<f32>", format!("{x} - vec4<f32>({mean0})"));
+        self.body.stmt(format!("{dev} = {dev} + {d};"));
+        self.body.stmt(format!("{sq} = {sq} + {d} * {d};"));
+        self.body.stmt("}".into());
+        let total = |v: &str| format!("(({v}.x + {v}.y) + ({v}.z + {v}.w))");
+        let dev = self.body.bind("f32", total(&dev));
+        let sq = self.body.bind("f32", total(&sq));
+        self.norm_stats(&mean0, &dev, &sq, width, eps)
+    }
+
+    /// Element `idx` of norm operand `v` (`Schedule::norm_operands`) in
+    /// the product kernel computing it: its input there normalized with
+    /// its row's statistics from the workgroup's array (`Gen::norm_rows`).
+    pub(super) fn norm_at(&mut self, v: ValueId, idx: &str) -> R<String> {
+        let (arr, first) = self
+            .norm_rows
+            .get(&v)
+            .cloned()
+            .ok_or_else(|| bug("a norm operand without its statistics"))?;
+        let Def::Node(n, _) = self.g.values[v].def else {
+            return Err(bug("a norm operand without a node"));
+        };
+        let (input, width, weight, bias, _) = self.layer_norm_args(n)?;
+        let w = u(width);
+        let row = self.body.bind("u32", format!("{idx} / {w}"));
+        let k = self.body.bind("u32", format!("{idx} % {w}"));
+        let st = self
+            .body
+            .bind("vec2<f32>", format!("{arr}[{row} - {first}]"));
+        let x = self.value_at(input, idx)?;
+        let x = self
+            .body
+            .bind("f32", cast(&x, self.meta(input).dtype, DType::F32));
+        let y = self.norm_affine(&x, &format!("{st}.x"), &format!("{st}.y"), weight, bias, &k)?;
+        Ok(self.body.bind(
+            ty(self.meta(v).dtype),
+            cast(&y, DType::F32, self.meta(v).dtype),
+        ))
+    }
+
+    /// The statistics of norm operand `v`'s rows `first..first + rows`
+    /// (those below `total`) into the workgroup array `arr`, `threads`
+    /// invocations (local index `lidx`) a row each at a time, then a
+    /// barrier: lines moved to `start` of the body, ahead of the product
+    /// reading them (in uniform control flow, before any early return).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn norm_rows_first(
+        &mut self,
+        v: ValueId,
+        start: usize,
+        rows: usize,
+        total: usize,
+        threads: usize,
+        lidx: &str,
+    ) -> R<()> {
+        let (arr, first) = self
+            .norm_rows
+            .get(&v)
+            .cloned()
+            .ok_or_else(|| bug("a norm operand without its statistics"))?;
+        let Def::Node(n, _) = self.g.values[v].def else {
+            return Err(bug("a norm operand without a node"));
+        };
+        let (_, width, ..) = self.layer_norm_args(n)?;
+        let saved = std::mem::take(&mut self.memo);
+        let end = self.body.lines.len();
+        self.shared.push(format!(
+            "var<workgroup> {arr}: array<vec2<f32>, {}>;",
+            rows.max(1)
+        ));
+        self.body
+            .stmt(format!("let {first}: u32 = wid.y * {};", u(rows)));
+        self.body.stmt(format!(
+            "for (var nr = {lidx}; nr < {}; nr = nr + {}) {{",
+            u(rows),
+            u(threads)
+        ));
+        let row = self.body.bind("u32", format!("{first} + nr"));
+        self.body.stmt(format!("if ({row} < {}) {{", u(total)));
+        let base = self.body.bind("u32", format!("{row} * {}", u(width)));
+        let (input, _, _, _, eps) = self.layer_norm_args(n)?;
+        let quads = match width.is_multiple_of(4) {
+            true => self.vec4_slot_of(input)?,
+            false => None,
+        };
+        let (mean, rstd) = match quads {
+            Some(q) => self.norm_row_stats_quads(&q, &base, width, eps),
+            None => {
+                let (mean, rstd, _) = self.norm_row_stats(n, &base)?;
+                (mean, rstd)
+            }
+        };
+        self.body
+            .stmt(format!("{arr}[nr] = vec2<f32>({mean}, {rstd});"));
+        self.body.stmt("}".into());
+        self.body.stmt("}".into());
+        self.body.stmt("workgroupBarrier();".into());
+        let lines = self.body.lines.split_off(end);
+        self.body.lines.splice(start..start, lines);
         self.memo = saved;
         Ok(())
+    }
+
+    /// `layer_norm_args` of the node computing norm value `v`.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn norm_node_args(
+        &self,
+        v: ValueId,
+    ) -> R<(ValueId, usize, Option<ValueId>, Option<ValueId>, f64)> {
+        let Def::Node(n, _) = self.g.values[v].def else {
+            return Err(bug("a norm operand without a node"));
+        };
+        self.layer_norm_args(n)
     }
 
     /// Layer norm node `n`'s input, normalized width, weight, bias and eps.
