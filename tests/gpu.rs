@@ -1649,6 +1649,50 @@ fn attention_is_one_kernel_at_awkward_sizes() {
     }
 }
 
+/// Scores reshaped around their mask (Swin's shifted windows: the windows
+/// split out of the batch for a per-window mask, then merged back) are
+/// still one attention kernel, and an epilogue goes on through a reshape
+/// too: no score tensor in memory, results as the reference's.
+#[test]
+fn attention_goes_through_reshapes_of_its_scores() {
+    let src = "graph swin(%q: f32[4, 2, 16, 8], %k: f32[4, 2, 16, 8], %v: f32[4, 2, 16, 8], %bias: f32[2, 16, 16], %mask: f32[4, 16, 16], %w: f32[40, 16], %x: f32[12, 16]) {
+  %kt = transpose(%k, -1, -2)
+  %s = matmul(%q, %kt)
+  %b = add(%s, %bias)
+  %s5 = view(%b, [1, 4, 2, 16, 16])
+  %m1 = unsqueeze(%mask, 1)
+  %m2 = unsqueeze(%m1, 0)
+  %a = add(%s5, %m2)
+  %s4 = view(%a, [-1, 2, 16, 16])
+  %p = softmax(%s4, -1)
+  %o = matmul(%p, %v)
+  %h = linear(%x, %w)
+  %hr = view(%h, [12, 4, 10])
+  %y = gelu(%hr)
+  return (%o, %y)
+}";
+    let g = parse(src).unwrap();
+    let p = kiln::engine::compile(&g).unwrap();
+    let labels: Vec<&str> = p
+        .kernels
+        .iter()
+        .flat_map(|k| k.code.label.split(" | "))
+        .collect();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    assert!(labels.iter().any(|l| l.starts_with("attention")), "{labels:?}");
+    // Only the results are written: o, and gelu's [12, 40] (not h).
+    let written: usize = p.kernels.iter().map(|k| k.bytes_written).sum();
+    assert_eq!(written, 4 * (4 * 2 * 16 * 8 + 12 * 40), "{labels:?}");
+    let ins = kiln::functionalize::random::random_inputs(&g, 11, 2.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    for mut e in [engine(), gpu_variants()] {
+        let got = e.run(&g, ins.clone()).unwrap();
+        for (a, w) in got.outputs.iter().zip(&want.outputs) {
+            close_gpu("shifted-window attention", a, w, 1e-5).unwrap();
+        }
+    }
+}
+
 /// Elementwise tails of matrix products run in the product's epilogue: a
 /// GELU feeding another product is computed once per element (not once
 /// per tile of the next product), a residual add that is an output is

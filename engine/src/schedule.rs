@@ -805,6 +805,12 @@ fn elementwise_tail(g: &Graph, s: &Schedule, r: ValueId, permute: bool) -> Value
                 x = y;
                 sizes = &g.meta(y).sizes;
             }
+            // A reshape computed inline (windows split into a batch and
+            // back, around Swin's shifted-window mask): the same element.
+            [y] if !s.is_materialized.contains(&y) && contiguous_reshape(g, u) == Some(x) => {
+                x = y;
+                sizes = &g.meta(y).sizes;
+            }
             _ => return end,
         }
     }
