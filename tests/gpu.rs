@@ -1679,7 +1679,10 @@ fn attention_goes_through_reshapes_of_its_scores() {
         .flat_map(|k| k.code.label.split(" | "))
         .collect();
     assert_eq!(labels.len(), 2, "{labels:?}");
-    assert!(labels.iter().any(|l| l.starts_with("attention")), "{labels:?}");
+    assert!(
+        labels.iter().any(|l| l.starts_with("attention")),
+        "{labels:?}"
+    );
     // Only the results are written: o, and gelu's [12, 40] (not h).
     let written: usize = p.kernels.iter().map(|k| k.bytes_written).sum();
     assert_eq!(written, 4 * (4 * 2 * 16 * 8 + 12 * 40), "{labels:?}");
@@ -1923,9 +1926,36 @@ fn row_kernel_and_reduction_epilogues_fuse() {
 /// computed where they load it: each workgroup's row statistics first,
 /// the normalized rows never in memory. Every product path: skinny (at
 /// most 16 rows), tiled with partial tiles, twins (SwiGLU), `mm`, a 3-D
-/// `linear`, no weight or bias.
+/// `linear`, no weight or bias. Narrow products too, where a row kernel
+/// with them would bind more than 8 buffers (the GPU variant's limit):
+/// the norm before a Q, K and V projection with biases.
 #[test]
 fn norms_read_by_products_are_computed_where_they_load() {
+    let qkv = "graph qkv(%x: f32[16, 32], %g: f32[32], %b: f32[32], %wq: f32[32, 32], %bq: f32[32], %wk: f32[32, 32], %bk: f32[32], %wv: f32[32, 32], %bv: f32[32]) {
+  %n = layer_norm(%x, [32], %g, %b, 1e-05)
+  %q = linear(%n, %wq, %bq)
+  %k = linear(%n, %wk, %bk)
+  %v = linear(%n, %wv, %bv)
+  return (%q, %k, %v)
+}";
+    let g = parse(qkv).unwrap();
+    let ins = kiln::functionalize::random::random_inputs(&g, 7, 2.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    let gpu = limited_engine(|l| l.max_storage_buffers_per_shader_stage = 8)
+        .session
+        .gpu()
+        .clone();
+    let mut options = common::gpu_variant_options(&gpu);
+    options.max_bindings = 8;
+    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    let mut e = Engine::on(kiln::engine::Session::with_options(gpu, options));
+    for k in &p.kernels {
+        assert!(k.code.label.starts_with("linear"), "{}", p.stats());
+    }
+    let got = e.run(&g, ins.clone()).unwrap();
+    for (i, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
+        close_gpu(&format!("qkv output {i}"), a, b, 1e-4).unwrap();
+    }
     for rows in [5usize, 16, 37, 300] {
         let src = format!(
             "graph f(%x: f32[{rows}, 80], %g: f32[80], %b: f32[80], %w1: f32[96, 80], %b1: f32[96], %w3: f32[96, 80], %m: f32[80, 72], %y: f32[2, {rows}, 80]) {{

@@ -82,6 +82,10 @@ pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)>
                 _ => None,
             };
             let (left, right) = (tensor(form.left)?, tensor(form.right)?);
+            // (A norm operand is computed by the product's own kernel.)
+            if s.norm_operands.contains(&left) {
+                return None;
+            }
             let (lm, k) = (g.meta(left), *g.meta(left).sizes.last()?);
             // Each output row reads its own row of the left operand (not
             // broadcast over batches): the same block.

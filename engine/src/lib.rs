@@ -333,7 +333,14 @@ pub(crate) fn compile_functional(
     // decided on the plan, before any code is generated.
     let staged: HashSet<ValueId> = if options.contiguous_operands {
         let pinned = options.constants.iter().map(|&i| g.inputs[i]).collect();
-        let s = schedule::schedule(&g, &outputs, pinned, &HashSet::new(), options)?;
+        let s = schedule::schedule(
+            &g,
+            &outputs,
+            pinned,
+            &HashSet::new(),
+            options,
+            &HashSet::new(),
+        )?;
         schedule::inline_product_operands(&g, &s)
     } else {
         HashSet::new()
@@ -421,6 +428,22 @@ pub(crate) fn compile_functional(
             if key(&p2) <= key(&plan) {
                 plan = p2;
                 grouping = ordered;
+            }
+        }
+        // Norms before narrow products that row kernels left apart (the
+        // device's bindings) computed by the products instead: kept where
+        // that moves fewer bytes or runs fewer kernels.
+        let lone = plan.lone_norms(&g);
+        if grouping.narrow_norms.is_empty() && !lone.is_empty() {
+            let mut norms = lower::Grouping {
+                narrow_norms: lone,
+                ..grouping.clone()
+            };
+            let p2 = plan_with(&mut norms, &mut force)?;
+            let key = |p: &lower::KernelPlan| (p.bytes_moved(&g), p.kernels());
+            if key(&p2) < key(&plan) && p2.planned_peak() <= eager.max(plan.planned_peak()) {
+                plan = p2;
+                grouping = norms;
             }
         }
         if options.share_launches && grouping.lookback > 1 {

@@ -717,6 +717,22 @@ impl KernelPlan {
         self.launches.len()
     }
 
+    /// Layer norms computed by a kernel of their own (no row kernel, no
+    /// other value with them).
+    pub fn lone_norms(&self, g: &Graph) -> HashSet<ValueId> {
+        self.groups
+            .iter()
+            .filter_map(|grp| match grp[..] {
+                [v] if !self.sched.chains.contains_key(&v) => Some(v),
+                _ => None,
+            })
+            .filter(|&v| {
+                g.node_of(v)
+                    .is_some_and(|n| matches!(g.nodes[n].op.def().lowering, Lowering::LayerNorm))
+            })
+            .collect()
+    }
+
     /// See `KernelPlan::joins_blocked`.
     pub fn joins_blocked(&self) -> &HashSet<ValueId> {
         &self.joins_blocked
@@ -784,7 +800,7 @@ pub(crate) fn plan(
 ) -> Result<Planned, CompileError> {
     let outputs = io.outputs;
     let pinned: HashSet<ValueId> = options.constants.iter().map(|&i| g.inputs[i]).collect();
-    let mut sched = schedule::schedule(g, outputs, pinned, force, options)?;
+    let mut sched = schedule::schedule(g, outputs, pinned, force, options, &grouping.narrow_norms)?;
     check_buffer_sizes(g, &sched, options)?;
     let mut groups = group_kernels(g, &sched, options, grouping)?;
     let out_set: HashSet<ValueId> = outputs.iter().copied().collect();
@@ -1115,6 +1131,10 @@ pub(crate) struct Grouping {
     /// the results of kernels sharing a launch, alive together, hold more
     /// memory than eager's peak.
     pub launch_each: bool,
+    /// Layer norms computed by the products reading them even where those
+    /// are narrow (`Schedule::norm_operands`): norms an earlier plan ran
+    /// as kernels of their own (`KernelPlan::lone_norms`).
+    pub narrow_norms: HashSet<ValueId>,
 }
 
 impl Grouping {

@@ -30,6 +30,7 @@ pub fn schedule(
     pinned: HashSet<ValueId>,
     force: &HashSet<ValueId>,
     options: &crate::CompileOptions,
+    narrow_norms: &HashSet<ValueId>,
 ) -> Result<Schedule, CompileError> {
     let mut uses: HashMap<ValueId, Vec<NodeId>> = HashMap::new();
     for &n in &g.order {
@@ -124,7 +125,7 @@ pub fn schedule(
     fuse_rows(g, &mut s, &out_set, force, options.workgroup_rows);
     fuse_products(g, &mut s, &out_set, force, options.fuse_attention);
     fuse_twin_products(g, &mut s, &out_set, force);
-    fuse_norm_operands(g, &mut s, &out_set, force);
+    fuse_norm_operands(g, &mut s, &out_set, force, narrow_norms);
     Ok(s)
 }
 
@@ -987,7 +988,9 @@ fn fuse_products(
 }
 
 /// Layer norms whose every reader is a product too wide for a row kernel
-/// (`fusion::narrow_product`) taking the norm's rows whole as its left
+/// (`fusion::narrow_product`; any product for the norms of `narrow`,
+/// which an earlier plan's row kernels left apart:
+/// `lower::Grouping::narrow_norms`) taking the norm's rows whole as its left
 /// operand (`linear`, `mm`: each row of the operand one row of the
 /// norm): computed by those products where they load the operand, from
 /// row statistics each workgroup computes for its rows first
@@ -999,6 +1002,7 @@ fn fuse_norm_operands(
     s: &mut Schedule,
     out: &HashSet<ValueId>,
     force: &HashSet<ValueId>,
+    narrow: &HashSet<ValueId>,
 ) {
     let attention: HashSet<NodeId> = s
         .fused
@@ -1062,7 +1066,10 @@ fn fuse_norm_operands(
                 // Rows of the operand are rows of the norm: a linear's
                 // input, or a matrix of `mm`.
                 let rows = form.linear || (rm.dim() == 2 && g.meta(un.results[0]).dim() == 2);
-                only_left && rows && !attention.contains(&u) && !crate::fusion::narrow_product(g, u)
+                only_left
+                    && rows
+                    && !attention.contains(&u)
+                    && (narrow.contains(&r) || !crate::fusion::narrow_product(g, u))
             });
         if readers_ok {
             found.push(r);
