@@ -1004,16 +1004,7 @@ fn fuse_norm_operands(
     force: &HashSet<ValueId>,
     narrow: &HashSet<ValueId>,
 ) {
-    let attention: HashSet<NodeId> = s
-        .fused
-        .values()
-        .flat_map(|f| match *f {
-            Fused::Attention {
-                scores, product, ..
-            } => vec![scores, product],
-            Fused::Epilogue { .. } | Fused::Rows { .. } => vec![],
-        })
-        .collect();
+    let attention = attention_products(s);
     let with_tail: HashSet<NodeId> = s
         .fused
         .values()
@@ -1207,15 +1198,9 @@ fn read_at_own_element(
         })
 }
 
-/// Matrix-product operands computed inline (index maps such as a
-/// transpose or a head merge, elementwise expressions) in schedule `s`:
-/// given a buffer of their own, the product reads them as contiguous rows.
-/// Attention kernels stage their operands through workgroup memory
-/// anyway, products narrow enough for a row kernel read theirs by rows:
-/// theirs are left alone.
-pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
-    let attention: HashSet<NodeId> = s
-        .fused
+/// The products attention kernels compute (scores and weighted sums).
+fn attention_products(s: &Schedule) -> HashSet<NodeId> {
+    s.fused
         .values()
         .flat_map(|f| match *f {
             Fused::Attention {
@@ -1223,7 +1208,17 @@ pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
             } => vec![scores, product],
             Fused::Epilogue { .. } | Fused::Rows { .. } => vec![],
         })
-        .collect();
+        .collect()
+}
+
+/// Matrix-product operands computed inline (index maps such as a
+/// transpose or a head merge, elementwise expressions) in schedule `s`:
+/// given a buffer of their own, the product reads them as contiguous rows.
+/// Attention kernels stage their operands through workgroup memory
+/// anyway, products narrow enough for a row kernel read theirs by rows:
+/// theirs are left alone.
+pub fn inline_product_operands(g: &Graph, s: &Schedule) -> HashSet<ValueId> {
+    let attention = attention_products(s);
     let mut out = HashSet::new();
     for &n in &g.order {
         let node = &g.nodes[n];

@@ -645,15 +645,8 @@ impl Gen<'_> {
     /// the product kernel computing it: its input there normalized with
     /// its row's statistics from the workgroup's array (`Gen::norm_rows`).
     pub(super) fn norm_at(&mut self, v: ValueId, idx: &str) -> R<String> {
-        let (arr, first) = self
-            .norm_rows
-            .get(&v)
-            .cloned()
-            .ok_or_else(|| bug("a norm operand without its statistics"))?;
-        let Def::Node(n, _) = self.g.values[v].def else {
-            return Err(bug("a norm operand without a node"));
-        };
-        let (input, width, weight, bias, _) = self.layer_norm_args(n)?;
+        let (arr, first) = self.norm_arrays(v)?;
+        let (input, width, weight, bias, _) = self.norm_node_args(v)?;
         let w = u(width);
         let row = self.body.bind("u32", format!("{idx} / {w}"));
         let k = self.body.bind("u32", format!("{idx} % {w}"));
@@ -686,11 +679,7 @@ impl Gen<'_> {
         threads: usize,
         lidx: &str,
     ) -> R<()> {
-        let (arr, first) = self
-            .norm_rows
-            .get(&v)
-            .cloned()
-            .ok_or_else(|| bug("a norm operand without its statistics"))?;
+        let (arr, first) = self.norm_arrays(v)?;
         let Def::Node(n, _) = self.g.values[v].def else {
             return Err(bug("a norm operand without a node"));
         };
@@ -732,6 +721,14 @@ impl Gen<'_> {
         self.body.lines.splice(start..start, lines);
         self.memo = saved;
         Ok(())
+    }
+
+    /// Norm operand `v`'s statistics array and the first row it holds.
+    fn norm_arrays(&self, v: ValueId) -> R<(String, String)> {
+        self.norm_rows
+            .get(&v)
+            .cloned()
+            .ok_or_else(|| bug("a norm operand without its statistics"))
     }
 
     /// `layer_norm_args` of the node computing norm value `v`.
