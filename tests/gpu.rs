@@ -1956,6 +1956,28 @@ fn norms_read_by_products_are_computed_where_they_load() {
     for (i, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
         close_gpu(&format!("qkv output {i}"), a, b, 1e-4).unwrap();
     }
+    // The norm's input written in place before the product: the norm is
+    // computed before the write, a kernel of its own.
+    let hazard = "graph f(%x: f32[8, 80], %w: f32[96, 80], %u: f32[8, 10]) {
+  %n = layer_norm(%x, [80])
+  %s = slice(%x, 1, 0, 10)
+  %c = copy_(%s, %u)
+  %h = linear(%n, %w)
+  return %h
+}";
+    let g = parse(hazard).unwrap();
+    let fresh = || kiln::functionalize::random::random_inputs(&g, 5, 2.0);
+    let want = kiln::run(&g, fresh()).unwrap();
+    for mut e in [engine(), gpu_variants()] {
+        let got = e.run(&g, fresh()).unwrap();
+        close_gpu(
+            "norm before an in-place write",
+            &got.outputs[0],
+            &want.outputs[0],
+            1e-4,
+        )
+        .unwrap();
+    }
     for rows in [5usize, 16, 37, 300] {
         let src = format!(
             "graph f(%x: f32[{rows}, 80], %g: f32[80], %b: f32[80], %w1: f32[96, 80], %b1: f32[96], %w3: f32[96, 80], %m: f32[80, 72], %y: f32[2, {rows}, 80]) {{

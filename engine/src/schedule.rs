@@ -1057,9 +1057,12 @@ fn fuse_norm_operands(
                 // Rows of the operand are rows of the norm: a linear's
                 // input, or a matrix of `mm`.
                 let rows = form.linear || (rm.dim() == 2 && g.meta(un.results[0]).dim() == 2);
+                // Computed where the product runs: no kernel in between
+                // may write the norm's input in place.
                 only_left
                     && rows
                     && !attention.contains(&u)
+                    && !written_between(g, s, &[n], u)
                     && (narrow.contains(&r) || !crate::fusion::narrow_product(g, u))
             });
         if readers_ok {
