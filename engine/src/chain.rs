@@ -106,10 +106,7 @@ pub(crate) fn link(g: &Graph, s: &Schedule, v: ValueId) -> Option<(Link, usize)>
             (inner == 1 && len > 0).then_some((Link::Softmax(n), numel / len))
         }
         Lowering::LayerNorm => {
-            let Some(Arg::IntList(l)) = node.args.get(1) else {
-                return None;
-            };
-            let width = l.iter().product::<i64>().max(1) as usize;
+            let width = crate::fusion::norm_width(g, n)?.max(1);
             numel
                 .is_multiple_of(width)
                 .then_some((Link::LayerNorm(n), numel / width))

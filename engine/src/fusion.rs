@@ -454,6 +454,15 @@ pub const JOIN_MAX_ELEMENTS: usize = 1 << 16;
 /// `JOIN_MAX_ELEMENTS`).
 pub const CHAIN_GPU_MAX_ELEMENTS: usize = 1 << 16;
 
+/// The elements layer norm node `n` normalizes together (the product of
+/// its normalized shape).
+pub fn norm_width(g: &Graph, n: NodeId) -> Option<usize> {
+    match g.nodes[n].args.get(1) {
+        Some(Arg::IntList(l)) => usize::try_from(l.iter().product::<i64>()).ok(),
+        _ => None,
+    }
+}
+
 /// Is product node `n` narrow enough for a row kernel: a block of its
 /// rows within `CHAIN_MAX_WIDTH` outputs and `CHAIN_MAX_PRODUCT`
 /// multiply-adds?

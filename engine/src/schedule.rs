@@ -1021,10 +1021,9 @@ fn fuse_norm_operands(
         }
         let [r] = node.results[..] else { continue };
         let rm = g.meta(r);
-        let Some(Arg::IntList(shape)) = node.args.get(1) else {
+        let Some(width) = crate::fusion::norm_width(g, n) else {
             continue;
         };
-        let width = shape.iter().product::<i64>().max(0) as usize;
         let operands_ok = node.args.iter().flat_map(|a| a.tensors()).all(|t| {
             s.is_materialized.contains(t)
                 && !s.inplace.contains_key(t)

@@ -2,6 +2,7 @@
 //! with fused operand loads and epilogues; tiles through workgroup memory
 //! or a loop per invocation.
 
+use super::reduction::{NORM_FIRST, NORM_STATS};
 use super::template::{self, Env};
 use super::*;
 
@@ -245,9 +246,7 @@ impl Gen<'_> {
         // A norm computed here: its rows' statistics first (`norm_rows_first`).
         let norm = self.s.norm_operands.contains(&a.v).then_some(a.v);
         let start = self.body.lines.len();
-        if let Some(x) = norm {
-            self.norm_rows.insert(x, ("nrm".into(), "nrm_first".into()));
-        }
+        self.norm_rows = norm;
         let acc_dt = if om.dtype.is_float() {
             DType::F32
         } else {
@@ -377,7 +376,7 @@ impl Gen<'_> {
             let lidx = format!("lid.y * {} + lid.x", u(wg[0] as usize));
             let threads = (wg[0] * wg[1]) as usize;
             self.norm_rows_first(x, start, rows, nn, threads, &lidx)?;
-            self.norm_rows.remove(&x);
+            self.norm_rows = None;
         }
         Ok(self.finish(label, grid, wg))
     }
@@ -717,7 +716,7 @@ impl Gen<'_> {
     /// `qa0`.. : four k of each row of the block from A (a norm operand
     /// normalized from its input's, `Schedule::norm_operands`).
     fn block_rows_of_a(&mut self, sa: &Slot, a: &Operand, aoff: &str, nn: usize) -> R<()> {
-        let affine = match self.norm_rows.contains_key(&a.v) {
+        let affine = match self.norm_rows == Some(a.v) {
             true => Some(self.norm_quads(a.v)?),
             false => None,
         };
@@ -743,7 +742,7 @@ impl Gen<'_> {
 
     /// The vector slot A's blocks load: A's, or a norm operand's input's.
     fn block_slot_of_a(&mut self, a: &Operand) -> R<Option<Slot>> {
-        match self.norm_rows.contains_key(&a.v) {
+        match self.norm_rows == Some(a.v) {
             true => {
                 let input = self.norm_node_args(a.v)?.0;
                 self.vec4_slot_of(input)
@@ -755,10 +754,10 @@ impl Gen<'_> {
     /// `st0`..: the statistics of a block's rows of norm operand A, loaded
     /// once before the loop over K.
     fn block_norm_stats(&mut self, a: &Operand, nn: usize) {
-        if let Some((arr, first)) = self.norm_rows.get(&a.v).cloned() {
+        if self.norm_rows == Some(a.v) {
             for i in 0..BLOCK {
                 self.body.stmt(format!(
-                    "let st{i} = {arr}[min(r0 + {i}u, {}) - {first}];",
+                    "let st{i} = {NORM_STATS}[min(r0 + {i}u, {}) - {NORM_FIRST}];",
                     u(nn - 1)
                 ));
             }

@@ -243,9 +243,9 @@ pub struct Gen<'a> {
     /// first element.
     resident: HashMap<ValueId, (String, String)>,
     /// In a product kernel whose left operand is a norm it computes
-    /// (`Schedule::norm_operands`): that norm -> the workgroup array of
-    /// its rows' (mean, rstd) and the first row the array holds.
-    norm_rows: HashMap<ValueId, (String, String)>,
+    /// (`Schedule::norm_operands`): that norm, its rows' (mean, rstd) in
+    /// workgroup array `NORM_STATS` from row `NORM_FIRST` on.
+    norm_rows: Option<ValueId>,
     /// The row kernel value being computed: its stores fill its array
     /// (memory is written once the block is complete).
     filling: Option<ValueId>,
@@ -323,7 +323,7 @@ impl<'a> Gen<'a> {
             words_shared: false,
             run_word: false,
             resident: HashMap::new(),
-            norm_rows: HashMap::new(),
+            norm_rows: None,
             filling: None,
             // `lower` places it.
             status: None,
@@ -1002,7 +1002,7 @@ impl<'a> Gen<'a> {
                         .bind(ty(m.dtype), load(&slot, idx, m.dtype, loc.packed)),
                 },
             }
-        } else if self.norm_rows.contains_key(&v) {
+        } else if self.norm_rows == Some(v) {
             self.norm_at(v, idx)?
         } else {
             let Def::Node(n, k) = self.g.values[v].def else {

@@ -5,6 +5,11 @@
 use super::template::{self, Env};
 use super::*;
 
+/// The workgroup array of a norm operand's row statistics
+/// (`Gen::norm_rows`), and the first row it holds.
+pub(super) const NORM_STATS: &str = "nrm";
+pub(super) const NORM_FIRST: &str = "nrm_first";
+
 /// Rows of `width` contiguous elements reduced by `lanes` invocations each
 /// (a power of two up to 64; `64 / lanes` rows per workgroup), every
 /// invocation holding `per` elements (strided by `lanes`) in registers.
@@ -643,16 +648,15 @@ impl Gen<'_> {
 
     /// Element `idx` of norm operand `v` (`Schedule::norm_operands`) in
     /// the product kernel computing it: its input there normalized with
-    /// its row's statistics from the workgroup's array (`Gen::norm_rows`).
+    /// its row's statistics from the workgroup's array (`NORM_STATS`).
     pub(super) fn norm_at(&mut self, v: ValueId, idx: &str) -> R<String> {
-        let (arr, first) = self.norm_arrays(v)?;
         let (input, width, weight, bias, _) = self.norm_node_args(v)?;
         let w = u(width);
         let row = self.body.bind("u32", format!("{idx} / {w}"));
         let k = self.body.bind("u32", format!("{idx} % {w}"));
         let st = self
             .body
-            .bind("vec2<f32>", format!("{arr}[{row} - {first}]"));
+            .bind("vec2<f32>", format!("{NORM_STATS}[{row} - {NORM_FIRST}]"));
         let x = self.value_at(input, idx)?;
         let x = self
             .body
@@ -664,8 +668,8 @@ impl Gen<'_> {
         ))
     }
 
-    /// The statistics of norm operand `v`'s rows `first..first + rows`
-    /// (those below `total`) into the workgroup array `arr`, `threads`
+    /// The statistics of norm operand `v`'s `rows` rows from `NORM_FIRST`
+    /// (those below `total`) into the workgroup array `NORM_STATS`, `threads`
     /// invocations (local index `lidx`) a row each at a time, then a
     /// barrier: lines moved to `start` of the body, ahead of the product
     /// reading them (in uniform control flow, before any early return).
@@ -679,28 +683,26 @@ impl Gen<'_> {
         threads: usize,
         lidx: &str,
     ) -> R<()> {
-        let (arr, first) = self.norm_arrays(v)?;
         let Def::Node(n, _) = self.g.values[v].def else {
             return Err(bug("a norm operand without a node"));
         };
-        let (_, width, ..) = self.layer_norm_args(n)?;
+        let (input, width, _, _, eps) = self.layer_norm_args(n)?;
         let saved = std::mem::take(&mut self.memo);
         let end = self.body.lines.len();
         self.shared.push(format!(
-            "var<workgroup> {arr}: array<vec2<f32>, {}>;",
+            "var<workgroup> {NORM_STATS}: array<vec2<f32>, {}>;",
             rows.max(1)
         ));
         self.body
-            .stmt(format!("let {first}: u32 = wid.y * {};", u(rows)));
+            .stmt(format!("let {NORM_FIRST}: u32 = wid.y * {};", u(rows)));
         self.body.stmt(format!(
             "for (var nr = {lidx}; nr < {}; nr = nr + {}) {{",
             u(rows),
             u(threads)
         ));
-        let row = self.body.bind("u32", format!("{first} + nr"));
+        let row = self.body.bind("u32", format!("{NORM_FIRST} + nr"));
         self.body.stmt(format!("if ({row} < {}) {{", u(total)));
         let base = self.body.bind("u32", format!("{row} * {}", u(width)));
-        let (input, _, _, _, eps) = self.layer_norm_args(n)?;
         let quads = match width.is_multiple_of(4) {
             true => self.vec4_slot_of(input)?,
             false => None,
@@ -713,7 +715,7 @@ impl Gen<'_> {
             }
         };
         self.body
-            .stmt(format!("{arr}[nr] = vec2<f32>({mean}, {rstd});"));
+            .stmt(format!("{NORM_STATS}[nr] = vec2<f32>({mean}, {rstd});"));
         self.body.stmt("}".into());
         self.body.stmt("}".into());
         self.body.stmt("workgroupBarrier();".into());
@@ -721,14 +723,6 @@ impl Gen<'_> {
         self.body.lines.splice(start..start, lines);
         self.memo = saved;
         Ok(())
-    }
-
-    /// Norm operand `v`'s statistics array and the first row it holds.
-    fn norm_arrays(&self, v: ValueId) -> R<(String, String)> {
-        self.norm_rows
-            .get(&v)
-            .cloned()
-            .ok_or_else(|| bug("a norm operand without its statistics"))
     }
 
     /// `layer_norm_args` of the node computing norm value `v`.
