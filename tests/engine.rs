@@ -6,11 +6,19 @@
 mod common;
 
 use common::{programs, root};
-use kiln::engine::{compile, wgsl};
+use kiln::engine::wgsl;
 use kiln::functionalize::parse;
 
+/// Compiled for GPUs, a launch per kernel where a small program would run
+/// them in sequence in one workgroup (`CompileOptions::sequence`): the
+/// kernels these tests look at.
 fn compiled(src: &str) -> kiln::engine::Program {
-    compile(&parse(src).unwrap_or_else(|e| panic!("{e}"))).unwrap_or_else(|e| panic!("{e}"))
+    let options = kiln::engine::CompileOptions {
+        sequence: false,
+        ..Default::default()
+    };
+    let g = parse(src).unwrap_or_else(|e| panic!("{e}"));
+    kiln::engine::compile_with(&g, &options).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// WebGPU refuses a dispatch where a writable binding overlaps another
@@ -36,13 +44,17 @@ fn every_generated_shader_validates_with_naga() {
     for dir in ["examples/programs", "tests/programs/ops"] {
         for p in programs(&root().join(dir)) {
             let g = parse(&std::fs::read_to_string(&p).unwrap()).unwrap();
-            // The GPU variants, and the CPU adapters' (loops, no barriers).
-            for gpu_variants in [true, false] {
+            // The GPU variants, and the CPU adapters' (loops, no barriers);
+            // small programs' kernels in sequence, and a launch each.
+            for (gpu_variants, sequence) in
+                [(true, true), (false, true), (true, false), (false, false)]
+            {
                 let options = kiln::engine::CompileOptions {
                     tile_min_rows: if gpu_variants { 0 } else { usize::MAX },
                     workgroup_rows: gpu_variants,
                     workgroup: if gpu_variants { 256 } else { 64 },
                     vectorize: gpu_variants,
+                    sequence,
                     ..Default::default()
                 };
                 let prog = kiln::engine::compile_with(&g, &options).unwrap();

@@ -9,6 +9,20 @@ use kiln::engine::{Engine, EngineError};
 use kiln::functionalize::compare::Tolerance;
 use kiln::functionalize::{parse, DType, RTensor};
 
+/// `g` compiled with `options`, a launch per kernel where a small program
+/// would run them in sequence in one workgroup
+/// (`CompileOptions::sequence`): the kernels these tests look at.
+fn launched(
+    g: &kiln::functionalize::Graph,
+    options: &kiln::engine::CompileOptions,
+) -> Result<kiln::engine::Program, kiln::engine::EngineError> {
+    let options = kiln::engine::CompileOptions {
+        sequence: false,
+        ..options.clone()
+    };
+    kiln::engine::compile_with(g, &options)
+}
+
 fn engine() -> Engine {
     match Engine::new() {
         Ok(e) => e,
@@ -206,7 +220,7 @@ fn broadcast_rows_load_as_quads() {
     let want = kiln::run(&g, ins.clone()).unwrap();
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     for options in [gpu.compile_options(), common::gpu_variant_options(&gpu)] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         assert_eq!(p.kernels.len(), 1, "{}", p.stats());
         let wgsl = &p.kernels[0].code.wgsl;
         let quads = wgsl
@@ -465,7 +479,7 @@ fn kernels_over_the_storage_buffer_limit_materialize_producers() {
         max_bindings: 4,
         ..Default::default()
     };
-    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    let p = launched(&g, &options).unwrap();
     assert!(p.kernels.len() > 1, "{}", p.stats());
     for k in &p.kernels {
         assert!(k.code.bindings.len() <= 4, "{}", p.stats());
@@ -492,7 +506,7 @@ fn small_tensors_share_a_binding_when_kernels_are_grouped() {
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     let mut options = common::gpu_variant_options(&gpu);
     options.max_bindings = 8;
-    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    let p = launched(&g, &options).unwrap();
     assert_eq!(p.kernels.len(), 1, "{}", p.stats());
     assert!(p.kernels[0].code.bindings.len() <= 8, "{}", p.stats());
     assert_eq!(p.bytes_moved(), p.min_bytes, "{}", p.stats());
@@ -508,7 +522,7 @@ fn small_tensors_share_a_binding_when_kernels_are_grouped() {
         std::fs::read_to_string(root().join("examples/programs/attention_block.txt")).unwrap();
     let g = parse(&src).unwrap();
     options.max_bindings = 3;
-    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    let p = launched(&g, &options).unwrap();
     for k in &p.kernels {
         assert!(k.code.bindings.len() <= 3, "{}", p.stats());
     }
@@ -552,7 +566,7 @@ fn matrix_products_at_awkward_sizes_on_both_variants() {
         // operand): the counts below are of products, a launch's parts.
         options.share_launches = false;
         options.contiguous_operands = false;
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         let vec4 = parts_where(&p, |w| w.contains("bitcast<vec4<f32>>"));
         // y4 and z4; u4 reads exp(x4) inline, element by element (its
         // B tiles, staged through workgroup memory, are still vectors).
@@ -639,7 +653,7 @@ fn twin_products_are_one_kernel() {
         options.wide_blocks = wide;
         options.share_launches = false;
         options.contiguous_operands = false;
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         let what = format!("tiled {tiled}, tall {tall}");
         assert_eq!(p.kernels.len(), 5, "{what}: {}", p.stats());
         // The tiled pairs stage the twin's B in a tile of its own; the
@@ -687,7 +701,7 @@ fn independent_kernels_share_a_launch() {
         (kiln::engine::CompileOptions::default(), 1),
         (gpu.compile_options(), 1),
     ] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         let parts: usize = labels.iter().map(|l| l.split(" | ").count()).sum();
         assert_eq!(parts, 5, "{labels:?}");
@@ -732,7 +746,7 @@ fn kernels_of_other_grids_share_a_launch() {
         (kiln::engine::CompileOptions::default(), 1, false),
         (gpu.compile_options(), 1, true),
     ] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         assert_eq!(labels.len(), launches, "{labels:?}");
         assert_eq!(p.kernels[0].code.wgsl.contains("if (part_wg < "), packed);
@@ -764,7 +778,7 @@ fn wider_kernels_spread_over_a_launchs_workgroups() {
     let g = parse(&src).unwrap();
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     let options = common::gpu_variant_options(&gpu);
-    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    let p = launched(&g, &options).unwrap();
     assert_eq!(p.kernels.len(), 1, "{}", p.stats());
     let wgsl = &p.kernels[0].code.wgsl;
     assert!(wgsl.contains("let part_lid = "), "{wgsl}");
@@ -785,7 +799,7 @@ fn wider_kernels_spread_over_a_launchs_workgroups() {
   return (%m, %s)
 }";
     let g = parse(src).unwrap();
-    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    let p = launched(&g, &options).unwrap();
     assert_eq!(p.kernels.len(), 1, "{}", p.stats());
     assert!(p.kernels[0].code.wgsl.contains("let part_lid = "));
     for seed in 0..3 {
@@ -804,7 +818,7 @@ fn elementwise_kernels_join_a_launch_of_another_kind() {
     let g = parse(&src).unwrap();
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     for options in [gpu.compile_options(), common::gpu_variant_options(&gpu)] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         assert!(
             labels
@@ -851,7 +865,7 @@ fn launches_apart(g: &kiln::functionalize::Graph, options: &kiln::engine::Compil
         share_launches: false,
         ..options.clone()
     };
-    kiln::engine::compile_with(g, &apart).unwrap().kernels.len()
+    launched(g, &apart).unwrap().kernels.len()
 }
 
 /// Products of at most 16 rows on GPUs (`skinny_product`: K split over
@@ -883,7 +897,7 @@ fn skinny_products_in_every_operand_form() {
     // Each product its own launch but for siblings (one left operand),
     // counted by their parts.
     options.share_launches = false;
-    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    let p = launched(&g, &options).unwrap();
     let skinny = parts_where(&p, |w| w.contains("var<workgroup> red"));
     assert_eq!(skinny, 8, "{}", p.stats());
     let mut e = Engine::on(kiln::engine::Session::with_options(gpu, options));
@@ -929,7 +943,7 @@ fn sums_over_trailing_dims_in_row_kernels() {
                 chain_rows: false,
                 ..options.clone()
             };
-            let p = kiln::engine::compile_with(&g, &counted).unwrap();
+            let p = launched(&g, &counted).unwrap();
             let rows = p
                 .kernels
                 .iter()
@@ -987,14 +1001,14 @@ fn row_kernels_at_awkward_widths() {
         );
         let g = parse(&src).unwrap();
         // Counted with a launch each (the engines below share launches).
-        let p = kiln::engine::compile_with(&g, &apart()).unwrap();
+        let p = launched(&g, &apart()).unwrap();
         let rows = p
             .kernels
             .iter()
             .filter(|k| k.code.wgsl.contains("red["))
             .count();
         assert_eq!(rows, 3, "width {w}");
-        let with_sg = kiln::engine::compile_with(
+        let with_sg = launched(
             &g,
             &kiln::engine::CompileOptions {
                 subgroup: sg,
@@ -1059,7 +1073,7 @@ fn remaps_after_kernels_are_not_epilogues() {
 /// the reference's.
 fn valid_and_as_the_reference(src: &str, what: &str) {
     let g = parse(src).unwrap();
-    for k in &kiln::engine::compile(&g).unwrap().kernels {
+    for k in &launched(&g, &Default::default()).unwrap().kernels {
         kiln::engine::wgsl::validate(&k.code.wgsl).unwrap();
     }
     let ins = kiln::functionalize::random::random_inputs(&g, 1, 1.0);
@@ -1285,7 +1299,7 @@ fn outputs_viewed_from_read_back_buffers() {
         ),
     ] {
         let g = parse(src).unwrap();
-        let p = kiln::engine::compile_with(&g, &e.gpu().compile_options()).unwrap();
+        let p = launched(&g, &e.gpu().compile_options()).unwrap();
         assert_eq!(p.host_views.len(), views, "{src}");
         let ins = || kiln::functionalize::random::random_inputs(&g, 3, 1.0);
         let want = kiln::run(&g, ins()).unwrap();
@@ -1347,7 +1361,7 @@ fn cheap_values_are_recomputed_by_their_readers() {
             kiln::engine::CompileOptions::default(),
             e.gpu().compile_options(),
         ] {
-            let p = kiln::engine::compile_with(&g, &options).unwrap();
+            let p = launched(&g, &options).unwrap();
             if let Some(k) = kernels {
                 assert_eq!(p.kernels.len(), k, "{src}\n{}", p.stats());
             }
@@ -1391,7 +1405,7 @@ fn looped_index_operands_are_recomputed_by_their_readers() {
         kiln::engine::CompileOptions::default(),
         gpu.compile_options(),
     ] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         assert_eq!(p.kernels.len(), 1, "{}", p.stats());
         assert_eq!(launches_apart(&g, &options), 2);
         assert_eq!(p.bytes_moved(), p.min_bytes, "{}", p.stats());
@@ -1427,7 +1441,7 @@ fn dying_inputs_take_outputs_their_kernel_reads_at_each_element() {
         kiln::engine::CompileOptions::default(),
         e.gpu().compile_options(),
     ] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         assert_eq!(p.kernels.len(), 1, "{}", p.stats());
         // io: x and y (240 B); arena: `where`'s 120 B and the bools' 32.
         assert_eq!(p.memory.planned_peak(), 392, "{}", p.stats());
@@ -1460,7 +1474,7 @@ fn updates_through_a_transpose_write_the_parameter_in_place() {
         kiln::engine::CompileOptions::default(),
         e.gpu().compile_options(),
     ] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         assert!(
             p.memory.planned_peak() <= p.memory.eager_peak,
             "{}",
@@ -1515,7 +1529,7 @@ fn packed_results_of_products_rows_and_reductions() {
         gpu.compile_options(),
         rows,
     ] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         let atomic = p
             .kernels
             .iter()
@@ -1554,7 +1568,7 @@ fn index_copies_and_scatters_write_in_place() {
         kiln::engine::CompileOptions::default(),
         e.gpu().compile_options(),
     ] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         // Kernels sharing a launch are one, with their labels joined.
         let in_place: Vec<_> = p
             .kernels
@@ -1617,7 +1631,7 @@ fn attention_is_one_kernel_at_awkward_sizes() {
 }}"
         );
         let g = parse(&src).unwrap();
-        let p = kiln::engine::compile(&g).unwrap();
+        let p = launched(&g, &Default::default()).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         // The two attentions (independent) share one launch.
         assert_eq!(labels.len(), 2, "{labels:?}");
@@ -1631,7 +1645,7 @@ fn attention_is_one_kernel_at_awkward_sizes() {
             subgroup: Some(8),
             ..Default::default()
         };
-        let p = kiln::engine::compile_with(&g, &sg).unwrap();
+        let p = launched(&g, &sg).unwrap();
         let shared: usize = p
             .kernels
             .iter()
@@ -1672,7 +1686,7 @@ fn attention_goes_through_reshapes_of_its_scores() {
   return (%o, %y)
 }";
     let g = parse(src).unwrap();
-    let p = kiln::engine::compile(&g).unwrap();
+    let p = launched(&g, &Default::default()).unwrap();
     let labels: Vec<&str> = p
         .kernels
         .iter()
@@ -1712,7 +1726,7 @@ fn product_epilogues_fuse() {
   return %z
 }";
     let g = parse(src).unwrap();
-    let p = kiln::engine::compile(&g).unwrap();
+    let p = launched(&g, &Default::default()).unwrap();
     let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
     assert_eq!(labels.len(), 2, "{labels:?}");
     assert!(p.kernels[0].code.wgsl.contains("k_erf(t"), "{labels:?}");
@@ -1761,7 +1775,7 @@ fn sibling_products_share_a_launch() {
             max_bindings: 16,
             ..Default::default()
         };
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         // q, k, v and the gated pair (the gate computed in the up
         // projection's kernel: `twin_products_are_one_kernel`) in one
@@ -1806,7 +1820,7 @@ fn head_splits_are_stored_by_their_products() {
   return (%s, %qs)
 }";
     let g = parse(src).unwrap();
-    let p = kiln::engine::compile(&g).unwrap();
+    let p = launched(&g, &Default::default()).unwrap();
     let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
     // Q and K (siblings: the same x, the same rows) in one launch.
     assert_eq!(labels.len(), 2, "{labels:?}");
@@ -1847,7 +1861,7 @@ fn row_kernels_store_through_a_head_merge() {
         );
         let g = parse(&src).unwrap();
         let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
-        let p = kiln::engine::compile_with(&g, &gpu.compile_options()).unwrap();
+        let p = launched(&g, &gpu.compile_options()).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         // Scores, softmax, the second product (stored as the merge).
         assert!(
@@ -1889,7 +1903,7 @@ fn row_kernel_and_reduction_epilogues_fuse() {
 }}"
         );
         let g = parse(&src).unwrap();
-        let p = kiln::engine::compile(&g).unwrap();
+        let p = launched(&g, &Default::default()).unwrap();
         // Kernels sharing a launch are labelled `a | b`.
         let labels: Vec<&str> = p
             .kernels
@@ -1947,7 +1961,7 @@ fn norms_read_by_products_are_computed_where_they_load() {
         .clone();
     let mut options = common::gpu_variant_options(&gpu);
     options.max_bindings = 8;
-    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    let p = launched(&g, &options).unwrap();
     let mut e = Engine::on(kiln::engine::Session::with_options(gpu, options));
     for k in &p.kernels {
         assert!(k.code.label.starts_with("linear"), "{}", p.stats());
@@ -2010,7 +2024,7 @@ fn norms_read_by_products_are_computed_where_they_load() {
             sessions.push(("adapter", engine()));
         }
         for (what, mut e) in sessions {
-            let p = kiln::engine::compile_with(&g, e.session.compile_options()).unwrap();
+            let p = launched(&g, e.session.compile_options()).unwrap();
             let labels: Vec<&str> = p
                 .kernels
                 .iter()
@@ -2052,7 +2066,7 @@ fn row_reductions_fuse_with_their_broadcast_consumers() {
 }}"
         );
         let g = parse(&src).unwrap();
-        let p = kiln::engine::compile_with(&g, &apart()).unwrap();
+        let p = launched(&g, &apart()).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         if w <= 1024 {
             assert_eq!(labels.len(), 4, "{labels:?}");
@@ -2103,7 +2117,7 @@ fn transposed_reads_are_tiled() {
             vectorize: workgroup == 256,
             ..Default::default()
         };
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         let tiled = p
             .kernels
             .iter()
@@ -2179,7 +2193,7 @@ fn transposed_reads_run_in_blocks_where_tiles_are_off() {
             share_launches: false,
             ..options
         };
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         // A kernel of blocks runs an invocation per 16 or 32 elements (a
         // vector kernel one per 4): %e with %tt, %s, %ym, %wq.
         let per_invocation: Vec<usize> = p
@@ -2316,7 +2330,7 @@ fn reductions_fold_into_the_elementwise_kernel_they_read() {
             .into_iter()
             .zip(kernels)
         {
-            let p = kiln::engine::compile_with(&g, &options).unwrap();
+            let p = launched(&g, &options).unwrap();
             let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
             assert_eq!(labels.len(), k, "{src}: {labels:?}");
             let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
@@ -2349,7 +2363,7 @@ fn independent_elementwise_kernels_share_a_launch() {
     let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
     let want = kiln::run(&g, ins.clone()).unwrap();
     for options in [gpu.compile_options(), common::gpu_variant_options(&gpu)] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         assert_eq!(labels.len(), 1, "{labels:?}");
         assert_eq!(labels[0].split(" | ").count(), 4, "{labels:?}");
@@ -2375,7 +2389,7 @@ fn independent_elementwise_kernels_share_a_launch() {
   return (%s, %t, %n, %u)
 }";
     let g = parse(src).unwrap();
-    let p = kiln::engine::compile_with(&g, &gpu.compile_options()).unwrap();
+    let p = launched(&g, &gpu.compile_options()).unwrap();
     assert_eq!(p.kernels.len(), 1);
     assert!(p.memory.planned_peak() <= p.memory.eager_peak);
     let ins = kiln::functionalize::random::random_inputs(&g, 7, 1.0);
@@ -2395,7 +2409,7 @@ fn independent_elementwise_kernels_share_a_launch() {
     let mut options = gpu.compile_options();
     options.workgroup = 64;
     options.grid_stride = None;
-    let p = kiln::engine::compile_with(&g, &options).unwrap();
+    let p = launched(&g, &options).unwrap();
     assert_eq!(p.kernels.len(), 2);
     let ins = kiln::functionalize::random::random_inputs(&g, 6, 1.0);
     let want = kiln::run(&g, ins.clone()).unwrap();
@@ -2494,7 +2508,7 @@ fn narrow_layers_run_as_one_row_kernel() {
         let ins = kiln::functionalize::random::random_inputs(&g, 11 + i as u64, 1.0);
         let want = kiln::run(&g, ins.clone()).unwrap();
         for options in [gpu.compile_options(), common::gpu_variant_options(&gpu)] {
-            let p = kiln::engine::compile_with(&g, &options).unwrap();
+            let p = launched(&g, &options).unwrap();
             let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
             assert_eq!(labels.len(), 1, "program {i}: {labels:?}");
             assert!(labels[0].starts_with("rows: "), "program {i}: {labels:?}");
@@ -2503,10 +2517,7 @@ fn narrow_layers_run_as_one_row_kernel() {
                 chain_rows: false,
                 ..options.clone()
             };
-            let kernels = kiln::engine::compile_with(&g, &apart)
-                .unwrap()
-                .kernels
-                .len();
+            let kernels = launched(&g, &apart).unwrap().kernels.len();
             assert!(
                 kernels > 1,
                 "program {i}: {kernels} kernels without row kernels"
@@ -2520,7 +2531,7 @@ fn narrow_layers_run_as_one_row_kernel() {
     }
     // The last one's result took `x`'s buffer: no arena, the io alone.
     let g = parse(programs[3]).unwrap();
-    let p = kiln::engine::compile_with(&g, &gpu.compile_options()).unwrap();
+    let p = launched(&g, &gpu.compile_options()).unwrap();
     assert_eq!(p.memory.planned_peak(), 4 * (24 + 18 + 3), "{}", p.stats());
 }
 
@@ -2547,7 +2558,7 @@ fn row_kernels_take_their_reductions_from_a_shared_launch() {
     let want = kiln::run(&g, ins.clone()).unwrap();
     let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
     for options in [gpu.compile_options(), common::gpu_variant_options(&gpu)] {
-        let p = kiln::engine::compile_with(&g, &options).unwrap();
+        let p = launched(&g, &options).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         assert_eq!(labels.len(), 2, "{labels:?}");
         assert!(labels[0] == "rows: baddbmm#baddbmm > std#std", "{labels:?}");
@@ -2558,4 +2569,109 @@ fn row_kernels_take_their_reductions_from_a_shared_launch() {
             close_gpu(&format!("output {k}"), a, b, 0.0).unwrap();
         }
     }
+}
+
+/// A small program's kernels run in sequence in one workgroup
+/// (`CompileOptions::sequence`): one kernel, the values only it reads in
+/// workgroup memory (each input read once, each output written once), an
+/// output read again by later kernels read from workgroup memory too
+/// (written through), and results as the reference's and as a launch per
+/// kernel computes them, on the adapter's options and the GPU variants'.
+/// Past the budget (a 256 x 256 softmax) kernels keep their launches;
+/// with a browser's 8 storage buffers a program of 11 parameters runs in
+/// several sequences.
+#[test]
+fn small_programs_run_their_kernels_in_sequence() {
+    let src =
+        "graph seq(%x: f32[6, 10], %w: f32[12, 10], %b: f32[12], %g: f32[12], %t: f32[6, 12]) {
+  %h = linear(%x, %w, %b)
+  %n = layer_norm(%h, [12], %g, %g)
+  %p = softmax(%n, -1)
+  %s = sum(%p, [0])
+  %u = mul(%p, %s)
+  %m = matmul(%u, %w)
+  %c = cumsum(%m, 1)
+  %a = add_(%t, %p)
+  return (%p, %c)
+}";
+    let g = parse(src).unwrap();
+    let p = kiln::engine::compile(&g).unwrap();
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert!(p.kernels[0].code.label.contains(" ; "), "{}", p.stats());
+    assert!(p.kernels[0].code.wgsl.contains("var<workgroup> wsm"));
+    assert!(p.bytes_moved() <= p.min_bytes, "{}", p.stats());
+    assert!(launched(&g, &Default::default()).unwrap().kernels.len() > 2);
+    // Fresh inputs each run: a run writes `%t` in place (clones share
+    // their storage).
+    let ins = || kiln::functionalize::random::random_inputs(&g, 5, 2.0);
+    let want = kiln::run(&g, ins()).unwrap();
+    let apart = |mut o: kiln::engine::CompileOptions| {
+        o.sequence = false;
+        o
+    };
+    let gpu = engine().session.gpu().clone();
+    let variant = common::gpu_variant_options(&gpu);
+    let sessions = [
+        gpu.compile_options(),
+        apart(gpu.compile_options()),
+        variant.clone(),
+        apart(variant),
+    ];
+    for (i, options) in sessions.into_iter().enumerate() {
+        let mut e = Engine::on(kiln::engine::Session::with_options(gpu.clone(), options));
+        let got = e.run(&g, ins()).unwrap();
+        for (a, w) in got.outputs.iter().zip(&want.outputs) {
+            close_gpu(&format!("kernels in sequence ({i})"), a, w, 1e-5).unwrap();
+        }
+        for (a, w) in got.inputs.iter().zip(&want.inputs) {
+            close_gpu(
+                &format!("kernels in sequence ({i}): a parameter"),
+                a,
+                w,
+                1e-5,
+            )
+            .unwrap();
+        }
+    }
+    let big = parse(
+        "graph big(%x: f32[256, 256]) {
+  %p = softmax(%x, -1)
+  %s = sum(%p, [0])
+  return %s
+}",
+    )
+    .unwrap();
+    let p = kiln::engine::compile(&big).unwrap();
+    assert_eq!(p.kernels.len(), 2, "{}", p.stats());
+    let params: Vec<String> = (0..11).map(|i| format!("%x{i}: f32[4, 5]")).collect();
+    let mut body: Vec<String> = vec!["  %a0 = softmax(%x0, -1)".into()];
+    for i in 1..11 {
+        body.push(format!("  %s{i} = add(%a{}, %x{i})", i - 1));
+        body.push(format!("  %a{i} = softmax(%s{i}, 0)"));
+    }
+    let wide = format!(
+        "graph wide({}) {{\n{}\n  return %a10\n}}",
+        params.join(", "),
+        body.join("\n")
+    );
+    let wide = parse(&wide).unwrap();
+    let e8 = limited_engine(|l| l.max_storage_buffers_per_shader_stage = 8);
+    let gpu8 = e8.session.gpu().clone();
+    let p = kiln::engine::compile_with(&wide, &gpu8.compile_options()).unwrap();
+    assert!((2..5).contains(&p.kernels.len()), "{}", p.stats());
+    for k in &p.kernels {
+        assert!(k.code.bindings.len() <= 8, "{}", p.stats());
+    }
+    let ins = kiln::functionalize::random::random_inputs(&wide, 6, 2.0);
+    let want = kiln::run(&wide, ins.clone()).unwrap();
+    let got = Engine::on(kiln::engine::Session::new(gpu8))
+        .run(&wide, ins)
+        .unwrap();
+    close_gpu(
+        "sequences of 8 bindings",
+        &got.outputs[0],
+        &want.outputs[0],
+        1e-5,
+    )
+    .unwrap();
 }

@@ -206,6 +206,11 @@ pub struct CompileOptions {
     /// intermediates in registers (`chain::chain_rows`). `false`: a kernel each; `KILN_CHAIN_ROWS=off`
     /// makes that the default, for timing both.
     pub chain_rows: bool,
+    /// Small programs run their kernels in sequence in one workgroup, the
+    /// values only they read in workgroup memory (`codegen::sequence`):
+    /// one launch instead of several. `KILN_SEQUENCE=off` makes `false`
+    /// the default, for timing both.
+    pub sequence: bool,
     /// The largest buffer the device allows: no tensor may be larger.
     pub max_buffer_bytes: usize,
     /// Binding offsets and sizes the device allows.
@@ -242,6 +247,7 @@ impl Default for CompileOptions {
             fuse_attention: true,
             share_launches: std::env::var("KILN_SHARE_LAUNCHES").map_or(true, |v| v != "off"),
             chain_rows: std::env::var("KILN_CHAIN_ROWS").map_or(true, |v| v != "off"),
+            sequence: std::env::var("KILN_SEQUENCE").map_or(true, |v| v != "off"),
             subgroup: None,
             shader_f16: false,
             max_buffer_bytes: 256 << 20,

@@ -13,6 +13,8 @@ use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::ops::{Elem, Lowering};
 use std::collections::{HashMap, HashSet};
 
+mod sequence;
+
 /// Elementwise results written over an input that dies in the same kernel
 /// (the in-place ops of eager execution): each invocation reads the input
 /// at its own index before writing the result there, so they can share a
@@ -964,12 +966,95 @@ pub(crate) fn generate(
     let mut kernels = vec![];
     let mut vec4: Vec<Option<_>> = vec4.into_iter().map(Some).collect();
     let mut windows: Vec<Option<_>> = windows.into_iter().map(Some).collect();
-    for Launch {
-        members,
-        windows: launch_windows,
-        bindings: launch_bindings,
-    } in launches
-    {
+    let e = Emit {
+        g,
+        sched: &sched,
+        groups: &groups,
+        registers: &registers,
+        packing: &packing,
+        layout: &layout,
+    };
+    // Small programs' kernels in sequence in one workgroup where they
+    // can (`sequence`), the others a launch each.
+    let members: Vec<Vec<usize>> = launches.iter().map(|l| l.members.clone()).collect();
+    let segments = match options.sequence {
+        true => sequence::segments(&e, &members, options),
+        false => vec![],
+    };
+    let mut arena_end = 0;
+    let mut launches: Vec<Option<Launch>> = launches.into_iter().map(Some).collect();
+    let mut at = 0;
+    while at < launches.len() {
+        let seg = segments.iter().find(|s| s.contains(&at) && s.end - at > 1);
+        if let Some(seg) = seg {
+            if let Some(done) = sequence::emit(&e, &mut gen, &life, &members, at..seg.end, options)?
+            {
+                kernels.push(done.kernel);
+                arena_end = arena_end.max(done.arena_words);
+                at = done.end;
+                continue;
+            }
+        }
+        let Some(l) = launches[at].take() else {
+            return Err(CompileError::internal(
+                Stage::Codegen,
+                "a launch generated twice",
+            ));
+        };
+        kernels.extend(e.launch(&mut gen, l, &bindings, &mut vec4, &mut windows)?);
+        at += 1;
+    }
+    let status_word = gen.status.filter(|_| gen.status_used);
+    let apart = std::mem::take(&mut gen.apart);
+    drop(gen);
+    Ok(Generated {
+        kernels,
+        readback: life.readback,
+        layout,
+        status_word,
+        sched,
+        apart,
+        arena_end,
+    })
+}
+
+/// Tensor ranges a kernel binds as vectors (`vec4_ranges`).
+type VectorRanges = HashSet<(Buf, usize, usize)>;
+
+/// What generating a plan's launches reads of it.
+struct Emit<'p> {
+    g: &'p Graph,
+    sched: &'p schedule::Schedule,
+    groups: &'p [Vec<ValueId>],
+    registers: &'p HashSet<ValueId>,
+    packing: &'p Packing,
+    layout: &'p Layout,
+}
+
+impl Emit<'_> {
+    /// The kernels of one launch.
+    fn launch(
+        &self,
+        gen: &mut Gen,
+        launch: Launch,
+        bindings: &[usize],
+        vec4: &mut [Option<VectorRanges>],
+        windows: &mut [Option<Vec<Window>>],
+    ) -> Result<Vec<Kernel>, CompileError> {
+        let Emit {
+            g,
+            sched,
+            groups,
+            registers,
+            packing,
+            layout,
+        } = *self;
+        let Launch {
+            members,
+            windows: launch_windows,
+            bindings: launch_bindings,
+        } = launch;
+        let mut kernels = vec![];
         if let [_, _, ..] = members[..] {
             // Elementwise kernels sharing a launch (and at most one of
             // another kind).
@@ -982,27 +1067,27 @@ pub(crate) fn generate(
                 .map_err(|e| at_value(e, g, units[0][0]))?;
             for (vals, codes) in launched {
                 let mine = || units.iter().filter(|u| vals.contains(&u[0])).copied();
-                let cost = KernelCost::launch(g, &sched, mine(), &registers, &packing);
+                let cost = KernelCost::launch(g, sched, mine(), registers, packing);
                 let flops = mine()
                     .map(|u| {
-                        let c = KernelCost::of(g, &sched, u, &registers, &packing);
-                        kernel_flops(g, &sched, u, c.ops.len(), c.elements)
+                        let c = KernelCost::of(g, sched, u, registers, packing);
+                        kernel_flops(g, sched, u, c.ops.len(), c.elements)
                     })
                     .sum();
                 for code in codes {
                     kernels.push(checked_kernel(code, launch_bindings, &cost, flops)?);
                 }
             }
-            continue;
+            return Ok(kernels);
         }
         let i = members[0];
         let (grp, planned) = (&groups[i], bindings[i]);
         gen.vec4_ranges = vec4[i].take().unwrap_or_default();
         gen.windows = windows[i].take().unwrap_or_default();
-        let folded = folded_reduction(g, &sched, grp);
+        let folded = folded_reduction(g, sched, grp);
         gen.lane_stores = grp
             .iter()
-            .filter(|&&v| (folded.is_some() || !is_map(g, &sched, v)) && packing.packed(g, v))
+            .filter(|&&v| (folded.is_some() || !is_map(g, sched, v)) && packing.packed(g, v))
             .filter_map(|v| layout.locs.get(v).copied())
             .collect();
         // The kernels of the group, each with the values it computes: one
@@ -1019,7 +1104,7 @@ pub(crate) fn generate(
                 let codes = gen.kernel(r).map_err(|e| at_value(e, g, r));
                 gen.prologue.clear();
                 vec![(grp.clone(), codes?)]
-            } else if is_map(g, &sched, grp[0]) {
+            } else if is_map(g, sched, grp[0]) {
                 let codes = if g.meta(grp[0]).numel() == 0 {
                     vec![]
                 } else {
@@ -1035,35 +1120,25 @@ pub(crate) fn generate(
                 )]
             };
         for (vals, codes) in units {
-            let cost = KernelCost::of(g, &sched, &vals, &registers, &packing);
+            let cost = KernelCost::of(g, sched, &vals, registers, packing);
             // Kernels sharing a launch (sibling products) or a row kernel:
             // each value's own.
-            let flops = if vals.len() > 1 && !is_map(g, &sched, vals[0]) {
+            let flops = if vals.len() > 1 && !is_map(g, sched, vals[0]) {
                 vals.iter()
                     .map(|&v| {
-                        let c = KernelCost::of(g, &sched, &[v], &registers, &packing);
-                        kernel_flops(g, &sched, &[v], c.ops.len(), c.elements)
+                        let c = KernelCost::of(g, sched, &[v], registers, packing);
+                        kernel_flops(g, sched, &[v], c.ops.len(), c.elements)
                     })
                     .sum()
             } else {
-                kernel_flops(g, &sched, &vals, cost.ops.len(), cost.elements)
+                kernel_flops(g, sched, &vals, cost.ops.len(), cost.elements)
             };
             for code in codes {
                 kernels.push(checked_kernel(code, planned, &cost, flops)?);
             }
         }
+        Ok(kernels)
     }
-    let status_word = gen.status.filter(|_| gen.status_used);
-    let apart = std::mem::take(&mut gen.apart);
-    drop(gen);
-    Ok(Generated {
-        kernels,
-        readback: life.readback,
-        layout,
-        status_word,
-        sched,
-        apart,
-    })
 }
 
 /// `e`, naming the statement computing `v` where it names none.
@@ -2022,6 +2097,9 @@ pub(crate) struct Generated {
     /// Groups of kernels that could not all share a launch
     /// (`Gen::apart`): empty when every group became one launch.
     pub apart: HashMap<ValueId, Shape>,
+    /// Words of the arena kernels bind at least (kernels in sequence bind
+    /// it whole, with the status word).
+    arena_end: usize,
 }
 
 /// The program, with its memory figures.
@@ -2038,6 +2116,7 @@ pub(crate) fn assemble(
         status_word,
         sched,
         apart: _,
+        arena_end,
     } = generated;
     let sched = &sched;
     let Interface {
@@ -2112,7 +2191,8 @@ pub(crate) fn assemble(
         arena_words: match status_word {
             Some(w) => w + 1,
             None => mp.arena_bytes.div_ceil(4),
-        },
+        }
+        .max(arena_end),
         kernels,
         locs,
         param_words: layout.param_words,

@@ -70,6 +70,10 @@ impl Body {
     }
 }
 
+/// The workgroup array of values kept in workgroup memory by kernels in
+/// sequence (`codegen::sequence`), a word an element.
+pub const WSM: &str = "wsm";
+
 /// A tensor as a kernel sees it: the binding variable holding it and the
 /// word it starts at inside that binding (bindings start at offsets the
 /// device aligns, so a tensor may start a few words in). `chunk` is set
@@ -80,6 +84,10 @@ impl Body {
 pub struct Slot {
     pub var: String,
     pub base: usize,
+    /// Stores also go to workgroup array `WSM` from this word (a value
+    /// read back by the host and read by later kernels in sequence:
+    /// `codegen::sequence`).
+    pub copy: Option<usize>,
     pub chunk: Option<usize>,
     /// Bound as `array<vec4<u32>>`: a word is a component of a vector.
     pub vec4: bool,
@@ -120,7 +128,19 @@ impl Slot {
             None if self.atomic => {
                 format!("atomicStore(&{}[{}], {value});", self.var, self.at(index))
             }
-            None => format!("{}[{}] = {value};", self.var, self.at(index)),
+            None => match self.copy {
+                Some(0) => format!(
+                    "{}[{}] = {value}; {WSM}[{index}] = {value};",
+                    self.var,
+                    self.at(index)
+                ),
+                Some(c) => format!(
+                    "{}[{}] = {value}; {WSM}[{c}u + {index}] = {value};",
+                    self.var,
+                    self.at(index)
+                ),
+                None => format!("{}[{}] = {value};", self.var, self.at(index)),
+            },
             Some(_) => format!("{}_st({}, {value});", self.var, self.at(index)),
         }
     }
@@ -424,20 +444,7 @@ pub fn shader(
     shared: &[String],
     native_f16: bool,
 ) -> String {
-    let mut s = String::new();
-    if native_f16 {
-        s.push_str(F16_NATIVE);
-    }
-    for d in decls {
-        let _ = writeln!(s, "{d}");
-    }
-    for d in shared {
-        let _ = writeln!(s, "{d}");
-    }
-    s.push_str(PRELUDE);
-    if !native_f16 {
-        s.push_str(F16_SOFT);
-    }
+    let mut s = header(decls, shared, native_f16);
     let _ = writeln!(
         s,
         "@compute @workgroup_size({}, {}, {})\nfn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{",
@@ -454,6 +461,32 @@ pub fn shader(
         let _ = writeln!(s, "    {l}");
     }
     s.push_str("}\n");
+    s
+}
+
+/// The declarations and helpers every shader starts with.
+fn header(decls: &[String], shared: &[String], native_f16: bool) -> String {
+    let mut s = String::new();
+    if native_f16 {
+        s.push_str(F16_NATIVE);
+    }
+    for d in decls.iter().chain(shared) {
+        let _ = writeln!(s, "{d}");
+    }
+    s.push_str(PRELUDE);
+    if !native_f16 {
+        s.push_str(F16_SOFT);
+    }
+    s
+}
+
+/// A shader of its own functions and entry point (`lines`), after the
+/// declarations and helpers.
+pub fn module(decls: &[String], lines: &[String], shared: &[String], native_f16: bool) -> String {
+    let mut s = header(decls, shared, native_f16);
+    for l in lines {
+        let _ = writeln!(s, "{l}");
+    }
     s
 }
 

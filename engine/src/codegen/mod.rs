@@ -14,6 +14,7 @@ mod matmul;
 mod reduction;
 mod scatter;
 mod select;
+pub(crate) mod sequence;
 pub(crate) mod siblings;
 mod template;
 
@@ -249,6 +250,15 @@ pub struct Gen<'a> {
     /// The row kernel value being computed: its stores fill its array
     /// (memory is written once the block is complete).
     filling: Option<ValueId>,
+    /// Kernels in sequence in one workgroup (`sequence`): each kept as a
+    /// part, run alone (its packed stores whole words where it owns them).
+    sequential: bool,
+    /// In kernels in sequence: values kept in workgroup memory, each at
+    /// its word of `sequence::WSM`, `wsm_words` long.
+    in_workgroup: HashMap<ValueId, usize>,
+    /// Values of `in_workgroup` also stored in memory (read back).
+    written_through: HashSet<ValueId>,
+    wsm_words: usize,
     /// The arena word where kernels record a fault (`Fault`): see
     /// `flag`, read back after the run.
     pub status: Option<usize>,
@@ -325,6 +335,10 @@ impl<'a> Gen<'a> {
             resident: HashMap::new(),
             norm_rows: None,
             filling: None,
+            sequential: false,
+            in_workgroup: HashMap::new(),
+            written_through: HashSet::new(),
+            wsm_words: 0,
             // `lower` places it.
             status: None,
             status_used: false,
@@ -474,6 +488,7 @@ impl<'a> Gen<'a> {
                     return Slot {
                         var: format!("b{i}"),
                         base: loc.word - info.start,
+                        copy: None,
                         chunk: None,
                         vec4: false,
                         atomic: info.atomic,
@@ -511,6 +526,7 @@ impl<'a> Gen<'a> {
         Slot {
             var: format!("b{i}"),
             base: info.loc.word - info.start,
+            copy: None,
             chunk: (info.chunks > 1).then_some(info.chunk_words),
             vec4: info.vec4,
             atomic: info.atomic,
@@ -531,10 +547,10 @@ impl<'a> Gen<'a> {
         };
         let owns = self.keeps_last_dim(stored)
             && len.is_multiple_of(wgsl::per_word(self.meta(stored).dtype));
-        self.owns_words = self.parts.is_none() && owns;
+        let alone = self.parts.is_none() || self.sequential;
+        self.owns_words = alone && owns;
         // Packed words it would have stored whole, alone.
-        self.words_shared |=
-            self.parts.is_some() && owns && wgsl::per_word(self.meta(stored).dtype) > 1;
+        self.words_shared |= !alone && owns && wgsl::per_word(self.meta(stored).dtype) > 1;
     }
 
     /// Do the permuting copies `v` is stored through (`Schedule::permuted`)
@@ -616,7 +632,10 @@ impl<'a> Gen<'a> {
     /// can be: `None` for inlined values, packed or split tensors, and
     /// tensors this kernel already binds as words.
     fn vec4_slot_of(&mut self, v: ValueId) -> R<Option<Slot>> {
-        if !self.s.is_materialized.contains(&v) || self.meta(v).dtype != DType::F32 {
+        if !self.s.is_materialized.contains(&v)
+            || self.meta(v).dtype != DType::F32
+            || self.in_workgroup.contains_key(&v)
+        {
             return Ok(None);
         }
         let loc = self.loc_of(v)?;
@@ -692,6 +711,9 @@ impl<'a> Gen<'a> {
     /// The slot of materialized value `v`.
     fn slot_of(&mut self, v: ValueId, write: bool) -> R<(Slot, Loc)> {
         let loc = self.loc_of(v)?;
+        if let Some(slot) = self.workgroup_slot(v, loc, write) {
+            return Ok((slot, loc));
+        }
         let m = self.meta(v);
         let words = wgsl::words(m.dtype, m.numel(), loc.packed);
         Ok((self.slot(loc, words, write), loc))

@@ -16,14 +16,14 @@ use super::*;
 pub type Shape = Option<u32>;
 
 /// The invocations of a workgroup of shape `wg`.
-fn invocations(wg: [u32; 3]) -> u32 {
+pub(super) fn invocations(wg: [u32; 3]) -> u32 {
     wg.iter().product()
 }
 
 /// Bytes of the workgroup memory `decls` declare (`array<T, N>` of
 /// scalars or vectors of 32 bits, or the most a declaration of another
 /// form could need: all of it, so it joins nothing).
-fn shared_bytes(decls: &[String]) -> u64 {
+pub(super) fn shared_bytes(decls: &[String]) -> u64 {
     decls
         .iter()
         .map(|d| {
@@ -47,7 +47,7 @@ fn shared_bytes(decls: &[String]) -> u64 {
 
 /// WebGPU's default workgroup memory limit, which a joined kernel's
 /// parts share (each part's own declarations fit it).
-const WORKGROUP_STORAGE: u64 = 16384;
+pub(super) const WORKGROUP_STORAGE: u64 = 16384;
 
 /// One kernel's body, generated as if alone.
 pub(super) struct Part {
@@ -62,7 +62,7 @@ pub(super) struct Part {
 }
 
 /// The name a workgroup-memory declaration declares.
-fn shared_name(decl: &str) -> &str {
+pub(super) fn shared_name(decl: &str) -> &str {
     decl.split('>')
         .nth(1)
         .and_then(|r| r.split(':').next())
@@ -74,7 +74,7 @@ fn shared_name(decl: &str) -> &str {
 /// (workgroup memory, barriers, subgroup operations)? Those of parts
 /// needing none can be packed several workgroups to one of the launch's,
 /// or spread over several.
-fn whole_workgroup(p: &Part) -> bool {
+pub(super) fn whole_workgroup(p: &Part) -> bool {
     !p.shared.is_empty()
         || p.lines
             .iter()

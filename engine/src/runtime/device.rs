@@ -237,6 +237,7 @@ impl Gpu {
             },
             share_launches: CompileOptions::default().share_launches,
             chain_rows: CompileOptions::default().chain_rows,
+            sequence: CompileOptions::default().sequence,
             max_buffer_bytes: usize::try_from(l.max_buffer_size).unwrap_or(usize::MAX),
             rules: BindingRules {
                 align_words: (l.min_storage_buffer_offset_alignment as usize / 4).max(1),

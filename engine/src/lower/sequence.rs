@@ -1,0 +1,370 @@
+//! Which launches of a plan run in sequence in one workgroup
+//! (`codegen::sequence`), and the values they keep in workgroup memory:
+//! runs of launches small enough that one workgroup computes them sooner
+//! than the launches would start, and the values only they read.
+
+use super::*;
+use crate::codegen::sequence::WSM_LIMIT;
+use std::ops::Range;
+
+/// Kernels in sequence compute at most this many flops and move at most
+/// this many bytes as launches of their own: work one workgroup does in
+/// about the time a launch takes to start (a multiprocessor of an H100,
+/// about 0.5 TFLOP/s and 25 GB/s of its share of memory: 2-3 us; lavapipe
+/// runs one workgroup on one thread: 0.1 ms, about a launch there).
+const SEQUENCE_FLOPS: usize = 1 << 20;
+const SEQUENCE_BYTES: usize = 1 << 16;
+
+/// The runs of launches (by index) that may run in sequence: consecutive
+/// launches of no custom kernel and no packed store lane by lane, within
+/// the budgets above and the device's bindings (the arena and the
+/// parameters they touch).
+pub(super) fn segments(
+    e: &Emit,
+    members: &[Vec<usize>],
+    options: &CompileOptions,
+) -> Vec<Range<usize>> {
+    let mut out = vec![];
+    let mut start = 0;
+    let mut params: HashSet<usize> = HashSet::new();
+    let (mut flops, mut bytes) = (0, 0);
+    for (l, m) in members.iter().enumerate() {
+        let (f, b, ok) = e.launch_budget(m);
+        let mut touched = params.clone();
+        touched.extend(e.params_of(m));
+        let fits = ok
+            && flops + f <= SEQUENCE_FLOPS
+            && bytes + b <= SEQUENCE_BYTES
+            // The arena, its status word with it: one binding.
+            && touched.len() < options.max_bindings;
+        if fits {
+            (flops, bytes, params) = (flops + f, bytes + b, touched);
+            continue;
+        }
+        if l - start > 1 {
+            out.push(start..l);
+        }
+        // This launch starts the next run, if it can be in one.
+        (start, flops, bytes) = (l, f, b);
+        params = e.params_of(m);
+        if !ok || f > SEQUENCE_FLOPS || b > SEQUENCE_BYTES {
+            (start, flops, bytes) = (l + 1, 0, 0);
+            params.clear();
+        }
+    }
+    if members.len() - start.min(members.len()) > 1 {
+        out.push(start..members.len());
+    }
+    out
+}
+
+/// A run of launches generated as one kernel, the launches it took (up to
+/// `end`) and the arena words it binds.
+pub(super) struct Done {
+    pub(super) kernel: Kernel,
+    pub(super) end: usize,
+    pub(super) arena_words: usize,
+}
+
+/// The launches of `run` (from its first, as many as can) as one kernel
+/// in sequence; `None` where fewer than two can.
+pub(super) fn emit(
+    e: &Emit,
+    gen: &mut Gen,
+    life: &Lifetimes,
+    members: &[Vec<usize>],
+    run: Range<usize>,
+    options: &CompileOptions,
+) -> Result<Option<Done>, CompileError> {
+    let (start, mut end) = (run.start, run.end);
+    let status = gen
+        .status
+        .ok_or_else(|| CompileError::internal(Stage::Codegen, "no status word placed"))?;
+    // Each buffer is bound whole, in one binding.
+    let widest = e.layout.param_words.iter().copied().max().unwrap_or(0);
+    if (status + 1).max(widest) > options.rules.max_words {
+        return Ok(None);
+    }
+    while end - start > 1 {
+        let (kept, through) = e.kept_roots(life, members, start..end);
+        let (in_workgroup, written_through, words) = e.workgroup_words(&kept, &through);
+        if words * 4 > WSM_LIMIT {
+            end -= 1;
+            continue;
+        }
+        gen.vec4_ranges = HashSet::new();
+        gen.windows = e.whole_buffers(status + 1);
+        gen.lane_stores = vec![];
+        gen.begin_sequence(in_workgroup, written_through, words);
+        // Kernels that need no workgroup of theirs (rows an invocation,
+        // products in register blocks, no tiles through workgroup
+        // memory): they share the one workgroup whatever its size.
+        let saved = (
+            gen.tile_min_rows,
+            gen.workgroup_rows,
+            gen.tile_transposes,
+            gen.subgroup,
+            gen.grid_stride,
+        );
+        (
+            gen.tile_min_rows,
+            gen.workgroup_rows,
+            gen.tile_transposes,
+            gen.subgroup,
+            gen.grid_stride,
+        ) = (usize::MAX, false, false, None, None);
+        let mut owner = vec![];
+        let mut failed = None;
+        for (pos, m) in members[start..end].iter().enumerate() {
+            if e.parts_of(gen, m).is_err() {
+                failed = Some(pos);
+                break;
+            }
+            owner.resize(gen.parts_so_far(), pos);
+        }
+        (
+            gen.tile_min_rows,
+            gen.workgroup_rows,
+            gen.tile_transposes,
+            gen.subgroup,
+            gen.grid_stride,
+        ) = saved;
+        let joined = gen.end_sequence();
+        let at = match (failed, joined) {
+            (None, Ok(code)) => {
+                let kernel =
+                    e.sequence_kernel(code, &members[start..end], &kept, &through, options)?;
+                return Ok(Some(Done {
+                    kernel,
+                    end,
+                    arena_words: status + 1,
+                }));
+            }
+            (Some(pos), _) => pos,
+            (None, Err(part)) => owner.get(part).copied().unwrap_or(0),
+        };
+        if at == 0 {
+            break;
+        }
+        end = start + at;
+    }
+    Ok(None)
+}
+
+impl Emit<'_> {
+    /// Flops and bytes of launch `m` as a launch of its own, and whether
+    /// it may run in sequence.
+    fn launch_budget(&self, m: &[usize]) -> (usize, usize, bool) {
+        let (g, sched) = (self.g, self.sched);
+        let mut flops = 0;
+        let mut ok = true;
+        for &i in m {
+            let grp = &self.groups[i];
+            let c = KernelCost::of(g, sched, grp, self.registers, self.packing);
+            flops += kernel_flops(g, sched, grp, c.ops.len(), c.elements);
+            let folded = folded_reduction(g, sched, grp).is_some();
+            for &v in grp {
+                let custom = g
+                    .node_of(v)
+                    .is_some_and(|n| g.nodes[n].op.def().lowering == Lowering::Custom);
+                let lanes = (folded || !is_map(g, sched, v)) && self.packing.packed(g, v);
+                ok &= !custom && !lanes;
+            }
+        }
+        let c = match m {
+            [i] => KernelCost::of(g, sched, &self.groups[*i], self.registers, self.packing),
+            _ => KernelCost::launch(
+                g,
+                sched,
+                m.iter().map(|&i| &self.groups[i][..]),
+                self.registers,
+                self.packing,
+            ),
+        };
+        (flops, c.bytes_read + c.written, ok)
+    }
+
+    /// The parameters launch `m` reads or writes.
+    fn params_of(&self, m: &[usize]) -> HashSet<usize> {
+        let mut out = HashSet::new();
+        for &i in m {
+            let grp = &self.groups[i];
+            for v in read_values(self.g, self.sched, grp)
+                .into_iter()
+                .chain(grp.iter().copied())
+            {
+                if let Some(Loc {
+                    buf: Buf::Param(p), ..
+                }) = self.layout.locs.get(&v)
+                {
+                    out.insert(*p);
+                }
+            }
+        }
+        out
+    }
+
+    /// Arena buffers (roots) only launches `run` touch, none packed: kept
+    /// in workgroup memory by a sequence of them; and those of them read
+    /// back, also written through to memory.
+    fn kept_roots(
+        &self,
+        life: &Lifetimes,
+        members: &[Vec<usize>],
+        run: Range<usize>,
+    ) -> (HashSet<ValueId>, HashSet<ValueId>) {
+        let (g, sched) = (self.g, self.sched);
+        let mut span: HashMap<ValueId, (usize, usize)> = HashMap::new();
+        for (l, m) in members.iter().enumerate() {
+            for &i in m {
+                let grp = &self.groups[i];
+                for v in read_values(g, sched, grp)
+                    .into_iter()
+                    .chain(grp.iter().copied())
+                {
+                    let e = span.entry(sched.root(v)).or_insert((l, l));
+                    *e = (e.0.min(l), e.1.max(l));
+                }
+            }
+        }
+        let back: HashSet<ValueId> = life.readback.iter().map(|&v| sched.root(v)).collect();
+        let inside: HashSet<ValueId> = span
+            .into_iter()
+            .filter(|(_, (a, b))| run.contains(a) && run.contains(b))
+            .filter(|(r, _)| {
+                self.layout
+                    .locs
+                    .get(r)
+                    .is_some_and(|l| l.buf == Buf::Arena && !l.packed)
+            })
+            .map(|(r, _)| r)
+            .collect();
+        inside.into_iter().partition(|r| !back.contains(r))
+    }
+
+    /// Each value of roots `kept` and `through` at its word of workgroup
+    /// memory (its word in the arena: the arena's plan keeps apart what
+    /// lives together), the values of `through`, and the words that takes.
+    fn workgroup_words(
+        &self,
+        kept: &HashSet<ValueId>,
+        through: &HashSet<ValueId>,
+    ) -> (HashMap<ValueId, usize>, HashSet<ValueId>, usize) {
+        let mut at = HashMap::new();
+        let mut written = HashSet::new();
+        let mut words = 0;
+        for (&v, l) in &self.layout.locs {
+            let r = self.sched.root(v);
+            if kept.contains(&r) || through.contains(&r) {
+                at.insert(v, l.word);
+                words = words.max(l.word + self.packing.bytes(self.g, self.sched, r) / 4);
+            }
+            if through.contains(&r) {
+                written.insert(v);
+            }
+        }
+        (at, written, words)
+    }
+
+    /// Every buffer bound whole, once: the arena up to `arena_words` and
+    /// each parameter (kernels in sequence bind each buffer once).
+    fn whole_buffers(&self, arena_words: usize) -> Vec<Window> {
+        let mut out = vec![Window {
+            buf: Buf::Arena,
+            start: 0,
+            end: arena_words,
+            tensors: 2,
+        }];
+        for (i, &w) in self.layout.param_words.iter().enumerate() {
+            if w > 0 {
+                out.push(Window {
+                    buf: Buf::Param(i),
+                    start: 0,
+                    end: w,
+                    tensors: 2,
+                });
+            }
+        }
+        out
+    }
+
+    /// Generates the kernels of launch `m` one after another (as parts of
+    /// a sequence: independent kernels need not share a launch).
+    fn parts_of(&self, gen: &mut Gen, m: &[usize]) -> Result<(), CompileError> {
+        let (g, sched) = (self.g, self.sched);
+        for &i in m {
+            let grp = &self.groups[i];
+            if let Some(&rows) = sched.chains.get(&grp[0]) {
+                gen.row_chain(grp, rows)?;
+            } else if let Some(r) = folded_reduction(g, sched, grp) {
+                gen.prologue = grp[..grp.len() - 1].to_vec();
+                let done = gen.kernel(r);
+                gen.prologue.clear();
+                done?;
+            } else if is_map(g, sched, grp[0]) {
+                if g.meta(grp[0]).numel() > 0 {
+                    gen.map_group(grp)?;
+                }
+            } else {
+                for &v in grp {
+                    gen.kernel(v)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernel of launches `run` in sequence, with what it moves: the
+    /// buffers it reads once each, what it stores, nothing of the values
+    /// in workgroup memory (those written through: their stores).
+    fn sequence_kernel(
+        &self,
+        code: crate::kernel::KernelCode,
+        run: &[Vec<usize>],
+        kept: &HashSet<ValueId>,
+        through: &HashSet<ValueId>,
+        options: &CompileOptions,
+    ) -> Result<Kernel, CompileError> {
+        let (g, sched) = (self.g, self.sched);
+        // Values in workgroup memory store nothing, as registers.
+        let mut unstored = self.registers.clone();
+        unstored.extend(
+            self.layout
+                .locs
+                .keys()
+                .filter(|&&v| kept.contains(&sched.root(v))),
+        );
+        let mut cost = KernelCost {
+            ops: vec![],
+            bytes_read: 0,
+            written: 0,
+            elements: 0,
+        };
+        let mut flops = 0;
+        let mut charged: HashMap<ValueId, usize> = HashMap::new();
+        for &i in run.iter().flatten() {
+            let grp = &self.groups[i];
+            let whole =
+                is_map(g, sched, grp[0]) || grp.len() == 1 || sched.chains.contains_key(&grp[0]);
+            let units: Vec<&[ValueId]> = match whole {
+                true => vec![&grp[..]],
+                false => grp.chunks(1).collect(),
+            };
+            for unit in units {
+                let (one, reads) = KernelCost::one(g, sched, unit, &unstored, self.packing);
+                flops += kernel_flops(g, sched, unit, one.ops.len(), one.elements);
+                cost.ops.extend(one.ops);
+                cost.written += one.written;
+                cost.elements = cost.elements.max(one.elements);
+                for (r, b) in reads {
+                    if !kept.contains(&r) && !through.contains(&r) {
+                        let c = charged.entry(r).or_default();
+                        *c = (*c).max(b);
+                    }
+                }
+            }
+        }
+        cost.bytes_read = charged.values().sum();
+        checked_kernel(code, options.max_bindings, &cost, flops)
+    }
+}
