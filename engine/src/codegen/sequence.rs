@@ -73,7 +73,9 @@ fn sequence(parts: &[Part], wsm_words: usize) -> Result<Part, usize> {
             }
         };
         let wid = |w: &str| format!("vec3<u32>({w} % {x}u, {w} / {x}u % {y}u, {w} / {}u)", x * y);
-        let nwg = format!("vec3<u32>({x}u, {y}u, {z}u)");
+        // Times the opaque 1: kernels hide constant loop bounds behind
+        // `nwg` (`Gen::row_chain`).
+        let nwg = format!("vec3<u32>({x}u * one, {y}u * one, {z}u * one)");
         let mut f = vec![format!(
             "fn k{i}(wid: vec3<u32>, lid: vec3<u32>, nwg: vec3<u32>) {{"
         )];
