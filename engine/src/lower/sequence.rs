@@ -58,6 +58,20 @@ pub(super) fn segments(
     out
 }
 
+/// Values kept in workgroup memory by kernels in sequence.
+#[derive(Default)]
+struct Placement {
+    /// Each value's first word there.
+    at: HashMap<ValueId, usize>,
+    /// Those also stored in memory (read back).
+    through: HashSet<ValueId>,
+    /// Arena buffers only workgroup memory holds while the kernels run:
+    /// never read from memory.
+    kept: HashSet<ValueId>,
+    /// The words it takes.
+    words: usize,
+}
+
 /// A run of launches generated as one kernel, the launches it took (up to
 /// `end`) and the arena words it binds.
 pub(super) struct Done {
@@ -86,8 +100,8 @@ pub(super) fn emit(
         return Ok(None);
     }
     while end - start > 1 {
-        let (kept, through) = e.kept_roots(life, members, start..end);
-        let (in_workgroup, written_through, words) = e.workgroup_words(&kept, &through);
+        let place = e.placement(life, members, start..end);
+        let words = place.words;
         if words * 4 > WSM_LIMIT {
             end -= 1;
             continue;
@@ -95,7 +109,7 @@ pub(super) fn emit(
         gen.vec4_ranges = HashSet::new();
         gen.windows = e.whole_buffers(status + 1);
         gen.lane_stores = vec![];
-        gen.begin_sequence(in_workgroup, written_through, words);
+        gen.begin_sequence(place.at.clone(), place.through.clone(), words);
         // Kernels that need no workgroup of theirs (rows an invocation,
         // products in register blocks, no tiles through workgroup
         // memory): they share the one workgroup whatever its size.
@@ -132,8 +146,7 @@ pub(super) fn emit(
         let joined = gen.end_sequence();
         let at = match (failed, joined) {
             (None, Ok(code)) => {
-                let kernel =
-                    e.sequence_kernel(code, &members[start..end], &kept, &through, options)?;
+                let kernel = e.sequence_kernel(code, &members[start..end], &place, options)?;
                 return Ok(Some(Done {
                     kernel,
                     end,
@@ -204,15 +217,14 @@ impl Emit<'_> {
         out
     }
 
-    /// Arena buffers (roots) only launches `run` touch, none packed: kept
-    /// in workgroup memory by a sequence of them; and those of them read
-    /// back, also written through to memory.
-    fn kept_roots(
-        &self,
-        life: &Lifetimes,
-        members: &[Vec<usize>],
-        run: Range<usize>,
-    ) -> (HashSet<ValueId>, HashSet<ValueId>) {
+    /// Where kernels in sequence `run` keep values in workgroup memory:
+    /// every version (the in-place results sharing a buffer) of a buffer
+    /// only they touch, packed ones aside. Arena buffers at their own
+    /// words (the arena's plan keeps apart what lives together), the
+    /// parameters' after them (results over a parameter dying in the run);
+    /// the versions read back stored in memory too (an earlier version a
+    /// later one overwrites whole is not).
+    fn placement(&self, life: &Lifetimes, members: &[Vec<usize>], run: Range<usize>) -> Placement {
         let (g, sched) = (self.g, self.sched);
         let mut span: HashMap<ValueId, (usize, usize)> = HashMap::new();
         for (l, m) in members.iter().enumerate() {
@@ -227,43 +239,68 @@ impl Emit<'_> {
                 }
             }
         }
-        let back: HashSet<ValueId> = life.readback.iter().map(|&v| sched.root(v)).collect();
-        let inside: HashSet<ValueId> = span
-            .into_iter()
-            .filter(|(_, (a, b))| run.contains(a) && run.contains(b))
-            .filter(|(r, _)| {
-                self.layout
-                    .locs
-                    .get(r)
-                    .is_some_and(|l| l.buf == Buf::Arena && !l.packed)
-            })
-            .map(|(r, _)| r)
-            .collect();
-        inside.into_iter().partition(|r| !back.contains(r))
-    }
-
-    /// Each value of roots `kept` and `through` at its word of workgroup
-    /// memory (its word in the arena: the arena's plan keeps apart what
-    /// lives together), the values of `through`, and the words that takes.
-    fn workgroup_words(
-        &self,
-        kept: &HashSet<ValueId>,
-        through: &HashSet<ValueId>,
-    ) -> (HashMap<ValueId, usize>, HashSet<ValueId>, usize) {
-        let mut at = HashMap::new();
-        let mut written = HashSet::new();
-        let mut words = 0;
-        for (&v, l) in &self.layout.locs {
-            let r = self.sched.root(v);
-            if kept.contains(&r) || through.contains(&r) {
-                at.insert(v, l.word);
-                words = words.max(l.word + self.packing.bytes(self.g, self.sched, r) / 4);
+        let inside = |r: &ValueId| {
+            span.get(r)
+                .is_some_and(|(a, b)| run.contains(a) && run.contains(b))
+        };
+        // Versions read back: those the host reads, and what a region
+        // written in place or a reshape leaves of the version before.
+        let mut through = HashSet::new();
+        let mut stack: Vec<ValueId> = life.readback.clone();
+        while let Some(v) = stack.pop() {
+            if !through.insert(v) {
+                continue;
             }
-            if through.contains(&r) {
-                written.insert(v);
+            if let Some(&b) = sched.inplace.get(&v) {
+                stack.push(b);
+            } else if let Some(&b) = sched.alias_of.get(&v) {
+                // A reshape is the version it views; a kernel's result
+                // over a dying input overwrites that input whole.
+                if !life.step.contains_key(&v) {
+                    stack.push(b);
+                }
             }
         }
-        (at, written, words)
+        let mut place = Placement::default();
+        let mut owners: Vec<(ValueId, Loc)> =
+            self.layout.locs.iter().map(|(&v, &l)| (v, l)).collect();
+        owners.sort_by_key(|(v, _)| *v);
+        owners.retain(|(v, l)| !l.packed && !g.inputs.contains(v) && inside(&sched.root(*v)));
+        let words = |v: ValueId| self.packing.bytes(g, sched, sched.root(v)) / 4;
+        for &(v, l) in owners.iter().filter(|(_, l)| l.buf == Buf::Arena) {
+            place.kept.insert(sched.root(v));
+            place.at.insert(v, l.word);
+            place.words = place.words.max(l.word + words(v));
+        }
+        // Results over a dying parameter, where the parameter's contents
+        // are not theirs (a kernel overwrote them whole on the way):
+        // after the arena's words, one range a parameter.
+        let overwritten = |mut v: ValueId| loop {
+            match (sched.inplace.get(&v), sched.alias_of.get(&v)) {
+                (Some(&b), _) => v = b,
+                (None, Some(_)) if life.step.contains_key(&v) => return true,
+                (None, Some(&b)) => v = b,
+                (None, None) => return false,
+            }
+        };
+        let mut params: HashMap<ValueId, usize> = HashMap::new();
+        for &(v, _) in owners
+            .iter()
+            .filter(|(v, l)| l.buf != Buf::Arena && overwritten(*v))
+        {
+            let r = sched.root(v);
+            let next = place.words;
+            let at = *params.entry(r).or_insert(next);
+            place.words = place.words.max(at + words(v));
+            place.at.insert(v, at);
+        }
+        place.through = place
+            .at
+            .keys()
+            .copied()
+            .filter(|v| through.contains(v))
+            .collect();
+        place
     }
 
     /// Every buffer bound whole, once: the arena up to `arena_words` and
@@ -321,19 +358,13 @@ impl Emit<'_> {
         &self,
         code: crate::kernel::KernelCode,
         run: &[Vec<usize>],
-        kept: &HashSet<ValueId>,
-        through: &HashSet<ValueId>,
+        place: &Placement,
         options: &CompileOptions,
     ) -> Result<Kernel, CompileError> {
         let (g, sched) = (self.g, self.sched);
-        // Values in workgroup memory store nothing, as registers.
+        // Values in workgroup memory alone store nothing, as registers.
         let mut unstored = self.registers.clone();
-        unstored.extend(
-            self.layout
-                .locs
-                .keys()
-                .filter(|&&v| kept.contains(&sched.root(v))),
-        );
+        unstored.extend(place.at.keys().filter(|v| !place.through.contains(v)));
         let mut cost = KernelCost {
             ops: vec![],
             bytes_read: 0,
@@ -357,7 +388,7 @@ impl Emit<'_> {
                 cost.written += one.written;
                 cost.elements = cost.elements.max(one.elements);
                 for (r, b) in reads {
-                    if !kept.contains(&r) && !through.contains(&r) {
+                    if !place.kept.contains(&r) {
                         let c = charged.entry(r).or_default();
                         *c = (*c).max(b);
                     }
