@@ -65,8 +65,8 @@ struct Placement {
     at: HashMap<ValueId, usize>,
     /// Those also stored in memory (read back).
     through: HashSet<ValueId>,
-    /// Arena buffers only workgroup memory holds while the kernels run:
-    /// never read from memory.
+    /// Arena buffers made by the kernels: read from workgroup memory by
+    /// them, never from memory.
     kept: HashSet<ValueId>,
     /// The words it takes.
     words: usize,
@@ -219,11 +219,11 @@ impl Emit<'_> {
 
     /// Where kernels in sequence `run` keep values in workgroup memory:
     /// every version (the in-place results sharing a buffer) of a buffer
-    /// only they touch, packed ones aside. Arena buffers at their own
+    /// made there, packed ones aside. Arena buffers at their own
     /// words (the arena's plan keeps apart what lives together), the
     /// parameters' after them (results over a parameter dying in the run);
-    /// the versions read back stored in memory too (an earlier version a
-    /// later one overwrites whole is not).
+    /// the versions read back or by later kernels stored in memory too (an
+    /// earlier version a later one overwrites whole is not).
     fn placement(&self, life: &Lifetimes, members: &[Vec<usize>], run: Range<usize>) -> Placement {
         let (g, sched) = (self.g, self.sched);
         let mut span: HashMap<ValueId, (usize, usize)> = HashMap::new();
@@ -239,14 +239,18 @@ impl Emit<'_> {
                 }
             }
         }
-        let inside = |r: &ValueId| {
-            span.get(r)
-                .is_some_and(|(a, b)| run.contains(a) && run.contains(b))
-        };
-        // Versions read back: those the host reads, and what a region
-        // written in place or a reshape leaves of the version before.
+        // Buffers first touched in the run (made there).
+        let inside = |r: &ValueId| span.get(r).is_some_and(|(a, _)| run.contains(a));
+        // Versions read back or by later kernels: those, and what a
+        // region written in place or a reshape leaves of the version
+        // before.
         let mut through = HashSet::new();
         let mut stack: Vec<ValueId> = life.readback.clone();
+        for m in &members[run.end..] {
+            for &i in m {
+                stack.extend(read_values(g, sched, &self.groups[i]));
+            }
+        }
         while let Some(v) = stack.pop() {
             if !through.insert(v) {
                 continue;
