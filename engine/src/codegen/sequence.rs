@@ -1,8 +1,8 @@
 //! Kernels in sequence in one workgroup: a small program's kernels, each
 //! a function the workgroup calls for every workgroup of the kernel's own
-//! grid in turn, with a barrier between kernels, so that the values only
-//! they read stay in workgroup memory (`WSM`) instead of going to memory
-//! and back. One launch instead of several; a kernel of a few hundred
+//! grid in turn, with a barrier between kernels, so that the values they
+//! make stay in workgroup memory (`WSM`) instead of going to memory and
+//! back (those read back or by later launches stored to memory too). One launch instead of several; a kernel of a few hundred
 //! elements costs a launch more than its arithmetic (lavapipe: 0.05-0.24
 //! ms a kernel for cnn_block's, which move 100 B to 10 KB each).
 
@@ -13,7 +13,7 @@ use super::*;
 
 pub(crate) use crate::wgsl::WSM;
 
-/// Words of workgroup memory the kept values may take (the kernels' own
+/// Bytes of workgroup memory the kept values may take (the kernels' own
 /// arrays share the rest: `sequence` checks the sum).
 pub(crate) const WSM_LIMIT: usize = WORKGROUP_STORAGE as usize;
 

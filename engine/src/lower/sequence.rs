@@ -1,7 +1,7 @@
 //! Which launches of a plan run in sequence in one workgroup
 //! (`codegen::sequence`), and the values they keep in workgroup memory:
 //! runs of launches small enough that one workgroup computes them sooner
-//! than the launches would start, and the values only they read.
+//! than the launches would start, and where the values they make live.
 
 use super::*;
 use crate::codegen::sequence::WSM_LIMIT;
@@ -63,7 +63,7 @@ pub(super) fn segments(
 struct Placement {
     /// Each value's first word there.
     at: HashMap<ValueId, usize>,
-    /// Those also stored in memory (read back).
+    /// Those also stored in memory (read back, or read by later launches).
     through: HashSet<ValueId>,
     /// Arena buffers made by the kernels: read from workgroup memory by
     /// them, never from memory.
@@ -127,6 +127,9 @@ pub(super) fn emit(
             gen.subgroup,
             gen.grid_stride,
         ) = (usize::MAX, false, false, None, None);
+        // A launch that cannot be generated as a part (a form the
+        // families refuse without their own workgroups or bindings) ends
+        // the run there; alone it is generated as ever.
         let mut owner = vec![];
         let mut failed = None;
         for (pos, m) in members[start..end].iter().enumerate() {
