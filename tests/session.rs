@@ -594,7 +594,12 @@ fn a_rejected_shader_is_an_error_on_any_pipeline_thread() {
 }",
     )
     .unwrap();
-    let good = kiln::engine::compile_with(&g, s.compile_options()).unwrap();
+    // A launch per kernel (not one in sequence): several pipelines.
+    let options = kiln::engine::CompileOptions {
+        sequence: false,
+        ..s.compile_options().clone()
+    };
+    let good = kiln::engine::compile_with(&g, &options).unwrap();
     assert!(good.kernels.len() >= 3, "{}", good.stats());
     for broken in [0, good.kernels.len() - 1] {
         let mut p = good.clone();
