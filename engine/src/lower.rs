@@ -750,22 +750,14 @@ impl KernelPlan {
         self.launches
             .iter()
             .map(|Launch { members, .. }| {
-                let c = match members[..] {
-                    [i] => KernelCost::of(
-                        g,
-                        &self.sched,
-                        &self.groups[i],
-                        &self.registers,
-                        &self.packing,
-                    ),
-                    _ => KernelCost::launch(
-                        g,
-                        &self.sched,
-                        members.iter().map(|&i| &self.groups[i][..]),
-                        &self.registers,
-                        &self.packing,
-                    ),
-                };
+                let c = launch_cost(
+                    g,
+                    &self.sched,
+                    &self.groups,
+                    members,
+                    &self.registers,
+                    &self.packing,
+                );
                 c.bytes_read + c.written
             })
             .sum()
@@ -1087,7 +1079,7 @@ impl Emit<'_> {
         let folded = folded_reduction(g, sched, grp);
         gen.lane_stores = grp
             .iter()
-            .filter(|&&v| (folded.is_some() || !is_map(g, sched, v)) && packing.packed(g, v))
+            .filter(|&&v| stores_lanes_in(g, sched, packing, grp, v))
             .filter_map(|v| layout.locs.get(v).copied())
             .collect();
         // The kernels of the group, each with the values it computes: one
@@ -1857,6 +1849,40 @@ fn place(
         param_words,
         plan: mp,
     })
+}
+
+/// The cost of launch `members` (groups by index): a kernel's own, or
+/// that of kernels sharing the launch.
+fn launch_cost(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    groups: &[Vec<ValueId>],
+    members: &[usize],
+    registers: &HashSet<ValueId>,
+    packing: &Packing,
+) -> KernelCost {
+    match members {
+        [i] => KernelCost::of(g, sched, &groups[*i], registers, packing),
+        _ => KernelCost::launch(
+            g,
+            sched,
+            members.iter().map(|&i| &groups[i][..]),
+            registers,
+            packing,
+        ),
+    }
+}
+
+/// Does the kernel computing `grp` store its packed member `v` lane by
+/// lane (a reduction's or another non-elementwise kernel's store)?
+fn stores_lanes_in(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    packing: &Packing,
+    grp: &[ValueId],
+    v: ValueId,
+) -> bool {
+    (folded_reduction(g, sched, grp).is_some() || !is_map(g, sched, v)) && packing.packed(g, v)
 }
 
 /// What the kernel computing `grp` runs and moves: its ops (inlined

@@ -113,20 +113,7 @@ pub(super) fn emit(
         // Kernels that need no workgroup of theirs (rows an invocation,
         // products in register blocks, no tiles through workgroup
         // memory): they share the one workgroup whatever its size.
-        let saved = (
-            gen.tile_min_rows,
-            gen.workgroup_rows,
-            gen.tile_transposes,
-            gen.subgroup,
-            gen.grid_stride,
-        );
-        (
-            gen.tile_min_rows,
-            gen.workgroup_rows,
-            gen.tile_transposes,
-            gen.subgroup,
-            gen.grid_stride,
-        ) = (usize::MAX, false, false, None, None);
+        let saved = barrier_free(gen, (usize::MAX, false, false, None, None));
         // A launch that cannot be generated as a part (a form the
         // families refuse without their own workgroups or bindings) ends
         // the run there; alone it is generated as ever.
@@ -139,13 +126,7 @@ pub(super) fn emit(
             }
             owner.resize(gen.parts_so_far(), pos);
         }
-        (
-            gen.tile_min_rows,
-            gen.workgroup_rows,
-            gen.tile_transposes,
-            gen.subgroup,
-            gen.grid_stride,
-        ) = saved;
+        barrier_free(gen, saved);
         let joined = gen.end_sequence();
         let at = match (failed, joined) {
             (None, Ok(code)) => {
@@ -167,6 +148,30 @@ pub(super) fn emit(
     Ok(None)
 }
 
+/// The codegen choices kernels in sequence override: tiles from which
+/// rows, rows through workgroup memory, transposes in tiles, subgroups,
+/// the grid-stride cap.
+type Choices = (usize, bool, bool, Option<usize>, Option<usize>);
+
+/// Sets `gen`'s choices to `c`, returning those it had.
+fn barrier_free(gen: &mut Gen, c: Choices) -> Choices {
+    let old = (
+        gen.tile_min_rows,
+        gen.workgroup_rows,
+        gen.tile_transposes,
+        gen.subgroup,
+        gen.grid_stride,
+    );
+    (
+        gen.tile_min_rows,
+        gen.workgroup_rows,
+        gen.tile_transposes,
+        gen.subgroup,
+        gen.grid_stride,
+    ) = c;
+    old
+}
+
 impl Emit<'_> {
     /// Flops and bytes of launch `m` as a launch of its own, and whether
     /// it may run in sequence.
@@ -178,25 +183,14 @@ impl Emit<'_> {
             let grp = &self.groups[i];
             let c = KernelCost::of(g, sched, grp, self.registers, self.packing);
             flops += kernel_flops(g, sched, grp, c.ops.len(), c.elements);
-            let folded = folded_reduction(g, sched, grp).is_some();
             for &v in grp {
                 let custom = g
                     .node_of(v)
                     .is_some_and(|n| g.nodes[n].op.def().lowering == Lowering::Custom);
-                let lanes = (folded || !is_map(g, sched, v)) && self.packing.packed(g, v);
-                ok &= !custom && !lanes;
+                ok &= !custom && !stores_lanes_in(g, sched, self.packing, grp, v);
             }
         }
-        let c = match m {
-            [i] => KernelCost::of(g, sched, &self.groups[*i], self.registers, self.packing),
-            _ => KernelCost::launch(
-                g,
-                sched,
-                m.iter().map(|&i| &self.groups[i][..]),
-                self.registers,
-                self.packing,
-            ),
-        };
+        let c = launch_cost(g, sched, self.groups, m, self.registers, self.packing);
         (flops, c.bytes_read + c.written, ok)
     }
 
