@@ -369,7 +369,7 @@ fn bools_and_halves_are_packed_as_in_eager_memory() {
         p.stats()
     );
     assert!(
-        p.memory.planned_peak() <= p.memory.eager_peak + 8,
+        p.memory.planned_peak() <= p.memory.eager_peak,
         "{}",
         p.stats()
     );
@@ -419,7 +419,7 @@ fn products_rows_and_reductions_store_packed_results() {
     let written: usize = p.kernels.iter().map(|k| k.bytes_written).sum();
     assert_eq!(written, 2 * 512 * 4 + 9 * 4, "{}", p.stats());
     assert!(
-        p.memory.planned_peak() <= p.memory.eager_peak + 8,
+        p.memory.planned_peak() <= p.memory.eager_peak,
         "{}",
         p.stats()
     );
@@ -664,12 +664,17 @@ fn fusion_figures_never_regress() {
     ];
     let mut now = serde_json::Map::new();
     let mut worse = vec![];
+    let mut above_eager = vec![];
     for p in programs(&root().join("examples/programs")) {
         let name = p.file_stem().unwrap().to_string_lossy().to_string();
         let g = parse(&std::fs::read_to_string(&p).unwrap()).unwrap();
         let mut row = serde_json::Map::new();
         for (variant, options) in &variants {
             let prog = kiln::engine::compile_with(&g, options).unwrap();
+            // Issue 30's goal: never more memory than eager execution.
+            if prog.memory.planned_peak() > prog.memory.eager_peak {
+                above_eager.push(format!("{name} ({variant}): {}", prog.stats()));
+            }
             let figures = [
                 ("kernels", prog.kernels.len()),
                 ("bytes", prog.bytes_moved()),
@@ -698,6 +703,11 @@ fn fusion_figures_never_regress() {
         return;
     }
     assert!(worse.is_empty(), "figures got worse:\n{}", worse.join("\n"));
+    assert!(
+        above_eager.is_empty(),
+        "planned peak above eager's:\n{}",
+        above_eager.join("\n")
+    );
     for name in now.keys() {
         assert!(
             recorded.get(name).is_some(),

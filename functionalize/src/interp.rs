@@ -7,6 +7,7 @@
 //! elements overlap, an input that overlaps the written tensor at other
 //! positions) are refused, as eager PyTorch refuses most of them.
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, ValueId};
 use crate::meta::Meta;
@@ -146,6 +147,12 @@ pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
     })
 }
 
+/// The bytes of a buffer of `numel` elements of `dtype` on a device: whole
+/// 4-byte words (a bool[15] mask takes 16).
+pub fn buffer_bytes(numel: usize, dtype: DType) -> usize {
+    (numel * dtype.size_bytes()).next_multiple_of(4)
+}
+
 /// The peak bytes of live storage eager execution of `g` holds, computed
 /// from the graph alone (the same accounting as `run`'s `peak_bytes`:
 /// views and in-place results share their input's storage; a storage is
@@ -154,7 +161,7 @@ pub fn eager_peak_bytes(g: &Graph) -> usize {
     let mut storage: HashMap<ValueId, usize> = HashMap::new();
     let mut bytes: Vec<usize> = vec![];
     let fresh = |m: &Meta, bytes: &mut Vec<usize>| {
-        bytes.push(m.storage_numel * m.dtype.size_bytes());
+        bytes.push(buffer_bytes(m.storage_numel, m.dtype));
         bytes.len() - 1
     };
     for &v in &g.inputs {
@@ -195,7 +202,7 @@ pub fn eager_peak_bytes(g: &Graph) -> usize {
                     // `resize_` grows the storage.
                     let m = g.meta(r);
                     let s = storage[t];
-                    bytes[s] = bytes[s].max(m.storage_numel * m.dtype.size_bytes());
+                    bytes[s] = bytes[s].max(buffer_bytes(m.storage_numel, m.dtype));
                     s
                 }
                 _ => fresh(g.meta(r), &mut bytes),

@@ -18,8 +18,12 @@ pub struct Storage {
 }
 
 impl Storage {
+    /// The bytes a device buffer holding this storage takes: its
+    /// elements' bytes rounded up to whole 4-byte words (wgpu sizes and
+    /// copies buffers in words), so eager's peak and a compiled plan's are
+    /// counted alike.
     pub fn bytes(&self) -> usize {
-        self.data.borrow().len() * self.dtype.size_bytes()
+        crate::interp::buffer_bytes(self.data.borrow().len(), self.dtype)
     }
 }
 
