@@ -7,13 +7,12 @@
 //! elements overlap, an input that overlaps the written tensor at other
 //! positions) are refused, as eager PyTorch refuses most of them.
 
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::graph::{Graph, NodeId, ValueId};
 use crate::meta::Meta;
 use crate::ops::{self, args::metas, OpKind, Rule};
 use crate::schema::Arg;
-use crate::tensor::{RTensor, Storage};
+use crate::tensor::{buffer_bytes, RTensor, Storage};
 use crate::text::{fmt_node, Names};
 use std::collections::{HashMap, HashSet};
 use std::rc::{Rc, Weak};
@@ -145,12 +144,6 @@ pub fn run(g: &Graph, inputs: Vec<RTensor>) -> Result<RunResult> {
         inputs,
         peak_bytes: peak,
     })
-}
-
-/// The bytes of a buffer of `numel` elements of `dtype` on a device: whole
-/// 4-byte words (a bool[15] mask takes 16).
-pub fn buffer_bytes(numel: usize, dtype: DType) -> usize {
-    (numel * dtype.size_bytes()).next_multiple_of(4)
 }
 
 /// The peak bytes of live storage eager execution of `g` holds, computed

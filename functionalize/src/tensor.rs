@@ -17,13 +17,19 @@ pub struct Storage {
     pub data: RefCell<Vec<f64>>,
 }
 
+/// The bytes of a buffer of `numel` elements of `dtype` on a device: whole
+/// 4-byte words (a bool[15] mask takes 16).
+pub fn buffer_bytes(numel: usize, dtype: DType) -> usize {
+    (numel * dtype.size_bytes()).next_multiple_of(4)
+}
+
 impl Storage {
     /// The bytes a device buffer holding this storage takes: its
     /// elements' bytes rounded up to whole 4-byte words (wgpu sizes and
     /// copies buffers in words), so eager's peak and a compiled plan's are
     /// counted alike.
     pub fn bytes(&self) -> usize {
-        crate::interp::buffer_bytes(self.data.borrow().len(), self.dtype)
+        buffer_bytes(self.data.borrow().len(), self.dtype)
     }
 }
 
