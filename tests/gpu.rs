@@ -1524,11 +1524,15 @@ fn packed_results_of_products_rows_and_reductions() {
     rows.workgroup_rows = true;
     let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
     let want = kiln::run(&g, ins.clone()).unwrap();
-    for options in [
+    for mut options in [
         kiln::engine::CompileOptions::default(),
         gpu.compile_options(),
         rows,
     ] {
+        // A launch each: shared launches (softmax and norm of `%d` as
+        // siblings, where the plan stays within eager's peak) would take
+        // `%d`'s row kernel apart, and these stores with it.
+        options.share_launches = false;
         let p = launched(&g, &options).unwrap();
         let atomic = p
             .kernels
@@ -2575,8 +2579,9 @@ fn row_kernels_take_their_reductions_from_a_shared_launch() {
 /// (`CompileOptions::sequence`): one kernel, the values only it reads in
 /// workgroup memory (each input read once, each output written once), an
 /// output read again by later kernels read from workgroup memory too
-/// (written through), and results as the reference's and as a launch per
-/// kernel computes them, on the adapter's options and the GPU variants'.
+/// (written through) and no arena words for those only it reads, and
+/// results as the reference's and as a launch per kernel computes them,
+/// on the adapter's options and the GPU variants'.
 /// Past the budget (a 256 x 256 softmax) kernels keep their launches;
 /// with a browser's 8 storage buffers a program of 11 parameters runs in
 /// several sequences.
@@ -2600,6 +2605,9 @@ fn small_programs_run_their_kernels_in_sequence() {
     assert!(p.kernels[0].code.label.contains(" ; "), "{}", p.stats());
     assert!(p.kernels[0].code.wgsl.contains("var<workgroup> wsm"));
     assert!(p.bytes_moved() <= p.min_bytes, "{}", p.stats());
+    // The values only the kernel reads take no arena words: the arena
+    // holds the two outputs alone.
+    assert_eq!(p.memory.arena, (6 * 12 + 6 * 10) * 4, "{}", p.stats());
     assert!(launched(&g, &Default::default()).unwrap().kernels.len() > 2);
     // Fresh inputs each run: a run writes `%t` in place (clones share
     // their storage).

@@ -613,3 +613,72 @@ fn a_rejected_shader_is_an_error_on_any_pipeline_thread() {
     let exe = s.load(good).unwrap();
     run_against_reference(&s, &exe, &g, random_inputs(&g, 1, 1.0));
 }
+
+/// Small parameters share a buffer (constants with constants, inputs with
+/// inputs; `Program::param_slot`): on WebGPU's 8 storage buffers a block
+/// of 12 parameters is one kernel, each pack one binding, and runs match
+/// the reference with host inputs, a device input written into its pack,
+/// and constants copied into theirs once.
+#[test]
+fn small_parameters_share_a_buffer() {
+    let s = Session::open_web_like().unwrap();
+    let names = [
+        "x", "b1", "b2", "b3", "b4", "b5", "b6", "b7", "c1", "c2", "c3", "c4",
+    ];
+    let params: Vec<String> = names
+        .iter()
+        .map(|n| match *n {
+            "x" => "%x: f32[4, 8]".to_string(),
+            n => format!("%{n}: f32[8]"),
+        })
+        .collect();
+    let mut body = vec!["  %h0 = mul(%x, %c1)".to_string()];
+    for i in 1..=7 {
+        let c = ["c2", "c3", "c4"][i % 3];
+        body.push(format!("  %a{i} = add(%h{}, %b{i})", i - 1));
+        body.push(format!("  %t{i} = tanh(%a{i})"));
+        body.push(format!("  %h{i} = mul(%t{i}, %{c})"));
+    }
+    let src = format!(
+        "graph packs({}) {{\n{}\n  return %h7\n}}",
+        params.join(", "),
+        body.join("\n")
+    );
+    let g = parse(&src).unwrap();
+    let ins = random_inputs(&g, 3, 1.0);
+    for (i, c) in ["c1", "c2", "c3", "c4"].iter().enumerate() {
+        s.add_constant(c, &HostTensor::from_rtensor(&ins[8 + i]))
+            .unwrap();
+    }
+    let exe = s.compile(&g).unwrap();
+    let p = &exe.program;
+    assert_eq!(p.kernels.len(), 1, "{}", p.stats());
+    assert!(p.kernels[0].code.bindings.len() <= 8);
+    // One buffer for the seven biases, one for the four constants.
+    let slots: Vec<_> = (0..names.len()).map(|i| p.param_slot(i)).collect();
+    assert!(slots[2..8].iter().all(|sl| sl.buffer == slots[1].buffer));
+    assert!(slots[9..].iter().all(|sl| sl.buffer == slots[8].buffer));
+    assert_ne!(slots[1].buffer, slots[8].buffer);
+    assert_eq!(slots[3].word, 16);
+    let want = kiln::run(&g, ins.clone()).unwrap().outputs.remove(0);
+    let hosts: Vec<HostTensor> = ins[..8].iter().map(HostTensor::from_rtensor).collect();
+    let dev = s.upload(&hosts[4]).unwrap();
+    for device in [false, true] {
+        let inputs: Vec<Input> = (0..8)
+            .map(|i| match (device, i) {
+                (true, 4) => Input::Device(&dev),
+                _ => Input::Host(&hosts[i]),
+            })
+            .collect();
+        let r = s
+            .run(&exe, &inputs, &exe.options(Fetch::Host, Fetch::Skip))
+            .unwrap();
+        let got = host(r.outputs.into_iter().next().unwrap());
+        close(
+            &got.to_vec::<f32>().unwrap(),
+            &want.values(),
+            1e-5,
+            "packed parameters",
+        );
+    }
+}

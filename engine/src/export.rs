@@ -1001,8 +1001,18 @@ fn params_and_constants<'a>(
             ));
         }
         params.push(v);
+        // In its own buffer, or in another's (a pack of small ones).
         let words = crate::kernel::words(meta.dtype, meta.numel(), true);
-        if m.param_words[i] < words {
+        let (buffer, word) = m
+            .locs
+            .iter()
+            .find(|l| l.value == p.name)
+            .and_then(|l| Some((l.param?, l.word)))
+            .unwrap_or((i, 0));
+        let holds = word
+            .checked_add(words)
+            .is_some_and(|end| m.param_words.get(buffer).is_some_and(|&w| w >= end));
+        if !holds {
             return corrupt(format!("parameter {i}'s buffer is smaller than its tensor"));
         }
         if let Some(c) = &p.constant {

@@ -237,6 +237,15 @@ pub type Val = usize;
 
 /// A program ready to load on a device: kernels, bindings and the memory
 /// plan, with no graph (what the runtime alone loads from an export).
+/// Where a parameter's contents live (`Program::param_slot`): `words`
+/// words from `word` of parameter `buffer`'s buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamSlot {
+    pub buffer: usize,
+    pub word: usize,
+    pub words: usize,
+}
+
 #[derive(Clone, Debug)]
 pub struct Program {
     /// The program's name.
@@ -262,7 +271,8 @@ pub struct Program {
     pub mutated_inputs: Vec<usize>,
     pub kernels: Vec<Kernel>,
     pub locs: HashMap<Val, Loc>,
-    /// Words of each parameter's buffer.
+    /// Words of each parameter's buffer (0 for a parameter packed into
+    /// another's, `param_slot`).
     pub param_words: Vec<usize>,
     /// Parameters bound to session constants (never written).
     pub constants: Vec<usize>,
@@ -289,6 +299,44 @@ impl Program {
     /// Value `v`.
     pub fn value(&self, v: Val) -> &ValueInfo {
         &self.values[v]
+    }
+
+    /// Where parameter `i`'s contents go: its own buffer, or a place in
+    /// the buffer of the first of a pack of small parameters
+    /// (`lower::pack_params`).
+    pub fn param_slot(&self, i: usize) -> ParamSlot {
+        let v = self.params[i];
+        let m = self.value(v);
+        match self.locs.get(&v) {
+            Some(&Loc {
+                buf: Buf::Param(b),
+                word,
+                packed,
+            }) => ParamSlot {
+                buffer: b,
+                word,
+                words: words(m.dtype, m.numel(), packed),
+            },
+            _ => ParamSlot {
+                buffer: i,
+                word: 0,
+                words: self.param_words[i],
+            },
+        }
+    }
+
+    /// Parameters whose buffer holds other parameters too (a pack's
+    /// first): their buffer is the program's, never a constant's own.
+    pub fn pack_owners(&self) -> Vec<usize> {
+        let mut out: Vec<usize> = (0..self.params.len())
+            .map(|i| self.param_slot(i).buffer)
+            .enumerate()
+            .filter(|&(i, b)| b != i)
+            .map(|(_, b)| b)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     pub fn bytes_moved(&self) -> usize {

@@ -515,10 +515,47 @@ pub(crate) fn compile_functional(
         regrouped = true;
         grouping.apart.extend(generated.apart);
     };
+    let generated = without_workgroup_only(&g, options, generated, &grouping, &force, plan_with)?;
     let p = lower::assemble(&g, &io, options, generated)?;
     dump_wgsl(&p);
     g.outputs = outputs;
     Ok((p, g))
+}
+
+/// `generated` planned again with the buffers its kernels in sequence
+/// keep in workgroup memory alone out of the arena (they are never stored
+/// in memory, yet the arena placed them first). Kept where the second
+/// plan keeps them there alone too, in one launch shape, and is smaller.
+#[cfg(feature = "compiler")]
+fn without_workgroup_only(
+    g: &Graph,
+    options: &CompileOptions,
+    generated: lower::Generated,
+    grouping: &lower::Grouping,
+    force: &HashSet<ValueId>,
+    plan_with: impl Fn(
+        &mut lower::Grouping,
+        &mut HashSet<ValueId>,
+    ) -> Result<Box<lower::KernelPlan>, EngineError>,
+) -> Result<lower::Generated, EngineError> {
+    if generated.workgroup_only.is_empty() {
+        return Ok(generated);
+    }
+    let mut again = lower::Grouping {
+        workgroup_only: generated.workgroup_only.clone(),
+        workgroup_words: generated.workgroup_words.clone(),
+        ..grouping.clone()
+    };
+    let plan = plan_with(&mut again, &mut force.clone())?;
+    if plan.planned_peak() >= generated.planned_peak() {
+        return Ok(generated);
+    }
+    let second = lower::generate(g, options, *plan)?;
+    let alone = second.workgroup_only.is_superset(&generated.workgroup_only);
+    Ok(match alone && second.apart.is_empty() {
+        true => second,
+        false => generated,
+    })
 }
 
 /// Rounds of keeping buffers alive so that elementwise kernels can share

@@ -605,6 +605,9 @@ pub(crate) struct Interface<'a> {
 /// Where each value lives and how big the arena is.
 struct Layout {
     locs: HashMap<ValueId, Loc>,
+    /// Buffers (roots) given no arena words (`Grouping::workgroup_only`):
+    /// their locations are placeholders no kernel binds.
+    workgroup_only: HashSet<ValueId>,
     /// Words of each parameter's buffer.
     param_words: Vec<usize>,
     plan: plan::MemoryPlan,
@@ -711,6 +714,8 @@ pub(crate) struct KernelPlan {
     windows: Vec<Vec<Window>>,
     /// Tensor ranges each group's kernel binds as vectors (`vec4_ranges`).
     vec4: Vec<HashSet<(Buf, usize, usize)>>,
+    /// See `Grouping::workgroup_words`.
+    workgroup_words: HashMap<ValueId, usize>,
 }
 
 impl KernelPlan {
@@ -822,7 +827,15 @@ pub(crate) fn plan(
         &|v| packing.packed(g, v),
         &grouping.keep_inputs,
     );
-    let layout = place(g, &sched, &groups, &life, &packing, options)?;
+    let layout = place(
+        g,
+        &sched,
+        &groups,
+        &life,
+        &packing,
+        options,
+        &grouping.workgroup_only,
+    )?;
     let mut bindings = vec![];
     let mut windows: Vec<Vec<Window>> = vec![];
     for grp in &groups {
@@ -885,6 +898,7 @@ pub(crate) fn plan(
         bindings,
         windows,
         vec4,
+        workgroup_words: grouping.workgroup_words.clone(),
     })))
 }
 
@@ -935,6 +949,7 @@ pub(crate) fn generate(
         bindings,
         windows,
         vec4,
+        workgroup_words,
     } = plan;
     let mut gen = Gen::new(g, &sched, &layout.locs);
     gen.registers = registers.clone();
@@ -958,6 +973,12 @@ pub(crate) fn generate(
     let mut kernels = vec![];
     let mut vec4: Vec<Option<_>> = vec4.into_iter().map(Some).collect();
     let mut windows: Vec<Option<_>> = windows.into_iter().map(Some).collect();
+    // Workgroup memory placed by this plan's arena words, or by those of
+    // the plan it was made again from.
+    let words = match workgroup_words.is_empty() {
+        true => arena_words_of(&layout),
+        false => workgroup_words,
+    };
     let e = Emit {
         g,
         sched: &sched,
@@ -965,6 +986,7 @@ pub(crate) fn generate(
         registers: &registers,
         packing: &packing,
         layout: &layout,
+        workgroup_words: &words,
     };
     // Small programs' kernels in sequence in one workgroup where they
     // can (`sequence`), the others a launch each.
@@ -974,6 +996,7 @@ pub(crate) fn generate(
         false => vec![],
     };
     let mut arena_end = 0;
+    let mut workgroup_only = HashSet::new();
     let mut launches: Vec<Option<Launch>> = launches.into_iter().map(Some).collect();
     let mut at = 0;
     while at < launches.len() {
@@ -983,6 +1006,7 @@ pub(crate) fn generate(
             {
                 kernels.push(done.kernel);
                 arena_end = arena_end.max(done.arena_words);
+                workgroup_only.extend(done.alone);
                 at = done.end;
                 continue;
             }
@@ -1007,7 +1031,19 @@ pub(crate) fn generate(
         sched,
         apart,
         arena_end,
+        workgroup_only,
+        workgroup_words: words,
     })
+}
+
+/// The arena word of every buffer (root) placed there.
+fn arena_words_of(layout: &Layout) -> HashMap<ValueId, usize> {
+    layout
+        .locs
+        .iter()
+        .filter(|(_, l)| l.buf == Buf::Arena)
+        .map(|(&v, l)| (v, l.word))
+        .collect()
 }
 
 /// Tensor ranges a kernel binds as vectors (`vec4_ranges`).
@@ -1021,6 +1057,9 @@ struct Emit<'p> {
     registers: &'p HashSet<ValueId>,
     packing: &'p Packing,
     layout: &'p Layout,
+    /// Where kernels in sequence keep each arena value in workgroup memory
+    /// (`Grouping::workgroup_words`).
+    workgroup_words: &'p HashMap<ValueId, usize>,
 }
 
 impl Emit<'_> {
@@ -1040,6 +1079,7 @@ impl Emit<'_> {
             registers,
             packing,
             layout,
+            workgroup_words: _,
         } = *self;
         let Launch {
             members,
@@ -1202,6 +1242,15 @@ pub(crate) struct Grouping {
     /// are narrow (`Schedule::norm_operands`): norms an earlier plan ran
     /// as kernels of their own (`KernelPlan::lone_norms`).
     pub narrow_norms: HashSet<ValueId>,
+    /// Buffers (roots) an earlier plan's kernels in sequence kept in
+    /// workgroup memory alone (`Generated::workgroup_only`): no arena words
+    /// of their own.
+    pub workgroup_only: HashSet<ValueId>,
+    /// That earlier plan's arena word of every buffer (root): where kernels
+    /// in sequence keep values in workgroup memory (buffers alive together
+    /// are apart there), so that planning the arena again without the
+    /// buffers above moves none of them. Empty: this plan's own words.
+    pub workgroup_words: HashMap<ValueId, usize>,
 }
 
 impl Grouping {
@@ -1730,6 +1779,7 @@ fn place(
     life: &Lifetimes,
     packing: &Packing,
     options: &CompileOptions,
+    workgroup_only: &HashSet<ValueId>,
 ) -> Result<Layout, CompileError> {
     let bytes = |v: ValueId| packing.bytes(g, sched, v);
     let root = |v: ValueId| sched.root(v);
@@ -1767,7 +1817,7 @@ fn place(
         let l = life.last.get(&v).copied().unwrap_or(own).max(own);
         let e = span.entry(r).or_insert((first, l));
         e.1 = e.1.max(l);
-        if !roots.contains(&r) && !g.inputs.contains(&r) {
+        if !roots.contains(&r) && !g.inputs.contains(&r) && !workgroup_only.contains(&r) {
             roots.push(r);
         }
     }
@@ -1827,6 +1877,18 @@ fn place(
         })
         .collect();
     let mp = plan::plan(&requests, window, &bound);
+    // Buffers in workgroup memory alone: an arena location no kernel
+    // binds (kernels in sequence place them by `Grouping::workgroup_words`).
+    for &r in workgroup_only {
+        locs.insert(
+            r,
+            Loc {
+                buf: Buf::Arena,
+                word: 0,
+                packed: packing.packed(g, r),
+            },
+        );
+    }
     for (r, off) in roots.iter().zip(&mp.offsets) {
         locs.insert(
             *r,
@@ -1837,6 +1899,15 @@ fn place(
             },
         );
     }
+    pack_params(
+        g,
+        sched,
+        life,
+        options,
+        &owners,
+        &mut param_words,
+        &mut locs,
+    );
     for &v in &owners {
         let r = root(v);
         let l = *locs
@@ -1846,9 +1917,78 @@ fn place(
     }
     Ok(Layout {
         locs,
+        workgroup_only: workgroup_only.clone(),
         param_words,
         plan: mp,
     })
+}
+
+/// Parameters packed into one buffer are at most this large, and a pack at
+/// most `PACK_WORDS` words.
+const PACK_MAX_BYTES: usize = 4096;
+const PACK_WORDS: usize = 16384;
+
+/// Small parameters of 4-byte elements that no kernel writes and no run
+/// reads back share a buffer, constants with constants and inputs with
+/// inputs, each at the next word: kernels in sequence bind each buffer
+/// once, so a pack takes one of the device's bindings where its members
+/// took one each (a browser's 8; a block's biases and norm weights).
+/// The first member's buffer holds the pack (`Program::param_slot`).
+fn pack_params(
+    g: &Graph,
+    sched: &schedule::Schedule,
+    life: &Lifetimes,
+    options: &CompileOptions,
+    owners: &[ValueId],
+    param_words: &mut [usize],
+    locs: &mut HashMap<ValueId, Loc>,
+) {
+    // Buffers kernel results are written over (a reshape only views its).
+    let written: HashSet<ValueId> = owners
+        .iter()
+        .filter(|v| life.step.contains_key(v))
+        .map(|&v| sched.root(v))
+        .collect();
+    let read_back: HashSet<ValueId> = life.readback.iter().map(|&v| sched.root(v)).collect();
+    for constant in [true, false] {
+        let mut pack: Option<(usize, usize)> = None;
+        let mut members: Vec<usize> = vec![];
+        for (i, &v) in g.inputs.iter().enumerate() {
+            let words = param_words[i];
+            let fits = words > 0
+                && words * 4 <= PACK_MAX_BYTES
+                && g.meta(v).dtype.size_bytes() == 4
+                && options.constants.contains(&i) == constant
+                && !written.contains(&v)
+                && !read_back.contains(&v);
+            if !fits {
+                continue;
+            }
+            let (first, end) = match pack {
+                Some((first, end)) if end + words <= PACK_WORDS => (first, end),
+                _ => {
+                    members.clear();
+                    (i, 0)
+                }
+            };
+            members.push(i);
+            pack = Some((first, end + words));
+            if members.len() >= 2 {
+                locs.insert(
+                    v,
+                    Loc {
+                        buf: Buf::Param(first),
+                        word: end,
+                        packed: locs[&v].packed,
+                    },
+                );
+                param_words[first] = end + words;
+                if i != first {
+                    param_words[i] = 0;
+                }
+            }
+        }
+    }
 }
 
 /// The cost of launch `members` (groups by index): a kernel's own, or
@@ -2126,6 +2266,18 @@ pub(crate) struct Generated {
     /// Words of the arena kernels bind at least (kernels in sequence bind
     /// it whole, with the status word).
     arena_end: usize,
+    /// Buffers (roots) kernels in sequence keep in workgroup memory alone,
+    /// never stored in memory: they need no arena words.
+    pub workgroup_only: HashSet<ValueId>,
+    /// See `Grouping::workgroup_words` (this plan's, or those it kept).
+    pub workgroup_words: HashMap<ValueId, usize>,
+}
+
+impl Generated {
+    /// See `KernelPlan::planned_peak`.
+    pub fn planned_peak(&self) -> usize {
+        self.layout.param_words.iter().sum::<usize>() * 4 + self.layout.plan.arena_bytes
+    }
 }
 
 /// The program, with its memory figures.
@@ -2143,6 +2295,8 @@ pub(crate) fn assemble(
         sched,
         apart: _,
         arena_end,
+        workgroup_only: _,
+        workgroup_words: _,
     } = generated;
     let sched = &sched;
     let Interface {
@@ -2192,7 +2346,10 @@ pub(crate) fn assemble(
             },
         );
     }
-    let mut locs: Vec<(ValueId, Loc)> = layout.locs.into_iter().collect();
+    // Values in workgroup memory alone have no place in memory to name.
+    let mut locs: Vec<(ValueId, Loc)> = (layout.locs.into_iter())
+        .filter(|(v, _)| !layout.workgroup_only.contains(&sched.root(*v)))
+        .collect();
     locs.sort_by_key(|(v, _)| *v);
     let locs = locs.into_iter().map(|(v, l)| (val(v), l)).collect();
     // Named only by fault messages: none where no kernel can fault.

@@ -72,12 +72,22 @@ struct Placement {
     words: usize,
 }
 
+impl Placement {
+    /// The buffers of `kept` no version of which is stored in memory.
+    fn alone(&self, sched: &schedule::Schedule) -> HashSet<ValueId> {
+        let stored: HashSet<ValueId> = self.through.iter().map(|&v| sched.root(v)).collect();
+        self.kept.difference(&stored).copied().collect()
+    }
+}
+
 /// A run of launches generated as one kernel, the launches it took (up to
 /// `end`) and the arena words it binds.
 pub(super) struct Done {
     pub(super) kernel: Kernel,
     pub(super) end: usize,
     pub(super) arena_words: usize,
+    /// Buffers (roots) it keeps in workgroup memory alone.
+    pub(super) alone: HashSet<ValueId>,
 }
 
 /// The launches of `run` (from its first, as many as can) as one kernel
@@ -100,7 +110,9 @@ pub(super) fn emit(
         return Ok(None);
     }
     while end - start > 1 {
-        let place = e.placement(life, members, start..end);
+        let Some(place) = e.placement(life, members, start..end) else {
+            return Ok(None);
+        };
         let words = place.words;
         if words * 4 > WSM_LIMIT {
             end -= 1;
@@ -135,6 +147,7 @@ pub(super) fn emit(
                     kernel,
                     end,
                     arena_words: status + 1,
+                    alone: place.alone(e.sched),
                 }));
             }
             (Some(pos), _) => pos,
@@ -221,7 +234,12 @@ impl Emit<'_> {
     /// parameters' after them (results over a parameter dying in the run);
     /// the versions read back or by later kernels stored in memory too (an
     /// earlier version a later one overwrites whole is not).
-    fn placement(&self, life: &Lifetimes, members: &[Vec<usize>], run: Range<usize>) -> Placement {
+    fn placement(
+        &self,
+        life: &Lifetimes,
+        members: &[Vec<usize>],
+        run: Range<usize>,
+    ) -> Option<Placement> {
         let (g, sched) = (self.g, self.sched);
         let mut span: HashMap<ValueId, (usize, usize)> = HashMap::new();
         for (l, m) in members.iter().enumerate() {
@@ -268,10 +286,13 @@ impl Emit<'_> {
         owners.sort_by_key(|(v, _)| *v);
         owners.retain(|(v, l)| !l.packed && !g.inputs.contains(v) && inside(&sched.root(*v)));
         let words = |v: ValueId| self.packing.bytes(g, sched, sched.root(v)) / 4;
-        for &(v, l) in owners.iter().filter(|(_, l)| l.buf == Buf::Arena) {
+        for &(v, _) in owners.iter().filter(|(_, l)| l.buf == Buf::Arena) {
+            // Every arena buffer has its word there (the same values
+            // planned again): none, no sequence.
+            let at = *self.workgroup_words.get(&sched.root(v))?;
             place.kept.insert(sched.root(v));
-            place.at.insert(v, l.word);
-            place.words = place.words.max(l.word + words(v));
+            place.at.insert(v, at);
+            place.words = place.words.max(at + words(v));
         }
         // Results over a dying parameter, where the parameter's contents
         // are not theirs (a kernel overwrote them whole on the way):
@@ -301,7 +322,7 @@ impl Emit<'_> {
             .copied()
             .filter(|v| through.contains(v))
             .collect();
-        place
+        Some(place)
     }
 
     /// Every buffer bound whole, once: the arena up to `arena_words` and

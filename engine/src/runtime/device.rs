@@ -219,7 +219,7 @@ impl Gpu {
             wide_blocks: wide_blocks(CompileOptions::default().wide_blocks),
             vectorize: true,
             contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
-            fuse_attention: self.info.device_type != wgpu::DeviceType::Cpu,
+            fuse_attention: fuse_attention(self.info.device_type != wgpu::DeviceType::Cpu),
             subgroup: (self.features.contains(wgpu::Features::SUBGROUP)
                 && self.info.subgroup_min_size.is_power_of_two()
                 && self.info.subgroup_min_size >= 4)
@@ -272,6 +272,20 @@ pub(crate) fn shader_f16() -> wgpu::Features {
         wgpu::Features::empty()
     } else {
         wgpu::Features::SHADER_F16
+    }
+}
+
+/// `CompileOptions::fuse_attention` on this machine: `KILN_FUSE_ATTENTION`
+/// (`on` or `off`, for timing both), else `default`.
+fn fuse_attention(default: bool) -> bool {
+    match std::env::var("KILN_FUSE_ATTENTION").as_deref() {
+        Ok("on") => true,
+        Ok("off") => false,
+        Ok(v) => {
+            log::warn!("KILN_FUSE_ATTENTION={v:?}: not on or off; ignored");
+            default
+        }
+        Err(_) => default,
     }
 }
 

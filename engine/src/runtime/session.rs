@@ -396,6 +396,7 @@ impl Session {
         for (i, t) in constants {
             consts[i] = Some(t);
         }
+        let packs = constant_packs(&self.gpu, &program, &consts);
         // Staging: every readback value, one after another.
         let mut staging_at = HashMap::new();
         let mut total = 0u64;
@@ -412,6 +413,7 @@ impl Session {
             program: Arc::new(program),
             pipelines,
             constants: consts,
+            packs,
             staging_at,
             status_at,
             staging_bytes: total,
@@ -694,6 +696,51 @@ impl Session {
     }
 }
 
+/// A buffer for each pack of small constants of `program` (by its
+/// first parameter), each constant copied into its place once.
+fn constant_packs(
+    gpu: &Gpu,
+    program: &Program,
+    constants: &[Option<DeviceTensor>],
+) -> Vec<Option<wgpu::Buffer>> {
+    let d = &gpu.device;
+    let mut packs: Vec<Option<wgpu::Buffer>> = vec![None; program.params.len()];
+    let owners = program.pack_owners();
+    let owners: Vec<usize> = owners
+        .into_iter()
+        .filter(|&o| constants[o].is_some())
+        .collect();
+    if owners.is_empty() {
+        return packs;
+    }
+    let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+        label: Some("kiln constant packs"),
+    });
+    for o in owners {
+        let pack = d.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln constants"),
+            size: (program.param_words[o] as u64 * 4).max(4),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        for (i, c) in constants.iter().enumerate() {
+            let slot = program.param_slot(i);
+            if let (Some(c), true) = (c, slot.buffer == o && slot.words > 0) {
+                enc.copy_buffer_to_buffer(
+                    c.buffer(),
+                    0,
+                    &pack,
+                    slot.word as u64 * 4,
+                    slot.words as u64 * 4,
+                );
+            }
+        }
+        packs[o] = Some(pack);
+    }
+    gpu.queue.submit([enc.finish()]);
+    packs
+}
+
 /// Bytes of `v`'s buffer contents.
 fn value_bytes(p: &Program, v: Val) -> Result<u64, EngineError> {
     let loc = p
@@ -734,6 +781,9 @@ pub struct Executable {
     pipelines: Vec<Arc<wgpu::ComputePipeline>>,
     /// The constant bound to each parameter, if any.
     constants: Vec<Option<DeviceTensor>>,
+    /// The buffer of each pack of small constants (by its first
+    /// parameter, `Program::param_slot`), filled once from the constants.
+    packs: Vec<Option<wgpu::Buffer>>,
     staging_at: HashMap<Val, u64>,
     /// Where the i64 overflow word lands in the staging buffer.
     status_at: Option<u64>,
@@ -853,10 +903,13 @@ impl Executable {
                 mapped_at_creation: false,
             })
         };
+        // A buffer for each input with one of its own (or the first of a
+        // pack of small inputs); the others are written into theirs.
         let params: Vec<Option<wgpu::Buffer>> = (0..p.param_words.len())
             .map(|i| {
-                self.constants[i]
-                    .is_none()
+                (self.constants[i].is_none()
+                    && self.packs[i].is_none()
+                    && p.param_slot(i).buffer == i)
                     .then(|| storage("kiln input", p.param_words[i] as u64 * 4))
             })
             .collect();
@@ -901,10 +954,11 @@ impl Executable {
     ) -> &'b wgpu::Buffer {
         match buf {
             Buf::Arena => arena,
-            Buf::Param(i) => match (&self.constants[i], &params[i]) {
-                (Some(c), _) => c.buffer(),
-                (None, Some(b)) => b,
-                (None, None) => unreachable!("every non-constant parameter has a buffer"),
+            Buf::Param(i) => match (&self.packs[i], &self.constants[i], &params[i]) {
+                (Some(pack), _, _) => pack,
+                (None, Some(c), _) => c.buffer(),
+                (None, None, Some(b)) => b,
+                (None, None, None) => unreachable!("every bound parameter has a buffer"),
             },
         }
     }
@@ -1129,8 +1183,11 @@ impl Executable {
     ) -> Result<(), EngineError> {
         let (gpu, p) = (&self.gpu, &self.program);
         for (&i, input) in wanted.iter().zip(inputs) {
-            let dst = ctx.params[i].as_ref().expect("an input buffer");
-            let bytes = p.param_words[i] as u64 * 4;
+            let slot = p.param_slot(i);
+            let dst = ctx.params[slot.buffer]
+                .as_ref()
+                .ok_or_else(|| EngineError::Internal("an input without a buffer".into()))?;
+            let (at, bytes) = (slot.word as u64 * 4, slot.words as u64 * 4);
             match input {
                 Input::Host(t) => {
                     let data = device_bytes(t).map_err(|e| EngineError::Input {
@@ -1138,13 +1195,13 @@ impl Executable {
                         msg: format!("%{}: {e}", p.param(i).name),
                     })?;
                     if !t.bytes().is_empty() {
-                        gpu.queue.write_buffer(dst, 0, &data);
+                        gpu.queue.write_buffer(dst, at, &data);
                         stats.uploaded_bytes += data.len() as u64;
                     }
                 }
                 Input::Device(t) => {
                     if bytes > 0 {
-                        enc.copy_buffer_to_buffer(t.buffer(), 0, dst, 0, bytes);
+                        enc.copy_buffer_to_buffer(t.buffer(), 0, dst, at, bytes);
                     }
                 }
             }
