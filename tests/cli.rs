@@ -425,12 +425,12 @@ fn exports_run_from_the_command_line() {
     assert_eq!(req["min_storage_buffer_offset_alignment"], 256, "{out}");
     // GPU-class kernels whatever adapter compiled them (here lavapipe, a
     // CPU): products and attention stage tiles in workgroup memory,
-    // elementwise kernels stride over the grid in workgroups of 256; in
-    // kernels in sequence (a small program's), attention is one kernel
-    // (CPU adapters compute it as products and a softmax).
+    // elementwise kernels stride over the grid; in kernels in sequence (a
+    // small program's, here one: its small weights share a binding),
+    // attention is one kernel (CPU adapters compute it as products and a
+    // softmax), its workgroup the sequence's.
     assert!(
-        req["max_compute_workgroup_storage_size"].as_u64().unwrap() > 0
-            && req["max_compute_invocations_per_workgroup"] == 256,
+        req["max_compute_workgroup_storage_size"].as_u64().unwrap() > 0,
         "{out}"
     );
     let (ok, wgsl, err) = kiln(&["inspect", s(&web), "--wgsl"]);
