@@ -277,16 +277,17 @@ pub fn kiln(args: &[&str]) -> (bool, String, String) {
 pub fn kiln_run_exe() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let kr = exe.parent().unwrap().parent().unwrap().join("kiln-run");
-    if !kr.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut build = std::process::Command::new(cargo);
-        build.args(["build", "-p", "kiln-runtime", "--bin", "kiln-run"]);
-        if kr.parent().is_some_and(|d| d.ends_with("release")) {
-            build.arg("--release");
-        }
-        let st = build.status().unwrap();
-        assert!(st.success() && kr.exists(), "cannot build {}", kr.display());
+    // Built every time (nothing to do when fresh): `cargo test` builds no
+    // other package's binaries, and one left by an earlier checkout in a
+    // reused target dir would run today's exports with yesterday's code.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = std::process::Command::new(cargo);
+    build.args(["build", "-p", "kiln-runtime", "--bin", "kiln-run"]);
+    if kr.parent().is_some_and(|d| d.ends_with("release")) {
+        build.arg("--release");
     }
+    let st = build.status().unwrap();
+    assert!(st.success() && kr.exists(), "cannot build {}", kr.display());
     kr
 }
 
