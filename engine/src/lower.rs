@@ -1930,9 +1930,10 @@ const PACK_WORDS: usize = 16384;
 
 /// Small parameters of 4-byte elements that no kernel writes and no run
 /// reads back share a buffer, constants with constants and inputs with
-/// inputs, each at the next word: kernels in sequence bind each buffer
-/// once, so a pack takes one of the device's bindings where its members
-/// took one each (a browser's 8; a block's biases and norm weights).
+/// inputs, each at the next word, where a program has more parameters
+/// than a kernel has bindings: kernels in sequence bind each buffer once,
+/// so a pack takes one of the device's bindings where its members took
+/// one each (a browser's 8; a block's biases and norm weights).
 /// The first member's buffer holds the pack (`Program::param_slot`).
 fn pack_params(
     g: &Graph,
@@ -1949,46 +1950,71 @@ fn pack_params(
         .filter(|v| life.step.contains_key(v))
         .map(|&v| sched.root(v))
         .collect();
-    let read_back: HashSet<ValueId> = life.readback.iter().map(|&v| sched.root(v)).collect();
-    for constant in [true, false] {
-        let mut pack: Option<(usize, usize)> = None;
-        let mut members: Vec<usize> = vec![];
-        for (i, &v) in g.inputs.iter().enumerate() {
-            let words = param_words[i];
-            let fits = words > 0
-                && words * 4 <= PACK_MAX_BYTES
-                && g.meta(v).dtype.size_bytes() == 4
-                && options.constants.contains(&i) == constant
-                && !written.contains(&v)
-                && !read_back.contains(&v);
-            if !fits {
-                continue;
-            }
-            let (first, end) = match pack {
-                Some((first, end)) if end + words <= PACK_WORDS => (first, end),
-                _ => {
-                    members.clear();
-                    (i, 0)
-                }
-            };
-            members.push(i);
-            pack = Some((first, end + words));
-            if members.len() >= 2 {
-                locs.insert(
-                    v,
-                    Loc {
-                        buf: Buf::Param(first),
-                        word: end,
-                        packed: locs[&v].packed,
-                    },
-                );
-                param_words[first] = end + words;
-                if i != first {
-                    param_words[i] = 0;
-                }
-            }
-        }
+    // Only where the parameters and the arena would not fit one kernel's
+    // bindings: a pack's members share binding windows, so a kernel reads
+    // them word by word where a buffer of their own would load a
+    // broadcast row as vectors (`Gen::quad_word`).
+    if g.inputs.len() < options.max_bindings {
+        return;
     }
+    let read_back: HashSet<ValueId> = life.readback.iter().map(|&v| sched.root(v)).collect();
+    // A kernel may bind a pack whole (kernels in sequence do).
+    let cap = PACK_WORDS.min(options.rules.max_words);
+    for constant in [true, false] {
+        let mut fit: Vec<usize> = (0..g.inputs.len())
+            .filter(|&i| {
+                let v = g.inputs[i];
+                let words = param_words[i];
+                words > 0
+                    && words * 4 <= PACK_MAX_BYTES
+                    && words <= cap
+                    && g.meta(v).dtype.size_bytes() == 4
+                    && options.constants.contains(&i) == constant
+                    && !written.contains(&v)
+                    && !read_back.contains(&v)
+            })
+            .collect();
+        // Whole quads first: each of those starts on a quad of the pack,
+        // for vector loads of aligned quads (`Gen::quad_word`).
+        fit.sort_by_key(|&i| (!param_words[i].is_multiple_of(4), i));
+        let mut pack: Vec<(usize, usize)> = vec![];
+        let mut end = 0;
+        for i in fit {
+            if end + param_words[i] > cap {
+                place_pack(g, &pack, end, param_words, locs);
+                (pack, end) = (vec![], 0);
+            }
+            pack.push((i, end));
+            end += param_words[i];
+        }
+        place_pack(g, &pack, end, param_words, locs);
+    }
+}
+
+/// Parameters `pack` (each at its word) in the buffer of the first, `words`
+/// long; a pack of one stays as it is.
+fn place_pack(
+    g: &Graph,
+    pack: &[(usize, usize)],
+    words: usize,
+    param_words: &mut [usize],
+    locs: &mut HashMap<ValueId, Loc>,
+) {
+    let [(first, _), _, ..] = pack else { return };
+    for &(i, word) in pack {
+        let v = g.inputs[i];
+        let packed = locs.get(&v).is_some_and(|l| l.packed);
+        locs.insert(
+            v,
+            Loc {
+                buf: Buf::Param(*first),
+                word,
+                packed,
+            },
+        );
+        param_words[i] = 0;
+    }
+    param_words[*first] = words;
 }
 
 /// The cost of launch `members` (groups by index): a kernel's own, or
