@@ -173,7 +173,8 @@ pub struct CompileOptions {
     /// adapters: `false` (lavapipe runs a query row per SIMD lane, its
     /// dot products through per-lane loads; MiniLM 32 x 128 per layer:
     /// 356 ms fused, 120 ms as two vec4 products, a softmax and three
-    /// operand copies).
+    /// operand copies). `KILN_FUSE_ATTENTION=on|off` overrides a device's
+    /// choice, for timing both.
     pub fuse_attention: bool,
     /// Matrix-product operands that would be computed inline (a
     /// transpose, a head merge, an elementwise expression) get a buffer of

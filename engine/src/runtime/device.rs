@@ -216,10 +216,13 @@ impl Gpu {
             }),
             transpose_blocks: self.info.device_type == wgpu::DeviceType::Cpu
                 && std::env::var("KILN_TRANSPOSE_BLOCKS").map_or(true, |v| v != "off"),
-            wide_blocks: wide_blocks(CompileOptions::default().wide_blocks),
+            wide_blocks: switch("KILN_WIDE_BLOCKS", CompileOptions::default().wide_blocks),
             vectorize: true,
             contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
-            fuse_attention: fuse_attention(self.info.device_type != wgpu::DeviceType::Cpu),
+            fuse_attention: switch(
+                "KILN_FUSE_ATTENTION",
+                self.info.device_type != wgpu::DeviceType::Cpu,
+            ),
             subgroup: (self.features.contains(wgpu::Features::SUBGROUP)
                 && self.info.subgroup_min_size.is_power_of_two()
                 && self.info.subgroup_min_size >= 4)
@@ -275,14 +278,14 @@ pub(crate) fn shader_f16() -> wgpu::Features {
     }
 }
 
-/// `CompileOptions::fuse_attention` on this machine: `KILN_FUSE_ATTENTION`
-/// (`on` or `off`, for timing both), else `default`.
-fn fuse_attention(default: bool) -> bool {
-    match std::env::var("KILN_FUSE_ATTENTION").as_deref() {
+/// An on/off choice the environment variable `var` (`on` or `off`)
+/// overrides, to time both in one run; else `default`.
+fn switch(var: &str, default: bool) -> bool {
+    match std::env::var(var).as_deref() {
         Ok("on") => true,
         Ok("off") => false,
         Ok(v) => {
-            log::warn!("KILN_FUSE_ATTENTION={v:?}: not on or off; ignored");
+            log::warn!("{var}={v:?}: not `on` or `off`; ignored");
             default
         }
         Err(_) => default,
@@ -297,20 +300,6 @@ fn transpose_tile(default: usize) -> usize {
         Ok("32") => 32,
         Ok(v) => {
             log::warn!("KILN_TRANSPOSE_TILE={v:?}: not 16 or 32; ignored");
-            default
-        }
-        Err(_) => default,
-    }
-}
-
-/// `CompileOptions::wide_blocks` on this machine: `KILN_WIDE_BLOCKS`
-/// (`on` or `off`) overrides the default, to time both in one run.
-fn wide_blocks(default: bool) -> bool {
-    match std::env::var("KILN_WIDE_BLOCKS").as_deref() {
-        Ok("on") => true,
-        Ok("off") => false,
-        Ok(v) => {
-            log::warn!("KILN_WIDE_BLOCKS={v:?}: not `on` or `off`; ignored");
             default
         }
         Err(_) => default,
