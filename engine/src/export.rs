@@ -989,6 +989,11 @@ fn params_and_constants<'a>(
     }
     let mut constants = vec![];
     let mut params = vec![];
+    // Where each parameter goes: its own buffer, or another's (a pack of
+    // small ones).
+    let slot: HashMap<&str, (usize, usize)> = (m.locs.iter())
+        .filter_map(|l| Some((l.value.as_str(), (l.param?, l.word))))
+        .collect();
     for (i, p) in m.params.iter().enumerate() {
         let v = table.value(&p.name)?;
         let meta = &table.values[v];
@@ -1001,14 +1006,8 @@ fn params_and_constants<'a>(
             ));
         }
         params.push(v);
-        // In its own buffer, or in another's (a pack of small ones).
         let words = crate::kernel::words(meta.dtype, meta.numel(), true);
-        let (buffer, word) = m
-            .locs
-            .iter()
-            .find(|l| l.value == p.name)
-            .and_then(|l| Some((l.param?, l.word)))
-            .unwrap_or((i, 0));
+        let (buffer, word) = slot.get(p.name.as_str()).copied().unwrap_or((i, 0));
         let holds = word
             .checked_add(words)
             .is_some_and(|end| m.param_words.get(buffer).is_some_and(|&w| w >= end));

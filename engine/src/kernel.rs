@@ -235,8 +235,6 @@ pub struct HostView {
 /// A value of a program: an index into `Program::values`.
 pub type Val = usize;
 
-/// A program ready to load on a device: kernels, bindings and the memory
-/// plan, with no graph (what the runtime alone loads from an export).
 /// Where a parameter's contents live (`Program::param_slot`): `words`
 /// words from `word` of parameter `buffer`'s buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,6 +244,8 @@ pub struct ParamSlot {
     pub words: usize,
 }
 
+/// A program ready to load on a device: kernels, bindings and the memory
+/// plan, with no graph (what the runtime alone loads from an export).
 #[derive(Clone, Debug)]
 pub struct Program {
     /// The program's name.
@@ -323,20 +323,6 @@ impl Program {
                 words: self.param_words[i],
             },
         }
-    }
-
-    /// Parameters whose buffer holds other parameters too (a pack's
-    /// first): their buffer is the program's, never a constant's own.
-    pub fn pack_owners(&self) -> Vec<usize> {
-        let mut out: Vec<usize> = (0..self.params.len())
-            .map(|i| self.param_slot(i).buffer)
-            .enumerate()
-            .filter(|&(i, b)| b != i)
-            .map(|(_, b)| b)
-            .collect();
-        out.sort_unstable();
-        out.dedup();
-        out
     }
 
     pub fn bytes_moved(&self) -> usize {

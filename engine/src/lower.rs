@@ -1036,7 +1036,7 @@ pub(crate) fn generate(
     })
 }
 
-/// The arena word of every buffer (root) placed there.
+/// The arena word of every value placed there (a version at its buffer's).
 fn arena_words_of(layout: &Layout) -> HashMap<ValueId, usize> {
     layout
         .locs
@@ -1944,12 +1944,6 @@ fn pack_params(
     param_words: &mut [usize],
     locs: &mut HashMap<ValueId, Loc>,
 ) {
-    // Buffers kernel results are written over (a reshape only views its).
-    let written: HashSet<ValueId> = owners
-        .iter()
-        .filter(|v| life.step.contains_key(v))
-        .map(|&v| sched.root(v))
-        .collect();
     // Only where the parameters and the arena would not fit one kernel's
     // bindings: a pack's members share binding windows, so a kernel reads
     // them word by word where a buffer of their own would load a
@@ -1957,6 +1951,12 @@ fn pack_params(
     if g.inputs.len() < options.max_bindings {
         return;
     }
+    // Buffers kernel results are written over (a reshape only views its).
+    let written: HashSet<ValueId> = owners
+        .iter()
+        .filter(|v| life.step.contains_key(v))
+        .map(|&v| sched.root(v))
+        .collect();
     let read_back: HashSet<ValueId> = life.readback.iter().map(|&v| sched.root(v)).collect();
     // A kernel may bind a pack whole (kernels in sequence do).
     let cap = PACK_WORDS.min(options.rules.max_words);

@@ -396,7 +396,10 @@ impl Session {
         for (i, t) in constants {
             consts[i] = Some(t);
         }
-        let packs = constant_packs(&self.gpu, &program, &consts);
+        let slots: Vec<kernel::ParamSlot> = (0..program.params.len())
+            .map(|i| program.param_slot(i))
+            .collect();
+        let packs = constant_packs(&self.gpu, &program, &slots, &consts);
         // Staging: every readback value, one after another.
         let mut staging_at = HashMap::new();
         let mut total = 0u64;
@@ -414,6 +417,7 @@ impl Session {
             pipelines,
             constants: consts,
             packs,
+            slots,
             staging_at,
             status_at,
             staging_bytes: total,
@@ -697,45 +701,45 @@ impl Session {
 }
 
 /// A buffer for each pack of small constants of `program` (by its
-/// first parameter), each constant copied into its place once.
+/// first parameter, whose buffer other parameters' `slots` name), each
+/// constant copied into its place once.
 fn constant_packs(
     gpu: &Gpu,
     program: &Program,
+    slots: &[kernel::ParamSlot],
     constants: &[Option<DeviceTensor>],
 ) -> Vec<Option<wgpu::Buffer>> {
     let d = &gpu.device;
-    let mut packs: Vec<Option<wgpu::Buffer>> = vec![None; program.params.len()];
-    let owners = program.pack_owners();
-    let owners: Vec<usize> = owners
-        .into_iter()
-        .filter(|&o| constants[o].is_some())
-        .collect();
-    if owners.is_empty() {
+    let mut packs: Vec<Option<wgpu::Buffer>> = vec![None; slots.len()];
+    for (i, s) in slots.iter().enumerate() {
+        let o = s.buffer;
+        if o != i && constants[o].is_some() && packs[o].is_none() {
+            packs[o] = Some(d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kiln constants"),
+                size: (program.param_words[o] as u64 * 4).max(4),
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+    }
+    if packs.iter().all(Option::is_none) {
         return packs;
     }
     let mut enc = d.create_command_encoder(&wgpu::CommandEncoderDescriptor {
         label: Some("kiln constant packs"),
     });
-    for o in owners {
-        let pack = d.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln constants"),
-            size: (program.param_words[o] as u64 * 4).max(4),
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        for (i, c) in constants.iter().enumerate() {
-            let slot = program.param_slot(i);
-            if let (Some(c), true) = (c, slot.buffer == o && slot.words > 0) {
+    for (s, c) in slots.iter().zip(constants) {
+        if let (Some(c), Some(pack)) = (c, &packs[s.buffer]) {
+            if s.words > 0 {
                 enc.copy_buffer_to_buffer(
                     c.buffer(),
                     0,
-                    &pack,
-                    slot.word as u64 * 4,
-                    slot.words as u64 * 4,
+                    pack,
+                    s.word as u64 * 4,
+                    s.words as u64 * 4,
                 );
             }
         }
-        packs[o] = Some(pack);
     }
     gpu.queue.submit([enc.finish()]);
     packs
@@ -784,6 +788,8 @@ pub struct Executable {
     /// The buffer of each pack of small constants (by its first
     /// parameter, `Program::param_slot`), filled once from the constants.
     packs: Vec<Option<wgpu::Buffer>>,
+    /// Where each parameter's contents go (`Program::param_slot`).
+    slots: Vec<kernel::ParamSlot>,
     staging_at: HashMap<Val, u64>,
     /// Where the i64 overflow word lands in the staging buffer.
     status_at: Option<u64>,
@@ -909,7 +915,7 @@ impl Executable {
             .map(|i| {
                 (self.constants[i].is_none()
                     && self.packs[i].is_none()
-                    && p.param_slot(i).buffer == i)
+                    && self.slots[i].buffer == i)
                     .then(|| storage("kiln input", p.param_words[i] as u64 * 4))
             })
             .collect();
@@ -1183,7 +1189,7 @@ impl Executable {
     ) -> Result<(), EngineError> {
         let (gpu, p) = (&self.gpu, &self.program);
         for (&i, input) in wanted.iter().zip(inputs) {
-            let slot = p.param_slot(i);
+            let slot = self.slots[i];
             let dst = ctx.params[slot.buffer]
                 .as_ref()
                 .ok_or_else(|| EngineError::Internal("an input without a buffer".into()))?;
