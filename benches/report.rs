@@ -30,7 +30,7 @@ use kiln::functionalize::random::{
 };
 use kiln::functionalize::{functionalize, parse, DType, Graph, RTensor, Remove};
 use kiln::minilm::{fetch, MiniLm};
-use kiln::profile::{profile, Profile};
+use kiln::profile::{median, profile, Profile};
 use serde_json::{json, Value};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -883,7 +883,7 @@ fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
     let n = TRANSPOSED_CHAIN_SIDE;
     let (src, plain) = transposed_chain_programs(n);
     let _ = writeln!(md, "\n### Transposed chain (f32, {n} x {n})\n");
-    let _ = writeln!(md, "`examples/programs/transposed_chain.txt` at {n} x {n}: `x.t()` plus a broadcast row, then 8 elementwise ops (tanh, sigmoid, exp among them), one kernel at the minimum bytes either way. Plain: the same chain with `mul(x, 1.0)` for the transpose. Tiled: `tile_transposes` on (the transpose staged through workgroup memory in square tiles); untiled: off, either in blocks (`transpose_blocks`: an invocation computes 4 columns of 8 rows, reading each column's rows as vectors of the source) or element by element (each invocation reads its transposed elements directly). GB/s = 8 bytes per element (the row aside) over the GPU time of the kernels (median of 5). PyTorch: best of 5 calls on the same inputs.\n");
+    let _ = writeln!(md, "`examples/programs/transposed_chain.txt` at {n} x {n}: `x.t()` plus a broadcast row, then 8 elementwise ops (tanh, sigmoid, exp among them), one kernel at the minimum bytes either way. Plain: the same chain with `mul(x, 1.0)` for the transpose. Tiled: `tile_transposes` on (the transpose staged through workgroup memory in square tiles); untiled: off, either in blocks (`transpose_blocks`: an invocation computes 4 columns of 8 rows, reading each column's rows as vectors of the source) or element by element (each invocation reads its transposed elements directly). GB/s = 8 bytes per element (the row aside) over the GPU time of the kernels: {CHAIN_ROUNDS} rounds of every row in turn, each row's time the median of its rounds (the median of 3 runs each), its ratio to plain the median of its ratios to the plain chain of the same round. PyTorch: best of 5 calls on the same inputs.\n");
     let _ = writeln!(
         md,
         "| chain | Kiln ms | Kiln GB/s | / plain | PyTorch eager ms | torch.compile ms |"
@@ -918,23 +918,19 @@ fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
             ""
         }
     };
-    let time = |s: &Session, src: &str| -> Result<f64, String> {
+    let compile = |s: &Session, src: &str| -> Result<_, String> {
         let g = parse(src).map_err(|e| e.to_string())?;
-        s.compile(&g)
-            .and_then(|exe| profile(s, &exe, &ins, 5, 0.0))
-            .map(|p| p.kernels_ms / 1e3)
-            .map_err(|e| e.to_string())
+        s.compile(&g).map_err(|e| e.to_string())
     };
-    let plain_s = time(session, &plain);
     let rows = [
         (
             format!("transposed, tiled{}", chosen(true, false)),
-            time(&tiled, &src),
+            compile(&tiled, &src).map(|e| (&tiled, e)),
             "transposed",
         ),
         (
             format!("transposed, untiled, in blocks{}", chosen(false, true)),
-            time(&blocks, &src),
+            compile(&blocks, &src).map(|e| (&blocks, e)),
             "transposed",
         ),
         (
@@ -942,17 +938,43 @@ fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
                 "transposed, untiled, element by element{}",
                 chosen(false, false)
             ),
-            time(&untiled, &src),
+            compile(&untiled, &src).map(|e| (&untiled, e)),
             "transposed",
         ),
-        ("plain".to_string(), plain_s.clone(), "plain"),
+        (
+            "plain".to_string(),
+            compile(session, &plain).map(|e| (session, e)),
+            "plain",
+        ),
     ];
+    // Rounds of every row in turn: this machine's speed drifts by a third
+    // within minutes, so each row's ratio is the median of its ratios to
+    // the plain chain of the same round.
+    let mut secs: Vec<Result<Vec<f64>, String>> = rows
+        .iter()
+        .map(|(_, e, _)| e.as_ref().map(|_| vec![]).map_err(|e| e.clone()))
+        .collect();
+    for _ in 0..CHAIN_ROUNDS {
+        for ((_, exe, _), t) in rows.iter().zip(&mut secs) {
+            if let (Ok((s, exe)), Ok(v)) = (exe, t.as_mut()) {
+                match profile(s, exe, &ins, 3, 0.0) {
+                    Ok(p) => v.push(p.kernels_ms / 1e3),
+                    Err(e) => *t = Err(e.to_string()),
+                }
+            }
+        }
+    }
+    let plain_s = secs[rows.len() - 1].clone();
     let bytes = (n * n * 8) as f64;
-    for (name, r, key) in rows {
-        let ratio = match (&r, &plain_s) {
-            (Ok(a), Ok(b)) => format!("{:.2}", a / b),
+    for ((name, _, key), t) in rows.iter().zip(&secs) {
+        let ratio = match (t, &plain_s) {
+            (Ok(a), Ok(b)) => format!(
+                "{:.2}",
+                median(a.iter().zip(b).map(|(a, b)| a / b).collect())
+            ),
             _ => "-".into(),
         };
+        let r = t.clone().map(median);
         let gbs = r
             .as_ref()
             .map_or("-".into(), |s| format!("{:.2}", bytes / s / 1e9));
@@ -973,6 +995,9 @@ fn transposed_chain_section(md: &mut String, session: &Session, torch: &Value) {
         );
     }
 }
+
+/// Rounds of the transposed chain's rows (`transposed_chain_section`).
+const CHAIN_ROUNDS: usize = 5;
 
 /// The transposed chain's program at `n` x `n`, and the same without the
 /// transpose.

@@ -36,7 +36,7 @@ pub struct Profile {
 }
 
 /// The median (0 for none).
-pub(crate) fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
         return 0.0;
     }
