@@ -6,7 +6,7 @@
 #       its weights packed int8 per row, the workload programs, a manifest:
 #       all in .gpu-bench/ (ignored; under 64 MiB, for the device's `carry`)
 #   scripts/gpu-bench.sh run OUTDIR [--quick] [--budget S] [--only A,B]
-#       [--soak N] [--soak-small N]
+#       [--soak N] [--soak-small N] [--variants S]
 #       there: unpacks the binaries, and the loaders where none is
 #       installed, then the WGSL
 #       copy probe (`kiln bandwidth`), `kiln profile --json` per workload,
@@ -14,7 +14,11 @@
 #       torch.compile) on the same workloads and weights; writes
 #       OUTDIR/kiln.json, torch.json, system.json; with --soak, MiniLM N
 #       times on one session (4 threads) and/or a small program, memory
-#       reported after the warm-up and at the end (issue #30's soak)
+#       reported after the warm-up and at the end (issue #30's soak);
+#       before PyTorch, for at most --variants S seconds (120; 0: none),
+#       each compile choice of VARIANTS in gpu_bench.py overridden alone
+#       (KILN_TILE_TRANSPOSES=off, KILN_FUSE_ATTENTION=off, ...), timed
+#       beside its default, the faster ones checked: the tuning round's data
 #   scripts/gpu-bench.sh report OUTDIR [--output F]
 #       here: docs/performance-gpu.md from those files
 #

@@ -316,6 +316,40 @@ def minilm_buckets(quick: bool) -> list[tuple[int, int]]:
     return [(1, 16)] if quick else [(1, 16), (8, 128), (32, 128)]
 
 
+# Compile choices overridden one at a time (`CompileOptions`; each
+# variable's default is the device's own choice), timed after the defaults
+# in the same run, so that the first GPU run already gives the tuning round
+# its numbers: (workloads whose names start so, "minilm_BxT" for MiniLM;
+# the environment).
+VARIANTS = [
+    ("transposed_chain", {"KILN_TRANSPOSE_TILE": "16"}),
+    ("transposed_chain", {"KILN_TILE_TRANSPOSES": "off", "KILN_TRANSPOSE_BLOCKS": "on"}),
+    ("transposed_chain", {"KILN_TILE_TRANSPOSES": "off", "KILN_TRANSPOSE_BLOCKS": "off"}),
+    ("plain_chain", {"KILN_TRANSPOSE_BLOCKS": "on"}),
+    ("softmax", {"KILN_SUBGROUPS": "off"}),
+    ("layer_norm", {"KILN_SUBGROUPS": "off"}),
+    ("linear", {"KILN_TALL_TILES": "off"}),
+    ("linear", {"KILN_WIDE_BLOCKS": "on"}),
+    ("mm", {"KILN_TALL_TILES": "off"}),
+    ("mm", {"KILN_WIDE_BLOCKS": "on"}),
+    ("attention", {"KILN_FUSE_ATTENTION": "off"}),
+    ("encoder_layer", {"KILN_FUSE_ATTENTION": "off"}),
+    ("encoder_layer", {"KILN_CHAIN_ROWS": "off"}),
+    ("encoder_layer", {"KILN_CONTIGUOUS_OPERANDS": "on"}),
+    ("llama_block", {"KILN_SEQUENCE": "off"}),
+    ("llama_block", {"KILN_SHARE_LAUNCHES": "off"}),
+    ("minilm_", {"KILN_FUSE_ATTENTION": "off"}),
+    ("minilm_", {"KILN_WIDE_BLOCKS": "on"}),
+]
+# A variant this much faster than the default is checked against the
+# reference as well: a candidate for the default.
+VARIANT_CANDIDATE = 0.97
+
+
+def variant_label(env: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in env.items())
+
+
 # ---------------------------------------------------------------- helpers
 
 T0 = time.monotonic()
@@ -867,6 +901,12 @@ def run(args) -> int:
         log("minilm check: " + (c["error"] if "error" in c else f"smallest cosine {c['min_cosine']:.7f}"))
         save()
 
+    if args.variants > 0:
+        reserve = 30 if args.no_torch else 150
+        results["variants"] = variants_side(args, results, by_name, d, model, work, env,
+                                            Budget(min(args.variants, budget.left() - reserve)))
+        save()
+
     if args.soak or args.soak_small:
         results["soak"] = soak_side(args, d, model, work, env, budget)
         save()
@@ -897,6 +937,8 @@ def run(args) -> int:
                  + [("minilm check", results.get("minilm_check", {})), ("probe", results["probe"])])
     failed = [n for n, r in runs_done if "error" in r]
     failed += [f"soak {n}" for n, r in results.get("soak", {}).items() if "error" in r or r.get("rc")]
+    failed += [f"variant {v['workload']} {variant_label(v['env'])}" for v in results.get("variants", [])
+               if ("error" in v and not v["error"].startswith("skipped")) or "error" in v.get("check", {})]
     log(f"done: {out}/kiln.json, torch.json, system.json"
         + (f"; Kiln failed on {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
@@ -911,6 +953,58 @@ SOAK_PROGRAM = """graph soak(%x: f32[4, 6], %y: f32[6]) {
   return (%t, %m)
 }
 """
+
+
+def variants_side(args, results: dict, by_name: dict, d: Path, model: Path, work: Path, env: dict,
+                  budget) -> list:
+    """Each of VARIANTS on the workloads and MiniLM buckets it names that
+    ran without error, `kiln profile --json` (`minilm --profile`) with its
+    environment, while `budget` lasts; those faster than the default by
+    VARIANT_CANDIDATE also checked against the reference."""
+    kiln = str(d / "bin" / "kiln")
+    runs = str(args.runs)
+    done = []
+    targets = [(f"minilm_{b}", "minilm", b) for b in results["minilm"]] + \
+              [(n, "workloads", n) for n in results["workloads"]]
+    for prefix, venv in VARIANTS:
+        for name, section, key in targets:
+            default = results[section].get(key, {})
+            if not name.startswith(prefix) or "kernels_ms" not in default or "error" in default:
+                continue
+            row = {"workload": name, "env": venv, "default_kernels_ms": default["kernels_ms"],
+                   "default_full_ms": default.get("full_ms")}
+            if budget.left() < 20:
+                row["error"] = "skipped: the variants' time budget was spent"
+                done.append(row)
+                continue
+            e = {**env, **venv}
+            if section == "minilm":
+                cmd = [str(d / "bin" / "minilm"), "--model", str(model), "--profile", key,
+                       "--runs", runs, "--json", *SENTENCES]
+            else:
+                cmd = [kiln, "profile", str(d / "programs" / f"{name}.txt"), "--runs", runs, "--json"]
+                wf = work / f"{name}.weights.safetensors"
+                if weights_file(by_name[name], wf):
+                    cmd += ["--weights", str(wf)]
+            r = run_json(cmd, e, min(90, budget.left() - 10))
+            for k in ("kernels_ms", "full_ms", "pipelines", "error"):
+                if k in r:
+                    row[k] = r[k]
+            if "kernels" in r:
+                row["kernels"] = len(r["kernels"])
+            ratio = row.get("kernels_ms", 0) / max(default["kernels_ms"], 1e-9)
+            row["over_default"] = ratio if "kernels_ms" in row else None
+            if "kernels_ms" in row and ratio < VARIANT_CANDIDATE and not args.no_check \
+                    and budget.left() > 30:
+                row["check"] = (check_minilm(str(d / "bin" / "minilm"), model, work, e,
+                                             min(90, budget.left() - 10)) if section == "minilm"
+                                else check_workload(by_name[name], kiln, d / "programs" / f"{name}.txt",
+                                                    work, e, min(90, budget.left() - 10)))
+            done.append(row)
+            log(f"variant {name} {variant_label(venv)}: kernels {row.get('kernels_ms', '-')} ms "
+                f"(default {default['kernels_ms']})" + (f" ERROR {row['error']}" if "error" in row else "")
+                + (f"; check: {row['check'].get('error', 'ok')}" if "check" in row else ""))
+    return done
 
 
 def soak_side(args, d: Path, model: Path, work: Path, env: dict, budget) -> dict:
@@ -1275,6 +1369,28 @@ def report(args) -> int:
                      f"{'-' if worst is None else f'{worst:.2g}'} | "
                      f"{'no' if 'error' in k else ('yes' if c else 'unchecked')} |")
         L.append("")
+    variants = kiln.get("variants") or []
+    if variants:
+        L.append("## Compile-choice variants\n")
+        L.append("Each override (`CompileOptions`, engine/src/lib.rs) alone, `kiln profile --json` "
+                 "(`minilm --profile`) after the defaults in the same run; / default: kernels ms over "
+                 f"the default's (under {VARIANT_CANDIDATE:g}: checked against the reference too, "
+                 "a candidate for the default).\n")
+        L.append("| workload | override | kernels | kernels ms | default kernels ms | / default "
+                 "| full ms | default full ms | checked |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
+        for v in variants:
+            c = v.get("check") or {}
+            checked = ("-" if not c else f"no: {c['error'][:80]}" if "error" in c else "yes")
+            if "kernels_ms" not in v:
+                L.append(f"| {v['workload']} | {variant_label(v['env'])} | error: "
+                         f"{v.get('error', '')[:120]} | | {fmt(v['default_kernels_ms'], 4)} | | | | |")
+                continue
+            L.append(f"| {v['workload']} | {variant_label(v['env'])} | {v.get('kernels', '-')} | "
+                     f"{fmt(v['kernels_ms'], 4)} | {fmt(v['default_kernels_ms'], 4)} | "
+                     f"{fmt(v.get('over_default'), 3)} | {fmt(v.get('full_ms'), 4)} | "
+                     f"{fmt(v.get('default_full_ms'), 4)} | {checked} |")
+        L.append("")
     L.append("## Goals (issue #32)\n")
     L.append("| goal | measured | met |\n|---|---|---|")
     for text, how, key, limit in GOALS:
@@ -1338,6 +1454,8 @@ def main() -> int:
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-check", action="store_true",
                    help="skip the GPU results' check against the reference interpreter")
+    p.add_argument("--variants", type=float, default=120.0,
+                   help="seconds for the compile-choice variants after the defaults (0: none)")
     p.add_argument("--soak", type=int, default=0, help="then MiniLM this many times (minilm --soak)")
     p.add_argument("--soak-buckets", default="1x16,4x32")
     p.add_argument("--soak-small", type=int, default=0,

@@ -124,7 +124,8 @@ pub struct CompileOptions {
     /// Off on CPU adapters, whose caches serve the strided reads and whose
     /// barriers are dear (lavapipe, 2026-11-28: the 4096x4096 transposed
     /// chain in 218-244 ms untiled, 411-586 ms in tiles, 190-195 ms
-    /// without the transpose).
+    /// without the transpose). `KILN_TILE_TRANSPOSES=on|off` overrides a
+    /// device's choice, for timing both.
     pub tile_transposes: bool,
     /// The side of those tiles: 32 on GPUs (a workgroup of 32x8, each
     /// invocation four rows, so a warp reads and writes 128 contiguous
@@ -140,8 +141,8 @@ pub struct CompileOptions {
     /// row down the rows compute 4x4 blocks, loading the row's quad once
     /// for four rows (`Gen::map_group_blocked`). lavapipe, 4096 x 4096
     /// chain (2026-12-01): transposed 106-195 ms -> 34-63, plain 51-55 ->
-    /// 41-54. `KILN_TRANSPOSE_BLOCKS=off` turns it off on the machine at
-    /// hand, to time both.
+    /// 41-54. `KILN_TRANSPOSE_BLOCKS=on|off` overrides a device's choice
+    /// (blocks serve only where tiles do not), for timing both.
     pub transpose_blocks: bool,
     /// Products in 128x64 tiles (`tall_tiles_from`) accumulate 8x8 blocks
     /// in workgroups of 8x16 invocations instead of 8x4 blocks in 16x16:
@@ -161,7 +162,8 @@ pub struct CompileOptions {
     /// Row reductions combine lanes with subgroup shuffles (no workgroup
     /// memory, no barrier) within blocks of this many invocations, the
     /// device's smallest subgroup size; `None` where the device has no
-    /// subgroup operations (workgroup memory throughout).
+    /// subgroup operations (workgroup memory throughout) and under
+    /// `KILN_SUBGROUPS=off` (for timing both).
     pub subgroup: Option<usize>,
     /// Kernels converting to f16 also get a variant with the adapter's own
     /// f16 conversions (`KernelCode::wgsl_f16`), used where the device has
@@ -182,7 +184,8 @@ pub struct CompileOptions {
     /// adapters, whose register blocks load those as `vec4`: MiniLM's
     /// attention-output projection on lavapipe 12.8 ms -> 3.4 ms plus a
     /// copy). GPUs: `false` (tiles stage any layout through workgroup
-    /// memory).
+    /// memory). `KILN_CONTIGUOUS_OPERANDS=on|off` overrides a device's
+    /// choice, for timing both.
     pub contiguous_operands: bool,
     /// Elementwise, gather and scatter-copy kernels launch at most this
     /// many workgroups, each invocation looping over the grid (GPUs: 8192,

@@ -208,22 +208,31 @@ impl Gpu {
             },
             tall_tiles_from: tall_tiles_from(CompileOptions::default().tall_tiles_from),
             workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
-            tile_transposes: self.info.device_type != wgpu::DeviceType::Cpu,
+            tile_transposes: switch(
+                "KILN_TILE_TRANSPOSES",
+                self.info.device_type != wgpu::DeviceType::Cpu,
+            ),
             transpose_tile: transpose_tile(if self.info.device_type == wgpu::DeviceType::Cpu {
                 16
             } else {
                 CompileOptions::default().transpose_tile
             }),
-            transpose_blocks: self.info.device_type == wgpu::DeviceType::Cpu
-                && std::env::var("KILN_TRANSPOSE_BLOCKS").map_or(true, |v| v != "off"),
+            transpose_blocks: switch(
+                "KILN_TRANSPOSE_BLOCKS",
+                self.info.device_type == wgpu::DeviceType::Cpu,
+            ),
             wide_blocks: switch("KILN_WIDE_BLOCKS", CompileOptions::default().wide_blocks),
             vectorize: true,
-            contiguous_operands: self.info.device_type == wgpu::DeviceType::Cpu,
+            contiguous_operands: switch(
+                "KILN_CONTIGUOUS_OPERANDS",
+                self.info.device_type == wgpu::DeviceType::Cpu,
+            ),
             fuse_attention: switch(
                 "KILN_FUSE_ATTENTION",
                 self.info.device_type != wgpu::DeviceType::Cpu,
             ),
             subgroup: (self.features.contains(wgpu::Features::SUBGROUP)
+                && switch("KILN_SUBGROUPS", true)
                 && self.info.subgroup_min_size.is_power_of_two()
                 && self.info.subgroup_min_size >= 4)
                 .then_some(self.info.subgroup_min_size as usize),
