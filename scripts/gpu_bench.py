@@ -1222,6 +1222,12 @@ GOALS = [
 ]
 
 
+def cell(text: str) -> str:
+    """`text` as one markdown table cell: a shared launch's kernel names
+    are joined by " | ", and errors may hold pipes or line breaks."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
 def fmt(x, digits=3):
     if x is None:
         return "-"
@@ -1297,7 +1303,7 @@ def report(args) -> int:
         k = kiln["workloads"].get(n, {"error": "not run"})
         t = tw.get(n, {})
         if "error" in k:
-            L.append(f"| {n} | error: {k['error'][:120]} |" + " |" * (12 if base_name else 10))
+            L.append(f"| {n} | error: {cell(k['error'][:120])} |" + " |" * (12 if base_name else 10))
             continue
         ms = k["kernels_ms"]
         by = sum(x["bytes"] for x in k["kernels"])
@@ -1307,7 +1313,7 @@ def report(args) -> int:
         e, c = t.get("eager_ms"), t.get("compiled_ms")
         L.append(f"| {n} | {fmt(ms, 4)} | {fmt(k['full_ms'], 4)} | {len(k['kernels'])} | {fmt(gbps)} | "
                  f"{fmt(gbps / ceiling if gbps and ceiling else None, 2)} | {fmt(gfl)} | {fmt(e, 4)} | "
-                 f"{fmt(ms / e if e else None, 3)} | {fmt(c, 4) if c else t.get('compiled_error', '-')[:40]} | "
+                 f"{fmt(ms / e if e else None, 3)} | {fmt(c, 4) if c else cell(t.get('compiled_error', '-')[:40])} | "
                  f"{fmt(ms / c if c else None, 3)} | {fmt(t.get('eager_full_ms'), 4)} |"
                  + (f" {before('workloads', n)} |" if base_name else ""))
     L.append("")
@@ -1320,7 +1326,7 @@ def report(args) -> int:
         k = kiln["minilm"].get(bucket, {"error": "not run"})
         t = tm.get(bucket, {})
         if "error" in k:
-            L.append(f"| {bucket} | error: {k['error'][:120]} |" + " |" * (9 if base_name else 7))
+            L.append(f"| {bucket} | error: {cell(k['error'][:120])} |" + " |" * (9 if base_name else 7))
             continue
         tf = t.get("eager_full_ms")
         L.append(f"| {bucket} | {fmt(k['kernels_ms'], 4)} | {fmt(k['full_ms'], 4)} | "
@@ -1342,13 +1348,13 @@ def report(args) -> int:
         elif "max_relative_error" in c:
             L.append(f"| {n} | {c['max_relative_error']:.2g} | {'no' if 'error' in c else 'yes'} |")
         else:
-            L.append(f"| {n} | {c.get('skipped', c.get('error', ''))[:100]} | {'no' if 'error' in c else '-'} |")
+            L.append(f"| {n} | {cell(c.get('skipped', c.get('error', ''))[:100])} | {'no' if 'error' in c else '-'} |")
     mc = kiln.get("minilm_check")
     if mc and "min_cosine" in mc:
         L.append(f"| MiniLM ({mc['sentences']} sentences) | cosine {mc['min_cosine']:.7f} | "
                  f"{'no' if 'error' in mc else 'yes'} |")
     else:
-        L.append(f"| MiniLM | {(mc or {}).get('error', 'unchecked')[:100]} | {'no' if mc else '-'} |")
+        L.append(f"| MiniLM | {cell((mc or {}).get('error', 'unchecked')[:100])} | {'no' if mc else '-'} |")
     L.append("")
     imports = kiln.get("imports") or {}
     if imports:
@@ -1362,7 +1368,7 @@ def report(args) -> int:
         for n, k in imports.items():
             c = k.get("check") or {}
             if "kernels_ms" not in k:
-                L.append(f"| {n} | error: {k.get('error', '')[:120]} | | | | no |")
+                L.append(f"| {n} | error: {cell(k.get('error', '')[:120])} | | | | no |")
                 continue
             worst = c.get("worst_of_tolerance")
             L.append(f"| {n} | {len(k['kernels'])} | {fmt(k['kernels_ms'], 4)} | {fmt(k['full_ms'], 4)} | "
@@ -1381,10 +1387,10 @@ def report(args) -> int:
         L.append("|---|---|---|---|---|---|---|---|---|")
         for v in variants:
             c = v.get("check") or {}
-            checked = ("-" if not c else f"no: {c['error'][:80]}" if "error" in c else "yes")
+            checked = ("-" if not c else f"no: {cell(c['error'][:80])}" if "error" in c else "yes")
             if "kernels_ms" not in v:
                 L.append(f"| {v['workload']} | {variant_label(v['env'])} | error: "
-                         f"{v.get('error', '')[:120]} | | {fmt(v['default_kernels_ms'], 4)} | | | | |")
+                         f"{cell(v.get('error', '')[:120])} | | {fmt(v['default_kernels_ms'], 4)} | | | | |")
                 continue
             L.append(f"| {v['workload']} | {variant_label(v['env'])} | {v.get('kernels', '-')} | "
                      f"{fmt(v['kernels_ms'], 4)} | {fmt(v['default_kernels_ms'], 4)} | "
@@ -1420,7 +1426,7 @@ def report(args) -> int:
     rows.sort(key=lambda r: -r[0])
     L.append("| program | kernel | ms | GB/s | GFLOP/s |\n|---|---|---|---|---|")
     for ms, n, x in rows[:20]:
-        L.append(f"| {n} | {x['name']} | {fmt(ms, 4)} | {fmt(x.get('gb_per_s'))} | {fmt(x.get('gflop_per_s'))} |")
+        L.append(f"| {n} | {cell(x['name'])} | {fmt(ms, 4)} | {fmt(x.get('gb_per_s'))} | {fmt(x.get('gflop_per_s'))} |")
     L.append("")
     for name, r in kiln.get("soak", {}).items():
         L.append(f"## Soak: {name} ({r.get('wall_s', '-')} s)\n")
