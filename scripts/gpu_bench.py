@@ -837,11 +837,7 @@ def run(args) -> int:
             results["workloads"][name] = {"error": "skipped: the run's time budget was spent"}
             continue
         prog = d / "programs" / f"{name}.txt"
-        cmd = [kiln, "profile", str(prog), "--runs", runs, "--json"]
-        wf = work / f"{name}.weights.safetensors"
-        if weights_file(by_name[name], wf):
-            cmd += ["--weights", str(wf)]
-        r = run_json(cmd, {**env, "KILN_DUMP_WGSL": str(wgsl / name)}, min(120, budget.left() - 20))
+        r = run_json(workload_profile_cmd(kiln, d, work, by_name[name], runs), {**env, "KILN_DUMP_WGSL": str(wgsl / name)}, min(120, budget.left() - 20))
         if not args.no_check and "error" not in r:
             c = check_workload(by_name[name], kiln, prog, work, env, min(90, budget.left() - 20))
             r["check"] = c
@@ -867,8 +863,7 @@ def run(args) -> int:
         if budget.left() < 30:
             results["minilm"][bucket] = {"error": "skipped: the run's time budget was spent"}
             continue
-        r = run_json([str(d / "bin" / "minilm"), "--model", str(model), "--profile", bucket,
-                      "--runs", runs, "--json", *SENTENCES],
+        r = run_json(minilm_profile_cmd(d, model, bucket, runs),
                      {**env, "KILN_DUMP_WGSL": str(wgsl / f"minilm_{bucket}")}, min(180, budget.left() - 20))
         results["minilm"][bucket] = r
         log(f"kiln minilm {bucket}: kernels {r.get('kernels_ms', '-')} ms, full {r.get('full_ms', '-')} ms"
@@ -938,7 +933,7 @@ def run(args) -> int:
     failed = [n for n, r in runs_done if "error" in r]
     failed += [f"soak {n}" for n, r in results.get("soak", {}).items() if "error" in r or r.get("rc")]
     failed += [f"variant {v['workload']} {variant_label(v['env'])}" for v in results.get("variants", [])
-               if ("error" in v and not v["error"].startswith("skipped")) or "error" in v.get("check", {})]
+               if "error" in v or "error" in v.get("check", {})]
     log(f"done: {out}/kiln.json, torch.json, system.json"
         + (f"; Kiln failed on {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
@@ -953,6 +948,21 @@ SOAK_PROGRAM = """graph soak(%x: f32[4, 6], %y: f32[6]) {
   return (%t, %m)
 }
 """
+
+
+def workload_profile_cmd(kiln: str, d: Path, work: Path, w: Workload, runs: str) -> list[str]:
+    """`kiln profile --json` of workload `w`, its weights as session
+    constants where it has any."""
+    cmd = [kiln, "profile", str(d / "programs" / f"{w.name}.txt"), "--runs", runs, "--json"]
+    wf = work / f"{w.name}.weights.safetensors"
+    if weights_file(w, wf):
+        cmd += ["--weights", str(wf)]
+    return cmd
+
+
+def minilm_profile_cmd(d: Path, model: Path, bucket: str, runs: str) -> list[str]:
+    return [str(d / "bin" / "minilm"), "--model", str(model), "--profile", bucket,
+            "--runs", runs, "--json", *SENTENCES]
 
 
 def variants_side(args, results: dict, by_name: dict, d: Path, model: Path, work: Path, env: dict,
@@ -974,27 +984,20 @@ def variants_side(args, results: dict, by_name: dict, d: Path, model: Path, work
             row = {"workload": name, "env": venv, "default_kernels_ms": default["kernels_ms"],
                    "default_full_ms": default.get("full_ms")}
             if budget.left() < 20:
-                row["error"] = "skipped: the variants' time budget was spent"
+                row["skipped"] = "the variants' time budget was spent"
                 done.append(row)
                 continue
             e = {**env, **venv}
-            if section == "minilm":
-                cmd = [str(d / "bin" / "minilm"), "--model", str(model), "--profile", key,
-                       "--runs", runs, "--json", *SENTENCES]
-            else:
-                cmd = [kiln, "profile", str(d / "programs" / f"{name}.txt"), "--runs", runs, "--json"]
-                wf = work / f"{name}.weights.safetensors"
-                if weights_file(by_name[name], wf):
-                    cmd += ["--weights", str(wf)]
+            cmd = (minilm_profile_cmd(d, model, key, runs) if section == "minilm"
+                   else workload_profile_cmd(kiln, d, work, by_name[name], runs))
             r = run_json(cmd, e, min(90, budget.left() - 10))
             for k in ("kernels_ms", "full_ms", "pipelines", "error"):
                 if k in r:
                     row[k] = r[k]
             if "kernels" in r:
                 row["kernels"] = len(r["kernels"])
-            ratio = row.get("kernels_ms", 0) / max(default["kernels_ms"], 1e-9)
-            row["over_default"] = ratio if "kernels_ms" in row else None
-            if "kernels_ms" in row and ratio < VARIANT_CANDIDATE and not args.no_check \
+                row["over_default"] = r["kernels_ms"] / max(default["kernels_ms"], 1e-9)
+            if row.get("over_default", 1) < VARIANT_CANDIDATE and not args.no_check \
                     and budget.left() > 30:
                 row["check"] = (check_minilm(str(d / "bin" / "minilm"), model, work, e,
                                              min(90, budget.left() - 10)) if section == "minilm"
@@ -1389,8 +1392,9 @@ def report(args) -> int:
             c = v.get("check") or {}
             checked = ("-" if not c else f"no: {cell(c['error'][:80])}" if "error" in c else "yes")
             if "kernels_ms" not in v:
-                L.append(f"| {v['workload']} | {variant_label(v['env'])} | error: "
-                         f"{cell(v.get('error', '')[:120])} | | {fmt(v['default_kernels_ms'], 4)} | | | | |")
+                why = f"skipped: {v['skipped']}" if "skipped" in v else f"error: {v.get('error', '')[:120]}"
+                L.append(f"| {v['workload']} | {variant_label(v['env'])} | {cell(why)} | | "
+                         f"{fmt(v['default_kernels_ms'], 4)} | | | | |")
                 continue
             L.append(f"| {v['workload']} | {variant_label(v['env'])} | {v.get('kernels', '-')} | "
                      f"{fmt(v['kernels_ms'], 4)} | {fmt(v['default_kernels_ms'], 4)} | "
