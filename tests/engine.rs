@@ -44,17 +44,25 @@ fn every_generated_shader_validates_with_naga() {
     for dir in ["examples/programs", "tests/programs/ops"] {
         for p in programs(&root().join(dir)) {
             let g = parse(&std::fs::read_to_string(&p).unwrap()).unwrap();
-            // The GPU variants, and the CPU adapters' (loops, no barriers);
-            // small programs' kernels in sequence, and a launch each.
-            for (gpu_variants, sequence) in
-                [(true, true), (false, true), (true, false), (false, false)]
-            {
+            // The GPU variants, and the CPU adapters' (loops, no barriers;
+            // with subgroups, attention in rows, vec4 loads where aligned
+            // and element loads where not); small programs' kernels in
+            // sequence, and a launch each.
+            for (gpu_variants, sequence, rows) in [
+                (true, true, false),
+                (false, true, false),
+                (true, false, false),
+                (false, false, false),
+                (false, false, true),
+            ] {
                 let options = kiln::engine::CompileOptions {
                     tile_min_rows: if gpu_variants { 0 } else { usize::MAX },
                     workgroup_rows: gpu_variants,
                     workgroup: if gpu_variants { 256 } else { 64 },
-                    vectorize: gpu_variants,
+                    vectorize: gpu_variants || rows,
                     sequence,
+                    attention_rows: rows,
+                    subgroup: rows.then_some(8),
                     ..Default::default()
                 };
                 let prog = kiln::engine::compile_with(&g, &options).unwrap();
@@ -648,7 +656,8 @@ fn fusion_figures_never_regress() {
         subgroup: Some(8),
         shader_f16: true,
         contiguous_operands: true,
-        fuse_attention: false,
+        fuse_attention: true,
+        attention_rows: true,
         grid_stride: None,
         max_buffer_bytes: 2147483647,
         rules: kiln::engine::BindingRules {

@@ -1608,11 +1608,20 @@ fn index_copies_and_scatters_write_in_place() {
 /// score tensor in memory) and matches the reference at awkward sizes:
 /// one query, fewer keys than a tile, keys past a tile, head widths 1 to
 /// 128, rows masked with -inf entirely (NaN, as eager gives, not
-/// compared), a value operand broadcast over the batch; fused (the GPU
-/// variants) and unfused (a CPU adapter's choice).
+/// compared), a value operand broadcast over the batch; in the tiled
+/// kernel (the GPU variants) and in the CPU adapters' row kernel
+/// (`CompileOptions::attention_rows`: each lane of a subgroup loads a
+/// share of the keys and values and broadcasts it).
 #[test]
 fn attention_is_one_kernel_at_awkward_sizes() {
-    let mut engines = [engine(), gpu_variants()];
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let rows_options = kiln::engine::CompileOptions {
+        fuse_attention: true,
+        attention_rows: true,
+        ..gpu.compile_options()
+    };
+    let rows_engine = Engine::on(kiln::engine::Session::with_options(gpu, rows_options));
+    let mut engines = [engine(), gpu_variants(), rows_engine];
     for (b, h, sq, sk, d, dv) in [
         (1, 1, 1, 1, 1, 1),
         (2, 3, 3, 17, 5, 7),
@@ -1656,6 +1665,28 @@ fn attention_is_one_kernel_at_awkward_sizes() {
             .map(|k| k.code.wgsl.matches("subgroupShuffleXor(s, 2u)").count())
             .sum();
         assert_eq!(shared, if d % 4 == 0 && dv % 4 == 0 { 2 } else { 0 });
+        // The row kernel: no workgroup memory, nothing of [b, h, sq, sk]
+        // written either.
+        let rows = kiln::engine::CompileOptions {
+            subgroup: Some(8),
+            attention_rows: true,
+            workgroup: 64,
+            ..Default::default()
+        };
+        let p = launched(&g, &rows).unwrap();
+        let attention: Vec<_> = p
+            .kernels
+            .iter()
+            .filter(|k| k.code.label.contains("attention"))
+            .collect();
+        let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
+        assert_eq!(attention.len(), 1, "{labels:?}");
+        let k = attention[0];
+        assert!(
+            k.code.wgsl.contains("subgroupBroadcast(") && !k.code.wgsl.contains("var<workgroup>")
+        );
+        assert!(k.code.subgroup);
+        assert_eq!(k.bytes_written, 2 * out, "{labels:?}");
         let ins = kiln::functionalize::random::random_inputs(&g, (sq * sk) as u64, 2.0);
         let want = kiln::run(&g, ins.clone()).unwrap();
         for e in &mut engines {
@@ -1846,7 +1877,9 @@ fn head_splits_are_stored_by_their_products() {
 /// stored where the merge's permuting copy has it (`Gen::row_chain`),
 /// with and without an elementwise tail before the merge, and as a
 /// value the output projection reads. The probabilities never reach
-/// memory; results as the reference on both variants.
+/// memory; results as the reference on both variants. Where attention
+/// kernels are off: CPU adapters without subgroups
+/// (`CompileOptions::attention_rows`).
 #[test]
 fn row_kernels_store_through_a_head_merge() {
     for tail in ["%o2 = mul(%o, 0.5)", "%o2 = clone(%o)"] {
@@ -1865,7 +1898,11 @@ fn row_kernels_store_through_a_head_merge() {
         );
         let g = parse(&src).unwrap();
         let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
-        let p = launched(&g, &gpu.compile_options()).unwrap();
+        let unfused = kiln::engine::CompileOptions {
+            fuse_attention: false,
+            ..gpu.compile_options()
+        };
+        let p = launched(&g, &unfused).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
         // Scores, softmax, the second product (stored as the merge).
         assert!(
@@ -1876,7 +1913,8 @@ fn row_kernels_store_through_a_head_merge() {
         );
         let ins = kiln::functionalize::random::random_inputs(&g, 11, 1.0);
         let want = kiln::run(&g, ins.clone()).unwrap();
-        for mut e in [engine(), gpu_variants()] {
+        let rows = Engine::on(kiln::engine::Session::with_options(gpu, unfused));
+        for mut e in [engine(), gpu_variants(), rows] {
             let got = e.run(&g, ins.clone()).unwrap();
             for (i, (a, b)) in got.outputs.iter().zip(&want.outputs).enumerate() {
                 close_gpu(&format!("{tail}: output {i}"), a, b, 1e-5).unwrap();

@@ -172,12 +172,27 @@ pub struct CompileOptions {
     pub shader_f16: bool,
     /// `softmax(f(Q K)) V` as one attention kernel (online softmax over
     /// tiles of keys; no score tensor in memory). GPUs: `true`. CPU
-    /// adapters: `false` (lavapipe runs a query row per SIMD lane, its
-    /// dot products through per-lane loads; MiniLM 32 x 128 per layer:
-    /// 356 ms fused, 120 ms as two vec4 products, a softmax and three
-    /// operand copies). `KILN_FUSE_ATTENTION=on|off` overrides a device's
-    /// choice, for timing both.
+    /// adapters: where they have subgroups for `attention_rows` (the tiled
+    /// kernel runs a query row per SIMD lane there, its dot products
+    /// through per-lane loads: MiniLM 32 x 128 per layer on lavapipe, 356
+    /// ms tiled, 120 ms as two vec4 products, a softmax and three operand
+    /// copies, 2026-11; in rows 200 ms against 700 ms apart on a slower
+    /// sitting, 2026-12-04). `KILN_FUSE_ATTENTION=on|off` overrides a
+    /// device's choice, for timing both.
     pub fuse_attention: bool,
+    /// Attention kernels give each invocation two query rows and walk the
+    /// keys four at a time, each lane of a subgroup loading a share of
+    /// them and `subgroupBroadcast` handing them to all (CPU adapters,
+    /// where a subgroup is one SIMD register and memory is read lane by
+    /// lane: load instructions are the cost; `codegen::attention`), with
+    /// no workgroup memory or barrier. Needs `subgroup`. lavapipe, the
+    /// 128 x 256 4-head workload (2026-12-04): attention 3.6 ms, against
+    /// 55-58 ms tiled, 7.7 ms in rows with every lane loading every key
+    /// (8 rows a lane), and 6.8-8.0 ms for its two products and softmax
+    /// apart (`KILN_FUSE_ATTENTION=off`).
+    /// GPUs: `false` (the tiled kernel, keys staged through workgroup
+    /// memory). `KILN_ATTENTION_ROWS=on|off` overrides a device's choice.
+    pub attention_rows: bool,
     /// Matrix-product operands that would be computed inline (a
     /// transpose, a head merge, an elementwise expression) get a buffer of
     /// their own first, so the product reads contiguous rows (CPU
@@ -249,6 +264,7 @@ impl Default for CompileOptions {
             grid_stride: Some(2048),
             contiguous_operands: false,
             fuse_attention: true,
+            attention_rows: false,
             share_launches: std::env::var("KILN_SHARE_LAUNCHES").map_or(true, |v| v != "off"),
             chain_rows: std::env::var("KILN_CHAIN_ROWS").map_or(true, |v| v != "off"),
             sequence: std::env::var("KILN_SEQUENCE").map_or(true, |v| v != "off"),

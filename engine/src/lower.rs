@@ -963,6 +963,7 @@ pub(crate) fn generate(
     gen.workgroup = options.workgroup;
     gen.grid_stride = options.grid_stride;
     gen.subgroup = options.subgroup;
+    gen.attention_rows = options.attention_rows;
     gen.shader_f16 = options.shader_f16;
     gen.vectorize = options.vectorize;
     gen.rules = options.rules;

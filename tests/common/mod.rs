@@ -311,6 +311,7 @@ pub fn gpu_variant_options(gpu: &kiln::engine::Gpu) -> kiln::engine::CompileOpti
     // Few workgroups, so invocations loop over the grid several times.
     options.grid_stride = Some(3);
     options.fuse_attention = true;
+    options.attention_rows = false;
     options.contiguous_operands = false;
     options.transpose_tile = 32;
     // WebGPU's 256-byte binding offsets: small tensors a kernel binds

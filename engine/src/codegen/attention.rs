@@ -15,6 +15,18 @@ const KEYS: usize = 16;
 /// Invocations sharing a query row where the device has subgroups.
 const LANES: usize = 4;
 
+/// Query rows an invocation of the row kernel owns (CPU adapters,
+/// `CompileOptions::attention_rows`), and keys a step of its walk.
+/// lavapipe, the 128 x 256 4-head workload's attention (2026-12-04): 2
+/// rows and 4 keys 3.6 ms; 1 row 5.5, 4 rows 4.0, 8 rows 6.0; 8 keys a
+/// step 3.9 (2 rows), 7.1 (4 rows).
+const ROWS: usize = 2;
+const STEP: usize = 4;
+
+/// The widest head the row kernel unrolls (its code grows with
+/// `ROWS * STEP * (dk + dv)`); wider heads run the tiled kernel.
+const ROWS_MAX_HEAD: usize = 256;
+
 /// Query rows per workgroup: the rows of one batch entry, up to the
 /// device's workgroup size.
 fn rows_per_workgroup(rows: usize, workgroup: u32) -> usize {
@@ -181,6 +193,26 @@ impl Gen<'_> {
                 "attention over {nb} batch entries: too many workgroups"
             )));
         }
+        if let Some(sg) = self.subgroup.filter(|&sg| {
+            self.attention_rows
+                && dk.max(dv) <= ROWS_MAX_HEAD
+                && sq > 0
+                && sk > 0
+                && (self.workgroup as usize).is_multiple_of(sg)
+        }) {
+            let spec = Spec {
+                q,
+                k,
+                v,
+                batch,
+                sq,
+                dk,
+                sk,
+                dv,
+                o,
+            };
+            return self.attention_rows_kernel(spec, &score, sg, label);
+        }
         let lanes = match self.subgroup {
             Some(sg) if sg >= LANES && dk % LANES == 0 && dv % LANES == 0 => LANES,
             _ => 1,
@@ -252,6 +284,7 @@ impl Gen<'_> {
             Ok(())
         };
         template::ATTENTION.render(self, &mut env, &mut holes)?;
+        self.uses_subgroup |= lanes > 1;
         let grid = [sq.div_ceil(wq) as u32, nb as u32, 1];
         Ok(self.finish(
             format!("attention#{}", label.split('#').nth(1).unwrap_or("")),
@@ -355,3 +388,357 @@ impl Gen<'_> {
         })
     }
 }
+
+/// How a row kernel's invocation reads its share of a tile of K or V.
+enum Share {
+    /// Quads along the keys (K stored key-contiguous, as [d, j]):
+    /// quad `d` holds keys `j0..j0 + 4` of dimension `d`.
+    Keys(Slot),
+    /// Quads along a key's row (K as [j, d] or V as [j, c]): quad
+    /// `e` holds elements `4 (e % quads) ..` of key `j0 + e / quads`.
+    Rows(Slot),
+    /// Element loads (fused or unaligned operands).
+    Elements,
+}
+
+impl Gen<'_> {
+    /// Attention for CPU adapters (`CompileOptions::attention_rows`): an
+    /// invocation owns `ROWS` query rows and walks the keys `STEP` at a
+    /// time, online softmax in registers, no workgroup memory and no
+    /// barrier. lavapipe runs a subgroup as the lanes of one SIMD
+    /// register and loads memory lane by lane, so what costs is load
+    /// instructions: each lane of a subgroup loads a different share of
+    /// the step's keys and values (as vectors where the layout allows)
+    /// and `subgroupBroadcast` hands every element to all lanes. The
+    /// lanes of a workgroup are rows of one batch entry, so they read the
+    /// same keys; lanes past the last row compute a clamped row and store
+    /// nothing (every lane must reach the broadcasts).
+    fn attention_rows_kernel(
+        &mut self,
+        spec: Spec,
+        score: &Score,
+        sg: usize,
+        label: String,
+    ) -> R<KernelCode> {
+        let Spec {
+            q,
+            k,
+            v,
+            batch,
+            sq,
+            dk,
+            sk,
+            dv,
+            o,
+        } = spec;
+        let nb = numel(&batch).max(1);
+        let w = self.workgroup as usize;
+        let blocks = sq.div_ceil(ROWS);
+        let ninf = literal(f64::NEG_INFINITY, DType::F32);
+        self.body.stmt("let bz = wid.y;".into());
+        self.body
+            .stmt(format!("let blk = wid.x * {} + lid.x;", u(w)));
+        self.body.stmt(format!("let lane = lid.x % {};", u(sg)));
+        let mut env = Env::default();
+        self.batch_offsets(
+            &batch,
+            &[("qoff", &q), ("koff", &k), ("voff", &v)],
+            &mut env,
+        );
+        let (qoff, koff, voff) = (env.get("qoff")?, env.get("koff")?, env.get("voff")?);
+        let mut rows = vec![];
+        for r in 0..ROWS {
+            self.body
+                .stmt(format!("let i{r} = blk * {} + {};", u(ROWS), u(r)));
+            self.body
+                .stmt(format!("let ic{r} = min(i{r}, {});", u(sq - 1)));
+            rows.push((format!("i{r}"), format!("ic{r}")));
+        }
+        // The query rows, in registers.
+        let mut qs = vec![];
+        let qslot = self.vec4_rows(&q, q.rs, q.cs, dk)?;
+        for (_, ic) in &rows {
+            let row = self
+                .body
+                .bind("u32", format!("{qoff} + {ic} * {}", u(q.rs)));
+            let mut qr = vec![];
+            for d in 0..dk {
+                let x = match &qslot {
+                    Some(s) if d % 4 == 0 => {
+                        let x = self.body.bind(
+                            "vec4<f32>",
+                            super::matmul::vec4_at(s, &format!("{row} + {}", u(d))),
+                        );
+                        qr.extend((0..4).map(|c| format!("{x}.{}", COMP[c])));
+                        continue;
+                    }
+                    Some(_) => continue,
+                    None => {
+                        let at = self.body.bind("u32", format!("{row} + {}", u(d * q.cs)));
+                        let x = self.value_at(q.v, &at)?;
+                        cast(&x, self.meta(q.v).dtype, DType::F32)
+                    }
+                };
+                qr.push(self.body.bind("f32", x));
+            }
+            qs.push(qr);
+        }
+        self.memo.clear();
+        for r in 0..ROWS {
+            for c in 0..dv {
+                self.body.stmt(format!("var a{r}_{c}: f32 = 0.0;"));
+            }
+            self.body.stmt(format!("var m{r}: f32 = {ninf};"));
+            self.body.stmt(format!("var l{r}: f32 = 0.0;"));
+        }
+        self.body.stmt(format!(
+            "for (var j0 = 0u; j0 < {}; j0 = j0 + {}) {{",
+            u(sk),
+            u(STEP)
+        ));
+        // The step's keys: element (d, jj) of K as [d, j].
+        let kshare = match self.vec4_rows(&k, k.rs, k.cs, sk)? {
+            Some(s) => Share::Keys(s),
+            None => match self.vec4_rows(&k, k.cs, k.rs, dk)? {
+                Some(s) => Share::Rows(s),
+                None => Share::Elements,
+            },
+        };
+        let kel = self.share_tile(&k, kshare, true, dk, sk, &koff, sg)?;
+        for (r, qr) in qs.iter().enumerate() {
+            for (jj, kj) in kel.iter().enumerate() {
+                let terms: Vec<String> = qr
+                    .iter()
+                    .zip(kj)
+                    .map(|(q, k)| format!("{q} * {k}"))
+                    .collect();
+                self.body.stmt(format!("var s{r}_{jj}: f32 = 0.0;"));
+                for chunk in terms.chunks(8) {
+                    self.body
+                        .stmt(format!("s{r}_{jj} = s{r}_{jj} + {};", chunk.join(" + ")));
+                }
+            }
+        }
+        // The softmax's inputs, each in a block of its own: the score's
+        // chain binds `j` and `ic` (causal masks) and its loads end there.
+        for (r, (_, ic)) in rows.iter().enumerate() {
+            for jj in 0..STEP {
+                self.body.stmt(format!("var x{r}_{jj}: f32;"));
+                self.body.stmt("{".into());
+                self.body.stmt(format!("let j = j0 + {};", u(jj)));
+                self.body.stmt(format!("let ic = {ic};"));
+                let si = self.body.bind(
+                    "u32",
+                    format!(
+                        "bz * {} + ic * {} + min(j, {})",
+                        u(sq * sk),
+                        u(sk),
+                        u(sk - 1)
+                    ),
+                );
+                let x = self.score(score, &batch, sq, sk, format!("s{r}_{jj}"), &si)?;
+                self.body
+                    .stmt(format!("x{r}_{jj} = select({ninf}, {x}, j < {});", u(sk)));
+                self.body.stmt("}".into());
+                self.memo.clear();
+            }
+        }
+        // Online softmax: rescale what the earlier steps accumulated. A
+        // row whose every score so far is -inf has nothing to rescale
+        // (and ends 0 / 0 = NaN, as softmax gives).
+        let mut ps = vec![];
+        for r in 0..ROWS {
+            let xs: Vec<String> = (0..STEP).map(|jj| format!("x{r}_{jj}")).collect();
+            let bm = xs
+                .iter()
+                .skip(1)
+                .fold(xs[0].clone(), |a, x| format!("max({a}, {x})"));
+            let mn = self.body.bind("f32", format!("max(m{r}, {bm})"));
+            let dead = self.body.bind("bool", format!("{mn} == {ninf}"));
+            let alpha = self
+                .body
+                .bind("f32", format!("select(exp(m{r} - {mn}), 1.0, {dead})"));
+            let p: Vec<String> = xs
+                .iter()
+                .map(|x| {
+                    self.body
+                        .bind("f32", format!("select(exp({x} - {mn}), 0.0, {dead})"))
+                })
+                .collect();
+            self.body
+                .stmt(format!("l{r} = l{r} * {alpha} + {};", p.join(" + ")));
+            self.body.stmt(format!("m{r} = {mn};"));
+            for c in 0..dv {
+                self.body.stmt(format!("a{r}_{c} = a{r}_{c} * {alpha};"));
+            }
+            ps.push(p);
+        }
+        // The step's values: element (jj, c) of V as [j, c].
+        let vshare = match self.vec4_rows(&v, v.rs, v.cs, dv)? {
+            Some(s) => Share::Rows(s),
+            None => Share::Elements,
+        };
+        let vel = self.share_tile(&v, vshare, false, dv, sk, &voff, sg)?;
+        for (r, p) in ps.iter().enumerate() {
+            for c in 0..dv {
+                let terms: Vec<String> = p
+                    .iter()
+                    .zip(&vel)
+                    .map(|(w, vj)| format!("{w} * {}", vj[c]))
+                    .collect();
+                self.body
+                    .stmt(format!("a{r}_{c} = a{r}_{c} + {};", terms.join(" + ")));
+            }
+        }
+        self.memo.clear();
+        self.body.stmt("}".into());
+        for (r, (i, _)) in rows.iter().enumerate() {
+            self.body.stmt(format!("if ({i} < {}) {{", u(sq)));
+            let orow = self
+                .body
+                .bind("u32", format!("bz * {} + {i} * {}", u(sq * dv), u(dv)));
+            for c in 0..dv {
+                let oi = self.body.bind("u32", format!("{orow} + {}", u(c)));
+                let y = cast(
+                    &format!("(a{r}_{c} / l{r})"),
+                    DType::F32,
+                    self.meta(o).dtype,
+                );
+                self.store_to(o, &oi, &y)?;
+            }
+            self.body.stmt("}".into());
+            self.memo.clear();
+        }
+        self.uses_subgroup = true;
+        let grid = [blocks.div_ceil(w) as u32, nb as u32, 1];
+        Ok(self.finish(
+            format!("attention#{}", label.split('#').nth(1).unwrap_or("")),
+            grid,
+            [w as u32, 1, 1],
+        ))
+    }
+
+    /// Operand `x`'s vec4-bound slot where it can be read as quads along
+    /// `inner` (stride 1) of `extent` elements, `outer` and its batch
+    /// strides multiples of 4.
+    fn vec4_rows(
+        &mut self,
+        x: &Operand,
+        outer: usize,
+        inner: usize,
+        extent: usize,
+    ) -> R<Option<Slot>> {
+        let quad = |n: usize| n.is_multiple_of(4);
+        if !self.vectorize
+            || inner != 1
+            || !quad(outer)
+            || !quad(extent)
+            || !x.batch.iter().all(|&b| quad(b))
+        {
+            return Ok(None);
+        }
+        self.vec4_slot_of(x.v)
+    }
+
+    /// A step's tile of K (`keys`: as [d, j], `width` = dk) or V (as
+    /// [j, c], `width` = dv), `STEP` keys from `j0`, loaded a share a
+    /// lane and broadcast: element `[jj][d]` of the result holds key
+    /// `j0 + jj`'s element `d` in every lane (V: zero past the last key).
+    #[allow(clippy::too_many_arguments)]
+    fn share_tile(
+        &mut self,
+        x: &Operand,
+        share: Share,
+        keys: bool,
+        width: usize,
+        sk: usize,
+        off: &str,
+        sg: usize,
+    ) -> R<Vec<Vec<String>>> {
+        let (rs_j, rs_d) = if keys { (x.cs, x.rs) } else { (x.rs, x.cs) };
+        let dt = self.meta(x.v).dtype;
+        // Units a tile holds, the elements of each.
+        let (units, per) = match share {
+            Share::Keys(_) => (width, 4),
+            Share::Rows(_) => (STEP * width / 4, 4),
+            Share::Elements => (STEP * width, 1),
+        };
+        let mut loaded = vec![];
+        for u0 in (0..units).step_by(sg) {
+            let e = self
+                .body
+                .bind("u32", format!("min(lane + {}, {})", u(u0), u(units - 1)));
+            let (at, jj) = match share {
+                Share::Keys(_) => (format!("{e} * {} + j0", u(rs_d)), None),
+                Share::Rows(_) => {
+                    let quads = width / 4;
+                    let jj = self.body.bind("u32", format!("{e} / {}", u(quads)));
+                    (
+                        format!(
+                            "min(j0 + {jj}, {}) * {} + ({e} % {}) * 4u",
+                            u(sk - 1),
+                            u(rs_j),
+                            u(quads)
+                        ),
+                        Some(jj),
+                    )
+                }
+                Share::Elements => {
+                    let jj = self.body.bind("u32", format!("{e} / {}", u(width)));
+                    (
+                        format!(
+                            "min(j0 + {jj}, {}) * {} + ({e} % {}) * {}",
+                            u(sk - 1),
+                            u(rs_j),
+                            u(width),
+                            u(rs_d)
+                        ),
+                        Some(jj),
+                    )
+                }
+            };
+            let at = self.body.bind("u32", format!("{off} + {at}"));
+            let val = match &share {
+                Share::Keys(s) | Share::Rows(s) => super::matmul::vec4_at(s, &at),
+                Share::Elements => {
+                    let x = self.value_at(x.v, &at)?;
+                    cast(&x, dt, DType::F32)
+                }
+            };
+            let ty = if per == 4 { "vec4<f32>" } else { "f32" };
+            // Past the last key: zeros (a value's weight is 0 there, but
+            // 0 * inf would not be).
+            let val = match jj.filter(|_| !keys && !sk.is_multiple_of(STEP)) {
+                Some(jj) => format!("select({ty}(0.0), {val}, j0 + {jj} < {})", u(sk)),
+                None => val,
+            };
+            loaded.push(self.body.bind(ty, val));
+        }
+        self.memo.clear();
+        let mut out = vec![vec![String::new(); width]; STEP];
+        for unit in 0..units {
+            let src = &loaded[unit / sg];
+            let b = self.body.bind(
+                if per == 4 { "vec4<f32>" } else { "f32" },
+                format!("subgroupBroadcast({src}, {})", u(unit % sg)),
+            );
+            for (c, comp) in COMP.iter().enumerate().take(per) {
+                let el = if per == 4 {
+                    format!("{b}.{comp}")
+                } else {
+                    b.clone()
+                };
+                let (jj, d) = match share {
+                    Share::Keys(_) => (c, unit),
+                    Share::Rows(_) => (unit / (width / 4), (unit % (width / 4)) * 4 + c),
+                    Share::Elements => (unit / width, unit % width),
+                };
+                out[jj][d] = el;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Vector components by lane.
+const COMP: [&str; 4] = ["x", "y", "z", "w"];

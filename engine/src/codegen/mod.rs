@@ -190,6 +190,8 @@ pub struct Gen<'a> {
     pub grid_stride: Option<usize>,
     /// See `CompileOptions::subgroup`.
     pub subgroup: Option<usize>,
+    /// See `CompileOptions::attention_rows`.
+    pub attention_rows: bool,
     /// The kernel being generated uses subgroup operations.
     uses_subgroup: bool,
     /// See `CompileOptions::shader_f16`.
@@ -316,6 +318,7 @@ impl<'a> Gen<'a> {
             workgroup: wgsl::WORKGROUP,
             grid_stride: None,
             subgroup: None,
+            attention_rows: false,
             uses_subgroup: false,
             shader_f16: false,
             epilogue: None,

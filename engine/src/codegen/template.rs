@@ -541,6 +541,8 @@ pub(super) mod tests {
                 (true, Some(32), true, false),
                 (true, None, true, true),
                 (false, None, false, false),
+                // CPU adapters with subgroups: attention in rows.
+                (false, Some(8), false, false),
             ];
             for (gpu, subgroup, tall, wide_blocks) in variants {
                 let options = crate::CompileOptions {
@@ -551,6 +553,7 @@ pub(super) mod tests {
                     workgroup: if gpu { 256 } else { 64 },
                     vectorize: gpu,
                     subgroup,
+                    attention_rows: !gpu && subgroup.is_some(),
                     ..Default::default()
                 };
                 let prog = crate::compile_with(&g, &options).unwrap_or_else(|e| panic!("{p}: {e}"));

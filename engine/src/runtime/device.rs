@@ -200,6 +200,13 @@ impl Gpu {
     /// Compilation choices for this device.
     pub fn compile_options(&self) -> CompileOptions {
         let l = &self.limits;
+        let cpu = self.info.device_type == wgpu::DeviceType::Cpu;
+        let subgroup = (self.features.contains(wgpu::Features::SUBGROUP)
+            && switch("KILN_SUBGROUPS", true)
+            && self.info.subgroup_min_size.is_power_of_two()
+            && self.info.subgroup_min_size >= 4)
+            .then_some(self.info.subgroup_min_size as usize);
+        let attention_rows = subgroup.is_some() && switch("KILN_ATTENTION_ROWS", cpu);
         CompileOptions {
             tile_min_rows: if self.info.device_type == wgpu::DeviceType::Cpu {
                 usize::MAX
@@ -227,15 +234,11 @@ impl Gpu {
                 "KILN_CONTIGUOUS_OPERANDS",
                 self.info.device_type == wgpu::DeviceType::Cpu,
             ),
-            fuse_attention: switch(
-                "KILN_FUSE_ATTENTION",
-                self.info.device_type != wgpu::DeviceType::Cpu,
-            ),
-            subgroup: (self.features.contains(wgpu::Features::SUBGROUP)
-                && switch("KILN_SUBGROUPS", true)
-                && self.info.subgroup_min_size.is_power_of_two()
-                && self.info.subgroup_min_size >= 4)
-                .then_some(self.info.subgroup_min_size as usize),
+            // CPU adapters fuse attention where their kernel for it can
+            // share loads through subgroups.
+            fuse_attention: switch("KILN_FUSE_ATTENTION", !cpu || attention_rows),
+            attention_rows,
+            subgroup,
             shader_f16: self.native_f16(),
             grid_stride: if self.info.device_type == wgpu::DeviceType::Cpu {
                 None
