@@ -1646,9 +1646,9 @@ fn attention_is_one_kernel_at_awkward_sizes() {
         let g = parse(&src).unwrap();
         let p = launched(&g, &Default::default()).unwrap();
         let labels: Vec<&str> = p.kernels.iter().map(|k| k.code.label.as_str()).collect();
-        // The two attentions (independent) share one launch.
-        assert_eq!(labels.len(), 2, "{labels:?}");
-        assert_eq!(labels[0], "attention#matmul_1 | attention#matmul_3");
+        // The two attentions (independent) share one launch, the second
+        // storing its tail (`add`) in place of its result.
+        assert_eq!(labels, ["attention#matmul_1 | attention#add"]);
         // Nothing of [b, h, sq, sk] is written.
         let out = 4 * b * h * sq * dv;
         assert_eq!(p.kernels[0].bytes_written, 2 * out, "{labels:?}");
@@ -1694,6 +1694,84 @@ fn attention_is_one_kernel_at_awkward_sizes() {
             for (a, w) in got.outputs.iter().zip(&want.outputs) {
                 close_gpu(&format!("attention {b}x{h}x{sq}x{sk}x{d}x{dv}"), a, w, 1e-5).unwrap();
             }
+        }
+    }
+}
+
+/// Attention's result stored through the head merge that follows it
+/// (`transpose(o, 1, 2)` and a reshape before the output projection),
+/// with an elementwise tail before the merge or none, for the decomposed
+/// attention and `scaled_dot_product_attention`: one attention kernel
+/// writing the merged rows, no copy kernel, the projection reading them
+/// contiguous (on CPU adapters too, whose products stage permuted
+/// operands otherwise); results as the reference on every variant.
+#[test]
+fn attention_stores_through_the_head_merge() {
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let rows_options = kiln::engine::CompileOptions {
+        fuse_attention: true,
+        attention_rows: true,
+        ..gpu.compile_options()
+    };
+    let mut engines = [
+        engine(),
+        gpu_variants(),
+        Engine::on(kiln::engine::Session::with_options(gpu, rows_options)),
+    ];
+    let attention = [
+        "%kt = transpose(%k, -2, -1)
+  %s = matmul(%q, %kt)
+  %t = mul(%s, 0.125)
+  %p = softmax(%t, -1)
+  %o = matmul(%p, %v)",
+        "%o = scaled_dot_product_attention(%q, %k, %v)",
+    ];
+    for (a, tail) in attention
+        .iter()
+        .flat_map(|a| [(a, "%o2 = mul(%o, 0.5)"), (a, "%o2 = clone(%o)")])
+    {
+        let src = format!(
+            "graph f(%q: f32[2, 3, 9, 8], %k: f32[2, 3, 11, 8], %v: f32[2, 3, 11, 8], %w: f32[40, 24]) {{
+  {a}
+  {tail}
+  %ot = transpose(%o2, 1, 2)
+  %om = reshape(%ot, [2, 9, 24])
+  %y = linear(%om, %w)
+  return %y
+}}"
+        );
+        let g = parse(&src).unwrap();
+        let cpu = kiln::engine::CompileOptions {
+            subgroup: Some(8),
+            attention_rows: true,
+            contiguous_operands: true,
+            workgroup: 64,
+            ..Default::default()
+        };
+        for options in [Default::default(), cpu] {
+            let p = launched(&g, &options).unwrap();
+            let labels: Vec<&str> = p
+                .kernels
+                .iter()
+                .flat_map(|k| k.code.label.split(" | "))
+                .collect();
+            assert_eq!(labels.len(), 2, "{tail}: {labels:?}");
+            assert!(labels[0].starts_with("attention#"), "{labels:?}");
+            assert!(labels[1].starts_with("linear#"), "{labels:?}");
+            // The merged rows, once: 2 x 9 x 24 f32.
+            assert_eq!(p.kernels[0].bytes_written, 4 * 2 * 9 * 24, "{labels:?}");
+        }
+        let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        for e in &mut engines {
+            let got = e.run(&g, ins.clone()).unwrap();
+            close_gpu(
+                &format!("{a} {tail}"),
+                &got.outputs[0],
+                &want.outputs[0],
+                1e-5,
+            )
+            .unwrap();
         }
     }
 }

@@ -891,6 +891,7 @@ fn fuse_products(
         if !matches!(
             g.nodes[n].op.def().lowering,
             Lowering::MatMul(_)
+                | Lowering::Attention
                 | Lowering::Softmax { .. }
                 | Lowering::LayerNorm
                 | Lowering::Reduce(_)
@@ -914,15 +915,30 @@ fn fuse_products(
             .flatten()
             .filter(|&(p, _, on)| !written_between(g, s, &[n, p, on], on))
         {
+            absorbed.extend([r, g.nodes[p].results[0]]);
+            // What follows the weighted sum (the head merge before the
+            // output projection): stored where it has each element.
+            let t = elementwise_tail(g, s, o, true);
+            let tail = (!s.fused.contains_key(&t) && !claimed.contains(&t))
+                .then(|| stored_tail(g, s, out, &[n, p, on], o, t))
+                .flatten();
+            let key = match tail {
+                Some(tail) => {
+                    claimed.insert(t);
+                    absorbed.push(o);
+                    tail.apply(s, &mut absorbed, &mut added);
+                    t
+                }
+                None => o,
+            };
             s.fused.insert(
-                o,
+                key,
                 Fused::Attention {
                     scores: n,
                     softmax: p,
                     product: on,
                 },
             );
-            absorbed.extend([r, g.nodes[p].results[0]]);
             continue;
         }
         // Not an attention's scores: the tail may go on through a
@@ -931,45 +947,12 @@ fn fuse_products(
             t2 if t2 != t && (s.fused.contains_key(&t2) || !claimed.insert(t2)) => continue,
             t2 => t2,
         };
-        // The fused kernel runs where the tail is: no kernel in between may
-        // write a buffer the product reads (a re-inplaced scatter).
-        let tail_node = g.node_of(t).unwrap_or(n);
-        if t == r || written_between(g, s, &[n], tail_node) {
+        let Some(tail) = stored_tail(g, s, out, &[n], r, t) else {
             continue;
-        }
-        let chain = chain_between(g, s, r, t);
-        let reshapes: Vec<ValueId> = chain
-            .iter()
-            .copied()
-            .filter(|y| s.alias_of.contains_key(y))
-            .collect();
-        if reshapes.iter().any(|y| out.contains(y)) {
-            continue;
-        }
-        // Each link reads the one before: `r`, then the chain.
-        let permuted: Vec<ValueId> = std::iter::once(r)
-            .chain(chain.iter().copied())
-            .zip(chain.iter().copied())
-            .filter(|&(x, y)| {
-                !s.alias_of.contains_key(&y) && g.node_of(y).is_some_and(|u| permuted_copy(g, u, x))
-            })
-            .map(|(_, y)| y)
-            .collect();
-        if !s.is_materialized.contains(&t) {
-            if !feeds_products_only(g, s, t) {
-                continue;
-            }
-            added.push(t);
-        }
+        };
         s.fused.insert(t, Fused::Epilogue { product: n });
-        if !permuted.is_empty() {
-            s.permuted.insert(t, permuted);
-        }
         absorbed.push(r);
-        for y in reshapes {
-            s.alias_of.remove(&y);
-            absorbed.push(y);
-        }
+        tail.apply(s, &mut absorbed, &mut added);
     }
     for v in &absorbed {
         s.is_materialized.remove(v);
@@ -985,6 +968,78 @@ fn fuse_products(
         Def::Input(_) => (0, 0),
     };
     s.materialized.sort_by_key(pos);
+}
+
+/// The tail a kernel stores in place of its result (`elementwise_tail`).
+struct StoredTail {
+    t: ValueId,
+    /// The permuting copies it is stored through (`Schedule::permuted`).
+    permuted: Vec<ValueId>,
+    /// Reshapes within it, computed inline rather than aliased.
+    reshapes: Vec<ValueId>,
+    /// Not materialized before: it gets a buffer.
+    added: bool,
+}
+
+impl StoredTail {
+    fn apply(self, s: &mut Schedule, absorbed: &mut Vec<ValueId>, added: &mut Vec<ValueId>) {
+        if self.added {
+            added.push(self.t);
+        }
+        if !self.permuted.is_empty() {
+            s.permuted.insert(self.t, self.permuted);
+        }
+        for y in self.reshapes {
+            s.alias_of.remove(&y);
+            absorbed.push(y);
+        }
+    }
+}
+
+/// Can the kernel of `nodes` (result `r`) store tail `t` instead? It runs
+/// where the tail is: no kernel in between may write a buffer it reads (a
+/// re-inplaced scatter). A tail without a buffer of its own gets one only
+/// where it feeds products alone (which would recompute it per tile).
+fn stored_tail(
+    g: &Graph,
+    s: &Schedule,
+    out: &HashSet<ValueId>,
+    nodes: &[NodeId],
+    r: ValueId,
+    t: ValueId,
+) -> Option<StoredTail> {
+    let tail_node = g.node_of(t).unwrap_or(nodes[0]);
+    if t == r || written_between(g, s, nodes, tail_node) {
+        return None;
+    }
+    let chain = chain_between(g, s, r, t);
+    let reshapes: Vec<ValueId> = chain
+        .iter()
+        .copied()
+        .filter(|y| s.alias_of.contains_key(y))
+        .collect();
+    if reshapes.iter().any(|y| out.contains(y)) {
+        return None;
+    }
+    // Each link reads the one before: `r`, then the chain.
+    let permuted: Vec<ValueId> = std::iter::once(r)
+        .chain(chain.iter().copied())
+        .zip(chain.iter().copied())
+        .filter(|&(x, y)| {
+            !s.alias_of.contains_key(&y) && g.node_of(y).is_some_and(|u| permuted_copy(g, u, x))
+        })
+        .map(|(_, y)| y)
+        .collect();
+    let added = !s.is_materialized.contains(&t);
+    if added && !feeds_products_only(g, s, t) {
+        return None;
+    }
+    Some(StoredTail {
+        t,
+        permuted,
+        reshapes,
+        added,
+    })
 }
 
 /// Layer norms whose every reader is a product too wide for a row kernel

@@ -1172,7 +1172,12 @@ impl<'a> Gen<'a> {
                 softmax,
                 product,
             }) => {
-                return Ok(vec![self.attention(scores, softmax, product, label)?]);
+                // A tail (the head merge) stored in place of the result.
+                let o = g.nodes[product].results[0];
+                self.epilogue = (o != v).then_some((o, v));
+                let k = self.attention(scores, softmax, product, label);
+                self.epilogue = None;
+                return Ok(vec![k?]);
             }
             None => {}
         }
