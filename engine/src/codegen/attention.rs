@@ -456,7 +456,7 @@ impl Gen<'_> {
         }
         // The query rows, in registers.
         let mut qs = vec![];
-        let qslot = self.vec4_rows(&q, q.rs, q.cs, dk)?;
+        let qslot = self.vec4_operand(&q, q.rs, q.cs, dk)?;
         for (_, ic) in &rows {
             let row = self
                 .body
@@ -497,9 +497,9 @@ impl Gen<'_> {
             u(STEP)
         ));
         // The step's keys: element (d, jj) of K as [d, j].
-        let kshare = match self.vec4_rows(&k, k.rs, k.cs, sk)? {
+        let kshare = match self.vec4_operand(&k, k.rs, k.cs, sk)? {
             Some(s) => Share::Keys(s),
-            None => match self.vec4_rows(&k, k.cs, k.rs, dk)? {
+            None => match self.vec4_operand(&k, k.cs, k.rs, dk)? {
                 Some(s) => Share::Rows(s),
                 None => Share::Elements,
             },
@@ -574,7 +574,7 @@ impl Gen<'_> {
             ps.push(p);
         }
         // The step's values: element (jj, c) of V as [j, c].
-        let vshare = match self.vec4_rows(&v, v.rs, v.cs, dv)? {
+        let vshare = match self.vec4_operand(&v, v.rs, v.cs, dv)? {
             Some(s) => Share::Rows(s),
             None => Share::Elements,
         };
@@ -616,28 +616,6 @@ impl Gen<'_> {
             grid,
             [w as u32, 1, 1],
         ))
-    }
-
-    /// Operand `x`'s vec4-bound slot where it can be read as quads along
-    /// `inner` (stride 1) of `extent` elements, `outer` and its batch
-    /// strides multiples of 4.
-    fn vec4_rows(
-        &mut self,
-        x: &Operand,
-        outer: usize,
-        inner: usize,
-        extent: usize,
-    ) -> R<Option<Slot>> {
-        let quad = |n: usize| n.is_multiple_of(4);
-        if !self.vectorize
-            || inner != 1
-            || !quad(outer)
-            || !quad(extent)
-            || !x.batch.iter().all(|&b| quad(b))
-        {
-            return Ok(None);
-        }
-        self.vec4_slot_of(x.v)
     }
 
     /// A step's tile of K (`keys`: as [d, j], `width` = dk) or V (as

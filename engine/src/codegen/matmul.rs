@@ -423,7 +423,7 @@ impl Gen<'_> {
     /// Whether operand `x` (f32) can be read as vectors of four along
     /// `inner` (stride 1) with `outer` and batch strides multiples of 4;
     /// its vec4-bound slot then.
-    fn vec4_operand(
+    pub(super) fn vec4_operand(
         &mut self,
         x: &Operand,
         outer: usize,
