@@ -1338,6 +1338,10 @@ fn dequantizes(g: &Graph, s: &Schedule, v: ValueId) -> bool {
 /// registers.
 pub const ATTENTION_MAX_HEAD: usize = 128;
 
+/// The most ops an attention kernel computes inline for each score
+/// (scale, masks, biases and the index maps reading them).
+pub const ATTENTION_MAX_SCORE_OPS: usize = 24;
+
 /// Does a kernel between the first of `nodes` and `until` (program order)
 /// write in place into a buffer that `nodes` read?
 fn written_between(g: &Graph, s: &Schedule, nodes: &[NodeId], until: NodeId) -> bool {
@@ -1387,6 +1391,13 @@ fn attention_of(
     let dim_last =
         matches!(pnode.args.get(1), Some(Arg::Int(d)) if (*d == -1 || *d == sm.dim() as i64 - 1));
     if pnode.op.def().lowering != (Lowering::Softmax { log: false }) || !dim_last {
+        return None;
+    }
+    // The scores' tail is evaluated for every score: one computed from
+    // a long chain (Swin's shifted-window mask, built from fills of
+    // slices) would make a shader of tens of thousands of lines.
+    let inlined = crate::fusion::inlined_region(g, s, p).len();
+    if inlined > ATTENTION_MAX_SCORE_OPS {
         return None;
     }
     let pr = absorbable(g, s, out, force, p)?;
