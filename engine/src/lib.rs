@@ -172,13 +172,10 @@ pub struct CompileOptions {
     pub shader_f16: bool,
     /// `softmax(f(Q K)) V` as one attention kernel (online softmax over
     /// tiles of keys; no score tensor in memory). GPUs: `true`. CPU
-    /// adapters: where they have subgroups for `attention_rows` (the tiled
-    /// kernel runs a query row per SIMD lane there, its dot products
-    /// through per-lane loads: MiniLM 32 x 128 per layer on lavapipe, 356
-    /// ms tiled, 120 ms as two vec4 products, a softmax and three operand
-    /// copies, 2026-11; in rows 200 ms against 700 ms apart on a slower
-    /// sitting, 2026-12-04). `KILN_FUSE_ATTENTION=on|off` overrides a
-    /// device's choice, for timing both.
+    /// adapters: only with `attention_rows` (the tiled kernel runs a query
+    /// row per SIMD lane there, its dot products through per-lane loads:
+    /// slower than the products and softmax apart).
+    /// `KILN_FUSE_ATTENTION=on|off` overrides a device's choice.
     pub fuse_attention: bool,
     /// Attention kernels give each invocation two query rows and walk the
     /// keys four at a time, each lane of a subgroup loading a share of

@@ -208,48 +208,27 @@ impl Gpu {
             .then_some(self.info.subgroup_min_size as usize);
         let attention_rows = subgroup.is_some() && switch("KILN_ATTENTION_ROWS", cpu);
         CompileOptions {
-            tile_min_rows: if self.info.device_type == wgpu::DeviceType::Cpu {
-                usize::MAX
-            } else {
-                0
-            },
+            tile_min_rows: if cpu { usize::MAX } else { 0 },
             tall_tiles_from: tall_tiles_from(CompileOptions::default().tall_tiles_from),
-            workgroup_rows: self.info.device_type != wgpu::DeviceType::Cpu,
-            tile_transposes: switch(
-                "KILN_TILE_TRANSPOSES",
-                self.info.device_type != wgpu::DeviceType::Cpu,
-            ),
-            transpose_tile: transpose_tile(if self.info.device_type == wgpu::DeviceType::Cpu {
+            workgroup_rows: !cpu,
+            tile_transposes: switch("KILN_TILE_TRANSPOSES", !cpu),
+            transpose_tile: transpose_tile(if cpu {
                 16
             } else {
                 CompileOptions::default().transpose_tile
             }),
-            transpose_blocks: switch(
-                "KILN_TRANSPOSE_BLOCKS",
-                self.info.device_type == wgpu::DeviceType::Cpu,
-            ),
+            transpose_blocks: switch("KILN_TRANSPOSE_BLOCKS", cpu),
             wide_blocks: switch("KILN_WIDE_BLOCKS", CompileOptions::default().wide_blocks),
             vectorize: true,
-            contiguous_operands: switch(
-                "KILN_CONTIGUOUS_OPERANDS",
-                self.info.device_type == wgpu::DeviceType::Cpu,
-            ),
+            contiguous_operands: switch("KILN_CONTIGUOUS_OPERANDS", cpu),
             // CPU adapters fuse attention where their kernel for it can
             // share loads through subgroups.
             fuse_attention: switch("KILN_FUSE_ATTENTION", !cpu || attention_rows),
             attention_rows,
             subgroup,
             shader_f16: self.native_f16(),
-            grid_stride: if self.info.device_type == wgpu::DeviceType::Cpu {
-                None
-            } else {
-                Some(8192)
-            },
-            workgroup: if self.info.device_type == wgpu::DeviceType::Cpu {
-                64
-            } else {
-                256
-            },
+            grid_stride: if cpu { None } else { Some(8192) },
+            workgroup: if cpu { 64 } else { 256 },
             share_launches: CompileOptions::default().share_launches,
             chain_rows: CompileOptions::default().chain_rows,
             sequence: CompileOptions::default().sequence,
