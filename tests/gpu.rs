@@ -1741,9 +1741,12 @@ fn attention_stores_through_the_head_merge() {
 }}"
         );
         let g = parse(&src).unwrap();
+        // The merge stored (`attention_computes_its_projections` has the
+        // projection in the kernel).
         let cpu = kiln::engine::CompileOptions {
             subgroup: Some(8),
             attention_rows: true,
+            attention_projections: false,
             contiguous_operands: true,
             workgroup: 64,
             ..Default::default()
@@ -1772,6 +1775,108 @@ fn attention_stores_through_the_head_merge() {
                 1e-5,
             )
             .unwrap();
+        }
+    }
+}
+
+/// CPU adapters' attention kernel computes the query projection whose
+/// head split its queries are, and the output projection of its head
+/// merge with that projection's epilogue (bias, residual): neither Q nor
+/// the merge reaches memory, the kernel stores the block's output. With
+/// and without biases, with heads over a batch and alone; a Q read
+/// elsewhere too stays a kernel's result. Results as the reference on
+/// every variant (GPU-class ones keep the projections apart).
+#[test]
+fn attention_computes_its_projections() {
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let rows_options = kiln::engine::CompileOptions {
+        fuse_attention: true,
+        attention_rows: true,
+        ..gpu.compile_options()
+    };
+    let mut engines = [
+        engine(),
+        gpu_variants(),
+        Engine::on(kiln::engine::Session::with_options(gpu, rows_options)),
+    ];
+    let cpu = kiln::engine::CompileOptions {
+        subgroup: Some(8),
+        attention_rows: true,
+        contiguous_operands: true,
+        workgroup: 64,
+        ..Default::default()
+    };
+    // (program, linears the attention kernel computes, elements it
+    // writes); products too wide for row kernels (`fusion::narrow_product`).
+    let block = |x: &str, split: &str, merge: &str, bias: &str, ret: &str| {
+        format!(
+            "graph f(%x: f32[{x}], %wq: f32[96, 96], %wk: f32[96, 96], %wv: f32[96, 96], %wo: f32[80, 96], %bq: f32[96], %bo: f32[80], %mask: bool[9, 9]) {{
+  %q = linear(%x, %wq{bias})
+  %k = linear(%x, %wk)
+  %v = linear(%x, %wv)
+  %qh = view(%q, [{split}])
+  %kh = view(%k, [{split}])
+  %vh = view(%v, [{split}])
+  %qt = transpose(%qh, -3, -2)
+  %kt = permute(%kh, [{kperm}])
+  %vt = transpose(%vh, -3, -2)
+  %s = matmul(%qt, %kt)
+  %s2 = mul(%s, 0.35)
+  %m = masked_fill(%s2, %mask, -10000.0)
+  %p = softmax(%m, -1)
+  %c = matmul(%p, %vt)
+  %ct = transpose(%c, -3, -2)
+  %cm = reshape(%ct, [{merge}])
+  %o = linear(%cm, %wo{obias})
+  %y = gelu(%o)
+  return {ret}
+}}",
+            kperm = if split.split(',').count() == 4 { "0, 2, 3, 1" } else { "1, 2, 0" },
+            obias = if bias.is_empty() { "" } else { ", %bo" },
+        )
+    };
+    let cases = [
+        (
+            block("2, 9, 96", "2, 9, 3, 32", "2, 9, 96", ", %bq", "%y"),
+            2,
+            2 * 9 * 80,
+        ),
+        (block("9, 96", "9, 3, 32", "9, 96", "", "%y"), 2, 9 * 80),
+        // Q is an output too: computed by its own kernel.
+        (
+            block("2, 9, 96", "2, 9, 3, 32", "2, 9, 96", ", %bq", "(%y, %q)"),
+            1,
+            2 * 9 * 80,
+        ),
+    ];
+    for (src, linears, written) in &cases {
+        let g = parse(src).unwrap();
+        let p = launched(&g, &cpu).unwrap();
+        let att: Vec<_> = p
+            .kernels
+            .iter()
+            .filter(|k| k.code.label.starts_with("attention#"))
+            .collect();
+        assert_eq!(att.len(), 1, "{src}");
+        let ops = &att[0].ops;
+        assert_eq!(
+            ops.iter().filter(|o| *o == "linear").count(),
+            *linears,
+            "{src}: {ops:?}"
+        );
+        assert!(ops.iter().any(|o| o == "gelu"), "{ops:?}");
+        assert_eq!(att[0].bytes_written, 4 * written, "{src}");
+        // Besides, K and V's projections (one launch).
+        if *linears == 2 {
+            assert_eq!(p.kernels.len(), 2, "{src}");
+        }
+        let ins = kiln::functionalize::random::random_inputs(&g, 7, 1.0);
+        let want = kiln::run(&g, ins.clone()).unwrap();
+        for e in &mut engines {
+            let got = e.run(&g, ins.clone()).unwrap();
+            for (i, w) in want.outputs.iter().enumerate() {
+                close_gpu(src, &got.outputs[i], w, 1e-5).unwrap();
+            }
         }
     }
 }

@@ -233,11 +233,18 @@ pub enum Fused {
     /// where the kernel stores, in place of its result.
     Epilogue { product: NodeId },
     /// `softmax(f(Q K)) V` with `f` elementwise (scale, mask): tiles of
-    /// keys with an online softmax, no score tensor in memory.
+    /// keys with an online softmax, no score tensor in memory. With
+    /// `q_proj`, the kernel computes its query rows itself from the
+    /// projection `linear` whose head split Q is; with `o_proj`, it owns
+    /// every head of its rows and computes the output projection of their
+    /// merge, storing that `linear`'s result (or its epilogue's tail)
+    /// instead (`schedule::fuse_attention_projections`).
     Attention {
         scores: NodeId,
         softmax: NodeId,
         product: NodeId,
+        q_proj: Option<NodeId>,
+        o_proj: Option<NodeId>,
     },
     /// Elementwise work over the rows a reduction reduces, reading the
     /// reduction's result broadcast along them (RMS norm's

@@ -190,6 +190,12 @@ pub struct CompileOptions {
     /// GPUs: `false` (the tiled kernel, keys staged through workgroup
     /// memory). `KILN_ATTENTION_ROWS=on|off` overrides a device's choice.
     pub attention_rows: bool,
+    /// With `attention_rows`, attention kernels also compute the `linear`
+    /// whose head split their queries are and the output projection of
+    /// their head merge (`schedule::fuse_attention_projections`): neither
+    /// Q nor the merge reaches memory. `KILN_ATTENTION_PROJECTIONS=on|off`
+    /// overrides it, for timing both.
+    pub attention_projections: bool,
     /// Matrix-product operands that would be computed inline (a
     /// transpose, a head merge, an elementwise expression) get a buffer of
     /// their own first, so the product reads contiguous rows (CPU
@@ -262,6 +268,7 @@ impl Default for CompileOptions {
             contiguous_operands: false,
             fuse_attention: true,
             attention_rows: false,
+            attention_projections: true,
             share_launches: std::env::var("KILN_SHARE_LAUNCHES").map_or(true, |v| v != "off"),
             chain_rows: std::env::var("KILN_CHAIN_ROWS").map_or(true, |v| v != "off"),
             sequence: std::env::var("KILN_SEQUENCE").map_or(true, |v| v != "off"),

@@ -547,10 +547,20 @@ fn kernel_flops(
                     + ops.saturating_sub(1 + twin.is_some() as usize) * elements;
             }
             Some(&schedule::Fused::Attention {
-                scores, product, ..
+                scores,
+                product,
+                q_proj,
+                o_proj,
+                ..
             }) => {
+                let projections: usize = q_proj
+                    .into_iter()
+                    .chain(o_proj)
+                    .filter_map(|p| product_flops(g, p))
+                    .sum();
                 return product_flops(g, scores).unwrap_or(0)
                     + product_flops(g, product).unwrap_or(0)
+                    + projections
                     + ops.saturating_sub(2) * g.meta(g.nodes[scores].results[0]).numel();
             }
             None => {}

@@ -124,6 +124,15 @@ pub fn schedule(
     recompute_cheap_maps(g, &mut s, &out_set, force);
     fuse_rows(g, &mut s, &out_set, force, options.workgroup_rows);
     fuse_products(g, &mut s, &out_set, force, options.fuse_attention);
+    // Only the row kernel computes projections (`codegen::attention`).
+    if options.attention_rows
+        && options.attention_projections
+        && options
+            .subgroup
+            .is_some_and(|sg| (options.workgroup as usize).is_multiple_of(sg))
+    {
+        fuse_attention_projections(g, &mut s, &out_set, force, options.chain_rows);
+    }
     fuse_twin_products(g, &mut s, &out_set, force);
     fuse_norm_operands(g, &mut s, &out_set, force, narrow_norms);
     Ok(s)
@@ -937,6 +946,8 @@ fn fuse_products(
                     scores: n,
                     softmax: p,
                     product: on,
+                    q_proj: None,
+                    o_proj: None,
                 },
             );
             continue;
@@ -968,6 +979,238 @@ fn fuse_products(
         Def::Input(_) => (0, 0),
     };
     s.materialized.sort_by_key(pos);
+}
+
+/// Attention kernels that compute their projections (CPU adapters' row
+/// kernel): the query rows from the `linear` whose head split they are
+/// (`Q` never stored), and the output projection of the head merge, for
+/// which one invocation owns every head of its rows (the merge never
+/// stored). Only the standard layouts: the split `Q[b, i, h dk + d]` read
+/// as `q[b, h, i, d]` and the merge storing `o[b, h, i, e]` at
+/// `[b, i, h dv + e]`, through copies alone.
+fn fuse_attention_projections(
+    g: &Graph,
+    s: &mut Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+    chain_rows: bool,
+) {
+    // A product narrow enough for a row kernel is computed there with
+    // its neighbours (`chain::chain_rows`), its result in registers.
+    let apart = |n: NodeId| !(chain_rows && crate::fusion::narrow_product(g, n));
+    let mut keys: Vec<ValueId> = s
+        .fused
+        .iter()
+        .filter(|(_, f)| matches!(f, Fused::Attention { .. }))
+        .map(|(&k, _)| k)
+        .collect();
+    keys.sort();
+    for key in keys {
+        let Some(Fused::Attention {
+            scores,
+            softmax,
+            product,
+            ..
+        }) = s.fused.get(&key).copied()
+        else {
+            continue;
+        };
+        let o = g.nodes[product].results[0];
+        let om = g.meta(o).clone();
+        if om.dim() < 3 {
+            continue; // no heads
+        }
+        let (sq, dv) = (om.sizes[om.dim() - 2], om.sizes[om.dim() - 1]);
+        let heads = om.sizes[om.dim() - 3];
+        let q_proj =
+            query_projection(g, s, out, force, scores, heads, sq).filter(|&(lq, _)| apart(lq));
+        let o_proj = output_projection(g, s, out, force, key, o, heads, sq, dv)
+            .filter(|&(lo, _)| apart(lo) && !written_between(g, s, &[scores, lo], lo));
+        if q_proj.is_none() && o_proj.is_none() {
+            continue;
+        }
+        if let Some((_, qv)) = q_proj {
+            // The head split is computed inline, its product in the kernel.
+            s.fused.remove(&qv);
+            s.permuted.remove(&qv);
+            s.is_materialized.remove(&qv);
+            s.materialized.retain(|&v| v != qv);
+        }
+        let mut new_key = key;
+        if let Some((_, t)) = o_proj {
+            s.fused.remove(&key);
+            s.permuted.remove(&key);
+            s.is_materialized.remove(&key);
+            s.materialized.retain(|&v| v != key);
+            new_key = t;
+        }
+        s.fused.insert(
+            new_key,
+            Fused::Attention {
+                scores,
+                softmax,
+                product,
+                q_proj: q_proj.map(|(n, _)| n),
+                o_proj: o_proj.map(|(n, _)| n),
+            },
+        );
+    }
+}
+
+/// A plain 2-D `linear` (weight `[N, K]`, bias or none) of f32.
+fn plain_linear(g: &Graph, n: NodeId) -> bool {
+    let node = &g.nodes[n];
+    let Some(form) = node.op.def().lowering.product() else {
+        return false;
+    };
+    let w = node
+        .args
+        .get(1)
+        .and_then(|a| a.tensors().first().map(|t| **t));
+    form.linear
+        && w.is_some_and(|w| g.meta(w).dim() == 2)
+        && node
+            .inputs()
+            .iter()
+            .chain(&node.results)
+            .all(|&v| g.meta(v).dtype == DType::F32)
+}
+
+/// Where each element of `chain`'s last value reads `from` (flat, row
+/// major), each link a copy (a reshape alias or a view copy) of the one
+/// before; `None` past a link of any other kind or a large tensor.
+fn copy_map(g: &Graph, s: &Schedule, from: ValueId, chain: &[ValueId]) -> Option<Vec<usize>> {
+    let last = *chain.last()?;
+    let n = g.meta(last).numel();
+    if n > 1 << 24 || g.meta(from).numel() != n {
+        return None;
+    }
+    let mut at: Vec<usize> = (0..n).collect();
+    for (i, &y) in chain.iter().enumerate().rev() {
+        let x = if i == 0 { from } else { chain[i - 1] };
+        if s.alias_of.get(&y) == Some(&x) {
+            continue;
+        }
+        let u = g.node_of(y)?;
+        let node = &g.nodes[u];
+        let Rule::ViewCopy(view) = node.op.def().rule else {
+            return None;
+        };
+        if node.args.first() != Some(&Arg::Tensor(x)) || node.results.len() != 1 {
+            return None;
+        }
+        let a = crate::index::Affine::view(g, view, g.meta(x), &node.args[1..], 0).ok()?;
+        for j in at.iter_mut() {
+            *j = a.eval(*j);
+        }
+    }
+    Some(at)
+}
+
+/// The `linear` whose result the attention's query operand (of node
+/// `scores`) is the head split of, and that operand: `q[b, h, i, d]`
+/// reads `Q[b, i, h dk + d]`, Q read nowhere else.
+fn query_projection(
+    g: &Graph,
+    s: &Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+    scores: NodeId,
+    heads: usize,
+    sq: usize,
+) -> Option<(NodeId, ValueId)> {
+    let Arg::Tensor(qv) = *g.nodes[scores].args.first()? else {
+        return None;
+    };
+    let Some(&Fused::Epilogue { product: lq }) = s.fused.get(&qv) else {
+        return None;
+    };
+    let q = g.nodes[lq].results[0];
+    let qm = g.meta(qv);
+    let dk = *qm.sizes.last()?;
+    let nq = *g.meta(q).sizes.last()?;
+    if !plain_linear(g, lq)
+        || s.twins.contains_key(&lq)
+        || s.twins.values().any(|&t| t == lq)
+        || out.contains(&qv)
+        || force.contains(&qv)
+        || s.uses.get(&qv).map(Vec::as_slice) != Some(&[scores][..])
+        || nq != heads * dk
+        || qm.dim() < 3
+        || qm.sizes[qm.dim() - 2] != sq
+        || qm.sizes[qm.dim() - 3] != heads
+        || written_between(g, s, &[lq], scores)
+    {
+        return None;
+    }
+    let at = copy_map(g, s, q, &chain_between(g, s, q, qv))?;
+    let split = at.iter().enumerate().all(|(i, &j)| {
+        let (d, rest) = (i % dk, i / dk);
+        let (ic, bh) = (rest % sq, rest / sq);
+        let (h, b) = (bh % heads, bh / heads);
+        j == (b * sq + ic) * nq + h * dk + d
+    });
+    split.then_some((lq, qv))
+}
+
+/// The `linear` taking the attention's head merge `key` (of `o`) as its
+/// left operand, and what its kernel stores (its result, or its
+/// epilogue's tail): the merge stores `o[b, h, i, e]` at
+/// `[b, i, h dv + e]`, read by that product alone.
+#[allow(clippy::too_many_arguments)]
+fn output_projection(
+    g: &Graph,
+    s: &Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+    key: ValueId,
+    o: ValueId,
+    heads: usize,
+    sq: usize,
+    dv: usize,
+) -> Option<(NodeId, ValueId)> {
+    let [lo] = s.uses.get(&key)?[..] else {
+        return None;
+    };
+    let kc = *g.meta(key).sizes.last()?;
+    if key == o
+        || !plain_linear(g, lo)
+        || s.twins.contains_key(&lo)
+        || s.twins.values().any(|&t| t == lo)
+        || out.contains(&key)
+        || force.contains(&key)
+        || g.nodes[lo].args.first() != Some(&Arg::Tensor(key))
+        || kc != heads * dv
+        || !dv.is_multiple_of(4)
+    {
+        return None;
+    }
+    let r = g.nodes[lo].results[0];
+    if g.meta(r)
+        .sizes
+        .last()
+        .is_none_or(|&n| n > ATTENTION_MAX_PROJECTION)
+    {
+        return None;
+    }
+    let t = match s
+        .fused
+        .iter()
+        .find(|(_, f)| **f == Fused::Epilogue { product: lo })
+    {
+        Some((&t, _)) => t,
+        None if s.is_materialized.contains(&r) && !s.fused.contains_key(&r) => r,
+        None => return None,
+    };
+    let at = copy_map(g, s, o, &chain_between(g, s, o, key))?;
+    // Element j of the merge holds o's element at[j].
+    let merge = at.iter().enumerate().all(|(j, &i)| {
+        let (col, row) = (j % kc, j / kc);
+        let (h, e) = (col / dv, col % dv);
+        let (b, ic) = (row / sq, row % sq);
+        i == ((b * heads + h) * sq + ic) * dv + e
+    });
+    merge.then_some((lo, t))
 }
 
 /// The tail a kernel stores in place of its result (`elementwise_tail`).
@@ -1255,14 +1498,23 @@ fn read_at_own_element(
         })
 }
 
-/// The products attention kernels compute (scores and weighted sums).
+/// The products attention kernels compute (scores and weighted sums,
+/// and the projections they absorb).
 fn attention_products(s: &Schedule) -> HashSet<NodeId> {
     s.fused
         .values()
         .flat_map(|f| match *f {
             Fused::Attention {
-                scores, product, ..
-            } => vec![scores, product],
+                scores,
+                product,
+                q_proj,
+                o_proj,
+                ..
+            } => [scores, product]
+                .into_iter()
+                .chain(q_proj)
+                .chain(o_proj)
+                .collect(),
             Fused::Epilogue { .. } | Fused::Rows { .. } => vec![],
         })
         .collect()
@@ -1337,6 +1589,10 @@ fn dequantizes(g: &Graph, s: &Schedule, v: ValueId) -> bool {
 /// The largest query and value width an attention kernel holds in
 /// registers.
 pub const ATTENTION_MAX_HEAD: usize = 128;
+
+/// The widest output projection an attention kernel computes: each
+/// invocation accumulates its rows of it in a function-scope array.
+pub const ATTENTION_MAX_PROJECTION: usize = 1024;
 
 /// The most ops an attention kernel computes inline for each score
 /// (scale, masks, biases and the index maps reading them).

@@ -5,7 +5,7 @@
 //! sum, accumulator rescaled per tile), so neither the scores nor the
 //! probabilities reach memory.
 
-use super::matmul::Operand;
+use super::matmul::{Operand, Product};
 use super::template::{self, Env};
 use super::*;
 
@@ -47,6 +47,31 @@ struct Spec {
     o: ValueId,
 }
 
+/// The projections a fused attention computes (`Fused::Attention`'s
+/// `q_proj` and `o_proj`: `linear` nodes).
+pub(super) struct Projections {
+    pub(super) q: Option<NodeId>,
+    pub(super) o: Option<NodeId>,
+}
+
+/// Those projections as products, the output projection's with its
+/// result; `heads` is the attention's innermost batch dimension.
+struct Proj {
+    q: Option<Product>,
+    o: Option<(Product, ValueId)>,
+    heads: usize,
+}
+
+impl Proj {
+    fn none() -> Proj {
+        Proj {
+            q: None,
+            o: None,
+            heads: 1,
+        }
+    }
+}
+
 /// How a score becomes the softmax's input.
 enum Score {
     /// The fused program's elementwise chain `x_val` over the product
@@ -68,6 +93,7 @@ impl Gen<'_> {
         scores: NodeId,
         softmax: NodeId,
         product: NodeId,
+        proj: Projections,
         label: String,
     ) -> R<KernelCode> {
         let g = self.g;
@@ -93,7 +119,15 @@ impl Gen<'_> {
             batch: pv.batch,
             o,
         };
-        self.attention_kernel(spec, Score::Chain { s_val, x_val }, label)
+        let proj = Proj {
+            q: proj.q.map(|n| self.product(n)).transpose()?,
+            o: proj
+                .o
+                .map(|n| Ok((self.product(n)?, g.nodes[n].results[0])))
+                .transpose()?,
+            heads: spec.batch.last().copied().unwrap_or(1),
+        };
+        self.attention_kernel(spec, Score::Chain { s_val, x_val }, proj, label)
     }
 
     /// `scaled_dot_product_attention(q, k, v, attn_mask, dropout_p,
@@ -171,11 +205,18 @@ impl Gen<'_> {
                 causal,
                 mask,
             },
+            Proj::none(),
             label,
         )
     }
 
-    fn attention_kernel(&mut self, spec: Spec, score: Score, label: String) -> R<KernelCode> {
+    fn attention_kernel(
+        &mut self,
+        spec: Spec,
+        score: Score,
+        proj: Proj,
+        label: String,
+    ) -> R<KernelCode> {
         let Spec {
             q,
             k,
@@ -193,13 +234,15 @@ impl Gen<'_> {
                 "attention over {nb} batch entries: too many workgroups"
             )));
         }
-        if let Some(sg) = self.subgroup.filter(|&sg| {
-            self.attention_rows
-                && dk.max(dv) <= ROWS_MAX_HEAD
-                && sq > 0
-                && sk > 0
-                && (self.workgroup as usize).is_multiple_of(sg)
-        }) {
+        // Projections need the row kernel: without subgroups (kernels in
+        // sequence, `lower::sequence`) each lane loads every unit itself.
+        let projected = proj.q.is_some() || proj.o.is_some();
+        let rows_sg = self
+            .subgroup
+            .filter(|&sg| (self.workgroup as usize).is_multiple_of(sg))
+            .or(projected.then_some(1))
+            .filter(|_| self.attention_rows && dk.max(dv) <= ROWS_MAX_HEAD && sq > 0 && sk > 0);
+        if let Some(sg) = rows_sg {
             let spec = Spec {
                 q,
                 k,
@@ -211,7 +254,10 @@ impl Gen<'_> {
                 dv,
                 o,
             };
-            return self.attention_rows_kernel(spec, &score, sg, label);
+            return self.attention_rows_kernel(spec, &score, proj, sg, label);
+        }
+        if projected {
+            return Err(bug("attention projections without the row kernel"));
         }
         let lanes = match self.subgroup {
             Some(sg) if sg >= LANES && dk % LANES == 0 && dv % LANES == 0 => LANES,
@@ -417,6 +463,7 @@ impl Gen<'_> {
         &mut self,
         spec: Spec,
         score: &Score,
+        proj: Proj,
         sg: usize,
         label: String,
     ) -> R<KernelCode> {
@@ -432,20 +479,19 @@ impl Gen<'_> {
             o,
         } = spec;
         let nb = numel(&batch).max(1);
-        let w = self.workgroup as usize;
         let blocks = sq.div_ceil(ROWS);
+        // An invocation walking every head does `heads` times the work:
+        // workgroups of one subgroup spread it over more threads (where
+        // there are more rows than a subgroup's).
+        let w = if proj.o.is_some() && sg > 1 && blocks > sg {
+            sg
+        } else {
+            self.workgroup as usize
+        };
         let ninf = literal(f64::NEG_INFINITY, DType::F32);
-        self.body.stmt("let bz = wid.y;".into());
         self.body
             .stmt(format!("let blk = wid.x * {} + lid.x;", u(w)));
         self.body.stmt(format!("let lane = lid.x % {};", u(sg)));
-        let mut env = Env::default();
-        self.batch_offsets(
-            &batch,
-            &[("qoff", &q), ("koff", &k), ("voff", &v)],
-            &mut env,
-        );
-        let (qoff, koff, voff) = (env.get("qoff")?, env.get("koff")?, env.get("voff")?);
         let mut rows = vec![];
         for r in 0..ROWS {
             self.body
@@ -454,10 +500,37 @@ impl Gen<'_> {
                 .stmt(format!("let ic{r} = min(i{r}, {});", u(sq - 1)));
             rows.push((format!("i{r}"), format!("ic{r}")));
         }
+        // With the output projection, the invocation walks every head of
+        // its rows, accumulating the projection of each head's share.
+        let hl = if proj.o.is_some() { proj.heads } else { 1 };
+        if let Some((p, _)) = &proj.o {
+            self.body
+                .stmt(format!("var oacc: array<f32, {}>;", ROWS * p.mm));
+            self.body.stmt(format!(
+                "for (var hh = 0u; hh < {}; hh = hh + 1u) {{",
+                u(hl)
+            ));
+            self.body.stmt(format!("let bz = wid.y * {} + hh;", u(hl)));
+        } else {
+            self.body.stmt("let bz = wid.y;".into());
+        }
+        let mut env = Env::default();
+        self.batch_offsets(
+            &batch,
+            &[("qoff", &q), ("koff", &k), ("voff", &v)],
+            &mut env,
+        );
+        let (qoff, koff, voff) = (env.get("qoff")?, env.get("koff")?, env.get("voff")?);
         // The query rows, in registers.
         let mut qs = vec![];
-        let qslot = self.vec4_operand(&q, q.rs, q.cs, dk)?;
-        for (_, ic) in &rows {
+        let qslot = match proj.q {
+            Some(_) => None,
+            None => self.vec4_operand(&q, q.rs, q.cs, dk)?,
+        };
+        if let Some(p) = &proj.q {
+            qs = self.project_queries(p, &rows, dk, sq, proj.heads, sg)?;
+        }
+        for (_, ic) in rows.iter().filter(|_| proj.q.is_none()) {
             let row = self
                 .body
                 .bind("u32", format!("{qoff} + {ic} * {}", u(q.rs)));
@@ -592,7 +665,14 @@ impl Gen<'_> {
         }
         self.memo.clear();
         self.body.stmt("}".into());
-        for (r, (i, _)) in rows.iter().enumerate() {
+        if let Some((p, r_out)) = &proj.o {
+            self.project_output(p, dv, sg)?;
+            // The heads' loop.
+            self.body.stmt("}".into());
+            self.memo.clear();
+            self.store_projection(p, *r_out, &rows, sq)?;
+        }
+        for (r, (i, _)) in rows.iter().enumerate().filter(|_| proj.o.is_none()) {
             self.body.stmt(format!("if ({i} < {}) {{", u(sq)));
             let orow = self
                 .body
@@ -609,13 +689,233 @@ impl Gen<'_> {
             self.body.stmt("}".into());
             self.memo.clear();
         }
-        self.uses_subgroup = true;
-        let grid = [blocks.div_ceil(w) as u32, nb as u32, 1];
+        self.uses_subgroup |= sg > 1;
+        let grid = [blocks.div_ceil(w) as u32, (nb / hl) as u32, 1];
         Ok(self.finish(
             format!("attention#{}", label.split('#').nth(1).unwrap_or("")),
             grid,
             [w as u32, 1, 1],
         ))
+    }
+
+    /// The invocation's query rows of head `bz % heads` computed from
+    /// their projection `p` (`Q = x W^T + bias`, `q[b, h, i, d]` =
+    /// `Q[b, i, h dk + d]`): the rows of x loaded once a step of k,
+    /// as vectors where the layout allows. Returns the registers.
+    fn project_queries(
+        &mut self,
+        p: &Product,
+        rows: &[(String, String)],
+        dk: usize,
+        sq: usize,
+        heads: usize,
+        sg: usize,
+    ) -> R<Vec<Vec<String>>> {
+        let (kk, nq) = (p.kk, p.mm);
+        self.memo.clear();
+        let col0 = self
+            .body
+            .bind("u32", format!("(bz % {}) * {}", u(heads), u(dk)));
+        let xrows: Vec<String> = rows
+            .iter()
+            .map(|(_, ic)| {
+                self.body
+                    .bind("u32", format!("(bz / {}) * {} + {ic}", u(heads), u(sq)))
+            })
+            .collect();
+        for r in 0..ROWS {
+            for d in 0..dk {
+                self.body.stmt(format!("var q{r}_{d}: f32 = 0.0;"));
+            }
+        }
+        let sa = self.vec4_operand(&p.a, p.a.rs, p.a.cs, kk)?;
+        let sb = self.vec4_operand(&p.b, p.b.cs, p.b.rs, kk)?;
+        let quads = match (sa, sb) {
+            (Some(sa), Some(sb)) => Some((sa, sb)),
+            _ => None,
+        };
+        let step = if quads.is_some() { 4 } else { 1 };
+        self.body.stmt(format!(
+            "for (var c = 0u; c < {}; c = c + {}) {{",
+            u(kk),
+            u(step)
+        ));
+        let mut xs = vec![];
+        for row in &xrows {
+            let at = format!("{row} * {} + c * {}", u(p.a.rs), u(p.a.cs));
+            xs.push(match &quads {
+                Some((sa, _)) => self.body.bind("vec4<f32>", super::matmul::vec4_at(sa, &at)),
+                None => {
+                    let at = self.body.bind("u32", at);
+                    self.value_at(p.a.v, &at)?
+                }
+            });
+        }
+        // Row `d` of the head's weights at this step: the same for every
+        // lane, so each loads a share and broadcasts it.
+        let sb = quads.as_ref().map(|(_, sb)| sb.clone());
+        let ws = self.share_units(dk, sg, sb.as_ref(), p.b.v, &|d| {
+            format!("({col0} + {d}) * {} + c * {}", u(p.b.cs), u(p.b.rs))
+        })?;
+        for (d, wv) in ws.iter().enumerate() {
+            for (r, x) in xs.iter().enumerate() {
+                let term = match quads {
+                    Some(_) => format!("dot({x}, {wv})"),
+                    None => format!("{x} * {wv}"),
+                };
+                self.body.stmt(format!("q{r}_{d} = q{r}_{d} + {term};"));
+            }
+        }
+        self.memo.clear();
+        self.body.stmt("}".into());
+        let mut qs = vec![];
+        for (r, row) in xrows.iter().enumerate() {
+            let mut qr = vec![];
+            for d in 0..dk {
+                let acc = format!("q{r}_{d}");
+                let qi = self
+                    .body
+                    .bind("u32", format!("{row} * {} + {col0} + {}", u(nq), u(d)));
+                let y = self.with_addend(&acc, p.extra, &p.batch, p.nn, nq, &qi, DType::F32)?;
+                if y != acc {
+                    self.body.stmt(format!("{acc} = {y};"));
+                }
+                qr.push(acc);
+            }
+            qs.push(qr);
+        }
+        self.memo.clear();
+        Ok(qs)
+    }
+
+    /// Head `hh`'s share of the output projection `p` (`O = M W^T`, the
+    /// merge `M[b, i, h dv + e]` = this head's weighted sums `a / l`),
+    /// added into `oacc` for each output column.
+    fn project_output(&mut self, p: &Product, dv: usize, sg: usize) -> R<()> {
+        let no = p.mm;
+        let mut cs = vec![];
+        for r in 0..ROWS {
+            let row: Vec<String> = (0..dv)
+                .map(|e| self.body.bind("f32", format!("a{r}_{e} / l{r}")))
+                .collect();
+            cs.push(row);
+        }
+        let kbase = self.body.bind("u32", format!("hh * {}", u(dv)));
+        let sb = self.vec4_operand(&p.b, p.b.cs, p.b.rs, p.kk)?;
+        let cv: Vec<Vec<String>> = match sb {
+            Some(_) => cs
+                .iter()
+                .map(|row| {
+                    row.chunks(4)
+                        .map(|q| {
+                            self.body
+                                .bind("vec4<f32>", format!("vec4<f32>({})", q.join(", ")))
+                        })
+                        .collect()
+                })
+                .collect(),
+            None => cs.clone(),
+        };
+        self.body
+            .stmt(format!("for (var n = 0u; n < {}; n = n + 1u) {{", u(no)));
+        let mut terms = vec![vec![]; ROWS];
+        let step = if sb.is_some() { 4 } else { 1 };
+        // Column `n`'s weights for this head, shared out as in
+        // `share_tile`: the same for every lane.
+        let ws = self.share_units(dv / step, sg, sb.as_ref(), p.b.v, &|q| {
+            format!(
+                "n * {} + ({kbase} + {q} * {}) * {}",
+                u(p.b.cs),
+                u(step),
+                u(p.b.rs)
+            )
+        })?;
+        for (q, wv) in ws.iter().enumerate() {
+            for (r, t) in terms.iter_mut().enumerate() {
+                t.push(match sb {
+                    Some(_) => format!("dot({}, {wv})", cv[r][q]),
+                    None => format!("{} * {wv}", cv[r][q]),
+                });
+            }
+        }
+        for (r, t) in terms.iter().enumerate() {
+            let slot = format!("oacc[{} + n]", u(r * no));
+            for chunk in t.chunks(8) {
+                self.body
+                    .stmt(format!("{slot} = {slot} + {};", chunk.join(" + ")));
+            }
+        }
+        self.memo.clear();
+        self.body.stmt("}".into());
+        Ok(())
+    }
+
+    /// `units` loads every lane needs alike (vectors from `slot`, or
+    /// elements of `x`), unit `i` at `at(i)`: each lane loads a share and
+    /// `subgroupBroadcast` hands them to all (lavapipe loads memory lane
+    /// by lane, whatever the address). Returns the units, in order.
+    fn share_units(
+        &mut self,
+        units: usize,
+        sg: usize,
+        slot: Option<&Slot>,
+        x: ValueId,
+        at: &dyn Fn(&str) -> String,
+    ) -> R<Vec<String>> {
+        let ty = if slot.is_some() { "vec4<f32>" } else { "f32" };
+        let mut loaded = vec![];
+        for u0 in (0..units).step_by(sg) {
+            let e = self
+                .body
+                .bind("u32", format!("min(lane + {}, {})", u(u0), u(units - 1)));
+            let i = self.body.bind("u32", at(&e));
+            let val = match slot {
+                Some(s) => super::matmul::vec4_at(s, &i),
+                None => {
+                    let x0 = self.value_at(x, &i)?;
+                    cast(&x0, self.meta(x).dtype, DType::F32)
+                }
+            };
+            loaded.push(self.body.bind(ty, val));
+        }
+        if sg == 1 {
+            return Ok(loaded);
+        }
+        Ok((0..units)
+            .map(|i| {
+                self.body.bind(
+                    ty,
+                    format!("subgroupBroadcast({}, {})", loaded[i / sg], u(i % sg)),
+                )
+            })
+            .collect())
+    }
+
+    /// The output projection's rows (`oacc` plus its bias) stored as its
+    /// result `r_out` (through its epilogue, `Gen::store_to`).
+    fn store_projection(
+        &mut self,
+        p: &Product,
+        r_out: ValueId,
+        rows: &[(String, String)],
+        sq: usize,
+    ) -> R<()> {
+        let no = p.mm;
+        for (r, (i, _)) in rows.iter().enumerate() {
+            self.body.stmt(format!("if ({i} < {}) {{", u(sq)));
+            self.body
+                .stmt(format!("for (var n = 0u; n < {}; n = n + 1u) {{", u(no)));
+            let oi = self
+                .body
+                .bind("u32", format!("(wid.y * {} + {i}) * {} + n", u(sq), u(no)));
+            let acc = self.body.bind("f32", format!("oacc[{} + n]", u(r * no)));
+            let y = self.with_addend(&acc, p.extra, &p.batch, p.nn, no, &oi, DType::F32)?;
+            self.store_to(r_out, &oi, &y)?;
+            self.body.stmt("}".into());
+            self.body.stmt("}".into());
+            self.memo.clear();
+        }
+        Ok(())
     }
 
     /// A step's tile of K (`keys`: as [d, j], `width` = dk) or V (as
@@ -696,10 +996,13 @@ impl Gen<'_> {
         let mut out = vec![vec![String::new(); width]; STEP];
         for unit in 0..units {
             let src = &loaded[unit / sg];
-            let b = self.body.bind(
-                if per == 4 { "vec4<f32>" } else { "f32" },
-                format!("subgroupBroadcast({src}, {})", u(unit % sg)),
-            );
+            let b = match sg {
+                1 => src.clone(),
+                _ => self.body.bind(
+                    if per == 4 { "vec4<f32>" } else { "f32" },
+                    format!("subgroupBroadcast({src}, {})", u(unit % sg)),
+                ),
+            };
             for (c, comp) in COMP.iter().enumerate().take(per) {
                 let el = if per == 4 {
                     format!("{b}.{comp}")

@@ -1171,11 +1171,18 @@ impl<'a> Gen<'a> {
                 scores,
                 softmax,
                 product,
+                q_proj,
+                o_proj,
             }) => {
-                // A tail (the head merge) stored in place of the result.
-                let o = g.nodes[product].results[0];
+                // A tail (the head merge, or the output projection's
+                // epilogue) stored in place of the result.
+                let o = g.nodes[o_proj.unwrap_or(product)].results[0];
                 self.epilogue = (o != v).then_some((o, v));
-                let k = self.attention(scores, softmax, product, label);
+                let proj = attention::Projections {
+                    q: q_proj,
+                    o: o_proj,
+                };
+                let k = self.attention(scores, softmax, product, proj, label);
                 self.epilogue = None;
                 return Ok(vec![k?]);
             }

@@ -225,6 +225,7 @@ impl Gpu {
             // share loads through subgroups.
             fuse_attention: switch("KILN_FUSE_ATTENTION", !cpu || attention_rows),
             attention_rows,
+            attention_projections: switch("KILN_ATTENTION_PROJECTIONS", true),
             subgroup,
             shader_f16: self.native_f16(),
             grid_stride: if cpu { None } else { Some(8192) },
