@@ -470,6 +470,35 @@ pub fn norm_width(g: &Graph, n: NodeId) -> Option<usize> {
     }
 }
 
+/// Kernels in sequence compute at most this many flops and move at most
+/// this many bytes as launches of their own: work one workgroup does in
+/// about the time a launch takes to start (a multiprocessor of an H100,
+/// about 0.5 TFLOP/s and 25 GB/s of its share of memory: 2-3 us; lavapipe
+/// runs one workgroup on one thread: 0.1 ms, about a launch there).
+pub const SEQUENCE_FLOPS: usize = 1 << 20;
+pub const SEQUENCE_BYTES: usize = 1 << 16;
+
+/// 2 M N K for a matrix product node (M N output elements, K the
+/// contracted size); `None` for other nodes.
+pub fn product_flops(g: &Graph, n: NodeId) -> Option<usize> {
+    let node = &g.nodes[n];
+    if node.op.def().lowering == Lowering::Attention {
+        // q k^T and p v: 2 L S (E + Ev) per batch entry.
+        let (q, k) = (*node.args[0].tensors()[0], *node.args[1].tensors()[0]);
+        let (qm, km) = (g.meta(q), g.meta(k));
+        let om = g.meta(node.results[0]);
+        let s = km.sizes[km.dim() - 2];
+        let e = qm.sizes[qm.dim() - 1];
+        let ev = om.sizes[om.dim() - 1];
+        return Some(2 * (om.numel() / ev.max(1)) * s * (e + ev));
+    }
+    // The left operand holds K last.
+    let a = node.op.def().lowering.product()?.left;
+    let x = *node.args.get(a)?.tensors().first()?;
+    let k = g.meta(*x).sizes.last().copied()?;
+    Some(2 * g.meta(node.results[0]).numel() * k)
+}
+
 /// Is product node `n` narrow enough for a row kernel: a block of its
 /// rows within `CHAIN_MAX_WIDTH` outputs and `CHAIN_MAX_PRODUCT`
 /// multiply-adds?

@@ -541,8 +541,11 @@ fn kernel_flops(
                 // A product's 2 M N K (and its twin's), or one operation per
                 // element for a row kernel or reduction; then one per element
                 // and tail op.
-                let twin = sched.twins.get(&product).map(|&t| product_flops(g, t));
-                return product_flops(g, product).unwrap_or(elements)
+                let twin = sched
+                    .twins
+                    .get(&product)
+                    .map(|&t| crate::fusion::product_flops(g, t));
+                return crate::fusion::product_flops(g, product).unwrap_or(elements)
                     + twin.flatten().unwrap_or(0)
                     + ops.saturating_sub(1 + twin.is_some() as usize) * elements;
             }
@@ -556,17 +559,17 @@ fn kernel_flops(
                 let projections: usize = q_proj
                     .into_iter()
                     .chain(o_proj)
-                    .filter_map(|p| product_flops(g, p))
+                    .filter_map(|p| crate::fusion::product_flops(g, p))
                     .sum();
-                return product_flops(g, scores).unwrap_or(0)
-                    + product_flops(g, product).unwrap_or(0)
+                return crate::fusion::product_flops(g, scores).unwrap_or(0)
+                    + crate::fusion::product_flops(g, product).unwrap_or(0)
                     + projections
                     + ops.saturating_sub(2) * g.meta(g.nodes[scores].results[0]).numel();
             }
             None => {}
         }
         if let Some(n) = g.node_of(*v) {
-            if let Some(f) = product_flops(g, n) {
+            if let Some(f) = crate::fusion::product_flops(g, n) {
                 return f;
             }
             let node = &g.nodes[n];
@@ -577,27 +580,6 @@ fn kernel_flops(
         }
     }
     ops * elements
-}
-
-/// 2 M N K for a matrix product node (M N output elements, K the
-/// contracted size); `None` for other nodes.
-fn product_flops(g: &Graph, n: kiln_functionalize::graph::NodeId) -> Option<usize> {
-    let node = &g.nodes[n];
-    if node.op.def().lowering == kiln_functionalize::ops::Lowering::Attention {
-        // q k^T and p v: 2 L S (E + Ev) per batch entry.
-        let (q, k) = (*node.args[0].tensors()[0], *node.args[1].tensors()[0]);
-        let (qm, km) = (g.meta(q), g.meta(k));
-        let om = g.meta(node.results[0]);
-        let s = km.sizes[km.dim() - 2];
-        let e = qm.sizes[qm.dim() - 1];
-        let ev = om.sizes[om.dim() - 1];
-        return Some(2 * (om.numel() / ev.max(1)) * s * (e + ev));
-    }
-    // The left operand holds K last.
-    let a = node.op.def().lowering.product()?.left;
-    let x = *node.args.get(a)?.tensors().first()?;
-    let k = g.meta(*x).sizes.last().copied()?;
-    Some(2 * g.meta(node.results[0]).numel() * k)
 }
 
 /// What the compiled program answers for: the source program (for its

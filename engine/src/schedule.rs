@@ -12,6 +12,7 @@
 
 use crate::error::CompileError;
 use crate::footprint;
+use crate::fusion::SEQUENCE_FLOPS;
 pub use crate::fusion::{
     class, inlined_region, is_free, is_scatter_view_copy, reads, reads_value, reads_values,
     scatter_view, Class, Fused, Schedule,
@@ -131,7 +132,7 @@ pub fn schedule(
             .subgroup
             .is_some_and(|sg| (options.workgroup as usize).is_multiple_of(sg))
     {
-        fuse_attention_projections(g, &mut s, &out_set, force, options.chain_rows);
+        fuse_attention_projections(g, &mut s, &out_set, force, options);
     }
     fuse_twin_products(g, &mut s, &out_set, force);
     fuse_norm_operands(g, &mut s, &out_set, force, narrow_norms);
@@ -993,11 +994,19 @@ fn fuse_attention_projections(
     s: &mut Schedule,
     out: &HashSet<ValueId>,
     force: &HashSet<ValueId>,
-    chain_rows: bool,
+    options: &crate::CompileOptions,
 ) {
+    let (chain_rows, sequence) = (options.chain_rows, options.sequence);
     // A product narrow enough for a row kernel is computed there with
     // its neighbours (`chain::chain_rows`), its result in registers.
     let apart = |n: NodeId| !(chain_rows && crate::fusion::narrow_product(g, n));
+    // An attention small enough for kernels in sequence keeps its values
+    // in workgroup memory there, projections apart.
+    let flops = |ns: &[NodeId]| -> usize {
+        ns.iter()
+            .filter_map(|&n| crate::fusion::product_flops(g, n))
+            .sum()
+    };
     let mut keys: Vec<ValueId> = s
         .fused
         .iter()
@@ -1026,7 +1035,10 @@ fn fuse_attention_projections(
             query_projection(g, s, out, force, scores, heads, sq).filter(|&(lq, _)| apart(lq));
         let o_proj = output_projection(g, s, out, force, key, o, heads, sq, dv)
             .filter(|&(lo, _)| apart(lo) && !written_between(g, s, &[scores, lo], lo));
-        if q_proj.is_none() && o_proj.is_none() {
+        let projections: Vec<NodeId> = q_proj.iter().chain(&o_proj).map(|p| p.0).collect();
+        if projections.is_empty()
+            || sequence && flops(&[&[scores, product][..], &projections].concat()) <= SEQUENCE_FLOPS
+        {
             continue;
         }
         if let Some((_, qv)) = q_proj {

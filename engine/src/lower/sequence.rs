@@ -7,13 +7,7 @@ use super::*;
 use crate::codegen::sequence::WSM_LIMIT;
 use std::ops::Range;
 
-/// Kernels in sequence compute at most this many flops and move at most
-/// this many bytes as launches of their own: work one workgroup does in
-/// about the time a launch takes to start (a multiprocessor of an H100,
-/// about 0.5 TFLOP/s and 25 GB/s of its share of memory: 2-3 us; lavapipe
-/// runs one workgroup on one thread: 0.1 ms, about a launch there).
-const SEQUENCE_FLOPS: usize = 1 << 20;
-const SEQUENCE_BYTES: usize = 1 << 16;
+use crate::fusion::{SEQUENCE_BYTES, SEQUENCE_FLOPS};
 
 /// The runs of launches (by index) that may run in sequence: consecutive
 /// launches of no custom kernel and no packed store lane by lane, within
