@@ -1698,6 +1698,22 @@ fn attention_is_one_kernel_at_awkward_sizes() {
     }
 }
 
+/// Engines for attention tests: the adapter's choices, the GPU-class
+/// variants and the row kernel forced on (on any adapter).
+fn attention_engines() -> [Engine; 3] {
+    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
+    let rows_options = kiln::engine::CompileOptions {
+        fuse_attention: true,
+        attention_rows: true,
+        ..gpu.compile_options()
+    };
+    [
+        engine(),
+        gpu_variants(),
+        Engine::on(kiln::engine::Session::with_options(gpu, rows_options)),
+    ]
+}
+
 /// Attention's result stored through the head merge that follows it
 /// (`transpose(o, 1, 2)` and a reshape before the output projection),
 /// with an elementwise tail before the merge or none, for the decomposed
@@ -1707,17 +1723,7 @@ fn attention_is_one_kernel_at_awkward_sizes() {
 /// operands otherwise); results as the reference on every variant.
 #[test]
 fn attention_stores_through_the_head_merge() {
-    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
-    let rows_options = kiln::engine::CompileOptions {
-        fuse_attention: true,
-        attention_rows: true,
-        ..gpu.compile_options()
-    };
-    let mut engines = [
-        engine(),
-        gpu_variants(),
-        Engine::on(kiln::engine::Session::with_options(gpu, rows_options)),
-    ];
+    let mut engines = attention_engines();
     let attention = [
         "%kt = transpose(%k, -2, -1)
   %s = matmul(%q, %kt)
@@ -1781,24 +1787,14 @@ fn attention_stores_through_the_head_merge() {
 
 /// CPU adapters' attention kernel computes the query projection whose
 /// head split its queries are, and the output projection of its head
-/// merge with that projection's epilogue (bias, residual): neither Q nor
+/// merge with that projection's epilogue (bias, GELU): neither Q nor
 /// the merge reaches memory, the kernel stores the block's output. With
 /// and without biases, with heads over a batch and alone; a Q read
 /// elsewhere too stays a kernel's result. Results as the reference on
 /// every variant (GPU-class ones keep the projections apart).
 #[test]
 fn attention_computes_its_projections() {
-    let gpu = std::sync::Arc::new(kiln::engine::Gpu::new().unwrap());
-    let rows_options = kiln::engine::CompileOptions {
-        fuse_attention: true,
-        attention_rows: true,
-        ..gpu.compile_options()
-    };
-    let mut engines = [
-        engine(),
-        gpu_variants(),
-        Engine::on(kiln::engine::Session::with_options(gpu, rows_options)),
-    ];
+    let mut engines = attention_engines();
     let cpu = kiln::engine::CompileOptions {
         subgroup: Some(8),
         attention_rows: true,
