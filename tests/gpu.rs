@@ -1803,10 +1803,13 @@ fn attention_computes_its_projections() {
         ..Default::default()
     };
     // (program, linears the attention kernel computes, elements it
-    // writes); products too wide for row kernels (`fusion::narrow_product`).
+    // writes); products too wide for row kernels (`fusion::narrow_product`),
+    // attention past the budget of kernels in sequence and with workgroups
+    // enough (`schedule::ATTENTION_MIN_WORKGROUPS`): the plan checked is
+    // the one the adapter's engine runs.
     let block = |x: &str, split: &str, merge: &str, bias: &str, ret: &str| {
         format!(
-            "graph f(%x: f32[{x}], %wq: f32[96, 96], %wk: f32[96, 96], %wv: f32[96, 96], %wo: f32[80, 96], %bq: f32[96], %bo: f32[80], %mask: bool[9, 9]) {{
+            "graph f(%x: f32[{x}], %wq: f32[96, 96], %wk: f32[96, 96], %wv: f32[96, 96], %wo: f32[80, 96], %bq: f32[96], %bo: f32[80], %mask: bool[40, 40]) {{
   %q = linear(%x, %wq{bias})
   %k = linear(%x, %wk)
   %v = linear(%x, %wv)
@@ -1833,21 +1836,27 @@ fn attention_computes_its_projections() {
     };
     let cases = [
         (
-            block("2, 9, 96", "2, 9, 3, 32", "2, 9, 96", ", %bq", "%y"),
+            block("4, 40, 96", "4, 40, 3, 32", "4, 40, 96", ", %bq", "%y"),
             2,
-            2 * 9 * 80,
+            4 * 40 * 80,
         ),
-        (block("9, 96", "9, 3, 32", "9, 96", "", "%y"), 2, 9 * 80),
+        (block("40, 96", "40, 3, 32", "40, 96", "", "%y"), 2, 40 * 80),
         // Q is an output too: computed by its own kernel.
         (
-            block("2, 9, 96", "2, 9, 3, 32", "2, 9, 96", ", %bq", "(%y, %q)"),
+            block(
+                "4, 40, 96",
+                "4, 40, 3, 32",
+                "4, 40, 96",
+                ", %bq",
+                "(%y, %q)",
+            ),
             1,
-            2 * 9 * 80,
+            4 * 40 * 80,
         ),
     ];
     for (src, linears, written) in &cases {
         let g = parse(src).unwrap();
-        let p = launched(&g, &cpu).unwrap();
+        let p = kiln::engine::compile_with(&g, &cpu).unwrap();
         let att: Vec<_> = p
             .kernels
             .iter()

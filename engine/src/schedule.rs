@@ -17,6 +17,7 @@ pub use crate::fusion::{
     class, inlined_region, is_free, is_scatter_view_copy, reads, reads_value, reads_values,
     scatter_view, Class, Fused, Schedule,
 };
+use crate::index::Affine;
 use kiln_functionalize::graph::{Def, Graph, NodeId, ValueId};
 use kiln_functionalize::ops::{self, Elem, Lowering, Rule};
 use kiln_functionalize::schema::Arg;
@@ -605,7 +606,7 @@ fn permutation_of(
     base: &kiln_functionalize::Meta,
     l: &kiln_functionalize::Meta,
 ) -> Option<Vec<usize>> {
-    let a = crate::index::Affine {
+    let a = Affine {
         sizes: l.sizes.to_vec(),
         strides: l.strides.to_vec(),
         offset: l.offset,
@@ -841,8 +842,7 @@ fn permuted_copy(g: &Graph, u: NodeId, x: ValueId) -> bool {
     }
     let y = node.results[0];
     g.meta(y).numel() == g.meta(x).numel()
-        && crate::index::Affine::view(g, view, g.meta(x), &node.args[1..], 0)
-            .is_ok_and(|a| a.is_permutation())
+        && Affine::view(g, view, g.meta(x), &node.args[1..], 0).is_ok_and(|a| a.is_permutation())
 }
 
 /// The values from product result `r` (excluded) to its epilogue's tail
@@ -1031,10 +1031,28 @@ fn fuse_attention_projections(
         }
         let (sq, dv) = (om.sizes[om.dim() - 2], om.sizes[om.dim() - 1]);
         let heads = om.sizes[om.dim() - 3];
-        let q_proj =
-            query_projection(g, s, out, force, scores, heads, sq).filter(|&(lq, _)| apart(lq));
-        let o_proj = output_projection(g, s, out, force, key, o, heads, sq, dv)
-            .filter(|&(lo, _)| apart(lo) && !written_between(g, s, &[scores, lo], lo));
+        // Workgroups with the output projection (one subgroup of row
+        // blocks walking every head) and apart (a head each).
+        let blocks = sq.div_ceil(ATTENTION_ROW_BLOCK);
+        let outer = om.numel() / (heads * sq * dv).max(1);
+        let sg = options.subgroup.unwrap_or(1);
+        let together = blocks.div_ceil(sg) * outer;
+        let alone = blocks.div_ceil(options.workgroup as usize) * outer * heads;
+        let o_proj =
+            output_projection(g, s, out, force, key, o, heads, sq, dv).filter(|&(lo, t)| {
+                let end = g.node_of(t).unwrap_or(lo);
+                apart(lo)
+                    && together >= alone.min(ATTENTION_MIN_WORKGROUPS)
+                    && !written_between(g, s, &[scores, lo], end)
+            });
+        // The kernel runs where it stores: nothing in between may write
+        // what the projection reads in place.
+        let end = o_proj
+            .and_then(|(_, t)| g.node_of(t))
+            .or(g.node_of(key))
+            .unwrap_or(product);
+        let q_proj = query_projection(g, s, out, force, scores, heads, sq)
+            .filter(|&(lq, _)| apart(lq) && !written_between(g, s, &[lq], end));
         let projections: Vec<NodeId> = q_proj.iter().chain(&o_proj).map(|p| p.0).collect();
         if projections.is_empty()
             || sequence && flops(&[&[scores, product][..], &projections].concat()) <= SEQUENCE_FLOPS
@@ -1088,35 +1106,51 @@ fn plain_linear(g: &Graph, n: NodeId) -> bool {
             .all(|&v| g.meta(v).dtype == DType::F32)
 }
 
-/// Where each element of `chain`'s last value reads `from` (flat, row
-/// major), each link a copy (a reshape alias or a view copy) of the one
-/// before; `None` past a link of any other kind or a large tensor.
-fn copy_map(g: &Graph, s: &Schedule, from: ValueId, chain: &[ValueId]) -> Option<Vec<usize>> {
-    let last = *chain.last()?;
-    let n = g.meta(last).numel();
-    if n > 1 << 24 || g.meta(from).numel() != n {
-        return None;
+/// Does each element of `to` read `from` (flat, row major) where `want`
+/// says, through a chain of copies (reshape aliases or view copies), each
+/// the only use of the one before? A chain of one view copy is compared in
+/// closed form (maps in their fewest dimensions are equal exactly when
+/// they are the same function), so a head split of a large batch costs
+/// nothing; longer chains are composed element by element.
+fn copies_as(g: &Graph, s: &Schedule, from: ValueId, to: ValueId, want: &Affine) -> bool {
+    let chain = chain_between(g, s, from, to);
+    if chain.last() != Some(&to) {
+        return false;
     }
-    let mut at: Vec<usize> = (0..n).collect();
-    for (i, &y) in chain.iter().enumerate().rev() {
+    let n = g.meta(to).numel();
+    if g.meta(from).numel() != n || want.sizes.iter().product::<usize>() != n {
+        return false;
+    }
+    let mut links: Vec<Affine> = vec![]; // those not the identity
+    for (i, &y) in chain.iter().enumerate() {
         let x = if i == 0 { from } else { chain[i - 1] };
         if s.alias_of.get(&y) == Some(&x) {
             continue;
         }
-        let u = g.node_of(y)?;
+        let Some(u) = g.node_of(y) else {
+            return false;
+        };
         let node = &g.nodes[u];
         let Rule::ViewCopy(view) = node.op.def().rule else {
-            return None;
+            return false;
         };
         if node.args.first() != Some(&Arg::Tensor(x)) || node.results.len() != 1 {
-            return None;
+            return false;
         }
-        let a = crate::index::Affine::view(g, view, g.meta(x), &node.args[1..], 0).ok()?;
-        for j in at.iter_mut() {
-            *j = a.eval(*j);
+        // A reshape of a contiguous tensor copied (`view_copy`) reads
+        // each element in place.
+        match Affine::view(g, view, g.meta(x), &node.args[1..], 0) {
+            Ok(a) if a.is_identity() => {}
+            Ok(a) => links.push(a),
+            Err(_) => return false,
         }
     }
-    Some(at)
+    match &links[..] {
+        [] => Affine::identity(&[n]).simplified() == want.simplified(),
+        [a] => a.simplified() == want.simplified(),
+        _ if n > 1 << 24 => false,
+        _ => (0..n).all(|i| links.iter().rev().fold(i, |j, a| a.eval(j)) == want.eval(i)),
+    }
 }
 
 /// The `linear` whose result the attention's query operand (of node
@@ -1151,18 +1185,16 @@ fn query_projection(
         || qm.dim() < 3
         || qm.sizes[qm.dim() - 2] != sq
         || qm.sizes[qm.dim() - 3] != heads
-        || written_between(g, s, &[lq], scores)
     {
         return None;
     }
-    let at = copy_map(g, s, q, &chain_between(g, s, q, qv))?;
-    let split = at.iter().enumerate().all(|(i, &j)| {
-        let (d, rest) = (i % dk, i / dk);
-        let (ic, bh) = (rest % sq, rest / sq);
-        let (h, b) = (bh % heads, bh / heads);
-        j == (b * sq + ic) * nq + h * dk + d
-    });
-    split.then_some((lq, qv))
+    let outer = qm.numel() / (heads * sq * dk).max(1);
+    let split = Affine {
+        sizes: vec![outer, heads, sq, dk],
+        strides: vec![sq * nq, dk, nq, 1],
+        offset: 0,
+    };
+    copies_as(g, s, q, qv, &split).then_some((lq, qv))
 }
 
 /// The `linear` taking the attention's head merge `key` (of `o`) as its
@@ -1214,15 +1246,14 @@ fn output_projection(
         None if s.is_materialized.contains(&r) && !s.fused.contains_key(&r) => r,
         None => return None,
     };
-    let at = copy_map(g, s, o, &chain_between(g, s, o, key))?;
-    // Element j of the merge holds o's element at[j].
-    let merge = at.iter().enumerate().all(|(j, &i)| {
-        let (col, row) = (j % kc, j / kc);
-        let (h, e) = (col / dv, col % dv);
-        let (b, ic) = (row / sq, row % sq);
-        i == ((b * heads + h) * sq + ic) * dv + e
-    });
-    merge.then_some((lo, t))
+    // Element [b, i, h dv + e] of the merge holds o[b, h, i, e].
+    let outer = g.meta(key).numel() / (sq * kc).max(1);
+    let merge = Affine {
+        sizes: vec![outer, sq, heads, dv],
+        strides: vec![heads * sq * dv, dv, sq * dv, 1],
+        offset: 0,
+    };
+    copies_as(g, s, o, key, &merge).then_some((lo, t))
 }
 
 /// The tail a kernel stores in place of its result (`elementwise_tail`).
@@ -1601,6 +1632,17 @@ fn dequantizes(g: &Graph, s: &Schedule, v: ValueId) -> bool {
 /// The largest query and value width an attention kernel holds in
 /// registers.
 pub const ATTENTION_MAX_HEAD: usize = 128;
+
+/// Query rows an invocation of CPU adapters' attention kernel owns
+/// (`codegen::attention`).
+pub const ATTENTION_ROW_BLOCK: usize = 2;
+
+/// Workgroups an attention kernel computing its output projection needs
+/// at least (or as many as it would have apart, if fewer): one
+/// invocation walks every head, so a small batch makes few of them
+/// (MiniLM at 1 x 16 tokens, 1 workgroup instead of 12: 51-55 ms against
+/// 32-37 on lavapipe), and CPU adapters run a workgroup on one thread.
+pub const ATTENTION_MIN_WORKGROUPS: usize = 16;
 
 /// The widest output projection an attention kernel computes: each
 /// invocation accumulates its rows of it in a function-scope array.

@@ -20,7 +20,7 @@ const LANES: usize = 4;
 /// lavapipe, the 128 x 256 4-head workload's attention (2026-12-04): 2
 /// rows and 4 keys 3.6 ms; 1 row 5.5, 4 rows 4.0, 8 rows 6.0; 8 keys a
 /// step 3.9 (2 rows), 7.1 (4 rows).
-const ROWS: usize = 2;
+const ROWS: usize = crate::schedule::ATTENTION_ROW_BLOCK;
 const STEP: usize = 4;
 
 /// The widest head the row kernel unrolls (its code grows with
@@ -481,9 +481,9 @@ impl Gen<'_> {
         let nb = numel(&batch).max(1);
         let blocks = sq.div_ceil(ROWS);
         // An invocation walking every head does `heads` times the work:
-        // workgroups of one subgroup spread it over more threads (where
-        // there are more rows than a subgroup's).
-        let w = if proj.o.is_some() && sg > 1 && blocks > sg {
+        // workgroups of one subgroup spread it over more threads
+        // (`schedule::ATTENTION_MIN_WORKGROUPS`).
+        let w = if proj.o.is_some() && sg > 1 {
             sg
         } else {
             self.workgroup as usize
