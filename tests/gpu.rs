@@ -1802,12 +1802,12 @@ fn attention_computes_its_projections() {
         workgroup: 64,
         ..Default::default()
     };
-    // (program, linears the attention kernel computes, elements it
-    // writes); products too wide for row kernels (`fusion::narrow_product`),
+    // (program, linears the attention kernel computes, whether one is
+    // the output projection, elements it writes); products too wide for row kernels (`fusion::narrow_product`),
     // attention past the budget of kernels in sequence and with workgroups
     // enough (`schedule::ATTENTION_MIN_WORKGROUPS`): the plan checked is
     // the one the adapter's engine runs.
-    let block = |x: &str, split: &str, merge: &str, bias: &str, ret: &str| {
+    let merged = |x: &str, split: &str, merge: &str, bias: &str, ret: &str, ct: &str| {
         format!(
             "graph f(%x: f32[{x}], %wq: f32[96, 96], %wk: f32[96, 96], %wv: f32[96, 96], %wo: f32[80, 96], %bq: f32[96], %bo: f32[80], %mask: bool[40, 40]) {{
   %q = linear(%x, %wq{bias})
@@ -1824,7 +1824,7 @@ fn attention_computes_its_projections() {
   %m = masked_fill(%s2, %mask, -10000.0)
   %p = softmax(%m, -1)
   %c = matmul(%p, %vt)
-  %ct = transpose(%c, -3, -2)
+  %ct = {ct}
   %cm = reshape(%ct, [{merge}])
   %o = linear(%cm, %wo{obias})
   %y = gelu(%o)
@@ -1834,13 +1834,22 @@ fn attention_computes_its_projections() {
             obias = if bias.is_empty() { "" } else { ", %bo" },
         )
     };
+    let block = |x: &str, split: &str, merge: &str, bias: &str, ret: &str| {
+        merged(x, split, merge, bias, ret, "transpose(%c, -3, -2)")
+    };
     let cases = [
         (
             block("4, 40, 96", "4, 40, 3, 32", "4, 40, 96", ", %bq", "%y"),
             2,
+            true,
             4 * 40 * 80,
         ),
-        (block("40, 96", "40, 3, 32", "40, 96", "", "%y"), 2, 40 * 80),
+        (
+            block("40, 96", "40, 3, 32", "40, 96", "", "%y"),
+            2,
+            true,
+            40 * 80,
+        ),
         // Q is an output too: computed by its own kernel.
         (
             block(
@@ -1851,10 +1860,26 @@ fn attention_computes_its_projections() {
                 "(%y, %q)",
             ),
             1,
+            true,
             4 * 40 * 80,
         ),
+        // Columns merged head-minor (`[b, i, e, h]`), not the head merge:
+        // the output projection stays apart, the merge stored.
+        (
+            merged(
+                "4, 40, 96",
+                "4, 40, 3, 32",
+                "4, 40, 96",
+                ", %bq",
+                "%y",
+                "permute(%c, [0, 2, 3, 1])",
+            ),
+            1,
+            false,
+            4 * 40 * 96,
+        ),
     ];
-    for (src, linears, written) in &cases {
+    for (src, linears, out_proj, written) in &cases {
         let g = parse(src).unwrap();
         let p = kiln::engine::compile_with(&g, &cpu).unwrap();
         let att: Vec<_> = p
@@ -1869,7 +1894,7 @@ fn attention_computes_its_projections() {
             *linears,
             "{src}: {ops:?}"
         );
-        assert!(ops.iter().any(|o| o == "gelu"), "{ops:?}");
+        assert_eq!(ops.iter().any(|o| o == "gelu"), *out_proj, "{ops:?}");
         assert_eq!(att[0].bytes_written, 4 * written, "{src}");
         // Besides, K and V's projections (one launch).
         if *linears == 2 {
