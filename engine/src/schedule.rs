@@ -1033,11 +1033,10 @@ fn fuse_attention_projections(
         let heads = om.sizes[om.dim() - 3];
         // Workgroups with the output projection (one subgroup of row
         // blocks walking every head) and apart (a head each).
-        let blocks = sq.div_ceil(ATTENTION_ROW_BLOCK);
         let outer = om.numel() / (heads * sq * dv).max(1);
         let sg = options.subgroup.unwrap_or(1);
-        let together = blocks.div_ceil(sg) * outer;
-        let alone = blocks.div_ceil(options.workgroup as usize) * outer * heads;
+        let together = attention_row_workgroups(sq, outer, sg);
+        let alone = attention_row_workgroups(sq, outer * heads, options.workgroup as usize);
         let o_proj =
             output_projection(g, s, out, force, key, o, heads, sq, dv).filter(|&(lo, t)| {
                 let end = g.node_of(t).unwrap_or(lo);
@@ -1636,6 +1635,12 @@ pub const ATTENTION_MAX_HEAD: usize = 128;
 /// Query rows an invocation of CPU adapters' attention kernel owns
 /// (`codegen::attention`).
 pub const ATTENTION_ROW_BLOCK: usize = 2;
+
+/// Workgroups of CPU adapters' attention kernel over `entries` batch
+/// entries of `sq` query rows, `per_workgroup` row blocks a workgroup.
+pub fn attention_row_workgroups(sq: usize, entries: usize, per_workgroup: usize) -> usize {
+    sq.div_ceil(ATTENTION_ROW_BLOCK).div_ceil(per_workgroup) * entries
+}
 
 /// Workgroups an attention kernel computing its output projection needs
 /// at least (or as many as it would have apart, if fewer): one

@@ -479,7 +479,6 @@ impl Gen<'_> {
             o,
         } = spec;
         let nb = numel(&batch).max(1);
-        let blocks = sq.div_ceil(ROWS);
         // An invocation walking every head does `heads` times the work:
         // workgroups of one subgroup spread it over more threads
         // (`schedule::ATTENTION_MIN_WORKGROUPS`).
@@ -690,7 +689,8 @@ impl Gen<'_> {
             self.memo.clear();
         }
         self.uses_subgroup |= sg > 1;
-        let grid = [blocks.div_ceil(w) as u32, (nb / hl) as u32, 1];
+        let workgroups = crate::schedule::attention_row_workgroups(sq, 1, w);
+        let grid = [workgroups as u32, (nb / hl) as u32, 1];
         Ok(self.finish(
             format!("attention#{}", label.split('#').nth(1).unwrap_or("")),
             grid,
