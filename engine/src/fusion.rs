@@ -492,26 +492,30 @@ pub fn product_flops(g: &Graph, n: NodeId) -> Option<usize> {
         let ev = om.sizes[om.dim() - 1];
         return Some(2 * (om.numel() / ev.max(1)) * s * (e + ev));
     }
-    // The left operand holds K last.
-    let a = node.op.def().lowering.product()?.left;
-    let x = *node.args.get(a)?.tensors().first()?;
-    let k = g.meta(*x).sizes.last().copied()?;
-    Some(2 * g.meta(node.results[0]).numel() * k)
+    Some(2 * g.meta(node.results[0]).numel() * product_depth(g, n)?)
+}
+
+/// K of product node `n`: its left operand holds K last.
+pub fn product_depth(g: &Graph, n: NodeId) -> Option<usize> {
+    let node = &g.nodes[n];
+    let left = node.op.def().lowering.product()?.left;
+    let x = *node.args.get(left)?.tensors().first()?;
+    g.meta(*x).sizes.last().copied()
 }
 
 /// Is product node `n` narrow enough for a row kernel: a block of its
 /// rows within `CHAIN_MAX_WIDTH` outputs and `CHAIN_MAX_PRODUCT`
 /// multiply-adds?
 pub fn narrow_product(g: &Graph, n: NodeId) -> bool {
-    let node = &g.nodes[n];
-    let Some(form) = node.op.def().lowering.product() else {
+    let Some(k) = product_depth(g, n) else {
         return false;
     };
-    let Some(Arg::Tensor(left)) = node.args.get(form.left) else {
-        return false;
-    };
-    let width = g.meta(node.results[0]).sizes.last().copied().unwrap_or(1);
-    let k = g.meta(*left).sizes.last().copied().unwrap_or(1);
+    let width = g
+        .meta(g.nodes[n].results[0])
+        .sizes
+        .last()
+        .copied()
+        .unwrap_or(1);
     width <= CHAIN_MAX_WIDTH && width * k <= CHAIN_MAX_PRODUCT
 }
 

@@ -126,12 +126,13 @@ pub fn schedule(
     recompute_cheap_maps(g, &mut s, &out_set, force);
     fuse_rows(g, &mut s, &out_set, force, options.workgroup_rows);
     fuse_products(g, &mut s, &out_set, force, options.fuse_attention);
-    // Only the row kernel computes projections (`codegen::attention`).
-    if options.attention_rows
-        && options.attention_projections
-        && options
-            .subgroup
-            .is_some_and(|sg| (options.workgroup as usize).is_multiple_of(sg))
+    // CPU adapters' row kernel computes projections with subgroups alone
+    // (`codegen::attention`); GPUs' tiled kernel always can.
+    if options.attention_projections
+        && (!options.attention_rows
+            || options
+                .subgroup
+                .is_some_and(|sg| (options.workgroup as usize).is_multiple_of(sg)))
     {
         fuse_attention_projections(g, &mut s, &out_set, force, options);
     }
@@ -982,11 +983,11 @@ fn fuse_products(
     s.materialized.sort_by_key(pos);
 }
 
-/// Attention kernels that compute their projections (CPU adapters' row
-/// kernel): the query rows from the `linear` whose head split they are
-/// (`Q` never stored), and the output projection of the head merge, for
-/// which one invocation owns every head of its rows (the merge never
-/// stored). Only the standard layouts: the split `Q[b, i, h dk + d]` read
+/// Attention kernels that compute their projections: the query rows from
+/// the `linear` whose head split they are (`Q` never stored), and the
+/// output projection of the head merge (the merge never stored), for
+/// which one invocation of CPU adapters' row kernel, or one workgroup of
+/// GPUs' tiled kernel, owns every head of its rows. Only the standard layouts: the split `Q[b, i, h dk + d]` read
 /// as `q[b, h, i, d]` and the merge storing `o[b, h, i, e]` at
 /// `[b, i, h dv + e]`, through copies alone.
 fn fuse_attention_projections(
@@ -1031,17 +1032,32 @@ fn fuse_attention_projections(
         }
         let (sq, dv) = (om.sizes[om.dim() - 2], om.sizes[om.dim() - 1]);
         let heads = om.sizes[om.dim() - 3];
-        // Workgroups with the output projection (one subgroup of row
-        // blocks walking every head) and apart (a head each).
-        let outer = om.numel() / (heads * sq * dv).max(1);
-        let sg = options.subgroup.unwrap_or(1);
-        let together = attention_row_workgroups(sq, outer, sg);
-        let alone = attention_row_workgroups(sq, outer * heads, options.workgroup as usize);
+        // Workgroups with the output projection and apart (a head each):
+        // CPU adapters' row kernel has one subgroup of row blocks walk
+        // every head, GPUs' tiled kernel a workgroup own every head of its
+        // rows (where their tiles fit).
+        let entries = om.numel() / (sq * dv).max(1);
+        let dk = crate::fusion::product_depth(g, scores).unwrap_or(0);
+        let (together, alone) = if options.attention_rows {
+            let sg = options.subgroup.unwrap_or(1);
+            (
+                Some(attention_row_workgroups(sq, entries / heads, sg)),
+                attention_row_workgroups(sq, entries, options.workgroup as usize),
+            )
+        } else {
+            let tiles = |merged| {
+                AttentionTiles::new(options.subgroup, options.workgroup, sq, dk, dv, merged)
+            };
+            (
+                tiles(Some(heads)).map(|t| t.workgroups(sq, entries)),
+                tiles(None).map_or(0, |t| t.workgroups(sq, entries)),
+            )
+        };
         let o_proj =
             output_projection(g, s, out, force, key, o, heads, sq, dv).filter(|&(lo, t)| {
                 let end = g.node_of(t).unwrap_or(lo);
                 apart(lo)
-                    && together >= alone.min(ATTENTION_MIN_WORKGROUPS)
+                    && together.is_some_and(|w| w >= alone.min(ATTENTION_MIN_WORKGROUPS))
                     && !written_between(g, s, &[scores, lo], end)
             });
         // The kernel runs where it stores: nothing in between may write
@@ -1642,6 +1658,81 @@ pub fn attention_row_workgroups(sq: usize, entries: usize, per_workgroup: usize)
     sq.div_ceil(ATTENTION_ROW_BLOCK).div_ceil(per_workgroup) * entries
 }
 
+/// How GPUs' tiled attention kernel (`codegen::attention`) splits its
+/// work: a workgroup owns `rows` query rows of `heads` consecutive batch
+/// entries (1, or every head of the rows when it computes their output
+/// projection), `lanes` invocations a row, and stages `keys` keys and
+/// values of each of its heads at a time through workgroup memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionTiles {
+    pub lanes: usize,
+    pub keys: usize,
+    pub rows: usize,
+    pub heads: usize,
+}
+
+/// Keys a tile of the tiled attention kernel, one head a workgroup.
+pub const ATTENTION_KEYS: usize = 16;
+
+/// WebGPU's least `maxComputeWorkgroupStorageSize`, in f32 words.
+const WORKGROUP_WORDS: usize = 16384 / 4;
+
+impl AttentionTiles {
+    /// The split for `sq` query rows of widths `dk` and `dv`; with
+    /// `merged` heads, the one whose workgroup owns every head of its rows
+    /// and keeps their weighted sums (the head merge, `rows` x `merged dv`)
+    /// in the tiles' memory after the walk; None where that does not fit
+    /// WebGPU's 16 KiB of workgroup memory or the workgroup size.
+    pub fn new(
+        subgroup: Option<usize>,
+        workgroup: u32,
+        sq: usize,
+        dk: usize,
+        dv: usize,
+        merged: Option<usize>,
+    ) -> Option<AttentionTiles> {
+        // Invocations sharing a query row where the device has subgroups.
+        const LANES: usize = 4;
+        let lanes = match subgroup {
+            Some(sg) if sg >= LANES && dk.is_multiple_of(LANES) && dv.is_multiple_of(LANES) => {
+                LANES
+            }
+            _ => 1,
+        };
+        let workgroup = workgroup.max(8) as usize;
+        let Some(heads) = merged else {
+            return Some(AttentionTiles {
+                lanes,
+                keys: ATTENTION_KEYS,
+                rows: sq.next_power_of_two().clamp(8, (workgroup / lanes).max(8)),
+                heads: 1,
+            });
+        };
+        let per_key = heads * (dk + dv);
+        let keys = (1..=ATTENTION_KEYS)
+            .rev()
+            .find(|k| k.is_power_of_two() && k * per_key <= WORKGROUP_WORDS)?;
+        // 8 rows share each weight the projection loads.
+        let mut rows = sq.next_power_of_two().min(8);
+        while rows > 1 && (heads * rows * lanes > workgroup || rows * dv > keys * (dk + dv)) {
+            rows /= 2;
+        }
+        (heads * rows * lanes <= workgroup && rows * dv <= keys * (dk + dv)).then_some(
+            AttentionTiles {
+                lanes,
+                keys,
+                rows,
+                heads,
+            },
+        )
+    }
+
+    /// Workgroups over `entries` batch entries (each of `heads` heads).
+    pub fn workgroups(&self, sq: usize, entries: usize) -> usize {
+        sq.div_ceil(self.rows) * entries / self.heads
+    }
+}
+
 /// Workgroups an attention kernel computing its output projection needs
 /// at least (or as many as it would have apart, if fewer): one
 /// invocation walks every head, so a small batch makes few of them
@@ -2174,4 +2265,38 @@ fn computed_before(
                     .get(r)
                     .is_none_or(|us| us.iter().all(|&w| computed_before(g, s, pos, w, limit)))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AttentionTiles;
+
+    /// The tiled attention kernel's split with the output projection:
+    /// tiles and merge within WebGPU's 16 KiB, the workgroup within its
+    /// size, none where a head group's tiles cannot fit.
+    #[test]
+    fn attention_tiles_fit_workgroup_memory() {
+        let t = |sg, sq, heads, d| AttentionTiles::new(sg, 256, sq, d, d, Some(heads));
+        // The 128 x 256 4-head workload: 8 keys of 4 heads of 64 (16 KiB).
+        let w = t(None, 128, 4, 64).unwrap();
+        assert_eq!((w.lanes, w.keys, w.rows, w.heads), (1, 8, 8, 4));
+        assert_eq!(w.workgroups(128, 4), 16);
+        // MiniLM's 12 heads of 32 with subgroups: 4 rows (192 invocations).
+        let m = t(Some(32), 128, 12, 32).unwrap();
+        assert_eq!((m.lanes, m.keys, m.rows), (4, 4, 4));
+        assert_eq!(m.workgroups(128, 12 * 32), 32 * 32);
+        // One query row (decoding) owns a workgroup of one row.
+        assert_eq!(t(None, 1, 4, 64).unwrap().rows, 1);
+        // 32 heads of 128: not even one key of each fits.
+        assert_eq!(t(None, 128, 32, 128), None);
+        for (sg, sq, heads, d) in [(None, 40, 3, 32), (Some(8), 77, 16, 64), (None, 5, 2, 128)] {
+            let a = t(sg, sq, heads, d).unwrap();
+            assert!(a.heads * a.keys * 2 * d * 4 <= 16384, "{a:?}");
+            assert!(a.rows * d <= a.keys * 2 * d, "{a:?}");
+            assert!(a.heads * a.rows * a.lanes <= 256, "{a:?}");
+        }
+        // One head a workgroup: the rows of a batch entry.
+        let one = AttentionTiles::new(Some(32), 256, 128, 64, 64, None).unwrap();
+        assert_eq!((one.lanes, one.keys, one.rows, one.heads), (4, 16, 64, 1));
+    }
 }

@@ -6,7 +6,7 @@
 ## probabilities reach memory. Loops over the head width are unrolled:
 ## constant indices keep `q` and `acc` in registers. Small heads unroll the
 ## loops over a tile's keys too (`unroll`: a dynamic index keeps `sc` in
-## memory, constant offsets let the compiler read `ks`/`vs` four words at
+## memory, constant offsets let the compiler read the tiles four words at
 ## a time; an H100 ran MiniLM 32 x 128's attention at 7 TFLOP/s looped);
 ## wide heads keep them (unrolled, lavapipe takes minutes to compile).
 ##
@@ -17,17 +17,33 @@
 ## path, is `lanes` times shorter (MiniLM's 128 queries of head 32: 8
 ## multiply-adds a key instead of 32).
 ##
+## With `merge` (the kernel computes the output projection of the head
+## merge), a workgroup owns $wq rows of $hg heads, a group of $hw
+## invocations a head, each staging its own head's tiles. After the walk
+## the groups write their weighted sums into the tiles' memory as the
+## merge's rows ($mw wide), and @project computes the block's projection.
+##
 ## Holes: @offsets binds qoff, koff, voff (the batch entry's first
-## element of each operand); @load_q reads the query row into `q`;
-## @stage k|v binds `x` and `ok` for element `e` of the tile; @score binds
-## `x`, the softmax's input at score `sv` (position `si`); @store writes
-## `acc[c] / l`; @forget ends the fused loads' scope.
-#shared var<workgroup> ks: array<f32, $ks_len>;
-#shared var<workgroup> vs: array<f32, $vs_len>;
-let bz = wid.y;
+## element of each operand); @load_q reads (or computes) the query row
+## into `q`; @stage k|v binds `x` and `ok` for element `e` of the tile;
+## @score binds `x`, the softmax's input at score `sv` (position `si`);
+## @store writes `acc[c] / l`; @project stores the output projection of
+## the merge in `kv`; @forget ends the fused loads' scope.
+#shared var<workgroup> kv: array<f32, $kv_len>;
+#if merge
+    let hl = lid.x / $hw;
+    let t = lid.x % $hw;
+#else
+    let hl = 0u;
+    let t = lid.x;
+#end
+let bz = wid.y * $hg + hl;
 let part = lid.x % ${lanes}u;
-let i = wid.x * $wq + lid.x / ${lanes}u;
+let i = wid.x * $wq + t / ${lanes}u;
 let ic = min(i, $sq_last);
+## This head's tiles of keys and of values.
+let kh = hl * ${ks_len}u;
+let vh = $vs_at + hl * ${vs_len}u;
 @offsets
 var q: array<f32, $dkl>;
 @load_q
@@ -37,14 +53,14 @@ var l: f32 = 0.0;
 var sc: array<f32, $keys>;
 for (var j0 = 0u; j0 < $sk; j0 = j0 + ${keys}u) {
     ## Stage the tile's keys and values (zeros past the last key).
-    for (var e = lid.x; e < ${ks_len}u; e = e + $w) {
+    for (var e = t; e < ${ks_len}u; e = e + $hw) {
         @stage k
-        ks[e] = select(0.0, $x, $ok);
+        kv[kh + e] = select(0.0, $x, $ok);
     }
     @forget
-    for (var e = lid.x; e < ${vs_len}u; e = e + $w) {
+    for (var e = t; e < ${vs_len}u; e = e + $hw) {
         @stage v
-        vs[e] = select(0.0, $x, $ok);
+        kv[vh + e] = select(0.0, $x, $ok);
     }
     @forget
     workgroupBarrier();
@@ -57,9 +73,9 @@ for (var j0 = 0u; j0 < $sk; j0 = j0 + ${keys}u) {
         for (var jj = 0u; jj < ${keys}u; jj = jj + 1u) {
         #end
         var s: f32 = 0.0;
-        let kb = $jj * ${dk}u;
+        let kb = kh + $jj * ${dk}u;
         #for d in dkl
-            s = s + q[$d] * ks[kb + ${dl$d}u + part];
+            s = s + q[$d] * kv[kb + ${dl$d}u + part];
         #end
         #for b in lane_masks
             s = s + subgroupShuffleXor(s, $b);
@@ -92,18 +108,29 @@ for (var j0 = 0u; j0 < $sk; j0 = j0 + ${keys}u) {
         #end
         let p = select(exp(sc[$jj] - mn), 0.0, dead);
         l = l + p;
-        let vb = $jj * ${dv}u;
+        let vb = vh + $jj * ${dv}u;
         #for c in dvl
-            acc[$c] = acc[$c] + p * vs[vb + ${dl$c}u + part];
+            acc[$c] = acc[$c] + p * kv[vb + ${dl$c}u + part];
         #end
         }
     #end
     m = mn;
     workgroupBarrier();
 }
-if (i >= $sq) { return; }
-#let orow: u32 = bz * $sq_dv + i * ${dv}u
-#for c in dvl
-    #let oi: u32 = $orow + ${dl$c}u + part
-    @store
+#if merge
+    ## Every invocation reaches the barrier: rows past the last are
+    ## clamped copies, and @project stores none of them.
+    let mr = (t / ${lanes}u) * ${mw}u + hl * ${dv}u;
+    #for c in dvl
+        kv[mr + ${dl$c}u + part] = acc[$c] / l;
+    #end
+    workgroupBarrier();
+    @project
+#else
+    if (i >= $sq) { return; }
+    #let orow: u32 = bz * $sq_dv + i * ${dv}u
+    #for c in dvl
+        #let oi: u32 = $orow + ${dl$c}u + part
+        @store
+    #end
 #end

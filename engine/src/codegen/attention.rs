@@ -1,19 +1,16 @@
 //! Attention as one kernel: `O = softmax(f(Q K)) V` with `f` elementwise
 //! (scale, mask), `Fused::Attention`. Each invocation owns one query row;
-//! the workgroup (rows of one batch entry) walks the keys in tiles staged
-//! through workgroup memory, with an online softmax (running maximum and
-//! sum, accumulator rescaled per tile), so neither the scores nor the
-//! probabilities reach memory.
+//! the workgroup (rows of one batch entry, or of every head where it
+//! computes the output projection) walks the keys in tiles staged through
+//! workgroup memory, with an online softmax (running maximum and sum,
+//! accumulator rescaled per tile), so neither the scores nor the
+//! probabilities reach memory. CPU adapters run a row kernel instead
+//! (`attention_rows_kernel`).
 
 use super::matmul::{Operand, Product};
 use super::template::{self, Env};
 use super::*;
-
-/// Keys per tile.
-const KEYS: usize = 16;
-
-/// Invocations sharing a query row where the device has subgroups.
-const LANES: usize = 4;
+use crate::schedule::AttentionTiles;
 
 /// Query rows an invocation of the row kernel owns (CPU adapters,
 /// `CompileOptions::attention_rows`), and keys a step of its walk.
@@ -26,12 +23,6 @@ const STEP: usize = 4;
 /// The widest head the row kernel unrolls (its code grows with
 /// `ROWS * STEP * (dk + dv)`); wider heads run the tiled kernel.
 const ROWS_MAX_HEAD: usize = 256;
-
-/// Query rows per workgroup: the rows of one batch entry, up to the
-/// device's workgroup size.
-fn rows_per_workgroup(rows: usize, workgroup: u32) -> usize {
-    rows.next_power_of_two().clamp(8, workgroup.max(8) as usize)
-}
 
 /// An attention kernel's operands: `q` as [sq, dk], `k` as [dk, sk] (the
 /// right operand of `q k`), `v` as [sk, dv], over `batch`, into `o`.
@@ -234,8 +225,9 @@ impl Gen<'_> {
                 "attention over {nb} batch entries: too many workgroups"
             )));
         }
-        // Projections need the row kernel: without subgroups (kernels in
-        // sequence, `lower::sequence`) each lane loads every unit itself.
+        // CPU adapters' row kernel; with projections but no subgroups
+        // (kernels in sequence, `lower::sequence`) each lane loads every
+        // unit itself.
         let projected = proj.q.is_some() || proj.o.is_some();
         let rows_sg = self
             .subgroup
@@ -256,36 +248,47 @@ impl Gen<'_> {
             };
             return self.attention_rows_kernel(spec, &score, proj, sg, label);
         }
-        if projected {
-            return Err(bug("attention projections without the row kernel"));
-        }
-        let lanes = match self.subgroup {
-            Some(sg) if sg >= LANES && dk % LANES == 0 && dv % LANES == 0 => LANES,
-            _ => 1,
+        // With the output projection a workgroup owns every head of its
+        // rows (`schedule::AttentionTiles`), one head apart.
+        let merged = proj.o.as_ref().map(|_| proj.heads);
+        let Some(tiles) = AttentionTiles::new(self.subgroup, self.workgroup, sq, dk, dv, merged)
+        else {
+            return Err(bug("attention's tiles do not fit its workgroup"));
         };
-        // Query rows a workgroup, and its invocations.
-        let wq = rows_per_workgroup(sq, self.workgroup / lanes as u32);
-        let w = wq * lanes;
-        let unroll = KEYS * (dk + dv) <= 1024;
+        let AttentionTiles {
+            lanes,
+            keys,
+            rows: wq,
+            heads: hg,
+        } = tiles;
+        // Invocations a head, and the workgroup's.
+        let hw = wq * lanes;
+        let w = hw * hg;
+        let unroll = keys * (dk + dv) <= 1024;
         let keys_at = if unroll {
-            (0..KEYS).map(u).collect()
+            (0..keys).map(u).collect()
         } else {
             vec!["jj".to_string()]
         };
         let mut env = Env::default()
-            .n("keys", KEYS)
-            .n("ks_len", KEYS * dk)
-            .n("vs_len", KEYS * dv)
+            .n("keys", keys)
+            .n("ks_len", keys * dk)
+            .n("vs_len", keys * dv)
+            .n("kv_len", hg * keys * (dk + dv))
+            .s("vs_at", u(hg * keys * dk))
             .n("dk", dk)
             .n("dv", dv)
             .n("dkl", dk / lanes)
             .n("dvl", dv / lanes)
             .n("lanes", lanes)
+            .n("mw", hg * dv)
             .l(
                 "lane_masks",
                 (0..lanes.trailing_zeros()).map(|b| u(1 << b)).collect(),
             )
             .s("w", u(w))
+            .s("hw", u(hw))
+            .s("hg", u(hg))
             .s("wq", u(wq))
             .s("sq", u(sq))
             .s("sq_last", u(sq - 1))
@@ -295,6 +298,7 @@ impl Gen<'_> {
             .s("sq_dv", u(sq * dv))
             .s("ninf", literal(f64::NEG_INFINITY, DType::F32))
             .b("unroll", unroll)
+            .b("merge", proj.o.is_some())
             .l("keys_at", keys_at);
         for d in 0..dk.max(dv) {
             env = env.n(&format!("dl{d}"), d * lanes);
@@ -304,7 +308,10 @@ impl Gen<'_> {
                 "offsets" => {
                     gen.batch_offsets(&batch, &[("qoff", &q), ("koff", &k), ("voff", &v)], env)
                 }
-                "load_q" => gen.load_query(&q, dk, lanes, &env.get("qoff")?)?,
+                "load_q" => match &proj.q {
+                    Some(p) => gen.project_query(p, dk, lanes, sq, proj.heads)?,
+                    None => gen.load_query(&q, dk, lanes, &env.get("qoff")?)?,
+                },
                 "stage" => {
                     let (x, ok) = if args[0] == "k" {
                         gen.stage_tile(&k, true, dk, sk, &env.get("koff")?)?
@@ -324,6 +331,12 @@ impl Gen<'_> {
                     let y = cast(&format!("(acc[{c}] / l)"), DType::F32, gen.meta(o).dtype);
                     gen.store_to(o, &env.get("oi")?, &y)?;
                 }
+                "project" => {
+                    let Some((p, r_out)) = &proj.o else {
+                        return Err(bug("attention template: a merge without its projection"));
+                    };
+                    gen.project_merge(p, *r_out, wq, w, sq)?;
+                }
                 "forget" => gen.memo.clear(),
                 _ => return Err(bug(format!("attention template: no hole `{hole}`"))),
             }
@@ -331,7 +344,7 @@ impl Gen<'_> {
         };
         template::ATTENTION.render(self, &mut env, &mut holes)?;
         self.uses_subgroup |= lanes > 1;
-        let grid = [sq.div_ceil(wq) as u32, nb as u32, 1];
+        let grid = [sq.div_ceil(wq) as u32, (nb / hg) as u32, 1];
         Ok(self.finish(
             format!("attention#{}", label.split('#').nth(1).unwrap_or("")),
             grid,
@@ -355,6 +368,154 @@ impl Gen<'_> {
             self.body.stmt(format!("q[{d}] = {x};"));
         }
         self.memo.clear();
+        Ok(())
+    }
+
+    /// This invocation's elements of query row `ic` of head `bz % heads`
+    /// (every `lanes`-th from `part`) into `q`, computed from their
+    /// projection `p` (`q[b, h, i, d]` = `Q[b, i, h dk + d]`, `Q = x W^T +
+    /// bias`): x's row is read a vector at a time where the layout
+    /// allows; a head group's invocations read the same weights.
+    fn project_query(
+        &mut self,
+        p: &Product,
+        dk: usize,
+        lanes: usize,
+        sq: usize,
+        heads: usize,
+    ) -> R<()> {
+        let (kk, nq) = (p.kk, p.mm);
+        self.memo.clear();
+        let col0 = self
+            .body
+            .bind("u32", format!("(bz % {}) * {} + part", u(heads), u(dk)));
+        let xrow = self
+            .body
+            .bind("u32", format!("(bz / {}) * {} + ic", u(heads), u(sq)));
+        let sa = self.vec4_operand(&p.a, p.a.rs, p.a.cs, kk)?;
+        let sb = self.vec4_operand(&p.b, p.b.cs, p.b.rs, kk)?;
+        let quads = sa.zip(sb);
+        let step = if quads.is_some() { 4 } else { 1 };
+        self.body.stmt(format!(
+            "for (var c = 0u; c < {}; c = c + {}) {{",
+            u(kk),
+            u(step)
+        ));
+        let at = format!("{xrow} * {} + c * {}", u(p.a.rs), u(p.a.cs));
+        let x = match &quads {
+            Some((sa, _)) => self.body.bind("vec4<f32>", super::matmul::vec4_at(sa, &at)),
+            None => {
+                let at = self.body.bind("u32", at);
+                let x = self.value_at(p.a.v, &at)?;
+                self.body
+                    .bind("f32", cast(&x, self.meta(p.a.v).dtype, DType::F32))
+            }
+        };
+        for d in 0..dk / lanes {
+            let at = format!(
+                "({col0} + {}) * {} + c * {}",
+                u(d * lanes),
+                u(p.b.cs),
+                u(p.b.rs)
+            );
+            let term = match &quads {
+                Some((_, sb)) => format!("dot({x}, {})", super::matmul::vec4_at(sb, &at)),
+                None => {
+                    let at = self.body.bind("u32", at);
+                    let wv = self.value_at(p.b.v, &at)?;
+                    format!("{x} * {}", cast(&wv, self.meta(p.b.v).dtype, DType::F32))
+                }
+            };
+            self.body.stmt(format!("q[{d}] = q[{d}] + {term};"));
+        }
+        self.memo.clear();
+        self.body.stmt("}".into());
+        for d in 0..dk / lanes {
+            let acc = format!("q[{d}]");
+            let qi = self.body.bind(
+                "u32",
+                format!("{xrow} * {} + {col0} + {}", u(nq), u(d * lanes)),
+            );
+            let y = self.with_addend(&acc, p.extra, &p.batch, p.nn, nq, &qi, DType::F32)?;
+            if y != acc {
+                self.body.stmt(format!("{acc} = {y};"));
+            }
+        }
+        self.memo.clear();
+        Ok(())
+    }
+
+    /// The output projection `p` of the workgroup's `rows` rows of the
+    /// head merge (in `kv`, a row of `p.kk` words each), stored as its
+    /// result `r_out` through its bias and epilogue: invocation `lid.x`
+    /// of `w` computes columns `lid.x`, `lid.x + w`, ..., each weight
+    /// loaded once for every row.
+    fn project_merge(
+        &mut self,
+        p: &Product,
+        r_out: ValueId,
+        rows: usize,
+        w: usize,
+        sq: usize,
+    ) -> R<()> {
+        let (kk, no) = (p.kk, p.mm);
+        self.memo.clear();
+        let sb = self.vec4_operand(&p.b, p.b.cs, p.b.rs, kk)?;
+        let step = if sb.is_some() { 4 } else { 1 };
+        self.body.stmt(format!(
+            "for (var n = lid.x; n < {}; n = n + {}) {{",
+            u(no),
+            u(w)
+        ));
+        for r in 0..rows {
+            self.body.stmt(format!("var o{r}: f32 = 0.0;"));
+        }
+        self.body.stmt(format!(
+            "for (var c = 0u; c < {}; c = c + {}) {{",
+            u(kk),
+            u(step)
+        ));
+        let at = format!("n * {} + c * {}", u(p.b.cs), u(p.b.rs));
+        let wv = match &sb {
+            Some(sb) => self.body.bind("vec4<f32>", super::matmul::vec4_at(sb, &at)),
+            None => {
+                let at = self.body.bind("u32", at);
+                let x = self.value_at(p.b.v, &at)?;
+                self.body
+                    .bind("f32", cast(&x, self.meta(p.b.v).dtype, DType::F32))
+            }
+        };
+        for r in 0..rows {
+            let m = |e: usize| format!("kv[{} + c + {}]", u(r * kk), u(e));
+            let term = match sb {
+                Some(_) => format!(
+                    "dot(vec4<f32>({}, {}, {}, {}), {wv})",
+                    m(0),
+                    m(1),
+                    m(2),
+                    m(3)
+                ),
+                None => format!("{} * {wv}", m(0)),
+            };
+            self.body.stmt(format!("o{r} = o{r} + {term};"));
+        }
+        self.memo.clear();
+        self.body.stmt("}".into());
+        for r in 0..rows {
+            let i = self
+                .body
+                .bind("u32", format!("wid.x * {} + {}", u(rows), u(r)));
+            self.body.stmt(format!("if ({i} < {}) {{", u(sq)));
+            let oi = self
+                .body
+                .bind("u32", format!("(wid.y * {} + {i}) * {} + n", u(sq), u(no)));
+            let acc = format!("o{r}");
+            let y = self.with_addend(&acc, p.extra, &p.batch, p.nn, no, &oi, DType::F32)?;
+            self.store_to(r_out, &oi, &y)?;
+            self.body.stmt("}".into());
+            self.memo.clear();
+        }
+        self.body.stmt("}".into());
         Ok(())
     }
 

@@ -454,8 +454,9 @@ pub(super) mod tests {
 
     /// Products and attention of the shapes the templates' branches are
     /// for (the fixtures' are mostly small): vec4 tiles along k and along
-    /// B's columns, fused operands, a transposed A, f16, a wide head.
-    const EXTRA: [&str; 7] = [
+    /// B's columns, fused operands, a transposed A, f16, a wide head,
+    /// attention computing its projections.
+    const EXTRA: [&str; 8] = [
         "graph twins(%x: f32[64, 32], %w1: f32[48, 32], %w3: f32[48, 32], %m1: f32[32, 64], %m3: f32[32, 64], %y: f32[64, 37], %v1: f32[24, 37], %v3: f32[24, 37], %p: f16[64, 8], %q1: f16[8, 30], %q3: f16[8, 30]) {
            %g = linear(%x, %w1)
            %u = linear(%x, %w3)
@@ -496,6 +497,26 @@ pub(super) mod tests {
          }",
         "graph sdpa_wide(%q: f32[2, 20, 64], %k: f32[2, 40, 64], %v: f32[2, 40, 64]) {
            %y = scaled_dot_product_attention(%q, %k, %v, none, 0.0, true)
+           return %y
+         }",
+        "graph projected(%x: f32[2, 40, 96], %wq: f32[96, 96], %wk: f32[96, 96], %wv: f32[96, 96], %wo: f32[80, 96], %bq: f32[96], %bo: f32[80]) {
+           %q = linear(%x, %wq, %bq)
+           %k = linear(%x, %wk)
+           %v = linear(%x, %wv)
+           %qh = view(%q, [2, 40, 3, 32])
+           %kh = view(%k, [2, 40, 3, 32])
+           %vh = view(%v, [2, 40, 3, 32])
+           %qt = transpose(%qh, 1, 2)
+           %kt = permute(%kh, [0, 2, 3, 1])
+           %vt = transpose(%vh, 1, 2)
+           %s = matmul(%qt, %kt)
+           %s2 = mul(%s, 0.35)
+           %p = softmax(%s2, -1)
+           %c = matmul(%p, %vt)
+           %ct = transpose(%c, 1, 2)
+           %cm = reshape(%ct, [2, 40, 96])
+           %o = linear(%cm, %wo, %bo)
+           %y = gelu(%o)
            return %y
          }",
         "graph wide_rows(%x: f32[8, 2048], %w: f32[2048]) {
