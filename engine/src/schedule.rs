@@ -1053,11 +1053,23 @@ fn fuse_attention_projections(
                 tiles(None).map_or(0, |t| t.workgroups(sq, entries)),
             )
         };
+        // GPUs' kernel reads the projections' weights once a workgroup of
+        // a few rows (a product apart, once a tile of 64-128): from cache,
+        // worth it while those reads cost less than what the merge saves.
+        let cached_reads_pay = |lo: NodeId| {
+            let lq = query_projection(g, s, out, force, scores, heads, sq).map(|(lq, _)| lq);
+            let bytes = |v: ValueId| g.meta(v).numel() * 4;
+            let weights = |n: NodeId| g.nodes[n].inputs().get(1).map_or(0, |&w| bytes(w));
+            let reads = together.unwrap_or(0) * (weights(lo) + lq.map_or(0, weights));
+            let saved = 2 * (bytes(key) + lq.map_or(0, |n| bytes(g.nodes[n].results[0])));
+            options.attention_rows || reads <= ATTENTION_LAUNCH_BYTES + 2 * saved
+        };
         let o_proj =
             output_projection(g, s, out, force, key, o, heads, sq, dv).filter(|&(lo, t)| {
                 let end = g.node_of(t).unwrap_or(lo);
                 apart(lo)
                     && together.is_some_and(|w| w >= alone.min(ATTENTION_MIN_WORKGROUPS))
+                    && cached_reads_pay(lo)
                     && !written_between(g, s, &[scores, lo], end)
             });
         // The kernel runs where it stores: nothing in between may write
@@ -1739,6 +1751,15 @@ impl AttentionTiles {
 /// (MiniLM at 1 x 16 tokens, 1 workgroup instead of 12: 51-55 ms against
 /// 32-37 on lavapipe), and CPU adapters run a workgroup on one thread.
 pub const ATTENTION_MIN_WORKGROUPS: usize = 16;
+
+/// Cache reads of projection weights worth a launch of GPUs' attention
+/// kernel, against memory traffic at twice the bytes (an H100's L2 serves
+/// about 5.5 TB/s, its memory 3.35): about what the L2 serves in the
+/// 3 us a launch takes. An estimate: no GPU has timed it (MiniLM 32 x
+/// 128 would read each layer's output projection 1024 times, 604 MB,
+/// to save 12.6 MB; the 128 x 256 4-head workload reads 8 MiB to save
+/// 512 KiB and a launch).
+pub const ATTENTION_LAUNCH_BYTES: usize = 16 << 20;
 
 /// The widest output projection an attention kernel computes: each
 /// invocation accumulates its rows of it in a function-scope array.
