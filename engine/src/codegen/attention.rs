@@ -402,15 +402,7 @@ impl Gen<'_> {
             u(step)
         ));
         let at = format!("{xrow} * {} + c * {}", u(p.a.rs), u(p.a.cs));
-        let x = match &quads {
-            Some((sa, _)) => self.body.bind("vec4<f32>", super::matmul::vec4_at(sa, &at)),
-            None => {
-                let at = self.body.bind("u32", at);
-                let x = self.value_at(p.a.v, &at)?;
-                self.body
-                    .bind("f32", cast(&x, self.meta(p.a.v).dtype, DType::F32))
-            }
-        };
+        let x = self.load_unit(quads.as_ref().map(|q| &q.0), p.a.v, at)?;
         for d in 0..dk / lanes {
             let at = format!(
                 "({col0} + {}) * {} + c * {}",
@@ -418,13 +410,10 @@ impl Gen<'_> {
                 u(p.b.cs),
                 u(p.b.rs)
             );
-            let term = match &quads {
-                Some((_, sb)) => format!("dot({x}, {})", super::matmul::vec4_at(sb, &at)),
-                None => {
-                    let at = self.body.bind("u32", at);
-                    let wv = self.value_at(p.b.v, &at)?;
-                    format!("{x} * {}", cast(&wv, self.meta(p.b.v).dtype, DType::F32))
-                }
+            let wv = self.load_unit(quads.as_ref().map(|q| &q.1), p.b.v, at)?;
+            let term = match quads {
+                Some(_) => format!("dot({x}, {wv})"),
+                None => format!("{x} * {wv}"),
             };
             self.body.stmt(format!("q[{d}] = q[{d}] + {term};"));
         }
@@ -476,15 +465,7 @@ impl Gen<'_> {
             u(step)
         ));
         let at = format!("n * {} + c * {}", u(p.b.cs), u(p.b.rs));
-        let wv = match &sb {
-            Some(sb) => self.body.bind("vec4<f32>", super::matmul::vec4_at(sb, &at)),
-            None => {
-                let at = self.body.bind("u32", at);
-                let x = self.value_at(p.b.v, &at)?;
-                self.body
-                    .bind("f32", cast(&x, self.meta(p.b.v).dtype, DType::F32))
-            }
-        };
+        let wv = self.load_unit(sb.as_ref(), p.b.v, at)?;
         for r in 0..rows {
             let m = |e: usize| format!("kv[{} + c + {}]", u(r * kk), u(e));
             let term = match sb {
@@ -517,6 +498,20 @@ impl Gen<'_> {
         }
         self.body.stmt("}".into());
         Ok(())
+    }
+
+    /// Element `at` of `x` as f32, or the vector of four there where
+    /// `slot` reads `x` as vectors.
+    fn load_unit(&mut self, slot: Option<&Slot>, x: ValueId, at: String) -> R<String> {
+        Ok(match slot {
+            Some(s) => self.body.bind("vec4<f32>", super::matmul::vec4_at(s, &at)),
+            None => {
+                let at = self.body.bind("u32", at);
+                let v = self.value_at(x, &at)?;
+                self.body
+                    .bind("f32", cast(&v, self.meta(x).dtype, DType::F32))
+            }
+        })
     }
 
     /// Element `e` of a tile of keys (`keys`: K as [d, j]) or values (V as
@@ -891,10 +886,7 @@ impl Gen<'_> {
         }
         let sa = self.vec4_operand(&p.a, p.a.rs, p.a.cs, kk)?;
         let sb = self.vec4_operand(&p.b, p.b.cs, p.b.rs, kk)?;
-        let quads = match (sa, sb) {
-            (Some(sa), Some(sb)) => Some((sa, sb)),
-            _ => None,
-        };
+        let quads = sa.zip(sb);
         let step = if quads.is_some() { 4 } else { 1 };
         self.body.stmt(format!(
             "for (var c = 0u; c < {}; c = c + {}) {{",
@@ -904,13 +896,7 @@ impl Gen<'_> {
         let mut xs = vec![];
         for row in &xrows {
             let at = format!("{row} * {} + c * {}", u(p.a.rs), u(p.a.cs));
-            xs.push(match &quads {
-                Some((sa, _)) => self.body.bind("vec4<f32>", super::matmul::vec4_at(sa, &at)),
-                None => {
-                    let at = self.body.bind("u32", at);
-                    self.value_at(p.a.v, &at)?
-                }
-            });
+            xs.push(self.load_unit(quads.as_ref().map(|q| &q.0), p.a.v, at)?);
         }
         // Row `d` of the head's weights at this step: the same for every
         // lane, so each loads a share and broadcasts it.
