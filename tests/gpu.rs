@@ -1940,6 +1940,83 @@ fn attention_computes_its_projections() {
     }
 }
 
+/// A scores' tail too long to compute for every score (Swin's
+/// shifted-window mask, built in the program from fills of slices of a
+/// zero image, then split into windows): the mask goes to memory, a
+/// kernel of its own computing each element once, and the attention is
+/// still one kernel reading it (`schedule::store_score_operands`);
+/// results as the reference's on every variant.
+#[test]
+fn attention_reads_a_long_built_mask_from_memory() {
+    let src = "graph shifted(%q: f32[4, 2, 16, 8], %k: f32[4, 2, 16, 8], %v: f32[4, 2, 16, 8]) {
+  %img = zeros([8, 8])
+  %r0 = slice(%img, 0, 0, 4)
+  %a00 = slice(%r0, 1, 0, 4)
+  %f00 = fill_(%a00, 0.0)
+  %a01 = slice(%r0, 1, 4, 6)
+  %f01 = fill_(%a01, 1.0)
+  %a02 = slice(%r0, 1, 6, 8)
+  %f02 = fill_(%a02, 2.0)
+  %r1 = slice(%img, 0, 4, 6)
+  %a10 = slice(%r1, 1, 0, 4)
+  %f10 = fill_(%a10, 3.0)
+  %a11 = slice(%r1, 1, 4, 6)
+  %f11 = fill_(%a11, 4.0)
+  %a12 = slice(%r1, 1, 6, 8)
+  %f12 = fill_(%a12, 5.0)
+  %r2 = slice(%img, 0, 6, 8)
+  %a20 = slice(%r2, 1, 0, 4)
+  %f20 = fill_(%a20, 6.0)
+  %a21 = slice(%r2, 1, 4, 6)
+  %f21 = fill_(%a21, 7.0)
+  %a22 = slice(%r2, 1, 6, 8)
+  %f22 = fill_(%a22, 8.0)
+  %w1 = view(%img, [2, 4, 2, 4])
+  %w2 = permute(%w1, [0, 2, 1, 3])
+  %mw = reshape(%w2, [4, 16])
+  %m1 = unsqueeze(%mw, 1)
+  %m2 = unsqueeze(%mw, 2)
+  %d = sub(%m1, %m2)
+  %nz = ne(%d, 0.0)
+  %am = masked_fill(%d, %nz, -100.0)
+  %kt = transpose(%k, -1, -2)
+  %s = matmul(%q, %kt)
+  %s2 = mul(%s, 0.35)
+  %mu = unsqueeze(%am, 1)
+  %a = add(%s2, %mu)
+  %p = softmax(%a, -1)
+  %o = matmul(%p, %v)
+  return %o
+}";
+    let g = parse(src).unwrap();
+    let ins = kiln::functionalize::random::random_inputs(&g, 5, 1.0);
+    let want = kiln::run(&g, ins.clone()).unwrap();
+    for mut e in attention_engines() {
+        let exe = e.session.compile(&g).unwrap();
+        let labels: Vec<&str> = exe
+            .program
+            .kernels
+            .iter()
+            .flat_map(|k| k.code.label.split(" | "))
+            .flat_map(|l| l.split(" ; "))
+            .collect();
+        let attention = labels.iter().filter(|l| l.starts_with("attention")).count();
+        assert_eq!(attention, 1, "{labels:?}");
+        assert!(
+            !labels.iter().any(|l| l.starts_with("softmax")),
+            "{labels:?}"
+        );
+        let got = e.run(&g, ins.clone()).unwrap();
+        close_gpu(
+            "built shifted-window mask",
+            &got.outputs[0],
+            &want.outputs[0],
+            1e-5,
+        )
+        .unwrap();
+    }
+}
+
 /// Scores reshaped around their mask (Swin's shifted windows: the windows
 /// split out of the batch for a per-window mask, then merged back) are
 /// still one attention kernel, and an epilogue goes on through a reshape

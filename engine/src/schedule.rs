@@ -921,6 +921,9 @@ fn fuse_products(
         if s.fused.contains_key(&t) || !claimed.insert(t) {
             continue;
         }
+        if attention {
+            store_score_operands(g, s, out, force, n, t);
+        }
         if let Some((p, o, on)) = attention
             .then(|| attention_of(g, s, out, force, n, t))
             .flatten()
@@ -1785,6 +1788,76 @@ fn written_between(g: &Graph, s: &Schedule, nodes: &[NodeId], until: NodeId) -> 
             .iter()
             .any(|r| s.inplace.contains_key(r) && roots.contains(&s.root(*r)))
     })
+}
+
+/// Where the softmax over scores `t` (the tail of the product at node
+/// `scores`) would compute more than `ATTENTION_MAX_SCORE_OPS` ops inline
+/// for every score, the operands of that tail that do not depend on the
+/// scores (Swin's shifted-window mask, built from fills of slices) go to
+/// memory: a kernel of their own computes each element once, and the
+/// attention kernel reads them.
+fn store_score_operands(
+    g: &Graph,
+    s: &mut Schedule,
+    out: &HashSet<ValueId>,
+    force: &HashSet<ValueId>,
+    scores: NodeId,
+    t: ValueId,
+) {
+    let Some(&[p]) = s.uses.get(&t).map(Vec::as_slice) else {
+        return;
+    };
+    if g.nodes[p].op.def().lowering != (Lowering::Softmax { log: false }) {
+        return;
+    }
+    let region = crate::fusion::inlined_region(g, s, p);
+    if region.len() <= ATTENTION_MAX_SCORE_OPS {
+        return;
+    }
+    // The region's nodes that read the scores, in program order.
+    let mut order: Vec<NodeId> = region.iter().copied().collect();
+    order.sort_by_key(|n| s.pos[n]);
+    let mut on_scores = HashSet::from([scores]);
+    for &n in &order {
+        let reads_scores = g.nodes[n]
+            .inputs()
+            .iter()
+            .any(|&v| g.node_of(v).is_some_and(|m| on_scores.contains(&m)));
+        if reads_scores {
+            on_scores.insert(n);
+        }
+    }
+    // Their operands computed inline but apart from the scores.
+    let mut side = vec![];
+    for &n in order.iter().filter(|n| on_scores.contains(n)) {
+        for v in g.nodes[n].inputs() {
+            let apart = g
+                .node_of(v)
+                .is_some_and(|m| region.contains(&m) && !on_scores.contains(&m));
+            let plain = !s.fused.contains_key(&v)
+                && !s.alias_of.contains_key(&v)
+                && !s.is_materialized.contains(&v)
+                && !out.contains(&v)
+                && !force.contains(&v);
+            if apart && plain && !side.contains(&v) {
+                side.push(v);
+            }
+        }
+    }
+    // The costliest first, until the rest fits (a bias read through an
+    // index map stays inline).
+    let cost = |s: &Schedule, v: ValueId| {
+        g.node_of(v)
+            .map_or(0, |m| crate::fusion::inlined_region(g, s, m).len() + 1)
+    };
+    side.sort_by_key(|&v| std::cmp::Reverse(cost(s, v)));
+    for v in side {
+        if crate::fusion::inlined_region(g, s, p).len() <= ATTENTION_MAX_SCORE_OPS {
+            break;
+        }
+        s.is_materialized.insert(v);
+        s.materialized.push(v);
+    }
 }
 
 /// `o = softmax(t) V` where `t` ends the elementwise chain of the product
