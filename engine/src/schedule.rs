@@ -1759,9 +1759,9 @@ pub const ATTENTION_MIN_WORKGROUPS: usize = 16;
 /// kernel, against memory traffic at twice the bytes (an H100's L2 serves
 /// about 5.5 TB/s, its memory 3.35): about what the L2 serves in the
 /// 3 us a launch takes. An estimate: no GPU has timed it (MiniLM 32 x
-/// 128, 4 rows a workgroup with subgroups, would read each layer's output projection 1024 times, 604 MB,
-/// to save 12.6 MB; the 128 x 256 4-head workload reads 8 MiB to save
-/// 512 KiB and a launch).
+/// 128, 4 rows a workgroup with subgroups, would read each layer's
+/// output projection 1024 times, 604 MB, to save 12.6 MB; the 128 x 256
+/// 4-head workload reads 8 MiB to save 512 KiB and a launch).
 pub const ATTENTION_LAUNCH_BYTES: usize = 16 << 20;
 
 /// The widest output projection an attention kernel computes: each
