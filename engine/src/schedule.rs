@@ -990,9 +990,10 @@ fn fuse_products(
 /// the `linear` whose head split they are (`Q` never stored), and the
 /// output projection of the head merge (the merge never stored), for
 /// which one invocation of CPU adapters' row kernel, or one workgroup of
-/// GPUs' tiled kernel, owns every head of its rows. Only the standard layouts: the split `Q[b, i, h dk + d]` read
-/// as `q[b, h, i, d]` and the merge storing `o[b, h, i, e]` at
-/// `[b, i, h dv + e]`, through copies alone.
+/// GPUs' tiled kernel, owns every head of its rows. Only the standard
+/// layouts: the split `Q[b, i, h dk + d]` read as `q[b, h, i, d]` and
+/// the merge storing `o[b, h, i, e]` at `[b, i, h dv + e]`, through
+/// copies alone.
 fn fuse_attention_projections(
     g: &Graph,
     s: &mut Schedule,
@@ -1059,8 +1060,9 @@ fn fuse_attention_projections(
         // GPUs' kernel reads the projections' weights once a workgroup of
         // a few rows (a product apart, once a tile of 64-128): from cache,
         // worth it while those reads cost less than what the merge saves.
+        let q_split = query_projection(g, s, out, force, scores, heads, sq);
         let cached_reads_pay = |lo: NodeId| {
-            let lq = query_projection(g, s, out, force, scores, heads, sq).map(|(lq, _)| lq);
+            let lq = q_split.map(|(lq, _)| lq);
             let bytes = |v: ValueId| g.meta(v).numel() * 4;
             let weights = |n: NodeId| g.nodes[n].inputs().get(1).map_or(0, |&w| bytes(w));
             let reads = together.unwrap_or(0) * (weights(lo) + lq.map_or(0, weights));
@@ -1081,8 +1083,7 @@ fn fuse_attention_projections(
             .and_then(|(_, t)| g.node_of(t))
             .or(g.node_of(key))
             .unwrap_or(product);
-        let q_proj = query_projection(g, s, out, force, scores, heads, sq)
-            .filter(|&(lq, _)| apart(lq) && !written_between(g, s, &[lq], end));
+        let q_proj = q_split.filter(|&(lq, _)| apart(lq) && !written_between(g, s, &[lq], end));
         let projections: Vec<NodeId> = q_proj.iter().chain(&o_proj).map(|p| p.0).collect();
         if projections.is_empty()
             || sequence && flops(&[&[scores, product][..], &projections].concat()) <= SEQUENCE_FLOPS
@@ -1687,7 +1688,7 @@ pub struct AttentionTiles {
 }
 
 /// Keys a tile of the tiled attention kernel, one head a workgroup.
-pub const ATTENTION_KEYS: usize = 16;
+const ATTENTION_KEYS: usize = 16;
 
 /// WebGPU's least `maxComputeWorkgroupStorageSize`, in f32 words.
 const WORKGROUP_WORDS: usize = 16384 / 4;

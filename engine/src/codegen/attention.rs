@@ -490,9 +490,7 @@ impl Gen<'_> {
             let oi = self
                 .body
                 .bind("u32", format!("(wid.y * {} + {i}) * {} + n", u(sq), u(no)));
-            let acc = format!("o{r}");
-            let y = self.with_addend(&acc, p.extra, &p.batch, p.nn, no, &oi, DType::F32)?;
-            self.store_to(r_out, &oi, &y)?;
+            self.store_projected(p, r_out, &oi, &format!("o{r}"))?;
             self.body.stmt("}".into());
             self.memo.clear();
         }
@@ -1056,13 +1054,19 @@ impl Gen<'_> {
                 .body
                 .bind("u32", format!("(wid.y * {} + {i}) * {} + n", u(sq), u(no)));
             let acc = self.body.bind("f32", format!("oacc[{} + n]", u(r * no)));
-            let y = self.with_addend(&acc, p.extra, &p.batch, p.nn, no, &oi, DType::F32)?;
-            self.store_to(r_out, &oi, &y)?;
+            self.store_projected(p, r_out, &oi, &acc)?;
             self.body.stmt("}".into());
             self.body.stmt("}".into());
             self.memo.clear();
         }
         Ok(())
+    }
+
+    /// Element `oi` of the output projection `p` (accumulated in `acc`)
+    /// stored as its result `r_out`, through its bias and epilogue.
+    fn store_projected(&mut self, p: &Product, r_out: ValueId, oi: &str, acc: &str) -> R<()> {
+        let y = self.with_addend(acc, p.extra, &p.batch, p.nn, p.mm, oi, DType::F32)?;
+        self.store_to(r_out, oi, &y)
     }
 
     /// A step's tile of K (`keys`: as [d, j], `width` = dk) or V (as
