@@ -114,6 +114,11 @@ impl ExportFile {
 pub fn run(e: &Exported<'_>, inputs: &Path, output: &Path, gpu: bool) -> Result<(), String> {
     let g = &e.graph().map_err(|e| e.to_string())?;
     let mut constants = e.constant_tensors().map_err(|e| e.to_string())?;
+    // Constants are never written (a buffer the program writes stays an
+    // input), so they are not results either.
+    let constant: Vec<bool> = (0..e.program.params.len())
+        .map(|i| constants.iter().any(|c| c.0 == i))
+        .collect();
     let file = MappedTensors::open(inputs).map_err(|e| e.to_string())?;
     let fed = file
         .inputs_for(g, &|i| constants.iter().any(|c| c.0 == i))
@@ -171,8 +176,10 @@ pub fn run(e: &Exported<'_>, inputs: &Path, output: &Path, gpu: bool) -> Result<
         .enumerate()
         .map(|(i, t)| (format!("output.{i}"), t))
         .collect();
-    for (&v, t) in g.inputs.iter().zip(finals) {
-        named.push((names.get(v), t));
+    for ((&v, t), constant) in g.inputs.iter().zip(finals).zip(constant) {
+        if !constant {
+            named.push((names.get(v), t));
+        }
     }
     save_host(output, &named).map_err(|e| e.to_string())
 }

@@ -127,6 +127,12 @@ pub fn load_inputs(g: &Graph, path: &Path) -> Result<Vec<RTensor>, IoError> {
                 }
             ))
         })?;
+        if kiln_dtype(t.dtype()).is_none() {
+            return Err(err(unsupported(
+                &format!("{:?}", t.dtype()),
+                Some(want.dtype),
+            )));
+        }
         if t.dtype() != st_dtype(want.dtype) {
             return Err(err(format!(
                 "has dtype {:?}, the program declares {}",
@@ -176,7 +182,7 @@ pub fn load_all(path: &Path) -> Result<Vec<(String, RTensor)>, IoError> {
             return Err(IoError::Input {
                 path: p,
                 name,
-                msg: format!("has dtype {:?}, which Kiln does not support", t.dtype()),
+                msg: unsupported(&format!("{:?}", t.dtype()), None),
             });
         };
         let vals = decode_exact(dtype, t.data()).map_err(|msg| IoError::Input {
@@ -210,6 +216,30 @@ fn kiln_dtype(d: Dtype) -> Option<DType> {
         Dtype::BOOL => DType::Bool,
         _ => return None,
     })
+}
+
+/// What to say of a tensor stored as `dtype`, which Kiln does not hold:
+/// what it holds and the conversion to make before saving (to `want`,
+/// the dtype the program declares, where there is one).
+fn unsupported(dtype: &str, want: Option<DType>) -> String {
+    let call = match want {
+        Some(DType::F32) => "x.float()",
+        Some(DType::F16) => "x.half()",
+        Some(DType::I64) => "x.long()",
+        Some(DType::I32) => "x.int()",
+        Some(DType::U32) => "x.to(torch.uint32)",
+        Some(DType::I8) => "x.to(torch.int8)",
+        Some(DType::Bool) => "x.bool()",
+        None => match dtype {
+            "U8" | "I16" | "U16" => "x.int()",
+            "U64" => "x.long()",
+            _ => "x.float()",
+        },
+    };
+    format!(
+        "is stored as {dtype}, a dtype Kiln does not hold (it holds f32, f16, i64, i32, u32, \
+         i8 and bool): convert it with `{call}` before saving"
+    )
 }
 
 /// Where a mapped tensor's bytes are: a range of the mapped file, or a
@@ -340,9 +370,19 @@ impl MappedTensors {
                 msg,
             };
             let t = self.get(&name).ok_or_else(|| {
+                if let Some((_, d)) = self.skipped.iter().find(|s| s.0 == name) {
+                    return err(unsupported(d, Some(want.dtype)));
+                }
+                let mut have: Vec<&str> = self.names().collect();
+                have.extend(self.skipped.iter().map(|s| s.0.as_str()));
+                have.sort_unstable();
                 err(format!(
                     "is missing (the file holds: {})",
-                    self.names().collect::<Vec<_>>().join(", ")
+                    if have.is_empty() {
+                        "nothing".into()
+                    } else {
+                        have.join(", ")
+                    }
                 ))
             })?;
             if t.dtype() != want.dtype || t.sizes() != want.sizes.as_slice() {

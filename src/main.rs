@@ -254,7 +254,45 @@ fn read_source(path: &Path) -> Result<String, String> {
             .map_err(|e| format!("cannot read standard input: {e}"))?;
         Ok(s)
     } else {
-        std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        program_text(path, bytes)
+    }
+}
+
+/// A file's bytes as a program's text, or an error naming what the file
+/// is not, by its content: a `.pt2` archive is a zip (`PK`), an export
+/// starts with Kiln's magic, a program is UTF-8 text starting `graph`.
+fn program_text(path: &Path, bytes: Vec<u8>) -> Result<String, String> {
+    let p = path.display();
+    let takes =
+        "a program in the text format (`graph NAME(...) { ... }`, docs/program-format.md), \
+                 a `.pt2` archive from torch.export.save, or, for `run`, `profile` and \
+                 `inspect`, a `.kiln` export";
+    if bytes.is_empty() {
+        return Err(format!("{p} is empty; Kiln takes {takes}"));
+    }
+    if bytes.starts_with(&kiln::engine::export::MAGIC) {
+        return Err(format!(
+            "{p} is a compiled Kiln export: `run`, `profile` and `inspect` take it, other \
+             commands need the program (`kiln inspect {p}` prints it)"
+        ));
+    }
+    let head: Vec<String> = bytes.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let pt2 = path.extension().is_some_and(|e| e == "pt2");
+    match String::from_utf8(bytes) {
+        Ok(text) if !pt2 => Ok(text),
+        _ if pt2 => Err(format!(
+            "{p} is named `.pt2` but is not a zip archive (it starts with bytes {}, where \
+             torch.export.save writes `50 4b 03 04`, \"PK\"): an incomplete download or another \
+             format? Kiln takes {takes}",
+            head.join(" ")
+        )),
+        _ => Err(format!(
+            "{p} is not text (it starts with bytes {}), nor a zip archive, nor a Kiln export; \
+             Kiln takes {takes}",
+            head.join(" ")
+        )),
     }
 }
 
@@ -534,6 +572,14 @@ fn vmap(
     })
 }
 
+/// An error unless `path` can be opened: files named on the command line
+/// are checked before the adapter opens and shaders compile.
+fn readable(path: &Path) -> Result<(), String> {
+    std::fs::File::open(path)
+        .map(drop)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
 /// `kiln run`: an export (on the GPU or the reference), or a program.
 fn run(
     prog: &Path,
@@ -542,6 +588,7 @@ fn run(
     backend: Backend,
     mode: Option<Mode>,
 ) -> Result<(), String> {
+    readable(inputs)?;
     if kiln::export::is_export(prog) {
         let f = kiln::export::ExportFile::open(prog)?;
         let e = f.read()?;
@@ -610,6 +657,9 @@ fn profile(
 ) -> Result<(), String> {
     use kiln::engine::Session;
     let at = |e: &dyn std::fmt::Display| format!("{}: {e}", prog.display());
+    for p in inputs.iter().chain(&weights) {
+        readable(p)?;
+    }
     if kiln::export::is_export(prog) {
         // An export: loading (checks, constants, pipelines) stands where
         // compiling would.
@@ -762,6 +812,8 @@ fn main() -> ExitCode {
     unsafe {
         libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
     }
+    kiln::engine::quiet_headless_vulkan();
+    kiln::engine::show_pipeline_progress_on_terminal();
     match main_result(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -401,16 +401,29 @@ fn exports_run_from_the_command_line() {
         assert!(ok, "{args:?}: {err}");
         kiln::io::load_all(&o).unwrap()
     };
-    let want = run(&["run", s(&prog), "--backend", "gpu"], "prog.safetensors");
+    let all = run(&["run", s(&prog), "--backend", "gpu"], "prog.safetensors");
+    // An export's results are the program's less its constants, which no
+    // run writes (an output file holds no copy of the weights).
+    let want: Vec<(String, kiln::RTensor)> = all
+        .into_iter()
+        .filter(|(n, _)| !weights.iter().any(|w| &w.0 == n))
+        .collect();
+    let names = |r: &[(String, kiln::RTensor)]| r.iter().map(|x| x.0.clone()).collect::<Vec<_>>();
     let got = run(
         &["run", s(&model), "--backend", "gpu"],
         "export.safetensors",
     );
-    assert_eq!(want.len(), got.len());
+    assert_eq!(names(&got), names(&want));
+    assert!(
+        names(&want).contains(&"k_cache".to_string()),
+        "{:?}",
+        names(&want)
+    );
     for ((n, a), (_, b)) in want.iter().zip(&got) {
         assert_eq!(a.values(), b.values(), "{n}: the export differs on the GPU");
     }
     let refr = run(&["run", s(&model)], "export_ref.safetensors");
+    assert_eq!(names(&refr), names(&want));
     for ((n, a), (_, b)) in want.iter().zip(&refr) {
         common::close_accumulated(n, a, b, 1e-5).unwrap();
     }
@@ -463,7 +476,13 @@ fn exports_run_from_the_command_line() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for ((n, a), (_, b)) in want.iter().zip(&kiln::io::load_all(&o).unwrap()) {
+    let alone = kiln::io::load_all(&o).unwrap();
+    assert_eq!(
+        names(&alone),
+        names(&want),
+        "kiln-run writes what kiln run writes"
+    );
+    for ((n, a), (_, b)) in want.iter().zip(&alone) {
         assert_eq!(a.values(), b.values(), "{n}: kiln-run differs");
     }
     // The weights in a file of their own beside the export (format
@@ -774,4 +793,166 @@ fn no_import_circle_between_modules() {
             uses.len()
         );
     }
+}
+
+/// `kiln ARGS` with environment variables set (`Some`) or removed
+/// (`None`): success, stdout, stderr.
+fn kiln_env(args: &[&str], env: &[(&str, Option<&str>)]) -> (bool, String, String) {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    c.args(args);
+    for (k, v) in env {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    let out = c.output().expect("run kiln");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+/// A safetensors file of f64 tensors (a dtype Kiln does not hold), as
+/// `save_file({"x": torch.randn(2, 3, dtype=torch.float64)})` writes.
+fn f64_inputs(name: &str, tensors: &[(&str, &[usize])]) -> PathBuf {
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, shape)| {
+            let count: usize = shape.iter().product();
+            let b = (0..count).flat_map(|i| (i as f64).to_le_bytes()).collect();
+            (n.to_string(), shape.to_vec(), b)
+        })
+        .collect();
+    let views = bytes.iter().map(|(n, shape, b)| {
+        let v = safetensors::tensor::TensorView::new(safetensors::Dtype::F64, shape.clone(), b);
+        (n.clone(), v.unwrap())
+    });
+    let p = dir().join(name);
+    std::fs::write(&p, safetensors::serialize(views, None).unwrap()).unwrap();
+    p
+}
+
+/// What a new user meets first (issue #73): each message names the
+/// problem by what the file holds, and the fix.
+#[test]
+fn first_hour_messages_say_what_is_wrong_and_the_fix() {
+    let prog = write("first.txt", PROG);
+    let out = dir().join("first_unused.safetensors");
+    let names = root().join("tests/fixtures/import/names");
+    let pt2 = names.join("nnnnnnnn.pt2");
+    // An f64 tensor where the program takes f32: not "missing", but a
+    // dtype Kiln does not hold, with the conversion.
+    let f64s = f64_inputs("f64.safetensors", &[("x", &[2, 3]), ("m", &[2, 3])]);
+    for backend in ["reference", "gpu"] {
+        let args = [
+            "run",
+            s(&prog),
+            "--inputs",
+            s(&f64s),
+            "--output",
+            s(&out),
+            "--backend",
+            backend,
+        ];
+        expect_error(&args, &["`x`", "F64", "does not hold", "x.float()"]);
+    }
+    let f64_pt2 = f64_inputs("f64_pt2.safetensors", &[("input", &[1, 3])]);
+    expect_error(
+        &["run", s(&pt2), "--inputs", s(&f64_pt2), "--output", s(&out)],
+        &["`input`", "F64", "does not hold", "x.float()"],
+    );
+    // Files that are not what their name says, named by their content.
+    let random: Vec<u8> = (0..64u32).map(|i| (i * 97 + 13) as u8 | 0x80).collect();
+    let fake = dir().join("model.pt2");
+    std::fs::write(&fake, &random).unwrap();
+    let binary = dir().join("prog.txt");
+    std::fs::write(&binary, &random).unwrap();
+    let empty = write("empty.pt2", "");
+    let empty_txt = write("empty.txt", "");
+    for cmd in ["print", "compile"] {
+        expect_error(
+            &[cmd, s(&fake)],
+            &["model.pt2", "not a zip archive", "8d ee"],
+        );
+        expect_error(&[cmd, s(&binary)], &["prog.txt", "is not text", "8d ee"]);
+        expect_error(
+            &[cmd, s(&empty)],
+            &["empty.pt2 is empty", "torch.export.save"],
+        );
+        expect_error(&[cmd, s(&empty_txt)], &["empty.txt is empty", "graph NAME"]);
+    }
+    // A missing inputs file is reported before any adapter is looked for
+    // (a bogus KILN_ADAPTER would fail otherwise), for a program, an
+    // archive and the runtime alone.
+    let no_adapter = [("KILN_ADAPTER", Some("no adapter has this name"))];
+    for p in [&prog, &pt2] {
+        let args = [
+            "run",
+            s(p),
+            "--inputs",
+            "/nonexistent/in.safetensors",
+            "--output",
+            s(&out),
+            "--backend",
+            "gpu",
+        ];
+        let (ok, _, err) = kiln_env(&args, &no_adapter);
+        assert!(
+            !ok && err.contains("cannot read /nonexistent/in.safetensors"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("KILN_ADAPTER"),
+            "the adapter was opened first: {err}"
+        );
+    }
+    let (ok, _, err) = kiln_env(
+        &[
+            "profile",
+            s(&prog),
+            "--inputs",
+            "/nonexistent/in.safetensors",
+        ],
+        &no_adapter,
+    );
+    assert!(
+        !ok && err.contains("cannot read /nonexistent/in.safetensors"),
+        "{err}"
+    );
+}
+
+/// A successful GPU run prints the adapter and nothing else on a machine
+/// without `XDG_RUNTIME_DIR` (Mesa's device-select layer looked for
+/// Wayland and libwayland complained twice), and an archive's output
+/// file holds its outputs, not its weights or the inputs it only reads.
+#[test]
+fn a_gpu_run_is_quiet_and_writes_only_what_was_asked() {
+    let names = root().join("tests/fixtures/import/names");
+    let out = dir().join("quiet.safetensors");
+    let (pt2, ins) = (names.join("nnnnnnnn.pt2"), names.join("inputs.safetensors"));
+    let args = [
+        "run",
+        s(&pt2),
+        "--inputs",
+        s(&ins),
+        "--output",
+        s(&out),
+        "--backend",
+        "gpu",
+    ];
+    let (ok, _, err) = kiln_env(
+        &args,
+        &[("XDG_RUNTIME_DIR", None), ("NODEVICE_SELECT", None)],
+    );
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].starts_with("adapter: "),
+        "{err}"
+    );
+    let got = kiln::io::load_all(&out).unwrap();
+    let written: Vec<&str> = got.iter().map(|x| x.0.as_str()).collect();
+    assert_eq!(written, ["output.0"]);
 }

@@ -33,6 +33,9 @@ pub mod schedule;
 pub mod wgsl;
 
 pub use kernel::{HostView, Kernel, MemoryStats, Program, Val, ValueInfo};
+#[cfg(not(target_arch = "wasm32"))]
+pub use runtime::{quiet_headless_vulkan, show_pipeline_progress_on_terminal, user_cache_dir};
+pub use runtime::{report_pipeline_progress, Progress};
 pub use runtime::{
     DeviceTensor, Executable, Fetch, Gpu, Held, HostTensor, Input, Output, RunOptions, RunResult,
     RunStats, Session, SessionTotals, Timing,

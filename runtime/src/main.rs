@@ -3,7 +3,8 @@
 //! links the export loader, the session and wgpu, and not the
 //! functionalizer, the fuser or the code generator (the engine is built
 //! without its `compiler` feature). Results are written as `kiln run`
-//! writes them: `output.N`, then every parameter's final value.
+//! writes them: `output.N`, then the final value of every parameter the
+//! caller gives (the constants, never written, are not copied out).
 
 use kiln_engine::export;
 use kiln_engine::DType;
@@ -47,6 +48,11 @@ fn st_dtype(d: DType) -> Dtype {
 }
 
 fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
+    // The inputs are read first: a missing file is reported before the
+    // adapter opens and the pipelines compile.
+    let in_map = map(inputs)?;
+    let st = SafeTensors::deserialize(&in_map)
+        .map_err(|e| format!("{} is not a valid safetensors file: {e}", inputs.display()))?;
     let file = map(model)?;
     let at = |e: export::ExportError| format!("{}: {e}", model.display());
     // A version-3 export reads its constants from a weights file beside it.
@@ -60,8 +66,6 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
         .load_exported(&e)
         .map_err(|e| format!("{}: {e}", model.display()))?;
     let p = &e.program;
-    let in_map = map(inputs)?;
-    let st = SafeTensors::deserialize(&in_map).map_err(|e| format!("{}: {e}", inputs.display()))?;
     let mut fed = vec![];
     for i in exe.input_params() {
         let m = p.param(i);
@@ -69,6 +73,15 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
         let t = st
             .tensor(name)
             .map_err(|_| format!("{}: no tensor `{name}`", inputs.display()))?;
+        if dtype(t.dtype()).is_none() {
+            return Err(format!(
+                "{}: `{name}` is stored as {:?}, a dtype Kiln does not hold; the model takes {}: \
+                 convert it before saving (`x.float()` for f32)",
+                inputs.display(),
+                t.dtype(),
+                m.type_string()
+            ));
+        }
         if dtype(t.dtype()) != Some(m.dtype) || t.shape() != &m.sizes[..] {
             return Err(format!(
                 "{}: `{name}` is {:?}{:?}, the model takes {}",
@@ -101,9 +114,6 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
     for (i, o) in r.mutated {
         finals[i] = o.host();
     }
-    for (i, t) in e.constant_tensors().map_err(|e| e.to_string())? {
-        finals[i] = Some(t);
-    }
     for (i, t) in finals.into_iter().enumerate() {
         if let Some(t) = t {
             named.push((p.param(i).name.clone(), t));
@@ -122,6 +132,8 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    kiln_engine::quiet_headless_vulkan();
+    kiln_engine::show_pipeline_progress_on_terminal();
     let mut args = std::env::args().skip(1);
     let (mut model, mut inputs, mut output) = (None, None, None);
     while let Some(a) = args.next() {

@@ -120,6 +120,8 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    kiln::engine::quiet_headless_vulkan();
+    kiln::engine::show_pipeline_progress_on_terminal();
     match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -199,11 +199,31 @@ pub fn open(path: &Path) -> Result<Archive, ImportError> {
 }
 
 fn read(p: &str, map: &[u8]) -> Result<(Value, Vec<Stored>), ImportError> {
-    let zip = zip::ZipArchive::new(std::io::Cursor::new(map)).map_err(|e| {
-        ImportError::Archive(format!(
-            "{p} is not a PT2 archive (not a readable zip file: {e}); \
-             make one with torch.export.save(torch.export.export(model, args), \"model.pt2\")"
-        ))
+    // PyTorch's writer starts the archive at byte 0. Left to guess, the zip
+    // crate takes the central directory to start where its size says,
+    // counted back from the end record, which PyTorch's ZIP64 records
+    // (76 bytes) push back: where the first directory entry is 76 bytes
+    // long too (an archive named with 8 characters, `resnet18.pt2`), the
+    // guess lands on the second entry and every offset is off by 76.
+    let config = zip::read::Config {
+        archive_offset: zip::read::ArchiveOffset::Known(0),
+    };
+    let zip = zip::ZipArchive::with_config(config, std::io::Cursor::new(map)).map_err(|e| {
+        ImportError::Archive(if map.starts_with(b"PK\x03\x04") {
+            format!(
+                "{p} is not a PT2 archive Kiln can read: it starts as a zip file does, but \
+                 {e} (a damaged or truncated file?). Save it again with torch.export.save; \
+                 if torch.export.load reads it, please report this with the archive"
+            )
+        } else {
+            let head: Vec<String> = map.iter().take(8).map(|b| format!("{b:02x}")).collect();
+            format!(
+                "{p} is not a PT2 archive: not a zip file (it starts with bytes `{}`, a \
+                 zip file with `50 4b 03 04`); make one with \
+                 torch.export.save(torch.export.export(model, args), \"model.pt2\")",
+                head.join(" ")
+            )
+        })
     })?;
     let prefix = zip
         .file_names()

@@ -1,8 +1,8 @@
 //! `kiln run MODEL.pt2`: the user inputs from a file by their `forward`
 //! names, the weights from the archive (GPU: constants uploaded once,
 //! except the buffers the program writes), results under the spec's
-//! names: `output.N`, each mutated buffer under its state-dict name, each
-//! user input under its own.
+//! names: `output.N`, then each buffer and user input the program writes
+//! under its state-dict or argument name; nothing it only reads.
 
 use super::Imported;
 use crate::io::{save_host, MappedTensors};
@@ -109,7 +109,7 @@ pub fn run_on(
         r.inputs.iter().map(HostTensor::from_rtensor).collect()
     };
     for (i, (&v, t)) in g.inputs.iter().zip(finals).enumerate() {
-        if !imp.is_weight(i) || written[i] {
+        if written[i] {
             named.push((imp.output_name(i, &names.get(v)), t));
         }
     }

@@ -42,20 +42,12 @@ pub fn model_dir(explicit: Option<&Path>) -> Result<PathBuf, ModelError> {
     if let Some(d) = std::env::var_os("KILN_MODEL_DIR").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(d));
     }
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from)
-    };
-    let cache = env("KILN_CACHE")
-        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("kiln")))
-        .or_else(|| env("HOME").map(|d| d.join(".cache/kiln")))
-        .ok_or_else(|| {
-            files(
-                "no cache directory: set HOME, KILN_CACHE or KILN_MODEL_DIR, or pass --model DIR"
-                    .into(),
-            )
-        })?;
+    let cache = kiln_engine::user_cache_dir().ok_or_else(|| {
+        files(
+            "no cache directory: set HOME, KILN_CACHE or KILN_MODEL_DIR, or pass --model DIR"
+                .into(),
+        )
+    })?;
     Ok(cache.join("all-minilm-l6-v2"))
 }
 

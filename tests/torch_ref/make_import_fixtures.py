@@ -9,7 +9,8 @@ For each model below this writes, under tests/fixtures/import/:
 - NAME.expected.safetensors: what `kiln run NAME.pt2` must write: the
   flattened outputs as output.0, output.1, ..., each buffer the program
   mutates under its state-dict name (its final value), each user input
-  under its own name (its final value).
+  the program mutates under its own name (its final value); nothing the
+  program only reads.
 
 Weights are random (seeded), and models are kept small: the committed
 archives hold their weights. Families come from their own libraries
@@ -418,8 +419,11 @@ def make(name):
     state = dict(eager.named_buffers())
     for fqn in sig.buffers_to_mutate.values():
         expected[fqn] = state[fqn].detach().contiguous()
+    # `kiln run` writes the inputs the program mutates, not the others.
+    mutated_users = set(sig.user_inputs_to_mutate.values())
     for n, a in zip(user_names, run_args):
-        expected[n] = a.contiguous()
+        if n in mutated_users:
+            expected[n] = a.contiguous()
     inputs = {n: a.contiguous() for n, a in zip(user_names, args)}
     return pt2.getvalue(), inputs, expected
 
@@ -468,6 +472,23 @@ def main():
         base = os.path.join(OUT, "bench", name)
         torch.export.save(ep, base + ".pt2")
         print(f"bench/{name}")
+    # One small model saved under names of every length from 1 to 40:
+    # PyTorch names the archive's folder after the file, so the name's
+    # length moves every offset (an 8-character name once broke the zip
+    # reader: resnet18.pt2).
+    os.makedirs(os.path.join(OUT, "names"), exist_ok=True)
+    if not a.only and not a.check:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU()).eval()
+        x = torch.randn(1, 3)
+        ep = torch.export.export(model, (x,))
+        ep._example_inputs = None
+        for n in range(1, 41):
+            torch.export.save(ep, os.path.join(OUT, "names", "n" * n + ".pt2"))
+        with torch.no_grad():
+            save_file({"input": x}, os.path.join(OUT, "names", "inputs.safetensors"))
+            save_file({"output.0": model(x)}, os.path.join(OUT, "names", "expected.safetensors"))
+        print("names/: 40 archives")
     os.makedirs(os.path.join(OUT, "refused"), exist_ok=True)
     for name in REFUSED:
         if a.only and name != a.only:

@@ -1,6 +1,7 @@
 //! The GPU device: adapter selection, features and limits, and the
 //! compile choices they imply.
 
+use super::pipelines::DiskCache;
 use crate::kernel::BindingRules;
 use crate::{CompileOptions, EngineError};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,6 +15,8 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     pub features: wgpu::Features,
     lost: Arc<(AtomicBool, Mutex<String>)>,
+    /// The driver's pipeline cache, kept on disk between processes.
+    pub(crate) disk_cache: Option<DiskCache>,
 }
 
 /// Device objects alive at one moment (`Gpu::held`).
@@ -24,6 +27,22 @@ pub struct Held {
     pub buffer_bytes: isize,
     pub bind_groups: isize,
     pub pipelines: isize,
+}
+
+/// Keeps a headless run quiet: Mesa's device-select Vulkan layer looks for
+/// a Wayland compositor to rank GPUs by, and where there can be none (no
+/// `XDG_RUNTIME_DIR`) libwayland prints "error: XDG_RUNTIME_DIR is invalid
+/// or not set in the environment." twice. There the layer is switched off
+/// (`NODEVICE_SELECT=1`; the adapter is still chosen by power preference
+/// or `KILN_ADAPTER`), unless the user asked it for a device
+/// (`MESA_VK_DEVICE_SELECT`). Binaries call it first thing in `main`,
+/// before any thread starts (it sets an environment variable).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn quiet_headless_vulkan() {
+    let unset = |v: &str| std::env::var_os(v).is_none_or(|x| x.is_empty());
+    if unset("XDG_RUNTIME_DIR") && unset("MESA_VK_DEVICE_SELECT") && unset("NODEVICE_SELECT") {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
 }
 
 const INSTALL_HINT: &str =
@@ -105,11 +124,22 @@ impl Gpu {
         // GPU time comes from timestamp queries where the adapter has them;
         // row reductions use subgroup operations where it has those.
         let features = adapter.features() & wanted;
+        // Compiled pipelines kept between runs where the backend lets an
+        // application keep them (Vulkan).
+        #[cfg(not(target_arch = "wasm32"))]
+        let cache_path = DiskCache::path_for(&info)
+            .filter(|_| adapter.features().contains(wgpu::Features::PIPELINE_CACHE));
+        #[cfg(target_arch = "wasm32")]
+        let cache_path: Option<std::path::PathBuf> = None;
+        let cache_feature = match cache_path {
+            Some(_) => wgpu::Features::PIPELINE_CACHE,
+            None => wgpu::Features::empty(),
+        };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("kiln"),
                 required_limits: limits.clone(),
-                required_features: features,
+                required_features: features | cache_feature,
                 ..Default::default()
             })
             .await
@@ -127,6 +157,7 @@ impl Gpu {
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
             log::error!("wgpu: {e}");
         }));
+        let disk_cache = cache_path.map(|p| DiskCache::open(&device, p));
         Ok(Gpu {
             device,
             queue,
@@ -134,6 +165,7 @@ impl Gpu {
             limits,
             features,
             lost,
+            disk_cache,
         })
     }
 

@@ -6,12 +6,18 @@
 mod buffers;
 mod device;
 mod host;
+mod pipelines;
 mod session;
 pub(crate) use session::SharedWeight;
 
 pub use buffers::DeviceTensor;
+#[cfg(not(target_arch = "wasm32"))]
+pub use device::quiet_headless_vulkan;
 pub use device::{Gpu, Held};
 pub use host::{Element, HostTensor};
+pub use pipelines::{report_pipeline_progress, Progress};
+#[cfg(not(target_arch = "wasm32"))]
+pub use pipelines::{show_pipeline_progress_on_terminal, user_cache_dir};
 pub use session::{
     Executable, Fetch, Input, Output, RunOptions, RunResult, RunStats, Session, SessionTotals,
     Timing,

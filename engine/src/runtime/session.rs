@@ -464,6 +464,9 @@ impl Session {
             }
         }
         let made = self.make_pipelines(&fresh, &checks).await?;
+        if let Some(c) = &self.gpu.disk_cache {
+            c.save();
+        }
         let mut pipelines = vec![];
         for k in &program.kernels {
             let w = k.code.source(f16);
@@ -502,6 +505,7 @@ impl Session {
                 // Each thread takes the next shader not yet taken (their
                 // compile times differ widely).
                 let next = std::sync::atomic::AtomicUsize::new(0);
+                let made = std::sync::atomic::AtomicUsize::new(0);
                 let made: Vec<Result<Vec<_>, EngineError>> = std::thread::scope(|sc| {
                     let workers: Vec<_> = (0..threads)
                         .map(|_| {
@@ -518,6 +522,9 @@ impl Session {
                                             k.source(f16).clone(),
                                             self.pipeline(k, checks),
                                         ));
+                                        let n = 1 + made
+                                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                        super::pipelines::progress(n, kernels.len());
                                     }
                                 }))
                             })
@@ -543,7 +550,12 @@ impl Session {
             .scoped(DOING, || {
                 Ok(kernels
                     .iter()
-                    .map(|k| (k.source(f16).clone(), self.pipeline(k, checks)))
+                    .enumerate()
+                    .map(|(i, k)| {
+                        let p = self.pipeline(k, checks);
+                        super::pipelines::progress(i + 1, kernels.len());
+                        (k.source(f16).clone(), p)
+                    })
                     .collect())
             })
             .await
@@ -576,7 +588,10 @@ impl Session {
                 zero_initialize_workgroup_memory: checks.zero_workgroup_memory,
                 ..Default::default()
             },
-            cache: None,
+            cache: self.gpu.disk_cache.as_ref().map(|c| {
+                c.touched();
+                &c.cache
+            }),
         }))
     }
 
