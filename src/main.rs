@@ -1,4 +1,4 @@
-//! The `kiln` command line (see `../shared/spec/program-format.md`).
+//! The `kiln` command line (see `docs/program-format.md`).
 
 use clap::{Parser, Subcommand, ValueEnum};
 use kiln::functionalize::{functionalize, interp, parse, print, Graph, Remove};

@@ -36,7 +36,7 @@ impl Tolerance {
         }
     }
 
-    /// The transforms' contract (`shared/spec/transforms.md`): results
+    /// The transforms' contract (`docs/transforms.md`): results
     /// equal `torch.func`'s within rtol 1e-4, atol 1e-5 in f32, and
     /// `assert_close`'s defaults in f16.
     pub fn transform(dtype: DType) -> Tolerance {

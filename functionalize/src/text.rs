@@ -1,4 +1,4 @@
-//! The program text format (`../shared/spec/program-format.md`): a parser
+//! The program text format (`docs/program-format.md`): a parser
 //! that reports errors with line and column, and a printer whose output
 //! parses back to the same graph.
 

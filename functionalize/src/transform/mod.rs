@@ -1,4 +1,4 @@
-//! Function transforms from program to program (`../shared/spec/transforms.md`):
+//! Function transforms from program to program (`docs/transforms.md`):
 //! `vjp`, `jvp`, `grad` and `vmap`, each the meaning of its `torch.func`
 //! namesake for the function a program computes. A program is first
 //! functionalized (views and mutations removed, a `copy_` epilogue for
