@@ -2,9 +2,10 @@
 //! the archive is read and checked (`archive`), its graph becomes a Kiln
 //! program in the text format (`convert`), ATen ops Kiln runs through
 //! their decompositions are expanded on the way (`decomp`), batch norms
-//! fold into the convolutions before them (`fold`), and the weights become the program's bound parameters.
-//! The program then goes through the same functionalization, transforms,
-//! compiler and export as any other.
+//! fold into the convolutions before them (`fold`), and the weights
+//! become the program's bound parameters. The program then goes through
+//! the same functionalization, transforms, compiler and export as any
+//! other.
 
 mod archive;
 mod convert;
