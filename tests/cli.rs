@@ -956,3 +956,44 @@ fn a_gpu_run_is_quiet_and_writes_only_what_was_asked() {
     let written: Vec<&str> = got.iter().map(|x| x.0.as_str()).collect();
     assert_eq!(written, ["output.0"]);
 }
+
+/// On a terminal, a GPU run counts the pipelines it compiles (a new
+/// model's first run on lavapipe takes minutes); elsewhere it prints
+/// nothing of it. The terminal is `script`'s (util-linux), as a person's.
+#[test]
+fn pipeline_progress_shows_on_a_terminal_only() {
+    let f = root().join("tests/fixtures/import");
+    let out = dir().join("progress.safetensors");
+    let args = [
+        "run".to_string(),
+        s(&f.join("efficientnet.pt2")).to_string(),
+        "--inputs".to_string(),
+        s(&f.join("efficientnet.inputs.safetensors")).to_string(),
+        "--output".to_string(),
+        s(&out).to_string(),
+        "--backend".to_string(),
+        "gpu".to_string(),
+    ];
+    let (ok, _, err) = kiln(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "{err}");
+    assert!(
+        !err.contains("compiling"),
+        "progress without a terminal: {err}"
+    );
+    let line = format!("{} {}", env!("CARGO_BIN_EXE_kiln"), args.join(" "));
+    let tty = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .output()
+        .expect("script (util-linux) runs kiln on a terminal");
+    let shown = String::from_utf8_lossy(&tty.stdout).replace('\r', "\n");
+    assert!(tty.status.success(), "{shown}");
+    let last = shown
+        .lines()
+        .filter(|l| l.starts_with("compiling "))
+        .last()
+        .unwrap_or_else(|| panic!("no progress on a terminal: {shown}"));
+    // `compiling N kernels: N done` closes the count.
+    let words: Vec<&str> = last.split_whitespace().collect();
+    assert_eq!(words.len(), 5, "{last}");
+    assert_eq!(words[1], words[3], "{last}");
+}
