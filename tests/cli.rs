@@ -921,6 +921,30 @@ fn first_hour_messages_say_what_is_wrong_and_the_fix() {
         !ok && err.contains("cannot read /nonexistent/in.safetensors"),
         "{err}"
     );
+    // The runtime alone: the inputs file first, then an f64 tensor named
+    // with its conversion (before the adapter too).
+    let model = dir().join("first.kiln");
+    let (ok, _, err) = kiln(&["export", s(&pt2), "--output", s(&model)]);
+    assert!(ok, "{err}");
+    let kr = |ins: &str| {
+        let o = Command::new(common::kiln_run_exe())
+            .args([s(&model), "--inputs", ins, "--output", s(&out)])
+            .env("KILN_ADAPTER", "no adapter has this name")
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = kr("/nonexistent/in.safetensors");
+    assert!(
+        err.contains("cannot read /nonexistent/in.safetensors"),
+        "{err}"
+    );
+    let err = kr(s(&f64_pt2));
+    assert!(
+        err.contains("`input`") && err.contains("F64") && err.contains("x.float()"),
+        "{err}"
+    );
 }
 
 /// A successful GPU run prints the adapter and nothing else on a machine

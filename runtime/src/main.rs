@@ -61,13 +61,13 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
         None => None,
     };
     let e = export::read_with(&file, weights.as_deref()).map_err(at)?;
-    let session = Session::open().map_err(|e| e.to_string())?;
-    let exe = session
-        .load_exported(&e)
-        .map_err(|e| format!("{}: {e}", model.display()))?;
     let p = &e.program;
+    // The parameters the caller gives: those that are not constants.
+    let wanted: Vec<usize> = (0..p.params.len())
+        .filter(|i| !e.constants.iter().any(|c| c.0 == *i))
+        .collect();
     let mut fed = vec![];
-    for i in exe.input_params() {
+    for &i in &wanted {
         let m = p.param(i);
         let name = &m.name;
         let t = st
@@ -94,6 +94,16 @@ fn run(model: &Path, inputs: &Path, output: &Path) -> Result<(), String> {
         fed.push((
             i,
             HostTensor::new(m.dtype, m.sizes.clone(), t.data()).map_err(|e| e.to_string())?,
+        ));
+    }
+    let session = Session::open().map_err(|e| e.to_string())?;
+    let exe = session
+        .load_exported(&e)
+        .map_err(|e| format!("{}: {e}", model.display()))?;
+    if exe.input_params() != wanted {
+        return Err(format!(
+            "{}: internal error: the loaded program takes other inputs than the file lists",
+            model.display()
         ));
     }
     let feeds: Vec<Input> = fed.iter().map(|(_, t)| Input::Host(t)).collect();
