@@ -1013,8 +1013,7 @@ fn pipeline_progress_shows_on_a_terminal_only() {
     assert!(tty.status.success(), "{shown}");
     let last = shown
         .lines()
-        .filter(|l| l.starts_with("compiling "))
-        .last()
+        .rfind(|l| l.starts_with("compiling "))
         .unwrap_or_else(|| panic!("no progress on a terminal: {shown}"));
     // `compiling N kernels: N done` closes the count.
     let words: Vec<&str> = last.split_whitespace().collect();
