@@ -119,7 +119,17 @@ UNARY = {
     "logical_not": (None, True, None, False),
     "sign": (None, True, None, False),
     "softplus": ("uniform -30.0..30.0", False, None, False),
+    "log1p": ("uniform -0.9..3.0", True, "int 0..20", False),
+    "expm1": ("uniform -3.0..3.0", True, None, False),
+    "log2": ("uniform 0.1..3.0", True, "int 1..20", False),
+    "log10": ("uniform 0.1..3.0", True, "int 1..20", False),
+    "floor": ("uniform -8.0..8.0", True, None, False),
+    "ceil": ("uniform -8.0..8.0", True, None, False),
+    "trunc": ("uniform -8.0..8.0", True, None, False),
+    "round": ("uniform -8.0..8.0", True, None, False),
 }
+# Unary ops whose integer results stay integers (the others promote).
+KEEP_INT = ("neg", "abs", "relu", "logical_not", "sign", "floor", "ceil", "trunc", "round")
 # Unary ops ATen has no in-place form of (`<op>_`): no in-place cases.
 NO_INPLACE: set[str] = {"softplus"}
 
@@ -139,7 +149,7 @@ def gen_unary():
         if i32_ok:
             x = Operand("x", "i32", [3, 50], "t", iann)
             p, l, a = assemble(x)
-            note = "int -> float" if op not in ("neg", "abs", "relu", "logical_not", "sign") else None
+            note = "int -> float" if op not in KEEP_INT else None
             add(op, "i32_transposed", p, l + [f"%y = {op}({x.ref})"], ["%y"], a, note)
         if u32_ok:
             add(op, "u32_50", ["%x: u32[50]"], [f"%y = {op}(%x)"], ["%y"], ["%x: int 1..11"])
@@ -158,9 +168,17 @@ def gen_unary():
             ["%b = clone(%x)", "%s = slice(%b, 0, 1, 48, 3)", f"%y = {ip}(%s)"], ["%b", "%s"], x.anns)
         x = Operand("x", "f16", [50], "c", fann)
         add(ip, "f16", x.params, ["%b = clone(%x)", f"%y = {ip}(%b)"], ["%b"], x.anns)
-        if op in ("neg", "abs", "relu", "logical_not", "sign"):
+        if op in KEEP_INT:
             add(ip, "i32_column", ["%x: i32[5, 7]"],
                 ["%c = select(%x, 1, -2)", f"%y = {ip}(%c)"], ["%x", "%y"], None, "i32 in place stays i32")
+    # round's ties go to the even neighbour; the rounding ops at ties and
+    # at integral values
+    for op in ("round", "floor", "ceil", "trunc"):
+        add(op, "halves", ["%x: f32[64]"], ["%h = div(%x, 2)", f"%y = {op}(%h)"], ["%y"],
+            ["%x: int -16..17"])
+    # log1p and expm1 near 0, where log(1 + x) and exp(x) - 1 lose digits
+    for op in ("log1p", "expm1"):
+        add(op, "small", ["%x: f32[200]"], [f"%y = {op}(%x)"], ["%y"], ["%x: uniform -0.001..0.001"])
     # softplus's beta and threshold (the linear region past the threshold)
     for case, args in (("beta2_threshold1", "2, 1"), ("beta_half_threshold5", "0.5, 5.0")):
         x = Operand("x", "f32", [3, 50], "t", "uniform -30.0..30.0")

@@ -87,6 +87,16 @@ impl Gen<'_> {
                 format!("select(select(log({u}) * ({x} / ({u} - 1.0)), log({u}), {x} > 1.0e4), {x}, {u} == 1.0)"),
                 t,
             ))
+        } else if func == Func::Expm1 && t == DType::F32 {
+            // (u - 1) * x / log(u) with u = exp(x), the rounding of u
+            // undone (Kahan); plain u - 1 where x is large, x itself
+            // where u rounds to 1.
+            let x = &a[0].0;
+            let u = self.body.bind("f32", format!("exp({x})"));
+            Some((
+                format!("select(select(({u} - 1.0) * ({x} / log({u})), {u} - 1.0, abs({x}) > 0.5), {x}, {u} == 1.0)"),
+                t,
+            ))
         } else {
             element(func, &a, t)
         };
@@ -209,6 +219,13 @@ fn float(f: Func, x: &str, y: &str) -> Option<String> {
         Func::Div => format!("{x} / {y}"),
         Func::Exp => format!("exp({x})"),
         Func::Log => format!("log({x})"),
+        Func::Log2 => format!("log2({x})"),
+        Func::Log10 => format!("log2({x}) * 0.30102999566398120"),
+        Func::Floor => format!("floor({x})"),
+        Func::Ceil => format!("ceil({x})"),
+        Func::Trunc => format!("trunc({x})"),
+        // WGSL's `round` takes ties to even, as `torch.round` does.
+        Func::Round => format!("round({x})"),
         Func::Sqrt => format!("sqrt({x})"),
         Func::Rsqrt => format!("inverseSqrt({x})"),
         Func::Sin => format!("sin({x})"),

@@ -166,6 +166,10 @@ pub(crate) enum Unary {
     Cos,
     Reciprocal,
     Erf,
+    Log1p,
+    Expm1,
+    Log2,
+    Log10,
 }
 
 /// `grad * f'(x)` for the unary elementwise op `f`.
@@ -216,6 +220,24 @@ pub(crate) fn unary(e: &mut dyn Emit, c: &Call, gs: G, f: Unary) -> R<Grads> {
             let d = e.call("exp", vec![t(n)])?;
             let d = e.scale(d, 2.0 / std::f64::consts::PI.sqrt())?;
             e.mul(g, d)?
+        }
+        // grad / (self + 1), grad * (result + 1), grad / (self * ln 2),
+        // grad / (self * ln 10): derivatives.yaml's.
+        Unary::Log1p => {
+            let d = e.add_scalar(x, 1.0)?;
+            e.div(g, d)?
+        }
+        Unary::Expm1 => {
+            let d = e.add_scalar(y, 1.0)?;
+            e.mul(g, d)?
+        }
+        Unary::Log2 => {
+            let d = e.scale(x, std::f64::consts::LN_2)?;
+            e.div(g, d)?
+        }
+        Unary::Log10 => {
+            let d = e.scale(x, std::f64::consts::LN_10)?;
+            e.div(g, d)?
         }
     };
     Ok(one(0, gx))

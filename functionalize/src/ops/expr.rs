@@ -24,6 +24,16 @@ pub enum Func {
     Log,
     /// `log(1 + x)`, accurate for small `x`.
     Log1p,
+    /// `exp(x) - 1`, accurate for small `x`.
+    Expm1,
+    Log2,
+    Log10,
+    /// Rounding to an integral value: down, up, toward zero, to the
+    /// nearest (ties to even, as `torch.round`).
+    Floor,
+    Ceil,
+    Trunc,
+    Round,
     Sqrt,
     /// `1 / sqrt(x)`.
     Rsqrt,
@@ -71,6 +81,13 @@ impl Func {
             | Func::Exp
             | Func::Log
             | Func::Log1p
+            | Func::Expm1
+            | Func::Log2
+            | Func::Log10
+            | Func::Floor
+            | Func::Ceil
+            | Func::Trunc
+            | Func::Round
             | Func::Sqrt
             | Func::Rsqrt
             | Func::Abs
@@ -121,6 +138,13 @@ funcs! {
     exp: Exp(a);
     log: Log(a);
     log1p: Log1p(a);
+    expm1: Expm1(a);
+    log2: Log2(a);
+    log10: Log10(a);
+    floor: Floor(a);
+    ceil: Ceil(a);
+    trunc: Trunc(a);
+    round: Round(a);
     sqrt: Sqrt(a);
     rsqrt: Rsqrt(a);
     abs: Abs(a);
@@ -196,6 +220,13 @@ impl Expr {
                     Func::Exp => a[0].exp(),
                     Func::Log => a[0].ln(),
                     Func::Log1p => a[0].ln_1p(),
+                    Func::Expm1 => a[0].exp_m1(),
+                    Func::Log2 => a[0].log2(),
+                    Func::Log10 => a[0].log10(),
+                    Func::Floor => a[0].floor(),
+                    Func::Ceil => a[0].ceil(),
+                    Func::Trunc => a[0].trunc(),
+                    Func::Round => a[0].round_ties_even(),
                     Func::Sqrt => a[0].sqrt(),
                     Func::Rsqrt => 1.0 / a[0].sqrt(),
                     Func::Sin => a[0].sin(),

@@ -207,6 +207,51 @@ pub fn erf(a: &A) -> Result<PwPlan, String> {
     promoting_expr(a, ex::erf(x()))
 }
 
+pub fn log1p(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::log1p(x()))
+}
+
+pub fn expm1(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::expm1(x()))
+}
+
+pub fn log2(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::log2(x()))
+}
+
+pub fn log10(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::log10(x()))
+}
+
+/// A rounding op: floats rounded by `f`, integers as they are (eager
+/// copies them), bools refused as eager refuses them.
+fn rounding(a: &A, name: &str, f: fn(Expr) -> Expr) -> Result<PwPlan, String> {
+    let d = a.tensor(0)?.dtype;
+    if d == DType::Bool {
+        return Err(format!("\"{name}\" not implemented for 'Bool'"));
+    }
+    if d.is_float() {
+        return Ok(expr_plan(f(x()), d));
+    }
+    unary(a, name, x(), false, true, |x| x)
+}
+
+pub fn floor(a: &A) -> Result<PwPlan, String> {
+    rounding(a, "floor", ex::floor)
+}
+
+pub fn ceil(a: &A) -> Result<PwPlan, String> {
+    rounding(a, "ceil", ex::ceil)
+}
+
+pub fn trunc(a: &A) -> Result<PwPlan, String> {
+    rounding(a, "trunc", ex::trunc)
+}
+
+pub fn round(a: &A) -> Result<PwPlan, String> {
+    rounding(a, "round", ex::round)
+}
+
 /// A unary float op declared by its expression over `self` (operand 0),
 /// as eager's float-only ops are: integer and bool tensors are refused
 /// ("not implemented for"), like `silu`'s.

@@ -48,7 +48,7 @@ pub(super) fn declare(b: &mut Builder) {
     )
     .rules(d::div, d::jvp_diag, bt::elementwise);
     // Each with its VJP and JVP (`logical_not`'s: none flows).
-    let unaries: [(&str, p::PlanFn, VjpFn, JvpFn); 15] = [
+    let unaries: [(&str, p::PlanFn, VjpFn, JvpFn); 19] = [
         (
             "silu",
             p::silu,
@@ -132,6 +132,30 @@ pub(super) fn declare(b: &mut Builder) {
             "erf",
             p::erf,
             |e, c, g| d::unary(e, c, g, Unary::Erf),
+            d::jvp_diag,
+        ),
+        (
+            "log1p",
+            p::log1p,
+            |e, c, g| d::unary(e, c, g, Unary::Log1p),
+            d::jvp_diag,
+        ),
+        (
+            "expm1",
+            p::expm1,
+            |e, c, g| d::unary(e, c, g, Unary::Expm1),
+            d::jvp_diag,
+        ),
+        (
+            "log2",
+            p::log2,
+            |e, c, g| d::unary(e, c, g, Unary::Log2),
+            d::jvp_diag,
+        ),
+        (
+            "log10",
+            p::log10,
+            |e, c, g| d::unary(e, c, g, Unary::Log10),
             d::jvp_diag,
         ),
     ];
@@ -251,6 +275,18 @@ pub(super) fn declare(b: &mut Builder) {
     .rules(d::remainder, d::jvp_diag, bt::elementwise);
     b.pointwise("sign", &["sign(Tensor self) -> Tensor"], p::sign, true)
         .rules(d::no_grad, d::jvp_none, bt::elementwise);
+    // Rounding: a zero derivative almost everywhere (derivatives.yaml's
+    // `zeros_like`), none flows.
+    let roundings: [(&str, p::PlanFn); 4] = [
+        ("floor", p::floor),
+        ("ceil", p::ceil),
+        ("trunc", p::trunc),
+        ("round", p::round),
+    ];
+    for (n, plan) in roundings {
+        b.pointwise(n, &[&unary(n)], plan, true)
+            .rules(d::no_grad, d::jvp_none, bt::elementwise);
+    }
     // Backward ops of derivatives.yaml that transforms emit.
     b.pointwise(
         "threshold_backward",
