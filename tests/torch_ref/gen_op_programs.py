@@ -127,6 +127,15 @@ UNARY = {
     "ceil": ("uniform -8.0..8.0", True, None, False),
     "trunc": ("uniform -8.0..8.0", True, None, False),
     "round": ("uniform -8.0..8.0", True, None, False),
+    "tan": ("uniform -1.2..1.2", True, "int -1..2", False),
+    "asin": ("uniform -0.95..0.95", True, "int -1..2", False),
+    "acos": ("uniform -0.95..0.95", True, "int -1..2", False),
+    "atan": ("uniform -4.0..4.0", True, None, False),
+    "sinh": ("uniform -3.0..3.0", True, "int -3..4", False),
+    "cosh": ("uniform -3.0..3.0", True, "int -3..4", False),
+    "asinh": ("uniform -4.0..4.0", True, None, False),
+    "acosh": ("uniform 1.05..4.0", True, "int 1..6", False),
+    "atanh": ("uniform -0.9..0.9", False, None, False),
 }
 # Unary ops whose integer results stay integers (the others promote).
 KEEP_INT = ("neg", "abs", "relu", "logical_not", "sign", "floor", "ceil", "trunc", "round")

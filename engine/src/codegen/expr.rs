@@ -233,6 +233,17 @@ fn float(f: Func, x: &str, y: &str) -> Option<String> {
         Func::Abs => format!("abs({x})"),
         Func::Tanh => format!("tanh({x})"),
         Func::Erf => format!("k_erf({x})"),
+        Func::Tan => format!("tan({x})"),
+        // Through atan2: drivers' asin and acos are coarser (lavapipe's
+        // err by 3e-4), their atan2 is not; |x| > 1 gives NaN (sqrt).
+        Func::Asin => format!("atan2({x}, sqrt((1.0 - {x}) * (1.0 + {x})))"),
+        Func::Acos => format!("atan2(sqrt((1.0 - {x}) * (1.0 + {x})), {x})"),
+        Func::Atan => format!("atan({x})"),
+        Func::Sinh => format!("sinh({x})"),
+        Func::Cosh => format!("cosh({x})"),
+        Func::Asinh => format!("asinh({x})"),
+        Func::Acosh => format!("acosh({x})"),
+        Func::Atanh => format!("atanh({x})"),
         Func::Max => format!("select(max({x}, {y}), {x} + {y}, {nan2})"),
         Func::Min => format!("select(min({x}, {y}), {x} + {y}, {nan2})"),
         Func::DivTrunc => format!("trunc({x} / {y})"),

@@ -170,6 +170,15 @@ pub(crate) enum Unary {
     Expm1,
     Log2,
     Log10,
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
 }
 
 /// `grad * f'(x)` for the unary elementwise op `f`.
@@ -237,6 +246,52 @@ pub(crate) fn unary(e: &mut dyn Emit, c: &Call, gs: G, f: Unary) -> R<Grads> {
         }
         Unary::Log10 => {
             let d = e.scale(x, std::f64::consts::LN_10)?;
+            e.div(g, d)?
+        }
+        // derivatives.yaml: tan grad * (1 + result^2); asin and acos
+        // +-grad * rsqrt(1 - self^2); atan grad / (1 + self^2); sinh grad *
+        // cosh(self), cosh grad * sinh(self); asinh grad * rsqrt(self^2 +
+        // 1), acosh grad * rsqrt(self^2 - 1); atanh grad / (1 - self^2).
+        Unary::Tan => {
+            let y2 = e.mul(y, y)?;
+            let d = e.add_scalar(y2, 1.0)?;
+            e.mul(g, d)?
+        }
+        Unary::Asin | Unary::Acos => {
+            let x2 = e.mul(x, x)?;
+            let n = e.neg(x2)?;
+            let d = e.add_scalar(n, 1.0)?;
+            let r = e.call("rsqrt", vec![t(d)])?;
+            let p = e.mul(g, r)?;
+            match f {
+                Unary::Acos => e.neg(p)?,
+                _ => p,
+            }
+        }
+        Unary::Atan => {
+            let x2 = e.mul(x, x)?;
+            let d = e.add_scalar(x2, 1.0)?;
+            e.div(g, d)?
+        }
+        Unary::Sinh => {
+            let d = e.call("cosh", vec![t(x)])?;
+            e.mul(g, d)?
+        }
+        Unary::Cosh => {
+            let d = e.call("sinh", vec![t(x)])?;
+            e.mul(g, d)?
+        }
+        Unary::Asinh | Unary::Acosh => {
+            let x2 = e.mul(x, x)?;
+            let s = if matches!(f, Unary::Asinh) { 1.0 } else { -1.0 };
+            let d = e.add_scalar(x2, s)?;
+            let r = e.call("rsqrt", vec![t(d)])?;
+            e.mul(g, r)?
+        }
+        Unary::Atanh => {
+            let x2 = e.mul(x, x)?;
+            let n = e.neg(x2)?;
+            let d = e.add_scalar(n, 1.0)?;
             e.div(g, d)?
         }
     };

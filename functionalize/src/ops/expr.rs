@@ -42,6 +42,16 @@ pub enum Func {
     Sin,
     Cos,
     Erf,
+    /// The other trigonometric and hyperbolic functions and their inverses.
+    Tan,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Asinh,
+    Acosh,
+    Atanh,
     /// The larger / smaller of two (NaN if either is).
     Max,
     Min,
@@ -95,6 +105,15 @@ impl Func {
             | Func::Sin
             | Func::Cos
             | Func::Erf
+            | Func::Tan
+            | Func::Asin
+            | Func::Acos
+            | Func::Atan
+            | Func::Sinh
+            | Func::Cosh
+            | Func::Asinh
+            | Func::Acosh
+            | Func::Atanh
             | Func::Not
             | Func::BitNot
             | Func::Sign => 1,
@@ -152,6 +171,15 @@ funcs! {
     sin: Sin(a);
     cos: Cos(a);
     erf: Erf(a);
+    tan: Tan(a);
+    asin: Asin(a);
+    acos: Acos(a);
+    atan: Atan(a);
+    sinh: Sinh(a);
+    cosh: Cosh(a);
+    asinh: Asinh(a);
+    acosh: Acosh(a);
+    atanh: Atanh(a);
     max: Max(a, b);
     min: Min(a, b);
     gt: Gt(a, b);
@@ -234,6 +262,15 @@ impl Expr {
                     Func::Abs => a[0].abs(),
                     Func::Tanh => a[0].tanh(),
                     Func::Erf => libm::erf(a[0]),
+                    Func::Tan => a[0].tan(),
+                    Func::Asin => a[0].asin(),
+                    Func::Acos => a[0].acos(),
+                    Func::Atan => a[0].atan(),
+                    Func::Sinh => a[0].sinh(),
+                    Func::Cosh => a[0].cosh(),
+                    Func::Asinh => a[0].asinh(),
+                    Func::Acosh => a[0].acosh(),
+                    Func::Atanh => a[0].atanh(),
                     Func::Max if a[0].is_nan() || a[1].is_nan() => f64::NAN,
                     Func::Max => a[0].max(a[1]),
                     Func::Min if a[0].is_nan() || a[1].is_nan() => f64::NAN,

@@ -207,6 +207,42 @@ pub fn erf(a: &A) -> Result<PwPlan, String> {
     promoting_expr(a, ex::erf(x()))
 }
 
+pub fn tan(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::tan(x()))
+}
+
+pub fn asin(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::asin(x()))
+}
+
+pub fn acos(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::acos(x()))
+}
+
+pub fn atan(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::atan(x()))
+}
+
+pub fn sinh(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::sinh(x()))
+}
+
+pub fn cosh(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::cosh(x()))
+}
+
+pub fn asinh(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::asinh(x()))
+}
+
+pub fn acosh(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::acosh(x()))
+}
+
+pub fn atanh(a: &A) -> Result<PwPlan, String> {
+    promoting_expr(a, ex::atanh(x()))
+}
+
 pub fn log1p(a: &A) -> Result<PwPlan, String> {
     promoting_expr(a, ex::log1p(x()))
 }

@@ -48,7 +48,7 @@ pub(super) fn declare(b: &mut Builder) {
     )
     .rules(d::div, d::jvp_diag, bt::elementwise);
     // Each with its VJP and JVP (`logical_not`'s: none flows).
-    let unaries: [(&str, p::PlanFn, VjpFn, JvpFn); 19] = [
+    let unaries: [(&str, p::PlanFn, VjpFn, JvpFn); 28] = [
         (
             "silu",
             p::silu,
@@ -156,6 +156,60 @@ pub(super) fn declare(b: &mut Builder) {
             "log10",
             p::log10,
             |e, c, g| d::unary(e, c, g, Unary::Log10),
+            d::jvp_diag,
+        ),
+        (
+            "tan",
+            p::tan,
+            |e, c, g| d::unary(e, c, g, Unary::Tan),
+            d::jvp_diag,
+        ),
+        (
+            "asin",
+            p::asin,
+            |e, c, g| d::unary(e, c, g, Unary::Asin),
+            d::jvp_diag,
+        ),
+        (
+            "acos",
+            p::acos,
+            |e, c, g| d::unary(e, c, g, Unary::Acos),
+            d::jvp_diag,
+        ),
+        (
+            "atan",
+            p::atan,
+            |e, c, g| d::unary(e, c, g, Unary::Atan),
+            d::jvp_diag,
+        ),
+        (
+            "sinh",
+            p::sinh,
+            |e, c, g| d::unary(e, c, g, Unary::Sinh),
+            d::jvp_diag,
+        ),
+        (
+            "cosh",
+            p::cosh,
+            |e, c, g| d::unary(e, c, g, Unary::Cosh),
+            d::jvp_diag,
+        ),
+        (
+            "asinh",
+            p::asinh,
+            |e, c, g| d::unary(e, c, g, Unary::Asinh),
+            d::jvp_diag,
+        ),
+        (
+            "acosh",
+            p::acosh,
+            |e, c, g| d::unary(e, c, g, Unary::Acosh),
+            d::jvp_diag,
+        ),
+        (
+            "atanh",
+            p::atanh,
+            |e, c, g| d::unary(e, c, g, Unary::Atanh),
             d::jvp_diag,
         ),
     ];
