@@ -136,6 +136,8 @@ UNARY = {
     "asinh": ("uniform -4.0..4.0", True, None, False),
     "acosh": ("uniform 1.05..4.0", True, "int 1..6", False),
     "atanh": ("uniform -0.9..0.9", False, None, False),
+    "leaky_relu": (None, False, None, False),
+    "elu": ("uniform -4.0..4.0", False, None, False),
 }
 # Unary ops whose integer results stay integers (the others promote).
 KEEP_INT = ("neg", "abs", "relu", "logical_not", "sign", "floor", "ceil", "trunc", "round")
@@ -188,6 +190,18 @@ def gen_unary():
     # log1p and expm1 near 0, where log(1 + x) and exp(x) - 1 lose digits
     for op in ("log1p", "expm1"):
         add(op, "small", ["%x: f32[200]"], [f"%y = {op}(%x)"], ["%y"], ["%x: uniform -0.001..0.001"])
+    # leaky_relu's slope (past 1 too) and elu's alpha, scale and input scale
+    for case, args in (("slope_0_2", "0.2"), ("slope_3", "3")):
+        x = Operand("x", "f32", [3, 50], "t")
+        p, l, a = assemble(x)
+        add("leaky_relu", case, p, l + [f"%y = leaky_relu({x.ref}, {args})"], ["%y"], a)
+    add("leaky_relu_", "slope_0_5_f16", ["%x: f16[50]"], ["%y = leaky_relu_(%x, 0.5)"], ["%x"])
+    for case, args in (("alpha_half_scale_3_2", "0.5, 1.5, 2"), ("alpha2", "2.0")):
+        x = Operand("x", "f32", [3, 50], "t", "uniform -4.0..4.0")
+        p, l, a = assemble(x)
+        add("elu", case, p, l + [f"%y = elu({x.ref}, {args})"], ["%y"], a)
+    add("elu_", "selu_constants", ["%x: f32[50]"],
+        ["%y = elu_(%x, 1.6732632423543772, 1.0507009873554805, 1)"], ["%x"])
     # softplus's beta and threshold (the linear region past the threshold)
     for case, args in (("beta2_threshold1", "2, 1"), ("beta_half_threshold5", "0.5, 5.0")):
         x = Operand("x", "f32", [3, 50], "t", "uniform -30.0..30.0")

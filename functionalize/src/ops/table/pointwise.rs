@@ -414,6 +414,97 @@ pub(super) fn declare(b: &mut Builder) {
         false, // ATen has no `softplus_`
     )
     .rules(softplus_vjp, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "leaky_relu",
+        &["leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor"],
+        leaky_relu,
+        true,
+    )
+    .rules(leaky_relu_vjp, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "elu",
+        &["elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor"],
+        elu,
+        true,
+    )
+    .rules(elu_vjp, d::jvp_diag, bt::elementwise);
+}
+
+/// Scalar argument `i` of a bound call, as a number.
+fn scalar_arg(c: &crate::rule::Call, i: usize) -> Result<f64, String> {
+    match c.args.get(i) {
+        Some(crate::schema::Arg::Int(v)) => Ok(*v as f64),
+        Some(crate::schema::Arg::Float(v)) => Ok(*v),
+        Some(crate::schema::Arg::Bool(v)) => Ok(*v as i64 as f64),
+        _ => Err(format!(
+            "internal error: {} without its scalar argument {i}",
+            c.op.name()
+        )),
+    }
+}
+
+/// `x` where `x > 0`, else `x * negative_slope` (eager's formula; NaN
+/// stays NaN).
+fn leaky_relu(a: &p::A) -> Result<p::PwPlan, String> {
+    use crate::ops::args::ArgsExt;
+    use crate::ops::expr::{gt, lit, select, x};
+    let slope = a.opt_scalar(1)?.map_or(0.01, |s| s.to_f64());
+    p::float_expr(
+        a,
+        "leaky_relu",
+        select(gt(x(), lit(0.0)), x(), x() * lit(slope)),
+    )
+}
+
+/// `grad` where `x > 0`, else `grad * negative_slope`
+/// (derivatives.yaml's `leaky_relu_backward`).
+fn leaky_relu_vjp(
+    e: &mut dyn crate::rule::Emit,
+    c: &crate::rule::Call,
+    gs: &[Option<crate::id::ValueId>],
+) -> Result<crate::rule::Grads, String> {
+    use crate::rule::{float, t};
+    let Some(g) = gs.first().copied().flatten() else {
+        return Ok(vec![]);
+    };
+    let x = c.tensor(0)?;
+    let slope = scalar_arg(c, 1)?;
+    let pos = e.call("gt", vec![t(x), float(0.0)])?;
+    let d = e.call("where", vec![t(pos), float(1.0), float(slope)])?;
+    Ok(vec![(0, None, e.mul(g, d)?)])
+}
+
+/// `x * scale` where `x > 0`, else `expm1(x * input_scale) * alpha *
+/// scale` (eager's formula).
+fn elu(a: &p::A) -> Result<p::PwPlan, String> {
+    use crate::ops::args::ArgsExt;
+    use crate::ops::expr::{expm1, gt, lit, select, x};
+    let arg =
+        |i: usize| -> Result<f64, String> { Ok(a.opt_scalar(i)?.map_or(1.0, |s| s.to_f64())) };
+    let (alpha, scale, input_scale) = (arg(1)?, arg(2)?, arg(3)?);
+    let neg = expm1(x() * lit(input_scale)) * lit(alpha * scale);
+    p::float_expr(a, "elu", select(gt(x(), lit(0.0)), x() * lit(scale), neg))
+}
+
+/// `grad * scale` where `x > 0`, else `grad * alpha * scale * input_scale
+/// * exp(x * input_scale)` (derivatives.yaml's `elu_backward` of `self`).
+fn elu_vjp(
+    e: &mut dyn crate::rule::Emit,
+    c: &crate::rule::Call,
+    gs: &[Option<crate::id::ValueId>],
+) -> Result<crate::rule::Grads, String> {
+    use crate::rule::{float, t};
+    let Some(g) = gs.first().copied().flatten() else {
+        return Ok(vec![]);
+    };
+    let x = c.tensor(0)?;
+    let (alpha, scale, input_scale) = (scalar_arg(c, 1)?, scalar_arg(c, 2)?, scalar_arg(c, 3)?);
+    let xs = e.scale(x, input_scale)?;
+    let ex = e.call("exp", vec![t(xs)])?;
+    let neg = e.scale(ex, alpha * scale * input_scale)?;
+    let pos = e.call("gt", vec![t(x), float(0.0)])?;
+    let d = e.call("where", vec![t(pos), float(scale), t(neg)])?;
+    Ok(vec![(0, None, e.mul(g, d)?)])
 }
 
 /// `softplus(x, beta, threshold)`: `log1p(exp(x * beta)) / beta`, and `x`
