@@ -25,7 +25,8 @@ use crate::schema::Arg;
 
 type G<'a> = &'a [Option<ValueId>];
 
-fn num(c: &Call, i: usize) -> Option<f64> {
+/// Scalar argument `i` of a bound call, as a number.
+pub(crate) fn num(c: &Call, i: usize) -> Option<f64> {
     match c.args.get(i) {
         Some(Arg::Int(x)) => Some(*x as f64),
         Some(Arg::Float(x)) => Some(*x),

@@ -430,17 +430,14 @@ pub(super) fn declare(b: &mut Builder) {
     .rules(elu_vjp, d::jvp_diag, bt::elementwise);
 }
 
-/// Scalar argument `i` of a bound call, as a number.
+/// Scalar argument `i` of a bound call (defaults are bound).
 fn scalar_arg(c: &crate::rule::Call, i: usize) -> Result<f64, String> {
-    match c.args.get(i) {
-        Some(crate::schema::Arg::Int(v)) => Ok(*v as f64),
-        Some(crate::schema::Arg::Float(v)) => Ok(*v),
-        Some(crate::schema::Arg::Bool(v)) => Ok(*v as i64 as f64),
-        _ => Err(format!(
-            "internal error: {} without its scalar argument {i}",
+    d::num(c, i).ok_or_else(|| {
+        format!(
+            "internal error: {} without scalar argument {i}",
             c.op.name()
-        )),
-    }
+        )
+    })
 }
 
 /// `x` where `x > 0`, else `x * negative_slope` (eager's formula; NaN
