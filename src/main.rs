@@ -223,6 +223,10 @@ enum Cmd {
         /// As the Markdown page `docs/ops.md`.
         #[arg(long, conflicts_with = "json")]
         markdown: bool,
+        /// The coverage table of docs/import.md: how each op of a core
+        /// opset list (`tests/fixtures/core_aten_ops.json`) runs.
+        #[arg(long, conflicts_with_all = ["json", "markdown"])]
+        core: Option<PathBuf>,
     },
 }
 
@@ -368,7 +372,11 @@ fn main_result(cli: Cli) -> Result<(), String> {
             );
             Ok(())
         }
-        Cmd::Ops { json, markdown } => list_ops(json, markdown),
+        Cmd::Ops {
+            json,
+            markdown,
+            core,
+        } => list_ops(json, markdown, core.as_deref()),
         Cmd::Import {
             model,
             output,
@@ -521,10 +529,22 @@ fn import_cmd(model: &Path, output: Option<&Path>, weights: Option<&Path>) -> Re
 }
 
 /// `kiln ops`: the op table as text, JSON or Markdown.
-fn list_ops(json: bool, markdown: bool) -> Result<(), String> {
+fn list_ops(json: bool, markdown: bool, core: Option<&Path>) -> Result<(), String> {
     use kiln::functionalize::ops::catalog;
+    if let Some(path) = core {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let (torch, ops) = kiln::import::coverage::parse(&text).map_err(|e| {
+            format!(
+                "{} is not a core op list as tests/torch_ref/core_aten_ops.py writes it: {e}",
+                path.display()
+            )
+        })?;
+        print!("{}", kiln::import::coverage::markdown(&torch, &ops));
+        return Ok(());
+    }
     if json {
-        let ops: Vec<serde_json::Value> = catalog::entries()
+        let mut ops: Vec<serde_json::Value> = catalog::entries()
             .into_iter()
             .map(|e| {
                 serde_json::json!({
@@ -540,6 +560,25 @@ fn list_ops(json: bool, markdown: bool) -> Result<(), String> {
                 })
             })
             .collect();
+        // What the import rewrites or refuses, by ATen name.
+        for r in kiln::import::REWRITES {
+            for name in r.ops {
+                ops.push(serde_json::json!({
+                    "name": name,
+                    "kind": "import rewrite",
+                    "how": r.how,
+                }));
+            }
+        }
+        for (names, why) in kiln::import::REFUSED {
+            for name in *names {
+                ops.push(serde_json::json!({
+                    "name": name,
+                    "kind": "refused",
+                    "reason": why,
+                }));
+            }
+        }
         let json = serde_json::to_string_pretty(&ops).map_err(|e| e.to_string())?;
         println!("{json}");
     } else if markdown {

@@ -153,3 +153,19 @@ fn the_link_parser_finds_links_and_skips_code() {
     );
     assert_eq!(anchor(" `run`: the files"), "run-the-files");
 }
+
+/// docs/import.md holds the core ATen coverage table as
+/// `kiln ops --core tests/fixtures/core_aten_ops.json` prints it.
+#[test]
+fn the_import_page_has_the_core_coverage_table() {
+    let root = common::root();
+    let list = std::fs::read_to_string(root.join("tests/fixtures/core_aten_ops.json")).unwrap();
+    let (torch, ops) = kiln::import::coverage::parse(&list).unwrap();
+    let want = kiln::import::coverage::markdown(&torch, &ops);
+    let doc = std::fs::read_to_string(root.join("docs/import.md")).unwrap();
+    assert!(
+        doc.contains(&want),
+        "docs/import.md must hold the coverage table (kiln ops --core \
+         tests/fixtures/core_aten_ops.json):\n{want}"
+    );
+}

@@ -115,10 +115,16 @@ pub fn reduced_dims<T>(
 ) -> Result<Vec<bool>, String> {
     use kiln_functionalize::ops::args::ArgsExt;
     use ops::Reduction as Red;
+    let one;
     let dims: Option<&[i64]> = match red_op {
         Red::Amax | Red::Amin => Some(args.int_list(1)?),
         Red::Var { .. } => args.opt_int_list(1)?,
         _ if args.len() <= 2 => None,
+        // `prod.dim_int`: one dim.
+        Red::Prod => {
+            one = [args.int(1)?];
+            Some(&one)
+        }
         _ => args.opt_int_list(1)?,
     };
     let mut red = vec![rank == 0; rank];

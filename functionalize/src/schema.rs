@@ -99,6 +99,8 @@ pub enum ParamType {
     Float,
     Scalar,
     Bool,
+    /// `bool[3] output_mask`: a list of bools (held as `Arg::List`).
+    BoolList,
     Str,
     Dtype,
 }
@@ -228,7 +230,7 @@ impl Schema {
                 "str",
                 "ScalarType",
             ];
-            if !known.contains(&base) {
+            if !known.contains(&base) && !is_bool_list(base) {
                 return bad(&format!(
                     "unsupported type `{ty}` (use one of {})",
                     known.join(", ")
@@ -299,6 +301,7 @@ impl Schema {
                 "float" => ParamType::Float,
                 "Scalar" => ParamType::Scalar,
                 "bool" => ParamType::Bool,
+                t if is_bool_list(t) => ParamType::BoolList,
                 "str" => ParamType::Str,
                 "ScalarType" => ParamType::Dtype,
                 other => panic!("unsupported schema type {other} in {text}"),
@@ -416,6 +419,7 @@ fn accepts_one<V>(p: &Param, a: &Arg<V>) -> bool {
         (ParamType::Float, Arg::Float(_) | Arg::Int(_)) => true,
         (ParamType::Scalar, Arg::Int(_) | Arg::Float(_) | Arg::Bool(_)) => true,
         (ParamType::Bool, Arg::Bool(_)) => true,
+        (ParamType::BoolList, Arg::List(items)) => items.iter().all(|x| matches!(x, Arg::Bool(_))),
         (ParamType::Str, Arg::Str(_)) => true,
         (ParamType::Dtype, Arg::Dtype(_)) => true,
         _ => false,
@@ -455,6 +459,11 @@ fn bind_one<V: Clone>(p: &Param, a: &Arg<V>) -> Option<Arg<V>> {
         (ParamType::Float, Arg::Int(i)) => Arg::Float(*i as f64),
         (ParamType::Scalar, Arg::Int(_) | Arg::Float(_) | Arg::Bool(_)) => a.clone(),
         (ParamType::Bool, Arg::Bool(_)) => a.clone(),
+        (ParamType::BoolList, Arg::List(items))
+            if items.iter().all(|x| matches!(x, Arg::Bool(_))) =>
+        {
+            a.clone()
+        }
         (ParamType::Str, Arg::Str(_)) => a.clone(),
         (ParamType::Dtype, Arg::Dtype(_)) => a.clone(),
         _ => return None,
@@ -496,6 +505,13 @@ fn split_top_level(s: &str) -> Vec<&str> {
 }
 
 /// `int[N]` or `SymInt[N]` for a digit `N`.
+/// `bool[]` or `bool[N]`.
+fn is_bool_list(t: &str) -> bool {
+    t.strip_prefix("bool[")
+        .and_then(|r| r.strip_suffix(']'))
+        .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 fn is_fixed_int_list(t: &str) -> bool {
     let inner = t
         .strip_prefix("int[")

@@ -299,6 +299,13 @@ impl Out {
         format!("%{name}")
     }
 
+    /// `%a, %b, ... = op(args)` for the first `k` outputs of `n`.
+    pub fn emit_outs(&mut self, n: &Node, k: usize, op: &str, args: &[String]) -> Vec<String> {
+        let names: Vec<String> = (0..k).map(|i| self.claim(&n.out(i))).collect();
+        self.statement(&names, op, args);
+        names.into_iter().map(|v| format!("%{v}")).collect()
+    }
+
     /// `%out = op(args)` for output `i` of `n` (its own name where free).
     pub fn emit_out(&mut self, n: &Node, i: usize, op: &str, args: &[String]) -> String {
         let name = self.claim(&n.out(i));
@@ -391,11 +398,19 @@ pub fn convert(a: &Archive, fold: bool) -> Result<Program, ImportError> {
         .get("nodes")
         .and_then(Value::as_array)
         .ok_or_else(|| damaged(a, "the graph has no `nodes` list"))?;
-    let parsed = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, nv)| node(nv).map_err(|m| damaged(a, &format!("node {i}: {m}"))))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut parsed = vec![];
+    for (i, nv) in nodes.iter().enumerate() {
+        match node(nv) {
+            Ok(n) => parsed.push(n),
+            Err(m) => {
+                // A node reading a size an earlier one made symbolic
+                // (`nonzero`'s): that node's error first.
+                symbolic_results(a, &parsed, &symbolic)?;
+                return Err(damaged(a, &format!("node {i}: {m}")));
+            }
+        }
+    }
+    symbolic_results(a, &parsed, &symbolic)?;
     let folds = match fold {
         true => fold::plan(a, &parsed, &out.weight_of, &written(&parsed, sig, &out)),
         false => HashMap::new(),
@@ -428,6 +443,42 @@ pub fn convert(a: &Archive, fold: bool) -> Result<Program, ImportError> {
         }
     }
     finish(a, out, params, roles, bound, users, returns)
+}
+
+/// An error for the first node whose result has a symbolic size: the
+/// op's reason where the import refuses it (`nonzero`: a size that
+/// depends on the values), else a dynamic-shape export's.
+fn symbolic_results(
+    a: &Archive,
+    nodes: &[Node],
+    symbolic: &HashMap<String, usize>,
+) -> Result<(), ImportError> {
+    let first = nodes.iter().find_map(|n| {
+        n.outputs
+            .iter()
+            .flatten()
+            .find_map(|o| symbolic.get(o).map(|&d| (n, o, d)))
+    });
+    if let Some((n, _, _)) = first {
+        if let Some(why) = decomp::refused(&n.op) {
+            return Err(ImportError::Op(format!(
+                "op `{}` ({}) is not supported: {why}",
+                n.target(),
+                n.place()
+            )));
+        }
+    }
+    let named = first
+        .map(|(_, o, d)| (o.clone(), d))
+        .or_else(|| symbolic.iter().next().map(|(k, &d)| (k.clone(), d)));
+    match named {
+        Some((name, d)) => Err(ImportError::Symbolic(format!(
+            "{}: tensor `{name}` has a symbolic size at dimension {d} (a dynamic-shape \
+             export); Kiln compiles static shapes: export without `dynamic_shapes`",
+            a.path
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Does the program text read `%name`?
@@ -716,13 +767,6 @@ fn parameters(
         out.bind(&name, format!("%{kiln}"));
         roles.push(Role::User(name));
     }
-    if let Some((name, d)) = symbolic.iter().next() {
-        return Err(ImportError::Symbolic(format!(
-            "{}: tensor `{name}` has a symbolic size at dimension {d} (a dynamic-shape \
-             export); Kiln compiles static shapes: export without `dynamic_shapes`",
-            a.path
-        )));
-    }
     Ok((decls, roles, bound, n_users))
 }
 
@@ -967,6 +1011,16 @@ fn lower_node(out: &mut Out, n: &Node, raw: &Value) -> Result<(), ImportError> {
     if !target.starts_with("torch.ops.aten.") {
         return Err(unknown(n, target));
     }
+    if let Some(why) = decomp::refused(&n.op) {
+        return Err(ImportError::Op(format!(
+            "op `{}` ({}) is not supported: {why}",
+            n.target(),
+            n.place()
+        )));
+    }
+    if n.overload == "out" {
+        return out_variant(out, n);
+    }
     let results = if let Some(f) = decomp::find(&n.op) {
         f(out, n).map_err(|m| ImportError::Op(format!("`{}` ({}): {m}", n.target(), n.place())))?
     } else {
@@ -976,6 +1030,35 @@ fn lower_node(out: &mut Out, n: &Node, raw: &Value) -> Result<(), ImportError> {
         if let Some(name) = name {
             out.bind(name, v);
         }
+    }
+    Ok(())
+}
+
+/// `op.out(..., out)`: the op's functional overload, its result copied
+/// into `out` with `copy_`, and `out` returned (as eager's `out=`).
+fn out_variant(out: &mut Out, n: &Node) -> Result<(), ImportError> {
+    let err = |m: String| ImportError::Op(format!("op `{}` ({}): {m}", n.target(), n.place()));
+    let dest = n.tensor("out").map_err(err)?.to_string();
+    let functional = Node {
+        op: n.op.clone(),
+        overload: "default".into(),
+        name: n.name.clone(),
+        args: n.args.iter().filter(|(k, _)| k != "out").cloned().collect(),
+        outputs: vec![None],
+        trace: n.trace,
+    };
+    let r = match decomp::find(&n.op) {
+        Some(f) => f(out, &functional).map_err(err)?,
+        None => call_table(out, &functional)?,
+    };
+    let d = out.val(&dest).map_err(ImportError::Archive)?;
+    let first = r
+        .into_iter()
+        .next()
+        .ok_or_else(|| err("no result".into()))?;
+    out.emit_void("copy_", &[d.clone(), first]);
+    if let Some(Some(name)) = n.outputs.first() {
+        out.bind(name, d);
     }
     Ok(())
 }

@@ -17,43 +17,195 @@ pub type Decomp = fn(&mut Out, &Node) -> Result<Vec<String>, String>;
 
 type R = Result<Vec<String>, String>;
 
+/// An ATen op (or several) the import rewrites, and how, as `kiln ops`
+/// lists it.
+pub struct Rewrite {
+    pub ops: &'static [&'static str],
+    pub how: &'static str,
+    pub f: Decomp,
+}
+
+pub const REWRITES: &[Rewrite] = &[
+    Rewrite {
+        ops: &["_convolution"],
+        how: "`convolution` (cuDNN's flags change nothing here)",
+        f: legacy_convolution,
+    },
+    Rewrite {
+        ops: &[
+            "batch_norm",
+            "_native_batch_norm_legit",
+            "_native_batch_norm_legit_functional",
+        ],
+        how: "in training mode with running statistics: the batch statistics, the running ones \
+              updated with `copy_` (`_functional`: returned); otherwise the table's op",
+        f: batch_norm,
+    },
+    Rewrite {
+        ops: &[
+            "dropout",
+            "dropout_",
+            "feature_dropout",
+            "feature_dropout_",
+            "alpha_dropout",
+            "alpha_dropout_",
+            "feature_alpha_dropout",
+            "feature_alpha_dropout_",
+        ],
+        how: "the input itself in evaluation mode; refused in training mode (random)",
+        f: dropout,
+    },
+    Rewrite {
+        ops: &["detach", "detach_"],
+        how: "`alias` (`detach_`: the tensor itself)",
+        f: detach,
+    },
+    Rewrite {
+        ops: &["lift_fresh_copy"],
+        how: "`clone`",
+        f: lift_fresh_copy,
+    },
+    Rewrite {
+        ops: &["_assert_tensor_metadata"],
+        how: "checked against the archive's metadata, then dropped",
+        f: assert_metadata,
+    },
+    Rewrite {
+        ops: &["to", "type_as"],
+        how: "the tensor itself at its own dtype, else `_to_copy`",
+        f: to,
+    },
+    Rewrite {
+        ops: &["flatten"],
+        how: "`reshape`",
+        f: flatten,
+    },
+    Rewrite {
+        ops: &["unflatten"],
+        how: "`view`",
+        f: unflatten,
+    },
+    Rewrite {
+        ops: &["new_zeros", "new_ones", "new_full", "new_empty"],
+        how: "`zeros`, `ones`, `full` at the tensor's dtype (`new_empty`: zeros)",
+        f: new_fill,
+    },
+    Rewrite {
+        ops: &[
+            "upsample_nearest1d",
+            "upsample_nearest2d",
+            "upsample_nearest3d",
+            "_upsample_nearest_exact1d",
+            "_upsample_nearest_exact2d",
+            "_upsample_nearest_exact3d",
+            "upsample_linear1d",
+            "upsample_bilinear2d",
+            "upsample_trilinear3d",
+        ],
+        how: "the table's op with output sizes and scales spelled out (`.vec`'s `scale_factors` \
+              too)",
+        f: upsample,
+    },
+    Rewrite {
+        ops: &["min", "max"],
+        how: "`.other`: `minimum` / `maximum`; the other overloads are the table's",
+        f: min_max,
+    },
+    Rewrite {
+        ops: &[
+            "__and__",
+            "bitwise_and",
+            "__or__",
+            "bitwise_or",
+            "__xor__",
+            "bitwise_xor",
+            "__invert__",
+            "bitwise_not",
+        ],
+        how: "the table's `bitwise_*` op, its overload by the other operand",
+        f: bitwise,
+    },
+    Rewrite {
+        ops: &["expand_as"],
+        how: "`expand` to the other's sizes",
+        f: expand_as,
+    },
+    Rewrite {
+        ops: &["view_as", "reshape_as"],
+        how: "`view` / `reshape` to the other's sizes",
+        f: view_as,
+    },
+    Rewrite {
+        ops: &[
+            "t_",
+            "transpose_",
+            "swapdims_",
+            "swapaxes_",
+            "unsqueeze_",
+            "squeeze_",
+            "as_strided_",
+        ],
+        how: "the view, and the tensor's name rebound to it",
+        f: view_in_place,
+    },
+    Rewrite {
+        ops: &["var", "std"],
+        how: "`.default` (`unbiased`): `.correction` over every dimension; the other overloads \
+              are the table's",
+        f: var_std,
+    },
+    Rewrite {
+        ops: &["divide", "true_divide"],
+        how: "`div`",
+        f: divide,
+    },
+];
+
+/// ATen ops the import refuses whatever their arguments, and why.
+pub const REFUSED: &[(&[&str], &str)] = &[
+    (
+        &[
+            "nonzero",
+            "nonzero_static",
+            "masked_select",
+            "unique",
+            "_unique2",
+            "unique_consecutive",
+        ],
+        "its result's size depends on the values (Kiln compiles fixed shapes)",
+    ),
+    (
+        &["_local_scalar_dense", "item"],
+        "it reads a tensor's value into Python (data-dependent control flow); export the model \
+         without `.item()` or `.tolist()` in forward",
+    ),
+    (
+        &["sym_size", "sym_numel", "sym_stride", "sym_storage_offset"],
+        "it reads a symbolic shape (dynamic shapes); export with static shapes (no \
+         `dynamic_shapes=`)",
+    ),
+    (
+        &[
+            "_fft_r2c",
+            "_fft_c2r",
+            "_fft_c2c",
+            "view_as_complex",
+            "view_as_real",
+        ],
+        "it computes in complex numbers, a dtype Kiln does not hold",
+    ),
+];
+
 pub fn find(op: &str) -> Option<Decomp> {
-    Some(match op {
-        "_convolution" => legacy_convolution,
-        "batch_norm" => batch_norm,
-        "dropout"
-        | "dropout_"
-        | "feature_dropout"
-        | "feature_dropout_"
-        | "alpha_dropout"
-        | "alpha_dropout_"
-        | "feature_alpha_dropout"
-        | "feature_alpha_dropout_" => dropout,
-        "detach" | "detach_" => detach,
-        "lift_fresh_copy" => lift_fresh_copy,
-        "_assert_tensor_metadata" => assert_metadata,
-        "to" | "type_as" => to,
-        "flatten" => flatten,
-        "unflatten" => unflatten,
-        "new_zeros" | "new_ones" | "new_full" | "new_empty" => new_fill,
-        "upsample_nearest1d"
-        | "upsample_nearest2d"
-        | "upsample_nearest3d"
-        | "_upsample_nearest_exact1d"
-        | "_upsample_nearest_exact2d"
-        | "_upsample_nearest_exact3d"
-        | "upsample_linear1d"
-        | "upsample_bilinear2d"
-        | "upsample_trilinear3d" => upsample,
-        "min" | "max" => min_max,
-        "__and__" | "bitwise_and" | "__or__" | "bitwise_or" | "__xor__" | "bitwise_xor"
-        | "__invert__" | "bitwise_not" => bitwise,
-        "expand_as" => expand_as,
-        "view_as" | "reshape_as" => view_as,
-        "t_" | "transpose_" | "swapdims_" | "swapaxes_" | "unsqueeze_" | "squeeze_"
-        | "as_strided_" => view_in_place,
-        _ => return None,
-    })
+    REWRITES.iter().find(|r| r.ops.contains(&op)).map(|r| r.f)
+}
+
+/// Why the import refuses `op`, if it refuses it whatever its arguments.
+pub fn refused(op: &str) -> Option<&'static str> {
+    REFUSED
+        .iter()
+        .find(|(ops, _)| ops.contains(&op))
+        .map(|(_, why)| *why)
 }
 
 /// `_convolution`: `convolution` with cuDNN's flags, which change nothing
@@ -305,9 +457,32 @@ fn view_in_place(o: &mut Out, n: &Node) -> R {
 fn batch_norm(o: &mut Out, n: &Node) -> R {
     let rm = n.opt_tensor("running_mean")?;
     let rv = n.opt_tensor("running_var")?;
-    let (true, Some(rm), Some(rv)) = (n.bool("training", false)?, rm, rv) else {
+    let functional = n.op == "_native_batch_norm_legit_functional";
+    let training = n.bool("training", false)?;
+    if functional && !training {
+        // Evaluation: the table's op, and the running statistics as they were.
+        let (Some(rm), Some(rv)) = (rm, rv) else {
+            return Err("running_mean and running_var must be defined in evaluation mode".into());
+        };
+        let mut args = vec![];
+        for k in ["input", "weight", "bias"] {
+            args.push(match n.get(k) {
+                Some(a) => super::convert::render(o, a)?,
+                None => "none".into(),
+            });
+        }
+        let (rmv, rvv) = (o.val(rm)?, o.val(rv)?);
+        args.extend([rmv.clone(), rvv.clone(), "false".into()]);
+        args.push(float(n.float("momentum", 0.1)?));
+        args.push(float(n.float("eps", 1e-5)?));
+        let mut r = o.emit_outs(n, 3, "_native_batch_norm_legit", &args);
+        r.extend([rmv, rvv]);
+        return Ok(r);
+    }
+    let (true, Some(rm), Some(rv)) = (training, rm, rv) else {
         return super::convert::call_table(o, n).map_err(|e| e.to_string());
     };
+    let legit = n.op.starts_with("_native_batch_norm_legit");
     let x = n.tensor("input")?;
     let m = o.meta(x)?.clone();
     if m.sizes.len() < 2 {
@@ -330,12 +505,16 @@ fn batch_norm(o: &mut Out, n: &Node) -> R {
     let a = o.emit(b, "mul", &[rm.clone(), keep.clone()]);
     let bm = o.emit(b, "mul", &[mean.clone(), float(mom)]);
     let nm = o.emit(b, "add", &[a, bm]);
-    o.emit_void("copy_", &[rm, nm]);
+    if !functional {
+        o.emit_void("copy_", &[rm, nm.clone()]);
+    }
     let unbiased = count as f64 / (count.max(2) - 1) as f64;
     let a = o.emit(b, "mul", &[rv.clone(), keep]);
     let bv = o.emit(b, "mul", &[var.clone(), float(mom * unbiased)]);
     let nv = o.emit(b, "add", &[a, bv]);
-    o.emit_void("copy_", &[rv, nv]);
+    if !functional {
+        o.emit_void("copy_", &[rv, nv.clone()]);
+    }
     // The batch's statistics, as eval-mode running ones.
     let w = match n.opt_tensor("weight")? {
         Some(w) => o.val(w)?,
@@ -345,6 +524,22 @@ fn batch_norm(o: &mut Out, n: &Node) -> R {
         Some(bias) => o.val(bias)?,
         None => "none".into(),
     };
+    if legit {
+        // The result and the saved statistics, from the table's
+        // `.no_stats` overload (it computes them again; the duplicates
+        // fold away).
+        let mut r = o.emit_outs(
+            n,
+            3,
+            "_native_batch_norm_legit",
+            &[xv, w, bias, "true".into(), float(mom), eps],
+        );
+        if functional {
+            // `_functional` returns the running statistics it would write.
+            r.extend([nm, nv]);
+        }
+        return Ok(r);
+    }
     Ok(vec![o.emit_out(
         n,
         0,
@@ -425,4 +620,28 @@ fn upsample(o: &mut Out, n: &Node) -> R {
         });
     }
     Ok(vec![o.emit_out(n, 0, &n.op, &args)])
+}
+
+/// `var.default` / `std.default(self, unbiased)`: `.correction` over
+/// every dimension (`unbiased` is a correction of 1 or 0).
+fn var_std(o: &mut Out, n: &Node) -> R {
+    if n.overload != "default" {
+        return super::convert::call_table(o, n).map_err(|e| e.to_string());
+    }
+    let x = o.val(n.tensor("self")?)?;
+    let c = if n.bool("unbiased", true)? { "1" } else { "0" };
+    Ok(vec![o.emit_out(n, 0, &n.op, &[x, "none".into(), c.into()])])
+}
+
+/// `divide` / `true_divide`: `div` by another name.
+fn divide(o: &mut Out, n: &Node) -> R {
+    let renamed = Node {
+        op: "div".into(),
+        overload: n.overload.clone(),
+        name: n.name.clone(),
+        args: n.args.clone(),
+        outputs: n.outputs.clone(),
+        trace: n.trace,
+    };
+    super::convert::call_table(o, &renamed).map_err(|e| e.to_string())
 }

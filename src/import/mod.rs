@@ -9,11 +9,13 @@
 
 mod archive;
 mod convert;
+pub mod coverage;
 mod decomp;
 mod fold;
 mod run;
 
 pub use archive::is_zip as is_pt2;
+pub use decomp::{Rewrite, REFUSED, REWRITES};
 pub use run::{feeds, mutated, run, run_on};
 
 use crate::io::{MappedTensors, Src};

@@ -1011,6 +1011,7 @@ def generate():
     gen_decoder_ops()
     gen_composites()
     gen_int8()
+    gen_core()
     return CASES
 
 
@@ -1322,6 +1323,145 @@ def gen_composites():
     add("avg_pool3d", "ceil", ["%x: f32[1, 2, 5, 4, 6]"], ["%y = avg_pool3d(%x, 2, 2, 0, true)"], ["%y"])
     add("_adaptive_avg_pool2d", "unequal", ["%x: f32[1, 2, 5, 7]"], ["%y = _adaptive_avg_pool2d(%x, [2, 3])"], ["%y"])
     add("adaptive_avg_pool3d", "mixed", ["%x: f32[1, 2, 4, 5, 6]"], ["%y = adaptive_avg_pool3d(%x, [2, 3, 6])"], ["%y"])
+
+
+# ---------------------------------------------------------------------------
+# The core ATen ops added for issue 74: float-class tests, fmod, atan2,
+# logical_xor, prod, any / all, var / std's `.dim`, the native norms,
+# native_dropout in evaluation mode, scalar_tensor, empty
+# ---------------------------------------------------------------------------
+
+SPECIALS = ["%z = zeros([4])", "%n = div(%z, %z)", "%i = reciprocal(%z)", "%ni = neg(%i)",
+            "%s = cat([%x, %n, %i, %ni])"]
+
+
+def gen_core():
+    for op in ("isnan", "isinf", "isposinf", "isneginf", "isfinite"):
+        add(op, "specials_f32", ["%x: f32[3, 4]"], SPECIALS[:4] + ["%f = reshape(%x, [12])", "%s = cat([%f, %n, %i, %ni])",
+            f"%y = {op}(%s)"], ["%y"], None, "nan, inf and -inf made in the program")
+        add(op, "f16_transposed", ["%x: f16[3, 5]"], ["%t = t(%x)", f"%y = {op}(%t)"], ["%y"])
+        add(op, "i32", ["%x: i32[7]"], [f"%y = {op}(%x)"], ["%y"], ["%x: int -5..5"])
+    for case, params, body, anns in (
+        ("tt_broadcast", ["%a: f32[3, 50]", "%b: f32[50]"], ["%y = fmod(%a, %b)"], ["%a: uniform -9.0..9.0", "%b: uniform 0.5..3.0"]),
+        ("negative_divisor", ["%a: f32[50]", "%b: f32[50]"], ["%y = fmod(%a, %b)"], ["%a: uniform -9.0..9.0", "%b: uniform -3.0..-0.5"]),
+        ("scalar", ["%a: f32[3, 50]"], ["%t = t(%a)", "%y = fmod(%t, 1.5)"], ["%a: uniform -9.0..9.0"]),
+        ("i32", ["%a: i32[50]", "%b: i32[50]"], ["%y = fmod(%a, %b)"], ["%a: int -50..50", "%b: int 1..9"]),
+        ("i64_negative_scalar", ["%a: i64[50]"], ["%y = fmod(%a, -7)"], ["%a: int -50..50"]),
+        ("f16", ["%a: f16[50]"], ["%y = fmod(%a, 0.75)"], ["%a: uniform -4.0..4.0"]),
+    ):
+        add("fmod", case, params, body, ["%y"], anns)
+    add("fmod_", "in_place_slice", ["%a: f32[4, 6]"], ["%c = clone(%a)", "%s = slice(%c, 1, 0, none, 2)", "%y = fmod_(%s, 0.7)"],
+        ["%c"], ["%a: uniform -5.0..5.0"])
+    add("atan2", "quadrants", ["%a: f32[3, 50]", "%b: f32[3, 50]"], ["%y = atan2(%a, %b)"], ["%y"],
+        ["%a: uniform -3.0..3.0", "%b: uniform -3.0..3.0"])
+    add("atan2", "broadcast_transposed", ["%a: f32[50, 3]", "%b: f32[50]"], ["%t = t(%a)", "%y = atan2(%t, %b)"], ["%y"])
+    add("atan2", "i32_to_float", ["%a: i32[50]", "%b: i32[50]"], ["%y = atan2(%a, %b)"], ["%y"], ["%a: int -5..5", "%b: int -5..5"])
+    add("atan2", "f16", ["%a: f16[50]", "%b: f16[50]"], ["%y = atan2(%a, %b)"], ["%y"])
+    add("atan2_", "in_place", ["%a: f32[50]", "%b: f32[50]"], ["%c = clone(%a)", "%y = atan2_(%c, %b)"], ["%c"])
+    add("logical_xor", "f32_i32", ["%a: f32[3, 5]", "%b: i32[5]"], ["%y = logical_xor(%a, %b)"], ["%y"],
+        ["%a: int -1..2", "%b: int -1..2"])
+    add("logical_xor", "bool", ["%a: bool[50]", "%b: bool[50]"], ["%y = logical_xor(%a, %b)"], ["%y"])
+    add("logical_xor_", "in_place_bool", ["%a: bool[50]", "%b: bool[50]"], ["%c = clone(%a)", "%y = logical_xor_(%c, %b)"], ["%c"])
+    # prod: all, one dim, zeros, integers (i64 results), f16
+    add("prod", "all", ["%x: f32[40]"], ["%y = prod(%x)"], ["%y"], ["%x: uniform 0.5..1.5"])
+    add("prod", "dim_keepdim", ["%x: f32[3, 5, 4]"], ["%y = prod(%x, 1, true)"], ["%y"])
+    add("prod", "dim_transposed", ["%x: f32[5, 3]"], ["%t = t(%x)", "%y = prod(%t, -1)"], ["%y"])
+    add("prod", "with_zeros", ["%x: f32[4, 6]"], ["%y = prod(%x, 0)"], ["%y"], ["%x: int -2..3"])
+    add("prod", "i32_gives_int64", ["%x: i32[3, 6]"], ["%y = prod(%x, 1)"], ["%y"], ["%x: int -4..5"])
+    add("prod", "bool_all", ["%x: bool[8]"], ["%y = prod(%x)"], ["%y"])
+    add("prod", "f16_dtype_f32", ["%x: f16[3, 5]"], ["%y = prod(%x, 1, false, f32)"], ["%y"], ["%x: uniform 0.5..1.5"])
+    add("prod", "0d", ["%x: f32[]"], ["%y = prod(%x)"], ["%y"])
+    for op in ("any", "all"):
+        add(op, "all_f32", ["%x: f32[3, 4]"], [f"%y = {op}(%x)"], ["%y"], ["%x: int 0..2"])
+        add(op, "dim_bool", ["%x: bool[3, 4]"], [f"%y = {op}(%x, 1)"], ["%y"])
+        add(op, "dims_keepdim_i32", ["%x: i32[2, 3, 4]"], [f"%y = {op}(%x, [0, 2], true)"], ["%y"], ["%x: int 0..2"])
+        add(op, "dims_none", ["%x: f32[2, 3]"], [f"%y = {op}(%x, none)"], ["%y"], ["%x: int 0..2"])
+    for op in ("var", "std"):
+        add(op, "dim_unbiased", ["%x: f32[3, 50]"], [f"%y = {op}(%x, [1])"], ["%y"])
+        add(op, "dim_biased_keepdim", ["%x: f32[2, 3, 5]"], [f"%y = {op}(%x, [0, 2], false, true)"], ["%y"])
+    add("native_layer_norm", "three_results", ["%x: f32[2, 3, 8]", "%w: f32[3, 8]", "%b: f32[3, 8]"],
+        ["%y, %m, %r = native_layer_norm(%x, [3, 8], %w, %b, 1e-5)"], ["%y", "%m", "%r"])
+    add("native_layer_norm", "no_affine", ["%x: f32[4, 6]"], ["%y, %m, %r = native_layer_norm(%x, [6], none, none, 0.001)"],
+        ["%y", "%m", "%r"])
+    add("native_group_norm", "three_results", ["%x: f32[2, 6, 3, 4]", "%w: f32[6]", "%b: f32[6]"],
+        ["%y, %m, %r = native_group_norm(%x, %w, %b, 2, 6, 12, 3, 1e-5)"], ["%y", "%m", "%r"])
+    n = "_native_batch_norm_legit"
+    add(n, "training_no_stats", ["%x: f32[3, 2, 5]", "%w: f32[2]", "%b: f32[2]"],
+        [f"%y, %m, %r = {n}(%x, %w, %b, true, 0.1, 1e-5)"], ["%y", "%m", "%r"])
+    add(n, "eval_running_stats", ["%x: f32[2, 3, 4]", "%w: f32[3]", "%b: f32[3]", "%m: f32[3]", "%v: f32[3]"],
+        [f"%y, %s, %r = {n}(%x, %w, %b, %m, %v, false, 0.1, 1e-5)"], ["%y", "%s", "%r"], ["%v: uniform 0.5..2.0"])
+    add("native_dropout", "eval", ["%x: f32[3, 5]"], ["%y, %m = native_dropout(%x, 0.5, false)"], ["%y", "%m"])
+    add("native_dropout", "p_one", ["%x: f32[3, 5]"], ["%y, %m = native_dropout(%x, 1.0, true)"], ["%y", "%m"])
+    add("scalar_tensor", "float", ["%x: f32[3]"], ["%s = scalar_tensor(2.5)", "%y = mul(%x, %s)"], ["%y"])
+    add("scalar_tensor", "int_dtype", ["%x: i32[3]"], ["%s = scalar_tensor(4, i32)", "%y = add(%x, %s)"], ["%y"])
+    add("empty", "then_filled", ["%x: f32[2, 3]"], ["%e = empty([2, 3])", "%f = copy_(%e, %x)", "%y = add(%e, 1)"], ["%y"],
+        None, "eager leaves empty's values unspecified: written before read")
+    add("empty_strided", "then_filled", ["%x: f32[2, 3]"], ["%e = empty_strided([2, 3], [3, 1])", "%f = fill_(%e, 2)", "%y = mul(%e, %x)"],
+        ["%y"], None, "written before read")
+    add("masked_scatter", "broadcast_mask", ["%x: f32[3, 4]", "%m: bool[4]", "%s: f32[20]"],
+        ["%y = masked_scatter(%x, %m, %s)"], ["%y"])
+    add("masked_scatter", "transposed_i32", ["%x: i32[4, 3]", "%m: bool[3, 4]", "%s: i32[2, 7]"],
+        ["%t = t(%x)", "%y = masked_scatter(%t, %m, %s)"], ["%y"], ["%m: bool 0.4"])
+    add("masked_scatter_", "in_place", ["%x: f32[2, 5]", "%m: bool[2, 5]", "%s: f32[10]"],
+        ["%c = clone(%x)", "%y = masked_scatter_(%c, %m, %s)"], ["%c"])
+    sr = "scatter_reduce"
+    for red in ("sum", "prod", "mean", "amax", "amin"):
+        for inc in ("true", "false"):
+            add(sr, f"{red}_include_self_{inc}", ["%x: f32[4, 5]", "%i: i64[3, 5]", "%s: f32[3, 6]"],
+                [f'%y = {sr}(%x, 0, %i, %s, "{red}", {inc})'], ["%y"], ["%i: int 0..4"])
+    add(sr, "amax_dim1_narrow_index", ["%x: f32[3, 6]", "%i: i64[2, 4]", "%s: f32[3, 5]"],
+        ['%y = scatter_reduce(%x, 1, %i, %s, "amax", false)'], ["%y"], ["%i: int 0..6"])
+    add(sr, "mean_i32", ["%x: i32[5]", "%i: i64[7]", "%s: i32[7]"],
+        ['%y = scatter_reduce(%x, 0, %i, %s, "mean")'], ["%y"], ["%i: int 0..5", "%x: int -9..9", "%s: int -9..9"])
+    add(sr + "_", "prod_in_place", ["%x: f32[4, 3]", "%i: i64[4, 3]", "%s: f32[4, 3]"],
+        ["%c = clone(%x)", '%y = scatter_reduce_(%c, 1, %i, %s, "prod")'], ["%c"], ["%i: int 0..3"])
+    for pp in ("2.0", "1.0", "0.0", "inf", "3.0"):
+        nm = pp.replace(".0", "").replace("inf", "inf")
+        add("_cdist_forward", f"p{nm}", ["%a: f32[2, 5, 3]", "%b: f32[2, 4, 3]"],
+            [f"%y = _cdist_forward(%a, %b, {pp}, none)"], ["%y"], ["%a: int -2..3", "%b: int -2..3"] if pp == "0.0" else None)
+    add("cdist", "default_p", ["%a: f32[6, 4]", "%b: f32[3, 4]"], ["%y = cdist(%a, %b)"], ["%y"])
+    add("_pdist_forward", "p2", ["%a: f32[6, 4]"], ["%y = _pdist_forward(%a)"], ["%y"])
+    add("_pdist_forward", "p1_two_rows", ["%a: f32[2, 3]"], ["%y = _pdist_forward(%a, 1.0)"], ["%y"])
+    add("pdist", "p3", ["%a: f32[5, 2]"], ["%y = pdist(%a, 3.0)"], ["%y"])
+    # Backward ops of joint graphs, at the forward op's own arguments.
+    cb = "convolution_backward"
+    add(cb, "stride_padding_bias", ["%x: f32[2, 3, 7, 6]", "%w: f32[4, 3, 3, 3]", "%g: f32[2, 4, 4, 6]"],
+        [f"%gi, %gw, %gb = {cb}(%g, %x, %w, [4], [2, 1], [1, 1], [1, 1], false, [0, 0], 1, [true, true, true])"],
+        ["%gi", "%gw", "%gb"])
+    add(cb, "groups_dilation", ["%x: f32[1, 4, 8, 8]", "%w: f32[6, 2, 3, 3]", "%g: f32[1, 6, 8, 8]"],
+        [f"%gi, %gw, %gb = {cb}(%g, %x, %w, none, [1, 1], [2, 2], [2, 2], false, [0, 0], 2, [true, true, false])"],
+        ["%gi", "%gw"])
+    add(cb, "transposed", ["%x: f32[1, 4, 5, 5]", "%w: f32[4, 2, 3, 3]", "%g: f32[1, 2, 10, 10]"],
+        [f"%gi, %gw, %gb = {cb}(%g, %x, %w, [2], [2, 2], [1, 1], [1, 1], true, [1, 1], 1, [true, true, true])"],
+        ["%gi", "%gw", "%gb"])
+    add("avg_pool2d_backward", "include_pad", ["%x: f32[2, 3, 7, 8]", "%g: f32[2, 3, 4, 4]"],
+        ["%y = avg_pool2d_backward(%g, %x, [3, 3], [2, 2], [1, 1], false, true, none)"], ["%y"])
+    add("avg_pool2d_backward", "ceil_exclude_pad", ["%x: f32[1, 2, 7, 6]", "%g: f32[1, 2, 4, 4]"],
+        ["%y = avg_pool2d_backward(%g, %x, [3, 3], [2, 2], [1, 1], true, false, none)"], ["%y"])
+    add("_adaptive_avg_pool2d_backward", "unequal", ["%x: f32[2, 3, 7, 5]", "%g: f32[2, 3, 3, 2]"],
+        ["%y = _adaptive_avg_pool2d_backward(%g, %x)"], ["%y"])
+    add("max_pool2d_with_indices_backward", "padding_stride", ["%x: f32[2, 3, 9, 8]", "%g: f32[2, 3, 5, 4]"],
+        ["%y, %i = max_pool2d_with_indices(%x, 3, 2, 1)",
+         "%d = max_pool2d_with_indices_backward(%g, %x, [3, 3], [2, 2], [1, 1], [1, 1], false, %i)"], ["%d"])
+    add("max_pool2d_with_indices_backward", "overlapping_unbatched", ["%x: f32[3, 6, 7]", "%g: f32[3, 5, 6]"],
+        ["%y, %i = max_pool2d_with_indices(%x, 2, 1)",
+         "%d = max_pool2d_with_indices_backward(%g, %x, [2, 2], [1, 1], [0, 0], [1, 1], false, %i)"], ["%d"])
+    e = "embedding_dense_backward"
+    add(e, "padding_idx", ["%g: f32[2, 5, 4]", "%i: i64[2, 5]"], [f"%y = {e}(%g, %i, 6, 2, false)"], ["%y"], ["%i: int 0..6"])
+    add(e, "scale_grad_by_freq", ["%g: f32[7, 3]", "%i: i64[7]"], [f"%y = {e}(%g, %i, 5, -1, true)"], ["%y"], ["%i: int 0..5"])
+    add("native_layer_norm_backward", "affine", ["%x: f32[2, 3, 8]", "%w: f32[3, 8]", "%b: f32[3, 8]", "%g: f32[2, 3, 8]"],
+        ["%y, %m, %r = native_layer_norm(%x, [3, 8], %w, %b, 1e-5)",
+         "%gi, %gw, %gb = native_layer_norm_backward(%g, %x, [3, 8], %m, %r, %w, %b, [true, true, true])"],
+        ["%gi", "%gw", "%gb"])
+    add("native_layer_norm_backward", "no_affine", ["%x: f32[4, 6]", "%g: f32[4, 6]"],
+        ["%y, %m, %r = native_layer_norm(%x, [6], none, none, 0.001)",
+         "%gi, %gw, %gb = native_layer_norm_backward(%g, %x, [6], %m, %r, none, none, [true, false, false])"],
+        ["%gi"])
+    add("native_group_norm_backward", "affine", ["%x: f32[2, 6, 3, 4]", "%w: f32[6]", "%b: f32[6]", "%g: f32[2, 6, 3, 4]"],
+        ["%y, %m, %r = native_group_norm(%x, %w, %b, 2, 6, 12, 3, 1e-5)",
+         "%gi, %gw, %gb = native_group_norm_backward(%g, %x, %m, %r, %w, 2, 6, 12, 3, [true, true, true])"],
+        ["%gi", "%gw", "%gb"])
+    add("_adaptive_avg_pool3d", "mixed", ["%x: f32[1, 2, 4, 5, 6]"], ["%y = _adaptive_avg_pool3d(%x, [2, 3, 4])"], ["%y"])
 
 
 def main(argv=None) -> int:

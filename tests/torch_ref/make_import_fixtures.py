@@ -107,6 +107,30 @@ class KvCache(torch.nn.Module):
         return att.transpose(1, 2).reshape(1, 2, 16)
 
 
+class CoreOps(torch.nn.Module):
+    """Core ATen ops added for issue 74, exported in training mode after
+    `run_decompositions()`: atan2, fmod, isnan / isinf, logical_xor, prod,
+    any, var (.dim, .default), divide, native layer and group norms,
+    `_native_batch_norm_legit_functional` (its running statistics written
+    back) and `scalar_tensor`."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(8)
+        self.gn = torch.nn.GroupNorm(2, 8)
+        self.bn = torch.nn.BatchNorm1d(8)
+
+    def forward(self, x, y):
+        a = torch.atan2(x, y) + torch.fmod(x, 0.7)
+        b = self.ln(a)
+        c = b.prod(-1, keepdim=True) + b.var(1, unbiased=False, keepdim=True)
+        d = torch.where(torch.isnan(b) | torch.isinf(b), 0.0, b)
+        e = (d > 0).any(-1, keepdim=True).float() + torch.divide(d, 2.0)
+        g = self.gn(e.unsqueeze(-1)).squeeze(-1)
+        h = self.bn(g)
+        return h * c + torch.logical_xor(d > 0, x > 0).float() + d.var()
+
+
 class ViewsInPlace(torch.nn.Module):
     """Views written in place, in-place view ops, dtype round trips."""
 
@@ -302,6 +326,8 @@ MODELS = {
     "vit": (vit, lambda: image(2, 3, 32, 32)),
     "swin": (swin, lambda: image(1, 3, 32, 32)),
     "next_ops": (NextOps, lambda: (torch.randn(2, 4, 6, 5),)),
+    "core_ops_decomposed": (CoreOps, lambda: (torch.randn(4, 8), torch.randn(4, 8)),
+                            {"train": True, "decompose": True}),
     "decoder": (Decoder, lambda: (torch.randn(1, 4, 5, 4),)),
     "bert": (lambda: hf("bert"), lambda: tokens(True)),
     "roberta": (lambda: hf("roberta"), lambda: tokens(True)),
@@ -325,6 +351,11 @@ class UnknownOp(torch.nn.Module):
 class Cond(torch.nn.Module):
     def forward(self, x):
         return torch.cond(x.sum() > 0, lambda x: x + 1, lambda x: x - 1, (x,))
+
+
+class NonZero(torch.nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x > 0)
 
 
 class Plain(torch.nn.Module):
@@ -351,6 +382,8 @@ REFUSED = {
                       {"dynamic_shapes": {"x": {0: torch.export.Dim("batch", min=2, max=64)}}},
                       ["input `x`", "dimension 0", "static shapes"]),
     "cond": (Cond, lambda: (torch.randn(3),), {}, ["higher-order op `cond`"]),
+    "nonzero": (NonZero, lambda: (torch.randn(3, 4),), {},
+                ["aten.nonzero.default", "node `nonzero`", "depends on the values"]),
     "float64_weights": (Double, lambda: (torch.randn(4, 3, dtype=torch.float64),), {},
                         ["tensor `lin.bias`", "float64", "model.float()"]),
 }
@@ -399,12 +432,16 @@ def flatten(x):
 
 
 def make(name):
-    ctor, args_fn = MODELS[name]
+    ctor, args_fn, *opts = MODELS[name]
+    opts = opts[0] if opts else {}
     torch.manual_seed(0)
-    model = ctor().eval()
+    model = ctor().train(opts.get("train", False))
     randomize(model, 1)
     args = args_fn()
     ep = torch.export.export(copy.deepcopy(model), tuple(a.clone() for a in args))
+    if opts.get("decompose"):
+        # The core ATen IR many tools save.
+        ep = ep.run_decompositions()
     sig = ep.run_decompositions().graph_signature
     user_names = [s.arg.name for s in ep.graph_signature.input_specs
                   if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]

@@ -166,6 +166,13 @@ fn element(f: Func, a: &[(String, DType)], t: DType) -> Option<(String, DType)> 
             let c = truth(&a[0]);
             return Some((format!("select({}, {}, {c})", a[2].0, a[1].0), t));
         }
+        // By the bits, as `compare` tests NaN; integers are neither.
+        Func::IsNan if t == DType::F32 => return Some((format!("k_isnan({x})"), b)),
+        Func::IsInf if t == DType::F32 => {
+            let e = format!("((bitcast<u32>({x}) & 0x7fffffffu) == 0x7f800000u)");
+            return Some((e, b));
+        }
+        Func::IsNan | Func::IsInf => return Some(("false".into(), b)),
         _ => {}
     }
     let e = match t {
@@ -249,6 +256,8 @@ fn float(f: Func, x: &str, y: &str) -> Option<String> {
         Func::DivTrunc => format!("trunc({x} / {y})"),
         Func::DivFloor => format!("floor({x} / {y})"),
         Func::Rem => format!("{x} - floor({x} / {y}) * {y}"),
+        Func::Fmod => format!("{x} - trunc({x} / {y}) * {y}"),
+        Func::Atan2 => format!("atan2({x}, {y})"),
         Func::Pow => format!("k_powf({x}, {y})"),
         Func::Sign => format!("select(select({x}, -1.0, {x} < 0.0), 1.0, {x} > 0.0)"),
         _ => return None,
@@ -276,6 +285,8 @@ fn integer(f: Func, x: &str, y: &str, unsigned: bool) -> Option<String> {
         Func::Rem => format!(
             "select({x} % {y}, {x} % {y} + {y}, ({x} % {y} != {zero}) && (({x} % {y} < {zero}) != ({y} < {zero})))"
         ),
+        // WGSL's `%` rounds the quotient toward zero, as C's does.
+        Func::Fmod => format!("{x} % {y}"),
         Func::Pow if unsigned => format!("k_powu({x}, {y})"),
         Func::Pow => format!("k_powi({x}, {y})"),
         // Two's complement: i64 values held in i32 keep their bits.

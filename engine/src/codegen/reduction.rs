@@ -105,6 +105,15 @@ impl Gen<'_> {
         Ok(())
     }
 
+    /// `acc *= x`, i64 products out of range flagged.
+    fn checked_mul(&mut self, n: NodeId, acc: &str, x: &str, dt: DType) -> R<()> {
+        if dt == DType::I64 {
+            self.flag_overflow(n, &format!("k_mul_ovf({acc}, {x})"))?;
+        }
+        self.body.stmt(format!("{acc} = {acc} * {x};"));
+        Ok(())
+    }
+
     pub(super) fn reduce(
         &mut self,
         n: NodeId,
@@ -214,6 +223,7 @@ impl Gen<'_> {
         let (init, is_sum) = match red_op {
             Red::Amax => (extreme_literal(acc_dt, false), false),
             Red::Amin => (extreme_literal(acc_dt, true), false),
+            Red::Prod => (literal(1.0, acc_dt), false),
             _ => (literal(0.0, acc_dt), true),
         };
         let acc = self.body.var(acc_ty, init);
@@ -237,6 +247,7 @@ impl Gen<'_> {
         match (red_op, &comp, &nan) {
             (_, Some(c), _) => self.kahan_add(&acc, c, &x),
             (_, None, _) if is_sum => self.checked_add(n, &acc, &x, acc_dt)?,
+            (Red::Prod, _, _) => self.checked_mul(n, &acc, &x, acc_dt)?,
             (Red::Amax, _, _) if acc_dt == DType::Bool => {
                 self.body.stmt(format!("{acc} = {acc} || {x};"))
             }

@@ -189,6 +189,22 @@ pub(crate) fn reduction(b: &mut dyn Batch, c: &Call) -> Out {
     Ok(all_batched(b.e().call_id(c.op, args)?.to_vec()))
 }
 
+/// `prod`: `.dim_int` shifts its dim; the full product is each batch
+/// element's row of a `[batch, -1]` reshape, multiplied along it.
+pub(crate) fn prod(b: &mut dyn Batch, c: &Call) -> Out {
+    if c.args.len() > 2 {
+        return dim1(b, c);
+    }
+    let x = c.tensor(0)?;
+    let size = b.size() as i64;
+    let flat = b.e().call("reshape", vec![t(x), ints(&[size, -1])])?;
+    let dtype = c.args.get(1).cloned().unwrap_or(Arg::None);
+    let r = b
+        .e()
+        .call("prod", vec![t(flat), int(1), Arg::Bool(false), dtype])?;
+    Ok(vec![(r, true)])
+}
+
 pub(crate) fn arg_extreme(b: &mut dyn Batch, c: &Call) -> Out {
     if !matches!(c.args.get(1), Some(Arg::None) | None) {
         return dim1(b, c);

@@ -1069,6 +1069,690 @@ pub fn rms_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
     }
 }
 
+/// The mean and `1 / sqrt(var + eps)` of `x` over `dims`, kept.
+fn moments(e: &mut dyn Emit, x: ValueId, dims: &[i64], eps: f64) -> R<(ValueId, ValueId)> {
+    let mean = e.call("mean", vec![t(x), ints(dims), Arg::Bool(true)])?;
+    let var = e.call("var", vec![t(x), ints(dims), int(0), Arg::Bool(true)])?;
+    let ve = e.call("add", vec![t(var), float(eps)])?;
+    Ok((mean, e.call("rsqrt", vec![t(ve)])?))
+}
+
+/// `native_layer_norm(input, normalized_shape, weight, bias, eps)`: the
+/// table's `layer_norm`, and the mean and reciprocal standard deviation
+/// over the normalized dimensions (kept as size 1), as eager saves them.
+pub fn native_layer_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let k = a.int_list(1)?.len();
+    let y = e.call(
+        "layer_norm",
+        vec![t(x), a[1].clone(), a[2].clone(), a[3].clone(), a[4].clone()],
+    )?;
+    let dims: Vec<i64> = (1..=k as i64).map(|i| -i).collect();
+    let (mean, rstd) = moments(e, x, &dims, a.float(4)?)?;
+    Ok(vec![y, mean, rstd])
+}
+
+/// `native_group_norm(input, weight, bias, N, C, HxW, group, eps)`: the
+/// table's `group_norm`, and each (sample, group)'s mean and reciprocal
+/// standard deviation, `[N, group]`.
+pub fn native_group_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let sizes = e.sizes(x);
+    let (n, c, hw, g) = (a.int(3)?, a.int(4)?, a.int(5)?, a.int(6)?);
+    let numel: usize = sizes.iter().product();
+    if sizes.first().map(|&s| s as i64) != Some(n)
+        || sizes.get(1).map(|&s| s as i64) != Some(c)
+        || (n * c * hw) as usize != numel
+    {
+        return Err(format!(
+            "native_group_norm: N={n}, C={c}, HxW={hw} do not describe an input of sizes {sizes:?}"
+        ));
+    }
+    let y = e.call(
+        "group_norm",
+        vec![t(x), int(g), a[1].clone(), a[2].clone(), a[7].clone()],
+    )?;
+    let per = numel / (n * g).max(1) as usize;
+    let grouped = reshape(e, x, &[n as usize, g as usize, per])?;
+    let (mean, rstd) = moments(e, grouped, &[-1], a.float(7)?)?;
+    let mean = reshape(e, mean, &[n as usize, g as usize])?;
+    let rstd = reshape(e, rstd, &[n as usize, g as usize])?;
+    Ok(vec![y, mean, rstd])
+}
+
+/// `_native_batch_norm_legit(input, weight, bias, running_mean,
+/// running_var, training, momentum, eps)` and its `.no_stats` overload:
+/// the result and the batch's per-channel mean and reciprocal standard
+/// deviation (empty in evaluation mode, as eager's). Training with
+/// running statistics writes them, which this functional op cannot: the
+/// import writes the update with `copy_`.
+pub fn native_batch_norm(e: &mut dyn Emit, overload: &str, a: &A) -> Out {
+    let op = "_native_batch_norm_legit";
+    let x = *a.tensor(0)?;
+    let (w, b) = (a.opt_tensor(1)?.copied(), a.opt_tensor(2)?.copied());
+    let (stats, rest) = if overload == "no_stats" {
+        (None, 3)
+    } else {
+        (Some((*a.tensor(3)?, *a.tensor(4)?)), 5)
+    };
+    let (training, eps) = (a.bool(rest)?, a.float(rest + 2)?);
+    channels(e, x, op, &[w, b, stats.map(|s| s.0), stats.map(|s| s.1)])?;
+    if !training {
+        let Some((rm, rv)) = stats else {
+            return Err(format!(
+                "{op}.no_stats: running_mean and running_var must be defined in evaluation mode"
+            ));
+        };
+        let y = normalize(e, x, rm, rv, w, b, eps)?;
+        let dtype = e.dtype(x);
+        let empty = e.call("zeros", vec![usizes(&[0]), Arg::Dtype(dtype)])?;
+        let empty2 = e.call("zeros", vec![usizes(&[0]), Arg::Dtype(dtype)])?;
+        return Ok(vec![y, empty, empty2]);
+    }
+    if stats.is_some() {
+        return Err(format!(
+            "{op} in training mode writes running_mean and running_var in place, which this \
+             functional op cannot: use the .no_stats overload and update them with copy_ (the \
+             import writes the update)"
+        ));
+    }
+    let rank = e.rank(x) as i64;
+    let dims: Vec<i64> = std::iter::once(0).chain(2..rank).collect();
+    let mean = e.call("mean", vec![t(x), ints(&dims)])?;
+    let var = e.call("var", vec![t(x), ints(&dims), int(0)])?;
+    let y = normalize(e, x, mean, var, w, b, eps)?;
+    let ve = e.call("add", vec![t(var), float(eps)])?;
+    let rstd = e.call("rsqrt", vec![t(ve)])?;
+    Ok(vec![y, mean, rstd])
+}
+
+/// `native_dropout(input, p, train)`: in evaluation mode (or `p = 0`) the
+/// input and an all-true mask; with `p = 1` zeros and an all-false mask.
+/// Anything between draws random numbers, which a program Kiln compiles
+/// does not.
+pub fn native_dropout(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let p = a.float(1)?;
+    let train = !matches!(a.get(2), Some(Arg::Bool(false)));
+    if !(0.0..=1.0).contains(&p) {
+        return Err(format!(
+            "dropout probability has to be between 0 and 1, but got {p}"
+        ));
+    }
+    let sizes = e.sizes(x);
+    let keep_all = !train || p == 0.0;
+    if keep_all || p == 1.0 {
+        let y = if keep_all {
+            e.call("clone", vec![t(x)])?
+        } else {
+            e.call("zeros_like", vec![t(x)])?
+        };
+        let mask = e.call(
+            if keep_all { "ones" } else { "zeros" },
+            vec![usizes(&sizes), Arg::Dtype(DType::Bool)],
+        )?;
+        return Ok(vec![y, mask]);
+    }
+    Err(format!(
+        "native_dropout in training mode (p = {p}) draws random numbers, which Kiln does not; \
+         export the model after model.eval()"
+    ))
+}
+
+/// `any` / `all` (`.dim`, `.dims`): whether any (every) element is
+/// non-zero, as the largest (smallest) truth value.
+fn truth_reduce(e: &mut dyn Emit, overload: &str, a: &A, name: &str, extreme: &str) -> Out {
+    let x = *a.tensor(0)?;
+    let truth = if e.dtype(x) == DType::Bool {
+        x
+    } else {
+        e.call("ne", vec![t(x), int(0)])?
+    };
+    let (dims, keep) = match overload {
+        "" => (vec![], false),
+        "dim" => (vec![a.int(1)?], a.bool(2)?),
+        _ => (a.opt_int_list(1)?.unwrap_or(&[]).to_vec(), a.bool(2)?),
+    };
+    if e.sizes(x).contains(&0) {
+        return Err(format!("{name} of an empty tensor is not supported"));
+    }
+    one(e.call(extreme, vec![t(truth), ints(&dims), Arg::Bool(keep)])?)
+}
+
+pub fn any(e: &mut dyn Emit, overload: &str, a: &A) -> Out {
+    truth_reduce(e, overload, a, "any", "amax")
+}
+
+pub fn all(e: &mut dyn Emit, overload: &str, a: &A) -> Out {
+    truth_reduce(e, overload, a, "all", "amin")
+}
+
+/// `scalar_tensor(s, dtype)`: a 0-d tensor (float unless told).
+pub fn scalar_tensor(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let dtype = a.opt_dtype(1)?.unwrap_or(DType::F32);
+    one(e.call("full", vec![usizes(&[]), a[0].clone(), Arg::Dtype(dtype)])?)
+}
+
+/// `empty` / `empty_strided`: values eager leaves unspecified; zeros here,
+/// contiguous (Kiln's tensors are).
+pub fn empty(e: &mut dyn Emit, overload: &str, a: &A) -> Out {
+    let dtype_at = if overload == "memory_format" { 1 } else { 2 };
+    let dtype = a.opt_dtype(dtype_at)?.unwrap_or(DType::F32);
+    one(e.call("zeros", vec![a[0].clone(), Arg::Dtype(dtype)])?)
+}
+
+// ------------------------------------------------------------ scatters
+
+/// `masked_scatter(self, mask, source)`: `self` with the positions `mask`
+/// marks (broadcast to `self`) taken from `source`'s elements in order: a
+/// running count of the mask picks each position's element.
+pub fn masked_scatter(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (x, mask, src) = (*a.tensor(0)?, *a.tensor(1)?, *a.tensor(2)?);
+    if e.dtype(mask) != DType::Bool {
+        return Err(format!(
+            "masked_scatter_: expected BoolTensor for mask, got {}",
+            e.dtype(mask)
+        ));
+    }
+    if e.dtype(src) != e.dtype(x) {
+        return Err(format!(
+            "masked_scatter: expected self and source to have same dtypes but got {} and {}",
+            e.dtype(x),
+            e.dtype(src)
+        ));
+    }
+    let sizes = e.sizes(x);
+    let n: usize = sizes.iter().product();
+    let k: usize = e.sizes(src).iter().product();
+    let m = e.expand(mask, &sizes)?;
+    if k == 0 || n == 0 {
+        // Nothing to take (eager requires an all-false mask here).
+        return one(e.call("clone", vec![t(x)])?);
+    }
+    let flat_m = reshape(e, m, &[n])?;
+    let count = e.call("cumsum", vec![t(flat_m), int(0)])?;
+    let before = e.call("sub", vec![t(count), int(1)])?;
+    let at = e.call("clamp", vec![t(before), int(0), int(k as i64 - 1)])?;
+    let flat_s = reshape(e, src, &[k])?;
+    let picked = e.call("index_select", vec![t(flat_s), int(0), t(at)])?;
+    let picked = reshape(e, picked, &sizes)?;
+    one(e.call("where", vec![t(m), t(picked), t(x)])?)
+}
+
+/// `scatter_reduce.two(self, dim, index, src, reduce, include_self)`:
+/// `sum` and `mean` through `scatter_add` (counts for the mean);
+/// `amax`, `amin` and `prod` as a reduction over a comparison of each
+/// index with every target position along `dim` (memory: index elements
+/// times the target's length along `dim`).
+pub fn scatter_reduce(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (x, idx, src) = (*a.tensor(0)?, *a.tensor(2)?, *a.tensor(3)?);
+    let reduce = a.opt_str(4)?.unwrap_or("sum").to_string();
+    let include_self = a.bool(5)?;
+    let xs = e.sizes(x);
+    let is = e.sizes(idx);
+    let rank = xs.len().max(1);
+    let d = crate::meta::wrap_dim(a.int(1)?, rank)?;
+    let ss = e.sizes(src);
+    if is.len() != xs.len() || ss.len() != xs.len() {
+        return Err(format!(
+            "scatter_reduce: index (sizes {is:?}) and src (sizes {ss:?}) must have as many \
+             dimensions as self (sizes {xs:?})"
+        ));
+    }
+    for k in 0..is.len() {
+        if is[k] > ss[k] || (k != d && is[k] > xs[k]) {
+            return Err(format!(
+                "scatter_reduce: index of sizes {is:?} larger than src {ss:?} or self {xs:?} \
+                 outside dimension {d}"
+            ));
+        }
+    }
+    // The part of `src` the index covers.
+    let mut sv = src;
+    for k in 0..ss.len() {
+        if ss[k] != is[k] {
+            sv = e.call(
+                "narrow",
+                vec![t(sv), int(k as i64), int(0), int(is[k] as i64)],
+            )?;
+        }
+    }
+    let dt = e.dtype(x);
+    match reduce.as_str() {
+        "sum" | "mean" => {
+            let base = if include_self {
+                x
+            } else {
+                e.call("scatter", vec![t(x), int(d as i64), t(idx), int(0)])?
+            };
+            let total = e.call("scatter_add", vec![t(base), int(d as i64), t(idx), t(sv)])?;
+            if reduce == "sum" {
+                return one(total);
+            }
+            let start = if include_self {
+                e.call("ones_like", vec![t(x)])?
+            } else {
+                e.call("zeros_like", vec![t(x)])?
+            };
+            let ones = e.call("ones_like", vec![t(sv)])?;
+            let count = e.call(
+                "scatter_add",
+                vec![t(start), int(d as i64), t(idx), t(ones)],
+            )?;
+            let hit = e.call("gt", vec![t(count), int(0)])?;
+            let safe = e.call("clamp", vec![t(count), int(1)])?;
+            let mean = if dt.is_float() {
+                e.call("div", vec![t(total), t(safe)])?
+            } else {
+                e.call("div", vec![t(total), t(safe), Arg::Str("floor".into())])?
+            };
+            one(e.call("where", vec![t(hit), t(mean), t(x)])?)
+        }
+        "amax" | "amin" | "prod" => {
+            let ident = match (reduce.as_str(), dt.is_float()) {
+                ("prod", _) => Arg::Int(1),
+                ("amax", true) => Arg::Float(f64::NEG_INFINITY),
+                ("amin", true) => Arg::Float(f64::INFINITY),
+                ("amax", false) => Arg::Int(i32::MIN as i64),
+                _ => Arg::Int(i32::MAX as i64),
+            };
+            let r = is.len();
+            // `dim` last: [..., I_d] against every target position [S_d].
+            let mut perm: Vec<i64> = (0..r as i64).filter(|&k| k != d as i64).collect();
+            perm.push(d as i64);
+            let (ip, sp) = if r > 0 {
+                (
+                    e.call("permute", vec![t(idx), ints(&perm)])?,
+                    e.call("permute", vec![t(sv), ints(&perm)])?,
+                )
+            } else {
+                (idx, sv)
+            };
+            let ip = e.call("unsqueeze", vec![t(ip), int(-1)])?;
+            let sp = e.call("unsqueeze", vec![t(sp), int(-1)])?;
+            let len = if xs.is_empty() { 1 } else { xs[d] };
+            let pos = e.call("arange", vec![int(len as i64), Arg::Dtype(e.dtype(idx))])?;
+            let mask = e.call("eq", vec![t(ip), t(pos)])?;
+            let vals = e.call("where", vec![t(mask), t(sp), ident])?;
+            let red = reduce.as_str();
+            let rv = if red == "prod" {
+                e.call("prod", vec![t(vals), int(-2)])?
+            } else {
+                e.call(red, vec![t(vals), ints(&[-2])])?
+            };
+            let hit = e.call("any", vec![t(mask), int(-2)])?;
+            // Back to `self`'s layout: `dim` in place, the other dimensions
+            // padded from the index's sizes to `self`'s.
+            let mut inv = vec![0i64; r];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p as usize] = i as i64;
+            }
+            let (mut rv, mut hit) = if r > 0 {
+                (
+                    e.call("permute", vec![t(rv), ints(&inv)])?,
+                    e.call("permute", vec![t(hit), ints(&inv)])?,
+                )
+            } else {
+                (rv, hit)
+            };
+            let pad: Vec<i64> = (0..r)
+                .rev()
+                .flat_map(|k| [0, if k == d { 0 } else { (xs[k] - is[k]) as i64 }])
+                .collect();
+            if pad.iter().any(|&p| p > 0) {
+                rv = e.call("constant_pad_nd", vec![t(rv), ints(&pad)])?;
+                let h = e.cast(hit, DType::I32)?;
+                let h = e.call("constant_pad_nd", vec![t(h), ints(&pad)])?;
+                hit = e.call("ne", vec![t(h), int(0)])?;
+            }
+            let rv = e.cast(rv, dt)?;
+            let combined = match (include_self, red) {
+                (false, _) => rv,
+                (true, "prod") => e.call("mul", vec![t(x), t(rv)])?,
+                (true, "amax") => e.call("maximum", vec![t(x), t(rv)])?,
+                (true, _) => e.call("minimum", vec![t(x), t(rv)])?,
+            };
+            one(e.call("where", vec![t(hit), t(combined), t(x)])?)
+        }
+        other => Err(format!(
+            "reduce argument must be either sum, prod, mean, amax or amin, got {other}"
+        )),
+    }
+}
+
+// ------------------------------------------------------------ distances
+
+/// `_cdist_forward(x1, x2, p, compute_mode)`: the `p`-norm distance of
+/// every row of `x1` to every row of `x2` (batched alike), from their
+/// differences.
+pub fn cdist(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (x1, x2) = (*a.tensor(0)?, *a.tensor(1)?);
+    let p = a.float(2)?;
+    one(distances(e, x1, x2, p)?)
+}
+
+fn distances(e: &mut dyn Emit, x1: ValueId, x2: ValueId, p: f64) -> R<ValueId> {
+    let (s1, s2) = (e.sizes(x1), e.sizes(x2));
+    if s1.len() < 2 || s2.len() < 2 || s1[s1.len() - 1] != s2[s2.len() - 1] {
+        return Err(format!(
+            "cdist: X1 and X2 must have at least 2 dimensions and the same number of columns, \
+             got sizes {s1:?} and {s2:?}"
+        ));
+    }
+    if p < 0.0 {
+        return Err("cdist only supports non-negative p values".into());
+    }
+    floats_only(e, x1, "cdist")?;
+    let a = e.call("unsqueeze", vec![t(x1), int(-2)])?;
+    let b = e.call("unsqueeze", vec![t(x2), int(-3)])?;
+    let diff = e.call("sub", vec![t(a), t(b)])?;
+    let ad = e.call("abs", vec![t(diff)])?;
+    if p == 0.0 {
+        let nz = e.call("ne", vec![t(diff), int(0)])?;
+        let c = e.cast(nz, e.dtype(x1))?;
+        return e.call("sum", vec![t(c), ints(&[-1])]);
+    }
+    if p.is_infinite() {
+        return e.call("amax", vec![t(ad), ints(&[-1])]);
+    }
+    if p == 1.0 {
+        return e.call("sum", vec![t(ad), ints(&[-1])]);
+    }
+    if p == 2.0 {
+        let sq = e.call("mul", vec![t(diff), t(diff)])?;
+        let s = e.call("sum", vec![t(sq), ints(&[-1])])?;
+        return e.call("sqrt", vec![t(s)]);
+    }
+    let pw = e.call("pow", vec![t(ad), Arg::Float(p)])?;
+    let s = e.call("sum", vec![t(pw), ints(&[-1])])?;
+    e.call("pow", vec![t(s), Arg::Float(1.0 / p)])
+}
+
+/// `_pdist_forward(self, p)`: the distances of each pair of rows `i < j`,
+/// in row-major order: every distance, then the upper triangle's entries
+/// gathered by a running count of its mask.
+pub fn pdist(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let p = a.float(1)?;
+    let s = e.sizes(x);
+    if s.len() != 2 {
+        return Err(format!("pdist only supports 2D tensors, got: {}D", s.len()));
+    }
+    let n = s[0];
+    let k = n * n.saturating_sub(1) / 2;
+    if k == 0 {
+        return one(e.call("zeros", vec![usizes(&[0]), Arg::Dtype(e.dtype(x))])?);
+    }
+    let all = distances(e, x, x, p)?;
+    let flat = reshape(e, all, &[n * n])?;
+    // Position of each upper-triangle entry among them, `k` (a slot past
+    // the end) for the others.
+    let ones = e.call("ones", vec![usizes(&[n, n]), Arg::Dtype(DType::I64)])?;
+    let upper = e.call("triu", vec![t(ones), int(1)])?;
+    let upper = reshape(e, upper, &[n * n])?;
+    let run = e.call("cumsum", vec![t(upper), int(0)])?;
+    let at = e.call("sub", vec![t(run), int(1)])?;
+    let is_up = e.call("ne", vec![t(upper), int(0)])?;
+    let at = e.call("where", vec![t(is_up), t(at), int(k as i64)])?;
+    let z = e.call("zeros", vec![usizes(&[k + 1]), Arg::Dtype(e.dtype(x))])?;
+    let put = e.call("scatter_add", vec![t(z), int(0), t(at), t(flat)])?;
+    one(e.call("narrow", vec![t(put), int(0), int(0), int(k as i64)])?)
+}
+
+// ------------------------------------------------------------ backward ops
+
+/// A `bool[N]` argument (`output_mask`).
+fn bools(a: &A, i: usize) -> R<Vec<bool>> {
+    match a.get(i) {
+        Some(Arg::List(l)) => l
+            .iter()
+            .map(|x| match x {
+                Arg::Bool(b) => Ok(*b),
+                _ => Err(format!("argument {i} must be a list of bools")),
+            })
+            .collect(),
+        _ => Err(format!("argument {i} must be a list of bools")),
+    }
+}
+
+/// `g` where a gradient reached, else zeros like `like`.
+fn or_zeros(e: &mut dyn Emit, g: Option<ValueId>, like: ValueId) -> R<ValueId> {
+    match g {
+        Some(g) => Ok(g),
+        None => e.call("zeros_like", vec![t(like)]),
+    }
+}
+
+/// `g` summed over every dimension but `keep`.
+fn sum_but(e: &mut dyn Emit, g: ValueId, keep: &[usize]) -> R<ValueId> {
+    let dims: Vec<i64> = (0..e.rank(g))
+        .filter(|d| !keep.contains(d))
+        .map(|d| d as i64)
+        .collect();
+    if dims.is_empty() {
+        return e.call("clone", vec![t(g)]);
+    }
+    e.call("sum", vec![t(g), ints(&dims)])
+}
+
+/// `convolution_backward(grad_output, input, weight, bias_sizes, stride,
+/// padding, dilation, transposed, output_padding, groups, output_mask)`:
+/// the gradients of `convolution` (its decomposition differentiated,
+/// `tape`) and of its bias (the gradient summed but for channels).
+pub fn convolution_backward(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (g, x, w) = (*a.tensor(0)?, *a.tensor(1)?, *a.tensor(2)?);
+    bools(a, 10)?;
+    let mut args = vec![t(x), t(w), Arg::None];
+    args.extend(a[4..=9].iter().cloned());
+    let gr = super::tape::vjp_of(e, "convolution", args, &[0, 1], &[Some(g)])?;
+    let gx = or_zeros(e, gr[0], x)?;
+    let gw = or_zeros(e, gr[1], w)?;
+    let gb = match a.opt_int_list(3)? {
+        Some(_) => sum_but(e, g, &[1])?,
+        None => e.call("zeros", vec![usizes(&[0]), Arg::Dtype(e.dtype(g))])?,
+    };
+    Ok(vec![gx, gw, gb])
+}
+
+/// `avg_pool2d_backward(grad_output, self, kernel_size, stride, padding,
+/// ceil_mode, count_include_pad, divisor_override)`: `avg_pool2d`
+/// differentiated.
+pub fn avg_pool2d_backward(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (g, x) = (*a.tensor(0)?, *a.tensor(1)?);
+    let mut args = vec![t(x)];
+    args.extend(a[2..=7].iter().cloned());
+    let gr = super::tape::vjp_of(e, "avg_pool2d", args, &[0], &[Some(g)])?;
+    one(or_zeros(e, gr[0], x)?)
+}
+
+/// `_adaptive_avg_pool2d_backward(grad_output, self)`: the pool to the
+/// gradient's spatial sizes, differentiated.
+pub fn adaptive_avg_pool2d_backward(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (g, x) = (*a.tensor(0)?, *a.tensor(1)?);
+    let gs = e.sizes(g);
+    if gs.len() < 2 {
+        return Err(format!(
+            "_adaptive_avg_pool2d_backward: a gradient of sizes {gs:?}"
+        ));
+    }
+    let out = usizes(&gs[gs.len() - 2..]);
+    let gr = super::tape::vjp_of(e, "_adaptive_avg_pool2d", vec![t(x), out], &[0], &[Some(g)])?;
+    one(or_zeros(e, gr[0], x)?)
+}
+
+/// `max_pool2d_with_indices_backward(grad_output, self, kernel_size,
+/// stride, padding, dilation, ceil_mode, indices)`: each gradient added at
+/// its maximum's flat spatial index.
+pub fn max_pool2d_with_indices_backward(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (g, x, idx) = (*a.tensor(0)?, *a.tensor(1)?, *a.tensor(7)?);
+    let xs = e.sizes(x);
+    if !(3..=4).contains(&xs.len()) || e.sizes(idx) != e.sizes(g) {
+        return Err(format!(
+            "max_pool2d_with_indices_backward: input of sizes {xs:?}, gradient {:?}, indices {:?}",
+            e.sizes(g),
+            e.sizes(idx)
+        ));
+    }
+    let lead = xs.len() - 2;
+    let plane = xs[lead] * xs[lead + 1];
+    let mut flat: Vec<usize> = xs[..lead].to_vec();
+    flat.push(plane);
+    let gsz = e.sizes(g);
+    let mut gflat: Vec<usize> = gsz[..lead].to_vec();
+    gflat.push(gsz[lead] * gsz[lead + 1]);
+    let z = e.call("zeros", vec![usizes(&flat), Arg::Dtype(e.dtype(g))])?;
+    let gi = reshape(e, g, &gflat)?;
+    let ii = reshape(e, idx, &gflat)?;
+    let r = e.call("scatter_add", vec![t(z), int(lead as i64), t(ii), t(gi)])?;
+    one(reshape(e, r, &xs)?)
+}
+
+/// `embedding_dense_backward(grad_output, indices, num_weights,
+/// padding_idx, scale_grad_by_freq)`: each row's gradient added at its
+/// index (divided by the index's count with `scale_grad_by_freq`), the
+/// padding row's zero.
+pub fn embedding_dense_backward(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (g, idx) = (*a.tensor(0)?, *a.tensor(1)?);
+    let n = usize::try_from(a.int(2)?).map_err(|_| "num_weights must be non-negative")?;
+    let gs = e.sizes(g);
+    let d = *gs
+        .last()
+        .ok_or("embedding_dense_backward: a 0-d gradient")?;
+    let k: usize = e.sizes(idx).iter().product();
+    let flat_i = reshape(e, idx, &[k])?;
+    let mut rows = reshape(e, g, &[k, d])?;
+    if a.bool(4)? {
+        let ones = e.call("ones", vec![usizes(&[k]), Arg::Dtype(e.dtype(g))])?;
+        let z = e.call("zeros", vec![usizes(&[n]), Arg::Dtype(e.dtype(g))])?;
+        let counts = e.call(
+            "index_put",
+            vec![
+                t(z),
+                Arg::TensorList(vec![Some(flat_i)]),
+                t(ones),
+                Arg::Bool(true),
+            ],
+        )?;
+        let per = e.call("index_select", vec![t(counts), int(0), t(flat_i)])?;
+        let per = reshape(e, per, &[k, 1])?;
+        rows = e.call("div", vec![t(rows), t(per)])?;
+    }
+    let z = e.call("zeros", vec![usizes(&[n, d]), Arg::Dtype(e.dtype(g))])?;
+    let mut r = e.call(
+        "index_put",
+        vec![
+            t(z),
+            Arg::TensorList(vec![Some(flat_i)]),
+            t(rows),
+            Arg::Bool(true),
+        ],
+    )?;
+    let pad = a.int(3)?;
+    if (0..n as i64).contains(&pad) {
+        let row = e.call("select", vec![t(r), int(0), int(pad)])?;
+        let zero = e.call("zeros_like", vec![t(row)])?;
+        r = e.call("select_scatter", vec![t(r), t(zero), int(0), int(pad)])?;
+    }
+    one(r)
+}
+
+/// The normalization gradient both native norms' backward ops share, in
+/// a shape where `mean` and `rstd` broadcast against `x` and `dims` are
+/// the normalized dimensions: `rstd * (gw - mean(gw) - xhat *
+/// mean(gw * xhat))` with `gw` the gradient times the weight.
+fn norm_input_grad(
+    e: &mut dyn Emit,
+    g: ValueId,
+    xhat: ValueId,
+    w: Option<ValueId>,
+    rstd: ValueId,
+    dims: &[i64],
+) -> R<ValueId> {
+    let gw = match w {
+        Some(w) => e.call("mul", vec![t(g), t(w)])?,
+        None => g,
+    };
+    let m1 = e.call("mean", vec![t(gw), ints(dims), Arg::Bool(true)])?;
+    let p = e.call("mul", vec![t(gw), t(xhat)])?;
+    let m2 = e.call("mean", vec![t(p), ints(dims), Arg::Bool(true)])?;
+    let d = e.call("sub", vec![t(gw), t(m1)])?;
+    let xm = e.call("mul", vec![t(xhat), t(m2)])?;
+    let d = e.call("sub", vec![t(d), t(xm)])?;
+    e.call("mul", vec![t(d), t(rstd)])
+}
+
+/// `native_layer_norm_backward(grad_out, input, normalized_shape, mean,
+/// rstd, weight, bias, output_mask)`: ATen's formulas from the saved
+/// statistics.
+pub fn native_layer_norm_backward(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (g, x) = (*a.tensor(0)?, *a.tensor(1)?);
+    let k = a.int_list(2)?.len();
+    let (mean, rstd) = (*a.tensor(3)?, *a.tensor(4)?);
+    let (w, b) = (a.opt_tensor(5)?.copied(), a.opt_tensor(6)?.copied());
+    bools(a, 7)?;
+    let rank = e.rank(x);
+    if k > rank {
+        return Err(format!(
+            "native_layer_norm_backward: normalized_shape of {k} dimensions for an input of {rank}"
+        ));
+    }
+    let dims: Vec<i64> = (1..=k as i64).map(|i| -i).collect();
+    let xc = e.call("sub", vec![t(x), t(mean)])?;
+    let xhat = e.call("mul", vec![t(xc), t(rstd)])?;
+    let gx = norm_input_grad(e, g, xhat, w, rstd, &dims)?;
+    let lead: Vec<i64> = (0..(rank - k) as i64).collect();
+    let per = |e: &mut dyn Emit, v: ValueId, like: Option<ValueId>| -> R<ValueId> {
+        match like {
+            Some(_) if lead.is_empty() => e.call("clone", vec![t(v)]),
+            Some(_) => e.call("sum", vec![t(v), ints(&lead)]),
+            None => e.call("zeros", vec![usizes(&[0]), Arg::Dtype(e.dtype(v))]),
+        }
+    };
+    let gxh = e.call("mul", vec![t(g), t(xhat)])?;
+    let gw = per(e, gxh, w)?;
+    let gb = per(e, g, b)?;
+    Ok(vec![gx, gw, gb])
+}
+
+/// `native_group_norm_backward(grad_out, input, mean, rstd, weight, N,
+/// C, HxW, group, output_mask)`: the same per (sample, group), in the
+/// shape `[N, group, C / group, HxW]`.
+pub fn native_group_norm_backward(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (g, x) = (*a.tensor(0)?, *a.tensor(1)?);
+    let (mean, rstd) = (*a.tensor(2)?, *a.tensor(3)?);
+    let w = a.opt_tensor(4)?.copied();
+    let (n, c, hw, grp) = (a.int(5)?, a.int(6)?, a.int(7)?, a.int(8)?);
+    bools(a, 9)?;
+    let xs = e.sizes(x);
+    if grp <= 0 || c % grp != 0 || (n * c * hw) as usize != xs.iter().product::<usize>() {
+        return Err(format!(
+            "native_group_norm_backward: N={n}, C={c}, HxW={hw}, group={grp} for an input of sizes {xs:?}"
+        ));
+    }
+    let (n, c, hw, grp) = (n as usize, c as usize, hw as usize, grp as usize);
+    let shape = [n, grp, c / grp, hw];
+    let xg = reshape(e, x, &shape)?;
+    let gg = reshape(e, g, &shape)?;
+    let m = reshape(e, mean, &[n, grp, 1, 1])?;
+    let r = reshape(e, rstd, &[n, grp, 1, 1])?;
+    let xc = e.call("sub", vec![t(xg), t(m)])?;
+    let xhat = e.call("mul", vec![t(xc), t(r)])?;
+    let wg = match w {
+        Some(w) => Some(reshape(e, w, &[1, grp, c / grp, 1])?),
+        None => None,
+    };
+    let gx = norm_input_grad(e, gg, xhat, wg, r, &[2, 3])?;
+    let gx = reshape(e, gx, &xs)?;
+    let gxh = e.call("mul", vec![t(gg), t(xhat)])?;
+    let sum_c = |e: &mut dyn Emit, v: ValueId| -> R<ValueId> {
+        let s = e.call("sum", vec![t(v), ints(&[0, 3])])?;
+        reshape(e, s, &[c])
+    };
+    let gw = sum_c(e, gxh)?;
+    let gb = sum_c(e, gg)?;
+    Ok(vec![gx, gw, gb])
+}
+
 // ------------------------------------------------------------ activations
 
 // ------------------------------------------------------------ upsampling

@@ -447,6 +447,32 @@ pub(crate) fn remainder(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     }
 }
 
+/// `fmod`: derivatives.yaml's `grad` and `-grad * trunc(self / other)`.
+pub(crate) fn fmod(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
+    let g = g0!(gs);
+    match (c.opt_tensor(0), c.opt_tensor(1)) {
+        (Some(x), Some(y)) => {
+            let q = e.call("div", vec![t(x), t(y), Arg::Str("trunc".into())])?;
+            let p = e.mul(g, q)?;
+            Ok(vec![(0, None, g), (1, None, e.neg(p)?)])
+        }
+        _ => Ok(one(0, g)),
+    }
+}
+
+/// `atan2(y, x)`: `grad * x / (x^2 + y^2)` and `-grad * y / (x^2 + y^2)`.
+pub(crate) fn atan2(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
+    let g = g0!(gs);
+    let (y, x) = (c.tensor(0)?, c.tensor(1)?);
+    let yy = e.mul(y, y)?;
+    let xx = e.mul(x, x)?;
+    let r = e.add(xx, yy)?;
+    let gr = e.div(g, r)?;
+    let gy = e.mul(gr, x)?;
+    let gx = e.mul(gr, y)?;
+    Ok(vec![(0, None, gy), (1, None, e.neg(gx)?)])
+}
+
 pub(crate) fn masked_fill(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
     let g = g0!(gs);
     let mask = c.tensor(1)?;
@@ -610,6 +636,57 @@ pub(crate) fn var(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
         gx = e.scale(gx, 2.0 / (n as f64 - corr))?;
     }
     Ok(one(0, gx))
+}
+
+/// `prod`'s reduced dims, and the partial derivative of the product at
+/// each element: the product of the others. Where the line has no zero
+/// that is `prod / x`; where it has one, the zero's partial is the product
+/// of the rest and the others' are 0; with two or more, all are 0.
+fn prod_partials(e: &mut dyn Emit, c: &Call) -> R<(Vec<usize>, ValueId)> {
+    let x = c.tensor(0)?;
+    let s = e.sizes(x);
+    let dims = match c.args.get(1) {
+        Some(Arg::Int(d)) => vec![wrap(*d, s.len())?],
+        _ => (0..s.len()).collect(),
+    };
+    let d: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+    let z = e.call("eq", vec![t(x), int(0)])?;
+    let zeros = e.call("sum", vec![t(z), ints(&d), Arg::Bool(true)])?;
+    let others = e.call("masked_fill", vec![t(x), t(z), float(1.0)])?;
+    let rest = match c.args.get(1) {
+        Some(Arg::Int(_)) => e.call("prod", vec![t(others), int(d[0]), Arg::Bool(true)])?,
+        _ => {
+            let all = e.call("prod", vec![t(others)])?;
+            keep(e, all, &s, &dims)?
+        }
+    };
+    let lone = e.call("ne", vec![t(zeros), int(1)])?;
+    let at_zero = e.call("masked_fill", vec![t(rest), t(lone), float(0.0)])?;
+    let y = keep(e, c.outs[0], &s, &dims)?;
+    let q = e.div(y, x)?;
+    Ok((dims, e.call("where", vec![t(z), t(at_zero), t(q)])?))
+}
+
+/// `prod`: the gradient times each element's partial (`prod_partials`).
+pub(crate) fn prod(e: &mut dyn Emit, c: &Call, gs: G) -> R<Grads> {
+    let g = g0!(gs);
+    let x = c.tensor(0)?;
+    let s = e.sizes(x);
+    let (dims, partial) = prod_partials(e, c)?;
+    let gk = keep(e, g, &s, &dims)?;
+    Ok(one(0, e.mul(gk, partial)?))
+}
+
+pub(crate) fn jvp_prod(e: &mut dyn Emit, c: &Call, ts: &Tangents) -> R<Vec<Option<ValueId>>> {
+    let Some(tv) = ts.get(0) else {
+        return Ok(vec![None]);
+    };
+    let (dims, partial) = prod_partials(e, c)?;
+    let p = e.mul(tv, partial)?;
+    let d: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+    let sm = e.call("sum", vec![t(p), ints(&d), Arg::Bool(true)])?;
+    let ys = e.sizes(c.outs[0]);
+    Ok(vec![Some(e.view(sm, &ys)?)])
 }
 
 /// `amax`/`amin`/`max()`/`min()`: the gradient shared evenly between the

@@ -82,6 +82,14 @@ pub enum Func {
     BitNot,
     /// -1, 0 or 1 by the sign (NaN and signed zeros kept).
     Sign,
+    /// Tests of a float's class: bool (false for integers).
+    IsNan,
+    IsInf,
+    /// `atan2(y, x)`: the angle of the point `(x, y)`.
+    Atan2,
+    /// C's `fmod`: the remainder of division rounded toward zero (the
+    /// sign of the dividend).
+    Fmod,
 }
 
 impl Func {
@@ -116,7 +124,9 @@ impl Func {
             | Func::Atanh
             | Func::Not
             | Func::BitNot
-            | Func::Sign => 1,
+            | Func::Sign
+            | Func::IsNan
+            | Func::IsInf => 1,
             Func::Select => 3,
             _ => 2,
         }
@@ -201,6 +211,10 @@ funcs! {
     bit_or: BitOr(a, b);
     bit_xor: BitXor(a, b);
     bit_not: BitNot(a);
+    is_nan: IsNan(a);
+    is_inf: IsInf(a);
+    atan2: Atan2(a, b);
+    fmod: Fmod(a, b);
 }
 
 macro_rules! binop {
@@ -295,6 +309,10 @@ impl Expr {
                     Func::Sign if a[0] > 0.0 => 1.0,
                     Func::Sign if a[0] < 0.0 => -1.0,
                     Func::Sign => a[0],
+                    Func::IsNan => b(a[0].is_nan()),
+                    Func::IsInf => b(a[0].is_infinite()),
+                    Func::Atan2 => a[0].atan2(a[1]),
+                    Func::Fmod => a[0] % a[1],
                     Func::Select => {
                         if a[0] != 0.0 {
                             a[1]

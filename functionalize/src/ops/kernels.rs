@@ -672,6 +672,41 @@ pub fn mean_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
     reduce_eval(a, o, dims, |g| Ok(g.iter().sum::<f64>() / g.len() as f64))
 }
 
+/// The dims `prod` reduces: `prod(self, dtype?)` all of them,
+/// `prod.dim_int(self, dim, keepdim, dtype?)` one.
+fn prod_args<T>(a: &[Arg<T>]) -> Res<(Option<Vec<i64>>, bool, Option<DType>)> {
+    if a.len() <= 2 {
+        Ok((None, false, a.opt_dtype(1)?))
+    } else {
+        Ok((Some(vec![a.int(1)?]), a.bool(2)?, a.opt_dtype(3)?))
+    }
+}
+
+pub fn prod_infer(a: &A) -> Res<Metas> {
+    let m = a.tensor(0)?;
+    let (dims, keep, dt) = prod_args(a)?;
+    let r = reduced_dims(m, dims.as_deref())?;
+    Ok(smallvec::smallvec![Meta::contiguous(
+        sum_dtype(m, dt),
+        reduced_shape(m, &r, keep),
+    )])
+}
+
+pub fn prod_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
+    let dims = prod_args(a)?.0;
+    let dt = o[0].dtype;
+    // Integers wrap at every step, as eager's do.
+    reduce_eval(a, o, dims.as_deref(), move |g| {
+        Ok(g.iter().fold(1.0, |acc, &x| {
+            if dt.is_float() {
+                acc * x
+            } else {
+                dt.cast(acc * x)
+            }
+        }))
+    })
+}
+
 pub fn amax_infer(a: &A) -> Res<Metas> {
     let m = a.tensor(0)?;
     let r = reduced_dims(m, Some(a.int_list(1)?))?;

@@ -151,6 +151,8 @@ pub enum Reduction {
     Mean,
     Amax,
     Amin,
+    /// `prod` (over one dimension or all).
+    Prod,
     /// `var.correction`, `std.correction` (`sqrt`: the square root).
     Var {
         sqrt: bool,

@@ -21,6 +21,7 @@ pub mod lowering;
 pub mod pointwise;
 pub mod select;
 mod table;
+pub mod tape;
 pub mod views;
 
 pub use lowering::{Elem, Lowering, ProductForm, Reduction, RegionKind, RemapKind};

@@ -619,6 +619,47 @@ pub fn logical_or(a: &A) -> Result<PwPlan, String> {
     logical(a, ex::or, |x, y| x || y)
 }
 
+pub fn logical_xor(a: &A) -> Result<PwPlan, String> {
+    logical(a, |x, y| ex::ne(ex::not(x), ex::not(y)), |x, y| x != y)
+}
+
+/// A float-class test (`isnan`, `isinf`, ...): bool, false for integers.
+fn class_test(a: &A, e: Expr, f: fn(f64) -> bool) -> Result<PwPlan, String> {
+    let m = a.tensor(0)?;
+    Ok(PwPlan {
+        expr: e,
+        operands: smallvec::smallvec![Operand {
+            src: Src::Arg(0),
+            cast: m.dtype,
+        }],
+        out_dtype: DType::Bool,
+        f: Box::new(move |x| Ok(f(x[0]) as i32 as f64)),
+    })
+}
+
+pub fn isnan(a: &A) -> Result<PwPlan, String> {
+    class_test(a, ex::is_nan(x()), f64::is_nan)
+}
+
+pub fn isinf(a: &A) -> Result<PwPlan, String> {
+    class_test(a, ex::is_inf(x()), f64::is_infinite)
+}
+
+pub fn isposinf(a: &A) -> Result<PwPlan, String> {
+    let e = ex::and(ex::is_inf(x()), ex::gt(x(), lit(0.0)));
+    class_test(a, e, |x| x == f64::INFINITY)
+}
+
+pub fn isneginf(a: &A) -> Result<PwPlan, String> {
+    let e = ex::and(ex::is_inf(x()), ex::lt(x(), lit(0.0)));
+    class_test(a, e, |x| x == f64::NEG_INFINITY)
+}
+
+pub fn isfinite(a: &A) -> Result<PwPlan, String> {
+    let e = ex::not(ex::or(ex::is_inf(x()), ex::is_nan(x())));
+    class_test(a, e, f64::is_finite)
+}
+
 /// `bitwise_and` / `or` / `xor`: integers and bools (of bools, logic).
 fn bitwise(
     a: &A,
@@ -709,6 +750,33 @@ pub fn remainder(a: &A) -> Result<PwPlan, String> {
             Ok(x - (x / y).floor() * y)
         }
     })
+}
+
+/// `fmod`: `x - trunc(x / y) * y`, the dividend's sign (C's `fmod`).
+pub fn fmod(a: &A) -> Result<PwPlan, String> {
+    if common_of(a)? == DType::Bool {
+        return Err("\"fmod_cpu\" not implemented for 'Bool'".into());
+    }
+    binary(a, ex::fmod(x(), arg(1)), same, |dt, x, y| {
+        if dt.is_integral() {
+            if y == 0.0 {
+                return Err("ZeroDivisionError".into());
+            }
+            Ok(((x as i64) % (y as i64)) as f64)
+        } else {
+            Ok(x % y)
+        }
+    })
+}
+
+/// `atan2(self, other)`: the angle of `(other, self)`, in floats.
+pub fn atan2(a: &A) -> Result<PwPlan, String> {
+    binary(
+        a,
+        ex::atan2(x(), arg(1)),
+        |d| Ok((float_of(d), float_of(d))),
+        |_, y, x| Ok(y.atan2(x)),
+    )
 }
 
 /// `floor_divide`: `div` with `rounding_mode="floor"`.

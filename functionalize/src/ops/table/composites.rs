@@ -117,6 +117,7 @@ pub(super) fn declare(b: &mut Builder) {
         ("adaptive_avg_pool2d", "SymInt[2]", dc::adaptive_avg_pool2d),
         ("_adaptive_avg_pool2d", "SymInt[2]", dc::adaptive_avg_pool2d),
         ("adaptive_avg_pool3d", "SymInt[3]", dc::adaptive_avg_pool3d),
+        ("_adaptive_avg_pool3d", "SymInt[3]", dc::adaptive_avg_pool3d),
     ] {
         b.composite(
             name,
@@ -135,6 +136,145 @@ pub(super) fn declare(b: &mut Builder) {
         "_native_batch_norm_legit_no_training",
         &["_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)"],
         dc::native_batch_norm_eval,
+        false,
+    );
+    b.composite(
+        "_native_batch_norm_legit",
+        &[
+            "_native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor running_mean, Tensor running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+            "_native_batch_norm_legit.no_stats(Tensor input, Tensor? weight, Tensor? bias, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+        ],
+        dc::native_batch_norm,
+        false,
+    );
+    b.composite(
+        "native_layer_norm",
+        &["native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)"],
+        dc::native_layer_norm,
+        false,
+    );
+    b.composite(
+        "native_group_norm",
+        &["native_group_norm(Tensor input, Tensor? weight, Tensor? bias, SymInt N, SymInt C, SymInt HxW, int group, float eps) -> (Tensor, Tensor, Tensor)"],
+        dc::native_group_norm,
+        false,
+    );
+    b.composite(
+        "native_dropout",
+        &["native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)"],
+        dc::native_dropout,
+        false,
+    );
+    for (name, f) in [
+        ("any", dc::any as super::super::composite::DecompFn),
+        ("all", dc::all),
+    ] {
+        b.composite(
+            name,
+            &[
+                &format!("{name}(Tensor self) -> Tensor"),
+                &format!("{name}.dim(Tensor self, int dim, bool keepdim=False) -> Tensor"),
+                &format!("{name}.dims(Tensor self, int[]? dim=None, bool keepdim=False) -> Tensor"),
+            ],
+            f,
+            false,
+        );
+    }
+    b.composite(
+        "scalar_tensor",
+        &["scalar_tensor(Scalar s, *, ScalarType? dtype=None) -> Tensor"],
+        dc::scalar_tensor,
+        false,
+    );
+    b.composite(
+        "empty",
+        &["empty.memory_format(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"],
+        dc::empty,
+        false,
+    );
+    b.composite(
+        "empty_strided",
+        &["empty_strided(SymInt[] size, SymInt[] stride, *, ScalarType? dtype=None) -> Tensor"],
+        dc::empty,
+        false,
+    );
+    b.composite(
+        "masked_scatter",
+        &["masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor"],
+        dc::masked_scatter,
+        true,
+    );
+    b.composite(
+        "scatter_reduce",
+        &["scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True) -> Tensor"],
+        dc::scatter_reduce,
+        true,
+    );
+    b.composite(
+        "_cdist_forward",
+        &["_cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor"],
+        dc::cdist,
+        false,
+    );
+    b.composite(
+        "cdist",
+        &["cdist(Tensor x1, Tensor x2, float p=2, int? compute_mode=None) -> Tensor"],
+        dc::cdist,
+        false,
+    );
+    b.composite(
+        "_pdist_forward",
+        &["_pdist_forward(Tensor self, float p=2) -> Tensor"],
+        dc::pdist,
+        false,
+    );
+    b.composite(
+        "pdist",
+        &["pdist(Tensor self, float p=2) -> Tensor"],
+        dc::pdist,
+        false,
+    );
+    // Backward ops of joint graphs.
+    b.composite(
+        "convolution_backward",
+        &["convolution_backward(Tensor grad_output, Tensor input, Tensor weight, SymInt[]? bias_sizes, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"],
+        dc::convolution_backward,
+        false,
+    );
+    b.composite(
+        "avg_pool2d_backward",
+        &["avg_pool2d_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor"],
+        dc::avg_pool2d_backward,
+        false,
+    );
+    b.composite(
+        "_adaptive_avg_pool2d_backward",
+        &["_adaptive_avg_pool2d_backward(Tensor grad_output, Tensor self) -> Tensor"],
+        dc::adaptive_avg_pool2d_backward,
+        false,
+    );
+    b.composite(
+        "max_pool2d_with_indices_backward",
+        &["max_pool2d_with_indices_backward(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices) -> Tensor"],
+        dc::max_pool2d_with_indices_backward,
+        false,
+    );
+    b.composite(
+        "embedding_dense_backward",
+        &["embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor"],
+        dc::embedding_dense_backward,
+        false,
+    );
+    b.composite(
+        "native_layer_norm_backward",
+        &["native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"],
+        dc::native_layer_norm_backward,
+        false,
+    );
+    b.composite(
+        "native_group_norm_backward",
+        &["native_group_norm_backward(Tensor grad_out, Tensor input, Tensor mean, Tensor rstd, Tensor? weight, SymInt N, SymInt C, SymInt HxW, int group, bool[3] output_mask) -> (Tensor, Tensor, Tensor)"],
+        dc::native_group_norm_backward,
         false,
     );
     b.composite(

@@ -327,6 +327,41 @@ pub(super) fn declare(b: &mut Builder) {
         true,
     )
     .rules(d::remainder, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "fmod",
+        &[
+            "fmod.Tensor(Tensor self, Tensor other) -> Tensor",
+            "fmod.Scalar(Tensor self, Scalar other) -> Tensor",
+        ],
+        p::fmod,
+        true,
+    )
+    .rules(d::fmod, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "atan2",
+        &["atan2(Tensor self, Tensor other) -> Tensor"],
+        p::atan2,
+        true,
+    )
+    .rules(d::atan2, d::jvp_diag, bt::elementwise);
+    b.pointwise(
+        "logical_xor",
+        &["logical_xor(Tensor self, Tensor other) -> Tensor"],
+        p::logical_xor,
+        true,
+    )
+    .rules(d::no_grad, d::jvp_none, bt::elementwise);
+    // Float-class tests: bool, no in-place form.
+    for (n, plan) in [
+        ("isnan", p::isnan as p::PlanFn),
+        ("isinf", p::isinf),
+        ("isposinf", p::isposinf),
+        ("isneginf", p::isneginf),
+        ("isfinite", p::isfinite),
+    ] {
+        b.pointwise(n, &[&unary(n)], plan, false)
+            .rules(d::no_grad, d::jvp_none, bt::elementwise);
+    }
     b.pointwise("sign", &["sign(Tensor self) -> Tensor"], p::sign, true)
         .rules(d::no_grad, d::jvp_none, bt::elementwise);
     // Rounding: a zero derivative almost everywhere (derivatives.yaml's

@@ -31,7 +31,12 @@ pub(super) fn declare(b: &mut Builder) {
         b.kernel(
             name,
             Functional,
-            &[&format!("{name}.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor")],
+            // `.dim`'s `unbiased` sits where `.correction`'s correction
+            // does, and reads as it (true: 1, false: 0).
+            &[
+                &format!("{name}.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor"),
+                &format!("{name}.dim(Tensor self, int[1]? dim, bool unbiased=True, bool keepdim=False) -> Tensor"),
+            ],
             k::var_infer,
             eval,
             L::Reduce(Reduction::Var { sqrt }),
@@ -76,6 +81,18 @@ pub(super) fn declare(b: &mut Builder) {
         L::Reduce(Reduction::Amin),
     )
     .rules(d::amax, d::jvp_amax, bt::reduction);
+    b.kernel(
+        "prod",
+        Functional,
+        &[
+            "prod(Tensor self, *, ScalarType? dtype=None) -> Tensor",
+            "prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor",
+        ],
+        k::prod_infer,
+        k::prod_eval,
+        L::Reduce(Reduction::Prod),
+    )
+    .rules(d::prod, d::jvp_prod, bt::prod);
     b.kernel(
         "softmax",
         Functional,
