@@ -27,7 +27,8 @@
 ## element of each operand); @load_q reads (or computes) the query row
 ## into `q`; @stage k|v binds `x` and `ok` for element `e` of the tile;
 ## @score binds `x`, the softmax's input at score `sv` (position `si`);
-## @store writes `acc[c] / l`; @project stores the output projection of
+## @store writes `acc[c] / l` (`$l_div`: `l`, or 1 where a fully masked
+## row left it 0); @project stores the output projection of
 ## the merge in `kv`; @forget ends the fused loads' scope.
 #shared var<workgroup> kv: array<f32, $kv_len>;
 #if merge
@@ -122,7 +123,7 @@ for (var j0 = 0u; j0 < $sk; j0 = j0 + ${keys}u) {
     ## clamped copies, and @project stores none of them.
     let mr = (t / ${lanes}u) * ${mw}u + hl * ${dv}u;
     #for c in dvl
-        kv[mr + ${dl$c}u + part] = acc[$c] / l;
+        kv[mr + ${dl$c}u + part] = acc[$c] / $l_div;
     #end
     workgroupBarrier();
     @project

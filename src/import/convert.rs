@@ -459,10 +459,22 @@ fn symbolic_results(
             .flatten()
             .find_map(|o| symbolic.get(o).map(|&d| (n, o, d)))
     });
-    if let Some((n, _, _)) = first {
+    if let Some((n, o, _)) = first {
         if let Some(why) = decomp::refused(&n.op) {
             return Err(ImportError::Op(format!(
                 "op `{}` ({}) is not supported: {why}",
+                n.target(),
+                n.place()
+            )));
+        }
+        if !n.op.is_empty() && n.target() != "aten.getitem.default" {
+            return Err(ImportError::Symbolic(format!(
+                "{}: tensor `{o}` made by `{}` ({}) has a size or offset the export left \
+                 symbolic: the program was exported with `dynamic_shapes`, or the size depends \
+                 on a tensor's values (`tensor_split` by a tensor of indices, say); Kiln \
+                 compiles static shapes: export without `dynamic_shapes` and pass such \
+                 arguments as Python ints",
+                a.path,
                 n.target(),
                 n.place()
             )));
@@ -631,8 +643,15 @@ fn read_metas(
     };
     for (name, m) in values {
         out.reserved.insert(sanitize(name));
-        let (code, sizes, _, _) =
-            archive::tensor_meta(m).map_err(|e| damaged(a, &format!("tensor `{name}`: {e}")))?;
+        let (code, sizes, _, _) = match archive::tensor_meta(m) {
+            Ok(meta) => meta,
+            // A symbolic storage offset: a view at a data-dependent place.
+            Err(e) if e.contains("symbolic") => {
+                symbolic.insert(name.clone(), 0);
+                continue;
+            }
+            Err(e) => return Err(damaged(a, &format!("tensor `{name}`: {e}"))),
+        };
         if let Some(d) = sizes.iter().position(Option::is_none) {
             symbolic.insert(name.clone(), d);
             continue;

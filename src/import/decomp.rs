@@ -155,6 +155,31 @@ pub const REWRITES: &[Rewrite] = &[
         f: var_std,
     },
     Rewrite {
+        ops: &["scaled_dot_product_attention"],
+        how: "with `enable_gqa`: the query's heads grouped by key head (`reshape`), key, value \
+              and mask broadcast over the group (`unsqueeze`), the table's op, the heads \
+              merged back; otherwise the table's op",
+        f: sdpa_gqa,
+    },
+    Rewrite {
+        ops: &["scatter"],
+        how: "`.reduce` / `.value_reduce` (`add`, `multiply`): `scatter_reduce.two` (`sum`, \
+              `prod`, self included); the other overloads are the table's",
+        f: scatter_reduce_overload,
+    },
+    Rewrite {
+        ops: &["index_add"],
+        how: "of a 0-d tensor: the table's op on it as one element; otherwise the table's op",
+        f: index_add_0d,
+    },
+    Rewrite {
+        ops: &["clone", "contiguous"],
+        how: "with a `memory_format`: contiguous (`contiguous`), or channels-last (`permute` to \
+              channels last, `contiguous`, `permute` back), after a `clone` for `clone`; \
+              otherwise the table's op",
+        f: memory_format,
+    },
+    Rewrite {
         ops: &["divide", "true_divide"],
         how: "`div`",
         f: divide,
@@ -644,4 +669,171 @@ fn divide(o: &mut Out, n: &Node) -> R {
         trace: n.trace,
     };
     super::convert::call_table(o, &renamed).map_err(|e| e.to_string())
+}
+
+/// `scaled_dot_product_attention(..., enable_gqa=True)`: query heads
+/// `[.., Hq, L, E]` grouped as `[.., Hk, Hq / Hk, L, E]`, so that each key
+/// and value head broadcasts over its group of query heads.
+fn sdpa_gqa(o: &mut Out, n: &Node) -> R {
+    if !n.bool("enable_gqa", false)? {
+        return super::convert::call_table(o, n).map_err(|e| e.to_string());
+    }
+    let (q, k, v) = (n.tensor("query")?, n.tensor("key")?, n.tensor("value")?);
+    let (qm, km) = (o.meta(q)?.clone(), o.meta(k)?.clone());
+    let (qr, kr) = (qm.sizes.len(), km.sizes.len());
+    if qr < 3 || kr < 3 {
+        return Err("enable_gqa needs query and key with a head dimension (rank 3 or more)".into());
+    }
+    let (hq, hk) = (qm.sizes[qr - 3], km.sizes[kr - 3]);
+    if hk == 0 || hq % hk != 0 {
+        return Err(format!(
+            "enable_gqa: the query's {hq} heads are not a multiple of the key's {hk}"
+        ));
+    }
+    let b = &n.name;
+    let mut grouped: Vec<usize> = qm.sizes[..qr - 3].to_vec();
+    grouped.extend([hk, hq / hk, qm.sizes[qr - 2], qm.sizes[qr - 1]]);
+    let qv = o.val(q)?;
+    let qg = o.emit(b, "reshape", &[qv, usizes(&grouped)]);
+    let kv = o.val(k)?;
+    let kg = o.emit(b, "unsqueeze", &[kv, "-3".into()]);
+    let vv = o.val(v)?;
+    let vg = o.emit(b, "unsqueeze", &[vv, "-3".into()]);
+    let mask = match n.opt_tensor("attn_mask")? {
+        None => "none".into(),
+        Some(m) => {
+            let mm = o.meta(m)?.clone();
+            let r = mm.sizes.len();
+            let mv = o.val(m)?;
+            if r >= 3 && mm.sizes[r - 3] == hq && hq != 1 {
+                let mut s: Vec<usize> = mm.sizes[..r - 3].to_vec();
+                s.extend([hk, hq / hk, mm.sizes[r - 2], mm.sizes[r - 1]]);
+                o.emit(b, "reshape", &[mv, usizes(&s)])
+            } else if r >= 3 {
+                o.emit(b, "unsqueeze", &[mv, "-3".into()])
+            } else {
+                mv
+            }
+        }
+    };
+    let scale = match n.opt_float("scale")? {
+        Some(s) => float(s),
+        None => "none".into(),
+    };
+    let out = o.emit(
+        b,
+        "scaled_dot_product_attention",
+        &[
+            qg,
+            kg,
+            vg,
+            mask,
+            float(n.float("dropout_p", 0.0)?),
+            n.bool("is_causal", false)?.to_string(),
+            scale,
+        ],
+    );
+    let vm = o.meta(v)?.clone();
+    let mut merged: Vec<usize> = qm.sizes[..qr - 3].to_vec();
+    merged.extend([hq, qm.sizes[qr - 2], vm.sizes[vm.sizes.len() - 1]]);
+    Ok(vec![o.emit_out(n, 0, "reshape", &[out, usizes(&merged)])])
+}
+
+/// `scatter.reduce(self, dim, index, src, reduce)` and `.value_reduce`
+/// (a scalar source): `scatter_reduce.two` with `self` included.
+fn scatter_reduce_overload(o: &mut Out, n: &Node) -> R {
+    if !matches!(n.overload.as_str(), "reduce" | "value_reduce") {
+        return super::convert::call_table(o, n).map_err(|e| e.to_string());
+    }
+    let reduce = match n.get("reduce") {
+        Some(A::Str(s)) if s == "add" => "sum",
+        Some(A::Str(s)) if s == "multiply" => "prod",
+        other => return Err(format!("reduce argument {other:?} must be add or multiply")),
+    };
+    let x = n.tensor("self")?;
+    let idx = n.tensor("index")?;
+    let xv = o.val(x)?;
+    let iv = o.val(idx)?;
+    let dim = n.int("dim", 0)?.to_string();
+    let src = match n.get("src") {
+        Some(A::Tensor(s)) => o.val(s)?,
+        _ => {
+            let value = super::convert::render(o, n.get("value").unwrap_or(&A::Int(0)))?;
+            let dt = o.meta(x)?.dtype.name().to_string();
+            let size = usizes(&o.meta(idx)?.sizes.clone());
+            o.emit(&n.name, "full", &[size, value, dt])
+        }
+    };
+    Ok(vec![o.emit_out(
+        n,
+        0,
+        "scatter_reduce",
+        &[xv, dim, iv, src, format!("{reduce:?}")],
+    )])
+}
+
+/// `index_add` of a 0-d tensor: as a tensor of one element (eager treats
+/// a 0-d `self` so), the result viewed back.
+fn index_add_0d(o: &mut Out, n: &Node) -> R {
+    let x = n.tensor("self")?;
+    if !o.meta(x)?.sizes.is_empty() {
+        return super::convert::call_table(o, n).map_err(|e| e.to_string());
+    }
+    let b = &n.name;
+    let one = |o: &mut Out, t: &str| -> Result<String, String> {
+        let v = o.val(t)?;
+        Ok(if o.meta(t)?.sizes.is_empty() {
+            o.emit(b, "reshape", &[v, "[1]".into()])
+        } else {
+            v
+        })
+    };
+    let xv = one(o, x)?;
+    let iv = one(o, n.tensor("index")?)?;
+    let sv = one(o, n.tensor("source")?)?;
+    let mut args = vec![xv, "0".into(), iv, sv];
+    if let Some(alpha) = n.get("alpha") {
+        args.push(super::convert::render(o, alpha)?);
+    }
+    let r = o.emit(b, "index_add", &args);
+    Ok(vec![o.emit_out(n, 0, "reshape", &[r, "[]".into()])])
+}
+
+/// `clone` / `contiguous` with a `memory_format` (torch.export's codes:
+/// 1 contiguous, 2 channels last, 3 channels last 3d, 4 preserve): the
+/// strides eager gives, which later views depend on.
+fn memory_format(o: &mut Out, n: &Node) -> R {
+    let format = match n.get("memory_format") {
+        Some(A::MemoryFormat(m)) => *m,
+        _ => 4,
+    };
+    let x = n.tensor("self")?;
+    let rank = o.meta(x)?.sizes.len();
+    let (to, back): (&str, &str) = match (format, rank) {
+        (0 | 4, _) if n.op == "clone" => {
+            return super::convert::call_table(o, n).map_err(|e| e.to_string());
+        }
+        (0 | 4 | 1, _) => ("", ""),
+        (2, 4) => ("[0, 2, 3, 1]", "[0, 3, 1, 2]"),
+        (3, 5) => ("[0, 2, 3, 4, 1]", "[0, 4, 1, 2, 3]"),
+        (2 | 3, r) => {
+            return Err(format!(
+                "memory_format channels_last{} needs a tensor of rank {}, got rank {r}",
+                if format == 3 { "_3d" } else { "" },
+                if format == 3 { 5 } else { 4 }
+            ))
+        }
+        (m, _) => return Err(format!("memory format code {m} is not one Kiln knows")),
+    };
+    let b = &n.name;
+    let mut v = o.val(x)?;
+    if n.op == "clone" {
+        v = o.emit(b, "clone", &[v]);
+    }
+    if to.is_empty() {
+        return Ok(vec![o.emit_out(n, 0, "contiguous", &[v])]);
+    }
+    let p = o.emit(b, "permute", &[v, to.into()]);
+    let c = o.emit(b, "contiguous", &[p]);
+    Ok(vec![o.emit_out(n, 0, "permute", &[c, back.into()])])
 }

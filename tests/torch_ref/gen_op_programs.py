@@ -1423,6 +1423,25 @@ def gen_core():
     add("_pdist_forward", "p2", ["%a: f32[6, 4]"], ["%y = _pdist_forward(%a)"], ["%y"])
     add("_pdist_forward", "p1_two_rows", ["%a: f32[2, 3]"], ["%y = _pdist_forward(%a, 1.0)"], ["%y"])
     add("pdist", "p3", ["%a: f32[5, 2]"], ["%y = pdist(%a, 3.0)"], ["%y"])
+    add("round", "decimals_2", ["%x: f32[3, 50]"], ["%y = round(%x, 2)"], ["%y"])
+    add("round", "decimals_minus_1", ["%x: f32[50]"], ["%s = mul(%x, 100)", "%y = round(%s, -1)"], ["%y"])
+    add("round_", "decimals_1_in_place", ["%x: f32[50]"], ["%c = clone(%x)", "%y = round_(%c, 1)"], ["%c"])
+    add("scaled_dot_product_attention", "fully_masked_row",
+        ["%q: f32[1, 2, 4, 8]", "%k: f32[1, 2, 5, 8]", "%v: f32[1, 2, 5, 8]", "%m: bool[4, 5]"],
+        ["%z = zeros([5], bool)", "%mm = select_scatter(%m, %z, 0, 1)",
+         "%y = scaled_dot_product_attention(%q, %k, %v, %mm)"], ["%y"], None,
+        "eager's safe softmax: zeros for the row no key is allowed in")
+    gsm = "grid_sampler_2d"
+    for mode, mname in ((0, "bilinear"), (1, "nearest"), (2, "bicubic")):
+        for pad, pname in ((0, "zeros"), (1, "border"), (2, "reflection")):
+            for align in ("false", "true"):
+                add(gsm, f"{mname}_{pname}_align_{align}", ["%x: f32[2, 3, 5, 6]", "%g: f32[2, 4, 7, 2]"],
+                    [f"%y = {gsm}(%x, %g, {mode}, {pad}, {align})"], ["%y"], ["%g: uniform -1.3..1.3"])
+    add("grid_sampler", "bilinear_f16", ["%x: f16[1, 2, 4, 4]", "%g: f16[1, 3, 3, 2]"],
+        ["%y = grid_sampler(%x, %g, 0, 0, false)"], ["%y"], ["%g: uniform -1.0..1.0"])
+    add("affine_grid_generator", "align_false", ["%t: f32[2, 2, 3]"], ["%y = affine_grid_generator(%t, [2, 3, 4, 5], false)"], ["%y"])
+    add("affine_grid_generator", "align_true_then_sample", ["%t: f32[1, 2, 3]", "%x: f32[1, 2, 5, 4]"],
+        ["%g = affine_grid_generator(%t, [1, 2, 6, 3], true)", f"%y = {gsm}(%x, %g, 0, 1, true)"], ["%y"])
     # Backward ops of joint graphs, at the forward op's own arguments.
     cb = "convolution_backward"
     add(cb, "stride_padding_bias", ["%x: f32[2, 3, 7, 6]", "%w: f32[4, 3, 3, 3]", "%g: f32[2, 4, 4, 6]"],

@@ -131,6 +131,29 @@ class CoreOps(torch.nn.Module):
         return h * c + torch.logical_xor(d > 0, x > 0).float() + d.var()
 
 
+class ImporterDefects(torch.nn.Module):
+    """Issue 74's importer defects, each as a user writes it: a fully masked
+    attention row (eager: zeros), grouped-query attention, clone and
+    contiguous with memory formats then `view`, adaptive pooling to sizes
+    that do not divide then `view`, index_add on a 0-d tensor, negative
+    replicate padding, scatter's reduce overloads, round with decimals,
+    std / var without dims."""
+
+    def forward(self, q, k, v, mask, x, img):
+        F = torch.nn.functional
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        g = F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], enable_gqa=True)
+        c = img.transpose(2, 3).clone(memory_format=torch.contiguous_format).view(img.shape[0], -1)
+        cl = img.clone(memory_format=torch.channels_last) * 2 + img.contiguous(memory_format=torch.channels_last)
+        p = F.adaptive_avg_pool2d(img, (3, 3)).view(img.shape[0], -1)
+        z = torch.index_add(x.sum(), 0, torch.tensor(0), x[0, 0])
+        r = F.pad(img, (-1, 2, 1, -1), mode="replicate")
+        i = torch.tensor([[0, 2, 1], [3, 0, 3]])
+        s = x.scatter(0, i, x[:2] * 3, reduce="add") + x.scatter(0, i, 2.0, reduce="multiply")
+        d = torch.round(x, decimals=2) + torch.round(x * 100, decimals=-1)
+        return a, g, c, cl, p, z, r, s, d, torch.std(x) + torch.var(x, unbiased=False)
+
+
 class ViewsInPlace(torch.nn.Module):
     """Views written in place, in-place view ops, dtype round trips."""
 
@@ -326,6 +349,10 @@ MODELS = {
     "vit": (vit, lambda: image(2, 3, 32, 32)),
     "swin": (swin, lambda: image(1, 3, 32, 32)),
     "next_ops": (NextOps, lambda: (torch.randn(2, 4, 6, 5),)),
+    "importer_defects": (ImporterDefects, lambda: (
+        torch.randn(1, 4, 3, 8), torch.randn(1, 4, 5, 8), torch.randn(1, 4, 5, 8),
+        torch.tensor([[[[True, False, True, False, True], [False] * 5, [True] * 5]]]),
+        torch.randn(4, 3), torch.randn(2, 3, 4, 4))),
     "core_ops_decomposed": (CoreOps, lambda: (torch.randn(4, 8), torch.randn(4, 8)),
                             {"train": True, "decompose": True}),
     "decoder": (Decoder, lambda: (torch.randn(1, 4, 5, 4),)),
@@ -351,6 +378,11 @@ class UnknownOp(torch.nn.Module):
 class Cond(torch.nn.Module):
     def forward(self, x):
         return torch.cond(x.sum() > 0, lambda x: x + 1, lambda x: x - 1, (x,))
+
+
+class TensorSplitByTensor(torch.nn.Module):
+    def forward(self, x):
+        return torch.tensor_split(x, torch.tensor([1, 3]), dim=1)
 
 
 class NonZero(torch.nn.Module):
@@ -382,6 +414,9 @@ REFUSED = {
                       {"dynamic_shapes": {"x": {0: torch.export.Dim("batch", min=2, max=64)}}},
                       ["input `x`", "dimension 0", "static shapes"]),
     "cond": (Cond, lambda: (torch.randn(3),), {}, ["higher-order op `cond`"]),
+    "tensor_split_by_tensor": (TensorSplitByTensor, lambda: (torch.randn(2, 5),), {},
+                               ["aten.tensor_split.tensor_indices_or_sections", "symbolic",
+                                "Python ints"]),
     "nonzero": (NonZero, lambda: (torch.randn(3, 4),), {},
                 ["aten.nonzero.default", "node `nonzero`", "depends on the values"]),
     "float64_weights": (Double, lambda: (torch.randn(4, 3, dtype=torch.float64),), {},

@@ -77,6 +77,19 @@ enum Score {
     },
 }
 
+impl Score {
+    /// The softmax denominator `l` as the output divides by it: for
+    /// `scaled_dot_product_attention` a row whose every key is masked
+    /// (`l` = 0) gives zeros, as PyTorch's safe softmax does; a program's
+    /// own softmax gives NaN there, as eager's.
+    fn denominator(&self, l: &str) -> String {
+        match self {
+            Score::Chain { .. } => l.to_string(),
+            Score::Sdpa { .. } => format!("select({l}, 1.0, {l} == 0.0)"),
+        }
+    }
+}
+
 impl Gen<'_> {
     /// The fused `softmax(f(Q K)) V` of a program.
     pub(super) fn attention(
@@ -297,6 +310,7 @@ impl Gen<'_> {
             .s("sq_sk", u(sq * sk))
             .s("sq_dv", u(sq * dv))
             .s("ninf", literal(f64::NEG_INFINITY, DType::F32))
+            .s("l_div", score.denominator("l"))
             .b("unroll", unroll)
             .b("merge", proj.o.is_some())
             .l("keys_at", keys_at);
@@ -328,7 +342,11 @@ impl Gen<'_> {
                 }
                 "store" => {
                     let c = env.get("c")?;
-                    let y = cast(&format!("(acc[{c}] / l)"), DType::F32, gen.meta(o).dtype);
+                    let y = cast(
+                        &format!("(acc[{c}] / {})", score.denominator("l")),
+                        DType::F32,
+                        gen.meta(o).dtype,
+                    );
                     gen.store_to(o, &env.get("oi")?, &y)?;
                 }
                 "project" => {
@@ -819,7 +837,7 @@ impl Gen<'_> {
         self.memo.clear();
         self.body.stmt("}".into());
         if let Some((p, r_out)) = &proj.o {
-            self.project_output(p, dv, sg)?;
+            self.project_output(p, dv, sg, score)?;
             // The heads' loop.
             self.body.stmt("}".into());
             self.memo.clear();
@@ -833,7 +851,7 @@ impl Gen<'_> {
             for c in 0..dv {
                 let oi = self.body.bind("u32", format!("{orow} + {}", u(c)));
                 let y = cast(
-                    &format!("(a{r}_{c} / l{r})"),
+                    &format!("(a{r}_{c} / {})", score.denominator(&format!("l{r}"))),
                     DType::F32,
                     self.meta(o).dtype,
                 );
@@ -936,12 +954,13 @@ impl Gen<'_> {
     /// Head `hh`'s share of the output projection `p` (`O = M W^T`, the
     /// merge `M[b, i, h dv + e]` = this head's weighted sums `a / l`),
     /// added into `oacc` for each output column.
-    fn project_output(&mut self, p: &Product, dv: usize, sg: usize) -> R<()> {
+    fn project_output(&mut self, p: &Product, dv: usize, sg: usize, score: &Score) -> R<()> {
         let no = p.mm;
         let mut cs = vec![];
         for r in 0..ROWS {
+            let l = score.denominator(&format!("l{r}"));
             let row: Vec<String> = (0..dv)
-                .map(|e| self.body.bind("f32", format!("a{r}_{e} / l{r}")))
+                .map(|e| self.body.bind("f32", format!("a{r}_{e} / {l}")))
                 .collect();
             cs.push(row);
         }

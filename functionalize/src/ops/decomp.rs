@@ -873,7 +873,12 @@ fn adaptive_avg_pool(e: &mut dyn Emit, a: &A, sp: usize) -> Out {
             e.call("transpose", vec![t(p), int(d), int(last)])?
         };
     }
-    one(e.call("clone", vec![t(v)])?)
+    // Contiguous, as eager's result is (a later `view` depends on it).
+    if e.meta(v).is_contiguous() {
+        one(e.call("clone", vec![t(v)])?)
+    } else {
+        one(e.call("contiguous", vec![t(v)])?)
+    }
 }
 
 // ----------------------------------------------------------- normalization
@@ -1497,6 +1502,290 @@ pub fn pdist(e: &mut dyn Emit, _: &str, a: &A) -> Out {
     let z = e.call("zeros", vec![usizes(&[k + 1]), Arg::Dtype(e.dtype(x))])?;
     let put = e.call("scatter_add", vec![t(z), int(0), t(at), t(flat)])?;
     one(e.call("narrow", vec![t(put), int(0), int(0), int(k as i64)])?)
+}
+
+// ------------------------------------------------------------ sampling
+
+/// `grid_sampler_2d(input, grid, interpolation_mode, padding_mode,
+/// align_corners)` (and `grid_sampler`): ATen's CPU kernel as table ops.
+/// Each grid point's source coordinates (`unnormalize`, then the padding
+/// mode's clip or reflection), then bilinear (four neighbours weighted),
+/// nearest (rounded half to even) or bicubic (sixteen taps, A = -0.75)
+/// reads of the input by `gather`; out-of-range reads are zero.
+pub fn grid_sampler_2d(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (x, grid) = (*a.tensor(0)?, *a.tensor(1)?);
+    let (mode, pad, align) = (a.int(2)?, a.int(3)?, a.bool(4)?);
+    let (xs, gs) = (e.sizes(x), e.sizes(grid));
+    if xs.len() != 4 || gs.len() != 4 || gs[3] != 2 || gs[0] != xs[0] {
+        return Err(format!(
+            "grid_sampler_2d: expected input [N, C, H, W] and grid [N, H_out, W_out, 2], got \
+             {xs:?} and {gs:?}"
+        ));
+    }
+    if !(0..=2).contains(&mode) || !(0..=2).contains(&pad) {
+        return Err(format!(
+            "grid_sampler_2d: interpolation mode {mode} or padding mode {pad} out of range"
+        ));
+    }
+    floats_only(e, x, "grid_sampler_2d")?;
+    let (n, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
+    let (ho, wo) = (gs[1], gs[2]);
+    let s = Sampler {
+        x,
+        n,
+        c,
+        h,
+        w,
+        ho,
+        wo,
+        pad,
+        align,
+    };
+    let gx = e.call("select", vec![t(grid), int(3), int(0)])?;
+    let gy = e.call("select", vec![t(grid), int(3), int(1)])?;
+    let ux = s.unnormalize(e, gx, w)?;
+    let uy = s.unnormalize(e, gy, h)?;
+    let y = match mode {
+        0 => {
+            let ix = s.padded(e, ux, w)?;
+            let iy = s.padded(e, uy, h)?;
+            let x0 = e.call("floor", vec![t(ix)])?;
+            let y0 = e.call("floor", vec![t(iy)])?;
+            let x1 = e.call("add", vec![t(x0), int(1)])?;
+            let y1 = e.call("add", vec![t(y0), int(1)])?;
+            let wx1 = e.call("sub", vec![t(ix), t(x0)])?;
+            let wx0 = e.call("sub", vec![t(x1), t(ix)])?;
+            let wy1 = e.call("sub", vec![t(iy), t(y0)])?;
+            let wy0 = e.call("sub", vec![t(y1), t(iy)])?;
+            let mut acc: Option<ValueId> = None;
+            for (cx, cy, wxv, wyv) in [
+                (x0, y0, wx0, wy0),
+                (x1, y0, wx1, wy0),
+                (x0, y1, wx0, wy1),
+                (x1, y1, wx1, wy1),
+            ] {
+                let wgt = e.call("mul", vec![t(wxv), t(wyv)])?;
+                let v = s.read(e, cx, cy, wgt)?;
+                acc = Some(match acc {
+                    Some(a) => e.call("add", vec![t(a), t(v)])?,
+                    None => v,
+                });
+            }
+            acc.ok_or("internal error: no corners")?
+        }
+        1 => {
+            let ix = s.padded(e, ux, w)?;
+            let iy = s.padded(e, uy, h)?;
+            let rx = e.call("round", vec![t(ix)])?;
+            let ry = e.call("round", vec![t(iy)])?;
+            let one = e.call("ones_like", vec![t(rx)])?;
+            s.read(e, rx, ry, one)?
+        }
+        _ => {
+            // Taps at the unnormalized coordinates, each padded itself.
+            let x0 = e.call("floor", vec![t(ux)])?;
+            let y0 = e.call("floor", vec![t(uy)])?;
+            let tx = e.call("sub", vec![t(ux), t(x0)])?;
+            let ty = e.call("sub", vec![t(uy), t(y0)])?;
+            let cx = cubic_coefficients(e, tx)?;
+            let cy = cubic_coefficients(e, ty)?;
+            let mut acc: Option<ValueId> = None;
+            for (j, wyv) in cy.iter().enumerate() {
+                for (i, wxv) in cx.iter().enumerate() {
+                    let px = e.call("add", vec![t(x0), int(i as i64 - 1)])?;
+                    let py = e.call("add", vec![t(y0), int(j as i64 - 1)])?;
+                    let px = s.padded(e, px, w)?;
+                    let py = s.padded(e, py, h)?;
+                    let wgt = e.call("mul", vec![t(*wxv), t(*wyv)])?;
+                    let v = s.read(e, px, py, wgt)?;
+                    acc = Some(match acc {
+                        Some(a) => e.call("add", vec![t(a), t(v)])?,
+                        None => v,
+                    });
+                }
+            }
+            acc.ok_or("internal error: no taps")?
+        }
+    };
+    one(y)
+}
+
+/// What `grid_sampler_2d`'s reads share.
+struct Sampler {
+    x: ValueId,
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    ho: usize,
+    wo: usize,
+    pad: i64,
+    align: bool,
+}
+
+impl Sampler {
+    /// A grid coordinate in [-1, 1] as a source position along a dimension
+    /// of `size`.
+    fn unnormalize(&self, e: &mut dyn Emit, g: ValueId, size: usize) -> R<ValueId> {
+        let size = size as f64;
+        if self.align {
+            // ((g + 1) / 2) * (size - 1)
+            let a = e.call("add", vec![t(g), float(1.0)])?;
+            e.call("mul", vec![t(a), float((size - 1.0) / 2.0)])
+        } else {
+            // ((g + 1) * size - 1) / 2
+            let a = e.call("add", vec![t(g), float(1.0)])?;
+            let b = e.call("mul", vec![t(a), float(size)])?;
+            let c = e.call("sub", vec![t(b), float(1.0)])?;
+            e.call("div", vec![t(c), float(2.0)])
+        }
+    }
+
+    /// The padding mode applied: zeros leaves the position, border clips
+    /// it into range, reflection reflects it off the edges, then clips.
+    fn padded(&self, e: &mut dyn Emit, v: ValueId, size: usize) -> R<ValueId> {
+        let hi = (size as f64 - 1.0).max(0.0);
+        match self.pad {
+            1 => e.call("clamp", vec![t(v), float(0.0), float(hi)]),
+            2 => {
+                let (lo2, hi2) = if self.align {
+                    (0.0, 2.0 * (size as f64 - 1.0))
+                } else {
+                    (-1.0, 2.0 * size as f64 - 1.0)
+                };
+                let r = if lo2 == hi2 {
+                    e.call("zeros_like", vec![t(v)])?
+                } else {
+                    let (min, span) = (lo2 / 2.0, (hi2 - lo2) / 2.0);
+                    let d = e.call("sub", vec![t(v), float(min)])?;
+                    let d = e.call("abs", vec![t(d)])?;
+                    let extra = e.call("fmod", vec![t(d), float(span)])?;
+                    let q = e.call("div", vec![t(d), float(span)])?;
+                    let flips = e.call("floor", vec![t(q)])?;
+                    let odd = e.call("remainder", vec![t(flips), float(2.0)])?;
+                    let odd = e.call("ne", vec![t(odd), float(0.0)])?;
+                    let even_v = e.call("add", vec![t(extra), float(min)])?;
+                    let odd_v = e.call("sub", vec![t(extra), float(span + min)])?;
+                    let odd_v = e.call("neg", vec![t(odd_v)])?;
+                    e.call("where", vec![t(odd), t(odd_v), t(even_v)])?
+                };
+                e.call("clamp", vec![t(r), float(0.0), float(hi)])
+            }
+            _ => Ok(v),
+        }
+    }
+
+    /// The input at integral positions `(px, py)` ([N, H_out, W_out],
+    /// floats) times `weight`, zero where out of range: [N, C, H_out,
+    /// W_out].
+    fn read(&self, e: &mut dyn Emit, px: ValueId, py: ValueId, weight: ValueId) -> R<ValueId> {
+        let (n, c, h, w, ho, wo) = (self.n, self.c, self.h, self.w, self.ho, self.wo);
+        let inx = e.call("ge", vec![t(px), float(0.0)])?;
+        let inx2 = e.call("le", vec![t(px), float(w as f64 - 1.0)])?;
+        let iny = e.call("ge", vec![t(py), float(0.0)])?;
+        let iny2 = e.call("le", vec![t(py), float(h as f64 - 1.0)])?;
+        let a = e.call("logical_and", vec![t(inx), t(inx2)])?;
+        let b = e.call("logical_and", vec![t(iny), t(iny2)])?;
+        let valid = e.call("logical_and", vec![t(a), t(b)])?;
+        let cx = e.call("clamp", vec![t(px), float(0.0), float(w as f64 - 1.0)])?;
+        let cy = e.call("clamp", vec![t(py), float(0.0), float(h as f64 - 1.0)])?;
+        let lin = e.call("mul", vec![t(cy), float(w as f64)])?;
+        let lin = e.call("add", vec![t(lin), t(cx)])?;
+        let idx = e.cast(lin, DType::I64)?;
+        let idx = reshape(e, idx, &[n, 1, ho * wo])?;
+        let idx = e.expand(idx, &[n, c, ho * wo])?;
+        let flat = reshape(e, self.x, &[n, c, h * w])?;
+        let v = e.call("gather", vec![t(flat), int(2), t(idx)])?;
+        let v = reshape(e, v, &[n, c, ho, wo])?;
+        let invalid = e.call("logical_not", vec![t(valid)])?;
+        let wz = e.call("masked_fill", vec![t(weight), t(invalid), float(0.0)])?;
+        let wz = e.call("unsqueeze", vec![t(wz), int(1)])?;
+        e.call("mul", vec![t(v), t(wz)])
+    }
+}
+
+/// The cubic convolution weights (A = -0.75) of the four taps around a
+/// point at fraction `f` past the second.
+fn cubic_coefficients(e: &mut dyn Emit, f: ValueId) -> R<[ValueId; 4]> {
+    const A_: f64 = -0.75;
+    // Near taps (|x| <= 1): ((A + 2) x - (A + 3)) x^2 + 1;
+    // far ones (1 < |x| < 2): ((A x - 5A) x + 8A) x - 4A.
+    let near = |e: &mut dyn Emit, x: ValueId| -> R<ValueId> {
+        let a = e.call("mul", vec![t(x), float(A_ + 2.0)])?;
+        let a = e.call("sub", vec![t(a), float(A_ + 3.0)])?;
+        let xx = e.call("mul", vec![t(x), t(x)])?;
+        let a = e.call("mul", vec![t(a), t(xx)])?;
+        e.call("add", vec![t(a), float(1.0)])
+    };
+    let far = |e: &mut dyn Emit, x: ValueId| -> R<ValueId> {
+        let a = e.call("mul", vec![t(x), float(A_)])?;
+        let a = e.call("sub", vec![t(a), float(5.0 * A_)])?;
+        let a = e.call("mul", vec![t(a), t(x)])?;
+        let a = e.call("add", vec![t(a), float(8.0 * A_)])?;
+        let a = e.call("mul", vec![t(a), t(x)])?;
+        e.call("sub", vec![t(a), float(4.0 * A_)])
+    };
+    let x0 = e.call("add", vec![t(f), float(1.0)])?;
+    let w0 = far(e, x0)?;
+    let w1 = near(e, f)?;
+    let nf = e.call("neg", vec![t(f)])?;
+    let x2 = e.call("add", vec![t(nf), float(1.0)])?;
+    let w2 = near(e, x2)?;
+    let x3 = e.call("add", vec![t(nf), float(2.0)])?;
+    let w3 = far(e, x3)?;
+    Ok([w0, w1, w2, w3])
+}
+
+/// `affine_grid_generator(theta, size, align_corners)`: each output
+/// position's normalized `(x, y, 1)` times `theta`'s rows: a sampling grid
+/// `[N, H, W, 2]` for `grid_sampler_2d`.
+pub fn affine_grid(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let theta = *a.tensor(0)?;
+    let size = a.int_list(1)?.to_vec();
+    let align = a.bool(2)?;
+    let ts = e.sizes(theta);
+    if size.len() != 4 || ts != [size[0] as usize, 2, 3] {
+        return Err(format!(
+            "affine_grid: expected theta [N, 2, 3] and a 4-d size [N, C, H, W], got {ts:?} and \
+             {size:?}"
+        ));
+    }
+    let (n, h, w) = (size[0] as usize, size[2] as usize, size[3] as usize);
+    let dt = e.dtype(theta);
+    // linspace(-1, 1, len), scaled by (len - 1) / len without align_corners.
+    let axis = |e: &mut dyn Emit, len: usize| -> R<ValueId> {
+        let k = e.call("arange", vec![int(len as i64), Arg::Dtype(dt)])?;
+        let step = if len > 1 {
+            2.0 / (len as f64 - 1.0)
+        } else {
+            0.0
+        };
+        let v = e.call("mul", vec![t(k), float(step)])?;
+        let v = e.call("sub", vec![t(v), float(1.0)])?;
+        if align || len == 0 {
+            Ok(v)
+        } else {
+            e.call("mul", vec![t(v), float((len as f64 - 1.0) / len as f64)])
+        }
+    };
+    let xs = axis(e, w)?;
+    let ys = axis(e, h)?;
+    let xs = reshape(e, xs, &[1, w, 1])?;
+    let xs = e.expand(xs, &[h, w, 1])?;
+    let ys = reshape(e, ys, &[h, 1, 1])?;
+    let ys = e.expand(ys, &[h, w, 1])?;
+    let ones = e.call("ones", vec![usizes(&[h, w, 1]), Arg::Dtype(dt)])?;
+    let base = e.call(
+        "cat",
+        vec![
+            Arg::TensorList(vec![Some(xs), Some(ys), Some(ones)]),
+            int(2),
+        ],
+    )?;
+    let base = reshape(e, base, &[1, h * w, 3])?;
+    let tt = e.call("transpose", vec![t(theta), int(1), int(2)])?;
+    let g = e.call("matmul", vec![t(base), t(tt)])?;
+    one(reshape(e, g, &[n, h, w, 2])?)
 }
 
 // ------------------------------------------------------------ backward ops
@@ -2132,13 +2421,35 @@ fn pad_border(e: &mut dyn Emit, x: ValueId, p: &[i64], mode: PadMode, op: &str) 
     let mut v = x;
     for (i, pair) in p.chunks(2).enumerate() {
         let d = sizes.len() - 1 - i;
-        let (l, r) = (pair[0], pair[1]);
+        let (mut l, mut r) = (pair[0], pair[1]);
+        let mut n = sizes[d];
+        if (l < 0 || r < 0) && mode == PadMode::Replicate {
+            // A negative side crops; replicating the cropped tensor's edge
+            // is what eager's clamped source index reads.
+            let (cl, cr) = ((-l).max(0) as usize, (-r).max(0) as usize);
+            if cl + cr > n {
+                return Err(format!(
+                    "{op}: padding {p:?} crops more than the {n} elements of dimension {d}"
+                ));
+            }
+            v = e.call(
+                "narrow",
+                vec![
+                    t(v),
+                    int(d as i64),
+                    int(cl as i64),
+                    int((n - cl - cr) as i64),
+                ],
+            )?;
+            n -= cl + cr;
+            (l, r) = (l.max(0), r.max(0));
+        }
         if l < 0 || r < 0 {
             return Err(format!(
-                "{op}: negative padding {p:?} is only for constant mode"
+                "{op}: negative padding {p:?} is only for constant and replicate modes"
             ));
         }
-        let (l, r, n) = (l as usize, r as usize, sizes[d]);
+        let (l, r) = (l as usize, r as usize);
         let fits = match mode {
             PadMode::Reflect => l < n && r < n,
             PadMode::Replicate => n > 0 || l + r == 0,

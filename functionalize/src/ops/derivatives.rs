@@ -987,6 +987,11 @@ fn attention(e: &mut dyn Emit, c: &Call) -> R<Attention> {
         s = e.call("masked_fill", vec![t(s), t(off), float(f64::NEG_INFINITY)])?;
     }
     let p = e.call("softmax", vec![t(s), int(-1)])?;
+    // A row whose every key is masked attends to nothing (PyTorch's safe
+    // softmax): zeros, not NaN.
+    let top = e.call("amax", vec![t(s), ints(&[-1]), Arg::Bool(true)])?;
+    let dead = e.call("eq", vec![t(top), float(f64::NEG_INFINITY)])?;
+    let p = e.call("masked_fill", vec![t(p), t(dead), float(0.0)])?;
     Ok(Attention { q, k, v, p, scale })
 }
 

@@ -1433,7 +1433,8 @@ pub fn to_copy_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
 /// `scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal,
 /// scale, enable_gqa)`: `softmax(q k^T * scale + bias) v` over broadcast
 /// batch dimensions; `bias` is -inf above the diagonal (`is_causal`) and
-/// where a bool mask is false, or a float mask's values. Deterministic:
+/// where a bool mask is false, or a float mask's values; a row every key
+/// of which is masked gives zeros (PyTorch's safe softmax). Deterministic:
 /// `dropout_p` must be 0.
 pub fn sdpa_infer(a: &A) -> Res<Metas> {
     let (q, k, v) = (a.tensor(0)?, a.tensor(1)?, a.tensor(2)?);
@@ -1545,6 +1546,11 @@ pub fn sdpa_eval(a: &R, o: &[Meta]) -> Res<Vec<RTensor>> {
                 *r = x;
             }
             let mx = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            if mx == f64::NEG_INFINITY {
+                // Every key masked: PyTorch's safe softmax attends to
+                // nothing (zeros, where a plain softmax gives NaN).
+                continue;
+            }
             let ex: Vec<f64> = row.iter().map(|x| (x - mx).exp()).collect();
             let sum: f64 = ex.iter().sum();
             for c in 0..ev {

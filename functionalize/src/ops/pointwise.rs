@@ -284,8 +284,30 @@ pub fn trunc(a: &A) -> Result<PwPlan, String> {
     rounding(a, "trunc", ex::trunc)
 }
 
+/// `round(self)` and `round.decimals(self, decimals)`: to a multiple of
+/// `10^-decimals`, scaled as eager scales (`x * 10^d` rounded, then
+/// divided; for negative `d`, divided, rounded, multiplied).
 pub fn round(a: &A) -> Result<PwPlan, String> {
-    rounding(a, "round", ex::round)
+    let decimals = match a.get(1) {
+        Some(Arg::Int(d)) => *d,
+        _ => 0,
+    };
+    if decimals == 0 {
+        return rounding(a, "round", ex::round);
+    }
+    let d = a.tensor(0)?.dtype;
+    if !d.is_float() {
+        return Err(format!(
+            "round with decimals is not implemented for {d} tensors"
+        ));
+    }
+    let p = lit(10f64.powi(decimals.unsigned_abs().min(300) as i32));
+    let e = if decimals > 0 {
+        ex::round(x() * p.clone()) / p
+    } else {
+        ex::round(x() / p.clone()) * p
+    };
+    Ok(expr_plan(e, d))
 }
 
 /// A unary float op declared by its expression over `self` (operand 0),

@@ -234,6 +234,20 @@ pub(super) fn declare(b: &mut Builder) {
         dc::pdist,
         false,
     );
+    for name in ["grid_sampler_2d", "grid_sampler"] {
+        b.composite(
+            name,
+            &[&format!("{name}(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, bool align_corners) -> Tensor")],
+            dc::grid_sampler_2d,
+            false,
+        );
+    }
+    b.composite(
+        "affine_grid_generator",
+        &["affine_grid_generator(Tensor theta, SymInt[] size, bool align_corners) -> Tensor"],
+        dc::affine_grid,
+        false,
+    );
     // Backward ops of joint graphs.
     b.composite(
         "convolution_backward",

@@ -373,7 +373,13 @@ pub(super) fn declare(b: &mut Builder) {
         ("round", p::round),
     ];
     for (n, plan) in roundings {
-        b.pointwise(n, &[&unary(n)], plan, true)
+        let decimals = format!("{n}.decimals(Tensor self, *, int decimals) -> Tensor");
+        let schemas: &[&str] = if n == "round" {
+            &[&unary(n), &decimals]
+        } else {
+            &[&unary(n)]
+        };
+        b.pointwise(n, schemas, plan, true)
             .rules(d::no_grad, d::jvp_none, bt::elementwise);
     }
     // Backward ops of derivatives.yaml that transforms emit.
