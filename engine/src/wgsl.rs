@@ -425,6 +425,8 @@ pub fn literal(v: f64, dtype: DType) -> String {
         }
         // Out-of-range i64 literals are refused before codegen
         // (`check_i64_literals`).
+        // i32::MIN has no literal (`-2147483648i` negates one out of range).
+        DType::I8 | DType::I32 | DType::I64 if v as i32 == i32::MIN => "(-2147483647i - 1i)".into(),
         DType::I8 | DType::I32 | DType::I64 => format!("{}i", v as i32),
         DType::U32 => format!("{}u", v as u32),
         DType::Bool => (v != 0.0).to_string(),

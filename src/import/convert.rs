@@ -853,10 +853,12 @@ fn argument(v: &Value) -> Result<A, String> {
         .ok_or("an empty argument")?;
     let tname = |t: &Value| -> Option<String> { t.get("name")?.as_str().map(str::to_string) };
     let float = |x: &Value| -> Option<f64> {
+        // Bare `Infinity` / `NaN` words arrive as "inf" / "nan"
+        // (`archive::finite_json`); newer writers quote them.
         x.as_f64().or_else(|| match x.as_str()? {
-            "inf" => Some(f64::INFINITY),
-            "-inf" => Some(f64::NEG_INFINITY),
-            "nan" => Some(f64::NAN),
+            "inf" | "Infinity" | "+Infinity" => Some(f64::INFINITY),
+            "-inf" | "-Infinity" => Some(f64::NEG_INFINITY),
+            "nan" | "NaN" | "-NaN" => Some(f64::NAN),
             _ => None,
         })
     };
@@ -1125,7 +1127,9 @@ fn neutral(name: &str, a: &A) -> bool {
         A::None | A::Device => true,
         A::Layout(l) => *l == 7,
         A::MemoryFormat(m) => matches!(m, 0 | 1 | 4),
-        A::Bool(b) => !b && matches!(name, "pin_memory" | "non_blocking" | "copy"),
+        // Asynchrony changes nothing in a program's values.
+        A::Bool(_) if name == "non_blocking" => true,
+        A::Bool(b) => !b && matches!(name, "pin_memory" | "copy"),
         _ => false,
     }
 }
@@ -1178,7 +1182,7 @@ pub fn call_table(out: &mut Out, n: &Node) -> Result<Vec<String>, ImportError> {
 
 /// The node's arguments in `schema`'s order, defaults filled up to the
 /// last one given.
-fn place(out: &Out, n: &Node, schema: &Schema) -> Result<Vec<String>, ImportError> {
+fn place(out: &mut Out, n: &Node, schema: &Schema) -> Result<Vec<String>, ImportError> {
     let err = |m: String| ImportError::Op(format!("op `{}` ({}): {m}", n.target(), n.place()));
     for (k, a) in &n.args {
         if !schema.params.iter().any(|p| p.name == *k) && !neutral(k, a) {
@@ -1192,6 +1196,21 @@ fn place(out: &Out, n: &Node, schema: &Schema) -> Result<Vec<String>, ImportErro
     let mut last = 0;
     for p in &schema.params {
         match n.args.iter().find(|(k, _)| *k == p.name) {
+            // A Python number where the op takes a tensor (`sub(1, x)`,
+            // as `rsub` decomposes): a 0-d tensor of its kind, which
+            // promotes as the wrapped number does.
+            Some((_, a @ (A::Int(_) | A::Float(_) | A::Bool(_))))
+                if p.ty == kiln_functionalize::schema::ParamType::Tensor =>
+            {
+                let dtype = match a {
+                    A::Int(_) => "i64",
+                    A::Float(_) => "f32",
+                    _ => "bool",
+                };
+                let v = render(out, a).map_err(|m| err(format!("argument `{}`: {m}", p.name)))?;
+                args.push(out.emit(&n.name, "scalar_tensor", &[v, dtype.into()]));
+                last = args.len();
+            }
             Some((_, a)) => {
                 args.push(render(out, a).map_err(|m| err(format!("argument `{}`: {m}", p.name)))?);
                 last = args.len();

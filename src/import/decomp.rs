@@ -180,9 +180,70 @@ pub const REWRITES: &[Rewrite] = &[
         f: memory_format,
     },
     Rewrite {
-        ops: &["divide", "true_divide"],
-        how: "`div`",
-        f: divide,
+        ops: &[
+            "swapaxes",
+            "swapdims",
+            "moveaxis",
+            "movedim",
+            "numpy_T",
+            "mT",
+            "mH",
+            "adjoint",
+            "matrix_H",
+            "_unsafe_view",
+        ],
+        how: "the view by its table name: `transpose` (`swapaxes`, `swapdims`, `mT`, `mH`, \
+              `adjoint`, `matrix_H`: real tensors), `permute` (`moveaxis`, `movedim`, \
+              `numpy_T`), `view` (`_unsafe_view`)",
+        f: view_alias,
+    },
+    Rewrite {
+        ops: &["sort"],
+        how: "`.stable`: the table's `sort`, which is stable either way",
+        f: sort_stable,
+    },
+    Rewrite {
+        ops: &["_unsafe_index", "_unsafe_index_put"],
+        how: "`index.Tensor` / `index_put` (Kiln checks the indices either way)",
+        f: unsafe_index,
+    },
+    Rewrite {
+        ops: &[
+            "divide",
+            "true_divide",
+            "subtract",
+            "multiply",
+            "negative",
+            "absolute",
+            "arccos",
+            "arcsin",
+            "arctan",
+            "arctan2",
+            "arccosh",
+            "arcsinh",
+            "arctanh",
+            "clip",
+            "fix",
+            "greater",
+            "greater_equal",
+            "less",
+            "less_equal",
+            "not_equal",
+            "concat",
+            "concatenate",
+            "special_expit",
+            "expand_copy",
+            "broadcast_to",
+            "unsafe_chunk",
+            "unsafe_split",
+            "unsafe_split_with_sizes",
+            "square",
+        ],
+        how: "the table's op of the same meaning: `div`, `sub`, `mul`, `neg`, `abs`, `acos`, \
+              `asin`, `atan`, `atan2`, `acosh`, `asinh`, `atanh`, `clamp`, `trunc`, `gt`, `ge`, \
+              `lt`, `le`, `ne`, `cat`, `sigmoid`, `expand`, `chunk`, `split`, \
+              `split_with_sizes`; `square` as `mul` by itself",
+        f: alias,
     },
 ];
 
@@ -658,10 +719,42 @@ fn var_std(o: &mut Out, n: &Node) -> R {
     Ok(vec![o.emit_out(n, 0, &n.op, &[x, "none".into(), c.into()])])
 }
 
-/// `divide` / `true_divide`: `div` by another name.
-fn divide(o: &mut Out, n: &Node) -> R {
+/// ATen's aliases: the table's op by its own name.
+fn alias(o: &mut Out, n: &Node) -> R {
+    let op = match n.op.as_str() {
+        "divide" | "true_divide" => "div",
+        "subtract" => "sub",
+        "multiply" => "mul",
+        "negative" => "neg",
+        "absolute" => "abs",
+        "arccos" => "acos",
+        "arcsin" => "asin",
+        "arctan" => "atan",
+        "arctan2" => "atan2",
+        "arccosh" => "acosh",
+        "arcsinh" => "asinh",
+        "arctanh" => "atanh",
+        "clip" => "clamp",
+        "fix" => "trunc",
+        "greater" => "gt",
+        "greater_equal" => "ge",
+        "less" => "lt",
+        "less_equal" => "le",
+        "not_equal" => "ne",
+        "concat" | "concatenate" => "cat",
+        "special_expit" => "sigmoid",
+        "expand_copy" | "broadcast_to" => "expand",
+        "unsafe_chunk" => "chunk",
+        "unsafe_split" => "split",
+        "unsafe_split_with_sizes" => "split_with_sizes",
+        "square" => {
+            let x = o.val(n.tensor("self")?)?;
+            return Ok(vec![o.emit_out(n, 0, "mul", &[x.clone(), x])]);
+        }
+        other => return Err(format!("internal error: no alias for {other}")),
+    };
     let renamed = Node {
-        op: "div".into(),
+        op: op.into(),
         overload: n.overload.clone(),
         name: n.name.clone(),
         args: n.args.clone(),
@@ -836,4 +929,94 @@ fn memory_format(o: &mut Out, n: &Node) -> R {
     let p = o.emit(b, "permute", &[v, to.into()]);
     let c = o.emit(b, "contiguous", &[p]);
     Ok(vec![o.emit_out(n, 0, "permute", &[c, back.into()])])
+}
+
+/// Views by another name: the table's view with the node's arguments
+/// spelled as it takes them.
+fn view_alias(o: &mut Out, n: &Node) -> R {
+    let x = n.tensor("self")?;
+    let rank = o.meta(x)?.sizes.len() as i64;
+    let v = o.val(x)?;
+    let wrap = |d: i64| if d < 0 { d + rank } else { d };
+    let (op, args) = match n.op.as_str() {
+        "swapaxes" | "swapdims" => {
+            let (a, b) = match (n.get("axis0"), n.get("dim0")) {
+                (Some(_), _) => (n.int("axis0", 0)?, n.int("axis1", 0)?),
+                _ => (n.int("dim0", 0)?, n.int("dim1", 0)?),
+            };
+            ("transpose", vec![v, a.to_string(), b.to_string()])
+        }
+        "mT" | "mH" | "adjoint" | "matrix_H" => {
+            if rank < 2 {
+                return Err(format!("{} needs a tensor of rank 2 or more", n.op));
+            }
+            ("transpose", vec![v, "-2".into(), "-1".into()])
+        }
+        "numpy_T" => {
+            let p: Vec<i64> = (0..rank).rev().collect();
+            ("permute", vec![v, ints(&p)])
+        }
+        "moveaxis" | "movedim" => {
+            // `.int` takes one dimension each, `.intlist` several.
+            let dims = |k: &str| -> Result<Vec<i64>, String> {
+                Ok(match n.get(k) {
+                    Some(A::Int(i)) => vec![wrap(*i)],
+                    Some(A::Ints(v)) => v.iter().map(|&d| wrap(d)).collect(),
+                    other => return Err(format!("argument `{k}` is {other:?}, not dimensions")),
+                })
+            };
+            let (src, dst) = (dims("source")?, dims("destination")?);
+            if src.len() != dst.len() || src.iter().chain(&dst).any(|&d| d < 0 || d >= rank.max(1))
+            {
+                return Err(format!(
+                    "movedim: source {src:?} and destination {dst:?} do not match rank {rank}"
+                ));
+            }
+            // Positions not named keep their order in the free slots.
+            let mut perm = vec![-1i64; rank as usize];
+            for (&s, &d) in src.iter().zip(&dst) {
+                perm[d as usize] = s;
+            }
+            let mut rest = (0..rank).filter(|k| !src.contains(k));
+            for p in perm.iter_mut().filter(|p| **p < 0) {
+                *p = rest.next().unwrap_or(0);
+            }
+            ("permute", vec![v, ints(&perm)])
+        }
+        _ => {
+            let size = n.ints("size", 0, &[])?;
+            ("view", vec![v, ints(&size)])
+        }
+    };
+    Ok(vec![o.emit_out(n, 0, op, &args)])
+}
+
+/// `_unsafe_index` / `_unsafe_index_put`: the checked ops (Kiln checks
+/// indices either way).
+fn unsafe_index(o: &mut Out, n: &Node) -> R {
+    let (op, overload) = match n.op.as_str() {
+        "_unsafe_index" => ("index", "Tensor"),
+        _ => ("index_put", "default"),
+    };
+    let renamed = Node {
+        op: op.into(),
+        overload: overload.into(),
+        name: n.name.clone(),
+        args: n.args.clone(),
+        outputs: n.outputs.clone(),
+        trace: n.trace,
+    };
+    super::convert::call_table(o, &renamed).map_err(|e| e.to_string())
+}
+
+/// `sort.stable(self, *, stable, dim, descending)`: the table's `sort`
+/// (stable whatever `stable` says, which only allows an unstable one).
+fn sort_stable(o: &mut Out, n: &Node) -> R {
+    if n.overload != "stable" {
+        return super::convert::call_table(o, n).map_err(|e| e.to_string());
+    }
+    let x = o.val(n.tensor("self")?)?;
+    let dim = n.int("dim", -1)?.to_string();
+    let desc = n.bool("descending", false)?.to_string();
+    Ok(o.emit_outs(n, 2, "sort", &[x, dim, desc]))
 }

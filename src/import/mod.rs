@@ -127,12 +127,17 @@ pub fn open_as_exported(path: &Path) -> Result<Imported, ImportError> {
 fn open_with(path: &Path, fold: bool) -> Result<Imported, ImportError> {
     let a = archive::open(path)?;
     let prog = convert::convert(&a, fold)?;
-    let graph = kiln_functionalize::parse(&prog.text).map_err(|e| {
-        ImportError::Program(format!(
+    let graph = kiln_functionalize::parse(&prog.text).map_err(|e| match e {
+        // An op's own rule refusing its arguments (an unsupported mode, a
+        // random draw, a shape eager refuses too): the op's message.
+        kiln_functionalize::Error::Statement { stmt, msg, .. } => {
+            ImportError::Op(format!("{}: Kiln refuses `{stmt}`: {msg}", a.path))
+        }
+        e => ImportError::Program(format!(
             "{}: the imported program does not parse ({e}); this is a bug in Kiln's \
              importer, please report it with the archive",
             a.path
-        ))
+        )),
     })?;
     // Each stored tensor moves to the parameter bound to it (one per
     // state-dict name; a tensor no parameter names is dropped).

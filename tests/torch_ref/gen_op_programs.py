@@ -1442,6 +1442,131 @@ def gen_core():
     add("affine_grid_generator", "align_false", ["%t: f32[2, 2, 3]"], ["%y = affine_grid_generator(%t, [2, 3, 4, 5], false)"], ["%y"])
     add("affine_grid_generator", "align_true_then_sample", ["%t: f32[1, 2, 3]", "%x: f32[1, 2, 5, 4]"],
         ["%g = affine_grid_generator(%t, [1, 2, 6, 3], true)", f"%y = {gsm}(%x, %g, 0, 1, true)"], ["%y"])
+    # What real families put in the training IR beyond the core set.
+    for op in ("clamp_min", "clamp_max"):
+        add(op, "scalar", ["%x: f32[3, 50]"], [f"%y = {op}(%x, 0.25)"], ["%y"])
+        add(op, "tensor_broadcast", ["%x: f32[3, 50]", "%b: f32[50]"], [f"%y = {op}(%x, %b)"], ["%y"])
+        add(op + "_", "in_place_i32", ["%x: i32[20]"], ["%c = clone(%x)", f"%y = {op}_(%c, 1)"], ["%c"])
+    add("rsub", "tensor_alpha", ["%x: f32[3, 50]", "%o: f32[50]"], ["%y = rsub(%x, %o, 2)"], ["%y"])
+    add("rsub", "scalar", ["%x: f32[3, 50]"], ["%y = rsub(%x, 1)"], ["%y"])
+    for op in ("selu", "celu", "log_sigmoid"):
+        add(op, "f32", ["%x: f32[3, 50]"], [f"%y = {op}(%x)"], ["%y"], ["%x: uniform -6.0..6.0"])
+    add("celu", "alpha_half", ["%x: f32[50]"], ["%y = celu(%x, 0.5)"], ["%y"], ["%x: uniform -6.0..6.0"])
+    add("selu_", "in_place", ["%x: f32[50]"], ["%c = clone(%x)", "%y = selu_(%c)"], ["%c"])
+    add("glu", "last_dim", ["%x: f32[3, 8]"], ["%y = glu(%x)"], ["%y"])
+    add("glu", "dim0", ["%x: f32[6, 5]"], ["%y = glu(%x, 0)"], ["%y"])
+    add("prelu", "channels", ["%x: f32[2, 3, 4, 5]", "%w: f32[3]"], ["%y = prelu(%x, %w)"], ["%y"])
+    add("prelu", "one_weight", ["%x: f32[4, 6]", "%w: f32[1]"], ["%y = prelu(%x, %w)"], ["%y"])
+    add("_prelu_kernel", "broadcast_weight", ["%x: f32[2, 3, 4]", "%w: f32[3, 1]"], ["%y = _prelu_kernel(%x, %w)"], ["%y"])
+    add("pixel_shuffle", "factor2", ["%x: f32[2, 8, 3, 4]"], ["%y = pixel_shuffle(%x, 2)"], ["%y"])
+    add("pixel_unshuffle", "factor3_unbatched", ["%x: f32[2, 6, 9]"], ["%y = pixel_unshuffle(%x, 3)"], ["%y"])
+    add("one_hot", "classes5", ["%x: i64[2, 4]"], ["%y = one_hot(%x, 5)"], ["%y"], ["%x: int 0..5"])
+    add("repeat_interleave", "dim1", ["%x: f32[2, 3]"], ["%y = repeat_interleave(%x, 3, 1)"], ["%y"])
+    add("repeat_interleave", "flattened", ["%x: i32[2, 2]"], ["%y = repeat_interleave(%x, 2, none)"], ["%y"])
+    add("argsort", "descending", ["%x: f32[3, 7]"], ["%y = argsort(%x, 1, true)"], ["%y"])
+    add("argsort", "dim0", ["%x: f32[6, 4]"], ["%y = argsort(%x, 0)"], ["%y"])
+    add("cumprod", "last_dim", ["%x: f32[3, 6]"], ["%y = cumprod(%x, 1)"], ["%y"], ["%x: uniform 0.5..1.5"])
+    add("cumprod", "dim0_zeros", ["%x: f32[5, 3]"], ["%y = cumprod(%x, 0)"], ["%y"], ["%x: int -2..3"])
+    add("cumprod", "i32_to_int64", ["%x: i32[6]"], ["%y = cumprod(%x, 0)"], ["%y"], ["%x: int -3..4"])
+    add("cumprod_", "in_place", ["%x: f32[4, 5]"], ["%c = clone(%x)", "%y = cumprod_(%c, 1)"], ["%c"])
+    add("meshgrid", "ij", ["%a: f32[3]", "%b: f32[4]", "%c: f32[2]"], ["%x, %y, %z = meshgrid([%a, %b, %c])"], ["%x", "%y", "%z"])
+    add("meshgrid", "xy", ["%a: f32[3]", "%b: f32[4]"], ['%x, %y = meshgrid([%a, %b], "xy")'], ["%x", "%y"])
+    add("instance_norm", "input_stats", ["%x: f32[2, 3, 4, 5]", "%w: f32[3]", "%b: f32[3]"],
+        ["%y = instance_norm(%x, %w, %b, none, none, true, 0.1, 1e-5, false)"], ["%y"])
+    add("instance_norm", "running_stats", ["%x: f32[2, 3, 6]", "%m: f32[3]", "%v: f32[3]"],
+        ["%y = instance_norm(%x, none, none, %m, %v, false, 0.1, 1e-5, false)"], ["%y"], ["%v: uniform 0.5..2.0"])
+    add("_weight_norm_interface", "dim0", ["%v: f32[4, 3, 2]", "%g: f32[4, 1, 1]"], ["%w, %n = _weight_norm_interface(%v, %g, 0)"], ["%w", "%n"])
+    add("_weight_norm", "last_dim", ["%v: f32[4, 3]", "%g: f32[1, 3]"], ["%w = _weight_norm(%v, %g, 1)"], ["%w"])
+    for ordv, nm in (("2", "2"), ("1", "1"), ("inf", "inf"), ("-inf", "minus_inf"), ("0", "0"), ("3.5", "3_5")):
+        add("linalg_vector_norm", f"ord_{nm}", ["%x: f32[3, 6]"], [f"%y = linalg_vector_norm(%x, {ordv}, [1])"], ["%y"],
+            ["%x: int -2..3"] if nm == "0" else None)
+    add("linalg_vector_norm", "all_keepdim", ["%x: f32[2, 3, 4]"], ["%y = linalg_vector_norm(%x, 2, none, true)"], ["%y"])
+    # Math composites (issue 74's OpInfo sweep).
+    add("logaddexp", "with_infinities", ["%a: f32[3, 5]", "%b: f32[5]"],
+        ["%i = full([5], -inf)", "%c = cat([%b, %i])", "%d = narrow(%c, 0, 3, 5)", "%y = logaddexp(%a, %d)",
+         "%z = logaddexp(%i, %i)"], ["%y", "%z"], ["%a: uniform -30.0..30.0"])
+    add("logaddexp2", "broadcast", ["%a: f32[3, 5]", "%b: f32[5]"], ["%y = logaddexp2(%a, %b)"], ["%y"])
+    add("addcmul", "value", ["%s: f32[3, 4]", "%a: f32[3, 4]", "%b: f32[4]"], ["%y = addcmul(%s, %a, %b, 0.5)"], ["%y"])
+    add("addcdiv", "default", ["%s: f32[3, 4]", "%a: f32[3, 4]", "%b: f32[3, 4]"], ["%y = addcdiv(%s, %a, %b)"], ["%y"],
+        ["%b: uniform 0.5..2.0"])
+    add("addcmul_", "in_place", ["%s: f32[4]", "%a: f32[4]", "%b: f32[4]"], ["%c = clone(%s)", "%y = addcmul_(%c, %a, %b, 2)"], ["%c"])
+    for op in ("fmax", "fmin"):
+        add(op, "nans", ["%a: f32[6]", "%b: f32[6]"],
+            ["%z = zeros([2])", "%n = div(%z, %z)", "%c = narrow(%a, 0, 0, 4)", "%an = cat([%c, %n])",
+             "%d = narrow(%b, 0, 0, 3)", "%e = narrow(%n, 0, 0, 1)", "%f = narrow(%b, 0, 4, 2)", "%bn = cat([%d, %e, %f])",
+             f"%y = {op}(%an, %bn)"], ["%y"])
+    add("heaviside", "zeros_in_input", ["%x: f32[8]", "%v: f32[8]"], ["%y = heaviside(%x, %v)"], ["%y"], ["%x: int -2..3"])
+    add("isclose", "tolerances", ["%a: f32[20]", "%b: f32[20]"], ["%c = add(%a, %b)", "%y = isclose(%a, %c, 0.1, 0.5)"], ["%y"],
+        ["%b: uniform -0.3..0.3"])
+    add("ldexp", "ints", ["%x: f32[6]", "%e: i32[6]"], ["%y = ldexp(%x, %e)"], ["%y"], ["%e: int -3..4"])
+    add("addmv", "beta_alpha", ["%s: f32[3]", "%m: f32[3, 4]", "%v: f32[4]"], ["%y = addmv(%s, %m, %v, 0.5, 2)"], ["%y"])
+    add("addr", "default", ["%s: f32[3, 4]", "%a: f32[3]", "%b: f32[4]"], ["%y = addr(%s, %a, %b)"], ["%y"])
+    add("addbmm", "beta0", ["%s: f32[3, 5]", "%a: f32[2, 3, 4]", "%b: f32[2, 4, 5]"], ["%y = addbmm(%s, %a, %b, 0)"], ["%y"])
+    add("var_mean", "dim_correction0", ["%x: f32[3, 6]"], ["%v, %m = var_mean(%x, [1], 0, true)"], ["%v", "%m"])
+    add("std_mean", "all", ["%x: f32[3, 6]"], ["%v, %m = std_mean(%x)"], ["%v", "%m"])
+    add("aminmax", "dim", ["%x: f32[3, 6]"], ["%a, %b = aminmax(%x, 1)"], ["%a", "%b"])
+    add("aminmax", "all", ["%x: i32[3, 6]"], ["%a, %b = aminmax(%x)"], ["%a", "%b"])
+    add("kthvalue", "dim0_keepdim", ["%x: f32[5, 3]"], ["%v, %i = kthvalue(%x, 2, 0, true)"], ["%v", "%i"])
+    for op in ("cummax", "cummin"):
+        add(op, "ties", ["%x: f32[3, 7]"], [f"%v, %i = {op}(%x, 1)"], ["%v", "%i"], ["%x: int -2..3"])
+        add(op, "dim0_i32", ["%x: i32[6, 2]"], [f"%v, %i = {op}(%x, 0)"], ["%v", "%i"])
+    add("_softmax_backward_data", "last", ["%g: f32[3, 5]", "%x: f32[3, 5]"],
+        ["%y = softmax(%x, 1)", "%d = _softmax_backward_data(%g, %y, 1, f32)"], ["%d"])
+    add("_log_softmax_backward_data", "dim0", ["%g: f32[4, 3]", "%x: f32[4, 3]"],
+        ["%y = log_softmax(%x, 0)", "%d = _log_softmax_backward_data(%g, %y, 0, f32)"], ["%d"])
+    add("nll_loss", "weight_ignore", ["%x: f32[5, 4]", "%t: i64[5]", "%w: f32[4]"],
+        ["%l = log_softmax(%x, 1)", "%y = nll_loss(%l, %t, %w, 1, 2)"], ["%y"], ["%t: int 0..4", "%w: uniform 0.5..2.0"])
+    add("nll_loss", "none_2d", ["%x: f32[2, 3, 4, 5]", "%t: i64[2, 4, 5]"],
+        ["%y = nll_loss2d(%x, %t, none, 0)"], ["%y"], ["%t: int 0..3"])
+    add("nll_loss_forward", "sum", ["%x: f32[6, 3]", "%t: i64[6]"], ["%y, %w = nll_loss_forward(%x, %t, none, 2, -100)"],
+        ["%y", "%w"], ["%t: int 0..3"])
+    add("cross_entropy_loss", "indices_smoothing", ["%x: f32[5, 4]", "%t: i64[5]"],
+        ["%y = cross_entropy_loss(%x, %t, none, 1, -100, 0.1)"], ["%y"], ["%t: int 0..4"])
+    add("cross_entropy_loss", "probabilities_weight", ["%x: f32[3, 4, 2]", "%p: f32[3, 4, 2]", "%w: f32[4]"],
+        ["%q = softmax(%p, 1)", "%y = cross_entropy_loss(%x, %q, %w, 2)"], ["%y"])
+    add("linspace", "steps7", ["%x: f32[7]"], ["%l = linspace(-1.5, 2, 7)", "%y = add(%x, %l)"], ["%y"])
+    add("linspace", "one_step_i32", ["%x: i32[1]"], ["%l = linspace(3, 9, 1, i32)", "%y = add(%x, %l)"], ["%y"])
+    add("logspace", "base2", ["%x: f32[5]"], ["%l = logspace(-2, 2, 5, 2.0)", "%y = mul(%x, %l)"], ["%y"])
+    add("broadcast_tensors", "three", ["%a: f32[3, 1]", "%b: f32[4]", "%c: f32[1, 1]"], ["%x, %y, %z = broadcast_tensors([%a, %b, %c])"],
+        ["%x", "%y", "%z"])
+    add("diag", "vector_offset", ["%x: f32[4]"], ["%y = diag(%x, 1)"], ["%y"])
+    add("diag", "matrix_below", ["%x: f32[4, 5]"], ["%y = diag(%x, -1)"], ["%y"])
+    add("diag_embed", "batched_offset", ["%x: f32[2, 3]"], ["%y = diag_embed(%x, -1)"], ["%y"])
+    add("diag_embed", "dims", ["%x: f32[2, 3]"], ["%y = diag_embed(%x, 0, 0, 2)"], ["%y"])
+    add("linalg_cross", "broadcast", ["%a: f32[4, 3]", "%b: f32[1, 3]"], ["%y = linalg_cross(%a, %b)"], ["%y"])
+    add("cross", "dim0", ["%a: f32[3, 4]", "%b: f32[3, 4]"], ["%y = cross(%a, %b, 0)"], ["%y"])
+    add("cosine_similarity", "dim1", ["%a: f32[4, 6]", "%b: f32[4, 6]"], ["%y = cosine_similarity(%a, %b)"], ["%y"])
+    add("pairwise_distance", "p1_keepdim", ["%a: f32[4, 6]", "%b: f32[4, 6]"], ["%y = pairwise_distance(%a, %b, 1, 1e-6, true)"], ["%y"])
+    add("max_unpool2d", "from_pool", ["%x: f32[2, 3, 6, 8]"],
+        ["%y, %i = max_pool2d_with_indices(%x, 2)", "%u = max_unpool2d(%y, %i, [6, 8])"], ["%u"])
+    add("index_reduce", "prod_exclude_self", ["%x: f32[5, 3]", "%i: i64[4]", "%s: f32[4, 3]"],
+        ['%y = index_reduce(%x, 0, %i, %s, "prod", false)'], ["%y"], ["%i: int 0..5"])
+    add("index_reduce", "amax_dim1", ["%x: f32[3, 5]", "%i: i64[4]", "%s: f32[3, 4]"],
+        ['%y = index_reduce(%x, 1, %i, %s, "amax")'], ["%y"], ["%i: int 0..5"])
+    es = "einsum"
+    add(es, "matmul", ["%a: f32[3, 4]", "%b: f32[4, 5]"], [f'%y = {es}("ij,jk->ik", [%a, %b])'], ["%y"])
+    add(es, "attention_scores", ["%q: f32[2, 3, 4, 8]", "%k: f32[2, 3, 5, 8]"], [f'%y = {es}("bhqd,bhkd->bhqk", [%q, %k])'], ["%y"])
+    add(es, "implicit_output_outer", ["%a: f32[3]", "%b: f32[4]"], [f'%y = {es}("i,j", [%a, %b])'], ["%y"])
+    add(es, "trace_and_diagonal", ["%a: f32[4, 4]"], [f'%t = {es}("ii", [%a])', f'%d = {es}("ii->i", [%a])'], ["%t", "%d"])
+    add(es, "ellipsis_batch", ["%a: f32[2, 3, 4, 5]", "%b: f32[5, 6]"], [f'%y = {es}("...ij,jk->...ik", [%a, %b])'], ["%y"])
+    add(es, "three_operands", ["%a: f32[3, 4]", "%b: f32[4, 5]", "%c: f32[5, 2]"], [f'%y = {es}("ij,jk,kl->il", [%a, %b, %c])'], ["%y"])
+    add(es, "sum_and_transpose", ["%a: f32[3, 4, 5]"], [f'%y = {es}("ijk->kj", [%a])'], ["%y"])
+    add(es, "bilinear", ["%a: f32[2, 3]", "%w: f32[4, 3, 5]", "%b: f32[2, 5]"], [f'%y = {es}("bi,oij,bj->bo", [%a, %w, %b])'], ["%y"])
+    # In-place forms and the overloads' other names.
+    add("celu_", "in_place", ["%x: f32[50]"], ["%c = clone(%x)", "%y = celu_(%c, 2.0)"], ["%c"])
+    add("addcdiv_", "in_place", ["%s: f32[4]", "%a: f32[4]", "%b: f32[4]"], ["%c = clone(%s)", "%y = addcdiv_(%c, %a, %b, 0.5)"], ["%c"],
+        ["%b: uniform 0.5..2.0"])
+    add("heaviside_", "in_place", ["%x: f32[8]", "%v: f32[8]"], ["%c = clone(%x)", "%y = heaviside_(%c, %v)"], ["%c"], ["%x: int -2..3"])
+    add("addmv_", "in_place", ["%s: f32[3]", "%m: f32[3, 4]", "%v: f32[4]"], ["%c = clone(%s)", "%y = addmv_(%c, %m, %v)"], ["%c"])
+    add("addr_", "in_place", ["%s: f32[3, 4]", "%a: f32[3]", "%b: f32[4]"], ["%c = clone(%s)", "%y = addr_(%c, %a, %b, 2, 0.5)"], ["%c"])
+    add("addbmm_", "in_place", ["%s: f32[3, 5]", "%a: f32[2, 3, 4]", "%b: f32[2, 4, 5]"], ["%c = clone(%s)", "%y = addbmm_(%c, %a, %b)"], ["%c"])
+    add("index_reduce_", "mean_in_place", ["%x: f32[5, 3]", "%i: i64[4]", "%s: f32[4, 3]"],
+        ["%c = clone(%x)", '%y = index_reduce_(%c, 0, %i, %s, "mean")'], ["%c"], ["%i: int 0..5"])
+    add("nll_loss_nd", "3d", ["%x: f32[2, 3, 4]", "%t: i64[2, 4]"], ["%y = nll_loss_nd(%x, %t)"], ["%y"], ["%t: int 0..3"])
+    add("nll_loss2d_forward", "mean", ["%x: f32[2, 3, 4, 2]", "%t: i64[2, 4, 2]"],
+        ["%y, %w = nll_loss2d_forward(%x, %t, none, 1, -100)"], ["%y", "%w"], ["%t: int 0..3"])
+    add("max_unpool3d", "from_pool", ["%x: f32[1, 2, 4, 4, 6]"],
+        ["%y, %i = max_pool3d_with_indices(%x, 2)", "%u = max_unpool3d(%y, %i, [4, 4, 6], [2, 2, 2], [0, 0, 0])"], ["%u"])
     # Backward ops of joint graphs, at the forward op's own arguments.
     cb = "convolution_backward"
     add(cb, "stride_padding_bias", ["%x: f32[2, 3, 7, 6]", "%w: f32[4, 3, 3, 3]", "%g: f32[2, 4, 4, 6]"],

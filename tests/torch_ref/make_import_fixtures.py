@@ -154,6 +154,30 @@ class ImporterDefects(torch.nn.Module):
         return a, g, c, cl, p, z, r, s, d, torch.std(x) + torch.var(x, unbiased=False)
 
 
+class AliasesAndViews(torch.nn.Module):
+    """ATen's aliases and views by other names as exports record them
+    (`subtract`, `clip`, `swapaxes`, `moveaxis`, `mT`, `broadcast_to`, ...),
+    and composites of the training IR (`cross_entropy`, `pixel_shuffle`,
+    `glu`, `prelu`, `one_hot`, `repeat_interleave`, `cumprod`, `einsum`
+    aside)."""
+
+    def __init__(self):
+        super().__init__()
+        self.prelu = torch.nn.PReLU(4)
+
+    def forward(self, x, t):
+        F = torch.nn.functional
+        a = torch.subtract(x, 1.5).clip(-1, 1) + torch.multiply(x, 2).negative().absolute()
+        b = x.swapaxes(1, 2).moveaxis(0, -1).mT.contiguous()
+        c = torch.broadcast_to(x[:1], x.shape) * torch.square(x)
+        d = F.pixel_shuffle(self.prelu(x), 2)
+        e = F.glu(x, dim=1) + F.logsigmoid(x[:, :2]) + F.selu(x[:, 2:]) + F.celu(x[:, :2])
+        f = F.cross_entropy(x.flatten(2).mean(-1), t, label_smoothing=0.1)
+        g = F.one_hot(t, 4).float().cumprod(1) + t.repeat_interleave(2).float().sum()
+        h = torch.linalg.vector_norm(x, ord=3, dim=(1, 2)) + torch.logaddexp(x, -x).sum((1, 2))
+        return a, b, c, d, e, f, g, h
+
+
 class ViewsInPlace(torch.nn.Module):
     """Views written in place, in-place view ops, dtype round trips."""
 
@@ -349,6 +373,7 @@ MODELS = {
     "vit": (vit, lambda: image(2, 3, 32, 32)),
     "swin": (swin, lambda: image(1, 3, 32, 32)),
     "next_ops": (NextOps, lambda: (torch.randn(2, 4, 6, 5),)),
+    "aliases_and_views": (AliasesAndViews, lambda: (torch.randn(3, 4, 2, 5), torch.tensor([0, 3, 1]))),
     "importer_defects": (ImporterDefects, lambda: (
         torch.randn(1, 4, 3, 8), torch.randn(1, 4, 5, 8), torch.randn(1, 4, 5, 8),
         torch.tensor([[[[True, False, True, False, True], [False] * 5, [True] * 5]]]),

@@ -1788,6 +1788,413 @@ pub fn affine_grid(e: &mut dyn Emit, _: &str, a: &A) -> Out {
     one(reshape(e, g, &[n, h, w, 2])?)
 }
 
+// ------------------------------------------------------------ activations and shapes
+
+/// `clamp_min(self, min)` / `clamp_max(self, max)` (a scalar or tensor
+/// bound): `clamp` with the other bound absent.
+pub fn clamp_min(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    one(e.call("clamp", vec![a[0].clone(), a[1].clone(), Arg::None])?)
+}
+
+pub fn clamp_max(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    one(e.call("clamp", vec![a[0].clone(), Arg::None, a[1].clone()])?)
+}
+
+/// `rsub(self, other, alpha)`: `other - alpha * self`.
+pub fn rsub(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let alpha = a.opt_scalar(2)?.map_or(1.0, |s| s.to_f64());
+    let scaled = if alpha == 1.0 {
+        x
+    } else {
+        e.call("mul", vec![t(x), a[2].clone()])?
+    };
+    let n = e.call("neg", vec![t(scaled)])?;
+    one(e.call("add", vec![t(n), a[1].clone()])?)
+}
+
+/// `selu`: `elu` with SELU's constants.
+pub fn selu(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    one(e.call(
+        "elu",
+        vec![
+            t(x),
+            float(1.673_263_242_354_377_3),
+            float(1.050_700_987_355_480_5),
+            int(1),
+        ],
+    )?)
+}
+
+/// `celu(self, alpha)`: `elu(x, alpha, 1, 1 / alpha)`.
+pub fn celu(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let alpha = a.scalar(1)?.to_f64();
+    if alpha == 0.0 {
+        return Err("ZeroDivisionError: celu's alpha must not be 0".into());
+    }
+    one(e.call("elu", vec![t(x), float(alpha), int(1), float(1.0 / alpha)])?)
+}
+
+/// `log_sigmoid`: `-softplus(-x)`.
+pub fn log_sigmoid(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    floats_only(e, x, "log_sigmoid")?;
+    let n = e.call("neg", vec![t(x)])?;
+    let sp = e.call("softplus", vec![t(n)])?;
+    one(e.call("neg", vec![t(sp)])?)
+}
+
+/// `glu(self, dim)`: the first half times the sigmoid of the second.
+pub fn glu(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let s = e.sizes(x);
+    let d = crate::meta::wrap_dim(a.int(1)?, s.len())?;
+    if s.is_empty() || s[d] % 2 != 0 {
+        return Err(format!(
+            "glu: Halving dimension must be even, but dimension {d} is size {}",
+            s.get(d).copied().unwrap_or(0)
+        ));
+    }
+    let h = (s[d] / 2) as i64;
+    let l = e.call("narrow", vec![t(x), int(d as i64), int(0), int(h)])?;
+    let r = e.call("narrow", vec![t(x), int(d as i64), int(h), int(h)])?;
+    let g = e.call("sigmoid", vec![t(r)])?;
+    one(e.call("mul", vec![t(l), t(g)])?)
+}
+
+/// `prelu(self, weight)` / `_prelu_kernel`: `x` where positive, else
+/// `weight * x`, the weight per channel (dimension 1; 0 for a vector).
+pub fn prelu(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (x, w) = (*a.tensor(0)?, *a.tensor(1)?);
+    let (xs, wn) = (e.sizes(x), e.meta(w).numel());
+    let wv = if wn == 1 || e.rank(w) != 1 {
+        w
+    } else {
+        let c = match xs.len() {
+            0 => 1,
+            1 => xs[0],
+            _ => xs[1],
+        };
+        if wn != c {
+            return Err(format!(
+                "Mismatch of parameter numbers and input channel size. Found parameter numbers = \
+                 {wn} and channel size = {c}."
+            ));
+        }
+        if xs.len() >= 2 {
+            channel(e, w, c, xs.len())?
+        } else {
+            w
+        }
+    };
+    let pos = e.call("gt", vec![t(x), int(0)])?;
+    let neg = e.call("mul", vec![t(x), t(wv)])?;
+    one(e.call("where", vec![t(pos), t(x), t(neg)])?)
+}
+
+/// `_prelu_kernel(self, weight)`: the weight broadcast as it is.
+pub fn prelu_kernel(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let (x, w) = (*a.tensor(0)?, *a.tensor(1)?);
+    let pos = e.call("gt", vec![t(x), int(0)])?;
+    let neg = e.call("mul", vec![t(x), t(w)])?;
+    one(e.call("where", vec![t(pos), t(x), t(neg)])?)
+}
+
+/// `pixel_shuffle(self, r)`: `[*, C r^2, H, W]` to `[*, C, H r, W r]`.
+pub fn pixel_shuffle(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    shuffle(e, a, true)
+}
+
+/// `pixel_unshuffle(self, r)`: the inverse.
+pub fn pixel_unshuffle(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    shuffle(e, a, false)
+}
+
+fn shuffle(e: &mut dyn Emit, a: &A, up: bool) -> Out {
+    let x = *a.tensor(0)?;
+    let r = usize::try_from(a.int(1)?)
+        .ok()
+        .filter(|&r| r > 0)
+        .ok_or("the factor must be positive")?;
+    let s = e.sizes(x);
+    let op = if up {
+        "pixel_shuffle"
+    } else {
+        "pixel_unshuffle"
+    };
+    if s.len() < 3 {
+        return Err(format!(
+            "{op} expects input to have at least 3 dimensions, got sizes {s:?}"
+        ));
+    }
+    let b = s.len() - 3;
+    let (c, h, w) = (s[b], s[b + 1], s[b + 2]);
+    let lead: Vec<usize> = s[..b].to_vec();
+    let l = b as i64;
+    let (split, perm, out): (Vec<usize>, Vec<i64>, Vec<usize>) = if up {
+        if c % (r * r) != 0 {
+            return Err(format!(
+                "pixel_shuffle expects its input's 'channel' dimension to be divisible by the square of upscale_factor, but input.size(-3)={c} is not divisible by {}",
+                r * r
+            ));
+        }
+        let oc = c / (r * r);
+        (
+            [lead.clone(), vec![oc, r, r, h, w]].concat(),
+            (0..l).chain([l, l + 3, l + 1, l + 4, l + 2]).collect(),
+            [lead, vec![oc, h * r, w * r]].concat(),
+        )
+    } else {
+        if h % r != 0 || w % r != 0 {
+            return Err(format!(
+                "pixel_unshuffle expects height and width ({h}, {w}) to be divisible by downscale_factor {r}"
+            ));
+        }
+        (
+            [lead.clone(), vec![c, h / r, r, w / r, r]].concat(),
+            (0..l).chain([l, l + 2, l + 4, l + 1, l + 3]).collect(),
+            [lead, vec![c * r * r, h / r, w / r]].concat(),
+        )
+    };
+    let v = reshape(e, x, &split)?;
+    let p = e.call("permute", vec![t(v), ints(&perm)])?;
+    let c = e.call("contiguous", vec![t(p)])?;
+    one(reshape(e, c, &out)?)
+}
+
+/// `one_hot(self, num_classes)`: `self == arange(num_classes)` as i64.
+pub fn one_hot(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let n = a.int(1)?;
+    if n < 0 {
+        return Err(
+            "one_hot with num_classes=-1 takes its size from the values (the largest plus one); \
+             Kiln compiles fixed shapes: pass num_classes"
+                .into(),
+        );
+    }
+    if e.dtype(x) != DType::I64 {
+        return Err("one_hot is only applicable to index tensor of type LongTensor.".into());
+    }
+    let u = e.call("unsqueeze", vec![t(x), int(-1)])?;
+    let r = e.call("arange", vec![int(n), Arg::Dtype(DType::I64)])?;
+    let m = e.call("eq", vec![t(u), t(r)])?;
+    one(e.cast(m, DType::I64)?)
+}
+
+/// `repeat_interleave.self_int(self, repeats, dim, output_size)`: each
+/// element `repeats` times in a row (the flattened tensor without `dim`).
+pub fn repeat_interleave(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let mut x = *a.tensor(0)?;
+    let r = usize::try_from(a.int(1)?).map_err(|_| "repeats can not be negative")?;
+    let d = match a.get(2) {
+        Some(Arg::Int(d)) => *d,
+        _ => {
+            let n = e.meta(x).numel();
+            x = reshape(e, x, &[n])?;
+            0
+        }
+    };
+    let s = e.sizes(x);
+    let d = crate::meta::wrap_dim(d, s.len())?;
+    if s.is_empty() {
+        x = reshape(e, x, &[1])?;
+        let v = e.call("expand", vec![t(x), usizes(&[r])])?;
+        return one(e.call("clone", vec![t(v)])?);
+    }
+    let u = e.call("unsqueeze", vec![t(x), int(d as i64 + 1)])?;
+    let mut to = s.clone();
+    to.insert(d + 1, r);
+    let ex = e.call("expand", vec![t(u), usizes(&to)])?;
+    let mut out = s.clone();
+    out[d] *= r;
+    one(e.call("reshape", vec![t(ex), usizes(&out)])?)
+}
+
+/// `argsort(self, dim, descending)` (and `.stable`): `sort`'s indices.
+pub fn argsort(e: &mut dyn Emit, overload: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let (dim, desc) = if overload == "stable" {
+        (a.int(2)?, a.bool(3)?)
+    } else {
+        (a.int(1)?, a.bool(2)?)
+    };
+    let r = e.call_all("sort", vec![t(x), int(dim), Arg::Bool(desc)])?;
+    one(r[1])
+}
+
+/// `cumprod(self, dim, dtype)`: each position's product of the elements up
+/// to it, as a product over the lower triangle of the line against
+/// itself (memory: the line's length squared per line).
+pub fn cumprod(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let mut x = *a.tensor(0)?;
+    if let Some(d) = a.opt_dtype(2)? {
+        x = e.cast(x, d)?;
+    } else if !e.dtype(x).is_float() {
+        x = e.cast(x, DType::I64)?;
+    }
+    let s = e.sizes(x);
+    if s.is_empty() {
+        return one(e.call("clone", vec![t(x)])?);
+    }
+    let d = crate::meta::wrap_dim(a.int(1)?, s.len())?;
+    let len = s[d];
+    let last = s.len() as i64 - 1;
+    let xt = if d as i64 == last {
+        x
+    } else {
+        e.call("transpose", vec![t(x), int(d as i64), int(last)])?
+    };
+    let row = e.call("unsqueeze", vec![t(xt), int(-2)])?;
+    let ones = e.call("ones", vec![usizes(&[len, len]), Arg::Dtype(DType::Bool)])?;
+    let lower = e.call("tril", vec![t(ones)])?;
+    let vals = e.call("where", vec![t(lower), t(row), int(1)])?;
+    let p = e.call("prod", vec![t(vals), int(-1)])?;
+    if d as i64 == last {
+        one(p)
+    } else {
+        let b = e.call("transpose", vec![t(p), int(d as i64), int(last)])?;
+        one(e.call("contiguous", vec![t(b)])?)
+    }
+}
+
+/// `meshgrid(tensors, indexing)`: each 1-d tensor along its own
+/// dimension, expanded to all of them (`xy` swaps the first two).
+pub fn meshgrid(e: &mut dyn Emit, overload: &str, a: &A) -> Out {
+    let ts: Vec<ValueId> = match a.first() {
+        Some(Arg::TensorList(l)) => l.iter().flatten().copied().collect(),
+        _ => return Err("meshgrid expects a list of tensors".into()),
+    };
+    let xy = overload == "indexing" && a.opt_str(1)?.unwrap_or("ij") == "xy";
+    let mut sizes = vec![];
+    for &v in &ts {
+        let s = e.sizes(v);
+        if s.len() > 1 {
+            return Err(format!(
+                "meshgrid expects 0-d or 1-d tensors, got sizes {s:?}"
+            ));
+        }
+        sizes.push(s.first().copied().unwrap_or(1));
+    }
+    let k = ts.len();
+    let pos = |i: usize| if xy && k >= 2 && i < 2 { 1 - i } else { i };
+    let mut full = vec![0; k];
+    for i in 0..k {
+        full[pos(i)] = sizes[i];
+    }
+    let mut out = vec![];
+    for (i, &v) in ts.iter().enumerate() {
+        let mut shape = vec![1; k];
+        shape[pos(i)] = sizes[i];
+        let r = reshape(e, v, &shape)?;
+        out.push(e.call("expand", vec![t(r), usizes(&full)])?);
+    }
+    Ok(out)
+}
+
+/// `instance_norm(input, weight, bias, running_mean, running_var,
+/// use_input_stats, momentum, eps, cudnn_enabled)`: with the input's
+/// statistics, `group_norm` with a group per channel; else `batch_norm`
+/// with the running ones.
+pub fn instance_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let use_input = a.bool(5)?;
+    let eps = a.float(7)?;
+    if !use_input {
+        return one(e.call(
+            "batch_norm",
+            vec![
+                t(x),
+                a[1].clone(),
+                a[2].clone(),
+                a[3].clone(),
+                a[4].clone(),
+                Arg::Bool(false),
+                a[6].clone(),
+                float(eps),
+                Arg::Bool(false),
+            ],
+        )?);
+    }
+    if a.opt_tensor(3)?.is_some() || a.opt_tensor(4)?.is_some() {
+        return Err(
+            "instance_norm with running statistics in training mode writes them in place, \
+             which this functional op cannot"
+                .into(),
+        );
+    }
+    let c = channels(e, x, "instance_norm", &[])?;
+    one(e.call(
+        "group_norm",
+        vec![t(x), int(c as i64), a[1].clone(), a[2].clone(), float(eps)],
+    )?)
+}
+
+/// `_weight_norm(v, g, dim)`: `v * g / ||v||`, the norm over every
+/// dimension but `dim` (all of them for -1).
+pub fn weight_norm(e: &mut dyn Emit, overload: &str, a: &A) -> Out {
+    let _ = overload;
+    let (v, g) = (*a.tensor(0)?, *a.tensor(1)?);
+    let s = e.sizes(v);
+    let d = a.int(2)?;
+    let dims: Vec<i64> = if d == -1 {
+        (0..s.len() as i64).collect()
+    } else {
+        let d = crate::meta::wrap_dim(d, s.len())? as i64;
+        (0..s.len() as i64).filter(|&k| k != d).collect()
+    };
+    let sq = e.call("mul", vec![t(v), t(v)])?;
+    let ss = e.call("sum", vec![t(sq), ints(&dims), Arg::Bool(true)])?;
+    let norm = e.call("sqrt", vec![t(ss)])?;
+    let q = e.call("div", vec![t(g), t(norm)])?;
+    let w = e.call("mul", vec![t(v), t(q)])?;
+    Ok(vec![w, norm])
+}
+
+/// `_weight_norm(v, g, dim)`: `_weight_norm_interface`'s weight.
+pub fn weight_norm_weight(e: &mut dyn Emit, o: &str, a: &A) -> Out {
+    Ok(vec![weight_norm(e, o, a)?[0]])
+}
+
+/// `linalg_vector_norm(self, ord, dim, keepdim, dtype)`: `sum(|x|^ord) ^
+/// (1 / ord)`; `inf` / `-inf` the largest / smallest magnitude, 0 the
+/// count of non-zeros.
+pub fn vector_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let mut x = *a.tensor(0)?;
+    if let Some(d) = a.opt_dtype(4)? {
+        x = e.cast(x, d)?;
+    }
+    floats_only(e, x, "linalg.vector_norm")?;
+    let ord = a.opt_scalar(1)?.map_or(2.0, |s| s.to_f64());
+    let dims: Vec<i64> = a.opt_int_list(2)?.unwrap_or(&[]).to_vec();
+    let keep = a.bool(3)?;
+    let ad = e.call("abs", vec![t(x)])?;
+    let red = |e: &mut dyn Emit, op: &str, v: ValueId| {
+        e.call(op, vec![t(v), ints(&dims), Arg::Bool(keep)])
+    };
+    one(if ord == f64::INFINITY {
+        red(e, "amax", ad)?
+    } else if ord == f64::NEG_INFINITY {
+        red(e, "amin", ad)?
+    } else if ord == 0.0 {
+        let nz = e.call("ne", vec![t(x), int(0)])?;
+        let c = e.cast(nz, e.dtype(x))?;
+        red(e, "sum", c)?
+    } else if ord == 1.0 {
+        red(e, "sum", ad)?
+    } else if ord == 2.0 {
+        let sq = e.call("mul", vec![t(x), t(x)])?;
+        let s = red(e, "sum", sq)?;
+        e.call("sqrt", vec![t(s)])?
+    } else {
+        let p = e.call("pow", vec![t(ad), float(ord)])?;
+        let s = red(e, "sum", p)?;
+        e.call("pow", vec![t(s), float(1.0 / ord)])?
+    })
+}
+
 // ------------------------------------------------------------ backward ops
 
 /// A `bool[N]` argument (`output_mask`).

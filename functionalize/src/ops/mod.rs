@@ -12,6 +12,7 @@ pub mod batching;
 pub mod catalog;
 pub mod composite;
 pub mod decomp;
+pub mod decomp_math;
 pub mod derivatives;
 pub mod expr;
 pub mod inverse;

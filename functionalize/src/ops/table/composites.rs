@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::ops::decomp as dc;
+use crate::ops::decomp_math as dm;
 
 pub(super) fn declare(b: &mut Builder) {
     for (name, conv, f) in [
@@ -248,6 +249,180 @@ pub(super) fn declare(b: &mut Builder) {
         dc::affine_grid,
         false,
     );
+    b.composite(
+        "clamp_min",
+        &[
+            "clamp_min(Tensor self, Scalar min) -> Tensor",
+            "clamp_min.Tensor(Tensor self, Tensor min) -> Tensor",
+        ],
+        dc::clamp_min,
+        true,
+    );
+    b.composite(
+        "clamp_max",
+        &[
+            "clamp_max(Tensor self, Scalar max) -> Tensor",
+            "clamp_max.Tensor(Tensor self, Tensor max) -> Tensor",
+        ],
+        dc::clamp_max,
+        true,
+    );
+    b.composite(
+        "rsub",
+        &[
+            "rsub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
+            "rsub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
+        ],
+        dc::rsub,
+        false,
+    );
+    b.composite("selu", &["selu(Tensor self) -> Tensor"], dc::selu, true);
+    b.composite(
+        "celu",
+        &["celu(Tensor self, Scalar alpha=1.0) -> Tensor"],
+        dc::celu,
+        true,
+    );
+    b.composite(
+        "log_sigmoid",
+        &["log_sigmoid(Tensor self) -> Tensor"],
+        dc::log_sigmoid,
+        false,
+    );
+    b.composite(
+        "glu",
+        &["glu(Tensor self, int dim=-1) -> Tensor"],
+        dc::glu,
+        false,
+    );
+    b.composite(
+        "prelu",
+        &["prelu(Tensor self, Tensor weight) -> Tensor"],
+        dc::prelu,
+        false,
+    );
+    b.composite(
+        "_prelu_kernel",
+        &["_prelu_kernel(Tensor self, Tensor weight) -> Tensor"],
+        dc::prelu_kernel,
+        false,
+    );
+    b.composite(
+        "pixel_shuffle",
+        &["pixel_shuffle(Tensor self, int upscale_factor) -> Tensor"],
+        dc::pixel_shuffle,
+        false,
+    );
+    b.composite(
+        "pixel_unshuffle",
+        &["pixel_unshuffle(Tensor self, int downscale_factor) -> Tensor"],
+        dc::pixel_unshuffle,
+        false,
+    );
+    b.composite(
+        "one_hot",
+        &["one_hot(Tensor self, int num_classes=-1) -> Tensor"],
+        dc::one_hot,
+        false,
+    );
+    b.composite(
+        "repeat_interleave",
+        &["repeat_interleave.self_int(Tensor self, SymInt repeats, int? dim=None, *, SymInt? output_size=None) -> Tensor"],
+        dc::repeat_interleave,
+        false,
+    );
+    b.composite(
+        "argsort",
+        &[
+            "argsort(Tensor self, int dim=-1, bool descending=False) -> Tensor",
+            "argsort.stable(Tensor self, *, bool stable, int dim=-1, bool descending=False) -> Tensor",
+        ],
+        dc::argsort,
+        false,
+    );
+    b.composite(
+        "cumprod",
+        &["cumprod(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor"],
+        dc::cumprod,
+        true,
+    );
+    b.composite(
+        "meshgrid",
+        &[
+            "meshgrid(Tensor[] tensors) -> Tensor[]",
+            "meshgrid.indexing(Tensor[] tensors, *, str indexing) -> Tensor[]",
+        ],
+        dc::meshgrid,
+        false,
+    );
+    b.composite(
+        "instance_norm",
+        &["instance_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? running_var, bool use_input_stats, float momentum, float eps, bool cudnn_enabled) -> Tensor"],
+        dc::instance_norm,
+        false,
+    );
+    b.composite(
+        "_weight_norm_interface",
+        &["_weight_norm_interface(Tensor v, Tensor g, int dim=0) -> (Tensor, Tensor)"],
+        dc::weight_norm,
+        false,
+    );
+    b.composite(
+        "_weight_norm",
+        &["_weight_norm(Tensor v, Tensor g, int dim=0) -> Tensor"],
+        dc::weight_norm_weight,
+        false,
+    );
+    b.composite(
+        "linalg_vector_norm",
+        &["linalg_vector_norm(Tensor self, Scalar ord=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor"],
+        dc::vector_norm,
+        false,
+    );
+    let composites: &[(&str, &[&str], super::super::composite::DecompFn, bool)] = &[
+        ("logaddexp", &["logaddexp(Tensor self, Tensor other) -> Tensor"], dm::logaddexp, false),
+        ("logaddexp2", &["logaddexp2(Tensor self, Tensor other) -> Tensor"], dm::logaddexp2, false),
+        ("addcmul", &["addcmul(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor"], dm::addcmul, true),
+        ("addcdiv", &["addcdiv(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1) -> Tensor"], dm::addcdiv, true),
+        ("fmax", &["fmax(Tensor self, Tensor other) -> Tensor"], dm::fmax, false),
+        ("fmin", &["fmin(Tensor self, Tensor other) -> Tensor"], dm::fmin, false),
+        ("heaviside", &["heaviside(Tensor self, Tensor values) -> Tensor"], dm::heaviside, true),
+        ("isclose", &["isclose(Tensor self, Tensor other, float rtol=1e-05, float atol=1e-08, bool equal_nan=False) -> Tensor"], dm::isclose, false),
+        ("ldexp", &["ldexp.Tensor(Tensor self, Tensor other) -> Tensor"], dm::ldexp, false),
+        ("addmv", &["addmv(Tensor self, Tensor mat, Tensor vec, *, Scalar beta=1, Scalar alpha=1) -> Tensor"], dm::addmv, true),
+        ("addr", &["addr(Tensor self, Tensor vec1, Tensor vec2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"], dm::addr, true),
+        ("addbmm", &["addbmm(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1) -> Tensor"], dm::addbmm, true),
+        ("var_mean", &["var_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> (Tensor, Tensor)"], dm::var_mean, false),
+        ("std_mean", &["std_mean.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> (Tensor, Tensor)"], dm::std_mean, false),
+        ("aminmax", &["aminmax(Tensor self, *, int? dim=None, bool keepdim=False) -> (Tensor min, Tensor max)"], dm::aminmax, false),
+        ("kthvalue", &["kthvalue(Tensor self, int k, int dim=-1, bool keepdim=False) -> (Tensor values, Tensor indices)"], dm::kthvalue, false),
+        ("cummax", &["cummax(Tensor self, int dim) -> (Tensor values, Tensor indices)"], dm::cummax, false),
+        ("cummin", &["cummin(Tensor self, int dim) -> (Tensor values, Tensor indices)"], dm::cummin, false),
+        ("_softmax_backward_data", &["_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor"], dm::softmax_backward, false),
+        ("_log_softmax_backward_data", &["_log_softmax_backward_data(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype) -> Tensor"], dm::log_softmax_backward, false),
+        ("nll_loss", &["nll_loss(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, SymInt ignore_index=-100) -> Tensor"], dm::nll_loss, false),
+        ("nll_loss_nd", &["nll_loss_nd(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, SymInt ignore_index=-100) -> Tensor"], dm::nll_loss, false),
+        ("nll_loss2d", &["nll_loss2d(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, SymInt ignore_index=-100) -> Tensor"], dm::nll_loss2d, false),
+        ("nll_loss_forward", &["nll_loss_forward(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index) -> (Tensor output, Tensor total_weight)"], dm::nll_loss_forward, false),
+        ("nll_loss2d_forward", &["nll_loss2d_forward(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index) -> (Tensor output, Tensor total_weight)"], dm::nll_loss2d_forward, false),
+        ("cross_entropy_loss", &["cross_entropy_loss(Tensor self, Tensor target, Tensor? weight=None, int reduction=1, SymInt ignore_index=-100, float label_smoothing=0.0) -> Tensor"], dm::cross_entropy, false),
+        ("linspace", &["linspace(Scalar start, Scalar end, int steps, *, ScalarType? dtype=None) -> Tensor"], dm::linspace, false),
+        ("logspace", &["logspace(Scalar start, Scalar end, int steps, float base=10.0, *, ScalarType? dtype=None) -> Tensor"], dm::logspace, false),
+        ("broadcast_tensors", &["broadcast_tensors(Tensor[] tensors) -> Tensor[]"], dm::broadcast_tensors, false),
+        ("diag", &["diag(Tensor self, int diagonal=0) -> Tensor"], dm::diag, false),
+        ("diag_embed", &["diag_embed(Tensor self, int offset=0, int dim1=-2, int dim2=-1) -> Tensor"], dm::diag_embed, false),
+        ("linalg_cross", &["linalg_cross(Tensor self, Tensor other, *, int dim=-1) -> Tensor"], dm::cross, false),
+        ("cross", &["cross(Tensor self, Tensor other, int? dim=None) -> Tensor"], dm::cross, false),
+        ("cosine_similarity", &["cosine_similarity(Tensor x1, Tensor x2, int dim=1, float eps=1e-08) -> Tensor"], dm::cosine_similarity, false),
+        ("pairwise_distance", &["pairwise_distance(Tensor x1, Tensor x2, float p=2, float eps=1e-06, bool keepdim=False) -> Tensor"], dm::pairwise_distance, false),
+        ("max_unpool2d", &["max_unpool2d(Tensor self, Tensor indices, SymInt[2] output_size) -> Tensor"], dm::max_unpool, false),
+        ("max_unpool3d", &["max_unpool3d(Tensor self, Tensor indices, SymInt[3] output_size, int[3] stride, int[3] padding) -> Tensor"], dm::max_unpool, false),
+        ("einsum", &["einsum(str equation, Tensor[] tensors, *, int[]? path=None) -> Tensor"], dm::einsum, false),
+        ("index_reduce", &["index_reduce(Tensor self, int dim, Tensor index, Tensor source, str reduce, *, bool include_self=True) -> Tensor"], dm::index_reduce, true),
+    ];
+    for &(name, schemas, f, inplace) in composites {
+        b.composite(name, schemas, f, inplace);
+    }
     // Backward ops of joint graphs.
     b.composite(
         "convolution_backward",
