@@ -1552,6 +1552,25 @@ def gen_core():
     add(es, "three_operands", ["%a: f32[3, 4]", "%b: f32[4, 5]", "%c: f32[5, 2]"], [f'%y = {es}("ij,jk,kl->il", [%a, %b, %c])'], ["%y"])
     add(es, "sum_and_transpose", ["%a: f32[3, 4, 5]"], [f'%y = {es}("ijk->kj", [%a])'], ["%y"])
     add(es, "bilinear", ["%a: f32[2, 3]", "%w: f32[4, 3, 5]", "%b: f32[2, 5]"], [f'%y = {es}("bi,oij,bj->bo", [%a, %w, %b])'], ["%y"])
+    add("im2col", "dilation_padding_stride", ["%x: f32[2, 3, 7, 6]"], ["%y = im2col(%x, [3, 2], [2, 1], [1, 0], [2, 1])"], ["%y"])
+    add("col2im", "overlapping", ["%c: f32[2, 12, 20]"], ["%y = col2im(%c, [5, 6], [2, 2], [1, 1], [0, 0], [1, 1])"], ["%y"])
+    add("col2im", "strided_padded_unbatched", ["%c: f32[8, 16]"], ["%y = col2im(%c, [6, 7], [2, 2], [1, 2], [1, 1], [2, 2])"], ["%y"])
+    add("threshold", "f32", ["%x: f32[3, 50]"], ["%y = threshold(%x, 0.5, -1)"], ["%y"])
+    add("threshold_", "in_place", ["%x: f32[50]"], ["%c = clone(%x)", "%y = threshold_(%c, 0, 0)"], ["%c"])
+    add("softshrink", "lambd", ["%x: f32[3, 50]"], ["%y = softshrink(%x, 0.7)"], ["%y"])
+    add("hardshrink", "default", ["%x: f32[3, 50]"], ["%y = hardshrink(%x)"], ["%y"])
+    add("sinc", "with_zero", ["%x: f32[50]"], ["%z = zeros([1])", "%c = cat([%x, %z])", "%y = sinc(%c)"], ["%y"])
+    add("sinc_", "in_place", ["%x: f32[50]"], ["%c = clone(%x)", "%y = sinc_(%c)"], ["%c"])
+    add("exp2", "f32_and_int", ["%x: f32[50]", "%i: i32[6]"], ["%y = exp2(%x)", "%z = exp2(%i)"], ["%y", "%z"], ["%i: int -3..4"])
+    add("exp2_", "in_place", ["%x: f32[50]"], ["%c = clone(%x)", "%y = exp2_(%c)"], ["%c"])
+    add("copysign", "zeros_and_scalar", ["%x: f32[6]", "%o: f32[6]"],
+        ["%z = zeros([2])", "%nz = neg(%z)", "%oc = cat([%o, %z, %nz])", "%xc = cat([%x, %x])", "%xs = narrow(%xc, 0, 0, 10)",
+         "%y = copysign(%xs, %oc)", "%w = copysign(%x, -1.5)"], ["%y", "%w"])
+    add("copysign_", "in_place", ["%x: f32[6]", "%o: f32[6]"], ["%c = clone(%x)", "%y = copysign_(%c, %o)"], ["%c"])
+    add("rot90", "k1_default", ["%x: f32[3, 4]"], ["%y = rot90(%x)"], ["%y"])
+    add("rot90", "k3_dims", ["%x: f32[2, 3, 4]"], ["%y = rot90(%x, 3, [2, 0])"], ["%y"])
+    add("rot90", "k2_negative", ["%x: f32[2, 3]"], ["%y = rot90(%x, -2)"], ["%y"])
+    add("sum_to_size", "leading_and_ones", ["%x: f32[2, 3, 4]"], ["%y = sum_to_size(%x, [3, 1])"], ["%y"])
     # In-place forms and the overloads' other names.
     add("celu_", "in_place", ["%x: f32[50]"], ["%c = clone(%x)", "%y = celu_(%c, 2.0)"], ["%c"])
     add("addcdiv_", "in_place", ["%s: f32[4]", "%a: f32[4]", "%b: f32[4]"], ["%c = clone(%s)", "%y = addcdiv_(%c, %a, %b, 0.5)"], ["%c"],

@@ -2195,6 +2195,275 @@ pub fn vector_norm(e: &mut dyn Emit, _: &str, a: &A) -> Out {
     })
 }
 
+// ------------------------------------------------------------ im2col
+
+/// `im2col(self, kernel_size, dilation, padding, stride)` (`F.unfold`):
+/// each sliding window of `[N, C, H, W]` as a column, `[N, C kh kw, L]`.
+pub fn im2col(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let s = e.sizes(x);
+    if s.len() != 3 && s.len() != 4 {
+        return Err(format!(
+            "im2col: Expected 3D or 4D (batch mode) tensor, got sizes {s:?}"
+        ));
+    }
+    let (k, d, p, st) = (
+        positive_dims(a, 1, 2, "kernel_size")?,
+        positive_dims(a, 2, 2, "dilation")?,
+        padding_dims(a, 3, 2, "padding")?,
+        positive_dims(a, 4, 2, "stride")?,
+    );
+    let sp = &s[s.len() - 2..];
+    let ws: Vec<Window> = (0..2)
+        .map(|i| Window {
+            size: sp[i],
+            kernel: k[i],
+            stride: st[i],
+            pad: p[i],
+            dilation: d[i],
+        })
+        .collect();
+    let outs: Vec<usize> = ws.iter().map(|w| w.outputs(false)).collect::<R<_>>()?;
+    let u = unfold_windows(e, x, &ws, &outs, 0.0)?;
+    // [.., C, oh, ow, kh, kw] -> [.., C, kh, kw, oh, ow] -> [.., C kh kw, L]
+    let r = e.rank(u) as i64;
+    let lead: Vec<i64> = (0..r - 5).collect();
+    let perm: Vec<i64> = lead
+        .iter()
+        .copied()
+        .chain([r - 5, r - 2, r - 1, r - 4, r - 3])
+        .collect();
+    let pu = e.call("permute", vec![t(u), ints(&perm)])?;
+    let c = s[s.len() - 3];
+    let mut out: Vec<usize> = s[..s.len() - 3].to_vec();
+    out.extend([c * k[0] * k[1], outs[0] * outs[1]]);
+    let c = e.call("contiguous", vec![t(pu)])?;
+    one(reshape(e, c, &out)?)
+}
+
+/// `col2im(self, output_size, kernel_size, dilation, padding, stride)`
+/// (`F.fold`): the columns summed back into their windows' places
+/// (`im2col`'s transpose).
+pub fn col2im(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let cols = *a.tensor(0)?;
+    let cs = e.sizes(cols);
+    let out = a.int_list(1)?.to_vec();
+    let k = positive_dims(a, 2, 2, "kernel_size")?;
+    if (cs.len() != 2 && cs.len() != 3) || out.len() != 2 {
+        return Err(format!(
+            "col2im: Expected 2D or 3D (batch mode) input and a 2-entry output_size, got sizes {cs:?} and {out:?}"
+        ));
+    }
+    let kk = k[0] * k[1];
+    let ch = cs[cs.len() - 2];
+    if ch % kk != 0 {
+        return Err(format!(
+            "col2im: Expected size of input's dimension 1 to be divisible by the product of kernel_size, but got input.size(1)={ch} and kernel_size={k:?}"
+        ));
+    }
+    let (d, p, st) = (
+        positive_dims(a, 3, 2, "dilation")?,
+        padding_dims(a, 4, 2, "padding")?,
+        positive_dims(a, 5, 2, "stride")?,
+    );
+    let blocks: Vec<i64> = (0..2)
+        .map(|i| (out[i] + 2 * p[i] as i64 - (d[i] * (k[i] - 1)) as i64 - 1) / st[i] as i64 + 1)
+        .collect();
+    if blocks.iter().any(|&b| b < 1) || (blocks[0] * blocks[1]) as usize != cs[cs.len() - 1] {
+        return Err(format!(
+            "Given output_size={out:?}, kernel_size={k:?}, dilation={d:?}, padding={p:?}, stride={st:?}, expected size of input's dimension {} to match the calculated number of sliding blocks {} * {} = {}, but got input.size({})={}.",
+            cs.len() - 1,
+            blocks[0],
+            blocks[1],
+            blocks[0] * blocks[1],
+            cs.len() - 1,
+            cs[cs.len() - 1]
+        ));
+    }
+    // Each column entry's place in the padded output, `(oh sh + ki dh) Wp
+    // + ow sw + kj dw`, from `arange`s; the entries summed there by
+    // `scatter_add` (overlapping windows add), the padding cropped.
+    let (h, w) = (out[0] as usize, out[1] as usize);
+    let (hp, wp) = (h + 2 * p[0], w + 2 * p[1]);
+    let (bh, bw) = (blocks[0] as usize, blocks[1] as usize);
+    let axis = |e: &mut dyn Emit, n: usize, step: usize, shape: &[usize]| -> R<ValueId> {
+        let r = e.call("arange", vec![int(n as i64), Arg::Dtype(DType::I64)])?;
+        let r = e.call("mul", vec![t(r), int(step as i64)])?;
+        reshape(e, r, shape)
+    };
+    let ki = axis(e, k[0], d[0] * wp, &[k[0], 1, 1, 1])?;
+    let kj = axis(e, k[1], d[1], &[1, k[1], 1, 1])?;
+    let oh = axis(e, bh, st[0] * wp, &[1, 1, bh, 1])?;
+    let ow = axis(e, bw, st[1], &[1, 1, 1, bw])?;
+    let a1 = e.call("add", vec![t(ki), t(kj)])?;
+    let a2 = e.call("add", vec![t(oh), t(ow)])?;
+    let at = e.call("add", vec![t(a1), t(a2)])?;
+    let n = kk * bh * bw;
+    let at = reshape(e, at, &[n])?;
+    let lead: Vec<usize> = cs[..cs.len() - 2].to_vec();
+    let c = ch / kk;
+    let mut src_shape = lead.clone();
+    src_shape.extend([c, n]);
+    let src = reshape(e, cols, &src_shape)?;
+    let idx = e.expand(at, &src_shape)?;
+    let mut flat = lead.clone();
+    flat.extend([c, hp * wp]);
+    let z = e.call("zeros", vec![usizes(&flat), Arg::Dtype(e.dtype(cols))])?;
+    let dim = lead.len() as i64 + 1;
+    let sum = e.call("scatter_add", vec![t(z), int(dim), t(idx), t(src)])?;
+    let mut padded = lead.clone();
+    padded.extend([c, hp, wp]);
+    let v = reshape(e, sum, &padded)?;
+    let r = padded.len() as i64;
+    let v = e.call(
+        "narrow",
+        vec![t(v), int(r - 2), int(p[0] as i64), int(h as i64)],
+    )?;
+    let v = e.call(
+        "narrow",
+        vec![t(v), int(r - 1), int(p[1] as i64), int(w as i64)],
+    )?;
+    one(e.call("contiguous", vec![t(v)])?)
+}
+
+// ------------------------------------------------------------ small activations
+
+/// `threshold(self, threshold, value)`: `self` where above the threshold,
+/// else `value`.
+pub fn threshold(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let above = e.call("gt", vec![t(x), a[1].clone()])?;
+    let v = e.call("full_like", vec![t(x), a[2].clone()])?;
+    one(e.call("where", vec![t(above), t(x), t(v)])?)
+}
+
+/// `softshrink(self, lambd)`: shrunk toward 0 by `lambd`, 0 inside.
+pub fn softshrink(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let l = a.scalar(1)?.to_f64();
+    floats_only(e, x, "softshrink")?;
+    let hi = e.call("gt", vec![t(x), float(l)])?;
+    let lo = e.call("lt", vec![t(x), float(-l)])?;
+    let dn = e.call("sub", vec![t(x), float(l)])?;
+    let up = e.call("add", vec![t(x), float(l)])?;
+    let z = e.call("zeros_like", vec![t(x)])?;
+    let r = e.call("where", vec![t(lo), t(up), t(z)])?;
+    one(e.call("where", vec![t(hi), t(dn), t(r)])?)
+}
+
+/// `hardshrink(self, lambd)`: `self` outside `[-lambd, lambd]`, else 0.
+pub fn hardshrink(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let l = a.scalar(1)?.to_f64();
+    let ax = e.call("abs", vec![t(x)])?;
+    let keep = e.call("gt", vec![t(ax), float(l)])?;
+    let z = e.call("zeros_like", vec![t(x)])?;
+    one(e.call("where", vec![t(keep), t(x), t(z)])?)
+}
+
+/// `sinc(self)`: `sin(pi x) / (pi x)`, 1 at 0.
+pub fn sinc(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let mut x = *a.tensor(0)?;
+    if !e.dtype(x).is_float() {
+        x = e.cast(x, DType::F32)?;
+    }
+    let px = e.call("mul", vec![t(x), float(std::f64::consts::PI)])?;
+    let sn = e.call("sin", vec![t(px)])?;
+    let q = e.call("div", vec![t(sn), t(px)])?;
+    let z = e.call("eq", vec![t(x), int(0)])?;
+    let one_ = e.call("ones_like", vec![t(q)])?;
+    one(e.call("where", vec![t(z), t(one_), t(q)])?)
+}
+
+/// `exp2(self)`: `2 ^ self`.
+pub fn exp2(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let mut x = *a.tensor(0)?;
+    if !e.dtype(x).is_float() {
+        x = e.cast(x, DType::F32)?;
+    }
+    one(e.call("pow", vec![float(2.0), t(x)])?)
+}
+
+/// `copysign(self, other)`: `|self|` with `other`'s sign (a negative zero's
+/// too, found through its reciprocal).
+pub fn copysign(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let mut x = *a.tensor(0)?;
+    if !e.dtype(x).is_float() {
+        x = e.cast(x, DType::F32)?;
+    }
+    let ax = e.call("abs", vec![t(x)])?;
+    let o = match &a[1] {
+        Arg::Tensor(o) => *o,
+        s => e.call("full_like", vec![t(x), s.clone()])?,
+    };
+    let o = if e.dtype(o).is_float() {
+        o
+    } else {
+        e.cast(o, DType::F32)?
+    };
+    let neg = e.call("lt", vec![t(o), int(0)])?;
+    let r = e.call("reciprocal", vec![t(o)])?;
+    let nz = e.call("lt", vec![t(r), int(0)])?;
+    let z = e.call("eq", vec![t(o), int(0)])?;
+    let negzero = e.call("logical_and", vec![t(z), t(nz)])?;
+    let minus = e.call("logical_or", vec![t(neg), t(negzero)])?;
+    let n = e.call("neg", vec![t(ax)])?;
+    one(e.call("where", vec![t(minus), t(n), t(ax)])?)
+}
+
+/// `rot90(self, k, dims)`: a quarter turn `k` times in the plane of
+/// `dims` (`flip` and `transpose`).
+pub fn rot90(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let dims = a.int_list(2)?.to_vec();
+    let r = e.rank(x);
+    if dims.len() != 2 || r < 2 {
+        return Err(format!(
+            "expected total rotation dims == 2 and total dims >= 2, but got rotation dims {} and total dims {r}",
+            dims.len()
+        ));
+    }
+    let d0 = crate::meta::wrap_dim(dims[0], r)? as i64;
+    let d1 = crate::meta::wrap_dim(dims[1], r)? as i64;
+    if d0 == d1 {
+        return Err("expected rotation dims to be different".into());
+    }
+    let v = match a.int(1)?.rem_euclid(4) {
+        1 => {
+            let f = e.call("flip", vec![t(x), ints(&[d1])])?;
+            e.call("transpose", vec![t(f), int(d0), int(d1)])?
+        }
+        2 => e.call("flip", vec![t(x), ints(&[d0, d1])])?,
+        3 => {
+            let f = e.call("flip", vec![t(x), ints(&[d0])])?;
+            e.call("transpose", vec![t(f), int(d0), int(d1)])?
+        }
+        _ => x,
+    };
+    one(e.call("clone", vec![t(v)])?)
+}
+
+/// `sum_to_size(self, size)`: summed over the dimensions `size` lacks or
+/// has as 1.
+pub fn sum_to_size(e: &mut dyn Emit, _: &str, a: &A) -> Out {
+    let x = *a.tensor(0)?;
+    let want: Vec<usize> = a.int_list(1)?.iter().map(|&s| s as usize).collect();
+    let s = e.sizes(x);
+    if want.len() > s.len() {
+        return Err(format!("size {want:?} is not expandable to size {s:?}"));
+    }
+    let lead = s.len() - want.len();
+    let dims: Vec<i64> = (0..s.len())
+        .filter(|&i| i < lead || (want[i - lead] == 1 && s[i] != 1))
+        .map(|i| i as i64)
+        .collect();
+    if dims.is_empty() {
+        return one(e.call("clone", vec![t(x)])?);
+    }
+    let r = e.call("sum", vec![t(x), ints(&dims), Arg::Bool(true)])?;
+    one(reshape(e, r, &want)?)
+}
+
 // ------------------------------------------------------------ backward ops
 
 /// A `bool[N]` argument (`output_mask`).

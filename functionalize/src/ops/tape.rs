@@ -37,6 +37,8 @@ impl Emit for Tape<'_> {
         // Views as their copies, whose rules the transforms use.
         let op = match (op.def().kind, op.def().counterpart) {
             (OpKind::View | OpKind::MultiView | OpKind::ViewOrCopy, Some(copy)) => copy,
+            // `contiguous`: a copy, whose value is its input's.
+            (OpKind::ViewOrCopy, None) => super::lookup("clone").unwrap_or(op),
             _ => op,
         };
         let (overload, bound) = bind(op, &args)?;

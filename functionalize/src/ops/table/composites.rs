@@ -423,6 +423,21 @@ pub(super) fn declare(b: &mut Builder) {
     for &(name, schemas, f, inplace) in composites {
         b.composite(name, schemas, f, inplace);
     }
+    let small: &[(&str, &[&str], super::super::composite::DecompFn, bool)] = &[
+        ("im2col", &["im2col(Tensor self, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor"], dc::im2col, false),
+        ("col2im", &["col2im(Tensor self, SymInt[2] output_size, int[2] kernel_size, int[2] dilation, int[2] padding, int[2] stride) -> Tensor"], dc::col2im, false),
+        ("threshold", &["threshold(Tensor self, Scalar threshold, Scalar value) -> Tensor"], dc::threshold, true),
+        ("softshrink", &["softshrink(Tensor self, Scalar lambd=0.5) -> Tensor"], dc::softshrink, false),
+        ("hardshrink", &["hardshrink(Tensor self, Scalar lambd=0.5) -> Tensor"], dc::hardshrink, false),
+        ("sinc", &["sinc(Tensor self) -> Tensor"], dc::sinc, true),
+        ("exp2", &["exp2(Tensor self) -> Tensor"], dc::exp2, true),
+        ("copysign", &["copysign.Tensor(Tensor self, Tensor other) -> Tensor", "copysign.Scalar(Tensor self, Scalar other) -> Tensor"], dc::copysign, true),
+        ("rot90", &["rot90(Tensor self, int k=1, int[] dims=[0,1]) -> Tensor"], dc::rot90, false),
+        ("sum_to_size", &["sum_to_size(Tensor self, SymInt[] size) -> Tensor"], dc::sum_to_size, false),
+    ];
+    for &(name, schemas, f, inplace) in small {
+        b.composite(name, schemas, f, inplace);
+    }
     // Backward ops of joint graphs.
     b.composite(
         "convolution_backward",
